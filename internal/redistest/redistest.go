@@ -1,0 +1,161 @@
+// Package redistest starts real redis-server processes for tests, on free loopback ports, and
+// stops them when the test ends. Nothing here mocks Redis.
+package redistest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// startDeadline bounds how long a server may take to answer PING after it is started.
+const startDeadline = 10 * time.Second
+
+// Server is a redis-server process started for a test.
+type Server struct {
+	// Addr is the server's host:port on the loopback interface.
+	Addr string
+
+	t    testing.TB
+	dir  string
+	args []string
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{} // closed when cmd has exited
+}
+
+// Start starts a redis-server with no persistence on a free loopback port, waits until it
+// answers PING, and stops it when the test ends. Extra redis-server arguments may be given
+// ("--maxmemory", "10mb"). It fails the test when redis-server is not installed or does not start.
+func Start(t testing.TB, extra ...string) *Server {
+	t.Helper()
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		t.Fatal("redis-server is not installed: run `make test`, which installs it, or `apt-get install redis-server`")
+	}
+	s := &Server{t: t, dir: t.TempDir()}
+	var lastErr error
+	for attempt := 0; attempt < 5; attempt++ {
+		port, err := freePort()
+		if err != nil {
+			t.Fatalf("finding a free port: %v", err)
+		}
+		s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+		s.args = append([]string{
+			"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+			"--dir", s.dir, "--protected-mode", "no", "--loglevel", "warning",
+		}, extra...)
+		if lastErr = s.start(); lastErr == nil {
+			t.Cleanup(s.Stop)
+			return s
+		}
+	}
+	t.Fatalf("starting redis-server: %v", lastErr)
+	return nil
+}
+
+// freePort asks the kernel for a free loopback TCP port. Another process may take it before
+// redis-server binds it; Start then tries again with another.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func (s *Server) start() error {
+	cmd := exec.Command("redis-server", s.args...)
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	s.mu.Lock()
+	s.cmd, s.done = cmd, done
+	s.mu.Unlock()
+
+	c := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
+	defer c.Close()
+	deadline := time.Now().Add(startDeadline)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		err := c.Ping(ctx).Err()
+		cancel()
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-done:
+			return fmt.Errorf("redis-server on %s exited during start-up: %w", s.Addr, err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			s.Stop()
+			return fmt.Errorf("redis-server on %s did not answer PING within %v: %w", s.Addr, startDeadline, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// Stop kills the server (SIGKILL: state is lost, as in a crash) and waits until it has exited
+// and its port is closed. Stopping a stopped server does nothing.
+func (s *Server) Stop() {
+	s.mu.Lock()
+	cmd, done := s.cmd, s.done
+	s.cmd = nil
+	s.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	_ = cmd.Process.Kill()
+	<-done
+}
+
+// Restart stops the server and starts a fresh one on the same address, with no state and an
+// empty script cache, as after a crash.
+func (s *Server) Restart() {
+	s.t.Helper()
+	s.Stop()
+	var err error
+	// The port was just freed; a short retry loop covers a slow kernel release of the socket.
+	for deadline := time.Now().Add(startDeadline); ; {
+		if err = s.start(); err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			s.t.Fatalf("restarting redis-server on %s: %v", s.Addr, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// Client returns a new go-redis client of the server, closed when the test ends.
+func (s *Server) Client() *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: s.Addr})
+	s.t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// Do runs one command on a fresh connection and returns its reply: nil for redis.Nil. Any other
+// error fails the test.
+func (s *Server) Do(args ...any) any {
+	s.t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1})
+	defer c.Close()
+	v, err := c.Do(context.Background(), args...).Result()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		s.t.Fatalf("redis %v: %v", args, err)
+	}
+	return v
+}

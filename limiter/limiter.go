@@ -1,0 +1,213 @@
+// Package limiter decides rate limits in Redis: token bucket and sliding window log zones, every
+// decision of a request one atomic Lua script execution (EVALSHA, loading the script again on
+// NOSCRIPT). It imports nothing from Caddy.
+package limiter
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/lua"
+)
+
+// ErrBadResponse is wrapped by the error Allow returns when Redis replies with a value of the
+// wrong shape or type; errors.Is(err, ErrBadResponse) tells it from a Redis or network error.
+var ErrBadResponse = errors.New("bad response from redis")
+
+var decideScript = redis.NewScript(lua.Decide)
+
+// Request is one zone's part of a request's decision.
+type Request struct {
+	// Zone is the zone's parameters; Zone.Validate must have returned nil.
+	Zone *Zone
+	// Key is the resolved client key, as the client sent it: Allow sanitises it (see ClientKey).
+	Key string
+	// Cost is the tokens (token bucket) or slots (sliding window) the request takes; >= 1.
+	Cost int64
+}
+
+// Decision is the outcome of one request across its zones.
+type Decision struct {
+	// Allowed is true when every zone admitted the request; each zone was then charged. When
+	// false, no zone was charged.
+	Allowed bool
+	// Zone is the index in the requests passed to Allow of the deciding zone: when denied, the
+	// denying zone that takes longest to admit; when allowed, the zone with the least remaining
+	// share of its quota (the first of equals).
+	Zone int
+	// Limit is the deciding zone's quota: capacity (tokens) or limit (requests per window).
+	Limit int64
+	// Remaining is the deciding zone's whole tokens or window slots left, after this request when
+	// it was allowed.
+	Remaining int64
+	// RetryAfter is how long until the deciding zone would admit the request when denied: 0 when
+	// allowed, and 0 when Unsatisfiable.
+	RetryAfter time.Duration
+	// Reset is how long until the deciding zone is back to its full quota.
+	Reset time.Duration
+	// Unsatisfiable is true when the request's cost exceeds the deciding zone's quota: it is
+	// denied and waiting can never cure it.
+	Unsatisfiable bool
+}
+
+// Options configure a Limiter.
+type Options struct {
+	// KeyPrefix is prepended to every Redis key. It must not contain '{' or '}'.
+	KeyPrefix string
+	// Now, when set, is the clock the scripts use (`clock local`); when nil they read the Redis
+	// server's TIME, so that instances with skewed clocks agree.
+	Now func() time.Time
+}
+
+// Limiter runs decisions on one Redis server. It is safe for concurrent use.
+type Limiter struct {
+	rdb      redis.Scripter
+	prefix   string
+	now      func() time.Time
+	instance string        // random per Limiter, so sliding window members of instances differ
+	calls    atomic.Uint64 // per-call part of the nonce
+}
+
+// New returns a Limiter running its scripts through rdb (a *redis.Client, or anything that
+// runs scripts on one Redis server).
+func New(rdb redis.Scripter, opts Options) *Limiter {
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never returns an error
+	return &Limiter{rdb: rdb, prefix: opts.KeyPrefix, now: opts.Now, instance: hex.EncodeToString(b[:])}
+}
+
+// Allow decides a request against the zones in reqs with one script call: it is admitted iff
+// every zone admits it, and then every zone is charged its cost; otherwise none is. With no
+// requests it returns an allowed Decision with Zone -1 and no Redis call.
+//
+// The error wraps the Redis or network error (context.DeadlineExceeded when ctx expires first),
+// or ErrBadResponse when the reply has the wrong shape. The Decision is then the zero value.
+func (l *Limiter) Allow(ctx context.Context, reqs []Request) (Decision, error) {
+	if len(reqs) == 0 {
+		return Decision{Allowed: true, Zone: -1}, nil
+	}
+	keys := make([]string, len(reqs))
+	args := make([]any, 2, 2+4*len(reqs))
+	if l.now != nil {
+		args[0] = l.now().UnixMicro()
+	} else {
+		args[0] = ""
+	}
+	args[1] = l.instance + "." + strconv.FormatUint(l.calls.Add(1), 36)
+	for i, r := range reqs {
+		keys[i] = StateKey(l.prefix, r.Zone, r.Key)
+		if r.Zone.Algorithm == SlidingWindow {
+			args = append(args, "sw", r.Zone.Limit, r.Zone.Window.Microseconds(), r.Cost)
+		} else {
+			args = append(args, "tb", r.Zone.Capacity, r.Zone.RefillRate, r.Cost)
+		}
+	}
+	reply, err := decideScript.Run(ctx, l.rdb, keys, args...).Result()
+	if err != nil {
+		return Decision{}, fmt.Errorf("redis decide script: %w", err)
+	}
+	return decide(reqs, reply)
+}
+
+// zoneReply is one zone's part of the script's reply.
+type zoneReply struct {
+	allowed           bool
+	remaining         int64
+	retryAfter, reset int64 // µs
+}
+
+// decodeReply checks and decodes the script's reply for n zones: an array of 1 + 4n integers,
+// the first 0 or 1, then per zone allowed (0 or 1), remaining, retry after (µs), reset (µs),
+// none negative. Any other shape or type is an error wrapping ErrBadResponse.
+func decodeReply(reply any, n int) (bool, []zoneReply, error) {
+	arr, ok := reply.([]any)
+	if !ok {
+		return false, nil, fmt.Errorf("%w: got %T, want an array", ErrBadResponse, reply)
+	}
+	if len(arr) != 1+4*n {
+		return false, nil, fmt.Errorf("%w: got %d values, want %d", ErrBadResponse, len(arr), 1+4*n)
+	}
+	ints := make([]int64, len(arr))
+	for i, v := range arr {
+		x, ok := v.(int64)
+		if !ok {
+			return false, nil, fmt.Errorf("%w: value %d is %T, want an integer", ErrBadResponse, i, v)
+		}
+		if x < 0 || ((i == 0 || i%4 == 1) && x > 1) {
+			return false, nil, fmt.Errorf("%w: value %d is %d, out of range", ErrBadResponse, i, x)
+		}
+		ints[i] = x
+	}
+	zones := make([]zoneReply, n)
+	for i := range zones {
+		v := ints[1+4*i:]
+		zones[i] = zoneReply{allowed: v[0] == 1, remaining: v[1], retryAfter: v[2], reset: v[3]}
+	}
+	return ints[0] == 1, zones, nil
+}
+
+// decide turns the script's reply into the Decision, choosing the deciding zone.
+func decide(reqs []Request, reply any) (Decision, error) {
+	allowed, zones, err := decodeReply(reply, len(reqs))
+	if err != nil {
+		return Decision{}, err
+	}
+	best := -1
+	for i, z := range zones {
+		if best < 0 {
+			best = i
+			continue
+		}
+		b := zones[best]
+		if allowed {
+			// The least remaining share: z.remaining/quota_i < b.remaining/quota_best.
+			if float64(z.remaining)*float64(reqs[best].Zone.Quota()) < float64(b.remaining)*float64(reqs[i].Zone.Quota()) {
+				best = i
+			}
+			continue
+		}
+		// Denied: prefer a denying zone, an unsatisfiable one first, then the longest wait.
+		if b.allowed != z.allowed {
+			if !z.allowed {
+				best = i
+			}
+			continue
+		}
+		zu, bu := unsatisfiable(reqs[i]), unsatisfiable(reqs[best])
+		if zu != bu {
+			if zu {
+				best = i
+			}
+			continue
+		}
+		if z.retryAfter > b.retryAfter {
+			best = i
+		}
+	}
+	z := zones[best]
+	d := Decision{
+		Allowed:   allowed,
+		Zone:      best,
+		Limit:     reqs[best].Zone.Quota(),
+		Remaining: z.remaining,
+		Reset:     time.Duration(z.reset) * time.Microsecond,
+	}
+	if !allowed {
+		if unsatisfiable(reqs[best]) {
+			d.Unsatisfiable = true
+		} else {
+			d.RetryAfter = time.Duration(z.retryAfter) * time.Microsecond
+		}
+	}
+	return d, nil
+}
+
+func unsatisfiable(r Request) bool { return r.Cost > r.Zone.Quota() }
