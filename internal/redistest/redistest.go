@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"testing"
@@ -74,8 +75,7 @@ func freePort() (int, error) {
 }
 
 func (s *Server) start() error {
-	cmd := exec.Command("redis-server", s.args...)
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	cmd := exec.Command("redis-server", append(s.args, "--logfile", s.logFile())...)
 	if err := cmd.Start(); err != nil {
 		return err
 	}
@@ -97,7 +97,8 @@ func (s *Server) start() error {
 		}
 		select {
 		case <-done:
-			return fmt.Errorf("redis-server on %s exited during start-up: %w", s.Addr, err)
+			log, _ := os.ReadFile(s.logFile())
+			return fmt.Errorf("redis-server on %s exited during start-up: %w; its log:\n%s", s.Addr, err, log)
 		default:
 		}
 		if time.Now().After(deadline) {
@@ -107,6 +108,8 @@ func (s *Server) start() error {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+func (s *Server) logFile() string { return filepath.Join(s.dir, "redis.log") }
 
 // Stop kills the server (SIGKILL: state is lost, as in a crash) and waits until it has exited
 // and its port is closed. Stopping a stopped server does nothing.

@@ -1,0 +1,39 @@
+# The commands of README.md. Go 1.26 and (for `make test`/`make run`) redis-server are needed;
+# redis-server is installed with apt-get when missing and run as root.
+CADDY_VERSION ?= v2.11.9
+MODULE        := github.com/rate-limit-redis/caddy-rate-limit-redis
+# xcaddy needs a version for a local module; this one stands for "this checkout".
+LOCAL_VERSION := v0.0.0-00010101000000-000000000000
+SOURCES       := $(shell find . -path ./bin -prune -o \( -name '*.go' -o -name '*.lua' \) -print) go.mod go.sum
+
+.PHONY: build run test fmt adapt smoke
+
+## build: bin/caddy, Caddy $(CADDY_VERSION) with this module
+build: bin/caddy
+
+bin/caddy: $(SOURCES)
+	go tool xcaddy build $(CADDY_VERSION) --output bin/caddy --with $(MODULE)@$(LOCAL_VERSION)=$(CURDIR)
+
+## run: bin/caddy serving Caddyfile.example on :8080 against Redis on 127.0.0.1:6379
+run: bin/caddy
+	scripts/run.sh
+
+## test: gofmt check, go vet and every test with the race detector, against real redis-server
+test:
+	scripts/ensure-redis.sh
+	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+		if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
+	go vet ./...
+	go test -race -count=1 ./...
+
+## smoke: bin/caddy with Caddyfile.example on a throwaway Redis, checked with curl
+smoke: bin/caddy
+	scripts/smoke.sh
+
+## fmt: gofmt every Go file
+fmt:
+	gofmt -w $$(find . -path ./bin -prune -o -name '*.go' -print)
+
+## adapt: the JSON config that Caddyfile.example adapts to
+adapt: bin/caddy
+	bin/caddy adapt --config Caddyfile.example --adapter caddyfile --pretty

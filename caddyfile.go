@@ -1,0 +1,786 @@
+package ratelimitredis
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/limiter"
+)
+
+func init() {
+	httpcaddyfile.RegisterHandlerDirective("rate_limit_redis", parseCaddyfile)
+	httpcaddyfile.RegisterDirectiveOrder("rate_limit_redis", httpcaddyfile.Before, "basic_auth")
+}
+
+func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+	handler := new(Handler)
+	if err := handler.UnmarshalCaddyfile(h.Dispenser); err != nil {
+		return nil, err
+	}
+	return handler, nil
+}
+
+// The algorithm names, as written in the Caddyfile and the JSON config.
+var (
+	tokenBucketName   = limiter.TokenBucket.String()
+	slidingWindowName = limiter.SlidingWindow.String()
+)
+
+// UnmarshalCaddyfile sets up the handler from Caddyfile tokens. Syntax:
+//
+//	rate_limit_redis [<matcher>] {
+//		redis {
+//			address      <host:port>...      # one or more, repeatable; default 127.0.0.1:6379
+//			username     <user>
+//			password     <password>          # placeholders such as {env.REDIS_PASSWORD} work
+//			db           <n>
+//			sentinel     <master_name>       # the addresses are Sentinels
+//			cluster                          # Redis Cluster (also implied by more than one address without sentinel)
+//			tls {                            # presence enables TLS
+//				ca                   <pem file>
+//				cert                 <pem file>
+//				key                  <pem file>
+//				server_name          <name>
+//				insecure_skip_verify
+//			}
+//			pool_size    <n>
+//			dial_timeout <duration>
+//		}
+//		key_prefix <string>                  # default "rl:"
+//		timeout    <duration>                # deadline of one decision's Redis call; default 100ms
+//		fail_mode  open|closed|local         # what happens when Redis fails; default open
+//		headers    legacy|ietf|both|off      # which rate limit headers to send; default legacy
+//		clock      redis|local               # whose clock the scripts use; default redis
+//		dry_run                              # decide and report, never reject
+//		deny_cache off                       # the local cache of denials is on by default
+//
+//		zone <name> {
+//			key         <value>...           # placeholders; the first that is not empty wins; default {client_ip}
+//			algorithm   token_bucket|sliding_window   # default token_bucket
+//			capacity    <n>                  # token_bucket: burst size, > 0
+//			refill_rate <n>[/<duration>]     # token_bucket: tokens per second, or per the duration (100/1m); > 0
+//			limit       <n>                  # sliding_window: requests per window, > 0
+//			window      <duration>           # sliding_window, > 0
+//			cost        <n>|<placeholder>    # tokens a request takes; default 1
+//			match {                          # optional: this zone applies only to matching requests
+//				<matchers>
+//			}
+//		}
+//	}
+//
+// Several zone blocks may be given; zones are checked in the order written. A zone's match may
+// also be written on one line, as in `match path /login`. Zone subdirectives written directly in
+// the top block, without a zone block, define one zone named "default"; they cannot be mixed with
+// zone blocks.
+//
+// Every subdirective may appear once per block (address excepted). `fail_mode local`, `sentinel`,
+// `cluster`, more than one address, and `tls` are parsed but rejected: they are not supported yet.
+// Defaults are not filled in here but when the handler is provisioned, so that the adapted JSON
+// holds only what the Caddyfile says.
+func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // consume directive name
+	directive := d.Token()
+	if d.NextArg() {
+		return d.Errf("%s: unexpected argument %q; it takes only a matcher and a block", directive.Text, d.Val())
+	}
+
+	seen := make(seenSubdirectives)
+	var (
+		zones     []*Zone
+		zoneNames = make(map[string]bool)
+		shorthand *zoneParser // the zone named "default" of top-level zone subdirectives
+	)
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		if isZoneSubdirective(d.Val()) {
+			if len(zones) > 0 {
+				return errMixedShorthand(d)
+			}
+			if shorthand == nil {
+				shorthand = newZoneParser(d.Token(), DefaultZoneName)
+			}
+			if err := shorthand.subdirective(d); err != nil {
+				return err
+			}
+			continue
+		}
+
+		switch d.Val() {
+		case "redis":
+			if err := seen.add(d); err != nil {
+				return err
+			}
+			redis, err := parseRedis(d)
+			if err != nil {
+				return err
+			}
+			h.Redis = redis
+
+		case "key_prefix":
+			if err := seen.add(d); err != nil {
+				return err
+			}
+			v, err := oneArg(d)
+			if err != nil {
+				return err
+			}
+			if v == "" {
+				return d.Errf("key_prefix: must not be empty (leave it out for the default %q)", DefaultKeyPrefix)
+			}
+			if strings.ContainsAny(v, "{}") {
+				return d.Errf("key_prefix: %q must not contain { or } (the client key is the Redis Cluster hash tag)", v)
+			}
+			h.KeyPrefix = v
+
+		case "timeout":
+			if err := seen.add(d); err != nil {
+				return err
+			}
+			dur, err := positiveDuration(d)
+			if err != nil {
+				return err
+			}
+			h.Timeout = caddy.Duration(dur)
+
+		case "fail_mode":
+			if err := seen.add(d); err != nil {
+				return err
+			}
+			v, err := oneArg(d)
+			if err != nil {
+				return err
+			}
+			switch v {
+			case FailOpen, FailClosed:
+				h.FailMode = v
+			case FailLocal:
+				return d.Errf("fail_mode local is not supported yet; use open or closed")
+			default:
+				return d.Errf("fail_mode: %q must be open, closed or local", v)
+			}
+
+		case "headers":
+			if err := seen.add(d); err != nil {
+				return err
+			}
+			v, err := oneArg(d)
+			if err != nil {
+				return err
+			}
+			switch v {
+			case HeadersLegacy, HeadersIETF, HeadersBoth, HeadersOff:
+				h.Headers = v
+			default:
+				return d.Errf("headers: %q must be legacy, ietf, both or off", v)
+			}
+
+		case "clock":
+			if err := seen.add(d); err != nil {
+				return err
+			}
+			v, err := oneArg(d)
+			if err != nil {
+				return err
+			}
+			switch v {
+			case ClockRedis, ClockLocal:
+				h.Clock = v
+			default:
+				return d.Errf("clock: %q must be redis or local", v)
+			}
+
+		case "dry_run":
+			if err := seen.add(d); err != nil {
+				return err
+			}
+			if err := noArgs(d); err != nil {
+				return err
+			}
+			h.DryRun = true
+
+		case "deny_cache":
+			if err := seen.add(d); err != nil {
+				return err
+			}
+			v, err := oneArg(d)
+			if err != nil {
+				return err
+			}
+			switch v {
+			case "on":
+				h.DenyCache = new(true)
+			case "off":
+				h.DenyCache = new(false)
+			default:
+				return d.Errf("deny_cache: %q must be on or off", v)
+			}
+
+		case "zone":
+			if shorthand != nil {
+				return errMixedShorthand(d)
+			}
+			z, err := parseZone(d, zoneNames)
+			if err != nil {
+				return err
+			}
+			zones = append(zones, z)
+
+		default:
+			return d.Errf("unrecognized subdirective %q", d.Val())
+		}
+	}
+
+	if shorthand != nil {
+		if err := shorthand.finish(); err != nil {
+			return err
+		}
+		zones = []*Zone{shorthand.zone}
+	}
+	if len(zones) == 0 {
+		return errAt(directive, "%s: at least one zone is required: a zone block, or zone subdirectives "+
+			"(such as capacity and refill_rate) directly in this block", directive.Text)
+	}
+	h.Zones = zones
+	return nil
+}
+
+// parseRedis parses the redis block whose name is at the cursor.
+func parseRedis(d *caddyfile.Dispenser) (*RedisConfig, error) {
+	if err := noArgsBeforeBlock(d); err != nil {
+		return nil, err
+	}
+	rc := new(RedisConfig)
+	seen := make(seenSubdirectives)
+	var addressTokens []caddyfile.Token
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		if d.Val() != "address" {
+			if err := seen.add(d); err != nil {
+				return nil, err
+			}
+		}
+		switch d.Val() {
+		case "address":
+			for d.NextArg() {
+				rc.Addresses = append(rc.Addresses, d.Val())
+				addressTokens = append(addressTokens, d.Token())
+			}
+			if len(addressTokens) == 0 {
+				return nil, d.ArgErr()
+			}
+			if err := noBlock(d, "address"); err != nil {
+				return nil, err
+			}
+
+		case "username":
+			v, err := oneArg(d)
+			if err != nil {
+				return nil, err
+			}
+			rc.Username = v
+
+		case "password":
+			v, err := oneArg(d)
+			if err != nil {
+				return nil, err
+			}
+			rc.Password = v
+
+		case "db":
+			v, err := oneArg(d)
+			if err != nil {
+				return nil, err
+			}
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				return nil, d.Errf("db: %q is not an integer", v)
+			}
+			if n < 0 {
+				return nil, d.Errf("db: %q must be >= 0", v)
+			}
+			rc.DB = n
+
+		case "sentinel":
+			v, err := oneArg(d)
+			if err != nil {
+				return nil, err
+			}
+			rc.Sentinel = v
+
+		case "cluster":
+			if err := noArgs(d); err != nil {
+				return nil, err
+			}
+			rc.Cluster = true
+
+		case "tls":
+			tc, err := parseTLS(d)
+			if err != nil {
+				return nil, err
+			}
+			rc.TLS = tc
+
+		case "pool_size":
+			v, err := oneArg(d)
+			if err != nil {
+				return nil, err
+			}
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				return nil, d.Errf("pool_size: %q is not an integer", v)
+			}
+			if n <= 0 {
+				return nil, d.Errf("pool_size: %q must be > 0", v)
+			}
+			rc.PoolSize = n
+
+		case "dial_timeout":
+			dur, err := positiveDuration(d)
+			if err != nil {
+				return nil, err
+			}
+			rc.DialTimeout = caddy.Duration(dur)
+
+		default:
+			return nil, d.Errf("unrecognized subdirective %q", d.Val())
+		}
+	}
+
+	// Parsed in full above so that a typo is reported as such; rejected here so that no setting
+	// is ever silently ignored.
+	switch {
+	case rc.Sentinel != "":
+		return nil, errAt(seen["sentinel"], "redis sentinel is not supported yet")
+	case rc.Cluster:
+		return nil, errAt(seen["cluster"], "redis cluster is not supported yet")
+	case len(rc.Addresses) > 1:
+		return nil, errAt(addressTokens[1], "redis cluster is not supported yet (more than one address means cluster)")
+	case rc.TLS != nil:
+		return nil, errAt(seen["tls"], "redis tls is not supported yet")
+	}
+	return rc, nil
+}
+
+// parseTLS parses the tls block whose name is at the cursor.
+func parseTLS(d *caddyfile.Dispenser) (*TLSConfig, error) {
+	if err := noArgsBeforeBlock(d); err != nil {
+		return nil, err
+	}
+	tc := new(TLSConfig)
+	seen := make(seenSubdirectives)
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		if err := seen.add(d); err != nil {
+			return nil, err
+		}
+		var target *string
+		switch d.Val() {
+		case "ca":
+			target = &tc.CA
+		case "cert":
+			target = &tc.Cert
+		case "key":
+			target = &tc.Key
+		case "server_name":
+			target = &tc.ServerName
+		case "insecure_skip_verify":
+			if err := noArgs(d); err != nil {
+				return nil, err
+			}
+			tc.InsecureSkipVerify = true
+			continue
+		default:
+			return nil, d.Errf("unrecognized subdirective %q", d.Val())
+		}
+		v, err := oneArg(d)
+		if err != nil {
+			return nil, err
+		}
+		*target = v
+	}
+	return tc, nil
+}
+
+// parseZone parses the zone block whose `zone` token is at the cursor. names holds the names of
+// the zones parsed before; the new zone's name is added to it.
+func parseZone(d *caddyfile.Dispenser, names map[string]bool) (*Zone, error) {
+	if !d.NextArg() {
+		return nil, d.ArgErr()
+	}
+	nameToken := d.Token()
+	name := d.Val()
+	if !limiter.ValidZoneName(name) {
+		return nil, d.Errf("zone: %q is not a valid zone name (1 to 64 characters of A-Z a-z 0-9 _ . -)", name)
+	}
+	if names[name] {
+		return nil, d.Errf("duplicate zone name %q", name)
+	}
+	names[name] = true
+	if d.NextArg() {
+		return nil, d.Errf("zone: unexpected argument %q", d.Val())
+	}
+
+	p := newZoneParser(nameToken, name)
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		if !isZoneSubdirective(d.Val()) {
+			return nil, d.Errf("unrecognized subdirective %q", d.Val())
+		}
+		if err := p.subdirective(d); err != nil {
+			return nil, err
+		}
+	}
+	if err := p.finish(); err != nil {
+		return nil, err
+	}
+	return p.zone, nil
+}
+
+// isZoneSubdirective reports whether name is a subdirective of a zone block, which is also the
+// shorthand for a zone named "default" when written at the top level.
+func isZoneSubdirective(name string) bool {
+	switch name {
+	case "key", "algorithm", "capacity", "refill_rate", "limit", "window", "cost", "match":
+		return true
+	}
+	return false
+}
+
+func errMixedShorthand(d *caddyfile.Dispenser) error {
+	return d.Errf("zone subdirectives at the top level (the shorthand for one zone named %q) "+
+		"cannot be mixed with zone blocks", DefaultZoneName)
+}
+
+// zoneParser fills one Zone from its subdirectives, whether they are in a zone block or at the top
+// level (the shorthand), and checks them together once the zone ends.
+type zoneParser struct {
+	zone *Zone
+	// start is where errors about the zone as a whole point: the zone's name, or for the
+	// shorthand its first subdirective.
+	start caddyfile.Token
+	seen  seenSubdirectives
+	cost  int64 // the cost when it is an integer literal
+}
+
+func newZoneParser(start caddyfile.Token, name string) *zoneParser {
+	return &zoneParser{zone: &Zone{Name: name}, start: start, seen: make(seenSubdirectives)}
+}
+
+// subdirective parses the zone subdirective at the cursor; isZoneSubdirective must be true of it.
+func (p *zoneParser) subdirective(d *caddyfile.Dispenser) error {
+	if err := p.seen.add(d); err != nil {
+		return err
+	}
+	z := p.zone
+	switch name := d.Val(); name {
+	case "key":
+		args, err := someArgs(d)
+		if err != nil {
+			return err
+		}
+		z.Key = args
+
+	case "algorithm":
+		v, err := oneArg(d)
+		if err != nil {
+			return err
+		}
+		if _, err := limiter.ParseAlgorithm(v); err != nil {
+			return d.Errf("algorithm: %q must be %s or %s", v, tokenBucketName, slidingWindowName)
+		}
+		z.Algorithm = v
+
+	case "capacity":
+		n, err := intInRange(d, limiter.MaxCapacity)
+		if err != nil {
+			return err
+		}
+		z.Capacity = n
+
+	case "limit":
+		n, err := intInRange(d, limiter.MaxLimit)
+		if err != nil {
+			return err
+		}
+		z.Limit = n
+
+	case "refill_rate":
+		v, err := oneArg(d)
+		if err != nil {
+			return err
+		}
+		rate, err := parseRefillRate(v)
+		if err != nil {
+			return d.Errf("refill_rate: %w", err)
+		}
+		z.RefillRate = rate
+
+	case "window":
+		v, err := oneArg(d)
+		if err != nil {
+			return err
+		}
+		dur, err := caddy.ParseDuration(v)
+		if err != nil {
+			return d.Errf("window: %q is not a duration", v)
+		}
+		if dur < limiter.MinWindow || dur > limiter.MaxWindow {
+			return d.Errf("window: %q is out of range (%s to %s)", v,
+				formatDuration(limiter.MinWindow), formatDuration(limiter.MaxWindow))
+		}
+		z.Window = caddy.Duration(dur)
+
+	case "cost":
+		v, err := oneArg(d)
+		if err != nil {
+			return err
+		}
+		if hasPlaceholder(v) {
+			z.Cost = v
+			break
+		}
+		n, err := strconv.ParseInt(v, 10, 64)
+		if errors.Is(err, strconv.ErrRange) {
+			return d.Errf("cost: %q is out of range", v)
+		}
+		if err != nil {
+			return d.Errf("cost: %q is not an integer or a placeholder", v)
+		}
+		if n <= 0 {
+			return d.Errf("cost: %q must be > 0", v)
+		}
+		p.cost = n
+		z.Cost = strconv.FormatInt(n, 10)
+
+	case "match":
+		matchToken := d.Token()
+		set, err := caddyhttp.ParseCaddyfileNestedMatcherSet(d)
+		if err != nil {
+			return err
+		}
+		if len(set) == 0 {
+			return errAt(matchToken, "match: no matchers given; write them on the line (match path /login) or in a block")
+		}
+		z.MatcherSetsRaw = caddyhttp.RawMatcherSets{set}
+
+	default:
+		return d.Errf("unrecognized subdirective %q", name)
+	}
+	return nil
+}
+
+// finish checks the subdirectives of the zone against each other, once all have been parsed.
+// An error about one subdirective points at it; one about a missing subdirective at p.start.
+func (p *zoneParser) finish() error {
+	z := p.zone
+	if len(p.seen) == 0 {
+		return errAt(p.start, "zone %q has no parameters: a %s zone needs capacity and refill_rate, a %s zone limit and window",
+			z.Name, tokenBucketName, slidingWindowName)
+	}
+
+	algorithm, other, hint := z.Algorithm, slidingWindowName, ""
+	if algorithm == "" {
+		algorithm, hint = tokenBucketName, " (the default when no algorithm is given)"
+	}
+	own, others := []string{"capacity", "refill_rate"}, []string{"limit", "window"}
+	if algorithm == slidingWindowName {
+		other = tokenBucketName
+		own, others = others, own
+	}
+	for _, name := range others {
+		if tok, ok := p.seen[name]; ok {
+			return errAt(tok, "%s belongs to algorithm %s, not %s%s", name, other, algorithm, hint)
+		}
+	}
+	for _, name := range own {
+		if _, ok := p.seen[name]; !ok {
+			return errAt(p.start, "zone %q: %s is required for algorithm %s", z.Name, name, algorithm)
+		}
+	}
+
+	quotaName, quota := "capacity", z.Capacity
+	if algorithm == slidingWindowName {
+		quotaName, quota = "limit", z.Limit
+	}
+	if p.cost > quota {
+		return errAt(p.seen["cost"], "cost %d is larger than %s %d: no request could ever be admitted",
+			p.cost, quotaName, quota)
+	}
+	if algorithm == tokenBucketName {
+		if fill := float64(z.Capacity) / z.RefillRate; fill > limiter.MaxWindow.Seconds() {
+			return errAt(p.seen["refill_rate"], "zone %q: an empty bucket takes %.0fs to refill (capacity / refill_rate); at most %s is supported",
+				z.Name, fill, formatDuration(limiter.MaxWindow))
+		}
+	}
+	return nil
+}
+
+// parseRefillRate parses `<n>[/<duration>]` into tokens per second.
+func parseRefillRate(s string) (float64, error) {
+	num, per, hasPer := strings.Cut(s, "/")
+	n, err := strconv.ParseFloat(num, 64)
+	if err != nil || math.IsNaN(n) || math.IsInf(n, 0) {
+		return 0, fmt.Errorf("%q is not a number of tokens, optionally per a duration (10, 100/1m)", s)
+	}
+	if n <= 0 {
+		return 0, fmt.Errorf("%q must be > 0", s)
+	}
+	if !hasPer {
+		return n, nil
+	}
+	dur, err := caddy.ParseDuration(per)
+	if err != nil {
+		return 0, fmt.Errorf("%q: %q is not a duration", s, per)
+	}
+	if dur <= 0 {
+		return 0, fmt.Errorf("%q: the duration must be > 0", s)
+	}
+	rate := n / dur.Seconds()
+	if rate <= 0 || math.IsInf(rate, 0) {
+		return 0, fmt.Errorf("%q is out of range", s)
+	}
+	return rate, nil
+}
+
+// hasPlaceholder reports whether s holds something of the form {…}.
+func hasPlaceholder(s string) bool {
+	open := strings.IndexByte(s, '{')
+	return open >= 0 && strings.IndexByte(s[open:], '}') > 1
+}
+
+// formatDuration formats whole days as caddy.ParseDuration writes them (366d), else as
+// time.Duration does.
+func formatDuration(dur time.Duration) string {
+	const day = 24 * time.Hour
+	if dur >= day && dur%day == 0 {
+		return strconv.FormatInt(int64(dur/day), 10) + "d"
+	}
+	return dur.String()
+}
+
+// seenSubdirectives records the subdirectives of one block, by name, to reject repeated ones and
+// to point later errors at them.
+type seenSubdirectives map[string]caddyfile.Token
+
+// add records the subdirective at the cursor, or returns an error if the block had it already.
+func (s seenSubdirectives) add(d *caddyfile.Dispenser) error {
+	if _, dup := s[d.Val()]; dup {
+		return d.Errf("duplicate subdirective %q", d.Val())
+	}
+	s[d.Val()] = d.Token()
+	return nil
+}
+
+// errAt is d.Errf for a token other than the dispenser's current one: the error names the
+// token's file and line (and import chain).
+func errAt(tok caddyfile.Token, format string, args ...any) error {
+	d := caddyfile.NewDispenser([]caddyfile.Token{tok})
+	d.Next()
+	return d.Errf(format, args...)
+}
+
+// oneArg returns the one argument of the subdirective at the cursor; none, more than one, or a
+// block after it is an error.
+func oneArg(d *caddyfile.Dispenser) (string, error) {
+	name := d.Val()
+	if !d.NextArg() {
+		return "", d.ArgErr()
+	}
+	v := d.Val()
+	if d.NextArg() {
+		if name == "password" { // never echo a piece of a secret
+			return "", d.Errf("password: too many arguments (quote a password that contains spaces)")
+		}
+		return "", d.Errf("%s: unexpected argument %q", name, d.Val())
+	}
+	return v, noBlock(d, name)
+}
+
+// someArgs returns the one or more arguments of the subdirective at the cursor; none, or a block
+// after them, is an error.
+func someArgs(d *caddyfile.Dispenser) ([]string, error) {
+	name := d.Val()
+	args := d.RemainingArgs()
+	if len(args) == 0 {
+		return nil, d.ArgErr()
+	}
+	return args, noBlock(d, name)
+}
+
+// noArgs checks that the subdirective at the cursor has neither arguments nor a block.
+func noArgs(d *caddyfile.Dispenser) error {
+	name := d.Val()
+	if err := noArgsBeforeBlock(d); err != nil {
+		return err
+	}
+	return noBlock(d, name)
+}
+
+// noArgsBeforeBlock checks that the subdirective at the cursor has no arguments; it may have a
+// block.
+func noArgsBeforeBlock(d *caddyfile.Dispenser) error {
+	name := d.Val()
+	if d.NextArg() {
+		return d.Errf("%s: unexpected argument %q; it takes no arguments", name, d.Val())
+	}
+	return nil
+}
+
+// noBlock checks that no block, not even an empty one, follows the subdirective name, whose
+// arguments have all been read.
+func noBlock(d *caddyfile.Dispenser, name string) error {
+	if d.NextLine() {
+		d.Prev() // leave the next line to the caller's loop
+		return nil
+	}
+	// The next token, if any, is on this line, and not an argument: it opens a block.
+	if d.Next() {
+		return d.Errf("%s: unexpected block", name)
+	}
+	return nil
+}
+
+// positiveDuration parses the one argument of the subdirective at the cursor as a duration > 0.
+func positiveDuration(d *caddyfile.Dispenser) (time.Duration, error) {
+	name := d.Val()
+	v, err := oneArg(d)
+	if err != nil {
+		return 0, err
+	}
+	dur, err := caddy.ParseDuration(v)
+	if err != nil {
+		return 0, d.Errf("%s: %q is not a duration", name, v)
+	}
+	if dur <= 0 {
+		return 0, d.Errf("%s: %q must be > 0", name, v)
+	}
+	return dur, nil
+}
+
+// intInRange parses the one argument of the subdirective at the cursor as an integer from 1 to
+// maxValue.
+func intInRange(d *caddyfile.Dispenser, maxValue int64) (int64, error) {
+	name := d.Val()
+	v, err := oneArg(d)
+	if err != nil {
+		return 0, err
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil && !errors.Is(err, strconv.ErrRange) {
+		return 0, d.Errf("%s: %q is not an integer", name, v)
+	}
+	if err != nil || n < 1 || n > maxValue {
+		return 0, d.Errf("%s: %q is out of range (1 to %d)", name, v, maxValue)
+	}
+	return n, nil
+}
+
+// Interface guards
+var (
+	_ caddyfile.Unmarshaler = (*Handler)(nil)
+)

@@ -1,0 +1,710 @@
+package ratelimitredis
+
+import (
+	"encoding/json"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+)
+
+// matchSets is the Zone.MatcherSetsRaw of one matcher set, given as matcher name, JSON pairs.
+func matchSets(nameJSON ...string) caddyhttp.RawMatcherSets {
+	set := make(caddy.ModuleMap)
+	for i := 0; i < len(nameJSON); i += 2 {
+		set[nameJSON[i]] = json.RawMessage(nameJSON[i+1])
+	}
+	return caddyhttp.RawMatcherSets{set}
+}
+
+func TestUnmarshalCaddyfile(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		input string
+		want  *Handler
+	}{
+		{
+			name: "design example",
+			input: `rate_limit_redis {
+				redis {
+					address {env.REDIS_ADDR}
+				}
+				zone api {
+					key {http.request.header.X-API-Key} {client_ip}
+					capacity 100
+					refill_rate 10
+				}
+				zone login {
+					match path /login
+					key {client_ip}
+					algorithm sliding_window
+					limit 5
+					window 1m
+				}
+			}`,
+			want: &Handler{
+				Redis: &RedisConfig{Addresses: []string{"{env.REDIS_ADDR}"}},
+				Zones: []*Zone{
+					{Name: "api", Key: []string{"{http.request.header.X-API-Key}", "{client_ip}"}, Capacity: 100, RefillRate: 10},
+					{
+						Name: "login", Key: []string{"{client_ip}"}, Algorithm: "sliding_window", Limit: 5,
+						Window: caddy.Duration(time.Minute), MatcherSetsRaw: matchSets("path", `["/login"]`),
+					},
+				},
+			},
+		},
+		{
+			name: "every top-level and redis subdirective",
+			input: `rate_limit_redis {
+				redis {
+					address      redis.internal:6380
+					username     limiter
+					password     "{env.REDIS_PASSWORD}"
+					db           3
+					pool_size    20
+					dial_timeout 250ms
+				}
+				key_prefix myapp:rl:
+				timeout    50ms
+				fail_mode  closed
+				headers    ietf
+				clock      local
+				dry_run
+				deny_cache off
+				zone z {
+					capacity    5
+					refill_rate 1
+				}
+			}`,
+			want: &Handler{
+				Redis: &RedisConfig{
+					Addresses: []string{"redis.internal:6380"}, Username: "limiter", Password: "{env.REDIS_PASSWORD}",
+					DB: 3, PoolSize: 20, DialTimeout: caddy.Duration(250 * time.Millisecond),
+				},
+				KeyPrefix: "myapp:rl:",
+				Timeout:   caddy.Duration(50 * time.Millisecond),
+				FailMode:  "closed",
+				Headers:   "ietf",
+				Clock:     "local",
+				DryRun:    true,
+				DenyCache: new(false),
+				Zones:     []*Zone{{Name: "z", Capacity: 5, RefillRate: 1}},
+			},
+		},
+		{
+			name: "the other values of the enumerations",
+			input: `rate_limit_redis {
+				fail_mode  open
+				headers    both
+				clock      redis
+				deny_cache on
+				zone z {
+					capacity    5
+					refill_rate 1
+				}
+			}`,
+			want: &Handler{
+				FailMode: "open", Headers: "both", Clock: "redis", DenyCache: new(true),
+				Zones: []*Zone{{Name: "z", Capacity: 5, RefillRate: 1}},
+			},
+		},
+		{
+			name: "headers legacy, headers off and an empty redis block",
+			input: `rate_limit_redis {
+				redis
+				headers legacy
+				zone a {
+					capacity    5
+					refill_rate 1
+				}
+			}`,
+			want: &Handler{Redis: &RedisConfig{}, Headers: "legacy", Zones: []*Zone{{Name: "a", Capacity: 5, RefillRate: 1}}},
+		},
+		{
+			name: "shorthand token bucket",
+			input: `rate_limit_redis {
+				key         {http.request.header.X-API-Key} {client_ip}
+				capacity    100
+				refill_rate 100/1m
+				cost        {http.request.header.X-Cost}
+			}`,
+			want: &Handler{Zones: []*Zone{{
+				Name: DefaultZoneName, Key: []string{"{http.request.header.X-API-Key}", "{client_ip}"},
+				Capacity: 100, RefillRate: 100.0 / 60, Cost: "{http.request.header.X-Cost}",
+			}}},
+		},
+		{
+			name: "shorthand sliding window with a match block, after handler subdirectives",
+			input: `rate_limit_redis {
+				timeout 1s
+				match {
+					path   /api/*
+					method POST
+				}
+				algorithm sliding_window
+				limit     10
+				window    1d
+				dry_run
+			}`,
+			want: &Handler{
+				Timeout: caddy.Duration(time.Second),
+				DryRun:  true,
+				Zones: []*Zone{{
+					Name: DefaultZoneName, Algorithm: "sliding_window", Limit: 10, Window: caddy.Duration(24 * time.Hour),
+					MatcherSetsRaw: matchSets("path", `["/api/*"]`, "method", `["POST"]`),
+				}},
+			},
+		},
+		{
+			name: "refill rates, literal costs and an explicit token_bucket",
+			input: `rate_limit_redis {
+				zone a {
+					algorithm   token_bucket
+					capacity    10
+					refill_rate 100/1m
+					cost        05
+				}
+				zone b {
+					capacity    1
+					refill_rate 0.5
+				}
+				zone c {
+					capacity    9007199254740992
+					refill_rate 1e12/1s
+					cost        9007199254740992
+				}
+				zone d.e-f_9 {
+					capacity    10
+					refill_rate 3/1.5s
+				}
+			}`,
+			want: &Handler{Zones: []*Zone{
+				{Name: "a", Algorithm: "token_bucket", Capacity: 10, RefillRate: 100.0 / 60, Cost: "5"},
+				{Name: "b", Capacity: 1, RefillRate: 0.5},
+				{Name: "c", Capacity: 1 << 53, RefillRate: 1e12, Cost: "9007199254740992"},
+				{Name: "d.e-f_9", Capacity: 10, RefillRate: 2},
+			}},
+		},
+		{
+			name: "sliding window bounds and match not",
+			input: `rate_limit_redis {
+				zone a {
+					algorithm sliding_window
+					limit     1000000
+					window    366d
+					cost      1000000
+					match not path /health
+				}
+				zone b {
+					algorithm sliding_window
+					limit     1
+					window    1ms
+				}
+			}`,
+			want: &Handler{Zones: []*Zone{
+				{
+					Name: "a", Algorithm: "sliding_window", Limit: 1_000_000, Window: caddy.Duration(366 * 24 * time.Hour),
+					Cost: "1000000", MatcherSetsRaw: matchSets("not", `[{"path":["/health"]}]`),
+				},
+				{Name: "b", Algorithm: "sliding_window", Limit: 1, Window: caddy.Duration(time.Millisecond)},
+			}},
+		},
+		{
+			name: "a matcher written twice in a match block is one matcher",
+			input: `rate_limit_redis {
+				zone a {
+					match {
+						path /a
+						path /b
+					}
+					capacity    1
+					refill_rate 1
+				}
+			}`,
+			want: &Handler{Zones: []*Zone{
+				{Name: "a", Capacity: 1, RefillRate: 1, MatcherSetsRaw: matchSets("path", `["/a","/b"]`)},
+			}},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var got Handler
+			if err := got.UnmarshalCaddyfile(caddyfile.NewTestDispenser(tc.input)); err != nil {
+				t.Fatalf("UnmarshalCaddyfile: %v", err)
+			}
+			if !reflect.DeepEqual(&got, tc.want) {
+				t.Errorf("got\n%s\nwant\n%s", toJSON(t, &got), toJSON(t, tc.want))
+			}
+		})
+	}
+}
+
+func toJSON(t *testing.T, v any) string {
+	t.Helper()
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// TestUnmarshalCaddyfileMinimalJSON checks that the parser fills in no defaults: the JSON of a
+// handler holds what its Caddyfile says and nothing more.
+func TestUnmarshalCaddyfileMinimalJSON(t *testing.T) {
+	var h Handler
+	err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(`rate_limit_redis {
+		zone login {
+			match path /login
+			algorithm sliding_window
+			limit 5
+			window 1m
+		}
+	}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := json.Marshal(&h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const want = `{"zones":[{"name":"login","algorithm":"sliding_window","limit":5,"window":60000000000,"match":[{"path":["/login"]}]}]}`
+	if string(b) != want {
+		t.Errorf("got  %s\nwant %s", b, want)
+	}
+}
+
+func TestUnmarshalCaddyfileErrors(t *testing.T) {
+	// zone is a zone block that is valid on its own, for inputs whose error lies elsewhere.
+	const zone = `
+		zone z {
+			capacity 1
+			refill_rate 1
+		}`
+	for _, tc := range []struct {
+		name  string
+		input string
+		want  string
+	}{
+		// The directive line and the zones.
+		{"argument", "rate_limit_redis foo {" + zone + "\n}",
+			`rate_limit_redis: unexpected argument "foo"; it takes only a matcher and a block, at Testfile:1`},
+		{"no block", "rate_limit_redis",
+			`rate_limit_redis: at least one zone is required: a zone block, or zone subdirectives (such as capacity and refill_rate) directly in this block, at Testfile:1`},
+		{"no zone", "rate_limit_redis {\n\ttimeout 1s\n}",
+			`rate_limit_redis: at least one zone is required: a zone block, or zone subdirectives (such as capacity and refill_rate) directly in this block, at Testfile:1`},
+		{"unknown subdirective", "rate_limit_redis {\n\tfoo bar\n}",
+			`unrecognized subdirective "foo", at Testfile:2`},
+
+		// key_prefix
+		{"key_prefix missing", "rate_limit_redis {\n\tkey_prefix\n}",
+			`wrong argument count or unexpected line ending after 'key_prefix', at Testfile:2`},
+		{"key_prefix extra", "rate_limit_redis {\n\tkey_prefix a b\n}",
+			`key_prefix: unexpected argument "b", at Testfile:2`},
+		{"key_prefix repeated", "rate_limit_redis {\n\tkey_prefix a\n\tkey_prefix b\n}",
+			`duplicate subdirective "key_prefix", at Testfile:3`},
+		{"key_prefix braces", "rate_limit_redis {\n\tkey_prefix rl{x}:\n}",
+			`key_prefix: "rl{x}:" must not contain { or } (the client key is the Redis Cluster hash tag), at Testfile:2`},
+		{"key_prefix brace", "rate_limit_redis {\n\tkey_prefix rl}\n}",
+			`key_prefix: "rl}" must not contain { or } (the client key is the Redis Cluster hash tag), at Testfile:2`},
+		{"key_prefix empty", "rate_limit_redis {\n\tkey_prefix \"\"\n}",
+			`key_prefix: must not be empty (leave it out for the default "rl:"), at Testfile:2`},
+		{"key_prefix block", "rate_limit_redis {\n\tkey_prefix a {\n\t\tb\n\t}\n}",
+			`key_prefix: unexpected block, at Testfile:2`},
+
+		// timeout
+		{"timeout missing", "rate_limit_redis {\n\ttimeout\n}",
+			`wrong argument count or unexpected line ending after 'timeout', at Testfile:2`},
+		{"timeout extra", "rate_limit_redis {\n\ttimeout 1s 2s\n}",
+			`timeout: unexpected argument "2s", at Testfile:2`},
+		{"timeout repeated", "rate_limit_redis {\n\ttimeout 1s\n\ttimeout 2s\n}",
+			`duplicate subdirective "timeout", at Testfile:3`},
+		{"timeout not a duration", "rate_limit_redis {\n\ttimeout soon\n}",
+			`timeout: "soon" is not a duration, at Testfile:2`},
+		{"timeout zero", "rate_limit_redis {\n\ttimeout 0s\n}",
+			`timeout: "0s" must be > 0, at Testfile:2`},
+		{"timeout negative", "rate_limit_redis {\n\ttimeout -1s\n}",
+			`timeout: "-1s" must be > 0, at Testfile:2`},
+
+		// fail_mode
+		{"fail_mode missing", "rate_limit_redis {\n\tfail_mode\n}",
+			`wrong argument count or unexpected line ending after 'fail_mode', at Testfile:2`},
+		{"fail_mode extra", "rate_limit_redis {\n\tfail_mode open closed\n}",
+			`fail_mode: unexpected argument "closed", at Testfile:2`},
+		{"fail_mode repeated", "rate_limit_redis {\n\tfail_mode open\n\tfail_mode open\n}",
+			`duplicate subdirective "fail_mode", at Testfile:3`},
+		{"fail_mode bad", "rate_limit_redis {\n\tfail_mode maybe\n}",
+			`fail_mode: "maybe" must be open, closed or local, at Testfile:2`},
+		{"fail_mode local", "rate_limit_redis {" + zone + "\n\tfail_mode local\n}",
+			`fail_mode local is not supported yet; use open or closed, at Testfile:6`},
+
+		// headers
+		{"headers missing", "rate_limit_redis {\n\theaders\n}",
+			`wrong argument count or unexpected line ending after 'headers', at Testfile:2`},
+		{"headers extra", "rate_limit_redis {\n\theaders ietf legacy\n}",
+			`headers: unexpected argument "legacy", at Testfile:2`},
+		{"headers repeated", "rate_limit_redis {\n\theaders off\n\theaders ietf\n}",
+			`duplicate subdirective "headers", at Testfile:3`},
+		{"headers bad", "rate_limit_redis {\n\theaders draft\n}",
+			`headers: "draft" must be legacy, ietf, both or off, at Testfile:2`},
+
+		// clock
+		{"clock missing", "rate_limit_redis {\n\tclock\n}",
+			`wrong argument count or unexpected line ending after 'clock', at Testfile:2`},
+		{"clock extra", "rate_limit_redis {\n\tclock redis local\n}",
+			`clock: unexpected argument "local", at Testfile:2`},
+		{"clock repeated", "rate_limit_redis {\n\tclock redis\n\tclock redis\n}",
+			`duplicate subdirective "clock", at Testfile:3`},
+		{"clock bad", "rate_limit_redis {\n\tclock ntp\n}",
+			`clock: "ntp" must be redis or local, at Testfile:2`},
+
+		// dry_run
+		{"dry_run argument", "rate_limit_redis {\n\tdry_run yes\n}",
+			`dry_run: unexpected argument "yes"; it takes no arguments, at Testfile:2`},
+		{"dry_run repeated", "rate_limit_redis {\n\tdry_run\n\tdry_run\n}",
+			`duplicate subdirective "dry_run", at Testfile:3`},
+		{"dry_run block", "rate_limit_redis {\n\tdry_run {\n\t\ton\n\t}\n}",
+			`dry_run: unexpected block, at Testfile:2`},
+
+		// deny_cache
+		{"deny_cache missing", "rate_limit_redis {\n\tdeny_cache\n}",
+			`wrong argument count or unexpected line ending after 'deny_cache', at Testfile:2`},
+		{"deny_cache extra", "rate_limit_redis {\n\tdeny_cache off on\n}",
+			`deny_cache: unexpected argument "on", at Testfile:2`},
+		{"deny_cache repeated", "rate_limit_redis {\n\tdeny_cache off\n\tdeny_cache on\n}",
+			`duplicate subdirective "deny_cache", at Testfile:3`},
+		{"deny_cache bad", "rate_limit_redis {\n\tdeny_cache false\n}",
+			`deny_cache: "false" must be on or off, at Testfile:2`},
+
+		// redis
+		{"redis argument", "rate_limit_redis {\n\tredis localhost {\n\t}\n}",
+			`redis: unexpected argument "localhost"; it takes no arguments, at Testfile:2`},
+		{"redis repeated", "rate_limit_redis {\n\tredis {\n\t\tdb 1\n\t}\n\tredis {\n\t\tdb 2\n\t}\n}",
+			`duplicate subdirective "redis", at Testfile:5`},
+		{"redis unknown", "rate_limit_redis {\n\tredis {\n\t\thost localhost\n\t}\n}",
+			`unrecognized subdirective "host", at Testfile:3`},
+		{"address missing", "rate_limit_redis {\n\tredis {\n\t\taddress\n\t}\n}",
+			`wrong argument count or unexpected line ending after 'address', at Testfile:3`},
+		{"address block", "rate_limit_redis {\n\tredis {\n\t\taddress a:1 {\n\t\t\tb\n\t\t}\n\t}\n}",
+			`address: unexpected block, at Testfile:3`},
+		{"username missing", "rate_limit_redis {\n\tredis {\n\t\tusername\n\t}\n}",
+			`wrong argument count or unexpected line ending after 'username', at Testfile:3`},
+		{"username extra", "rate_limit_redis {\n\tredis {\n\t\tusername a b\n\t}\n}",
+			`username: unexpected argument "b", at Testfile:3`},
+		{"username repeated", "rate_limit_redis {\n\tredis {\n\t\tusername a\n\t\tusername b\n\t}\n}",
+			`duplicate subdirective "username", at Testfile:4`},
+		{"password missing", "rate_limit_redis {\n\tredis {\n\t\tpassword\n\t}\n}",
+			`wrong argument count or unexpected line ending after 'password', at Testfile:3`},
+		{"password extra is not echoed", "rate_limit_redis {\n\tredis {\n\t\tpassword open sesame\n\t}\n}",
+			`password: too many arguments (quote a password that contains spaces), at Testfile:3`},
+		{"password repeated", "rate_limit_redis {\n\tredis {\n\t\tpassword a\n\t\tpassword b\n\t}\n}",
+			`duplicate subdirective "password", at Testfile:4`},
+		{"db missing", "rate_limit_redis {\n\tredis {\n\t\tdb\n\t}\n}",
+			`wrong argument count or unexpected line ending after 'db', at Testfile:3`},
+		{"db extra", "rate_limit_redis {\n\tredis {\n\t\tdb 1 2\n\t}\n}",
+			`db: unexpected argument "2", at Testfile:3`},
+		{"db repeated", "rate_limit_redis {\n\tredis {\n\t\tdb 1\n\t\tdb 1\n\t}\n}",
+			`duplicate subdirective "db", at Testfile:4`},
+		{"db not a number", "rate_limit_redis {\n\tredis {\n\t\tdb one\n\t}\n}",
+			`db: "one" is not an integer, at Testfile:3`},
+		{"db negative", "rate_limit_redis {\n\tredis {\n\t\tdb -1\n\t}\n}",
+			`db: "-1" must be >= 0, at Testfile:3`},
+		{"pool_size missing", "rate_limit_redis {\n\tredis {\n\t\tpool_size\n\t}\n}",
+			`wrong argument count or unexpected line ending after 'pool_size', at Testfile:3`},
+		{"pool_size extra", "rate_limit_redis {\n\tredis {\n\t\tpool_size 1 2\n\t}\n}",
+			`pool_size: unexpected argument "2", at Testfile:3`},
+		{"pool_size repeated", "rate_limit_redis {\n\tredis {\n\t\tpool_size 1\n\t\tpool_size 1\n\t}\n}",
+			`duplicate subdirective "pool_size", at Testfile:4`},
+		{"pool_size not a number", "rate_limit_redis {\n\tredis {\n\t\tpool_size many\n\t}\n}",
+			`pool_size: "many" is not an integer, at Testfile:3`},
+		{"pool_size zero", "rate_limit_redis {\n\tredis {\n\t\tpool_size 0\n\t}\n}",
+			`pool_size: "0" must be > 0, at Testfile:3`},
+		{"dial_timeout missing", "rate_limit_redis {\n\tredis {\n\t\tdial_timeout\n\t}\n}",
+			`wrong argument count or unexpected line ending after 'dial_timeout', at Testfile:3`},
+		{"dial_timeout extra", "rate_limit_redis {\n\tredis {\n\t\tdial_timeout 1s 2s\n\t}\n}",
+			`dial_timeout: unexpected argument "2s", at Testfile:3`},
+		{"dial_timeout repeated", "rate_limit_redis {\n\tredis {\n\t\tdial_timeout 1s\n\t\tdial_timeout 1s\n\t}\n}",
+			`duplicate subdirective "dial_timeout", at Testfile:4`},
+		{"dial_timeout not a duration", "rate_limit_redis {\n\tredis {\n\t\tdial_timeout 5\n\t}\n}",
+			`dial_timeout: "5" is not a duration, at Testfile:3`},
+		{"dial_timeout zero", "rate_limit_redis {\n\tredis {\n\t\tdial_timeout 0s\n\t}\n}",
+			`dial_timeout: "0s" must be > 0, at Testfile:3`},
+		{"sentinel missing", "rate_limit_redis {\n\tredis {\n\t\tsentinel\n\t}\n}",
+			`wrong argument count or unexpected line ending after 'sentinel', at Testfile:3`},
+		{"sentinel extra", "rate_limit_redis {\n\tredis {\n\t\tsentinel a b\n\t}\n}",
+			`sentinel: unexpected argument "b", at Testfile:3`},
+		{"sentinel repeated", "rate_limit_redis {\n\tredis {\n\t\tsentinel a\n\t\tsentinel a\n\t}\n}",
+			`duplicate subdirective "sentinel", at Testfile:4`},
+		{"sentinel not supported", "rate_limit_redis {\n\tredis {\n\t\taddress s1:26379 s2:26379\n\t\tsentinel mymaster\n\t}" + zone + "\n}",
+			`redis sentinel is not supported yet, at Testfile:4`},
+		{"cluster argument", "rate_limit_redis {\n\tredis {\n\t\tcluster yes\n\t}\n}",
+			`cluster: unexpected argument "yes"; it takes no arguments, at Testfile:3`},
+		{"cluster repeated", "rate_limit_redis {\n\tredis {\n\t\tcluster\n\t\tcluster\n\t}\n}",
+			`duplicate subdirective "cluster", at Testfile:4`},
+		{"cluster not supported", "rate_limit_redis {\n\tredis {\n\t\taddress a:1\n\t\tcluster\n\t}" + zone + "\n}",
+			`redis cluster is not supported yet, at Testfile:4`},
+		{"several addresses on one line", "rate_limit_redis {\n\tredis {\n\t\taddress a:1 b:2 c:3\n\t}" + zone + "\n}",
+			`redis cluster is not supported yet (more than one address means cluster), at Testfile:3`},
+		{"several address lines", "rate_limit_redis {\n\tredis {\n\t\taddress a:1\n\t\taddress b:2\n\t}" + zone + "\n}",
+			`redis cluster is not supported yet (more than one address means cluster), at Testfile:4`},
+		{"tls not supported", "rate_limit_redis {\n\tredis {\n\t\ttls {\n\t\t\tca ca.pem\n\t\t\tcert c.pem\n\t\t\tkey k.pem\n\t\t\tserver_name r\n\t\t\tinsecure_skip_verify\n\t\t}\n\t}" + zone + "\n}",
+			`redis tls is not supported yet, at Testfile:3`},
+		{"tls without a block not supported", "rate_limit_redis {\n\tredis {\n\t\ttls\n\t}" + zone + "\n}",
+			`redis tls is not supported yet, at Testfile:3`},
+		{"tls argument", "rate_limit_redis {\n\tredis {\n\t\ttls on\n\t}\n}",
+			`tls: unexpected argument "on"; it takes no arguments, at Testfile:3`},
+		{"tls repeated", "rate_limit_redis {\n\tredis {\n\t\ttls\n\t\ttls\n\t}\n}",
+			`duplicate subdirective "tls", at Testfile:4`},
+		{"tls unknown", "rate_limit_redis {\n\tredis {\n\t\ttls {\n\t\t\tverify no\n\t\t}\n\t}\n}",
+			`unrecognized subdirective "verify", at Testfile:4`},
+		{"tls ca missing", "rate_limit_redis {\n\tredis {\n\t\ttls {\n\t\t\tca\n\t\t}\n\t}\n}",
+			`wrong argument count or unexpected line ending after 'ca', at Testfile:4`},
+		{"tls cert extra", "rate_limit_redis {\n\tredis {\n\t\ttls {\n\t\t\tcert a b\n\t\t}\n\t}\n}",
+			`cert: unexpected argument "b", at Testfile:4`},
+		{"tls key repeated", "rate_limit_redis {\n\tredis {\n\t\ttls {\n\t\t\tkey a\n\t\t\tkey a\n\t\t}\n\t}\n}",
+			`duplicate subdirective "key", at Testfile:5`},
+		{"tls server_name missing", "rate_limit_redis {\n\tredis {\n\t\ttls {\n\t\t\tserver_name\n\t\t}\n\t}\n}",
+			`wrong argument count or unexpected line ending after 'server_name', at Testfile:4`},
+		{"tls insecure_skip_verify argument", "rate_limit_redis {\n\tredis {\n\t\ttls {\n\t\t\tinsecure_skip_verify true\n\t\t}\n\t}\n}",
+			`insecure_skip_verify: unexpected argument "true"; it takes no arguments, at Testfile:4`},
+
+		// zone
+		{"zone name missing", "rate_limit_redis {\n\tzone {\n\t\tcapacity 1\n\t}\n}",
+			`wrong argument count or unexpected line ending after 'zone', at Testfile:2`},
+		{"zone extra", "rate_limit_redis {\n\tzone a b {\n\t\tcapacity 1\n\t}\n}",
+			`zone: unexpected argument "b", at Testfile:2`},
+		{"zone bad name", "rate_limit_redis {\n\tzone a/b {\n\t\tcapacity 1\n\t}\n}",
+			`zone: "a/b" is not a valid zone name (1 to 64 characters of A-Z a-z 0-9 _ . -), at Testfile:2`},
+		{"zone name too long", "rate_limit_redis {\n\tzone a2345678901234567890123456789012345678901234567890123456789012345\n}",
+			`zone: "a2345678901234567890123456789012345678901234567890123456789012345" is not a valid zone name (1 to 64 characters of A-Z a-z 0-9 _ . -), at Testfile:2`},
+		{"zone name duplicate", "rate_limit_redis {" + zone + zone + "\n}",
+			`duplicate zone name "z", at Testfile:6`},
+		{"zone unknown subdirective", "rate_limit_redis {\n\tzone a {\n\t\ttimeout 1s\n\t}\n}",
+			`unrecognized subdirective "timeout", at Testfile:3`},
+		{"zone without block", "rate_limit_redis {\n\tzone a\n}",
+			`zone "a" has no parameters: a token_bucket zone needs capacity and refill_rate, a sliding_window zone limit and window, at Testfile:2`},
+		{"zone empty block", "rate_limit_redis {\n\tzone a {\n\t}\n}",
+			`zone "a" has no parameters: a token_bucket zone needs capacity and refill_rate, a sliding_window zone limit and window, at Testfile:2`},
+
+		// key
+		{"key missing", "rate_limit_redis {\n\tzone a {\n\t\tkey\n\t}\n}",
+			`wrong argument count or unexpected line ending after 'key', at Testfile:3`},
+		{"key repeated", "rate_limit_redis {\n\tzone a {\n\t\tkey {client_ip}\n\t\tkey {client_ip}\n\t}\n}",
+			`duplicate subdirective "key", at Testfile:4`},
+		{"key block", "rate_limit_redis {\n\tzone a {\n\t\tkey {client_ip} {\n\t\t}\n\t}\n}",
+			`key: unexpected block, at Testfile:3`},
+
+		// algorithm
+		{"algorithm missing", "rate_limit_redis {\n\tzone a {\n\t\talgorithm\n\t}\n}",
+			`wrong argument count or unexpected line ending after 'algorithm', at Testfile:3`},
+		{"algorithm extra", "rate_limit_redis {\n\tzone a {\n\t\talgorithm token_bucket sliding_window\n\t}\n}",
+			`algorithm: unexpected argument "sliding_window", at Testfile:3`},
+		{"algorithm repeated", "rate_limit_redis {\n\tzone a {\n\t\talgorithm token_bucket\n\t\talgorithm token_bucket\n\t}\n}",
+			`duplicate subdirective "algorithm", at Testfile:4`},
+		{"algorithm bad", "rate_limit_redis {\n\tzone a {\n\t\talgorithm leaky_bucket\n\t}\n}",
+			`algorithm: "leaky_bucket" must be token_bucket or sliding_window, at Testfile:3`},
+
+		// capacity
+		{"capacity missing", "rate_limit_redis {\n\tzone a {\n\t\tcapacity\n\t}\n}",
+			`wrong argument count or unexpected line ending after 'capacity', at Testfile:3`},
+		{"capacity extra", "rate_limit_redis {\n\tzone a {\n\t\tcapacity 1 2\n\t}\n}",
+			`capacity: unexpected argument "2", at Testfile:3`},
+		{"capacity repeated", "rate_limit_redis {\n\tzone a {\n\t\tcapacity 1\n\t\tcapacity 1\n\t}\n}",
+			`duplicate subdirective "capacity", at Testfile:4`},
+		{"capacity not a number", "rate_limit_redis {\n\tzone a {\n\t\tcapacity abc\n\t}\n}",
+			`capacity: "abc" is not an integer, at Testfile:3`},
+		{"capacity not an integer", "rate_limit_redis {\n\tzone a {\n\t\tcapacity 1.5\n\t}\n}",
+			`capacity: "1.5" is not an integer, at Testfile:3`},
+		{"capacity zero", "rate_limit_redis {\n\tzone a {\n\t\tcapacity 0\n\t}\n}",
+			`capacity: "0" is out of range (1 to 9007199254740992), at Testfile:3`},
+		{"capacity negative", "rate_limit_redis {\n\tzone a {\n\t\tcapacity -5\n\t}\n}",
+			`capacity: "-5" is out of range (1 to 9007199254740992), at Testfile:3`},
+		{"capacity too large", "rate_limit_redis {\n\tzone a {\n\t\tcapacity 9007199254740993\n\t}\n}",
+			`capacity: "9007199254740993" is out of range (1 to 9007199254740992), at Testfile:3`},
+		{"capacity beyond int64", "rate_limit_redis {\n\tzone a {\n\t\tcapacity 99999999999999999999\n\t}\n}",
+			`capacity: "99999999999999999999" is out of range (1 to 9007199254740992), at Testfile:3`},
+
+		// refill_rate
+		{"refill_rate missing", "rate_limit_redis {\n\tzone a {\n\t\trefill_rate\n\t}\n}",
+			`wrong argument count or unexpected line ending after 'refill_rate', at Testfile:3`},
+		{"refill_rate extra", "rate_limit_redis {\n\tzone a {\n\t\trefill_rate 1 2\n\t}\n}",
+			`refill_rate: unexpected argument "2", at Testfile:3`},
+		{"refill_rate repeated", "rate_limit_redis {\n\tzone a {\n\t\trefill_rate 1\n\t\trefill_rate 1\n\t}\n}",
+			`duplicate subdirective "refill_rate", at Testfile:4`},
+		{"refill_rate not a number", "rate_limit_redis {\n\tzone a {\n\t\trefill_rate fast\n\t}\n}",
+			`refill_rate: "fast" is not a number of tokens, optionally per a duration (10, 100/1m), at Testfile:3`},
+		{"refill_rate no number", "rate_limit_redis {\n\tzone a {\n\t\trefill_rate /1m\n\t}\n}",
+			`refill_rate: "/1m" is not a number of tokens, optionally per a duration (10, 100/1m), at Testfile:3`},
+		{"refill_rate infinite", "rate_limit_redis {\n\tzone a {\n\t\trefill_rate inf\n\t}\n}",
+			`refill_rate: "inf" is not a number of tokens, optionally per a duration (10, 100/1m), at Testfile:3`},
+		{"refill_rate NaN", "rate_limit_redis {\n\tzone a {\n\t\trefill_rate NaN/1s\n\t}\n}",
+			`refill_rate: "NaN/1s" is not a number of tokens, optionally per a duration (10, 100/1m), at Testfile:3`},
+		{"refill_rate zero", "rate_limit_redis {\n\tzone a {\n\t\trefill_rate 0\n\t}\n}",
+			`refill_rate: "0" must be > 0, at Testfile:3`},
+		{"refill_rate negative", "rate_limit_redis {\n\tzone a {\n\t\trefill_rate -1/1m\n\t}\n}",
+			`refill_rate: "-1/1m" must be > 0, at Testfile:3`},
+		{"refill_rate bad duration", "rate_limit_redis {\n\tzone a {\n\t\trefill_rate 10/minute\n\t}\n}",
+			`refill_rate: "10/minute": "minute" is not a duration, at Testfile:3`},
+		{"refill_rate empty duration", "rate_limit_redis {\n\tzone a {\n\t\trefill_rate 10/\n\t}\n}",
+			`refill_rate: "10/": "" is not a duration, at Testfile:3`},
+		{"refill_rate zero duration", "rate_limit_redis {\n\tzone a {\n\t\trefill_rate 10/0s\n\t}\n}",
+			`refill_rate: "10/0s": the duration must be > 0, at Testfile:3`},
+		{"refill_rate underflow", "rate_limit_redis {\n\tzone a {\n\t\trefill_rate 5e-324/1m\n\t}\n}",
+			`refill_rate: "5e-324/1m" is out of range, at Testfile:3`},
+
+		// limit
+		{"limit missing", "rate_limit_redis {\n\tzone a {\n\t\tlimit\n\t}\n}",
+			`wrong argument count or unexpected line ending after 'limit', at Testfile:3`},
+		{"limit extra", "rate_limit_redis {\n\tzone a {\n\t\tlimit 1 2\n\t}\n}",
+			`limit: unexpected argument "2", at Testfile:3`},
+		{"limit repeated", "rate_limit_redis {\n\tzone a {\n\t\tlimit 1\n\t\tlimit 1\n\t}\n}",
+			`duplicate subdirective "limit", at Testfile:4`},
+		{"limit not a number", "rate_limit_redis {\n\tzone a {\n\t\tlimit ten\n\t}\n}",
+			`limit: "ten" is not an integer, at Testfile:3`},
+		{"limit zero", "rate_limit_redis {\n\tzone a {\n\t\tlimit 0\n\t}\n}",
+			`limit: "0" is out of range (1 to 1000000), at Testfile:3`},
+		{"limit too large", "rate_limit_redis {\n\tzone a {\n\t\tlimit 1000001\n\t}\n}",
+			`limit: "1000001" is out of range (1 to 1000000), at Testfile:3`},
+
+		// window
+		{"window missing", "rate_limit_redis {\n\tzone a {\n\t\twindow\n\t}\n}",
+			`wrong argument count or unexpected line ending after 'window', at Testfile:3`},
+		{"window extra", "rate_limit_redis {\n\tzone a {\n\t\twindow 1m 2m\n\t}\n}",
+			`window: unexpected argument "2m", at Testfile:3`},
+		{"window repeated", "rate_limit_redis {\n\tzone a {\n\t\twindow 1m\n\t\twindow 1m\n\t}\n}",
+			`duplicate subdirective "window", at Testfile:4`},
+		{"window not a duration", "rate_limit_redis {\n\tzone a {\n\t\twindow 60\n\t}\n}",
+			`window: "60" is not a duration, at Testfile:3`},
+		{"window zero", "rate_limit_redis {\n\tzone a {\n\t\twindow 0s\n\t}\n}",
+			`window: "0s" is out of range (1ms to 366d), at Testfile:3`},
+		{"window too short", "rate_limit_redis {\n\tzone a {\n\t\twindow 999us\n\t}\n}",
+			`window: "999us" is out of range (1ms to 366d), at Testfile:3`},
+		{"window too long", "rate_limit_redis {\n\tzone a {\n\t\twindow 367d\n\t}\n}",
+			`window: "367d" is out of range (1ms to 366d), at Testfile:3`},
+
+		// cost
+		{"cost missing", "rate_limit_redis {\n\tzone a {\n\t\tcost\n\t}\n}",
+			`wrong argument count or unexpected line ending after 'cost', at Testfile:3`},
+		{"cost extra", "rate_limit_redis {\n\tzone a {\n\t\tcost 1 2\n\t}\n}",
+			`cost: unexpected argument "2", at Testfile:3`},
+		{"cost repeated", "rate_limit_redis {\n\tzone a {\n\t\tcost 1\n\t\tcost 1\n\t}\n}",
+			`duplicate subdirective "cost", at Testfile:4`},
+		{"cost not a number", "rate_limit_redis {\n\tzone a {\n\t\tcost heavy\n\t}\n}",
+			`cost: "heavy" is not an integer or a placeholder, at Testfile:3`},
+		{"cost not an integer", "rate_limit_redis {\n\tzone a {\n\t\tcost 1.5\n\t}\n}",
+			`cost: "1.5" is not an integer or a placeholder, at Testfile:3`},
+		{"cost empty braces", "rate_limit_redis {\n\tzone a {\n\t\tcost x{}\n\t}\n}",
+			`cost: "x{}" is not an integer or a placeholder, at Testfile:3`},
+		{"cost zero", "rate_limit_redis {\n\tzone a {\n\t\tcost 0\n\t}\n}",
+			`cost: "0" must be > 0, at Testfile:3`},
+		{"cost negative", "rate_limit_redis {\n\tzone a {\n\t\tcost -1\n\t}\n}",
+			`cost: "-1" must be > 0, at Testfile:3`},
+		{"cost beyond int64", "rate_limit_redis {\n\tzone a {\n\t\tcost 99999999999999999999\n\t}\n}",
+			`cost: "99999999999999999999" is out of range, at Testfile:3`},
+
+		// match
+		{"match repeated", "rate_limit_redis {\n\tzone a {\n\t\tmatch path /a\n\t\tmatch path /b\n\t}\n}",
+			`duplicate subdirective "match", at Testfile:4`},
+		{"match empty", "rate_limit_redis {\n\tzone a {\n\t\tmatch\n\t}\n}",
+			`match: no matchers given; write them on the line (match path /login) or in a block, at Testfile:3`},
+		{"match empty block", "rate_limit_redis {\n\tzone a {\n\t\tmatch {\n\t\t}\n\t}\n}",
+			`match: no matchers given; write them on the line (match path /login) or in a block, at Testfile:3`},
+		{"match unknown matcher", "rate_limit_redis {\n\tzone a {\n\t\tmatch color blue\n\t}\n}",
+			`getting matcher module 'color': module not registered: http.matchers.color, at Testfile:3`},
+
+		// checks across the subdirectives of a zone
+		{"limit in a token bucket zone", "rate_limit_redis {\n\tzone a {\n\t\talgorithm token_bucket\n\t\tcapacity 1\n\t\trefill_rate 1\n\t\tlimit 5\n\t}\n}",
+			`limit belongs to algorithm sliding_window, not token_bucket, at Testfile:6`},
+		{"window in a zone of the default algorithm", "rate_limit_redis {\n\tzone a {\n\t\twindow 1m\n\t\tlimit 5\n\t}\n}",
+			`limit belongs to algorithm sliding_window, not token_bucket (the default when no algorithm is given), at Testfile:4`},
+		{"refill_rate in a sliding window zone", "rate_limit_redis {\n\tzone a {\n\t\trefill_rate 1\n\t\talgorithm sliding_window\n\t\tlimit 5\n\t\twindow 1m\n\t}\n}",
+			`refill_rate belongs to algorithm token_bucket, not sliding_window, at Testfile:3`},
+		{"capacity in a sliding window zone", "rate_limit_redis {\n\tzone a {\n\t\talgorithm sliding_window\n\t\tcapacity 1\n\t}\n}",
+			`capacity belongs to algorithm token_bucket, not sliding_window, at Testfile:4`},
+		{"capacity missing from a zone", "rate_limit_redis {\n\tzone a {\n\t\tkey {client_ip}\n\t\trefill_rate 1\n\t}\n}",
+			`zone "a": capacity is required for algorithm token_bucket, at Testfile:2`},
+		{"refill_rate missing from a zone", "rate_limit_redis {\n\tzone a {\n\t\tcapacity 1\n\t}\n}",
+			`zone "a": refill_rate is required for algorithm token_bucket, at Testfile:2`},
+		{"limit missing from a zone", "rate_limit_redis {\n\tzone a {\n\t\talgorithm sliding_window\n\t\twindow 1m\n\t}\n}",
+			`zone "a": limit is required for algorithm sliding_window, at Testfile:2`},
+		{"window missing from a zone", "rate_limit_redis {\n\tzone a {\n\t\talgorithm sliding_window\n\t\tlimit 1\n\t}\n}",
+			`zone "a": window is required for algorithm sliding_window, at Testfile:2`},
+		{"cost above capacity", "rate_limit_redis {\n\tzone a {\n\t\tcost 6\n\t\tcapacity 5\n\t\trefill_rate 1\n\t}\n}",
+			`cost 6 is larger than capacity 5: no request could ever be admitted, at Testfile:3`},
+		{"cost above limit", "rate_limit_redis {\n\tzone a {\n\t\talgorithm sliding_window\n\t\tlimit 5\n\t\twindow 1s\n\t\tcost 6\n\t}\n}",
+			`cost 6 is larger than limit 5: no request could ever be admitted, at Testfile:6`},
+		{"bucket too slow to refill", "rate_limit_redis {\n\tzone a {\n\t\tcapacity 1000000000\n\t\trefill_rate 1\n\t}\n}",
+			`zone "a": an empty bucket takes 1000000000s to refill (capacity / refill_rate); at most 366d is supported, at Testfile:4`},
+
+		// the shorthand
+		{"shorthand then zone block", "rate_limit_redis {\n\tcapacity 1\n\trefill_rate 1" + zone + "\n}",
+			`zone subdirectives at the top level (the shorthand for one zone named "default") cannot be mixed with zone blocks, at Testfile:4`},
+		{"zone block then shorthand", "rate_limit_redis {" + zone + "\n\tkey {client_ip}\n}",
+			`zone subdirectives at the top level (the shorthand for one zone named "default") cannot be mixed with zone blocks, at Testfile:6`},
+		{"shorthand repeated", "rate_limit_redis {\n\tcapacity 1\n\tcapacity 1\n}",
+			`duplicate subdirective "capacity", at Testfile:3`},
+		{"shorthand incomplete", "rate_limit_redis {\n\ttimeout 1s\n\tkey {client_ip}\n\tcapacity 1\n}",
+			`zone "default": refill_rate is required for algorithm token_bucket, at Testfile:3`},
+		{"shorthand parameter of the other algorithm", "rate_limit_redis {\n\tcapacity 1\n\trefill_rate 1\n\twindow 1m\n}",
+			`window belongs to algorithm sliding_window, not token_bucket (the default when no algorithm is given), at Testfile:4`},
+		{"shorthand bad value", "rate_limit_redis {\n\tlimit none\n}",
+			`limit: "none" is not an integer, at Testfile:2`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var h Handler
+			err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(tc.input))
+			if err == nil {
+				t.Fatalf("no error; want %q; got\n%s", tc.want, toJSON(t, &h))
+			}
+			if err.Error() != tc.want {
+				t.Errorf("error\n got %q\nwant %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestAdaptCaddyfile runs the directive through the Caddyfile adapter: the directive is
+// registered and ordered (no `order` line is needed), the matcher token is taken by Caddy, and
+// errors name the file and line.
+func TestAdaptCaddyfile(t *testing.T) {
+	adapter := caddyfile.Adapter{ServerType: httpcaddyfile.ServerType{}}
+
+	out, warnings, err := adapter.Adapt([]byte(`:8080 {
+	respond "ok"
+	rate_limit_redis /api/* {
+		zone api {
+			key {client_ip}
+			capacity 100
+			refill_rate 10
+		}
+	}
+}
+`), nil)
+	if err != nil {
+		t.Fatalf("Adapt: %v", err)
+	}
+	if len(warnings) > 0 {
+		t.Errorf("warnings: %v", warnings)
+	}
+	const want = `{"apps":{"http":{"servers":{"srv0":{"listen":[":8080"],"routes":[` +
+		`{"match":[{"path":["/api/*"]}],"handle":[{"handler":"rate_limit_redis","zones":[{"capacity":100,"key":["{http.vars.client_ip}"],"name":"api","refill_rate":10}]}]},` +
+		`{"handle":[{"body":"ok","handler":"static_response"}]}]}}}}}`
+	if string(out) != want {
+		t.Errorf("got  %s\nwant %s", out, want)
+	}
+
+	_, _, err = adapter.Adapt([]byte(`:8080 {
+	rate_limit_redis {
+		capacity 100
+		refill_rate 10
+		cost {http.request.header.X-Cost}
+		cost 2
+	}
+}`), nil)
+	const wantErr = `parsing caddyfile tokens for 'rate_limit_redis': duplicate subdirective "cost", at Caddyfile:6`
+	if err == nil || err.Error() != wantErr {
+		t.Errorf("error\n got %v\nwant %s", err, wantErr)
+	}
+}

@@ -1,0 +1,370 @@
+// Package ratelimitredis is a Caddy v2 HTTP handler that rate-limits requests across every Caddy
+// instance of a deployment. All limiter state lives in Redis and every decision is one atomic Lua
+// script execution, so N instances enforce one global limit exactly.
+package ratelimitredis
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/limiter"
+)
+
+func init() {
+	caddy.RegisterModule(Handler{})
+}
+
+// Defaults applied in Provision when a field is left empty.
+const (
+	DefaultAddress   = "127.0.0.1:6379"
+	DefaultKeyPrefix = "rl:"
+	DefaultTimeout   = 100 * time.Millisecond
+	DefaultKey       = "{http.vars.client_ip}"
+	DefaultCost      = "1"
+	DefaultZoneName  = "default"
+)
+
+// Values of Handler.FailMode.
+const (
+	FailOpen   = "open"
+	FailClosed = "closed"
+	FailLocal  = "local"
+)
+
+// Values of Handler.Headers.
+const (
+	HeadersLegacy = "legacy"
+	HeadersIETF   = "ietf"
+	HeadersBoth   = "both"
+	HeadersOff    = "off"
+)
+
+// Values of Handler.Clock.
+const (
+	ClockRedis = "redis"
+	ClockLocal = "local"
+)
+
+// Handler implements the http.handlers.rate_limit_redis module: a middleware that admits or rejects
+// each request by running one Lua script on Redis that decides every zone applying to it.
+type Handler struct {
+	// How to connect to Redis. Default: one standalone server at 127.0.0.1:6379.
+	Redis *RedisConfig `json:"redis,omitempty"`
+
+	// Prepended to every Redis key the handler writes. Must not contain `{` or `}` (the client key
+	// is the Redis Cluster hash tag). Default: `rl:`.
+	KeyPrefix string `json:"key_prefix,omitempty"`
+
+	// The deadline of one decision's Redis call, as a duration (JSON: nanoseconds or a duration
+	// string such as "100ms"). When it passes, the decision counts as a Redis failure and
+	// `fail_mode` applies. Default: 100ms.
+	Timeout caddy.Duration `json:"timeout,omitempty"`
+
+	// What happens when Redis fails (error, timeout or a reply of the wrong shape): `open` lets the
+	// request through (with `X-RateLimit-Degraded: true` when headers are on); `closed` rejects it
+	// with 503 and `Retry-After: 1`. `local` (per-instance limiting during an outage) is not
+	// supported yet. Default: `open`.
+	FailMode string `json:"fail_mode,omitempty"`
+
+	// Which rate limit response headers to send: `legacy` (X-RateLimit-Limit, -Remaining, -Reset),
+	// `ietf` (RateLimit-Policy and RateLimit of the IETF httpapi ratelimit-headers draft), `both`
+	// or `off`. Default: `legacy`.
+	Headers string `json:"headers,omitempty"`
+
+	// Whose clock the scripts use: `redis` (the Redis server's TIME, so instances with skewed clocks
+	// agree) or `local` (this instance's clock, sent with each call). Default: `redis`.
+	Clock string `json:"clock,omitempty"`
+
+	// Decide and report (headers, placeholders) as usual, but never reject a request.
+	DryRun bool `json:"dry_run,omitempty"`
+
+	// Whether denials may be cached in process. Default: true. This release has no deny cache yet,
+	// so every decision goes to Redis whatever the value; the field is accepted so that configs
+	// written for later releases keep loading.
+	DenyCache *bool `json:"deny_cache,omitempty"`
+
+	// The zones, checked in the order given. A request must pass every zone that applies to it;
+	// if any zone denies, no zone is charged. At least one zone is required.
+	Zones []*Zone `json:"zones,omitempty"`
+
+	limiter *limiter.Limiter
+	client  *sharedClient
+	poolKey string // the key of this handler's reference in clients; "" when it holds none
+	logger  *zap.Logger
+}
+
+// RedisConfig is how to connect to Redis.
+type RedisConfig struct {
+	// Redis server addresses as host:port. Placeholders such as {env.REDIS_ADDR} are replaced
+	// when the config loads. More than one address means Redis Cluster (not supported yet).
+	// Default: ["127.0.0.1:6379"].
+	Addresses []string `json:"addresses,omitempty"`
+
+	// The ACL user name. Placeholders are replaced when the config loads.
+	Username string `json:"username,omitempty"`
+
+	// The password (of the ACL user, or of `requirepass`). Use a placeholder such as
+	// {env.REDIS_PASSWORD} to keep it out of the config; it is replaced when the config loads and
+	// never logged.
+	Password string `json:"password,omitempty"`
+
+	// The database number (standalone and Sentinel only). Default: 0.
+	DB int `json:"db,omitempty"`
+
+	// The Sentinel master name: when set, the addresses are Sentinels. Not supported yet.
+	Sentinel string `json:"sentinel,omitempty"`
+
+	// Use Redis Cluster even with a single seed address. Not supported yet.
+	Cluster bool `json:"cluster,omitempty"`
+
+	// Connect with TLS. Not supported yet.
+	TLS *TLSConfig `json:"tls,omitempty"`
+
+	// The maximum number of connections to each Redis server. Default: go-redis's, 10 per CPU.
+	PoolSize int `json:"pool_size,omitempty"`
+
+	// How long to wait for a new connection. A decision never waits longer than the handler's
+	// `timeout` in any case. Default: the handler's `timeout`.
+	DialTimeout caddy.Duration `json:"dial_timeout,omitempty"`
+}
+
+// TLSConfig is the TLS configuration of the Redis connection.
+type TLSConfig struct {
+	// A PEM file of the CA certificates that sign the Redis server certificate. Default: the
+	// system roots.
+	CA string `json:"ca,omitempty"`
+
+	// A PEM client certificate file, for servers that require client certificates.
+	Cert string `json:"cert,omitempty"`
+
+	// The PEM private key file of Cert.
+	Key string `json:"key,omitempty"`
+
+	// The server name to verify the certificate against. Default: the host of the address.
+	ServerName string `json:"server_name,omitempty"`
+
+	// Skip verifying the server certificate. For testing only.
+	InsecureSkipVerify bool `json:"insecure_skip_verify,omitempty"`
+}
+
+// Zone is one rate limit: which requests it applies to, how it keys them and its algorithm's
+// parameters.
+type Zone struct {
+	// The zone's name: 1 to 64 characters of [A-Za-z0-9_.-], unique within the handler. It is part
+	// of every Redis key of the zone, so two handlers with a zone of the same name and key prefix
+	// share its state.
+	Name string `json:"name,omitempty"`
+
+	// Placeholders resolved per request to find the client key; the first that is not empty wins.
+	// When all are empty the request is counted under one shared key of the zone. Default:
+	// ["{http.vars.client_ip}"].
+	Key []string `json:"key,omitempty"`
+
+	// `token_bucket` or `sliding_window`. Default: `token_bucket`.
+	Algorithm string `json:"algorithm,omitempty"`
+
+	// token_bucket: the bucket size (burst), in tokens; 1 to 2^53.
+	Capacity int64 `json:"capacity,omitempty"`
+
+	// token_bucket: tokens added per second (a float; 100 per minute is 1.6667). Must be > 0.
+	RefillRate float64 `json:"refill_rate,omitempty"`
+
+	// sliding_window: requests admitted per window; 1 to 1,000,000.
+	Limit int64 `json:"limit,omitempty"`
+
+	// sliding_window: the window length, as a duration (JSON: nanoseconds or a duration string);
+	// 1ms to 366 days.
+	Window caddy.Duration `json:"window,omitempty"`
+
+	// Tokens (or window slots) one request takes: a positive integer, or a placeholder resolved
+	// per request. A placeholder that resolves empty counts as 1; one that is not a positive integer
+	// rejects the request with 400. Default: "1".
+	Cost string `json:"cost,omitempty"`
+
+	// The zone applies only to requests matching one of these matcher sets (as in a route's
+	// `match`). Default: every request.
+	MatcherSetsRaw caddyhttp.RawMatcherSets `json:"match,omitempty" caddy:"namespace=http.matchers"`
+
+	matcherSets caddyhttp.MatcherSets
+	lz          limiter.Zone
+	fixedCost   int64 // > 0 when Cost is a literal integer
+}
+
+// CaddyModule returns the Caddy module information.
+func (Handler) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.rate_limit_redis",
+		New: func() caddy.Module { return new(Handler) },
+	}
+}
+
+// Provision fills in defaults, loads the zones' matchers and takes a reference to the shared
+// Redis client for the connection config. It never contacts Redis.
+func (h *Handler) Provision(ctx caddy.Context) error {
+	h.logger = ctx.Logger()
+	if h.Redis == nil {
+		h.Redis = new(RedisConfig)
+	}
+	if h.KeyPrefix == "" {
+		h.KeyPrefix = DefaultKeyPrefix
+	}
+	if h.Timeout == 0 {
+		h.Timeout = caddy.Duration(DefaultTimeout)
+	}
+	if h.FailMode == "" {
+		h.FailMode = FailOpen
+	}
+	if h.Headers == "" {
+		h.Headers = HeadersLegacy
+	}
+	if h.Clock == "" {
+		h.Clock = ClockRedis
+	}
+	for _, z := range h.Zones {
+		if err := z.provision(ctx); err != nil {
+			return err
+		}
+	}
+	// Checked here, not only in Validate, because the client must not be created for a
+	// connection config this release cannot serve.
+	if err := h.Redis.validate(); err != nil {
+		return err
+	}
+	client, key, err := acquireClient(h.Redis.resolve(time.Duration(h.Timeout)))
+	if err != nil {
+		return fmt.Errorf("redis client: %w", err)
+	}
+	h.client, h.poolKey = client, key
+	opts := limiter.Options{KeyPrefix: h.KeyPrefix}
+	if h.Clock == ClockLocal {
+		opts.Now = time.Now
+	}
+	h.limiter = limiter.New(client.rdb, opts)
+	return nil
+}
+
+func (z *Zone) provision(ctx caddy.Context) error {
+	if len(z.Key) == 0 {
+		z.Key = []string{DefaultKey}
+	}
+	if z.Algorithm == "" {
+		z.Algorithm = limiter.TokenBucket.String()
+	}
+	if z.Cost == "" {
+		z.Cost = DefaultCost
+	}
+	algo, err := limiter.ParseAlgorithm(z.Algorithm)
+	if err != nil {
+		return fmt.Errorf("zone %s: %w", z.Name, err)
+	}
+	z.lz = limiter.Zone{
+		Name: z.Name, Algorithm: algo, Capacity: z.Capacity, RefillRate: z.RefillRate,
+		Limit: z.Limit, Window: time.Duration(z.Window),
+	}
+	if !strings.Contains(z.Cost, "{") {
+		n, err := strconv.ParseInt(z.Cost, 10, 64)
+		if err != nil || n < 1 {
+			return fmt.Errorf("zone %s: cost %q must be a positive integer or a placeholder", z.Name, z.Cost)
+		}
+		z.fixedCost = n
+	}
+	if z.MatcherSetsRaw != nil {
+		mods, err := ctx.LoadModule(z, "MatcherSetsRaw")
+		if err != nil {
+			return fmt.Errorf("zone %s: loading matchers: %w", z.Name, err)
+		}
+		if err := z.matcherSets.FromInterface(mods); err != nil {
+			return fmt.Errorf("zone %s: %w", z.Name, err)
+		}
+	}
+	return nil
+}
+
+// Validate checks the provisioned configuration; its errors name the field at fault.
+func (h *Handler) Validate() error {
+	if len(h.Zones) == 0 {
+		return fmt.Errorf("at least one zone is required")
+	}
+	if strings.ContainsAny(h.KeyPrefix, "{}") {
+		return fmt.Errorf("key_prefix %q must not contain { or }: the client key is the Redis Cluster hash tag", h.KeyPrefix)
+	}
+	if h.Timeout <= 0 {
+		return fmt.Errorf("timeout must be > 0")
+	}
+	switch h.FailMode {
+	case FailOpen, FailClosed:
+	case FailLocal:
+		return fmt.Errorf("fail_mode local is not supported yet; use open or closed")
+	default:
+		return fmt.Errorf("fail_mode %q must be open or closed", h.FailMode)
+	}
+	switch h.Headers {
+	case HeadersLegacy, HeadersIETF, HeadersBoth, HeadersOff:
+	default:
+		return fmt.Errorf("headers %q must be legacy, ietf, both or off", h.Headers)
+	}
+	switch h.Clock {
+	case ClockRedis, ClockLocal:
+	default:
+		return fmt.Errorf("clock %q must be redis or local", h.Clock)
+	}
+	seen := make(map[string]bool, len(h.Zones))
+	for _, z := range h.Zones {
+		if err := z.lz.Validate(); err != nil {
+			return err
+		}
+		if z.fixedCost > z.lz.Quota() {
+			return fmt.Errorf("zone %s: cost %d is larger than the zone's quota %d: no request could ever be admitted", z.Name, z.fixedCost, z.lz.Quota())
+		}
+		if seen[z.Name] {
+			return fmt.Errorf("zone name %q is used twice", z.Name)
+		}
+		seen[z.Name] = true
+	}
+	return h.Redis.validate()
+}
+
+// validate rejects the connection options this release parses but cannot serve yet, rather
+// than ignoring them.
+func (cfg *RedisConfig) validate() error {
+	switch {
+	case cfg.Sentinel != "":
+		return fmt.Errorf("redis sentinel is not supported yet")
+	case cfg.Cluster || len(cfg.Addresses) > 1:
+		return fmt.Errorf("redis cluster is not supported yet (more than one address means cluster)")
+	case cfg.TLS != nil:
+		return fmt.Errorf("redis tls is not supported yet")
+	case cfg.DB < 0:
+		return fmt.Errorf("redis db %d must be >= 0", cfg.DB)
+	case cfg.PoolSize < 0:
+		return fmt.Errorf("redis pool_size %d must be >= 0", cfg.PoolSize)
+	case cfg.DialTimeout < 0:
+		return fmt.Errorf("redis dial_timeout must be >= 0")
+	}
+	return nil
+}
+
+// Cleanup drops this handler's reference to the shared Redis client; the last one closes it.
+func (h *Handler) Cleanup() error {
+	if h.poolKey == "" {
+		return nil
+	}
+	_, err := clients.Delete(h.poolKey)
+	h.poolKey = ""
+	return err
+}
+
+// Interface guards
+var (
+	_ caddy.Provisioner           = (*Handler)(nil)
+	_ caddy.Validator             = (*Handler)(nil)
+	_ caddy.CleanerUpper          = (*Handler)(nil)
+	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
+)
