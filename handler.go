@@ -70,6 +70,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	d, err := h.limiter.Allow(ctx, reqs)
 	cancel()
 	if err != nil {
+		if r.Context().Err() != nil {
+			// The client went away, not Redis: no fail_mode, no failure logged. 499 is what
+			// Caddy's reverse proxy reports for a client that closed the request.
+			return caddyhttp.Error(499, fmt.Errorf("client closed the request during the rate limit decision: %w", err))
+		}
 		return h.redisFailed(w, r, next, repl, err)
 	}
 	h.redisAnswered()
