@@ -294,16 +294,9 @@ func parseRedis(d *caddyfile.Dispenser) (*RedisConfig, error) {
 			rc.Password = v
 
 		case "db":
-			v, err := oneArg(d)
+			n, err := intAtLeast(d, 0)
 			if err != nil {
 				return nil, err
-			}
-			n, err := strconv.Atoi(v)
-			if err != nil {
-				return nil, d.Errf("db: %q is not an integer", v)
-			}
-			if n < 0 {
-				return nil, d.Errf("db: %q must be >= 0", v)
 			}
 			rc.DB = n
 
@@ -328,16 +321,9 @@ func parseRedis(d *caddyfile.Dispenser) (*RedisConfig, error) {
 			rc.TLS = tc
 
 		case "pool_size":
-			v, err := oneArg(d)
+			n, err := intAtLeast(d, 1)
 			if err != nil {
 				return nil, err
-			}
-			n, err := strconv.Atoi(v)
-			if err != nil {
-				return nil, d.Errf("pool_size: %q is not an integer", v)
-			}
-			if n <= 0 {
-				return nil, d.Errf("pool_size: %q must be > 0", v)
 			}
 			rc.PoolSize = n
 
@@ -776,6 +762,24 @@ func intInRange(d *caddyfile.Dispenser, maxValue int64) (int64, error) {
 	}
 	if err != nil || n < 1 || n > maxValue {
 		return 0, d.Errf("%s: %q is out of range (1 to %d)", name, v, maxValue)
+	}
+	return n, nil
+}
+
+// intAtLeast reads the subdirective's one argument as an int of at least minValue; its errors
+// name the subdirective and the value.
+func intAtLeast(d *caddyfile.Dispenser, minValue int) (int, error) {
+	name := d.Val()
+	v, err := oneArg(d)
+	if err != nil {
+		return 0, err
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		return 0, d.Errf("%s: %q is not an integer", name, v)
+	}
+	if n < minValue {
+		return 0, d.Errf("%s: %q must be >= %d", name, v, minValue)
 	}
 	return n, nil
 }
