@@ -420,7 +420,7 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 		{"pool_size not a number", "rate_limit_redis {\n\tredis {\n\t\tpool_size many\n\t}\n}",
 			`pool_size: "many" is not an integer, at Testfile:3`},
 		{"pool_size zero", "rate_limit_redis {\n\tredis {\n\t\tpool_size 0\n\t}\n}",
-			`pool_size: "0" must be > 0, at Testfile:3`},
+			`pool_size: "0" must be >= 1, at Testfile:3`},
 		{"dial_timeout missing", "rate_limit_redis {\n\tredis {\n\t\tdial_timeout\n\t}\n}",
 			`wrong argument count or unexpected line ending after 'dial_timeout', at Testfile:3`},
 		{"dial_timeout extra", "rate_limit_redis {\n\tredis {\n\t\tdial_timeout 1s 2s\n\t}\n}",
