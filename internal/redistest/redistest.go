@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -123,6 +124,27 @@ func (s *Server) Stop() {
 	}
 	_ = cmd.Process.Kill()
 	<-done
+}
+
+// Pause stops the server process (SIGSTOP): connections stay open but nothing is answered, as
+// with a stalled or partitioned server. Resume undoes it; a paused server is resumed before it
+// is stopped when the test ends.
+func (s *Server) Pause() { s.signal(syscall.SIGSTOP) }
+
+// Resume continues a paused server (SIGCONT).
+func (s *Server) Resume() { s.signal(syscall.SIGCONT) }
+
+func (s *Server) signal(sig syscall.Signal) {
+	s.t.Helper()
+	s.mu.Lock()
+	cmd := s.cmd
+	s.mu.Unlock()
+	if cmd == nil {
+		s.t.Fatalf("redis-server on %s is not running", s.Addr)
+	}
+	if err := cmd.Process.Signal(sig); err != nil {
+		s.t.Fatalf("signalling redis-server on %s: %v", s.Addr, err)
+	}
 }
 
 // Restart stops the server and starts a fresh one on the same address, with no state and an
