@@ -82,7 +82,7 @@ var (
 // the top block, without a zone block, define one zone named "default"; they cannot be mixed with
 // zone blocks.
 //
-// Every subdirective may appear once per block (address excepted). `fail_mode local`, `sentinel`,
+// Every subdirective may appear once per block (address excepted). `sentinel`,
 // `cluster`, more than one address, and `tls` are parsed but rejected: they are not supported yet.
 // Defaults are not filled in here but when the handler is provisioned, so that the adapted JSON
 // holds only what the Caddyfile says.
@@ -159,10 +159,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 			switch v {
-			case FailOpen, FailClosed:
+			case FailOpen, FailClosed, FailLocal:
 				h.FailMode = v
-			case FailLocal:
-				return d.Errf("fail_mode local is not supported yet; use open or closed")
 			default:
 				return d.Errf("fail_mode: %q must be open, closed or local", v)
 			}

@@ -337,8 +337,6 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 			`duplicate subdirective "fail_mode", at Testfile:3`},
 		{"fail_mode bad", "rate_limit_redis {\n\tfail_mode maybe\n}",
 			`fail_mode: "maybe" must be open, closed or local, at Testfile:2`},
-		{"fail_mode local", "rate_limit_redis {" + zone + "\n\tfail_mode local\n}",
-			`fail_mode local is not supported yet; use open or closed, at Testfile:6`},
 
 		// headers
 		{"headers missing", "rate_limit_redis {\n\theaders\n}",

@@ -66,18 +66,35 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return next.ServeHTTP(w, r)
 	}
 
-	ctx, cancel := context.WithTimeout(r.Context(), time.Duration(h.Timeout))
-	d, err := h.limiter.Allow(ctx, reqs)
-	cancel()
+	d, err := h.decide(r.Context(), reqs)
+	degraded := false
 	if err != nil {
 		if r.Context().Err() != nil {
-			// The client went away, not Redis: no fail_mode, no failure logged. 499 is what
+			// The client went away, not Redis: no fail_mode, no failure counted. 499 is what
 			// Caddy's reverse proxy reports for a client that closed the request.
 			return caddyhttp.Error(499, fmt.Errorf("client closed the request during the rate limit decision: %w", err))
 		}
-		return h.redisFailed(w, r, next, repl, err)
+		reason := failureReason(err)
+		metrics.backendFailures.WithLabelValues(reason).Inc()
+		if c := h.logger.Check(zapcore.DebugLevel, "rate limit decision failed"); c != nil {
+			c.Write(zap.String("reason", reason), zap.String("fail_mode", h.FailMode), zap.Error(err))
+		}
+		repl.Set(phDegraded, true)
+		switch {
+		case h.FailMode == FailLocal:
+			d, degraded = h.local.Allow(reqs, time.Now()), true
+		case h.FailMode == FailClosed && !h.DryRun:
+			repl.Set(phAllowed, false)
+			w.Header().Set("Retry-After", "1")
+			return caddyhttp.Error(http.StatusServiceUnavailable, fmt.Errorf("rate limiter unavailable (fail_mode closed): %w", err))
+		default: // open, or closed in dry_run, which never rejects
+			repl.Set(phAllowed, true)
+			if h.Headers != HeadersOff {
+				w.Header().Set("X-RateLimit-Degraded", "true")
+			}
+			return next.ServeHTTP(w, r)
+		}
 	}
-	h.redisAnswered()
 
 	retryAfter := seconds(d.RetryAfter)
 	zone := reqs[d.Zone].Zone
@@ -88,14 +105,17 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	repl.Set(phRemaining, d.Remaining)
 	repl.Set(phReset, seconds(d.Reset))
 	repl.Set(phRetryAfter, retryAfter)
-	repl.Set(phDegraded, false)
+	repl.Set(phDegraded, degraded)
 	h.setRateLimitHeaders(w.Header(), zone, d)
+	if degraded && h.Headers != HeadersOff {
+		w.Header().Set("X-RateLimit-Degraded", "true")
+	}
 
 	if d.Allowed {
 		return next.ServeHTTP(w, r)
 	}
 	if c := h.logger.Check(zapcore.DebugLevel, "rate limited"); c != nil {
-		c.Write(zap.String("zone", zone.Name), zap.Bool("dry_run", h.DryRun),
+		c.Write(zap.String("zone", zone.Name), zap.Bool("dry_run", h.DryRun), zap.Bool("local", degraded),
 			zap.Int64("limit", d.Limit), zap.Int64("retry_after", retryAfter), zap.Bool("unsatisfiable", d.Unsatisfiable))
 	}
 	if h.DryRun {
@@ -109,36 +129,25 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	return caddyhttp.Error(http.StatusTooManyRequests, fmt.Errorf("zone %s: rate limit exceeded", zone.Name))
 }
 
-// redisFailed applies fail_mode to a request whose decision failed: open passes it on, marked
-// degraded; closed rejects it with 503 and Retry-After: 1. dry_run never rejects.
-func (h *Handler) redisFailed(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer, err error) error {
-	if !h.client.failing.Swap(true) {
-		h.logger.Error("redis failed; applying fail_mode until it answers again",
-			zap.String("fail_mode", h.FailMode), zap.String("reason", failureReason(err)), zap.Error(err))
-	}
-	repl.Set(phDegraded, true)
-	if h.FailMode == FailClosed && !h.DryRun {
-		repl.Set(phAllowed, false)
-		w.Header().Set("Retry-After", "1")
-		return caddyhttp.Error(http.StatusServiceUnavailable, fmt.Errorf("rate limiter unavailable (fail_mode closed): %w", err))
-	}
-	repl.Set(phAllowed, true)
-	if h.Headers != HeadersOff {
-		w.Header().Set("X-RateLimit-Degraded", "true")
-	}
-	return next.ServeHTTP(w, r)
+// decide runs the decision on Redis through the client's circuit breaker, under the handler's
+// timeout. While the breaker is open it fails at once without calling Redis.
+func (h *Handler) decide(ctx context.Context, reqs []limiter.Request) (limiter.Decision, error) {
+	ctx, cancel := context.WithTimeout(ctx, time.Duration(h.Timeout))
+	defer cancel()
+	return h.client.breaker.Execute(func() (limiter.Decision, error) {
+		d, err := h.limiter.Allow(ctx, reqs)
+		if err != nil {
+			h.client.lastReason.Store(failureReason(err))
+		}
+		return d, err
+	})
 }
 
-// redisAnswered records that Redis answered, logging the recovery after a failure.
-func (h *Handler) redisAnswered() {
-	if h.client.failing.Load() && h.client.failing.Swap(false) {
-		h.logger.Info("redis answering again; rate limiting resumed")
-	}
-}
-
-// failureReason classifies a decision error: timeout, bad_response or redis_error.
+// failureReason classifies a decision error: circuit_open, timeout, bad_response or redis_error.
 func failureReason(err error) string {
 	switch {
+	case isBreakerOpen(err):
+		return "circuit_open"
 	case errors.Is(err, context.DeadlineExceeded):
 		return "timeout"
 	case errors.Is(err, limiter.ErrBadResponse):

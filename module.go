@@ -67,10 +67,12 @@ type Handler struct {
 	// `fail_mode` applies. Default: 100ms.
 	Timeout caddy.Duration `json:"timeout,omitempty"`
 
-	// What happens when Redis fails (error, timeout or a reply of the wrong shape): `open` lets the
-	// request through (with `X-RateLimit-Degraded: true` when headers are on); `closed` rejects it
-	// with 503 and `Retry-After: 1`. `local` (per-instance limiting during an outage) is not
-	// supported yet. Default: `open`.
+	// What happens when Redis fails (error, timeout, a reply of the wrong shape, or the circuit
+	// breaker open after repeated failures): `open` lets the request through (with
+	// `X-RateLimit-Degraded: true` when headers are on); `closed` rejects it with 503 and
+	// `Retry-After: 1`; `local` enforces every zone in process on this instance until Redis
+	// answers again, so the global limit becomes a per-instance one (sliding window zones as
+	// a token bucket of the same rate). Default: `open`.
 	FailMode string `json:"fail_mode,omitempty"`
 
 	// Which rate limit response headers to send: `legacy` (X-RateLimit-Limit, -Remaining, -Reset),
@@ -95,6 +97,7 @@ type Handler struct {
 	Zones []*Zone `json:"zones,omitempty"`
 
 	limiter *limiter.Limiter
+	local   *limiter.Local // fail_mode local only
 	client  *sharedClient
 	poolKey string // the key of this handler's reference in clients; "" when it holds none
 	logger  *zap.Logger
@@ -227,6 +230,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.Clock == "" {
 		h.Clock = ClockRedis
 	}
+	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
+		return fmt.Errorf("registering metrics: %w", err)
+	}
 	for _, z := range h.Zones {
 		if err := z.provision(ctx); err != nil {
 			return err
@@ -242,6 +248,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("redis client: %w", err)
 	}
 	h.client, h.poolKey = client, key
+	if h.FailMode == FailLocal {
+		h.local = limiter.NewLocal(limiter.DefaultLocalKeys)
+	}
 	opts := limiter.Options{KeyPrefix: h.KeyPrefix}
 	if h.Clock == ClockLocal {
 		opts.Now = time.Now
@@ -299,11 +308,9 @@ func (h *Handler) Validate() error {
 		return fmt.Errorf("timeout must be > 0")
 	}
 	switch h.FailMode {
-	case FailOpen, FailClosed:
-	case FailLocal:
-		return fmt.Errorf("fail_mode local is not supported yet; use open or closed")
+	case FailOpen, FailClosed, FailLocal:
 	default:
-		return fmt.Errorf("fail_mode %q must be open or closed", h.FailMode)
+		return fmt.Errorf("fail_mode %q must be open, closed or local", h.FailMode)
 	}
 	switch h.Headers {
 	case HeadersLegacy, HeadersIETF, HeadersBoth, HeadersOff:

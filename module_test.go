@@ -329,7 +329,7 @@ func TestEndToEndHostileKeys(t *testing.T) {
 func TestConfigErrorsAtLoad(t *testing.T) {
 	for name, tc := range map[string]struct{ json, want string }{
 		"no zone":    {`{}`, "at least one zone is required"},
-		"fail local": {`{"fail_mode":"local","zones":[{"name":"a","capacity":1,"refill_rate":1}]}`, "fail_mode local is not supported yet; use open or closed"},
+		"fail mode":  {`{"fail_mode":"maybe","zones":[{"name":"a","capacity":1,"refill_rate":1}]}`, `fail_mode "maybe" must be open, closed or local`},
 		"cluster":    {`{"redis":{"addresses":["a:1","b:2"]},"zones":[{"name":"a","capacity":1,"refill_rate":1}]}`, "redis cluster is not supported yet (more than one address means cluster)"},
 		"dup zone":   {`{"zones":[{"name":"a","capacity":1,"refill_rate":1},{"name":"a","capacity":1,"refill_rate":1}]}`, `zone name "a" is used twice`},
 		"braces":     {`{"key_prefix":"{x}","zones":[{"name":"a","capacity":1,"refill_rate":1}]}`, "key_prefix \"{x}\" must not contain { or }"},

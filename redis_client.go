@@ -6,8 +6,11 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/sony/gobreaker/v2"
 
 	"github.com/caddyserver/caddy/v2"
+
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/limiter"
 )
 
 // clients holds one Redis client per distinct connection config, shared by every handler using
@@ -16,19 +19,22 @@ import (
 // open connections live on. The last Cleanup closes it.
 var clients = caddy.NewUsagePool()
 
-// Client settings that are not configurable. The handler's `timeout` bounds every decision
-// through its context deadline (ContextTimeoutEnabled); these only back it up.
+// Client settings that are not configurable. The handler's `timeout` bounds every decision,
+// dial, pool wait, write and read included, through its context deadline
+// (ContextTimeoutEnabled); these only back it up.
 const (
-	backstopIOTimeout = 3 * time.Second // socket read/write, should a context carry no deadline
+	backstopIOTimeout = 3 * time.Second // socket read/write and pool wait, should a context carry no deadline
 	maxRetries        = 1               // one retry on a fresh connection after EOF or a dial error
 )
 
 // sharedClient is a Redis client in the clients pool.
 type sharedClient struct {
 	rdb *redis.Client
-	// failing is true from a failed decision until the next answered one, so that the handlers
-	// sharing the client log each change of state once, not once per request.
-	failing atomic.Bool
+	// breaker is shared by every handler using the client, so all of them stop calling a
+	// failing Redis together.
+	breaker *gobreaker.CircuitBreaker[limiter.Decision]
+	// lastReason is the failureReason of the latest failed call, for the breaker's log.
+	lastReason atomic.Value
 }
 
 // Destruct closes the client and its connections when the last handler using it is cleaned up.
@@ -78,7 +84,7 @@ func (r resolvedRedis) poolKey() string {
 func acquireClient(r resolvedRedis) (*sharedClient, string, error) {
 	key := r.poolKey()
 	v, _, err := clients.LoadOrNew(key, func() (caddy.Destructor, error) {
-		return &sharedClient{rdb: redis.NewClient(&redis.Options{
+		c := &sharedClient{rdb: redis.NewClient(&redis.Options{
 			Addr:                  r.Address,
 			Username:              r.Username,
 			Password:              r.Password,
@@ -89,8 +95,11 @@ func acquireClient(r resolvedRedis) (*sharedClient, string, error) {
 			WriteTimeout:          backstopIOTimeout,
 			ContextTimeoutEnabled: true,
 			MaxRetries:            maxRetries,
+			PoolTimeout:           backstopIOTimeout,
 			DisableIdentity:       true, // no CLIENT SETINFO round trip on each new connection
-		})}, nil
+		})}
+		c.breaker = newBreaker(r.Address, &c.lastReason)
+		return c, nil
 	})
 	if err != nil {
 		return nil, "", err

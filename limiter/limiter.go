@@ -154,12 +154,19 @@ func decodeReply(reply any, n int) (bool, []zoneReply, error) {
 	return ints[0] == 1, zones, nil
 }
 
-// decide turns the script's reply into the Decision, choosing the deciding zone.
+// decide turns the script's reply into the Decision.
 func decide(reqs []Request, reply any) (Decision, error) {
 	allowed, zones, err := decodeReply(reply, len(reqs))
 	if err != nil {
 		return Decision{}, err
 	}
+	return pick(reqs, allowed, zones), nil
+}
+
+// pick makes the Decision from each zone's outcome, choosing the deciding zone: when denied,
+// an unsatisfiable zone, else the denying zone that takes longest to admit; when allowed, the
+// zone with the least remaining share of its quota (the first of equals).
+func pick(reqs []Request, allowed bool, zones []zoneReply) Decision {
 	best := -1
 	for i, z := range zones {
 		if best < 0 {
@@ -207,7 +214,7 @@ func decide(reqs []Request, reply any) (Decision, error) {
 			d.RetryAfter = time.Duration(z.retryAfter) * time.Microsecond
 		}
 	}
-	return d, nil
+	return d
 }
 
 func unsatisfiable(r Request) bool { return r.Cost > r.Zone.Quota() }

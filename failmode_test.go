@@ -1,0 +1,126 @@
+package ratelimitredis
+
+import (
+	"fmt"
+	"regexp"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
+)
+
+// TestFailLocalEnforcesPerInstance: with fail_mode local and Redis down, the zone still holds
+// on this instance (capacity 3: three requests pass, the fourth is a 429 with Retry-After), every
+// response is marked degraded; when Redis is back, Redis decides again, from its own state.
+func TestFailLocalEnforcesPerInstance(t *testing.T) {
+	srv := redistest.Start(t)
+	cs := startCaddy(t, fmt.Sprintf(`
+	rate_limit_redis {
+		redis {
+			address %s
+		}
+		fail_mode local
+		capacity 3
+		refill_rate 1/1h
+	}
+	respond "ok {http.rate_limit_redis.degraded}"`, srv.Addr))
+	cs.get("/").expect(t, "redis up", 200, "ok false", "X-RateLimit-Remaining", "2", "X-RateLimit-Degraded", "")
+	srv.Stop()
+	for i := 1; i <= 3; i++ {
+		cs.get("/").expect(t, "local "+strconv.Itoa(i), 200, "ok true",
+			"X-RateLimit-Degraded", "true", "X-RateLimit-Limit", "3", "X-RateLimit-Remaining", strconv.Itoa(3-i))
+	}
+	cs.get("/").expect(t, "local, over the limit", 429, "",
+		"X-RateLimit-Degraded", "true", "Retry-After", "3600", "X-RateLimit-Remaining", "0")
+
+	srv.Restart() // empty: the client's bucket in Redis is full again
+	waitUntil(t, 2*time.Second, "Redis decides again", func() bool {
+		return cs.get("/").header.Get("X-RateLimit-Degraded") == ""
+	})
+	cs.get("/").expect(t, "redis back", 200, "ok false", "X-RateLimit-Remaining", "1", "X-RateLimit-Degraded", "")
+}
+
+// TestCircuitBreakerStopsCallingRedis: while Redis fails every script call (out of memory), the
+// breaker opens after breakerTrips consecutive failures; from then on requests get fail_mode
+// without Redis seeing a call, counted as circuit_open. When Redis recovers, a probe closes the
+// breaker and decisions come from Redis again.
+func TestCircuitBreakerStopsCallingRedis(t *testing.T) {
+	// Long enough that the requests below all meet the open breaker, whatever the machine's load.
+	saved := breakerOpenFor
+	breakerOpenFor = 3 * time.Second
+	t.Cleanup(func() { breakerOpenFor = saved })
+	srv := redistest.Start(t)
+	cs := startCaddy(t, fmt.Sprintf(`
+	rate_limit_redis {
+		redis {
+			address %s
+		}
+		fail_mode closed
+		capacity 100
+		refill_rate 100
+	}
+	respond "ok"`, srv.Addr))
+	cs.get("/").expect(t, "healthy", 200, "ok")
+	srv.Do("CONFIG", "SET", "maxmemory-policy", "noeviction")
+	srv.Do("CONFIG", "SET", "maxmemory", "1") // every script that may write is refused: OOM
+
+	openBefore := testutil.ToFloat64(metrics.backendFailures.WithLabelValues("circuit_open"))
+	errorsBefore := testutil.ToFloat64(metrics.backendFailures.WithLabelValues("redis_error"))
+	for i := 0; i < breakerTrips; i++ {
+		cs.get("/").expect(t, "failing "+strconv.Itoa(i), 503, "", "Retry-After", "1")
+	}
+	if got := testutil.ToFloat64(metrics.backendFailures.WithLabelValues("redis_error")) - errorsBefore; got != breakerTrips {
+		t.Fatalf("redis_error failures = %v, want %d", got, breakerTrips)
+	}
+	calls := scriptCalls(t, srv)
+	const whileOpen = 20
+	for i := 0; i < whileOpen; i++ {
+		cs.get("/").expect(t, "breaker open", 503, "", "Retry-After", "1")
+	}
+	if got := scriptCalls(t, srv); got != calls {
+		t.Fatalf("Redis saw %d script calls while the breaker was open, want 0", got-calls)
+	}
+	if got := testutil.ToFloat64(metrics.backendFailures.WithLabelValues("circuit_open")) - openBefore; got != whileOpen {
+		t.Fatalf("circuit_open failures = %v, want %d", got, whileOpen)
+	}
+
+	srv.Do("CONFIG", "SET", "maxmemory", "0")
+	waitUntil(t, 2*breakerOpenFor, "the breaker closes after Redis recovers", func() bool {
+		return cs.get("/").status == 200
+	})
+	cs.get("/").expect(t, "closed again", 200, "ok")
+}
+
+var scriptCallsRE = regexp.MustCompile(`cmdstat_(?:evalsha|eval):calls=(\d+),.*?rejected_calls=(\d+),failed_calls=(\d+)`)
+
+// scriptCalls is the number of EVAL and EVALSHA calls Redis has seen, refused ones included.
+func scriptCalls(t *testing.T, srv *redistest.Server) int {
+	t.Helper()
+	info := srv.Do("INFO", "commandstats").(string)
+	n := 0
+	for _, m := range scriptCallsRE.FindAllStringSubmatch(info, -1) {
+		for _, v := range m[1:] {
+			x, _ := strconv.Atoi(v)
+			n += x
+		}
+	}
+	if n == 0 {
+		t.Fatalf("no script calls in INFO commandstats:\n%s", info)
+	}
+	return n
+}
+
+// waitUntil polls cond every 10ms until it holds, failing the test after deadline.
+func waitUntil(t *testing.T, deadline time.Duration, what string, cond func() bool) {
+	t.Helper()
+	end := time.Now().Add(deadline)
+	for !cond() {
+		if time.Now().After(end) {
+			t.Fatalf("%s: not within %v", what, deadline)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

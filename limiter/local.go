@@ -1,0 +1,92 @@
+package limiter
+
+import (
+	"math"
+	"sync"
+	"time"
+
+	lru "github.com/hashicorp/golang-lru/v2"
+	"golang.org/x/time/rate"
+)
+
+// DefaultLocalKeys is the default bound of the clients a Local tracks per zone set.
+const DefaultLocalKeys = 65536
+
+// Local decides requests in process, for `fail_mode local`: while Redis is unavailable each
+// instance enforces every zone on its own, so the global limit becomes a per-instance one.
+// Every zone is a token bucket (golang.org/x/time/rate): a token bucket zone with its own
+// capacity and refill rate, a sliding window zone as a bucket of Limit tokens refilled at
+// Limit per Window (it admits the same steady rate; its bursts differ from a true sliding
+// window). At most maxKeys (zone, client) buckets are kept, least recently used evicted: an
+// evicted client starts again with a full bucket. Local is safe for concurrent use.
+type Local struct {
+	mu      sync.Mutex // makes a multi-zone decision all-or-nothing
+	buckets *lru.Cache[string, *rate.Limiter]
+}
+
+// NewLocal returns a Local keeping at most maxKeys buckets (DefaultLocalKeys when <= 0).
+func NewLocal(maxKeys int) *Local {
+	if maxKeys <= 0 {
+		maxKeys = DefaultLocalKeys
+	}
+	c, _ := lru.New[string, *rate.Limiter](maxKeys) // errors only for a size <= 0
+	return &Local{buckets: c}
+}
+
+// Allow decides reqs at time now with the semantics of Limiter.Allow (all-or-nothing; the
+// deciding zone chosen the same way), in process and without error.
+func (l *Local) Allow(reqs []Request, now time.Time) Decision {
+	if len(reqs) == 0 {
+		return Decision{Allowed: true, Zone: -1}
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	buckets := make([]*rate.Limiter, len(reqs))
+	zones := make([]zoneReply, len(reqs))
+	allowed := true
+	for i, r := range reqs {
+		b := l.bucket(r)
+		buckets[i] = b
+		tokens := b.TokensAt(now)
+		perSec := float64(b.Limit())
+		z := zoneReply{allowed: tokens >= float64(r.Cost)}
+		if !z.allowed {
+			allowed = false
+			z.retryAfter = micros((float64(r.Cost) - tokens) / perSec)
+		}
+		zones[i] = z
+	}
+	for i, r := range reqs {
+		tokens := buckets[i].TokensAt(now)
+		if allowed {
+			buckets[i].AllowN(now, int(r.Cost)) // cannot fail: checked above, under l.mu
+			tokens -= float64(r.Cost)
+		}
+		zones[i].remaining = int64(math.Floor(max(tokens, 0)))
+		zones[i].reset = micros((float64(r.Zone.Quota()) - tokens) / float64(buckets[i].Limit()))
+	}
+	return pick(reqs, allowed, zones)
+}
+
+// bucket returns the bucket of r's zone and client, making a full one when there is none.
+func (l *Local) bucket(r Request) *rate.Limiter {
+	key := r.Zone.Name + "\x00" + r.Zone.Algorithm.tag() + "\x00" + ClientKey(r.Key)
+	if b, ok := l.buckets.Get(key); ok {
+		return b
+	}
+	perSec := r.Zone.RefillRate
+	if r.Zone.Algorithm == SlidingWindow {
+		perSec = float64(r.Zone.Limit) / r.Zone.Window.Seconds()
+	}
+	b := rate.NewLimiter(rate.Limit(perSec), int(r.Zone.Quota())) // starts full
+	l.buckets.Add(key, b)
+	return b
+}
+
+// micros converts seconds to whole microseconds, rounded up and never negative.
+func micros(s float64) int64 {
+	if !(s > 0) {
+		return 0
+	}
+	return int64(math.Ceil(s * 1e6))
+}

@@ -1,0 +1,88 @@
+package limiter_test
+
+import (
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/limiter"
+)
+
+func TestLocalTokenBucket(t *testing.T) {
+	l := limiter.NewLocal(0)
+	t0 := time.Unix(1_700_000_000, 0)
+	req := limiter.Request{Zone: tb("api", 3, 1), Key: "alice", Cost: 1}
+	for i := int64(1); i <= 3; i++ {
+		want(t, "request "+strconv.FormatInt(i, 10), l.Allow([]limiter.Request{req}, t0),
+			limiter.Decision{Allowed: true, Limit: 3, Remaining: 3 - i, Reset: time.Duration(i) * time.Second})
+	}
+	want(t, "4th", l.Allow([]limiter.Request{req}, t0), limiter.Decision{Limit: 3, RetryAfter: time.Second, Reset: 3 * time.Second})
+	want(t, "after 1s", l.Allow([]limiter.Request{req}, t0.Add(time.Second)),
+		limiter.Decision{Allowed: true, Limit: 3, Remaining: 0, Reset: 3 * time.Second})
+	big := limiter.Request{Zone: req.Zone, Key: "alice", Cost: 4}
+	want(t, "cost above capacity", l.Allow([]limiter.Request{big}, t0.Add(time.Hour)),
+		limiter.Decision{Limit: 3, Remaining: 3, Unsatisfiable: true})
+}
+
+func TestLocalSlidingWindowIsABucketOfTheSameRate(t *testing.T) {
+	l := limiter.NewLocal(0)
+	t0 := time.Unix(1_700_000_000, 0)
+	req := limiter.Request{Zone: sw("login", 2, 10*time.Second), Key: "alice", Cost: 1}
+	l.Allow([]limiter.Request{req}, t0)
+	want(t, "2nd", l.Allow([]limiter.Request{req}, t0), limiter.Decision{Allowed: true, Limit: 2, Reset: 10 * time.Second})
+	// 2 per 10s refills one slot every 5s.
+	want(t, "3rd", l.Allow([]limiter.Request{req}, t0), limiter.Decision{Limit: 2, RetryAfter: 5 * time.Second, Reset: 10 * time.Second})
+}
+
+func TestLocalAllOrNothing(t *testing.T) {
+	l := limiter.NewLocal(0)
+	t0 := time.Unix(1_700_000_000, 0)
+	reqs := []limiter.Request{{Zone: tb("wide", 5, 1), Key: "k", Cost: 1}, {Zone: tb("narrow", 1, 0.01), Key: "k", Cost: 1}}
+	l.Allow(reqs, t0)
+	for i := 0; i < 3; i++ {
+		if d := l.Allow(reqs, t0); d.Allowed || d.Zone != 1 {
+			t.Fatalf("denial %d: %+v, want denied by zone 1", i, d)
+		}
+	}
+	// The denials charged "wide" nothing: 4 tokens left.
+	if d := l.Allow(reqs[:1], t0); d.Remaining != 3 {
+		t.Fatalf("wide after denials: %+v, want 3 remaining after this request", d)
+	}
+}
+
+func TestLocalBoundedKeys(t *testing.T) {
+	l := limiter.NewLocal(2)
+	t0 := time.Unix(1_700_000_000, 0)
+	z := tb("z", 1, 0.001)
+	for _, k := range []string{"a", "b", "c"} { // "a" is evicted by "c"
+		l.Allow([]limiter.Request{{Zone: z, Key: k, Cost: 1}}, t0)
+	}
+	if d := l.Allow([]limiter.Request{{Zone: z, Key: "c", Cost: 1}}, t0); d.Allowed {
+		t.Fatal("c was admitted twice from a bucket of 1")
+	}
+	if d := l.Allow([]limiter.Request{{Zone: z, Key: "a", Cost: 1}}, t0); !d.Allowed {
+		t.Fatal("a, evicted, should start again with a full bucket")
+	}
+}
+
+func TestLocalExactUnderConcurrency(t *testing.T) {
+	l := limiter.NewLocal(0)
+	z := tb("z", 100, 1e-6)
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	for i := 0; i < 2000; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if l.Allow([]limiter.Request{{Zone: z, Key: "shared", Cost: 1}}, time.Now()).Allowed {
+				admitted.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	if admitted.Load() != 100 {
+		t.Fatalf("admitted %d, want exactly 100", admitted.Load())
+	}
+}

@@ -1,0 +1,43 @@
+package ratelimitredis
+
+import (
+	"errors"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// The metrics live for the process and are registered into each config's registry on every
+// load (as Caddy's reverse proxy does), so they keep counting across reloads.
+var metrics struct {
+	once sync.Once
+	// backendFailures counts failed decisions by reason: timeout, bad_response, redis_error,
+	// circuit_open.
+	backendFailures *prometheus.CounterVec
+}
+
+func initMetrics() {
+	metrics.once.Do(func() {
+		metrics.backendFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "caddy",
+			Subsystem: "rate_limit_redis",
+			Name:      "backend_failures_total",
+			Help:      "Rate limit decisions that Redis did not answer, by reason: timeout, bad_response, redis_error, circuit_open.",
+		}, []string{"reason"})
+	})
+}
+
+// registerMetrics registers the metrics into a config's registry; registering them again
+// (another handler of the same config) is not an error.
+func registerMetrics(reg prometheus.Registerer) error {
+	initMetrics()
+	if reg == nil {
+		return nil
+	}
+	for _, c := range []prometheus.Collector{metrics.backendFailures} {
+		if err := reg.Register(c); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
+			return err
+		}
+	}
+	return nil
+}
