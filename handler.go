@@ -114,8 +114,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if d.Allowed {
 		return next.ServeHTTP(w, r)
 	}
+	if d.Cached {
+		metrics.denyCacheHits.Inc()
+	}
 	if c := h.logger.Check(zapcore.DebugLevel, "rate limited"); c != nil {
-		c.Write(zap.String("zone", zone.Name), zap.Bool("dry_run", h.DryRun), zap.Bool("local", degraded),
+		c.Write(zap.String("zone", zone.Name), zap.Bool("dry_run", h.DryRun), zap.Bool("local", degraded), zap.Bool("cached", d.Cached),
 			zap.Int64("limit", d.Limit), zap.Int64("retry_after", retryAfter), zap.Bool("unsatisfiable", d.Unsatisfiable))
 	}
 	if h.DryRun {

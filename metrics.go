@@ -14,6 +14,8 @@ var metrics struct {
 	// backendFailures counts failed decisions by reason: timeout, bad_response, redis_error,
 	// circuit_open.
 	backendFailures *prometheus.CounterVec
+	// denyCacheHits counts requests denied from the deny cache, with no Redis call.
+	denyCacheHits prometheus.Counter
 }
 
 func initMetrics() {
@@ -24,6 +26,12 @@ func initMetrics() {
 			Name:      "backend_failures_total",
 			Help:      "Rate limit decisions that Redis did not answer, by reason: timeout, bad_response, redis_error, circuit_open.",
 		}, []string{"reason"})
+		metrics.denyCacheHits = prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "caddy",
+			Subsystem: "rate_limit_redis",
+			Name:      "deny_cache_hits_total",
+			Help:      "Requests denied from the in-process deny cache, without a Redis call.",
+		})
 	})
 }
 
@@ -34,7 +42,7 @@ func registerMetrics(reg prometheus.Registerer) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range []prometheus.Collector{metrics.backendFailures} {
+	for _, c := range []prometheus.Collector{metrics.backendFailures, metrics.denyCacheHits} {
 		if err := reg.Register(c); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
 			return err
 		}

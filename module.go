@@ -87,9 +87,12 @@ type Handler struct {
 	// Decide and report (headers, placeholders) as usual, but never reject a request.
 	DryRun bool `json:"dry_run,omitempty"`
 
-	// Whether denials may be cached in process. Default: true. This release has no deny cache yet,
-	// so every decision goes to Redis whatever the value; the field is accepted so that configs
-	// written for later releases keep loading.
+	// Whether denials are cached in process (the deny cache). When a zone denies a client, this
+	// instance remembers it until the zone could admit the client again, and denies the requests it
+	// covers (same zone and client, a cost at least as large) with no Redis call, with the right
+	// Retry-After. Entries are conservative: other instances can only consume, so the global state
+	// cannot admit sooner. Bounded to 65,536 (zone, client) entries per handler, least recently
+	// used evicted. Default: true.
 	DenyCache *bool `json:"deny_cache,omitempty"`
 
 	// The zones, checked in the order given. A request must pass every zone that applies to it;
@@ -252,6 +255,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		h.local = limiter.NewLocal(limiter.DefaultLocalKeys)
 	}
 	opts := limiter.Options{KeyPrefix: h.KeyPrefix}
+	if h.DenyCache == nil || *h.DenyCache {
+		opts.DenyCacheKeys = limiter.DefaultDenyCacheKeys
+	}
 	if h.Clock == ClockLocal {
 		opts.Now = time.Now
 	}

@@ -25,7 +25,7 @@ func TestDecodeReplyRejectsWrongShapes(t *testing.T) {
 		"negative reset":     []any{int64(1), int64(1), int64(0), int64(0), int64(-5)},
 	} {
 		reqs := []Request{{Zone: &Zone{Name: "z", Algorithm: TokenBucket, Capacity: 1, RefillRate: 1}, Cost: 1}}
-		d, err := decide(reqs, reply)
+		d, err := decodeAndPick(reqs, reply)
 		if !errors.Is(err, ErrBadResponse) || d != (Decision{}) {
 			t.Errorf("%s: got %+v, %v; want the zero Decision and ErrBadResponse", name, d, err)
 		}
@@ -34,9 +34,17 @@ func TestDecodeReplyRejectsWrongShapes(t *testing.T) {
 
 func TestDecodeReplyGoodShape(t *testing.T) {
 	reqs := []Request{{Zone: &Zone{Name: "z", Algorithm: SlidingWindow, Limit: 10, Window: time.Second}, Cost: 1}}
-	d, err := decide(reqs, []any{int64(0), int64(0), int64(3), int64(250), int64(900)})
+	d, err := decodeAndPick(reqs, []any{int64(0), int64(0), int64(3), int64(250), int64(900)})
 	want := Decision{Limit: 10, Remaining: 3, RetryAfter: 250 * time.Microsecond, Reset: 900 * time.Microsecond}
 	if err != nil || d != want {
 		t.Fatalf("got %+v, %v; want %+v", d, err, want)
 	}
+}
+
+func decodeAndPick(reqs []Request, reply any) (Decision, error) {
+	allowed, zones, err := decodeReply(reply, len(reqs))
+	if err != nil {
+		return Decision{}, err
+	}
+	return pick(reqs, allowed, zones), nil
 }

@@ -56,6 +56,8 @@ type Decision struct {
 	// Unsatisfiable is true when the request's cost exceeds the deciding zone's quota: it is
 	// denied and waiting can never cure it.
 	Unsatisfiable bool
+	// Cached is true when the denial came from the deny cache, with no Redis call.
+	Cached bool
 }
 
 // Options configure a Limiter.
@@ -63,8 +65,13 @@ type Options struct {
 	// KeyPrefix is prepended to every Redis key. It must not contain '{' or '}'.
 	KeyPrefix string
 	// Now, when set, is the clock the scripts use (`clock local`); when nil they read the Redis
-	// server's TIME, so that instances with skewed clocks agree.
+	// server's TIME, so that instances with skewed clocks agree. The deny cache uses it too
+	// (time.Now when nil).
 	Now func() time.Time
+	// DenyCacheKeys, when > 0, enables the deny cache: up to that many recent denials are
+	// remembered per (zone, client), and a request they cover is denied with no Redis call until
+	// the zone could admit it. Entries are conservative: the global state cannot admit sooner.
+	DenyCacheKeys int
 }
 
 // Limiter runs decisions on one Redis server. It is safe for concurrent use.
@@ -72,6 +79,7 @@ type Limiter struct {
 	rdb      redis.Scripter
 	prefix   string
 	now      func() time.Time
+	denials  *denyCache    // nil: no deny cache
 	instance string        // random per Limiter, so sliding window members of instances differ
 	calls    atomic.Uint64 // per-call part of the nonce
 }
@@ -81,12 +89,24 @@ type Limiter struct {
 func New(rdb redis.Scripter, opts Options) *Limiter {
 	var b [8]byte
 	_, _ = rand.Read(b[:]) // crypto/rand.Read never returns an error
-	return &Limiter{rdb: rdb, prefix: opts.KeyPrefix, now: opts.Now, instance: hex.EncodeToString(b[:])}
+	l := &Limiter{rdb: rdb, prefix: opts.KeyPrefix, now: opts.Now, instance: hex.EncodeToString(b[:])}
+	if opts.DenyCacheKeys > 0 {
+		l.denials = newDenyCache(opts.DenyCacheKeys)
+	}
+	return l
+}
+
+func (l *Limiter) clock() time.Time {
+	if l.now != nil {
+		return l.now()
+	}
+	return time.Now()
 }
 
 // Allow decides a request against the zones in reqs with one script call: it is admitted iff
 // every zone admits it, and then every zone is charged its cost; otherwise none is. With no
-// requests it returns an allowed Decision with Zone -1 and no Redis call.
+// requests it returns an allowed Decision with Zone -1 and no Redis call; when the deny cache
+// covers the request, the cached denial (Cached true) with no Redis call.
 //
 // The error wraps the Redis or network error (context.DeadlineExceeded when ctx expires first),
 // or ErrBadResponse when the reply has the wrong shape. The Decision is then the zero value.
@@ -95,6 +115,14 @@ func (l *Limiter) Allow(ctx context.Context, reqs []Request) (Decision, error) {
 		return Decision{Allowed: true, Zone: -1}, nil
 	}
 	keys := make([]string, len(reqs))
+	for i, r := range reqs {
+		keys[i] = StateKey(l.prefix, r.Zone, r.Key)
+	}
+	if l.denials != nil {
+		if d, ok := l.denials.check(reqs, keys, l.clock()); ok {
+			return d, nil
+		}
+	}
 	args := make([]any, 2, 2+4*len(reqs))
 	if l.now != nil {
 		args[0] = l.now().UnixMicro()
@@ -102,8 +130,7 @@ func (l *Limiter) Allow(ctx context.Context, reqs []Request) (Decision, error) {
 		args[0] = ""
 	}
 	args[1] = l.instance + "." + strconv.FormatUint(l.calls.Add(1), 36)
-	for i, r := range reqs {
-		keys[i] = StateKey(l.prefix, r.Zone, r.Key)
+	for _, r := range reqs {
 		if r.Zone.Algorithm == SlidingWindow {
 			args = append(args, "sw", r.Zone.Limit, r.Zone.Window.Microseconds(), r.Cost)
 		} else {
@@ -114,7 +141,14 @@ func (l *Limiter) Allow(ctx context.Context, reqs []Request) (Decision, error) {
 	if err != nil {
 		return Decision{}, fmt.Errorf("redis decide script: %w", err)
 	}
-	return decide(reqs, reply)
+	allowed, zones, err := decodeReply(reply, len(reqs))
+	if err != nil {
+		return Decision{}, err
+	}
+	if !allowed && l.denials != nil {
+		l.denials.record(reqs, keys, zones, l.clock())
+	}
+	return pick(reqs, allowed, zones), nil
 }
 
 // zoneReply is one zone's part of the script's reply.
@@ -152,15 +186,6 @@ func decodeReply(reply any, n int) (bool, []zoneReply, error) {
 		zones[i] = zoneReply{allowed: v[0] == 1, remaining: v[1], retryAfter: v[2], reset: v[3]}
 	}
 	return ints[0] == 1, zones, nil
-}
-
-// decide turns the script's reply into the Decision.
-func decide(reqs []Request, reply any) (Decision, error) {
-	allowed, zones, err := decodeReply(reply, len(reqs))
-	if err != nil {
-		return Decision{}, err
-	}
-	return pick(reqs, allowed, zones), nil
 }
 
 // pick makes the Decision from each zone's outcome, choosing the deciding zone: when denied,

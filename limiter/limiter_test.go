@@ -312,20 +312,27 @@ func TestRedisDownIsAnError(t *testing.T) {
 }
 
 // TestExactUnderConcurrency is the core promise: 8 instances (separate clients and pools) racing
-// 2,000 requests for one key admit exactly the quota, for both algorithms.
+// 2,000 requests for one key admit exactly the quota, for both algorithms, with and without the
+// deny cache.
 func TestExactUnderConcurrency(t *testing.T) {
 	srv := redistest.Start(t)
-	for _, z := range []*limiter.Zone{
-		tb("bucket", 100, 100/(limiter.MaxWindow.Seconds()/2)), // one token per 1.8 days: no refill during the test
-		sw("window", 100, time.Hour),
+	for _, tc := range []struct {
+		zone      *limiter.Zone
+		denyCache int
+	}{
+		{tb("bucket", 100, 100/(limiter.MaxWindow.Seconds()/2)), 0}, // one token per 1.8 days: no refill during the test
+		{sw("window", 100, time.Hour), 0},
+		{tb("bucket-cached", 100, 100/(limiter.MaxWindow.Seconds()/2)), limiter.DefaultDenyCacheKeys},
+		{sw("window-cached", 100, time.Hour), limiter.DefaultDenyCacheKeys},
 	} {
-		t.Run(z.Algorithm.String(), func(t *testing.T) {
+		z := tc.zone
+		t.Run(z.Name, func(t *testing.T) {
 			const instances, requests = 8, 2000
 			ls := make([]*limiter.Limiter, instances)
 			for i := range ls {
 				c := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 32})
 				t.Cleanup(func() { _ = c.Close() })
-				ls[i] = limiter.New(c, limiter.Options{KeyPrefix: "rl:"})
+				ls[i] = limiter.New(c, limiter.Options{KeyPrefix: "rl:", DenyCacheKeys: tc.denyCache})
 			}
 			var admitted, failed atomic.Int64
 			var wg sync.WaitGroup
