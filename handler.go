@@ -17,26 +17,25 @@ import (
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/limiter"
 )
 
-// Placeholders set on every request a zone applies to, for logs, handle_errors and later
-// handlers.
-const (
-	phAllowed    = "http.rate_limit_redis.allowed"     // true or false (false in dry_run too, when it would be denied)
-	phZone       = "http.rate_limit_redis.zone"        // the deciding zone's name
-	phKey        = "http.rate_limit_redis.key"         // the deciding zone's client key, as resolved
-	phLimit      = "http.rate_limit_redis.limit"       // the deciding zone's capacity or limit
-	phRemaining  = "http.rate_limit_redis.remaining"   // tokens or slots left
-	phReset      = "http.rate_limit_redis.reset"       // seconds until the zone is full again, rounded up
-	phRetryAfter = "http.rate_limit_redis.retry_after" // seconds until a denied request would pass, rounded up; 0 when allowed
-	phDegraded   = "http.rate_limit_redis.degraded"    // true when Redis failed and fail_mode decided
-)
-
 // errCost is returned (as a 400) when a zone's cost placeholder resolves to something other than
 // a positive integer.
 var errCost = errors.New("the request's cost is not a positive integer")
 
-// ServeHTTP decides the request against every zone that applies to it with one Redis call, sets
-// the headers and placeholders, and either passes the request on or returns a 429 HandlerError
-// (writing no body, so that handle_errors can shape the response).
+// Response header names, canonical already so that setting them costs no canonicalisation.
+var (
+	hdrLimit      = http.CanonicalHeaderKey("X-RateLimit-Limit")
+	hdrRemaining  = http.CanonicalHeaderKey("X-RateLimit-Remaining")
+	hdrReset      = http.CanonicalHeaderKey("X-RateLimit-Reset")
+	hdrDegraded   = http.CanonicalHeaderKey("X-RateLimit-Degraded")
+	hdrPolicy     = http.CanonicalHeaderKey("RateLimit-Policy")
+	hdrRateLimit  = http.CanonicalHeaderKey("RateLimit")
+	hdrRetryAfter = http.CanonicalHeaderKey("Retry-After")
+)
+
+// ServeHTTP decides the request against every zone that applies to it with one Redis call (none
+// when the deny cache covers it), sets the headers and placeholders, and either passes the
+// request on or returns a 429 HandlerError (writing no body, so that handle_errors can shape the
+// response).
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	if repl == nil {
@@ -66,8 +65,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return next.ServeHTTP(w, r)
 	}
 
+	out := new(outcome)
+	out.publish(repl)
 	d, err := h.decide(r.Context(), reqs)
-	degraded := false
 	if err != nil {
 		if r.Context().Err() != nil {
 			// The client went away, not Redis: no fail_mode, no failure counted. 499 is what
@@ -79,37 +79,30 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		if c := h.logger.Check(zapcore.DebugLevel, "rate limit decision failed"); c != nil {
 			c.Write(zap.String("reason", reason), zap.String("fail_mode", h.FailMode), zap.Error(err))
 		}
-		repl.Set(phDegraded, true)
+		out.degraded = true
 		switch {
 		case h.FailMode == FailLocal:
-			d, degraded = h.local.Allow(reqs, time.Now()), true
+			d = h.local.Allow(reqs, time.Now())
 		case h.FailMode == FailClosed && !h.DryRun:
-			repl.Set(phAllowed, false)
-			w.Header().Set("Retry-After", "1")
+			w.Header()[hdrRetryAfter] = []string{"1"}
 			return caddyhttp.Error(http.StatusServiceUnavailable, fmt.Errorf("rate limiter unavailable (fail_mode closed): %w", err))
 		default: // open, or closed in dry_run, which never rejects
-			repl.Set(phAllowed, true)
+			out.allowed = true
 			if h.Headers != HeadersOff {
-				w.Header().Set("X-RateLimit-Degraded", "true")
+				w.Header()[hdrDegraded] = []string{"true"}
 			}
 			return next.ServeHTTP(w, r)
 		}
 	}
 
-	retryAfter := seconds(d.RetryAfter)
 	zone := reqs[d.Zone].Zone
-	repl.Set(phAllowed, d.Allowed)
-	repl.Set(phZone, zone.Name)
-	repl.Set(phKey, reqs[d.Zone].Key)
-	repl.Set(phLimit, d.Limit)
-	repl.Set(phRemaining, d.Remaining)
-	repl.Set(phReset, seconds(d.Reset))
-	repl.Set(phRetryAfter, retryAfter)
-	repl.Set(phDegraded, degraded)
-	h.setRateLimitHeaders(w.Header(), zone, d)
-	if degraded && h.Headers != HeadersOff {
-		w.Header().Set("X-RateLimit-Degraded", "true")
+	z := h.Zones[zoneIndex(h.Zones, zone)]
+	*out = outcome{
+		allowed: d.Allowed, degraded: out.degraded, decided: true,
+		zone: zone.Name, key: reqs[d.Zone].Key, limit: d.Limit, remaining: d.Remaining,
+		reset: seconds(d.Reset), retryAfter: seconds(d.RetryAfter),
 	}
+	h.setRateLimitHeaders(w.Header(), z, d, out)
 
 	if d.Allowed {
 		return next.ServeHTTP(w, r)
@@ -118,23 +111,30 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		metrics.denyCacheHits.Inc()
 	}
 	if c := h.logger.Check(zapcore.DebugLevel, "rate limited"); c != nil {
-		c.Write(zap.String("zone", zone.Name), zap.Bool("dry_run", h.DryRun), zap.Bool("local", degraded), zap.Bool("cached", d.Cached),
-			zap.Int64("limit", d.Limit), zap.Int64("retry_after", retryAfter), zap.Bool("unsatisfiable", d.Unsatisfiable))
+		c.Write(zap.String("zone", zone.Name), zap.Bool("dry_run", h.DryRun), zap.Bool("local", out.degraded), zap.Bool("cached", d.Cached),
+			zap.Int64("limit", d.Limit), zap.Int64("retry_after", out.retryAfter), zap.Bool("unsatisfiable", d.Unsatisfiable))
 	}
 	if h.DryRun {
 		return next.ServeHTTP(w, r)
 	}
 	if d.Unsatisfiable {
 		// The cost exceeds the zone's quota: waiting never cures it, so no Retry-After.
-		return caddyhttp.Error(http.StatusTooManyRequests, fmt.Errorf("zone %s: cost exceeds the zone's quota of %d", zone.Name, d.Limit))
+		return caddyhttp.HandlerError{StatusCode: http.StatusTooManyRequests, Err: z.errUnsatisfiable}
 	}
-	w.Header().Set("Retry-After", strconv.FormatInt(max(retryAfter, 1), 10))
-	return caddyhttp.Error(http.StatusTooManyRequests, fmt.Errorf("zone %s: rate limit exceeded", zone.Name))
+	w.Header()[hdrRetryAfter] = []string{strconv.FormatInt(max(out.retryAfter, 1), 10)}
+	// Built directly rather than with caddyhttp.Error, which records a stack trace per call: a
+	// denial is routine, and its origin is always here.
+	return caddyhttp.HandlerError{StatusCode: http.StatusTooManyRequests, Err: z.errLimited}
 }
 
-// decide runs the decision on Redis through the client's circuit breaker, under the handler's
-// timeout. While the breaker is open it fails at once without calling Redis.
+// decide returns the deny cache's decision when it covers the request, else runs the decision
+// on Redis through the client's circuit breaker, under the handler's timeout. While the breaker
+// is open it fails at once without calling Redis.
 func (h *Handler) decide(ctx context.Context, reqs []limiter.Request) (limiter.Decision, error) {
+	// A remembered denial holds whatever Redis's state: no call, and no breaker to consult.
+	if d, ok := h.limiter.Denied(reqs); ok {
+		return d, nil
+	}
 	ctx, cancel := context.WithTimeout(ctx, time.Duration(h.Timeout))
 	defer cancel()
 	return h.client.breaker.Execute(func() (limiter.Decision, error) {
@@ -163,24 +163,38 @@ func failureReason(err error) string {
 	return "redis_error"
 }
 
-// setRateLimitHeaders sets the response headers chosen by Headers from the deciding zone:
+// setRateLimitHeaders sets the response headers chosen by Headers from the deciding zone z:
 // legacy X-RateLimit-Limit, -Remaining and -Reset (seconds), and the IETF httpapi
 // ratelimit-headers draft's RateLimit-Policy (`"<zone>";q=<quota>;w=<window s>`) and RateLimit
-// (`"<zone>";r=<remaining>;t=<reset s>`).
-func (h *Handler) setRateLimitHeaders(hdr http.Header, z *limiter.Zone, d limiter.Decision) {
-	reset := strconv.FormatInt(seconds(d.Reset), 10)
+// (`"<zone>";r=<remaining>;t=<reset s>`), plus X-RateLimit-Degraded when fail_mode local decided.
+func (h *Handler) setRateLimitHeaders(hdr http.Header, z *Zone, d limiter.Decision, out *outcome) {
+	if h.Headers == HeadersOff {
+		return
+	}
+	reset := strconv.FormatInt(out.reset, 10)
 	remaining := strconv.FormatInt(d.Remaining, 10)
-	limit := strconv.FormatInt(d.Limit, 10)
 	if h.Headers == HeadersLegacy || h.Headers == HeadersBoth {
-		hdr.Set("X-RateLimit-Limit", limit)
-		hdr.Set("X-RateLimit-Remaining", remaining)
-		hdr.Set("X-RateLimit-Reset", reset)
+		hdr[hdrLimit] = []string{z.quota}
+		hdr[hdrRemaining] = []string{remaining}
+		hdr[hdrReset] = []string{reset}
 	}
 	if h.Headers == HeadersIETF || h.Headers == HeadersBoth {
-		name := `"` + z.Name + `"` // zone names are [A-Za-z0-9_.-]: no quoting needed inside
-		hdr.Set("RateLimit-Policy", name+";q="+limit+";w="+strconv.FormatInt(seconds(z.PolicyWindow()), 10))
-		hdr.Set("RateLimit", name+";r="+remaining+";t="+reset)
+		hdr[hdrPolicy] = []string{z.policy}
+		hdr[hdrRateLimit] = []string{z.quotedName + ";r=" + remaining + ";t=" + reset}
 	}
+	if out.degraded {
+		hdr[hdrDegraded] = []string{"true"}
+	}
+}
+
+// zoneIndex returns the index in zones of the zone whose limiter.Zone is lz.
+func zoneIndex(zones []*Zone, lz *limiter.Zone) int {
+	for i, z := range zones {
+		if &z.lz == lz {
+			return i
+		}
+	}
+	return -1
 }
 
 // seconds rounds d up to whole seconds.

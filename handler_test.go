@@ -14,7 +14,7 @@ import (
 )
 
 // provisioned returns h provisioned and validated as Caddy would, cleaned up when the test ends.
-func provisioned(t *testing.T, h *Handler) *Handler {
+func provisioned(t testing.TB, h *Handler) *Handler {
 	t.Helper()
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 	t.Cleanup(cancel)

@@ -201,6 +201,11 @@ type Zone struct {
 	matcherSets caddyhttp.MatcherSets
 	lz          limiter.Zone
 	fixedCost   int64 // > 0 when Cost is a literal integer
+
+	// Formatted once for the hot path: the quota (X-RateLimit-Limit), the quoted name and the
+	// RateLimit-Policy value, and the errors of a denial.
+	quota, quotedName, policy    string
+	errLimited, errUnsatisfiable error
 }
 
 // CaddyModule returns the Caddy module information.
@@ -283,6 +288,11 @@ func (z *Zone) provision(ctx caddy.Context) error {
 		Name: z.Name, Algorithm: algo, Capacity: z.Capacity, RefillRate: z.RefillRate,
 		Limit: z.Limit, Window: time.Duration(z.Window),
 	}
+	z.quota = strconv.FormatInt(z.lz.Quota(), 10)
+	z.quotedName = `"` + z.Name + `"` // zone names are [A-Za-z0-9_.-]: nothing to escape
+	z.policy = z.quotedName + ";q=" + z.quota + ";w=" + strconv.FormatInt(seconds(z.lz.PolicyWindow()), 10)
+	z.errLimited = fmt.Errorf("zone %s: rate limit exceeded", z.Name)
+	z.errUnsatisfiable = fmt.Errorf("zone %s: cost exceeds the zone's quota of %s", z.Name, z.quota)
 	if !strings.Contains(z.Cost, "{") {
 		n, err := strconv.ParseInt(z.Cost, 10, 64)
 		if err != nil || n < 1 {

@@ -24,24 +24,30 @@ type denial struct {
 // cannot admit it sooner for any later state. The cache is bounded (least recently used
 // evicted) and safe for concurrent use.
 type denyCache struct {
-	c *lru.Cache[string, denial]
+	c *lru.Cache[denyKey, denial]
+}
+
+// denyKey is a zone and a client, as ClientKey gives it (a verbatim key costs no allocation).
+type denyKey struct {
+	zone   *Zone
+	client string
 }
 
 func newDenyCache(size int) *denyCache {
 	if size <= 0 {
 		size = DefaultDenyCacheKeys
 	}
-	c, _ := lru.New[string, denial](size) // errors only for a size <= 0
+	c, _ := lru.New[denyKey, denial](size) // errors only for a size <= 0
 	return &denyCache{c: c}
 }
 
-// check returns the Decision for reqs (whose state keys are keys) if a remembered denial
-// covers one of them at now: the covering zone that admits last decides. Expired entries found
-// on the way are removed.
-func (dc *denyCache) check(reqs []Request, keys []string, now time.Time) (Decision, bool) {
+// check returns the Decision for reqs if a remembered denial covers one of them at now: the
+// covering zone that admits last decides. Expired entries found on the way are removed.
+func (dc *denyCache) check(reqs []Request, now time.Time) (Decision, bool) {
 	var d Decision
 	found := false
-	for i, k := range keys {
+	for i, r := range reqs {
+		k := denyKey{r.Zone, ClientKey(r.Key)}
 		e, ok := dc.c.Get(k)
 		if !ok {
 			continue
@@ -66,12 +72,12 @@ func (dc *denyCache) check(reqs []Request, keys []string, now time.Time) (Decisi
 
 // record remembers the denial of every zone that denied (zones from the reply at now), unless
 // its cost exceeds the zone's quota (it can never pass; nothing to wait for).
-func (dc *denyCache) record(reqs []Request, keys []string, zones []zoneReply, now time.Time) {
+func (dc *denyCache) record(reqs []Request, zones []zoneReply, now time.Time) {
 	for i, z := range zones {
 		if z.allowed || unsatisfiable(reqs[i]) || z.retryAfter <= 0 {
 			continue
 		}
-		dc.c.Add(keys[i], denial{
+		dc.c.Add(denyKey{reqs[i].Zone, ClientKey(reqs[i].Key)}, denial{
 			cost:      reqs[i].Cost,
 			until:     now.Add(time.Duration(z.retryAfter) * time.Microsecond),
 			resetAt:   now.Add(time.Duration(z.reset) * time.Microsecond),

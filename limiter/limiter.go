@@ -69,8 +69,8 @@ type Options struct {
 	// (time.Now when nil).
 	Now func() time.Time
 	// DenyCacheKeys, when > 0, enables the deny cache: up to that many recent denials are
-	// remembered per (zone, client), and a request they cover is denied with no Redis call until
-	// the zone could admit it. Entries are conservative: the global state cannot admit sooner.
+	// remembered per (zone, client) by Allow, and Denied reports the requests they cover until
+	// the zone could admit them. Entries are conservative: the global state cannot admit sooner.
 	DenyCacheKeys int
 }
 
@@ -103,10 +103,21 @@ func (l *Limiter) clock() time.Time {
 	return time.Now()
 }
 
+// Denied returns the deny cache's Decision (Cached true) when a remembered denial covers the
+// request, with no Redis call; false when there is none or the deny cache is off. A covered
+// request would be denied by Allow too, so callers ask Denied first, and may do so while Redis
+// is unavailable.
+func (l *Limiter) Denied(reqs []Request) (Decision, bool) {
+	if l.denials == nil {
+		return Decision{}, false
+	}
+	return l.denials.check(reqs, l.clock())
+}
+
 // Allow decides a request against the zones in reqs with one script call: it is admitted iff
-// every zone admits it, and then every zone is charged its cost; otherwise none is. With no
-// requests it returns an allowed Decision with Zone -1 and no Redis call; when the deny cache
-// covers the request, the cached denial (Cached true) with no Redis call.
+// every zone admits it, and then every zone is charged its cost; otherwise none is, and the
+// denial is remembered in the deny cache when it is on. With no requests it returns an allowed
+// Decision with Zone -1 and no Redis call.
 //
 // The error wraps the Redis or network error (context.DeadlineExceeded when ctx expires first),
 // or ErrBadResponse when the reply has the wrong shape. The Decision is then the zero value.
@@ -118,11 +129,23 @@ func (l *Limiter) Allow(ctx context.Context, reqs []Request) (Decision, error) {
 	for i, r := range reqs {
 		keys[i] = StateKey(l.prefix, r.Zone, r.Key)
 	}
-	if l.denials != nil {
-		if d, ok := l.denials.check(reqs, keys, l.clock()); ok {
-			return d, nil
-		}
+	reply, err := decideScript.Run(ctx, l.rdb, keys, l.scriptArgs(reqs)...).Result()
+	if err != nil {
+		return Decision{}, fmt.Errorf("redis decide script: %w", err)
 	}
+	allowed, zones, err := decodeReply(reply, len(reqs))
+	if err != nil {
+		return Decision{}, err
+	}
+	if !allowed && l.denials != nil {
+		l.denials.record(reqs, zones, l.clock())
+	}
+	return pick(reqs, allowed, zones), nil
+}
+
+// scriptArgs returns decide.lua's ARGV for reqs: the time (or "" for Redis TIME), a nonce
+// unique to the call, then algorithm, quota, rate and cost per zone.
+func (l *Limiter) scriptArgs(reqs []Request) []any {
 	args := make([]any, 2, 2+4*len(reqs))
 	if l.now != nil {
 		args[0] = l.now().UnixMicro()
@@ -137,18 +160,7 @@ func (l *Limiter) Allow(ctx context.Context, reqs []Request) (Decision, error) {
 			args = append(args, "tb", r.Zone.Capacity, r.Zone.RefillRate, r.Cost)
 		}
 	}
-	reply, err := decideScript.Run(ctx, l.rdb, keys, args...).Result()
-	if err != nil {
-		return Decision{}, fmt.Errorf("redis decide script: %w", err)
-	}
-	allowed, zones, err := decodeReply(reply, len(reqs))
-	if err != nil {
-		return Decision{}, err
-	}
-	if !allowed && l.denials != nil {
-		l.denials.record(reqs, keys, zones, l.clock())
-	}
-	return pick(reqs, allowed, zones), nil
+	return args
 }
 
 // zoneReply is one zone's part of the script's reply.

@@ -1,0 +1,73 @@
+package limiter
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+// The hot path's pieces, for allocs/op: go test -bench . -benchmem ./limiter/
+
+func BenchmarkStateKeyVerbatim(b *testing.B) {
+	z := &Zone{Name: "api", Algorithm: TokenBucket}
+	for b.Loop() {
+		_ = StateKey("rl:", z, "203.0.113.77")
+	}
+}
+
+func BenchmarkStateKeyDigest(b *testing.B) {
+	z := &Zone{Name: "api", Algorithm: TokenBucket}
+	key := strings.Repeat("k", 200)
+	for b.Loop() {
+		_ = StateKey("rl:", z, key)
+	}
+}
+
+func benchReqs(n int) []Request {
+	reqs := make([]Request, n)
+	for i := range reqs {
+		reqs[i] = Request{Zone: &Zone{Name: "z", Algorithm: TokenBucket, Capacity: 100, RefillRate: 10}, Key: "203.0.113.77", Cost: 1}
+	}
+	reqs[n-1].Zone = &Zone{Name: "w", Algorithm: SlidingWindow, Limit: 5, Window: time.Minute}
+	return reqs
+}
+
+func BenchmarkScriptArgs1Zone(b *testing.B) {
+	l := New(nil, Options{KeyPrefix: "rl:"})
+	reqs := benchReqs(1)
+	for b.Loop() {
+		_ = l.scriptArgs(reqs)
+	}
+}
+
+func BenchmarkScriptArgs3Zones(b *testing.B) {
+	l := New(nil, Options{KeyPrefix: "rl:"})
+	reqs := benchReqs(3)
+	for b.Loop() {
+		_ = l.scriptArgs(reqs)
+	}
+}
+
+func BenchmarkDecodeReply3Zones(b *testing.B) {
+	reqs := benchReqs(3)
+	reply := []any{int64(1), int64(1), int64(99), int64(0), int64(100000), int64(1), int64(98), int64(0), int64(200000), int64(1), int64(4), int64(0), int64(60000000)}
+	for b.Loop() {
+		allowed, zones, err := decodeReply(reply, 3)
+		if err != nil {
+			b.Fatal(err)
+		}
+		_ = pick(reqs, allowed, zones)
+	}
+}
+
+func BenchmarkDenyCacheHit(b *testing.B) {
+	dc := newDenyCache(100)
+	reqs := benchReqs(1)
+	now := time.Now()
+	dc.record(reqs, []zoneReply{{retryAfter: 3_600_000_000, reset: 3_600_000_000}}, now)
+	for b.Loop() {
+		if _, ok := dc.check(reqs, now); !ok {
+			b.Fatal("miss")
+		}
+	}
+}

@@ -1,0 +1,67 @@
+package ratelimitredis
+
+import (
+	"strings"
+
+	"github.com/caddyserver/caddy/v2"
+)
+
+// placeholderPrefix begins every placeholder the handler provides, for logs, handle_errors and
+// later handlers:
+//
+//	{http.rate_limit_redis.allowed}      true or false (false in dry_run when it would be denied)
+//	{http.rate_limit_redis.zone}         the deciding zone's name
+//	{http.rate_limit_redis.key}          the deciding zone's client key, as resolved
+//	{http.rate_limit_redis.limit}        the deciding zone's capacity or limit
+//	{http.rate_limit_redis.remaining}    whole tokens or slots left
+//	{http.rate_limit_redis.reset}        seconds until the zone is full again, rounded up
+//	{http.rate_limit_redis.retry_after}  seconds until a denied request would pass, rounded up; 0 when allowed
+//	{http.rate_limit_redis.degraded}     true when Redis failed and fail_mode decided
+//
+// When Redis failed under fail_mode open or closed only allowed and degraded are known.
+const placeholderPrefix = "http.rate_limit_redis."
+
+// outcome is what a request's decision makes known to placeholders. It is registered with the
+// request's replacer as one provider, so its values are formatted only when a placeholder is
+// actually used.
+type outcome struct {
+	allowed, degraded, decided bool
+	zone, key                  string
+	limit, remaining           int64
+	reset, retryAfter          int64 // seconds
+}
+
+// provide answers the placeholders of placeholderPrefix.
+func (o *outcome) provide(key string) (any, bool) {
+	name, ok := strings.CutPrefix(key, placeholderPrefix)
+	if !ok {
+		return nil, false
+	}
+	switch name {
+	case "allowed":
+		return o.allowed, true
+	case "degraded":
+		return o.degraded, true
+	}
+	if !o.decided {
+		return nil, false
+	}
+	switch name {
+	case "zone":
+		return o.zone, true
+	case "key":
+		return o.key, true
+	case "limit":
+		return o.limit, true
+	case "remaining":
+		return o.remaining, true
+	case "reset":
+		return o.reset, true
+	case "retry_after":
+		return o.retryAfter, true
+	}
+	return nil, false
+}
+
+// publish makes o's values the request's placeholders.
+func (o *outcome) publish(repl *caddy.Replacer) { repl.Map(o.provide) }
