@@ -124,3 +124,28 @@ func waitUntil(t *testing.T, deadline time.Duration, what string, cond func() bo
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestCachedDenialHoldsWhileBreakerOpen: a client denied before Redis failed stays denied (from
+// the deny cache) under fail_mode open, even once the breaker is open, while other clients are
+// let through degraded.
+func TestCachedDenialHoldsWhileBreakerOpen(t *testing.T) {
+	srv := redistest.Start(t)
+	cs := startCaddy(t, fmt.Sprintf(`
+	rate_limit_redis {
+		redis {
+			address %s
+		}
+		fail_mode open
+		key {http.request.header.X-Client}
+		capacity 1
+		refill_rate 1/1h
+	}
+	respond "ok"`, srv.Addr))
+	cs.get("/", "X-Client", "greedy").expect(t, "first", 200, "ok")
+	cs.get("/", "X-Client", "greedy").expect(t, "denied", 429, "", "Retry-After", "3600")
+	srv.Stop()
+	for i := 0; i < breakerTrips+3; i++ { // trips the breaker, then meets it open
+		cs.get("/", "X-Client", "other"+strconv.Itoa(i)).expect(t, "other client, redis down", 200, "ok", "X-RateLimit-Degraded", "true")
+	}
+	cs.get("/", "X-Client", "greedy").expect(t, "still denied from the cache", 429, "", "Retry-After", "3600", "X-RateLimit-Degraded", "")
+}
