@@ -117,14 +117,21 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if h.DryRun {
 		return next.ServeHTTP(w, r)
 	}
+	err = z.errLimited
 	if d.Unsatisfiable {
 		// The cost exceeds the zone's quota: waiting never cures it, so no Retry-After.
-		return caddyhttp.HandlerError{StatusCode: http.StatusTooManyRequests, Err: z.errUnsatisfiable}
+		err = z.errUnsatisfiable
+	} else {
+		w.Header()[hdrRetryAfter] = []string{strconv.FormatInt(max(out.retryAfter, 1), 10)}
 	}
-	w.Header()[hdrRetryAfter] = []string{strconv.FormatInt(max(out.retryAfter, 1), 10)}
+	if h.bareDenials {
+		// No handle_errors to shape it: the response Caddy's error path would write, cheaper.
+		w.WriteHeader(http.StatusTooManyRequests)
+		return nil
+	}
 	// Built directly rather than with caddyhttp.Error, which records a stack trace per call: a
 	// denial is routine, and its origin is always here.
-	return caddyhttp.HandlerError{StatusCode: http.StatusTooManyRequests, Err: z.errLimited}
+	return caddyhttp.HandlerError{StatusCode: http.StatusTooManyRequests, Err: err}
 }
 
 // decide returns the deny cache's decision when it covers the request, else runs the decision
