@@ -4,9 +4,9 @@ CADDY_VERSION ?= v2.11.9
 MODULE        := github.com/rate-limit-redis/caddy-rate-limit-redis
 # xcaddy needs a version for a local module; this one stands for "this checkout".
 LOCAL_VERSION := v0.0.0-00010101000000-000000000000
-SOURCES       := $(shell find . -path ./bin -prune -o \( -name '*.go' -o -name '*.lua' \) -print) go.mod go.sum
+SOURCES       := $(shell find . \( -path ./bin -o -path ./bench \) -prune -o \( -name '*.go' -o -name '*.lua' \) -print) go.mod go.sum
 
-.PHONY: build run test fmt adapt smoke
+.PHONY: build run test fmt adapt smoke bench
 
 ## build: bin/caddy, Caddy $(CADDY_VERSION) with this module
 build: bin/caddy
@@ -37,3 +37,11 @@ fmt:
 ## adapt: the JSON config that Caddyfile.example adapts to
 adapt: bin/caddy
 	bin/caddy adapt --config Caddyfile.example --adapter caddyfile --pretty
+
+## bench: plain Caddy vs Caddy with the module under wrk, alternating rounds; prints a table
+## (settings: BENCH_ROUNDS, BENCH_DURATION, BENCH_WARMUP, BENCH_THREADS, BENCH_CONNECTIONS)
+bench: bin/caddy bin/caddy-plain
+	scripts/bench.sh
+
+bin/caddy-plain: go.mod
+	go tool xcaddy build $(CADDY_VERSION) --output bin/caddy-plain

@@ -34,8 +34,8 @@ var (
 
 // ServeHTTP decides the request against every zone that applies to it with one Redis call (none
 // when the deny cache covers it), sets the headers and placeholders, and either passes the
-// request on or returns a 429 HandlerError (writing no body, so that handle_errors can shape the
-// response).
+// request on or denies it with 429: a HandlerError and no body, so that handle_errors can shape
+// the response, or, when the server has no handle_errors routes, the bare 429 written here.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	if repl == nil {

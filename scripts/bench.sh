@@ -1,0 +1,430 @@
+#!/usr/bin/env bash
+# `make bench`: what rate_limit_redis costs, measured against plain Caddy in the same run.
+#
+# It starts a throwaway redis-server (no persistence), plain Caddy (bin/caddy-plain: the same Caddy
+# version without the module, `respond "ok"`) and Caddy with the module (bin/caddy, the same site
+# behind rate_limit_redis), all on free 127.0.0.1 ports with the admin API off, so it can run beside
+# `make run`. Everything is stopped on exit, Ctrl-C and errors. wrk drives the load (apt-get
+# installs it when missing and we are root). Scenarios, each bench/<name>.Caddyfile:
+#   1. allowed     10,000 clients (bench/allowed.lua sets X-Client to a random id per request), one
+#                  zone keyed on X-Client with a limit so large that every request is allowed.
+#   2. deny flood  one client (bench/flood.lua: a constant X-Client) far over its limit
+#                  (capacity 1, refill 1/1h): nearly every module response is a 429; plain answers
+#                  200, the baseline.
+#   3. 3 zones     as 1, with 3 zones on every request (per client, per IP, per-client sliding
+#                  window), all decided by one script call.
+#   4. latency     the allowed path at concurrency 1 (wrk -t1 -c1): p50/p99 plain vs module.
+# Plain and module runs alternate (plain, module, plain, module, ...) for BENCH_ROUNDS rounds so
+# that machine noise hits both alike; every figure is the median of the rounds.
+#
+# How to read the table:
+#   rps            requests per second (wrk "Requests/sec"), median of the rounds
+#   ratio          module rps / plain rps (1.00 = no cost; 0.50 = the module halves throughput)
+#   p50/p99        latency percentiles from wrk --latency (us, ms, s)
+#   calls/req      Redis script calls (EVALSHA + EVAL in INFO commandstats) per request wrk counted;
+#                  1.00 means one round trip per request whatever the number of zones; in the deny
+#                  flood the deny cache (on by default) answers most denials with no Redis call
+#   us/call        Redis CPU time of one script call (commandstats usec / calls over the module's
+#                  rounds)
+#   non-2xx        plain / module: share of responses that were not 2xx or 3xx, all rounds together;
+#                  0 expected on the allowed paths, nearly 100% for the module in the deny flood
+# wrk, Caddy and Redis share the machine's CPUs, so these figures are the module's cost on this
+# machine under this load, not the capacity of a deployment.
+#
+# Settings (environment, e.g. `BENCH_ROUNDS=5 BENCH_DURATION=20s make bench`):
+#   BENCH_ROUNDS=3 BENCH_DURATION=10s BENCH_WARMUP=2s BENCH_THREADS=2 BENCH_CONNECTIONS=32
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+rounds=${BENCH_ROUNDS:-3}
+duration=${BENCH_DURATION:-10s}
+warmup=${BENCH_WARMUP:-2s}
+threads=${BENCH_THREADS:-2}
+connections=${BENCH_CONNECTIONS:-32}
+
+die() { echo "bench: $*" >&2; exit 1; }
+say() { echo "bench: $*" >&2; }
+
+[[ $rounds =~ ^[1-9][0-9]*$ ]] || die "BENCH_ROUNDS must be a positive integer, not '$rounds'"
+[[ $threads =~ ^[1-9][0-9]*$ ]] || die "BENCH_THREADS must be a positive integer, not '$threads'"
+[[ $connections =~ ^[1-9][0-9]*$ ]] || die "BENCH_CONNECTIONS must be a positive integer, not '$connections'"
+[ "$connections" -ge "$threads" ] || die "BENCH_CONNECTIONS ($connections) must be at least BENCH_THREADS ($threads)"
+[[ $duration =~ ^[1-9][0-9]*[smh]?$ ]] || die "BENCH_DURATION must be a wrk duration such as 10s or 1m, not '$duration'"
+[[ $warmup =~ ^[0-9]+[smh]?$ ]] || die "BENCH_WARMUP must be a wrk duration such as 2s (0 for none), not '$warmup'"
+
+for bin in bin/caddy bin/caddy-plain; do
+	[ -x "$bin" ] || die "$bin is missing: run \`make bench\`, which builds bin/caddy and bin/caddy-plain"
+done
+caddy_version=$(bin/caddy version | awk '{ print $1 }')
+plain_version=$(bin/caddy-plain version | awk '{ print $1 }')
+[ "$caddy_version" = "$plain_version" ] ||
+	die "bin/caddy is Caddy $caddy_version but bin/caddy-plain is $plain_version: remove bin/caddy-plain and run \`make bench\`"
+if ! command -v wrk >/dev/null 2>&1; then
+	if [ "$(id -u)" -ne 0 ]; then
+		echo "wrk is not installed. Install the Debian package wrk:" >&2
+		echo "    sudo apt-get install wrk" >&2
+		exit 1
+	fi
+	say "installing wrk with apt-get"
+	export DEBIAN_FRONTEND=noninteractive
+	apt-get update -qq
+	apt-get install -y -qq wrk >/dev/null
+fi
+scripts/ensure-redis.sh
+
+# --- processes -------------------------------------------------------------------------------
+
+work=$(mktemp -d)
+bg_pids=()
+
+# stop_pid PID: SIGTERM, then SIGKILL when it is still running after 5 seconds.
+stop_pid() {
+	local pid=$1 i
+	kill "$pid" 2>/dev/null || true
+	for i in $(seq 50); do
+		kill -0 "$pid" 2>/dev/null || break
+		[ "$i" -eq 50 ] && kill -9 "$pid" 2>/dev/null
+		sleep 0.1
+	done
+	wait "$pid" 2>/dev/null || true
+	forget_pid "$pid"
+}
+
+forget_pid() {
+	local keep=() p
+	for p in "${bg_pids[@]}"; do [ "$p" = "$1" ] || keep+=("$p"); done
+	bg_pids=("${keep[@]}")
+}
+
+# run_waited OUT COMMAND...: runs the command with its output in OUT, in the background and
+# waited for, so that Ctrl-C reaches our INT trap at once. (wrk catches SIGINT and exits 0; a
+# foreground wrk would leave bash believing the interrupt was handled.)
+run_waited() {
+	local out=$1 pid rc=0
+	shift
+	"$@" >"$out" 2>&1 &
+	pid=$!
+	bg_pids+=("$pid")
+	wait "$pid" || rc=$?
+	forget_pid "$pid"
+	return "$rc"
+}
+
+cleanup() {
+	local rc=$? pid
+	trap - EXIT INT TERM
+	for pid in "${bg_pids[@]}"; do stop_pid "$pid"; done
+	rm -rf "$work"
+	exit "$rc"
+}
+trap cleanup EXIT
+trap 'say "interrupted"; exit 130' INT
+trap 'say "terminated"; exit 143' TERM
+
+# pick_port: sets picked_port to a port nobody listens on, below Linux's ephemeral range
+# (32768+) so that no outgoing connection of wrk or Caddy holds it.
+used_ports=" "
+pick_port() {
+	local p _
+	for _ in $(seq 200); do
+		p=$((20000 + RANDOM % 12000))
+		case $used_ports in *" $p "*) continue ;; esac
+		if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+			used_ports+="$p "
+			picked_port=$p
+			return 0
+		fi
+	done
+	die "no free port found"
+}
+
+# http_status PORT [HEADER]: the status code of GET / on 127.0.0.1:PORT, empty when none answers.
+http_status() {
+	local port=$1 header=${2:-}
+	(
+		exec 3<>"/dev/tcp/127.0.0.1/$port" || exit 0
+		if [ -n "$header" ]; then header+=$'\r\n'; fi
+		printf 'GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n%sConnection: close\r\n\r\n' "$header" >&3
+		IFS=' ' read -r -t 5 _ code _ <&3 || exit 0
+		echo "$code"
+	) 2>/dev/null
+}
+
+pick_port
+redis_port=$picked_port
+redis_addr=127.0.0.1:$redis_port
+redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no --dir "$work" \
+	--loglevel warning >"$work/redis.log" 2>&1 &
+bg_pids+=("$!")
+rcli() { redis-cli -h 127.0.0.1 -p "$redis_port" "$@"; }
+for _ in $(seq 100); do
+	rcli ping >/dev/null 2>&1 && break
+	kill -0 "${bg_pids[0]}" 2>/dev/null || { cat "$work/redis.log" >&2; die "redis-server did not start"; }
+	sleep 0.1
+done
+rcli ping >/dev/null 2>&1 || die "redis-server on $redis_addr does not answer"
+
+# start_caddy NAME BINARY CADDYFILE: runs Caddy on a free port, waits until it answers HTTP;
+# sets caddy_pid and caddy_port.
+start_caddy() {
+	local name=$1 binary=$2 caddyfile=$3 sc_port sc_pid _
+	pick_port
+	sc_port=$picked_port
+	BENCH_PORT=$sc_port BENCH_REDIS_ADDR=$redis_addr "$binary" run --config "$caddyfile" --adapter caddyfile \
+		>"$work/caddy-$name.log" 2>&1 &
+	sc_pid=$!
+	bg_pids+=("$sc_pid")
+	for _ in $(seq 100); do
+		[ -n "$(http_status "$sc_port")" ] && break
+		kill -0 "$sc_pid" 2>/dev/null || { tail -20 "$work/caddy-$name.log" >&2; die "$binary did not start with $caddyfile"; }
+		sleep 0.1
+	done
+	[ -n "$(http_status "$sc_port")" ] || { tail -20 "$work/caddy-$name.log" >&2; die "$binary with $caddyfile does not answer on port $sc_port"; }
+	caddy_pid=$sc_pid
+	caddy_port=$sc_port
+}
+
+# --- measuring -------------------------------------------------------------------------------
+
+# script_stats: "<calls> <usec>" of EVALSHA and EVAL from INFO commandstats. (The commands a
+# script runs are counted there too, so the other counters say nothing about round trips.)
+script_stats() {
+	rcli info commandstats | tr -d '\r' | awk -F'[:,=]' '
+		$1 ~ /^cmdstat_eval(sha)?(_ro)?$/ { calls += $3; usec += $5 }
+		END { printf "%d %d\n", calls, usec }'
+}
+
+# parse_wrk FILE: "<rps> <requests> <p50 us> <p99 us> <non-2xx> <socket errors>".
+parse_wrk() {
+	awk '
+		function us(v,   n, u) {
+			n = v + 0; u = v; sub(/^[0-9.]+/, "", u)
+			if (u == "us") return n
+			if (u == "ms") return n * 1e3
+			if (u == "s") return n * 1e6
+			if (u == "m") return n * 6e7
+			if (u == "h") return n * 3.6e9
+			return -1
+		}
+		$1 == "50%" { p50 = us($2) }
+		$1 == "99%" { p99 = us($2) }
+		/ requests in / { req = $1 }
+		/Non-2xx or 3xx responses:/ { non = $NF }
+		/Socket errors:/ { gsub(/,/, ""); err = $4 + $6 + $8 + $10 }
+		/^Requests\/sec:/ { rps = $2 }
+		END {
+			if (rps == "" || req == "" || p50 == "" || p99 == "") exit 1
+			printf "%s %d %.1f %.1f %d %d\n", rps, req, p50, p99, non, err
+		}' "$1"
+}
+
+# run_wrk LABEL SCRIPT PORT THREADS CONNECTIONS DURATION: one wrk run; sets wrk_line to
+# parse_wrk's line.
+run_wrk() {
+	local label=$1 script=$2 port=$3 t=$4 c=$5 d=$6 out
+	out="$work/wrk-$label.txt"
+	if ! run_waited "$out" wrk --latency -t"$t" -c"$c" -d"$d" -s "$script" "http://127.0.0.1:$port/"; then
+		cat "$out" >&2
+		die "wrk failed ($label)"
+	fi
+	wrk_line=$(parse_wrk "$out") || { cat "$out" >&2; die "cannot read wrk's output ($label)"; }
+}
+
+warm() { # PORT SCRIPT
+	[[ $warmup =~ ^0+[smh]?$ ]] && return 0
+	run_waited "$work/wrk-warmup.txt" wrk -t"$threads" -c"$connections" -d"$warmup" -s "$2" "http://127.0.0.1:$1/" ||
+		{ cat "$work/wrk-warmup.txt" >&2; die "wrk warm-up against port $1 failed"; }
+}
+
+# bench_rounds SCENARIO SCRIPT PLAIN_PORT MODULE_PORT THREADS CONNECTIONS: alternating rounds;
+# appends "<rps> <requests> <p50> <p99> <non-2xx> <socket errors> [<script calls> <script usec>]"
+# per round to $work/SCENARIO.plain and $work/SCENARIO.module.
+bench_rounds() {
+	local scenario=$1 script=$2 plain_port=$3 module_port=$4 t=$5 c=$6 r line before after
+	for r in $(seq "$rounds"); do
+		run_wrk "$scenario-plain-$r" "$script" "$plain_port" "$t" "$c" "$duration"
+		line=$wrk_line
+		echo "$line" >>"$work/$scenario.plain"
+		say "$(printf '%-9s round %d/%d  plain  %10.0f rps' "$scenario" "$r" "$rounds" "${line%% *}")"
+
+		before=$(script_stats)
+		run_wrk "$scenario-module-$r" "$script" "$module_port" "$t" "$c" "$duration"
+		line=$wrk_line
+		sleep 0.2 # let the requests still in flight when wrk stopped reach Redis
+		after=$(script_stats)
+		echo "$line $(awk -v b="$before" -v a="$after" 'BEGIN {
+			split(b, x, " "); split(a, y, " "); print y[1] - x[1], y[2] - x[2] }')" \
+			>>"$work/$scenario.module"
+		say "$(printf '%-9s round %d/%d  module %10.0f rps' "$scenario" "$r" "$rounds" "${line%% *}")"
+	done
+}
+
+# scenario NAME CADDYFILE SCRIPT [latency]: runs one module Caddy against the shared plain Caddy.
+scenario() {
+	local name=$1 caddyfile=$2 script=$3 pid port code
+	rcli flushall >/dev/null
+	start_caddy "$name" bin/caddy "$caddyfile"
+	pid=$caddy_pid
+	port=$caddy_port
+	# The module must reach Redis and decide: a 200 for the first request of a client, and in
+	# the deny flood a 429 for the second.
+	code=$(http_status "$port" "X-Client: bench-probe")
+	[ "$code" = 200 ] || { tail -20 "$work/caddy-$name.log" >&2; die "$name: probe request got '$code', want 200"; }
+	if [ "$name" = flood ]; then
+		code=$(http_status "$port" "X-Client: bench-probe")
+		[ "$code" = 429 ] || die "$name: second probe request got '$code', want 429"
+	fi
+	warm "$plain_port" "$script"
+	warm "$port" "$script"
+	bench_rounds "$name" "$script" "$plain_port" "$port" "$threads" "$connections"
+	if [ "${4:-}" = latency ]; then
+		warm "$plain_port" "$script"
+		warm "$port" "$script"
+		bench_rounds latency "$script" "$plain_port" "$port" 1 1
+	fi
+	stop_pid "$pid"
+}
+
+# --- the run ---------------------------------------------------------------------------------
+
+seconds() { # a wrk duration in seconds, for the estimate
+	local v=${1%[smh]}
+	case $1 in *m) echo $((v * 60)) ;; *h) echo $((v * 3600)) ;; *) echo "$v" ;; esac
+}
+estimate=$(($(seconds "$duration") * rounds * 8 + $(seconds "$warmup") * 8))
+say "rounds=$rounds duration=$duration warmup=$warmup threads=$threads connections=$connections;" \
+	"about $(((estimate + 59) / 60)) min"
+
+load_before=$(cut -d' ' -f1-3 /proc/loadavg)
+start_caddy plain bin/caddy-plain bench/plain.Caddyfile
+plain_pid=$caddy_pid
+plain_port=$caddy_port
+scenario allowed bench/allowed.Caddyfile bench/allowed.lua latency
+scenario flood bench/flood.Caddyfile bench/flood.lua
+scenario multizone bench/multizone.Caddyfile bench/allowed.lua
+stop_pid "$plain_pid"
+load_after=$(cut -d' ' -f1-3 /proc/loadavg)
+
+# --- the report ------------------------------------------------------------------------------
+
+# col FILE N: median of column N over the rounds in FILE.
+col() {
+	awk -v n="$2" '{ print $n }' "$1" | sort -g | awk '
+		{ a[NR] = $1 }
+		END { if (NR % 2) print a[(NR + 1) / 2]; else print (a[NR / 2] + a[NR / 2 + 1]) / 2 }'
+}
+# total FILE N: sum of column N.
+total() { awk -v n="$2" '{ s += $n } END { printf "%d\n", s }' "$1"; }
+# dur MICROSECONDS: 850us, 1.23ms, 2.05s.
+dur() {
+	awk -v v="$1" 'BEGIN {
+		a = v < 0 ? -v : v; s = v < 0 ? "-" : ""
+		if (a < 1000) printf "%s%.0fus", s, a
+		else if (a < 1e6) printf "%s%.2fms", s, a / 1e3
+		else printf "%s%.2fs", s, a / 1e6 }'
+}
+share() { # NON2XX REQUESTS
+	awk -v n="$1" -v r="$2" 'BEGIN { if (n == 0) print "0"; else printf "%.2f%%\n", 100 * n / r }'
+}
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f\n", a / b; else print "-" }'; }
+# per A B [FORMAT]: A/B, "-" when B is 0; "<0.001" for a small non-zero ratio in the default format.
+per() {
+	awk -v a="$1" -v b="$2" -v f="${3:-}" 'BEGIN {
+		if (b <= 0) print "-"
+		else if (f != "") printf f "\n", a / b
+		else if (a > 0 && a / b < 0.001) print "<0.001"
+		else printf "%.3f\n", a / b }'
+}
+
+warnings=()
+row_format='%-22s %10s %10s %6s %17s %17s %9s %8s %21s\n'
+table_row() { # SCENARIO LABEL
+	local s=$1 label=$2 p=$work/$1.plain m=$work/$1.module
+	local prps mrps calls usec cpr
+	prps=$(col "$p" 1)
+	mrps=$(col "$m" 1)
+	calls=$(total "$m" 7)
+	usec=$(total "$m" 8)
+	cpr=$(per "$calls" "$(total "$m" 2)")
+	# shellcheck disable=SC2059 # row_format is the table's format
+	printf "$row_format" "$label" \
+		"$(printf '%.0f' "$prps")" "$(printf '%.0f' "$mrps")" "$(ratio "$mrps" "$prps")" \
+		"$(dur "$(col "$p" 3)")/$(dur "$(col "$p" 4)")" "$(dur "$(col "$m" 3)")/$(dur "$(col "$m" 4)")" \
+		"$cpr" "$(per "$usec" "$calls" %.2f)" \
+		"$(share "$(total "$p" 5)" "$(total "$p" 2)") / $(share "$(total "$m" 5)" "$(total "$m" 2)")"
+	# what to check
+	local pnon mnon mreq errs
+	pnon=$(total "$p" 5)
+	mnon=$(total "$m" 5)
+	mreq=$(total "$m" 2)
+	errs=$(($(total "$p" 6) + $(total "$m" 6)))
+	[ "$pnon" -eq 0 ] || warnings+=("$s: plain Caddy answered $pnon non-2xx responses")
+	if [ "$s" = flood ]; then
+		awk -v n="$mnon" -v r="$mreq" 'BEGIN { exit !(n >= 0.99 * r) }' ||
+			warnings+=("$s: only $mnon of $mreq module responses were non-2xx (want nearly all)")
+	elif [ "$mnon" -ne 0 ]; then
+		warnings+=("$s: the module answered $mnon non-2xx responses of $mreq (want 0)")
+	fi
+	[ "$errs" -eq 0 ] || warnings+=("$s: wrk reported $errs socket errors (connect/read/write/timeout)")
+	if [ "$s" != flood ]; then
+		awk -v c="$cpr" 'BEGIN { exit !(c >= 0.99 && c <= 1.01) }' ||
+			warnings+=("$s: $cpr script calls per request, expected 1")
+	fi
+}
+
+rounds_line() { # SCENARIO: per-round rps and ratio, to judge the noise
+	awk 'NR == FNR { p[FNR] = $1; next }
+		{ printf "%s%.0f/%.0f=%.2f", (FNR > 1 ? "  " : ""), p[FNR], $1, $1 / p[FNR] }
+		END { print "" }' "$work/$1.plain" "$work/$1.module"
+}
+
+cpu=$(awk -F': *' '/^model name/ { print $2; exit }' /proc/cpuinfo)
+commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+if [ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]; then commit+=" + uncommitted changes"; fi
+
+echo
+echo "rate_limit_redis vs plain Caddy $plain_version, medians of $rounds alternating rounds of $duration"
+echo "(wrk --latency -t$threads -c$connections; latency row -t1 -c1; ratio = module/plain)"
+echo
+# shellcheck disable=SC2059 # row_format is the table's format
+printf "$row_format" scenario "plain rps" "module rps" ratio "plain p50/p99" "module p50/p99" calls/req us/call "non-2xx plain/module"
+table_row allowed "1 allowed, 10k clients"
+table_row flood "2 deny flood, 1 client"
+table_row multizone "3 allowed, 3 zones"
+echo
+lp50=$(col "$work/latency.plain" 3)
+lp99=$(col "$work/latency.plain" 4)
+mp50=$(col "$work/latency.module" 3)
+mp99=$(col "$work/latency.module" 4)
+echo "4 latency at concurrency 1 (allowed path, wrk -t1 -c1):"
+echo "    plain  p50 $(dur "$lp50")  p99 $(dur "$lp99")   ($(printf '%.0f' "$(col "$work/latency.plain" 1)") rps)"
+echo "    module p50 $(dur "$mp50")  p99 $(dur "$mp99")   ($(printf '%.0f' "$(col "$work/latency.module" 1)") rps," \
+	"$(per "$(total "$work/latency.module" 7)" "$(total "$work/latency.module" 2)") script calls/req)"
+echo "    added  p50 $(dur "$(awk -v a="$mp50" -v b="$lp50" 'BEGIN { print a - b }')")" \
+	" p99 $(dur "$(awk -v a="$mp99" -v b="$lp99" 'BEGIN { print a - b }')")"
+echo
+echo "script usec_per_call (Redis-side time of one call, cmdstat_evalsha over the module's rounds):" \
+	"allowed $(per "$(total "$work/allowed.module" 8)" "$(total "$work/allowed.module" 7)" %.2f)us," \
+	"3 zones $(per "$(total "$work/multizone.module" 8)" "$(total "$work/multizone.module" 7)" %.2f)us"
+echo "script calls / requests, all module rounds:" \
+	"allowed $(total "$work/allowed.module" 7)/$(total "$work/allowed.module" 2)," \
+	"deny flood $(total "$work/flood.module" 7)/$(total "$work/flood.module" 2)," \
+	"3 zones $(total "$work/multizone.module" 7)/$(total "$work/multizone.module" 2)"
+echo "rounds, plain/module rps = ratio:"
+echo "    allowed    $(rounds_line allowed)"
+echo "    deny flood $(rounds_line flood)"
+echo "    3 zones    $(rounds_line multizone)"
+echo "    latency    $(rounds_line latency)"
+echo
+if [ "${#warnings[@]}" -gt 0 ]; then
+	echo "CHECK:"
+	printf '    %s\n' "${warnings[@]}"
+else
+	echo "checks: allowed paths 0 non-2xx, deny flood >= 99% non-2xx, 1 script call per allowed request, no socket errors"
+fi
+echo
+echo "machine: $(nproc) CPUs, ${cpu:-unknown CPU}, Linux $(uname -r); wrk, Caddy and Redis share them"
+echo "load average (1/5/15 min) before: $load_before, after: $load_after (other work on the machine adds noise)"
+echo "versions: $(redis-server --version | awk '{ print $1, $2, $3 }'), $(wrk --version 2>&1 | awk 'NR == 1 { print $1, $2 }'), module at $commit"
+echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
+echo "command: BENCH_ROUNDS=$rounds BENCH_DURATION=$duration BENCH_WARMUP=$warmup BENCH_THREADS=$threads BENCH_CONNECTIONS=$connections make bench"
