@@ -270,6 +270,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.DenyCache == nil || *h.DenyCache {
 		opts.DenyCacheKeys = limiter.DefaultDenyCacheKeys
 	}
+	opts.Pipeline = client.pipeline
 	if h.Clock == ClockLocal {
 		opts.Now = time.Now
 	}

@@ -27,9 +27,16 @@ const (
 	maxRetries        = 1               // one retry on a fresh connection after EOF or a dial error
 )
 
+// pipelines is how many round trips to Redis a client has under way at most: concurrent
+// decisions share them, in pipelines (see limiter.Pipeline).
+const pipelines = 4
+
 // sharedClient is a Redis client in the clients pool.
 type sharedClient struct {
 	rdb *redis.Client
+	// pipeline carries every decision of the handlers using the client; it lives as long as
+	// the client, so a reload never stops it under a request in flight.
+	pipeline *limiter.Pipeline
 	// breaker is shared by every handler using the client, so all of them stop calling a
 	// failing Redis together.
 	breaker *gobreaker.CircuitBreaker[limiter.Decision]
@@ -37,8 +44,12 @@ type sharedClient struct {
 	lastReason atomic.Value
 }
 
-// Destruct closes the client and its connections when the last handler using it is cleaned up.
-func (c *sharedClient) Destruct() error { return c.rdb.Close() }
+// Destruct stops the pipeline and closes the client and its connections when the last handler
+// using it is cleaned up.
+func (c *sharedClient) Destruct() error {
+	c.pipeline.Close()
+	return c.rdb.Close()
+}
 
 // resolvedRedis is a RedisConfig with placeholders replaced and defaults applied: what one
 // client is made of, and so the key of the clients pool.
@@ -99,6 +110,7 @@ func acquireClient(r resolvedRedis) (*sharedClient, string, error) {
 			DisableIdentity:       true, // no CLIENT SETINFO round trip on each new connection
 		})}
 		c.breaker = newBreaker(r.Address, &c.lastReason)
+		c.pipeline = limiter.NewPipeline(c.rdb, pipelines)
 		return c, nil
 	})
 	if err != nil {

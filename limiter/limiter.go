@@ -72,6 +72,10 @@ type Options struct {
 	// remembered per (zone, client) by Allow, and Denied reports the requests they cover until
 	// the zone could admit them. Entries are conservative: the global state cannot admit sooner.
 	DenyCacheKeys int
+	// Pipeline, when set, carries the decisions to Redis (concurrent ones share round trips)
+	// instead of one round trip each through the client given to New. It must send to the same
+	// Redis.
+	Pipeline *Pipeline
 }
 
 // Limiter runs decisions on one Redis server. It is safe for concurrent use.
@@ -80,6 +84,7 @@ type Limiter struct {
 	prefix   string
 	now      func() time.Time
 	denials  *denyCache    // nil: no deny cache
+	batch    *Pipeline     // nil: a round trip per decision
 	instance string        // random per Limiter, so sliding window members of instances differ
 	calls    atomic.Uint64 // per-call part of the nonce
 }
@@ -93,6 +98,7 @@ func New(rdb redis.Scripter, opts Options) *Limiter {
 	if opts.DenyCacheKeys > 0 {
 		l.denials = newDenyCache(opts.DenyCacheKeys)
 	}
+	l.batch = opts.Pipeline
 	return l
 }
 
@@ -129,7 +135,17 @@ func (l *Limiter) Allow(ctx context.Context, reqs []Request) (Decision, error) {
 	for i, r := range reqs {
 		keys[i] = StateKey(l.prefix, r.Zone, r.Key)
 	}
-	reply, err := decideScript.Run(ctx, l.rdb, keys, l.scriptArgs(reqs)...).Result()
+	var reply any
+	var err error
+	if l.batch != nil {
+		reply, err = l.batch.run(ctx, keys, l.scriptArgs(reqs))
+	} else {
+		reply, err = l.run(ctx, keys, l.scriptArgs(reqs))
+	}
+	if errors.Is(err, redis.Nil) {
+		// The script always returns an array: a nil reply is not Redis speaking.
+		return Decision{}, fmt.Errorf("%w: got a nil reply, want an array", ErrBadResponse)
+	}
 	if err != nil {
 		return Decision{}, fmt.Errorf("redis decide script: %w", err)
 	}
@@ -141,6 +157,18 @@ func (l *Limiter) Allow(ctx context.Context, reqs []Request) (Decision, error) {
 		l.denials.record(reqs, zones, l.clock())
 	}
 	return pick(reqs, allowed, zones), nil
+}
+
+// run is one round trip of the decide script. A panic while reading the reply (go-redis
+// allocates whatever array length a reply declares, and panics on an absurd one) is returned as
+// ErrBadResponse.
+func (l *Limiter) run(ctx context.Context, keys []string, args []any) (reply any, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			reply, err = nil, fmt.Errorf("%w: reading the reply panicked: %v", ErrBadResponse, r)
+		}
+	}()
+	return decideScript.Run(ctx, l.rdb, keys, args...).Result()
 }
 
 // scriptArgs returns decide.lua's ARGV for reqs: the time (or "" for Redis TIME), a nonce

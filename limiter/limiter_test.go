@@ -316,17 +316,21 @@ func TestRedisDownIsAnError(t *testing.T) {
 
 // TestExactUnderConcurrency is the core promise: 8 instances (separate clients and pools) racing
 // 2,000 requests for one key admit exactly the quota, for both algorithms, with and without the
-// deny cache.
+// deny cache, and with decisions sent one by one or in pipelines.
 func TestExactUnderConcurrency(t *testing.T) {
 	srv := redistest.Start(t)
+	noRefill := 100 / (limiter.MaxWindow.Seconds() / 2) // one token per 1.8 days: none during the test
 	for _, tc := range []struct {
 		zone      *limiter.Zone
 		denyCache int
+		pipelines int
 	}{
-		{tb("bucket", 100, 100/(limiter.MaxWindow.Seconds()/2)), 0}, // one token per 1.8 days: no refill during the test
-		{sw("window", 100, time.Hour), 0},
-		{tb("bucket-cached", 100, 100/(limiter.MaxWindow.Seconds()/2)), limiter.DefaultDenyCacheKeys},
-		{sw("window-cached", 100, time.Hour), limiter.DefaultDenyCacheKeys},
+		{tb("bucket", 100, noRefill), 0, 0},
+		{sw("window", 100, time.Hour), 0, 0},
+		{tb("bucket-cached", 100, noRefill), limiter.DefaultDenyCacheKeys, 0},
+		{sw("window-cached", 100, time.Hour), limiter.DefaultDenyCacheKeys, 0},
+		{tb("bucket-pipelined", 100, noRefill), limiter.DefaultDenyCacheKeys, 4},
+		{sw("window-pipelined", 100, time.Hour), 0, 4},
 	} {
 		z := tc.zone
 		t.Run(z.Name, func(t *testing.T) {
@@ -335,7 +339,12 @@ func TestExactUnderConcurrency(t *testing.T) {
 			for i := range ls {
 				c := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 32})
 				t.Cleanup(func() { _ = c.Close() })
-				ls[i] = limiter.New(c, limiter.Options{KeyPrefix: "rl:", DenyCacheKeys: tc.denyCache})
+				opts := limiter.Options{KeyPrefix: "rl:", DenyCacheKeys: tc.denyCache}
+				if tc.pipelines > 0 {
+					opts.Pipeline = limiter.NewPipeline(c, tc.pipelines)
+					t.Cleanup(opts.Pipeline.Close)
+				}
+				ls[i] = limiter.New(c, opts)
 			}
 			var admitted, failed atomic.Int64
 			var wg sync.WaitGroup
@@ -365,5 +374,40 @@ func TestExactUnderConcurrency(t *testing.T) {
 				t.Fatalf("admitted %d of %d with %d errors, want exactly 100 and no errors", admitted.Load(), requests, failed.Load())
 			}
 		})
+	}
+}
+
+// TestPipelineScriptFlushAndStall: decisions sent through a Pipeline load the script again after
+// SCRIPT FLUSH, and a stalled Redis ends each waiting decision at its own deadline.
+func TestPipelineScriptFlushAndStall(t *testing.T) {
+	srv := redistest.Start(t)
+	clk := newClock()
+	c := srv.Client()
+	p := limiter.NewPipeline(c, 2)
+	t.Cleanup(p.Close)
+	l := limiter.New(c, limiter.Options{KeyPrefix: "rl:", Now: clk.Now, Pipeline: p})
+	req := limiter.Request{Zone: tb("z", 3, 1), Key: "k", Cost: 1}
+	allow(t, l, req)
+	srv.Do("SCRIPT", "FLUSH")
+	want(t, "after SCRIPT FLUSH", allow(t, l, req), limiter.Decision{Allowed: true, Limit: 3, Remaining: 1, Reset: 2 * time.Second})
+
+	srv.Pause()
+	defer srv.Resume()
+	var wg sync.WaitGroup
+	errs := make([]error, 6)
+	for i := range errs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+			defer cancel()
+			_, errs[i] = l.Allow(ctx, []limiter.Request{req})
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("decision %d with Redis stalled: err = %v, want context.DeadlineExceeded", i, err)
+		}
 	}
 }
