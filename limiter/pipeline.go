@@ -61,6 +61,9 @@ func (b *Pipeline) Close() {
 
 // run sends one decision and waits for its reply, or for ctx to end.
 func (b *Pipeline) run(ctx context.Context, keys []string, args []any) (any, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err // never charge for a decision nobody waits for
+	}
 	c := &call{keys: keys, args: args, ctx: ctx, done: make(chan struct{})}
 	select {
 	case b.calls <- c:
@@ -83,9 +86,10 @@ func (b *Pipeline) work() {
 	defer b.wg.Done()
 	batch := make([]*call, 0, maxBatch)
 	for {
+		batch = batch[:0]
 		select {
 		case c := <-b.calls:
-			batch = append(batch[:0], c)
+			batch = c.appendTo(batch)
 		case <-b.stop:
 			return
 		}
@@ -93,13 +97,26 @@ func (b *Pipeline) work() {
 		for len(batch) < maxBatch {
 			select {
 			case c := <-b.calls:
-				batch = append(batch, c)
+				batch = c.appendTo(batch)
 			default:
 				break more
 			}
 		}
-		b.send(batch)
+		if len(batch) > 0 {
+			b.send(batch)
+		}
 	}
+}
+
+// appendTo appends c to batch, unless its context ended while it waited for a worker: then it
+// is answered with the context's error and never sent, so it charges no zone.
+func (c *call) appendTo(batch []*call) []*call {
+	if err := c.ctx.Err(); err != nil {
+		c.err = err
+		close(c.done)
+		return batch
+	}
+	return append(batch, c)
 }
 
 // send runs the batch's scripts in one pipeline (a second for those that met NOSCRIPT) and
