@@ -36,13 +36,13 @@ func TestDenyCacheEndToEnd(t *testing.T) {
 	respond "ok"`, srv.Addr, tc.option))
 			cs.get("/").expect(t, "first", 200, "ok")
 			cs.get("/").expect(t, "denied by Redis", 429, "", "Retry-After", "3600", "X-RateLimit-Remaining", "0")
-			calls := scriptCalls(t, srv)
+			calls := srv.ScriptCalls()
 			hits := testutil.ToFloat64(metrics.denyCacheHits)
 			for i := 0; i < 10; i++ {
 				cs.get("/").expect(t, "denied again", 429, "", "Retry-After", "3600",
 					"X-RateLimit-Limit", "1", "X-RateLimit-Remaining", "0", "X-RateLimit-Reset", "3600")
 			}
-			if got := scriptCalls(t, srv) - calls; got != tc.wantCalls {
+			if got := srv.ScriptCalls() - calls; got != tc.wantCalls {
 				t.Fatalf("%d script calls for 10 repeated denials, want %d", got, tc.wantCalls)
 			}
 			if got := testutil.ToFloat64(metrics.denyCacheHits) - hits; got != tc.wantHits {

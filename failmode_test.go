@@ -2,7 +2,6 @@ package ratelimitredis
 
 import (
 	"fmt"
-	"regexp"
 	"strconv"
 	"testing"
 	"time"
@@ -37,7 +36,7 @@ func TestFailLocalEnforcesPerInstance(t *testing.T) {
 		"X-RateLimit-Degraded", "true", "Retry-After", "3600", "X-RateLimit-Remaining", "0")
 
 	srv.Restart() // empty: the client's bucket in Redis is full again
-	waitUntil(t, 2*time.Second, "Redis decides again", func() bool {
+	waitFor(t, 2*time.Second, "Redis decides again", func() bool {
 		return cs.get("/").header.Get("X-RateLimit-Degraded") == ""
 	})
 	cs.get("/").expect(t, "redis back", 200, "ok false", "X-RateLimit-Remaining", "1", "X-RateLimit-Degraded", "")
@@ -75,12 +74,12 @@ func TestCircuitBreakerStopsCallingRedis(t *testing.T) {
 	if got := testutil.ToFloat64(metrics.backendFailures.WithLabelValues("redis_error")) - errorsBefore; got != breakerTrips {
 		t.Fatalf("redis_error failures = %v, want %d", got, breakerTrips)
 	}
-	calls := scriptCalls(t, srv)
+	calls := srv.ScriptCalls()
 	const whileOpen = 20
 	for i := 0; i < whileOpen; i++ {
 		cs.get("/").expect(t, "breaker open", 503, "", "Retry-After", "1")
 	}
-	if got := scriptCalls(t, srv); got != calls {
+	if got := srv.ScriptCalls(); got != calls {
 		t.Fatalf("Redis saw %d script calls while the breaker was open, want 0", got-calls)
 	}
 	if got := testutil.ToFloat64(metrics.backendFailures.WithLabelValues("circuit_open")) - openBefore; got != whileOpen {
@@ -88,41 +87,10 @@ func TestCircuitBreakerStopsCallingRedis(t *testing.T) {
 	}
 
 	srv.Do("CONFIG", "SET", "maxmemory", "0")
-	waitUntil(t, 2*breakerOpenFor, "the breaker closes after Redis recovers", func() bool {
+	waitFor(t, 2*breakerOpenFor, "the breaker closes after Redis recovers", func() bool {
 		return cs.get("/").status == 200
 	})
 	cs.get("/").expect(t, "closed again", 200, "ok")
-}
-
-var scriptCallsRE = regexp.MustCompile(`cmdstat_(?:evalsha|eval):calls=(\d+),.*?rejected_calls=(\d+),failed_calls=(\d+)`)
-
-// scriptCalls is the number of EVAL and EVALSHA calls Redis has seen, refused ones included.
-func scriptCalls(t *testing.T, srv *redistest.Server) int {
-	t.Helper()
-	info := srv.Do("INFO", "commandstats").(string)
-	n := 0
-	for _, m := range scriptCallsRE.FindAllStringSubmatch(info, -1) {
-		for _, v := range m[1:] {
-			x, _ := strconv.Atoi(v)
-			n += x
-		}
-	}
-	if n == 0 {
-		t.Fatalf("no script calls in INFO commandstats:\n%s", info)
-	}
-	return n
-}
-
-// waitUntil polls cond every 10ms until it holds, failing the test after deadline.
-func waitUntil(t *testing.T, deadline time.Duration, what string, cond func() bool) {
-	t.Helper()
-	end := time.Now().Add(deadline)
-	for !cond() {
-		if time.Now().After(end) {
-			t.Fatalf("%s: not within %v", what, deadline)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 // TestCachedDenialHoldsWhileBreakerOpen: a client denied before Redis failed stays denied (from

@@ -1,27 +1,12 @@
 package limiter_test
 
 import (
-	"regexp"
-	"strconv"
 	"testing"
 	"time"
 
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/limiter"
 )
-
-var evalshaCallsRE = regexp.MustCompile(`cmdstat_evalsha:calls=(\d+)`)
-
-// scriptCalls is the number of EVALSHA calls the server has run.
-func scriptCalls(t *testing.T, srv *redistest.Server) int {
-	t.Helper()
-	m := evalshaCallsRE.FindStringSubmatch(srv.Do("INFO", "commandstats").(string))
-	if m == nil {
-		return 0
-	}
-	n, _ := strconv.Atoi(m[1])
-	return n
-}
 
 // TestDenyCacheServesDenialsWithoutRedis: after a denial, requests it covers are denied with no
 // script call, with the Retry-After and reset the zone would give, until the zone can admit.
@@ -32,19 +17,19 @@ func TestDenyCacheServesDenialsWithoutRedis(t *testing.T) {
 	req := limiter.Request{Zone: tb("z", 1, 0.1), Key: "k", Cost: 1} // one token per 10s
 	allow(t, l, req)
 	want(t, "denied by Redis", allow(t, l, req), limiter.Decision{Limit: 1, RetryAfter: 10 * time.Second, Reset: 10 * time.Second})
-	calls := scriptCalls(t, srv)
+	calls := srv.ScriptCalls()
 	clk.Advance(4 * time.Second)
 	want(t, "denied from the cache", allow(t, l, req),
 		limiter.Decision{Limit: 1, RetryAfter: 6 * time.Second, Reset: 6 * time.Second, Cached: true})
 	clk.Advance(6*time.Second - time.Microsecond)
 	want(t, "1µs before the token", allow(t, l, req),
 		limiter.Decision{Limit: 1, RetryAfter: time.Microsecond, Reset: time.Microsecond, Cached: true})
-	if got := scriptCalls(t, srv); got != calls {
+	if got := srv.ScriptCalls(); got != calls {
 		t.Fatalf("%d script calls for cached denials, want 0", got-calls)
 	}
 	clk.Advance(time.Microsecond)
 	want(t, "the token is back: Redis decides", allow(t, l, req), limiter.Decision{Allowed: true, Limit: 1, Reset: 10 * time.Second})
-	if got := scriptCalls(t, srv); got != calls+1 {
+	if got := srv.ScriptCalls(); got != calls+1 {
 		t.Fatalf("%d script calls after the denial expired, want 1", got-calls)
 	}
 }
@@ -84,11 +69,11 @@ func TestDenyCacheMultiZone(t *testing.T) {
 	both := []limiter.Request{{Zone: wide, Key: "k", Cost: 1}, {Zone: narrow, Key: "k", Cost: 1}}
 	allow(t, l, both...)
 	allow(t, l, both...) // denied by narrow: recorded
-	calls := scriptCalls(t, srv)
+	calls := srv.ScriptCalls()
 	if d := allow(t, l, both...); d.Allowed || !d.Cached || d.Zone != 1 {
 		t.Fatalf("third: %+v, want a cached denial by zone 1", d)
 	}
-	if got := scriptCalls(t, srv); got != calls {
+	if got := srv.ScriptCalls(); got != calls {
 		t.Fatalf("%d script calls, want 0", got-calls)
 	}
 	if got := srv.Do("HGET", "rl:{k}:wide:tb", "t"); got != "9" {

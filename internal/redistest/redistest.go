@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"sync"
 	"syscall"
@@ -170,6 +171,22 @@ func (s *Server) Client() *redis.Client {
 	c := redis.NewClient(&redis.Options{Addr: s.Addr})
 	s.t.Cleanup(func() { _ = c.Close() })
 	return c
+}
+
+var scriptCallsRE = regexp.MustCompile(`cmdstat_(?:evalsha|eval):calls=(\d+),.*?rejected_calls=(\d+),failed_calls=(\d+)`)
+
+// ScriptCalls is the number of EVAL and EVALSHA calls the server has seen, refused and failed
+// ones included, from INFO commandstats.
+func (s *Server) ScriptCalls() int {
+	s.t.Helper()
+	n := 0
+	for _, m := range scriptCallsRE.FindAllStringSubmatch(s.Do("INFO", "commandstats").(string), -1) {
+		for _, v := range m[1:] {
+			x, _ := strconv.Atoi(v)
+			n += x
+		}
+	}
+	return n
 }
 
 // Do runs one command on a fresh connection and returns its reply: nil for redis.Nil. Any other
