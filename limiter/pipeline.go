@@ -28,88 +28,108 @@ type call struct {
 	err   error
 }
 
-// Pipeline sends concurrent decisions to Redis in pipelines: each of its workers takes the
-// decisions waiting when it is free (up to 128) and sends them in one write, reading their
-// replies in one go. Under load many decisions share a round trip and its two system calls; with
-// one decision at a time it is a plain round trip, plus a goroutine hand-off. Each decision is
-// still one EVALSHA (EVAL after NOSCRIPT) of its own: batching changes the wire, not the count.
-// A Pipeline may serve any number of Limiters (Options.Pipeline) and outlive them; it is safe for
-// concurrent use.
+// Pipeline sends concurrent decisions to Redis in pipelines, with at most `slots` round trips
+// under way. A decision that finds a slot free is sent at once from its own goroutine (no
+// hand-off), together with the decisions waiting in the queue (up to 128 in all); one that finds
+// every slot taken waits in the queue for the next round trip. So with one decision at a time it
+// is a plain round trip, and under load many decisions share a round trip and its two system
+// calls. Each decision is still one EVALSHA (EVAL after NOSCRIPT) of its own: batching changes
+// the wire, not the count. A Pipeline may serve any number of Limiters (Options.Pipeline) and
+// outlive them; it is safe for concurrent use.
 type Pipeline struct {
-	rdb   Pipeliner
-	calls chan *call
-	stop  chan struct{}
-	wg    sync.WaitGroup
+	rdb    Pipeliner
+	slots  chan struct{} // one token per round trip under way
+	queue  chan *call    // decisions waiting for a slot
+	stop   chan struct{}
+	closed sync.Once
 }
 
-// NewPipeline starts a Pipeline of workers (at least 1) sending through rdb.
-func NewPipeline(rdb Pipeliner, workers int) *Pipeline {
-	workers = max(workers, 1)
-	b := &Pipeline{rdb: rdb, calls: make(chan *call), stop: make(chan struct{})}
-	b.wg.Add(workers)
-	for range workers {
-		go b.work()
+// NewPipeline returns a Pipeline sending through rdb with at most slots (at least 1) round
+// trips under way. A decision's round trip runs on its caller's goroutine when a slot is free,
+// so rdb must bound socket reads and writes by the context's deadline (go-redis:
+// ContextTimeoutEnabled), or a stalled Redis holds the caller for rdb's own timeouts.
+func NewPipeline(rdb Pipeliner, slots int) *Pipeline {
+	return &Pipeline{
+		rdb:   rdb,
+		slots: make(chan struct{}, max(slots, 1)),
+		queue: make(chan *call, 4*maxBatch),
+		stop:  make(chan struct{}),
 	}
-	return b
 }
 
-// Close stops the workers once they finish the batches under way; decisions sent after it fail.
-func (b *Pipeline) Close() {
-	close(b.stop)
-	b.wg.Wait()
-}
+// Close makes decisions sent after it fail; the round trips under way finish.
+func (b *Pipeline) Close() { b.closed.Do(func() { close(b.stop) }) }
 
 // run sends one decision and waits for its reply, or for ctx to end.
 func (b *Pipeline) run(ctx context.Context, keys []string, args []any) (any, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err // never charge for a decision nobody waits for
 	}
-	c := &call{keys: keys, args: args, ctx: ctx, done: make(chan struct{})}
 	select {
-	case b.calls <- c:
-	case <-ctx.Done():
-		return nil, ctx.Err()
 	case <-b.stop:
 		return nil, errors.New("limiter pipeline closed")
+	default:
+	}
+	c := &call{keys: keys, args: args, ctx: ctx, done: make(chan struct{})}
+	select {
+	case b.slots <- struct{}{}:
+		b.lead(c) // c's reply is delivered in the first batch
+	default:
+		select {
+		case b.queue <- c:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		// Every slot was taken: each holder looks at the queue after releasing its slot. But
+		// all may have released and looked before c was queued, so try to take a slot now.
+		select {
+		case b.slots <- struct{}{}:
+			b.lead(nil)
+		default:
+		}
 	}
 	select {
 	case <-c.done:
 		return c.reply, c.err
 	case <-ctx.Done():
-		// The worker may still run it: a decision that admits charges the zones unseen, which
-		// errs on the safe side, as a timed-out single call would.
+		// It may still be sent: a decision that admits charges the zones unseen, which errs on
+		// the safe side, as a timed-out single call would.
 		return nil, ctx.Err()
 	}
 }
 
-func (b *Pipeline) work() {
-	defer b.wg.Done()
-	batch := make([]*call, 0, maxBatch)
-	for {
-		batch = batch[:0]
+// lead holds a slot: it sends first (if any) with the decisions waiting, releases the slot, and
+// when decisions are waiting again hands them to a new goroutine holding a slot, so that a
+// request never waits on the round trips of others after its own.
+func (b *Pipeline) lead(first *call) {
+	batch := make([]*call, 0, 8)
+	if first != nil {
+		batch = first.appendTo(batch)
+	}
+more:
+	for len(batch) < maxBatch {
 		select {
-		case c := <-b.calls:
+		case c := <-b.queue:
 			batch = c.appendTo(batch)
-		case <-b.stop:
-			return
+		default:
+			break more
 		}
-	more:
-		for len(batch) < maxBatch {
-			select {
-			case c := <-b.calls:
-				batch = c.appendTo(batch)
-			default:
-				break more
-			}
-		}
-		if len(batch) > 0 {
-			b.send(batch)
+	}
+	if len(batch) > 0 {
+		b.send(batch)
+	}
+	<-b.slots
+	if len(b.queue) > 0 {
+		select {
+		case b.slots <- struct{}{}:
+			go b.lead(nil)
+		default: // another slot holder will look at the queue when it is done
 		}
 	}
 }
 
-// appendTo appends c to batch, unless its context ended while it waited for a worker: then it
-// is answered with the context's error and never sent, so it charges no zone.
+// appendTo appends c to batch, unless its context ended while it waited for a slot: then it is
+// answered with the context's error and never sent, so it charges no zone.
 func (c *call) appendTo(batch []*call) []*call {
 	if err := c.ctx.Err(); err != nil {
 		c.err = err
