@@ -6,7 +6,7 @@ MODULE        := github.com/rate-limit-redis/caddy-rate-limit-redis
 LOCAL_VERSION := v0.0.0-00010101000000-000000000000
 SOURCES       := $(shell find . \( -path ./bin -o -path ./bench \) -prune -o \( -name '*.go' -o -name '*.lua' \) -print) go.mod go.sum
 
-.PHONY: build run test fmt adapt smoke bench
+.PHONY: build run test fmt adapt smoke bench fuzz
 
 ## build: bin/caddy, Caddy $(CADDY_VERSION) with this module
 build: bin/caddy
@@ -45,3 +45,10 @@ bench: bin/caddy bin/caddy-plain
 
 bin/caddy-plain: go.mod
 	go tool xcaddy build $(CADDY_VERSION) --output bin/caddy-plain
+
+## fuzz: each fuzz target for FUZZTIME (default 30s); `make test` runs their seeds
+FUZZTIME ?= 30s
+fuzz:
+	go test -run XXX -fuzz '^FuzzUnmarshalCaddyfile$$' -fuzztime $(FUZZTIME) .
+	go test -run XXX -fuzz '^FuzzClientKey$$' -fuzztime $(FUZZTIME) ./limiter
+	go test -run XXX -fuzz '^FuzzDecodeReply$$' -fuzztime $(FUZZTIME) ./limiter
