@@ -82,8 +82,8 @@ var (
 // the top block, without a zone block, define one zone named "default"; they cannot be mixed with
 // zone blocks.
 //
-// Every subdirective may appear once per block (address excepted). `sentinel`,
-// `cluster`, more than one address, and `tls` are parsed but rejected: they are not supported yet.
+// Every subdirective may appear once per block (address excepted).
+//
 // Defaults are not filled in here but when the handler is provisioned, so that the adapted JSON
 // holds only what the Caddyfile says.
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
@@ -252,6 +252,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 
 // parseRedis parses the redis block whose name is at the cursor.
 func parseRedis(d *caddyfile.Dispenser) (*RedisConfig, error) {
+	block := d.Token()
 	if err := noArgsBeforeBlock(d); err != nil {
 		return nil, err
 	}
@@ -337,17 +338,15 @@ func parseRedis(d *caddyfile.Dispenser) (*RedisConfig, error) {
 		}
 	}
 
-	// Parsed in full above so that a typo is reported as such; rejected here so that no setting
-	// is ever silently ignored.
-	switch {
-	case rc.Sentinel != "":
-		return nil, errAt(seen["sentinel"], "redis sentinel is not supported yet")
-	case rc.Cluster:
-		return nil, errAt(seen["cluster"], "redis cluster is not supported yet")
-	case len(rc.Addresses) > 1:
-		return nil, errAt(addressTokens[1], "redis cluster is not supported yet (more than one address means cluster)")
-	case rc.TLS != nil:
-		return nil, errAt(seen["tls"], "redis tls is not supported yet")
+	if field, err := rc.check(); err != nil {
+		tok, ok := seen[field]
+		if !ok {
+			tok = block // the error is about what the block lacks
+			if field == "address" && len(addressTokens) > 0 {
+				tok = addressTokens[0]
+			}
+		}
+		return nil, errAt(tok, "%v", err)
 	}
 	return rc, nil
 }

@@ -251,7 +251,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 	}
 	// Checked here, not only in Validate, because the client must not be created for a
-	// connection config this release cannot serve.
+	// connection config that cannot work.
 	if err := h.Redis.validate(); err != nil {
 		return err
 	}
@@ -271,6 +271,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		opts.DenyCacheKeys = limiter.DefaultDenyCacheKeys
 	}
 	opts.Pipeline = client.pipeline
+	opts.Cluster = client.cluster
 	if h.Clock == ClockLocal {
 		opts.Now = time.Now
 	}
@@ -362,24 +363,38 @@ func (h *Handler) Validate() error {
 	return h.Redis.validate()
 }
 
-// validate rejects the connection options this release parses but cannot serve yet, rather
-// than ignoring them.
+// validate reports a connection config that cannot work (see check).
 func (cfg *RedisConfig) validate() error {
+	_, err := cfg.check()
+	return err
+}
+
+// check reports a connection config that cannot work, and the subdirective the error is about.
+func (cfg *RedisConfig) check() (field string, err error) {
+	cluster := cfg.isCluster()
 	switch {
-	case cfg.Sentinel != "":
-		return fmt.Errorf("redis sentinel is not supported yet")
-	case cfg.Cluster || len(cfg.Addresses) > 1:
-		return fmt.Errorf("redis cluster is not supported yet (more than one address means cluster)")
-	case cfg.TLS != nil:
-		return fmt.Errorf("redis tls is not supported yet")
+	case cfg.Sentinel != "" && cfg.Cluster:
+		return "cluster", fmt.Errorf("redis cluster and sentinel exclude each other: with sentinel, the addresses are Sentinels")
+	case cfg.Sentinel != "" && len(cfg.Addresses) == 0:
+		return "sentinel", fmt.Errorf("redis sentinel %s needs the addresses of its Sentinels (address host:26379 ...)", cfg.Sentinel)
 	case cfg.DB < 0:
-		return fmt.Errorf("redis db %d must be >= 0", cfg.DB)
+		return "db", fmt.Errorf("redis db %d must be >= 0", cfg.DB)
+	case cluster && cfg.DB != 0:
+		return "db", fmt.Errorf("redis db %d: Redis Cluster has only database 0 (more than one address without sentinel means cluster)", cfg.DB)
 	case cfg.PoolSize < 0:
-		return fmt.Errorf("redis pool_size %d must be >= 0", cfg.PoolSize)
+		return "pool_size", fmt.Errorf("redis pool_size %d must be >= 0", cfg.PoolSize)
 	case cfg.DialTimeout < 0:
-		return fmt.Errorf("redis dial_timeout must be >= 0")
+		return "dial_timeout", fmt.Errorf("redis dial_timeout must be >= 0")
+	case cfg.TLS != nil && (cfg.TLS.Cert == "") != (cfg.TLS.Key == ""):
+		return "tls", fmt.Errorf("redis tls: cert and key must be given together")
 	}
-	return nil
+	return "", nil
+}
+
+// isCluster reports whether cfg is a Redis Cluster: `cluster`, or more than one address
+// without `sentinel`.
+func (cfg *RedisConfig) isCluster() bool {
+	return cfg.Cluster || (cfg.Sentinel == "" && len(cfg.Addresses) > 1)
 }
 
 // Cleanup drops this handler's reference to the shared Redis client; the last one closes it.

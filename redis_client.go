@@ -2,6 +2,8 @@ package ratelimitredis
 
 import (
 	"encoding/json"
+	"os"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -33,7 +35,11 @@ const pipelines = 4
 
 // sharedClient is a Redis client in the clients pool.
 type sharedClient struct {
-	rdb *redis.Client
+	// rdb is a *redis.Client (standalone, or Sentinel's failover client) or a
+	// *redis.ClusterClient.
+	rdb redis.UniversalClient
+	// cluster is true when rdb is a Redis Cluster client.
+	cluster bool
 	// pipeline carries every decision of the handlers using the client; it lives as long as
 	// the client, so a reload never stops it under a request in flight.
 	pipeline *limiter.Pipeline
@@ -54,28 +60,50 @@ func (c *sharedClient) Destruct() error {
 // resolvedRedis is a RedisConfig with placeholders replaced and defaults applied: what one
 // client is made of, and so the key of the clients pool.
 type resolvedRedis struct {
-	Address     string        `json:"a"`
+	Addresses   []string      `json:"a"`
 	Username    string        `json:"u"`
 	Password    string        `json:"p"`
 	DB          int           `json:"db"`
+	Sentinel    string        `json:"s"`
+	Cluster     bool          `json:"c"`
+	TLS         *TLSConfig    `json:"t"`
+	TLSFiles    string        `json:"tf"` // the TLS files' modification times: new files, new client
 	PoolSize    int           `json:"ps"`
 	DialTimeout time.Duration `json:"dt"`
 }
 
 // resolve replaces global placeholders ({env.*} and the like) in cfg and fills in defaults. The
-// caller has validated cfg (one address, no Sentinel, Cluster or TLS).
+// caller has validated cfg.
 func (cfg *RedisConfig) resolve(dialTimeout time.Duration) resolvedRedis {
 	repl := caddy.NewReplacer()
 	r := resolvedRedis{
-		Address:     DefaultAddress,
+		Addresses:   []string{DefaultAddress},
 		Username:    repl.ReplaceKnown(cfg.Username, ""),
 		Password:    repl.ReplaceKnown(cfg.Password, ""),
 		DB:          cfg.DB,
+		Sentinel:    repl.ReplaceKnown(cfg.Sentinel, ""),
+		Cluster:     cfg.isCluster(),
 		PoolSize:    cfg.PoolSize,
 		DialTimeout: time.Duration(cfg.DialTimeout),
 	}
 	if len(cfg.Addresses) > 0 {
-		r.Address = repl.ReplaceKnown(cfg.Addresses[0], "")
+		r.Addresses = make([]string, len(cfg.Addresses))
+		for i, a := range cfg.Addresses {
+			r.Addresses[i] = repl.ReplaceKnown(a, "")
+		}
+	}
+	if cfg.TLS != nil {
+		t := *cfg.TLS
+		t.CA = repl.ReplaceKnown(t.CA, "")
+		t.Cert = repl.ReplaceKnown(t.Cert, "")
+		t.Key = repl.ReplaceKnown(t.Key, "")
+		t.ServerName = repl.ReplaceKnown(t.ServerName, "")
+		r.TLS = &t
+		for _, f := range []string{t.CA, t.Cert, t.Key} {
+			if fi, err := os.Stat(f); err == nil {
+				r.TLSFiles += fi.ModTime().UTC().Format(time.RFC3339Nano) + " "
+			}
+		}
 	}
 	if r.DialTimeout == 0 {
 		r.DialTimeout = dialTimeout
@@ -85,18 +113,74 @@ func (cfg *RedisConfig) resolve(dialTimeout time.Duration) resolvedRedis {
 
 // poolKey is the clients pool key of r. It holds the password, but only in memory.
 func (r resolvedRedis) poolKey() string {
-	b, _ := json.Marshal(r) // a struct of strings and numbers always marshals
+	b, _ := json.Marshal(r) // a struct of strings, numbers and bools always marshals
 	return string(b)
 }
 
 // acquireClient returns the shared client for r, creating it when no handler uses one yet. It
 // never contacts Redis: connections are dialled when the first decision needs one, so Caddy
-// starts and reloads while Redis is down.
+// starts and reloads while Redis is down. Its errors are about the TLS files.
 func acquireClient(r resolvedRedis) (*sharedClient, string, error) {
 	key := r.poolKey()
 	v, _, err := clients.LoadOrNew(key, func() (caddy.Destructor, error) {
-		c := &sharedClient{rdb: redis.NewClient(&redis.Options{
-			Addr:                  r.Address,
+		rdb, err := r.newClient()
+		if err != nil {
+			return nil, err
+		}
+		c := &sharedClient{rdb: rdb, cluster: r.Cluster}
+		c.breaker = newBreaker(strings.Join(r.Addresses, ","), &c.lastReason)
+		c.pipeline = limiter.NewPipeline(rdb, pipelines)
+		return c, nil
+	})
+	if err != nil {
+		return nil, "", err
+	}
+	return v.(*sharedClient), key, nil
+}
+
+// newClient returns the go-redis client of r: a Sentinel failover client when r.Sentinel is
+// set, a cluster client when r.Cluster, else a plain one.
+func (r resolvedRedis) newClient() (redis.UniversalClient, error) {
+	tlsConfig, err := r.TLS.load()
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case r.Sentinel != "":
+		return redis.NewFailoverClient(&redis.FailoverOptions{
+			MasterName:            r.Sentinel,
+			SentinelAddrs:         r.Addresses,
+			Username:              r.Username,
+			Password:              r.Password,
+			DB:                    r.DB,
+			PoolSize:              r.PoolSize,
+			DialTimeout:           r.DialTimeout,
+			ReadTimeout:           backstopIOTimeout,
+			WriteTimeout:          backstopIOTimeout,
+			ContextTimeoutEnabled: true,
+			MaxRetries:            maxRetries,
+			PoolTimeout:           backstopIOTimeout,
+			DisableIdentity:       true,
+			TLSConfig:             tlsConfig,
+		}), nil
+	case r.Cluster:
+		return redis.NewClusterClient(&redis.ClusterOptions{
+			Addrs:                 r.Addresses,
+			Username:              r.Username,
+			Password:              r.Password,
+			PoolSize:              r.PoolSize,
+			DialTimeout:           r.DialTimeout,
+			ReadTimeout:           backstopIOTimeout,
+			WriteTimeout:          backstopIOTimeout,
+			ContextTimeoutEnabled: true,
+			MaxRetries:            maxRetries,
+			PoolTimeout:           backstopIOTimeout,
+			DisableIdentity:       true,
+			TLSConfig:             tlsConfig,
+		}), nil
+	default:
+		return redis.NewClient(&redis.Options{
+			Addr:                  r.Addresses[0],
 			Username:              r.Username,
 			Password:              r.Password,
 			DB:                    r.DB,
@@ -108,13 +192,7 @@ func acquireClient(r resolvedRedis) (*sharedClient, string, error) {
 			MaxRetries:            maxRetries,
 			PoolTimeout:           backstopIOTimeout,
 			DisableIdentity:       true, // no CLIENT SETINFO round trip on each new connection
-		})}
-		c.breaker = newBreaker(r.Address, &c.lastReason)
-		c.pipeline = limiter.NewPipeline(c.rdb, pipelines)
-		return c, nil
-	})
-	if err != nil {
-		return nil, "", err
+			TLSConfig:             tlsConfig,
+		}), nil
 	}
-	return v.(*sharedClient), key, nil
 }

@@ -22,7 +22,17 @@ import (
 // wrong shape or type; errors.Is(err, ErrBadResponse) tells it from a Redis or network error.
 var ErrBadResponse = errors.New("bad response from redis")
 
-var decideScript = redis.NewScript(lua.Decide)
+var (
+	decideScript = redis.NewScript(lua.Decide)
+	refundScript = redis.NewScript(lua.Refund)
+)
+
+// Client is what a Limiter needs of a go-redis client: *redis.Client (standalone, or Sentinel's
+// failover client) and *redis.ClusterClient have it.
+type Client interface {
+	redis.Scripter
+	Pipeliner
+}
 
 // Request is one zone's part of a request's decision.
 type Request struct {
@@ -76,12 +86,18 @@ type Options struct {
 	// instead of one round trip each through the client given to New. It must send to the same
 	// Redis.
 	Pipeline *Pipeline
+	// Cluster is true when the client is a Redis Cluster client: the zones of a request whose
+	// keys fall in different hash slots (different client keys) are then decided by one script
+	// call per slot, all sent in one pipeline, and the slots that admitted are refunded when
+	// another denied (see Allow).
+	Cluster bool
 }
 
-// Limiter runs decisions on one Redis server. It is safe for concurrent use.
+// Limiter runs decisions on a Redis server, or on a Redis Cluster. It is safe for concurrent use.
 type Limiter struct {
-	rdb      redis.Scripter
+	rdb      Client
 	prefix   string
+	cluster  bool
 	now      func() time.Time
 	denials  *denyCache    // nil: no deny cache
 	batch    *Pipeline     // nil: a round trip per decision
@@ -89,12 +105,11 @@ type Limiter struct {
 	calls    atomic.Uint64 // per-call part of the nonce
 }
 
-// New returns a Limiter running its scripts through rdb (a *redis.Client, or anything that
-// runs scripts on one Redis server).
-func New(rdb redis.Scripter, opts Options) *Limiter {
+// New returns a Limiter running its scripts through rdb.
+func New(rdb Client, opts Options) *Limiter {
 	var b [8]byte
 	_, _ = rand.Read(b[:]) // crypto/rand.Read never returns an error
-	l := &Limiter{rdb: rdb, prefix: opts.KeyPrefix, now: opts.Now, instance: hex.EncodeToString(b[:])}
+	l := &Limiter{rdb: rdb, prefix: opts.KeyPrefix, cluster: opts.Cluster, now: opts.Now, instance: hex.EncodeToString(b[:])}
 	if opts.DenyCacheKeys > 0 {
 		l.denials = newDenyCache(opts.DenyCacheKeys)
 	}
@@ -125,6 +140,14 @@ func (l *Limiter) Denied(reqs []Request) (Decision, bool) {
 // denial is remembered in the deny cache when it is on. With no requests it returns an allowed
 // Decision with Zone -1 and no Redis call.
 //
+// On Redis Cluster (Options.Cluster), zones whose keys fall in different hash slots are decided
+// by one script call per slot, sent together in one pipeline (one round trip per node). The
+// request is still all-or-nothing, with a refund: when a slot denies, the slots that admitted
+// (and were charged) are given their cost back by refund.lua before Allow returns. Between the
+// charge and the refund other requests see the charge, so a refund can deny too much for a round
+// trip, never admit too much; a refund that fails leaves the charge in place (the error is not
+// returned: the denial stands).
+//
 // The error wraps the Redis or network error (context.DeadlineExceeded when ctx expires first),
 // or ErrBadResponse when the reply has the wrong shape. The Decision is then the zero value.
 func (l *Limiter) Allow(ctx context.Context, reqs []Request) (Decision, error) {
@@ -135,21 +158,14 @@ func (l *Limiter) Allow(ctx context.Context, reqs []Request) (Decision, error) {
 	for i, r := range reqs {
 		keys[i] = StateKey(l.prefix, r.Zone, r.Key)
 	}
-	var reply any
+	var allowed bool
+	var zones []zoneReply
 	var err error
-	if l.batch != nil {
-		reply, err = l.batch.run(ctx, keys, l.scriptArgs(reqs))
+	if groups := l.slotGroups(keys); groups != nil {
+		allowed, zones, err = l.allowSlots(ctx, reqs, keys, groups)
 	} else {
-		reply, err = l.run(ctx, keys, l.scriptArgs(reqs))
+		allowed, zones, err = l.allowOne(ctx, reqs, keys)
 	}
-	if errors.Is(err, redis.Nil) {
-		// The script always returns an array: a nil reply is not Redis speaking.
-		return Decision{}, fmt.Errorf("%w: got a nil reply, want an array", ErrBadResponse)
-	}
-	if err != nil {
-		return Decision{}, fmt.Errorf("redis decide script: %w", err)
-	}
-	allowed, zones, err := decodeReply(reply, len(reqs))
 	if err != nil {
 		return Decision{}, err
 	}
@@ -157,6 +173,31 @@ func (l *Limiter) Allow(ctx context.Context, reqs []Request) (Decision, error) {
 		l.denials.record(reqs, zones, l.clock())
 	}
 	return pick(reqs, allowed, zones), nil
+}
+
+// allowOne decides reqs, whose keys are all in one hash slot or on one server, with one call of
+// the decide script.
+func (l *Limiter) allowOne(ctx context.Context, reqs []Request, keys []string) (bool, []zoneReply, error) {
+	var reply any
+	var err error
+	if l.batch != nil {
+		reply, err = l.batch.run(ctx, keys, l.scriptArgs(reqs))
+	} else {
+		reply, err = l.run(ctx, keys, l.scriptArgs(reqs))
+	}
+	return decodeResult(reply, err, len(reqs))
+}
+
+// decodeResult decodes the reply of a decide script call for n zones, or wraps its error.
+func decodeResult(reply any, err error, n int) (bool, []zoneReply, error) {
+	if errors.Is(err, redis.Nil) {
+		// The script always returns an array: a nil reply is not Redis speaking.
+		return false, nil, fmt.Errorf("%w: got a nil reply, want an array", ErrBadResponse)
+	}
+	if err != nil {
+		return false, nil, fmt.Errorf("redis decide script: %w", err)
+	}
+	return decodeReply(reply, n)
 }
 
 // run is one round trip of the decide script. A panic while reading the reply (go-redis

@@ -13,7 +13,7 @@ import (
 // maxBatch bounds the decisions one pipeline carries.
 const maxBatch = 128
 
-// Pipeliner is what a Pipeline needs of a client: *redis.Client has it.
+// Pipeliner is what a Pipeline needs of a client: *redis.Client and *redis.ClusterClient have it.
 type Pipeliner interface {
 	Pipeline() redis.Pipeliner
 }
@@ -139,27 +139,36 @@ func (c *call) appendTo(batch []*call) []*call {
 	return append(batch, c)
 }
 
-// send runs the batch's scripts in one pipeline (a second for those that met NOSCRIPT) and
-// hands each call its reply. The pipeline's deadline is the latest of the calls'. A panic while
-// reading replies (go-redis allocates whatever array length a reply declares, and panics on an
-// absurd one) fails the batch with ErrBadResponse instead of killing the process: this goroutine
-// is not a request's, so nothing else would recover it.
+// send runs the batch's scripts in one pipeline (see evalBatch) and hands each call its reply.
+// The pipeline's deadline is the latest of the calls'. A panic while reading replies fails the
+// batch with ErrBadResponse instead of killing the process: this goroutine is not a request's, so
+// nothing else would recover it.
 func (b *Pipeline) send(batch []*call) {
-	delivered := false
+	ctx, cancel := batchContext(batch)
+	defer cancel()
+	evalBatch(ctx, b.rdb, decideScript, batch)
+	for _, c := range batch {
+		close(c.done)
+	}
+}
+
+// evalBatch runs script for every call in one go-redis pipeline (a second one for
+// those that met NOSCRIPT) and sets each call's reply and err. On Redis Cluster, go-redis splits
+// a pipeline by node and sends to the nodes concurrently: one round trip per node. A panic while
+// reading replies (go-redis allocates whatever array length a reply declares, and panics on an
+// absurd one) sets every call's err to ErrBadResponse.
+func evalBatch(ctx context.Context, rdb Pipeliner, script *redis.Script, batch []*call) {
 	defer func() {
-		if r := recover(); r != nil && !delivered {
+		if r := recover(); r != nil {
 			for _, c := range batch {
 				c.reply, c.err = nil, fmt.Errorf("%w: reading the reply panicked: %v", ErrBadResponse, r)
-				close(c.done)
 			}
 		}
 	}()
-	ctx, cancel := batchContext(batch)
-	defer cancel()
 	cmds := make([]*redis.Cmd, len(batch))
-	pipe := b.rdb.Pipeline()
+	pipe := rdb.Pipeline()
 	for i, c := range batch {
-		cmds[i] = decideScript.EvalSha(ctx, pipe, c.keys, c.args...)
+		cmds[i] = script.EvalSha(ctx, pipe, c.keys, c.args...)
 	}
 	_, _ = pipe.Exec(ctx) // each command carries its own error
 	var again []int
@@ -169,16 +178,14 @@ func (b *Pipeline) send(batch []*call) {
 		}
 	}
 	if len(again) > 0 {
-		pipe := b.rdb.Pipeline()
+		pipe := rdb.Pipeline()
 		for _, i := range again {
-			cmds[i] = decideScript.Eval(ctx, pipe, batch[i].keys, batch[i].args...)
+			cmds[i] = script.Eval(ctx, pipe, batch[i].keys, batch[i].args...)
 		}
 		_, _ = pipe.Exec(ctx)
 	}
-	delivered = true
 	for i, c := range batch {
 		c.reply, c.err = cmds[i].Result()
-		close(c.done)
 	}
 }
 

@@ -8,8 +8,9 @@
 --
 -- KEYS[i]  the state key of zone i: `<prefix>{<client key>}:<zone>:tb` (hash) or `…:sw` (sorted set).
 -- ARGV[1]  now, in µs since the Unix epoch, or "" to read the Redis server clock (TIME).
--- ARGV[2]  a nonce unique to this call; sliding window members are "<now>:<nonce>:<n>", so two
---          requests in the same microsecond count twice.
+-- ARGV[2]  a nonce unique to this call (across instances and calls); sliding window members
+--          are "<nonce>:<n>" for n = 1..cost, so two requests in the same microsecond count
+--          twice, and refund.lua can remove exactly what this call added.
 -- Then 4 arguments per zone i, starting at ARGV[3 + 4*(i-1)]:
 --   algorithm  "tb" (token bucket) or "sw" (sliding window log)
 --   quota      tb: capacity (tokens); sw: limit (requests per window)
@@ -111,7 +112,6 @@ for i = 1, n do
 end
 
 if reply[1] == 1 then
-  local nowstr = string.format('%d', now)
   for _, w in ipairs(writes) do
     if w[1] == 'tb' then
       local tokens, ts, quota, rate = w[3], w[4], w[5], w[6]
@@ -123,7 +123,7 @@ if reply[1] == 1 then
       local args = {}
       for j = 1, cost do
         args[#args + 1] = now
-        args[#args + 1] = nowstr .. ':' .. nonce .. ':' .. j
+        args[#args + 1] = nonce .. ':' .. j
         if #args >= 1000 or j == cost then
           redis.call('ZADD', w[2], unpack(args))
           args = {}

@@ -9,3 +9,9 @@ import _ "embed"
 //
 //go:embed decide.lua
 var Decide string
+
+// Refund is refund.lua: it gives back what one admitting Decide call charged, when the request
+// was denied by a zone in another Redis Cluster hash slot.
+//
+//go:embed refund.lua
+var Refund string
