@@ -23,9 +23,9 @@ const breakerTrips = 5
 var breakerOpenFor = 500 * time.Millisecond
 
 // newBreaker returns the circuit breaker of the client named name (its address, never its
-// password). Every change of state is logged once; the reason of the failure that opened it is
-// taken from lastReason.
-func newBreaker(name string, lastReason *atomic.Value) *gobreaker.CircuitBreaker[limiter.Decision] {
+// password). Every change of state is logged once; the failure that opened it is taken from
+// lastErr, and logged with its reason (go-redis errors never hold the password).
+func newBreaker(name string, lastErr *atomic.Pointer[error]) *gobreaker.CircuitBreaker[limiter.Decision] {
 	return gobreaker.NewCircuitBreaker[limiter.Decision](gobreaker.Settings{
 		Name:        name,
 		MaxRequests: 1,
@@ -37,9 +37,12 @@ func newBreaker(name string, lastReason *atomic.Value) *gobreaker.CircuitBreaker
 			log := caddy.Log().Named("http.handlers.rate_limit_redis").With(zap.String("redis", name))
 			switch {
 			case to == gobreaker.StateOpen && from == gobreaker.StateClosed:
-				reason, _ := lastReason.Load().(string)
+				var err error
+				if p := lastErr.Load(); p != nil {
+					err = *p
+				}
 				log.Error("redis failing: circuit breaker open; fail_mode applies without calling redis",
-					zap.String("reason", reason), zap.Int("consecutive_failures", breakerTrips),
+					zap.String("reason", failureReason(err)), zap.Error(err), zap.Int("consecutive_failures", breakerTrips),
 					zap.Duration("probe_after", breakerOpenFor))
 			case to == gobreaker.StateClosed:
 				log.Info("redis answering again: circuit breaker closed")

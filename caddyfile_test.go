@@ -125,6 +125,72 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 			want: &Handler{Redis: &RedisConfig{}, Headers: "legacy", Zones: []*Zone{{Name: "a", Capacity: 5, RefillRate: 1}}},
 		},
 		{
+			name: "cluster from several addresses, with tls",
+			input: `rate_limit_redis {
+				redis {
+					address n1:6379 n2:6379
+					address n3:6379
+					tls {
+						ca          /etc/redis/ca.pem
+						cert        /etc/redis/client.pem
+						key         /etc/redis/client.key
+						server_name redis.internal
+					}
+				}
+				zone z {
+					capacity    5
+					refill_rate 1
+				}
+			}`,
+			want: &Handler{
+				Redis: &RedisConfig{Addresses: []string{"n1:6379", "n2:6379", "n3:6379"}, TLS: &TLSConfig{
+					CA: "/etc/redis/ca.pem", Cert: "/etc/redis/client.pem", Key: "/etc/redis/client.key", ServerName: "redis.internal",
+				}},
+				Zones: []*Zone{{Name: "z", Capacity: 5, RefillRate: 1}},
+			},
+		},
+		{
+			name: "cluster with one seed",
+			input: `rate_limit_redis {
+				redis {
+					address seed:6379
+					cluster
+				}
+				zone z {
+					capacity    5
+					refill_rate 1
+				}
+			}`,
+			want: &Handler{
+				Redis: &RedisConfig{Addresses: []string{"seed:6379"}, Cluster: true},
+				Zones: []*Zone{{Name: "z", Capacity: 5, RefillRate: 1}},
+			},
+		},
+		{
+			name: "sentinel, with a db and a tls block of one flag",
+			input: `rate_limit_redis {
+				redis {
+					address s1:26379 s2:26379 s3:26379
+					sentinel mymaster
+					db 2
+					tls {
+						insecure_skip_verify
+					}
+				}
+				zone z {
+					capacity    5
+					refill_rate 1
+				}
+			}`,
+			want: &Handler{
+				Redis: &RedisConfig{
+					Addresses: []string{"s1:26379", "s2:26379", "s3:26379"}, Sentinel: "mymaster", DB: 2,
+					TLS: &TLSConfig{InsecureSkipVerify: true},
+				},
+				Zones: []*Zone{{Name: "z", Capacity: 5, RefillRate: 1}},
+			},
+		},
+		{
 			name: "shorthand token bucket",
 			input: `rate_limit_redis {
 				key         {http.request.header.X-API-Key} {client_ip}
@@ -435,22 +501,22 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 			`sentinel: unexpected argument "b", at Testfile:3`},
 		{"sentinel repeated", "rate_limit_redis {\n\tredis {\n\t\tsentinel a\n\t\tsentinel a\n\t}\n}",
 			`duplicate subdirective "sentinel", at Testfile:4`},
-		{"sentinel not supported", "rate_limit_redis {\n\tredis {\n\t\taddress s1:26379 s2:26379\n\t\tsentinel mymaster\n\t}" + zone + "\n}",
-			`redis sentinel is not supported yet, at Testfile:4`},
+		{"sentinel without addresses", "rate_limit_redis {\n\tredis {\n\t\tsentinel mymaster\n\t}" + zone + "\n}",
+			`redis sentinel mymaster needs the addresses of its Sentinels (address host:26379 ...), at Testfile:3`},
 		{"cluster argument", "rate_limit_redis {\n\tredis {\n\t\tcluster yes\n\t}\n}",
 			`cluster: unexpected argument "yes"; it takes no arguments, at Testfile:3`},
 		{"cluster repeated", "rate_limit_redis {\n\tredis {\n\t\tcluster\n\t\tcluster\n\t}\n}",
 			`duplicate subdirective "cluster", at Testfile:4`},
-		{"cluster not supported", "rate_limit_redis {\n\tredis {\n\t\taddress a:1\n\t\tcluster\n\t}" + zone + "\n}",
-			`redis cluster is not supported yet, at Testfile:4`},
-		{"several addresses on one line", "rate_limit_redis {\n\tredis {\n\t\taddress a:1 b:2 c:3\n\t}" + zone + "\n}",
-			`redis cluster is not supported yet (more than one address means cluster), at Testfile:3`},
-		{"several address lines", "rate_limit_redis {\n\tredis {\n\t\taddress a:1\n\t\taddress b:2\n\t}" + zone + "\n}",
-			`redis cluster is not supported yet (more than one address means cluster), at Testfile:4`},
-		{"tls not supported", "rate_limit_redis {\n\tredis {\n\t\ttls {\n\t\t\tca ca.pem\n\t\t\tcert c.pem\n\t\t\tkey k.pem\n\t\t\tserver_name r\n\t\t\tinsecure_skip_verify\n\t\t}\n\t}" + zone + "\n}",
-			`redis tls is not supported yet, at Testfile:3`},
-		{"tls without a block not supported", "rate_limit_redis {\n\tredis {\n\t\ttls\n\t}" + zone + "\n}",
-			`redis tls is not supported yet, at Testfile:3`},
+		{"cluster and sentinel", "rate_limit_redis {\n\tredis {\n\t\taddress a:1\n\t\tsentinel m\n\t\tcluster\n\t}" + zone + "\n}",
+			`redis cluster and sentinel exclude each other: with sentinel, the addresses are Sentinels, at Testfile:5`},
+		{"cluster with a db", "rate_limit_redis {\n\tredis {\n\t\taddress a:1\n\t\tcluster\n\t\tdb 2\n\t}" + zone + "\n}",
+			`redis db 2: Redis Cluster has only database 0 (more than one address without sentinel means cluster), at Testfile:5`},
+		{"several addresses with a db", "rate_limit_redis {\n\tredis {\n\t\taddress a:1 b:2 c:3\n\t\tdb 1\n\t}" + zone + "\n}",
+			`redis db 1: Redis Cluster has only database 0 (more than one address without sentinel means cluster), at Testfile:4`},
+		{"tls cert without key", "rate_limit_redis {\n\tredis {\n\t\ttls {\n\t\t\tcert c.pem\n\t\t}\n\t}" + zone + "\n}",
+			`redis tls: cert and key must be given together, at Testfile:3`},
+		{"tls key without cert", "rate_limit_redis {\n\tredis {\n\t\ttls {\n\t\t\tkey k.pem\n\t\t}\n\t}" + zone + "\n}",
+			`redis tls: cert and key must be given together, at Testfile:3`},
 		{"tls argument", "rate_limit_redis {\n\tredis {\n\t\ttls on\n\t}\n}",
 			`tls: unexpected argument "on"; it takes no arguments, at Testfile:3`},
 		{"tls repeated", "rate_limit_redis {\n\tredis {\n\t\ttls\n\t\ttls\n\t}\n}",

@@ -147,7 +147,7 @@ func (h *Handler) decide(ctx context.Context, reqs []limiter.Request) (limiter.D
 	return h.client.breaker.Execute(func() (limiter.Decision, error) {
 		d, err := h.limiter.Allow(ctx, reqs)
 		if err != nil {
-			h.client.lastReason.Store(failureReason(err))
+			h.client.lastErr.Store(&err)
 		}
 		return d, err
 	})

@@ -27,6 +27,10 @@ var clients = caddy.NewUsagePool()
 const (
 	backstopIOTimeout = 3 * time.Second // socket read/write and pool wait, should a context carry no deadline
 	maxRetries        = 1               // one retry on a fresh connection after EOF or a dial error
+	// dialerRetries is 1: go-redis's default of 5 dials 100ms apart outlasts any decision's
+	// timeout, and then the decision reports "context deadline exceeded" instead of why the
+	// dial failed (a bad certificate, a refused connection).
+	dialerRetries = 1
 )
 
 // pipelines is how many round trips to Redis a client has under way at most: concurrent
@@ -46,8 +50,8 @@ type sharedClient struct {
 	// breaker is shared by every handler using the client, so all of them stop calling a
 	// failing Redis together.
 	breaker *gobreaker.CircuitBreaker[limiter.Decision]
-	// lastReason is the failureReason of the latest failed call, for the breaker's log.
-	lastReason atomic.Value
+	// lastErr is the error of the latest failed call, for the breaker's log.
+	lastErr atomic.Pointer[error]
 }
 
 // Destruct stops the pipeline and closes the client and its connections when the last handler
@@ -128,7 +132,7 @@ func acquireClient(r resolvedRedis) (*sharedClient, string, error) {
 			return nil, err
 		}
 		c := &sharedClient{rdb: rdb, cluster: r.Cluster}
-		c.breaker = newBreaker(strings.Join(r.Addresses, ","), &c.lastReason)
+		c.breaker = newBreaker(strings.Join(r.Addresses, ","), &c.lastErr)
 		c.pipeline = limiter.NewPipeline(rdb, pipelines)
 		return c, nil
 	})
@@ -159,6 +163,7 @@ func (r resolvedRedis) newClient() (redis.UniversalClient, error) {
 			WriteTimeout:          backstopIOTimeout,
 			ContextTimeoutEnabled: true,
 			MaxRetries:            maxRetries,
+			DialerRetries:         dialerRetries,
 			PoolTimeout:           backstopIOTimeout,
 			DisableIdentity:       true,
 			TLSConfig:             tlsConfig,
@@ -174,6 +179,7 @@ func (r resolvedRedis) newClient() (redis.UniversalClient, error) {
 			WriteTimeout:          backstopIOTimeout,
 			ContextTimeoutEnabled: true,
 			MaxRetries:            maxRetries,
+			DialerRetries:         dialerRetries,
 			PoolTimeout:           backstopIOTimeout,
 			DisableIdentity:       true,
 			TLSConfig:             tlsConfig,
@@ -190,6 +196,7 @@ func (r resolvedRedis) newClient() (redis.UniversalClient, error) {
 			WriteTimeout:          backstopIOTimeout,
 			ContextTimeoutEnabled: true,
 			MaxRetries:            maxRetries,
+			DialerRetries:         dialerRetries,
 			PoolTimeout:           backstopIOTimeout,
 			DisableIdentity:       true, // no CLIENT SETINFO round trip on each new connection
 			TLSConfig:             tlsConfig,

@@ -115,7 +115,7 @@ func TestClusterExactUnderConcurrency(t *testing.T) {
 func TestClusterCrossSlotDenialChargesNeither(t *testing.T) {
 	c := redistest.StartCluster(t, 3)
 	perNode := clientsOn(t, c, 1)
-	alice, bob := perNode[0][0], perNode[1][0] // on node 0 and node 1
+	alice, bob := perNode[0][0], perNode[1][0]         // on node 0 and node 1
 	noRefill := 10 / (limiter.MaxWindow.Seconds() / 2) // no refill during the test
 	for _, algo := range []string{"tb", "sw"} {
 		t.Run(algo, func(t *testing.T) {

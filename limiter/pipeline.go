@@ -89,6 +89,11 @@ func (b *Pipeline) run(ctx context.Context, keys []string, args []any) (any, err
 		}
 	}
 	select {
+	case <-c.done: // a leader's own call is done when lead returns: never lose its error to ctx's
+		return c.reply, c.err
+	default:
+	}
+	select {
 	case <-c.done:
 		return c.reply, c.err
 	case <-ctx.Done():
@@ -170,7 +175,7 @@ func evalBatch(ctx context.Context, rdb Pipeliner, script *redis.Script, batch [
 	for i, c := range batch {
 		cmds[i] = script.EvalSha(ctx, pipe, c.keys, c.args...)
 	}
-	_, _ = pipe.Exec(ctx) // each command carries its own error
+	_, execErr := pipe.Exec(ctx)
 	var again []int
 	for i, cmd := range cmds {
 		if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
@@ -182,10 +187,15 @@ func evalBatch(ctx context.Context, rdb Pipeliner, script *redis.Script, batch [
 		for _, i := range again {
 			cmds[i] = script.Eval(ctx, pipe, batch[i].keys, batch[i].args...)
 		}
-		_, _ = pipe.Exec(ctx)
+		_, execErr = pipe.Exec(ctx)
 	}
 	for i, c := range batch {
 		c.reply, c.err = cmds[i].Result()
+		if c.reply == nil && c.err == nil {
+			// go-redis leaves the commands untouched when it could not get a connection
+			// (a failed AUTH, for one): the pipeline's error is theirs.
+			c.err = execErr
+		}
 	}
 }
 
