@@ -19,24 +19,33 @@ import (
 // error that says what is wrong, and the password appears in none of them.
 func TestTLSAndACL(t *testing.T) {
 	const password = "s3cret-Pa55word"
-	// An ACL user limited to the limiter's keys (the default user stays open, for the test's
-	// own plain connection).
-	srv := redistest.StartTLS(t, "--user", "limiter", "on", ">"+password, "~rl:*", "+@all")
+	// An ACL user with the README's rules: the limiter's keys and the scripts' commands only (the
+	// default user stays open, for the test's own plain connection).
+	srv := redistest.StartTLS(t, "--user", "limiter", "on", ">"+password, "~rl:*", "+evalsha", "+eval",
+		"+hmget", "+hset", "+pexpire", "+zadd", "+zcard", "+zrange", "+zremrangebyscore", "+zrem", "+time")
 	zone := func() []*Zone { return []*Zone{{Name: "z", Capacity: 2, RefillRate: 0.001}} }
 	tlsOK := func() *TLSConfig {
 		return &TLSConfig{CA: srv.CA, Cert: srv.ClientCert, Key: srv.ClientKey}
 	}
 
 	t.Run("works", func(t *testing.T) {
-		h := provisioned(t, &Handler{
-			Redis:    &RedisConfig{Addresses: []string{srv.TLSAddr}, Username: "limiter", Password: password, TLS: tlsOK()},
-			FailMode: FailClosed,
-			Zones:    zone(),
-		})
-		for i, want := range []int{200, 200, 429} {
-			if got := status(t, h); got != want {
-				t.Fatalf("request %d: %d, want %d", i+1, got, want)
+		for _, algo := range []string{"token_bucket", "sliding_window"} {
+			z := zone()
+			if algo == "sliding_window" {
+				z = []*Zone{{Name: "w", Algorithm: algo, Limit: 2, Window: caddy.Duration(time.Hour)}}
 			}
+			h := provisioned(t, &Handler{
+				Redis:    &RedisConfig{Addresses: []string{srv.TLSAddr}, Username: "limiter", Password: password, TLS: tlsOK()},
+				FailMode: FailClosed,
+				Timeout:  caddy.Duration(time.Second), // the first decision dials and shakes hands, under -race
+				Zones:    z,
+			})
+			for i, want := range []int{200, 200, 429} {
+				if got := status(t, h); got != want {
+					t.Fatalf("%s request %d: %d, want %d; ACL LOG: %v", algo, i+1, got, want, srv.Do("ACL", "LOG"))
+				}
+			}
+			srv.Do("SCRIPT", "FLUSH") // the next handler meets NOSCRIPT, and EVAL
 		}
 	})
 
