@@ -275,6 +275,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		opts.Now = time.Now
 	}
 	h.limiter = limiter.New(client.rdb, opts)
+	register(h) // for the admin API
 	return nil
 }
 
@@ -384,6 +385,7 @@ func (cfg *RedisConfig) validate() error {
 
 // Cleanup drops this handler's reference to the shared Redis client; the last one closes it.
 func (h *Handler) Cleanup() error {
+	unregister(h)
 	if h.poolKey == "" {
 		return nil
 	}
