@@ -276,6 +276,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		opts.Now = time.Now
 	}
 	h.limiter = limiter.New(client.rdb, opts)
+	register(h) // for the admin API
 	return nil
 }
 
@@ -399,6 +400,7 @@ func (cfg *RedisConfig) isCluster() bool {
 
 // Cleanup drops this handler's reference to the shared Redis client; the last one closes it.
 func (h *Handler) Cleanup() error {
+	unregister(h)
 	if h.poolKey == "" {
 		return nil
 	}

@@ -27,12 +27,20 @@ var (
 	refundScript = redis.NewScript(lua.Refund)
 )
 
-// Client is what a Limiter needs of a go-redis client: *redis.Client (standalone, or Sentinel's
-// failover client) and *redis.ClusterClient have it.
+// Client is what a Limiter needs of a go-redis client: scripts, pipelines, and the plain
+// commands of State and Reset. *redis.Client (standalone, or Sentinel's failover client),
+// *redis.ClusterClient and redis.UniversalClient have it.
 type Client interface {
 	redis.Scripter
 	Pipeliner
+	Commander
 }
+
+var (
+	_ Client = (*redis.Client)(nil)
+	_ Client = (*redis.ClusterClient)(nil)
+	_ Client = (redis.UniversalClient)(nil)
+)
 
 // Request is one zone's part of a request's decision.
 type Request struct {

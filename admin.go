@@ -1,0 +1,323 @@
+package ratelimitredis
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/limiter"
+)
+
+func init() {
+	caddy.RegisterModule(AdminAPI{})
+}
+
+// adminTimeout bounds the Redis calls of one admin API request.
+const adminTimeout = 2 * time.Second
+
+// AdminAPI implements the admin.api.rate_limit_redis module: endpoints of Caddy's admin API
+// (which loads every admin.api module by itself; nothing to configure) to inspect and reset a
+// client's rate limit state:
+//
+//	GET    /rate_limit_redis/zones                         the zones of the loaded config
+//	GET    /rate_limit_redis/state?zone=<name>&key=<key>   a client's state in a zone
+//	DELETE /rate_limit_redis/state?zone=<name>&key=<key>   reset it: the client starts afresh
+//
+// key is the client key as the zone resolves it (an API key, an IP address), before
+// sanitising: it is mapped to the Redis key as requests are. Replies are JSON arrays; errors
+// are Caddy's admin API errors, {"error": "<message>"}, with status 400 (a parameter missing),
+// 404 (no loaded zone has that name), 405 (method), 502 (Redis failed) or 504 (Redis did not
+// answer within 2s).
+//
+// The zones are those of every rate_limit_redis handler loaded. The same zone name may be in
+// several handlers; handlers using the same Redis (addresses and db), key_prefix and zone name
+// share the client's state in Redis, so state reports each distinct Redis key (and zone
+// parameters) once, and a reset deletes each distinct Redis key once and clears the deny cache
+// of every handler with the zone.
+type AdminAPI struct{}
+
+// CaddyModule returns the Caddy module information.
+func (AdminAPI) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "admin.api.rate_limit_redis",
+		New: func() caddy.Module { return new(AdminAPI) },
+	}
+}
+
+// Routes returns the admin API routes under /rate_limit_redis/.
+func (a *AdminAPI) Routes() []caddy.AdminRoute {
+	return []caddy.AdminRoute{
+		{Pattern: "/rate_limit_redis/zones", Handler: caddy.AdminHandlerFunc(a.handleZones)},
+		{Pattern: "/rate_limit_redis/state", Handler: caddy.AdminHandlerFunc(a.handleState)},
+	}
+}
+
+// live is every provisioned Handler not yet cleaned up: the admin API finds the zones and
+// limiters there. It is a set of handlers, not of names, because a config reload provisions
+// the new handlers before it cleans up the old ones, and several handlers may have zones of
+// the same name.
+var live = struct {
+	sync.RWMutex
+	handlers map[*Handler]struct{}
+}{handlers: make(map[*Handler]struct{})}
+
+// register adds a provisioned handler to live.
+func register(h *Handler) {
+	live.Lock()
+	live.handlers[h] = struct{}{}
+	live.Unlock()
+}
+
+// unregister removes a handler from live; one that is not there is ignored.
+func unregister(h *Handler) {
+	live.Lock()
+	delete(live.handlers, h)
+	live.Unlock()
+}
+
+// zoneInfo is one entry of GET /rate_limit_redis/zones.
+type zoneInfo struct {
+	// The zone's name.
+	Name string `json:"name"`
+	// token_bucket or sliding_window.
+	Algorithm string `json:"algorithm"`
+	// token_bucket: the bucket size, in tokens.
+	Capacity int64 `json:"capacity,omitempty"`
+	// token_bucket: tokens added per second.
+	RefillRate float64 `json:"refill_rate,omitempty"`
+	// sliding_window: requests admitted per window.
+	Limit int64 `json:"limit,omitempty"`
+	// sliding_window: the window length, in milliseconds.
+	WindowMs int64 `json:"window_ms,omitempty"`
+	// The handler's key_prefix.
+	KeyPrefix string `json:"key_prefix"`
+	// The handler's Redis addresses (placeholders replaced) and database.
+	Redis []string `json:"redis"`
+	DB    int      `json:"db,omitempty"`
+}
+
+// clientState is one entry of GET /rate_limit_redis/state.
+type clientState struct {
+	// The zone's name and the client key, as given.
+	Zone string `json:"zone"`
+	Key  string `json:"key"`
+	// The Redis key of the state, the Redis addresses and database.
+	RedisKey string   `json:"redis_key"`
+	Redis    []string `json:"redis"`
+	DB       int      `json:"db,omitempty"`
+	// token_bucket or sliding_window.
+	Algorithm string `json:"algorithm"`
+	// The zone's quota: capacity (token_bucket) or limit (sliding_window), as X-RateLimit-Limit.
+	Limit int64 `json:"limit"`
+	// Whether Redis holds state for the client: false for a client never seen or whose state
+	// expired (a full bucket, an empty window). Reading never creates it.
+	Exists bool `json:"exists"`
+	// token_bucket: the tokens in the bucket now, fractional, refilled to the Redis server's
+	// time as the decision script computes it.
+	Tokens *float64 `json:"tokens,omitempty"`
+	// sliding_window: the requests (slots) counted in the window ending now.
+	Count *int64 `json:"count,omitempty"`
+	// Whole tokens or window slots left now: what X-RateLimit-Remaining would say.
+	Remaining int64 `json:"remaining"`
+	// Milliseconds (rounded up) until a request of cost 1 would be admitted; 0: it would be now.
+	RetryAfterMs int64 `json:"retry_after_ms"`
+	// The Redis key's time to live, in milliseconds: when the bucket is full again or the newest
+	// window entry leaves the window, as of the last admitted request. 0 when !exists.
+	TTLMs int64 `json:"ttl_ms"`
+}
+
+// resetResult is one entry of DELETE /rate_limit_redis/state.
+type resetResult struct {
+	// The zone's name and the client key, as given.
+	Zone string `json:"zone"`
+	Key  string `json:"key"`
+	// The Redis key deleted, the Redis addresses and database.
+	RedisKey string   `json:"redis_key"`
+	Redis    []string `json:"redis"`
+	DB       int      `json:"db,omitempty"`
+	// Whether the key existed (false: the client was already in its initial state).
+	Deleted bool `json:"deleted"`
+}
+
+// handleZones serves GET /rate_limit_redis/zones: every zone of the live handlers, identical
+// ones once, sorted by name and key prefix.
+func (a *AdminAPI) handleZones(w http.ResponseWriter, r *http.Request) error {
+	if r.Method != http.MethodGet {
+		w.Header().Set("Allow", http.MethodGet)
+		return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: fmt.Errorf("method %s not allowed: use GET", r.Method)}
+	}
+	zones := []zoneInfo{}
+	for _, t := range targets("") {
+		zi := zoneInfo{
+			Name: t.z.Name, Algorithm: t.z.Algorithm, KeyPrefix: t.h.KeyPrefix, Redis: t.redis, DB: t.h.Redis.DB,
+			Capacity: t.z.Capacity, RefillRate: t.z.RefillRate, Limit: t.z.Limit, WindowMs: time.Duration(t.z.Window).Milliseconds(),
+		}
+		if !slices.ContainsFunc(zones, func(o zoneInfo) bool { return zi.equal(o) }) {
+			zones = append(zones, zi)
+		}
+	}
+	return writeJSON(w, zones)
+}
+
+func (zi zoneInfo) equal(o zoneInfo) bool {
+	return zi.Name == o.Name && zi.Algorithm == o.Algorithm && zi.Capacity == o.Capacity && zi.RefillRate == o.RefillRate &&
+		zi.Limit == o.Limit && zi.WindowMs == o.WindowMs && zi.KeyPrefix == o.KeyPrefix && slices.Equal(zi.Redis, o.Redis) && zi.DB == o.DB
+}
+
+// handleState serves GET (read) and DELETE (reset) /rate_limit_redis/state?zone=&key=.
+func (a *AdminAPI) handleState(w http.ResponseWriter, r *http.Request) error {
+	if r.Method != http.MethodGet && r.Method != http.MethodDelete {
+		w.Header().Set("Allow", "GET, DELETE")
+		return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: fmt.Errorf("method %s not allowed: use GET or DELETE", r.Method)}
+	}
+	q := r.URL.Query()
+	zone, key := q.Get("zone"), q.Get("key")
+	if zone == "" || key == "" {
+		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: errors.New("query parameters zone and key are required")}
+	}
+	ts := targets(zone)
+	if len(ts) == 0 {
+		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("no rate_limit_redis zone named %q is loaded", zone)}
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), adminTimeout)
+	defer cancel()
+	if r.Method == http.MethodDelete {
+		return resetState(ctx, w, ts, key)
+	}
+	return readState(ctx, w, ts, key)
+}
+
+// readState reads the client's state once per distinct Redis key and zone parameters.
+func readState(ctx context.Context, w http.ResponseWriter, ts []target, key string) error {
+	out := []clientState{}
+	seen := make(map[string]bool)
+	for _, t := range ts {
+		id := fmt.Sprintf("%s|%s|%d|%g|%d|%d", t.redisID, limiter.StateKey(t.h.KeyPrefix, &t.z.lz, key),
+			t.z.lz.Capacity, t.z.lz.RefillRate, t.z.lz.Limit, t.z.lz.Window)
+		if seen[id] {
+			continue
+		}
+		seen[id] = true
+		s, err := t.h.limiter.State(ctx, &t.z.lz, key)
+		if err != nil {
+			return redisError(err)
+		}
+		cs := clientState{
+			Zone: t.z.Name, Key: key, RedisKey: s.Key, Redis: t.redis, DB: t.h.Redis.DB,
+			Algorithm: t.z.Algorithm, Limit: t.z.lz.Quota(), Exists: s.Exists, Remaining: s.Remaining,
+			RetryAfterMs: ceilMs(s.RetryAfter), TTLMs: s.TTL.Milliseconds(),
+		}
+		if t.z.lz.Algorithm == limiter.SlidingWindow {
+			cs.Count = &s.Count
+		} else {
+			cs.Tokens = &s.Tokens
+		}
+		out = append(out, cs)
+	}
+	return writeJSON(w, out)
+}
+
+// resetState deletes each distinct Redis key of the client once, and clears the cached denial
+// of every handler with the zone.
+func resetState(ctx context.Context, w http.ResponseWriter, ts []target, key string) error {
+	out := []resetResult{}
+	seen := make(map[string]bool)
+	for _, t := range ts {
+		redisKey := limiter.StateKey(t.h.KeyPrefix, &t.z.lz, key)
+		id := t.redisID + "|" + redisKey
+		if seen[id] {
+			t.h.limiter.Forget(&t.z.lz, key) // deleted already: only this handler's deny cache is left
+			continue
+		}
+		seen[id] = true
+		existed, err := t.h.limiter.Reset(ctx, &t.z.lz, key)
+		if err != nil {
+			return redisError(err)
+		}
+		out = append(out, resetResult{Zone: t.z.Name, Key: key, RedisKey: redisKey, Redis: t.redis, DB: t.h.Redis.DB, Deleted: existed})
+	}
+	return writeJSON(w, out)
+}
+
+// target is a zone of a live handler.
+type target struct {
+	h       *Handler
+	z       *Zone
+	redis   []string // the handler's Redis addresses, placeholders replaced
+	redisID string   // which Redis data the handler reaches: addresses, Sentinel master, db
+}
+
+// targets returns the zones named name of the live handlers (every zone when name is ""),
+// sorted by name, key prefix and Redis, so replies do not depend on map order.
+func targets(name string) []target {
+	live.RLock()
+	defer live.RUnlock()
+	var ts []target
+	for h := range live.handlers {
+		addrs := h.redisAddresses()
+		id := fmt.Sprintf("%q|%q|%d", addrs, h.Redis.Sentinel, h.Redis.DB)
+		for _, z := range h.Zones {
+			if name == "" || z.Name == name {
+				ts = append(ts, target{h: h, z: z, redis: addrs, redisID: id})
+			}
+		}
+	}
+	slices.SortStableFunc(ts, func(a, b target) int {
+		if c := strings.Compare(a.z.Name, b.z.Name); c != 0 {
+			return c
+		}
+		if c := strings.Compare(a.h.KeyPrefix, b.h.KeyPrefix); c != 0 {
+			return c
+		}
+		return strings.Compare(a.redisID, b.redisID)
+	})
+	return ts
+}
+
+// redisAddresses returns the handler's Redis addresses with placeholders replaced, as its
+// client was made.
+func (h *Handler) redisAddresses() []string {
+	if len(h.Redis.Addresses) == 0 {
+		return []string{DefaultAddress}
+	}
+	repl := caddy.NewReplacer()
+	addrs := make([]string, len(h.Redis.Addresses))
+	for i, a := range h.Redis.Addresses {
+		addrs[i] = repl.ReplaceKnown(a, "")
+	}
+	return addrs
+}
+
+// redisError is the admin API error for a failed Redis call: 504 when it timed out, else 502.
+func redisError(err error) error {
+	status := http.StatusBadGateway
+	if failureReason(err) == "timeout" {
+		status = http.StatusGatewayTimeout
+	}
+	return caddy.APIError{HTTPStatus: status, Err: fmt.Errorf("redis: %w", err)}
+}
+
+func writeJSON(w http.ResponseWriter, v any) error {
+	w.Header().Set("Content-Type", "application/json")
+	return json.NewEncoder(w).Encode(v)
+}
+
+// ceilMs rounds d up to whole milliseconds.
+func ceilMs(d time.Duration) int64 {
+	ms := d.Milliseconds()
+	if d%time.Millisecond > 0 {
+		ms++
+	}
+	return ms
+}
+
+// Interface guards
+var _ caddy.AdminRouter = (*AdminAPI)(nil)
