@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -161,8 +162,12 @@ func (b *Pipeline) send(batch []*call) {
 	for i, c := range batch {
 		cmds[i] = decideScript.EvalSha(ctx, pipe, c.keys, c.args...)
 	}
-	_, _ = pipe.Exec(ctx) // each command carries its own error
+	// Each command carries its own error, except when setting up the connection failed with a
+	// Redis error (AUTH's WRONGPASS): go-redis then leaves the commands unset, and only Exec
+	// returns the error.
+	_, err := pipe.Exec(ctx)
 	var again []int
+	var errAgain error
 	for i, cmd := range cmds {
 		if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
 			again = append(again, i)
@@ -173,11 +178,17 @@ func (b *Pipeline) send(batch []*call) {
 		for _, i := range again {
 			cmds[i] = decideScript.Eval(ctx, pipe, batch[i].keys, batch[i].args...)
 		}
-		_, _ = pipe.Exec(ctx)
+		_, errAgain = pipe.Exec(ctx)
 	}
 	delivered = true
 	for i, c := range batch {
 		c.reply, c.err = cmds[i].Result()
+		if c.reply == nil && c.err == nil {
+			c.err = err
+			if slices.Contains(again, i) {
+				c.err = errAgain
+			}
+		}
 		close(c.done)
 	}
 }
