@@ -62,6 +62,7 @@ var (
 //		clock      redis|local               # whose clock the scripts use; default redis
 //		dry_run                              # decide and report, never reject
 //		deny_cache off                       # the local cache of denials is on by default
+//		log_key                              # log client keys (personal data); off by default
 //
 //		zone <name> {
 //			key         <value>...           # placeholders; the first that is not empty wins; default {client_ip}
@@ -203,6 +204,15 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 			h.DryRun = true
+
+		case "log_key":
+			if err := seen.add(d); err != nil {
+				return err
+			}
+			if err := noArgs(d); err != nil {
+				return err
+			}
+			h.LogKey = true
 
 		case "deny_cache":
 			if err := seen.add(d); err != nil {

@@ -75,6 +75,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 				clock      local
 				dry_run
 				deny_cache off
+				log_key
 				zone z {
 					capacity    5
 					refill_rate 1
@@ -92,6 +93,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 				Clock:     "local",
 				DryRun:    true,
 				DenyCache: new(false),
+				LogKey:    true,
 				Zones:     []*Zone{{Name: "z", Capacity: 5, RefillRate: 1}},
 			},
 		},
@@ -431,6 +433,16 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 			`duplicate subdirective "dry_run", at Testfile:3`},
 		{"dry_run block", "rate_limit_redis {\n\tdry_run {\n\t\ton\n\t}\n}",
 			`dry_run: unexpected block, at Testfile:2`},
+
+		// log_key
+		{"log_key argument", "rate_limit_redis {\n\tlog_key on\n}",
+			`log_key: unexpected argument "on"; it takes no arguments, at Testfile:2`},
+		{"log_key repeated", "rate_limit_redis {\n\tlog_key\n\tlog_key\n}",
+			`duplicate subdirective "log_key", at Testfile:3`},
+		{"log_key block", "rate_limit_redis {\n\tlog_key {\n\t}\n}",
+			`log_key: unexpected block, at Testfile:2`},
+		{"log_key in a zone", "rate_limit_redis {\n\tzone a {\n\t\tlog_key\n\t}\n}",
+			`unrecognized subdirective "log_key", at Testfile:3`},
 
 		// deny_cache
 		{"deny_cache missing", "rate_limit_redis {\n\tdeny_cache\n}",

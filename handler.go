@@ -36,6 +36,9 @@ var (
 // when the deny cache covers it), sets the headers and placeholders, and either passes the
 // request on or denies it with 429: a HandlerError and no body, so that handle_errors can shape
 // the response, or, when the server has no handle_errors routes, the bare 429 written here.
+// Every decision is counted in decisions_total by result (see metrics.go). With dry_run the
+// request is decided, charged, headed (Retry-After aside), reported and counted as enforced,
+// and always passed on.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	if repl == nil {
@@ -54,10 +57,16 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 		cost, err := z.cost(repl)
 		if err != nil {
-			if !h.DryRun {
-				return caddyhttp.Error(http.StatusBadRequest, fmt.Errorf("zone %s: %w", z.Name, err))
+			err = fmt.Errorf("zone %s: %w", z.Name, err)
+			if h.DryRun {
+				// Enforced, this is a 400 before any decision: no zone decides or is charged,
+				// and nothing is counted. dry_run only lets the request through.
+				if c := h.logger.Check(zapcore.DebugLevel, "bad request cost; dry_run lets it through"); c != nil {
+					c.Write(zap.Error(err))
+				}
+				return next.ServeHTTP(w, r)
 			}
-			cost = 1 // dry_run never rejects: count the request as one
+			return caddyhttp.Error(http.StatusBadRequest, err)
 		}
 		reqs = append(reqs, limiter.Request{Zone: &z.lz, Key: z.clientKey(repl), Cost: cost})
 	}
@@ -80,13 +89,20 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			c.Write(zap.String("reason", reason), zap.String("fail_mode", h.FailMode), zap.Error(err))
 		}
 		out.degraded = true
-		switch {
-		case h.FailMode == FailLocal:
+		switch h.FailMode {
+		case FailLocal:
 			d = h.local.Allow(reqs, time.Now())
-		case h.FailMode == FailClosed && !h.DryRun:
+		case FailClosed:
+			h.count(reqs, resultFailClosed)
+			if h.DryRun {
+				// Reported as the 503 it would have been ({http.rate_limit_redis.allowed} is
+				// false), with no header: the 503 would carry only Retry-After.
+				return next.ServeHTTP(w, r)
+			}
 			w.Header()[hdrRetryAfter] = []string{"1"}
 			return caddyhttp.Error(http.StatusServiceUnavailable, fmt.Errorf("rate limiter unavailable (fail_mode closed): %w", err))
-		default: // open, or closed in dry_run, which never rejects
+		default: // open
+			h.count(reqs, resultFailOpen)
 			out.allowed = true
 			if h.Headers != HeadersOff {
 				w.Header()[hdrDegraded] = []string{"true"}
@@ -105,16 +121,32 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	h.setRateLimitHeaders(w.Header(), z, d, out)
 
 	if d.Allowed {
+		if out.degraded {
+			h.count(reqs, resultLocal)
+		} else {
+			h.count(reqs, resultAllowed)
+		}
 		return next.ServeHTTP(w, r)
+	}
+	// Denied: only the deciding zone counts; the others were not charged.
+	switch {
+	case h.DryRun:
+		z.decisions[resultDryRunDenied].Inc()
+	case out.degraded:
+		z.decisions[resultLocalDenied].Inc()
+	default:
+		z.decisions[resultDenied].Inc()
 	}
 	if d.Cached {
 		metrics.denyCacheHits.Inc()
 	}
 	if c := h.logger.Check(zapcore.DebugLevel, "rate limited"); c != nil {
-		c.Write(zap.String("zone", zone.Name), zap.Bool("dry_run", h.DryRun), zap.Bool("local", out.degraded), zap.Bool("cached", d.Cached),
-			zap.Int64("limit", d.Limit), zap.Int64("retry_after", out.retryAfter), zap.Bool("unsatisfiable", d.Unsatisfiable))
+		h.logDenial(c, out, d)
 	}
 	if h.DryRun {
+		// Decided, charged, counted, headed and reported exactly as enforced, but let through.
+		// Retry-After is left out: it belongs to a rejection, and a client that honours it on
+		// any response would slow down, which dry_run must not cause.
 		return next.ServeHTTP(w, r)
 	}
 	err = z.errLimited
@@ -145,12 +177,40 @@ func (h *Handler) decide(ctx context.Context, reqs []limiter.Request) (limiter.D
 	ctx, cancel := context.WithTimeout(ctx, time.Duration(h.Timeout))
 	defer cancel()
 	return h.client.breaker.Execute(func() (limiter.Decision, error) {
+		start := time.Now()
 		d, err := h.limiter.Allow(ctx, reqs)
+		metrics.redisDuration.Observe(time.Since(start).Seconds())
 		if err != nil {
 			h.client.lastErr.Store(&err)
 		}
 		return d, err
 	})
+}
+
+// count adds one decision with result res to every zone of reqs. reqs are in the order of
+// h.Zones (ServeHTTP builds them so), which makes this one pass.
+func (h *Handler) count(reqs []limiter.Request, res result) {
+	i := 0
+	for _, rq := range reqs {
+		for &h.Zones[i].lz != rq.Zone {
+			i++
+		}
+		h.Zones[i].decisions[res].Inc()
+	}
+}
+
+// logDenial writes the debug line of a denial: the deciding zone, its quota, the wait, how it
+// was decided, and the client key only when log_key is on.
+func (h *Handler) logDenial(c *zapcore.CheckedEntry, out *outcome, d limiter.Decision) {
+	fields := []zap.Field{
+		zap.String("zone", out.zone), zap.Int64("limit", out.limit), zap.Int64("remaining", out.remaining),
+		zap.Int64("retry_after", out.retryAfter), zap.Bool("unsatisfiable", d.Unsatisfiable),
+		zap.Bool("cached", d.Cached), zap.Bool("local", out.degraded), zap.Bool("dry_run", h.DryRun),
+	}
+	if h.LogKey {
+		fields = append(fields, zap.String("key", out.key))
+	}
+	c.Write(fields...)
 }
 
 // failureReason classifies a decision error: circuit_open, timeout, bad_response or redis_error.

@@ -8,7 +8,11 @@ import (
 )
 
 // The metrics live for the process and are registered into each config's registry on every
-// load (as Caddy's reverse proxy does), so they keep counting across reloads.
+// load, as Caddy's reverse proxy does: Caddy gives every config (every load or reload) a new,
+// empty registry (caddy.Context.GetMetricsRegistry), and its admin /metrics endpoint and
+// `metrics` handler serve the registry of the config they belong to. Collectors made per config
+// would start again from zero on each reload; these keep counting. No metric has a per-client
+// label: the zone label's values are the configured zone names.
 var metrics struct {
 	once sync.Once
 	// backendFailures counts failed decisions by reason: timeout, bad_response, redis_error,
@@ -16,11 +20,47 @@ var metrics struct {
 	backendFailures *prometheus.CounterVec
 	// denyCacheHits counts requests denied from the deny cache, with no Redis call.
 	denyCacheHits prometheus.Counter
-	// decisions counts decisions by zone and result: allowed, denied, dry_run_denied, fail_open,
-	// fail_closed, local, local_denied.
+	// decisions counts decisions by zone and result (the result* values): an admitted request
+	// once in every zone that applied to it, a denied one once in the deciding zone only.
 	decisions *prometheus.CounterVec
-	// redisDuration observes the seconds each decision's Redis call took, answered or not.
+	// redisDuration observes the seconds each decision's Redis call took, answered or not. A
+	// denial from the deny cache and a failure of the open circuit breaker make no call.
 	redisDuration prometheus.Histogram
+}
+
+// result is the result label of decisions_total.
+type result int
+
+// The results of a decision. In dry_run every result is counted as enforcement would count it,
+// except that a denial (resultDenied, resultLocalDenied) is resultDryRunDenied.
+const (
+	resultAllowed      result = iota // Redis admitted the request
+	resultDenied                     // Redis or the deny cache denied it (429), or its cost exceeds the quota
+	resultDryRunDenied               // it would have been denied, but dry_run let it through
+	resultFailOpen                   // Redis failed and fail_mode open let it through
+	resultFailClosed                 // Redis failed and fail_mode closed answered 503 (in dry_run: would have)
+	resultLocal                      // Redis failed and fail_mode local's in-process limiter admitted it
+	resultLocalDenied                // Redis failed and fail_mode local's in-process limiter denied it
+	numResults
+)
+
+var resultNames = [numResults]string{"allowed", "denied", "dry_run_denied", "fail_open", "fail_closed", "local", "local_denied"}
+
+func (r result) String() string { return resultNames[r] }
+
+// decisionCounters are one zone's series of decisions_total, one per result, looked up once
+// when the zone is provisioned rather than per request. Creating them up front also exports
+// every series at 0, so that rates over them are defined from the first scrape.
+type decisionCounters [numResults]prometheus.Counter
+
+// newDecisionCounters returns the decisions_total series of the zone named zone.
+func newDecisionCounters(zone string) *decisionCounters {
+	initMetrics()
+	var c decisionCounters
+	for r := range numResults {
+		c[r] = metrics.decisions.WithLabelValues(zone, r.String())
+	}
+	return &c
 }
 
 func initMetrics() {
@@ -41,7 +81,7 @@ func initMetrics() {
 			Namespace: "caddy",
 			Subsystem: "rate_limit_redis",
 			Name:      "decisions_total",
-			Help:      "Rate limit decisions by zone and result: allowed, denied, dry_run_denied, fail_open, fail_closed, local, local_denied.",
+			Help:      "Rate limit decisions by zone and result: allowed, denied, dry_run_denied, fail_open, fail_closed, local, local_denied. An admitted request counts in every zone that applied, a denied one in the denying zone only.",
 		}, []string{"zone", "result"})
 		metrics.redisDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: "caddy",

@@ -95,6 +95,12 @@ type Handler struct {
 	// used evicted. Default: true.
 	DenyCache *bool `json:"deny_cache,omitempty"`
 
+	// Include the client key in the handler's log lines (the debug line of each denial). Client
+	// keys (IP addresses, API keys) can be personal data or credentials, so by default no log
+	// line of the handler holds one; the `{http.rate_limit_redis.key}` placeholder is there for
+	// access logs that choose to.
+	LogKey bool `json:"log_key,omitempty"`
+
 	// The zones, checked in the order given. A request must pass every zone that applies to it;
 	// if any zone denies, no zone is charged. At least one zone is required.
 	Zones []*Zone `json:"zones,omitempty"`
@@ -204,7 +210,8 @@ type Zone struct {
 
 	matcherSets caddyhttp.MatcherSets
 	lz          limiter.Zone
-	fixedCost   int64 // > 0 when Cost is a literal integer
+	fixedCost   int64             // > 0 when Cost is a literal integer
+	decisions   *decisionCounters // the zone's series of decisions_total
 
 	// Formatted once for the hot path: the quota (X-RateLimit-Limit), the quoted name and the
 	// RateLimit-Policy value, and the errors of a denial.
@@ -303,6 +310,9 @@ func (z *Zone) provision(ctx caddy.Context) error {
 	z.policy = z.quotedName + ";q=" + z.quota + ";w=" + strconv.FormatInt(seconds(z.lz.PolicyWindow()), 10)
 	z.errLimited = fmt.Errorf("zone %s: rate limit exceeded", z.Name)
 	z.errUnsatisfiable = fmt.Errorf("zone %s: cost exceeds the zone's quota of %s", z.Name, z.quota)
+	if limiter.ValidZoneName(z.Name) { // else Validate rejects it: no metric series for a name that never serves
+		z.decisions = newDecisionCounters(z.Name)
+	}
 	if !strings.Contains(z.Cost, "{") {
 		n, err := strconv.ParseInt(z.Cost, 10, 64)
 		if err != nil || n < 1 {

@@ -9,7 +9,7 @@ import (
 // placeholderPrefix begins every placeholder the handler provides, for logs, handle_errors and
 // later handlers:
 //
-//	{http.rate_limit_redis.allowed}      true or false (false in dry_run when it would be denied)
+//	{http.rate_limit_redis.allowed}      true or false; in dry_run, false when enforcement would reject (429, or 503 of fail_mode closed)
 //	{http.rate_limit_redis.zone}         the deciding zone's name
 //	{http.rate_limit_redis.key}          the deciding zone's client key, as resolved
 //	{http.rate_limit_redis.limit}        the deciding zone's capacity or limit

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -175,8 +176,12 @@ func evalBatch(ctx context.Context, rdb Pipeliner, script *redis.Script, batch [
 	for i, c := range batch {
 		cmds[i] = script.EvalSha(ctx, pipe, c.keys, c.args...)
 	}
-	_, execErr := pipe.Exec(ctx)
+	// Each command carries its own error, except when setting up the connection failed with a
+	// Redis error (AUTH's WRONGPASS): go-redis then leaves the commands unset, and only Exec
+	// returns the error.
+	_, err := pipe.Exec(ctx)
 	var again []int
+	var errAgain error
 	for i, cmd := range cmds {
 		if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
 			again = append(again, i)
@@ -187,14 +192,15 @@ func evalBatch(ctx context.Context, rdb Pipeliner, script *redis.Script, batch [
 		for _, i := range again {
 			cmds[i] = script.Eval(ctx, pipe, batch[i].keys, batch[i].args...)
 		}
-		_, execErr = pipe.Exec(ctx)
+		_, errAgain = pipe.Exec(ctx)
 	}
 	for i, c := range batch {
 		c.reply, c.err = cmds[i].Result()
 		if c.reply == nil && c.err == nil {
-			// go-redis leaves the commands untouched when it could not get a connection
-			// (a failed AUTH, for one): the pipeline's error is theirs.
-			c.err = execErr
+			c.err = err
+			if slices.Contains(again, i) {
+				c.err = errAgain
+			}
 		}
 	}
 }

@@ -28,12 +28,13 @@ type Server struct {
 	// Addr is the server's host:port on the loopback interface.
 	Addr string
 
-	t    testing.TB
-	dir  string
-	args []string
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{} // closed when cmd has exited
+	t        testing.TB
+	dir      string
+	args     []string
+	password string // requirepass, when StartWithPassword started it
+	mu       sync.Mutex
+	cmd      *exec.Cmd
+	done     chan struct{} // closed when cmd has exited
 }
 
 // Start starts a redis-server with no persistence on a free loopback port, waits until it
@@ -41,10 +42,22 @@ type Server struct {
 // ("--maxmemory", "10mb"). It fails the test when redis-server is not installed or does not start.
 func Start(t testing.TB, extra ...string) *Server {
 	t.Helper()
+	return startServer(t, "", extra)
+}
+
+// StartWithPassword is Start with `requirepass password`: a client must authenticate with the
+// password before any other command. The server's own Client, Do and start-up check do.
+func StartWithPassword(t testing.TB, password string, extra ...string) *Server {
+	t.Helper()
+	return startServer(t, password, append([]string{"--requirepass", password}, extra...))
+}
+
+func startServer(t testing.TB, password string, extra []string) *Server {
+	t.Helper()
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		t.Fatal("redis-server is not installed: run `make test`, which installs it, or `apt-get install redis-server`")
 	}
-	s := &Server{t: t, dir: t.TempDir()}
+	s := &Server{t: t, dir: t.TempDir(), password: password}
 	var lastErr error
 	for attempt := 0; attempt < 5; attempt++ {
 		port, err := freePort()
@@ -87,7 +100,7 @@ func (s *Server) start() error {
 	s.cmd, s.done = cmd, done
 	s.mu.Unlock()
 
-	c := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
+	c := redis.NewClient(&redis.Options{Addr: s.Addr, Password: s.password, MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
 	defer c.Close()
 	deadline := time.Now().Add(startDeadline)
 	for {
@@ -168,7 +181,7 @@ func (s *Server) Restart() {
 
 // Client returns a new go-redis client of the server, closed when the test ends.
 func (s *Server) Client() *redis.Client {
-	c := redis.NewClient(&redis.Options{Addr: s.Addr})
+	c := redis.NewClient(&redis.Options{Addr: s.Addr, Password: s.password})
 	s.t.Cleanup(func() { _ = c.Close() })
 	return c
 }
@@ -193,7 +206,7 @@ func (s *Server) ScriptCalls() int {
 // error fails the test.
 func (s *Server) Do(args ...any) any {
 	s.t.Helper()
-	c := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1})
+	c := redis.NewClient(&redis.Options{Addr: s.Addr, Password: s.password, MaxRetries: -1})
 	defer c.Close()
 	v, err := c.Do(context.Background(), args...).Result()
 	if err != nil && !errors.Is(err, redis.Nil) {

@@ -1,0 +1,381 @@
+package ratelimitredis
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
+)
+
+// The metric names, as a dashboard queries them.
+const (
+	metricDecisions  = "caddy_rate_limit_redis_decisions_total"
+	metricDuration   = "caddy_rate_limit_redis_redis_duration_seconds"
+	metricFailures   = "caddy_rate_limit_redis_backend_failures_total"
+	metricCacheHits  = "caddy_rate_limit_redis_deny_cache_hits_total"
+	allMetricsPrefix = "caddy_rate_limit_redis_"
+)
+
+// activeRegistry is the metrics registry of Caddy's running config: what its admin /metrics
+// endpoint and `metrics` handler serve.
+func activeRegistry(t *testing.T) *prometheus.Registry {
+	t.Helper()
+	ctx := caddy.ActiveContext()
+	reg := ctx.GetMetricsRegistry()
+	if reg == nil {
+		t.Fatal("no metrics registry in the active Caddy context")
+	}
+	return reg
+}
+
+// metricValue gathers reg and returns the value of the series of the family name whose labels
+// are exactly labels (name, value pairs): a counter's value, or a histogram's sample count.
+// A series that does not exist is 0.
+func metricValue(t *testing.T, reg prometheus.Gatherer, name string, labels ...string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatalf("gathering metrics: %v", err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	series:
+		for _, m := range mf.GetMetric() {
+			if len(m.GetLabel()) != len(labels)/2 {
+				continue
+			}
+			for _, lp := range m.GetLabel() {
+				if !hasPair(labels, lp.GetName(), lp.GetValue()) {
+					continue series
+				}
+			}
+			if h := m.GetHistogram(); h != nil {
+				return float64(h.GetSampleCount())
+			}
+			return m.GetCounter().GetValue()
+		}
+	}
+	return 0
+}
+
+func hasPair(pairs []string, name, value string) bool {
+	for i := 0; i+1 < len(pairs); i += 2 {
+		if pairs[i] == name && pairs[i+1] == value {
+			return true
+		}
+	}
+	return false
+}
+
+// snapshot is the values of the series the tests watch, read from one registry.
+type snapshot map[string]float64
+
+// takeSnapshot reads the series the tests watch: for every zone given, its decisions_total of
+// every result; the Redis call histogram's count; the failures of a Redis call and those of the
+// open circuit breaker; the deny cache hits.
+func takeSnapshot(t *testing.T, reg prometheus.Gatherer, zones ...string) snapshot {
+	t.Helper()
+	s := snapshot{
+		"calls":     metricValue(t, reg, metricDuration),
+		"cache_hit": metricValue(t, reg, metricCacheHits),
+	}
+	// A refused connection is a timeout or a redis_error depending on where go-redis's dial
+	// retries are when the deadline passes: the reasons of a call are summed.
+	for _, reason := range []string{"redis_error", "timeout", "bad_response"} {
+		s["failure/called"] += metricValue(t, reg, metricFailures, "reason", reason)
+	}
+	s["failure/circuit_open"] = metricValue(t, reg, metricFailures, "reason", "circuit_open")
+	for _, z := range zones {
+		for r := range numResults {
+			s[z+"/"+r.String()] = metricValue(t, reg, metricDecisions, "zone", z, "result", r.String())
+		}
+	}
+	return s
+}
+
+// expectDeltas checks that every watched series moved from before to after by exactly the delta
+// given in want (series not in want: by 0).
+func expectDeltas(t *testing.T, step string, before, after snapshot, want map[string]float64) {
+	t.Helper()
+	for k := range want {
+		if _, ok := before[k]; !ok {
+			t.Fatalf("%s: series %q is not watched", step, k)
+		}
+	}
+	var bad []string
+	for k, b := range before {
+		if d := after[k] - b; d != want[k] {
+			bad = append(bad, fmt.Sprintf("%s +%v, want +%v", k, d, want[k]))
+		}
+	}
+	if len(bad) > 0 {
+		t.Fatalf("%s: %s", step, strings.Join(bad, "; "))
+	}
+}
+
+// TestMetricsDecisions: decisions_total counts an admitted request once in every zone that
+// applied to it and a denied one only in the denying zone; a denial from the deny cache is
+// `denied` plus a deny cache hit, with no Redis call observed; a cost above the quota is
+// `denied`; a bad cost (400) is no decision. The Redis call histogram counts exactly the calls
+// made. Read from the registry of Caddy's running config, after real requests.
+func TestMetricsDecisions(t *testing.T) {
+	srv := redistest.Start(t)
+	cs := startCaddy(t, fmt.Sprintf(`
+	rate_limit_redis {
+		redis {
+			address %s
+		}
+		zone md_api {
+			key {http.request.header.X-Client}
+			capacity 3
+			refill_rate 1/1h
+			cost {http.request.header.X-Cost}
+		}
+		zone md_login {
+			match path /login
+			key {http.request.header.X-Client}
+			algorithm sliding_window
+			limit 2
+			window 1h
+		}
+	}
+	respond "ok"`, srv.Addr))
+	reg := activeRegistry(t)
+	zones := []string{"md_api", "md_login"}
+	step := func(name string, do func(), want map[string]float64) {
+		t.Helper()
+		before := takeSnapshot(t, reg, zones...)
+		do()
+		expectDeltas(t, name, before, takeSnapshot(t, reg, zones...), want)
+	}
+
+	step("two logins, allowed in both zones", func() {
+		cs.get("/login", "X-Client", "a").expect(t, "login 1", 200, "ok")
+		cs.get("/login", "X-Client", "a").expect(t, "login 2", 200, "ok")
+	}, map[string]float64{"md_api/allowed": 2, "md_login/allowed": 2, "calls": 2})
+	step("a third login, denied by md_login only", func() {
+		cs.get("/login", "X-Client", "a").expect(t, "login 3", 429, "", "X-RateLimit-Limit", "2")
+	}, map[string]float64{"md_login/denied": 1, "calls": 1})
+	step("the same login again, denied from the deny cache", func() {
+		cs.get("/login", "X-Client", "a").expect(t, "login 4", 429, "", "X-RateLimit-Limit", "2")
+	}, map[string]float64{"md_login/denied": 1, "cache_hit": 1})
+	step("a cost above the quota: denied, no Retry-After", func() {
+		cs.get("/", "X-Client", "a", "X-Cost", "4").expect(t, "cost 4", 429, "", "Retry-After", "")
+	}, map[string]float64{"md_api/denied": 1, "calls": 1})
+	step("a bad cost is no decision", func() {
+		cs.get("/", "X-Client", "a", "X-Cost", "x").expect(t, "cost x", 400, "")
+	}, nil)
+	step("the last token, then md_api denies", func() {
+		cs.get("/", "X-Client", "a").expect(t, "last token", 200, "ok", "X-RateLimit-Remaining", "0")
+		cs.get("/", "X-Client", "a").expect(t, "no token", 429, "")
+	}, map[string]float64{"md_api/allowed": 1, "md_api/denied": 1, "calls": 2})
+
+	// Never a per-client series: 20 more clients add none.
+	n, err := testutil.GatherAndCount(reg, metricDecisions)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 20; i++ {
+		cs.get("/", "X-Client", "client"+strconv.Itoa(i)).expect(t, "another client", 200, "ok")
+	}
+	if m, _ := testutil.GatherAndCount(reg, metricDecisions); m != n {
+		t.Fatalf("decisions_total has %d series after 20 new clients, had %d", m, n)
+	}
+	// Every zone's series exist from the start: 7 results per zone.
+	for _, z := range zones {
+		for r := range numResults {
+			if !seriesExists(t, reg, metricDecisions, "zone", z, "result", r.String()) {
+				t.Errorf("no series for zone %s, result %s", z, r)
+			}
+		}
+	}
+	if problems, err := testutil.GatherAndLint(reg, metricDecisions, metricDuration, metricFailures, metricCacheHits); err != nil || len(problems) > 0 {
+		t.Fatalf("metric lint: %v %v", problems, err)
+	}
+}
+
+func seriesExists(t *testing.T, reg prometheus.Gatherer, name string, labels ...string) bool {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	series:
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if !hasPair(labels, lp.GetName(), lp.GetValue()) {
+					continue series
+				}
+			}
+			return true
+		}
+	}
+	return false
+}
+
+// TestMetricsFailModes: with Redis down, every request is counted in every zone that applied,
+// as fail_open or fail_closed (also in dry_run, where the 503 is not sent); with fail_mode local
+// as local while the in-process limiter admits and as local_denied, in the denying zone only,
+// when it denies. The histogram observes the failed Redis calls, not the requests the open
+// circuit breaker answered without one.
+func TestMetricsFailModes(t *testing.T) {
+	saved := breakerOpenFor
+	breakerOpenFor = time.Minute // every request after the trips meets the breaker open
+	t.Cleanup(func() { breakerOpenFor = saved })
+	const requests = breakerTrips + 3
+	for _, tc := range []struct {
+		name, options string
+		status        int
+		want          map[string]float64
+	}{
+		{"open", "fail_mode open", 200, map[string]float64{"a/fail_open": requests, "b/fail_open": requests}},
+		{"closed", "fail_mode closed", 503, map[string]float64{"a/fail_closed": requests, "b/fail_closed": requests}},
+		{"closed dry_run", "fail_mode closed\n\t\tdry_run", 200, map[string]float64{"a/fail_closed": requests, "b/fail_closed": requests}},
+		// Zone b (capacity 2) denies the third request and every later one; zone a (capacity 5)
+		// admits, but is charged only when both admit.
+		{"local", "fail_mode local", 0, map[string]float64{"a/local": 2, "b/local": 2, "b/local_denied": requests - 2}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := redistest.Start(t)
+			a, b := "mf_a_"+strings.ReplaceAll(tc.name, " ", "_"), "mf_b_"+strings.ReplaceAll(tc.name, " ", "_")
+			cs := startCaddy(t, fmt.Sprintf(`
+	rate_limit_redis {
+		redis {
+			address %s
+		}
+		%s
+		zone %s {
+			capacity 5
+			refill_rate 1/1h
+		}
+		zone %s {
+			capacity 2
+			refill_rate 1/1h
+		}
+	}
+	respond "ok"`, srv.Addr, tc.options, a, b))
+			reg := activeRegistry(t)
+			srv.Stop()
+			before := takeSnapshot(t, reg, a, b)
+			for i := 1; i <= requests; i++ {
+				r := cs.get("/")
+				want := tc.status
+				if want == 0 { // local: two admitted, then 429
+					want = 200
+					if i > 2 {
+						want = 429
+					}
+				}
+				if r.status != want {
+					t.Fatalf("request %d: status %d, want %d", i, r.status, want)
+				}
+			}
+			want := map[string]float64{
+				"calls":                breakerTrips, // then the breaker is open: no call
+				"failure/called":       breakerTrips,
+				"failure/circuit_open": requests - breakerTrips,
+			}
+			for k, v := range tc.want {
+				k = strings.NewReplacer("a/", a+"/", "b/", b+"/").Replace(k)
+				want[k] = v
+			}
+			expectDeltas(t, tc.name, before, takeSnapshot(t, reg, a, b), want)
+		})
+	}
+}
+
+// TestMetricsAcrossReload: every config load gets a new, empty registry from Caddy
+// (caddy.Context.GetMetricsRegistry); the handler registers its collectors into it, so after
+// `caddy reload` the metrics are in the new config's registry, served at /metrics by the new
+// config's `metrics` handler, and keep counting from where they were.
+func TestMetricsAcrossReload(t *testing.T) {
+	srv := redistest.Start(t)
+	site := fmt.Sprintf(`
+	handle /metrics {
+		metrics
+	}
+	handle {
+		rate_limit_redis {
+			redis {
+				address %s
+			}
+			zone mr {
+				key {http.request.header.X-Client}
+				capacity 2
+				refill_rate 1/1h
+			}
+		}
+		respond "ok"
+	}`, srv.Addr)
+	cs := startCaddy(t, site)
+	port, err := strconv.Atoi(strings.TrimPrefix(cs.base, "http://127.0.0.1:"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg1 := activeRegistry(t)
+	base := takeSnapshot(t, reg1, "mr")
+
+	cs.get("/", "X-Client", "a").expect(t, "1", 200, "ok")
+	cs.get("/", "X-Client", "a").expect(t, "2", 200, "ok")
+	cs.get("/", "X-Client", "a").expect(t, "3", 429, "")
+	beforeReload := takeSnapshot(t, reg1, "mr")
+	expectDeltas(t, "before the reload", base, beforeReload, map[string]float64{"mr/allowed": 2, "mr/denied": 1, "calls": 3})
+	scraped(t, cs, "mr", "allowed", beforeReload["mr/allowed"])
+
+	if err := cs.load(site, port); err != nil {
+		t.Fatalf("reload: %v", err)
+	}
+	reg2 := activeRegistry(t)
+	if reg2 == reg1 {
+		t.Fatal("the reload kept the registry; this test assumes Caddy makes a new one per config")
+	}
+	// The new registry holds the metrics, with the values they had.
+	expectDeltas(t, "right after the reload", beforeReload, takeSnapshot(t, reg2, "mr"), nil)
+	for _, name := range []string{metricDecisions, metricDuration, metricFailures, metricCacheHits} {
+		if n, err := testutil.GatherAndCount(reg2, name); err != nil || n == 0 {
+			t.Errorf("%s: %d series in the new config's registry (%v)", name, n, err)
+		}
+	}
+
+	// The new handler has an empty deny cache: Redis denies again. Then another client.
+	cs.get("/", "X-Client", "a").expect(t, "4", 429, "")
+	cs.get("/", "X-Client", "b").expect(t, "5", 200, "ok")
+	after := takeSnapshot(t, reg2, "mr")
+	expectDeltas(t, "after the reload", beforeReload, after, map[string]float64{"mr/allowed": 1, "mr/denied": 1, "calls": 2})
+	scraped(t, cs, "mr", "allowed", after["mr/allowed"])
+	scraped(t, cs, "mr", "denied", after["mr/denied"])
+}
+
+// scraped checks that Caddy's /metrics (the `metrics` handler) shows decisions_total of zone
+// and result at value.
+func scraped(t *testing.T, cs *caddyServer, zone, result string, value float64) {
+	t.Helper()
+	r := cs.get("/metrics")
+	line := fmt.Sprintf(`%s{result=%q,zone=%q} %s`, metricDecisions, result, zone, strconv.FormatFloat(value, 'g', -1, 64))
+	for l := range strings.SplitSeq(r.body, "\n") {
+		if l == line {
+			return
+		}
+	}
+	var ours []string
+	for l := range strings.SplitSeq(r.body, "\n") {
+		if strings.HasPrefix(l, allMetricsPrefix) {
+			ours = append(ours, l)
+		}
+	}
+	t.Fatalf("/metrics (status %d) has no line %q; its lines of the module:\n%s", r.status, line, strings.Join(ours, "\n"))
+}
