@@ -6,7 +6,7 @@ MODULE        := github.com/rate-limit-redis/caddy-rate-limit-redis
 LOCAL_VERSION := v0.0.0-00010101000000-000000000000
 SOURCES       := $(shell find . \( -path ./bin -o -path ./bench \) -prune -o \( -name '*.go' -o -name '*.lua' \) -print) go.mod go.sum
 
-.PHONY: build run test fmt adapt smoke bench fuzz
+.PHONY: build run test compose-check fmt adapt smoke bench fuzz
 
 ## build: bin/caddy, Caddy $(CADDY_VERSION) with this module
 build: bin/caddy
@@ -19,12 +19,17 @@ run: bin/caddy
 	scripts/run.sh
 
 ## test: gofmt check, go vet and every test with the race detector, against real redis-server
-test:
+test: compose-check
 	scripts/ensure-redis.sh
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 		if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
 	go vet ./...
 	go test -race -count=1 ./...
+
+## compose-check: docker-compose.yml is a valid compose file (no Docker engine needed)
+compose-check:
+	scripts/ensure-compose.sh
+	docker-compose -f docker-compose.yml config -q
 
 ## smoke: bin/caddy with Caddyfile.example on a throwaway Redis, checked with curl
 smoke: bin/caddy
