@@ -301,7 +301,7 @@ func (z *Zone) provision(ctx caddy.Context) error {
 	z.policy = z.quotedName + ";q=" + z.quota + ";w=" + strconv.FormatInt(seconds(z.lz.PolicyWindow()), 10)
 	z.errLimited = fmt.Errorf("zone %s: rate limit exceeded", z.Name)
 	z.errUnsatisfiable = fmt.Errorf("zone %s: cost exceeds the zone's quota of %s", z.Name, z.quota)
-	if !strings.Contains(z.Cost, "{") {
+	if !hasPlaceholder(z.Cost) { // as the Caddyfile parser decides
 		n, err := strconv.ParseInt(z.Cost, 10, 64)
 		if err != nil || n < 1 {
 			return fmt.Errorf("zone %s: cost %q must be a positive integer or a placeholder", z.Name, z.Cost)
