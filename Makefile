@@ -51,9 +51,12 @@ bench: bin/caddy bin/caddy-plain
 bin/caddy-plain: go.mod
 	go tool xcaddy build $(CADDY_VERSION) --output bin/caddy-plain
 
-## fuzz: each fuzz target for FUZZTIME (default 30s); `make test` runs their seeds
+## fuzz: each fuzz target for FUZZTIME (default 30s); `make test` runs their seed corpora
+## (testdata/fuzz, limiter/testdata/fuzz). New failing inputs are written there: keep them.
 FUZZTIME ?= 30s
 fuzz:
+	scripts/ensure-redis.sh
 	go test -run XXX -fuzz '^FuzzUnmarshalCaddyfile$$' -fuzztime $(FUZZTIME) .
 	go test -run XXX -fuzz '^FuzzClientKey$$' -fuzztime $(FUZZTIME) ./limiter
 	go test -run XXX -fuzz '^FuzzDecodeReply$$' -fuzztime $(FUZZTIME) ./limiter
+	go test -run XXX -fuzz '^FuzzAllow$$' -fuzztime $(FUZZTIME) ./limiter

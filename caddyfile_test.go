@@ -555,6 +555,12 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 			`zone: "a/b" is not a valid zone name (1 to 64 characters of A-Z a-z 0-9 _ . -), at Testfile:2`},
 		{"zone name too long", "rate_limit_redis {\n\tzone a2345678901234567890123456789012345678901234567890123456789012345\n}",
 			`zone: "a2345678901234567890123456789012345678901234567890123456789012345" is not a valid zone name (1 to 64 characters of A-Z a-z 0-9 _ . -), at Testfile:2`},
+		{"zone name with a space", "rate_limit_redis {\n\tzone \"a b\" {\n\t\tcapacity 1\n\t}\n}",
+			`zone: "a b" is not a valid zone name (1 to 64 characters of A-Z a-z 0-9 _ . -), at Testfile:2`},
+		{"zone name in braces", "rate_limit_redis {\n\tzone {a} {\n\t\tcapacity 1\n\t}\n}",
+			`zone: "{a}" is not a valid zone name (1 to 64 characters of A-Z a-z 0-9 _ . -), at Testfile:2`},
+		{"zone name with a brace", "rate_limit_redis {\n\tzone a} {\n\t\tcapacity 1\n\t}\n}",
+			`zone: "a}" is not a valid zone name (1 to 64 characters of A-Z a-z 0-9 _ . -), at Testfile:2`},
 		{"zone name duplicate", "rate_limit_redis {" + zone + zone + "\n}",
 			`duplicate zone name "z", at Testfile:6`},
 		{"zone unknown subdirective", "rate_limit_redis {\n\tzone a {\n\t\ttimeout 1s\n\t}\n}",
@@ -601,6 +607,8 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 			`capacity: "9007199254740993" is out of range (1 to 9007199254740992), at Testfile:3`},
 		{"capacity beyond int64", "rate_limit_redis {\n\tzone a {\n\t\tcapacity 99999999999999999999\n\t}\n}",
 			`capacity: "99999999999999999999" is out of range (1 to 9007199254740992), at Testfile:3`},
+		{"capacity far below zero", "rate_limit_redis {\n\tzone a {\n\t\tcapacity -9007199254740993\n\t}\n}",
+			`capacity: "-9007199254740993" is out of range (1 to 9007199254740992), at Testfile:3`},
 
 		// refill_rate
 		{"refill_rate missing", "rate_limit_redis {\n\tzone a {\n\t\trefill_rate\n\t}\n}",
@@ -627,6 +635,10 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 			`refill_rate: "10/": "" is not a duration, at Testfile:3`},
 		{"refill_rate zero duration", "rate_limit_redis {\n\tzone a {\n\t\trefill_rate 10/0s\n\t}\n}",
 			`refill_rate: "10/0s": the duration must be > 0, at Testfile:3`},
+		{"refill_rate unitless zero duration", "rate_limit_redis {\n\tzone a {\n\t\trefill_rate 10/0\n\t}\n}",
+			`refill_rate: "10/0": the duration must be > 0, at Testfile:3`},
+		{"refill_rate negative duration", "rate_limit_redis {\n\tzone a {\n\t\trefill_rate 10/-1s\n\t}\n}",
+			`refill_rate: "10/-1s": the duration must be > 0, at Testfile:3`},
 		{"refill_rate underflow", "rate_limit_redis {\n\tzone a {\n\t\trefill_rate 5e-324/1m\n\t}\n}",
 			`refill_rate: "5e-324/1m" is out of range, at Testfile:3`},
 
@@ -643,6 +655,12 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 			`limit: "0" is out of range (1 to 1000000), at Testfile:3`},
 		{"limit too large", "rate_limit_redis {\n\tzone a {\n\t\tlimit 1000001\n\t}\n}",
 			`limit: "1000001" is out of range (1 to 1000000), at Testfile:3`},
+		{"limit negative", "rate_limit_redis {\n\tzone a {\n\t\tlimit -1\n\t}\n}",
+			`limit: "-1" is out of range (1 to 1000000), at Testfile:3`},
+		{"limit beyond 2^53", "rate_limit_redis {\n\tzone a {\n\t\tlimit 9007199254740993\n\t}\n}",
+			`limit: "9007199254740993" is out of range (1 to 1000000), at Testfile:3`},
+		{"limit beyond int64", "rate_limit_redis {\n\tzone a {\n\t\tlimit 99999999999999999999\n\t}\n}",
+			`limit: "99999999999999999999" is out of range (1 to 1000000), at Testfile:3`},
 
 		// window
 		{"window missing", "rate_limit_redis {\n\tzone a {\n\t\twindow\n\t}\n}",
@@ -659,6 +677,14 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 			`window: "999us" is out of range (1ms to 366d), at Testfile:3`},
 		{"window too long", "rate_limit_redis {\n\tzone a {\n\t\twindow 367d\n\t}\n}",
 			`window: "367d" is out of range (1ms to 366d), at Testfile:3`},
+		{"window negative", "rate_limit_redis {\n\tzone a {\n\t\twindow -1s\n\t}\n}",
+			`window: "-1s" is out of range (1ms to 366d), at Testfile:3`},
+		{"window 1ns", "rate_limit_redis {\n\tzone a {\n\t\twindow 1ns\n\t}\n}",
+			`window: "1ns" is out of range (1ms to 366d), at Testfile:3`},
+		{"window an hour over 366d", "rate_limit_redis {\n\tzone a {\n\t\twindow 8785h\n\t}\n}",
+			`window: "8785h" is out of range (1ms to 366d), at Testfile:3`},
+		{"window beyond int64 nanoseconds", "rate_limit_redis {\n\tzone a {\n\t\twindow 10000000000000h\n\t}\n}",
+			`window: "10000000000000h" is not a duration, at Testfile:3`},
 
 		// cost
 		{"cost missing", "rate_limit_redis {\n\tzone a {\n\t\tcost\n\t}\n}",

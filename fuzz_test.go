@@ -1,33 +1,53 @@
 package ratelimitredis
 
 import (
+	"context"
+	"encoding/json"
 	"os"
+	"strings"
 	"testing"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 )
 
-// FuzzUnmarshalCaddyfile: any input is a config or an error, never a panic. The seeds (f.Add
-// and testdata/fuzz/FuzzUnmarshalCaddyfile) run with every `go test`; `make fuzz` explores.
+// FuzzUnmarshalCaddyfile: any input is a config or an error, never a panic. A config the parser
+// accepts is accepted by the JSON path too: marshalled as the adapter does, unmarshalled,
+// provisioned and validated as Caddy does (the only errors allowed there are the matcher
+// modules' own, and TLS files that do not exist). Seeds: Caddyfile.example and testdata/fuzz/FuzzUnmarshalCaddyfile; `make test`
+// runs them, `make fuzz` explores.
 func FuzzUnmarshalCaddyfile(f *testing.F) {
 	if src, err := os.ReadFile("Caddyfile.example"); err == nil {
 		f.Add(string(src))
-	}
-	for _, seed := range []string{
-		"rate_limit_redis {\n\tcapacity 10\n\trefill_rate 100/1m\n}",
-		"rate_limit_redis {\n\tzone a {\n\t\tmatch path /login\n\t\talgorithm sliding_window\n\t\tlimit 5\n\t\twindow 1m\n\t}\n}",
-		"rate_limit_redis {\n\tredis {\n\t\taddress a:1 b:2\n\t\ttls {\n\t\t\tca x\n\t\t}\n\t}\n\tcapacity 1\n\trefill_rate 1\n}",
-		"rate_limit_redis {\n\tkey {http.request.header.X} {client_ip}\n\tcost {http.request.header.C}\n\tcapacity 9007199254740992\n\trefill_rate 1e-300/1ns\n}",
-		"rate_limit_redis {\n\tzone {\n\t}\n}",
-	} {
-		f.Add(seed)
 	}
 	f.Fuzz(func(t *testing.T, input string) {
 		tokens, err := caddyfile.Tokenize([]byte(input), "Fuzzfile")
 		if err != nil {
 			return
 		}
+		var parsed Handler
+		if err := parsed.UnmarshalCaddyfile(caddyfile.NewDispenser(tokens)); err != nil {
+			return
+		}
+		raw, err := json.Marshal(&parsed)
+		if err != nil {
+			t.Fatalf("marshalling the parsed config: %v", err)
+		}
 		var h Handler
-		_ = h.UnmarshalCaddyfile(caddyfile.NewDispenser(tokens))
+		if err := json.Unmarshal(raw, &h); err != nil {
+			t.Fatalf("unmarshalling %s: %v", raw, err)
+		}
+		ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+		defer cancel()
+		err = h.Provision(ctx)
+		defer func() { _ = h.Cleanup() }()
+		if err == nil {
+			err = h.Validate()
+		}
+		// The matcher modules' own errors, and TLS files that are not there (the parser
+		// cannot know what the file system holds), are the JSON path's to report.
+		if err != nil && !strings.Contains(err.Error(), ": loading matchers: ") && !strings.Contains(err.Error(), "redis client: redis tls ") {
+			t.Fatalf("the Caddyfile parser accepted %q, but the JSON path rejects %s: %v", input, raw, err)
+		}
 	})
 }

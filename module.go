@@ -119,7 +119,8 @@ type Handler struct {
 // RedisConfig is how to connect to Redis.
 type RedisConfig struct {
 	// Redis server addresses as host:port. Placeholders such as {env.REDIS_ADDR} are replaced
-	// when the config loads. More than one address means Redis Cluster (not supported yet).
+	// when the config loads. More than one address (without `sentinel`) means Redis Cluster:
+	// they are seeds, the other nodes are discovered. With `sentinel`, they are the Sentinels.
 	// Default: ["127.0.0.1:6379"].
 	Addresses []string `json:"addresses,omitempty"`
 
@@ -131,16 +132,18 @@ type RedisConfig struct {
 	// never logged.
 	Password string `json:"password,omitempty"`
 
-	// The database number (standalone and Sentinel only). Default: 0.
+	// The database number (standalone and Sentinel only: Redis Cluster has only 0). Default: 0.
 	DB int `json:"db,omitempty"`
 
-	// The Sentinel master name: when set, the addresses are Sentinels. Not supported yet.
+	// The Sentinel master name: when set, the addresses are Sentinels, which name the current
+	// primary; decisions follow a failover with no reload. Exclusive with Cluster.
 	Sentinel string `json:"sentinel,omitempty"`
 
-	// Use Redis Cluster even with a single seed address. Not supported yet.
+	// Use Redis Cluster even with a single seed address.
 	Cluster bool `json:"cluster,omitempty"`
 
-	// Connect with TLS. Not supported yet.
+	// Connect with TLS (to every cluster node, and to the Sentinels as well as the data nodes).
+	// The PEM files are read when the config loads.
 	TLS *TLSConfig `json:"tls,omitempty"`
 
 	// The maximum number of connections to each Redis server. Default: go-redis's, 10 per CPU.
@@ -313,7 +316,7 @@ func (z *Zone) provision(ctx caddy.Context) error {
 	if limiter.ValidZoneName(z.Name) { // else Validate rejects it: no metric series for a name that never serves
 		z.decisions = newDecisionCounters(z.Name)
 	}
-	if !strings.Contains(z.Cost, "{") {
+	if !hasPlaceholder(z.Cost) { // as the Caddyfile parser decides
 		n, err := strconv.ParseInt(z.Cost, 10, 64)
 		if err != nil || n < 1 {
 			return fmt.Errorf("zone %s: cost %q must be a positive integer or a placeholder", z.Name, z.Cost)

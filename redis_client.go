@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
 	"github.com/sony/gobreaker/v2"
 
 	"github.com/caddyserver/caddy/v2"
@@ -167,39 +168,49 @@ func (r resolvedRedis) newClient() (redis.UniversalClient, error) {
 			PoolTimeout:           backstopIOTimeout,
 			DisableIdentity:       true,
 			TLSConfig:             tlsConfig,
-		}), nil
+		}), nil // maintenance notifications: not supported by go-redis's failover client
 	case r.Cluster:
 		return redis.NewClusterClient(&redis.ClusterOptions{
-			Addrs:                 r.Addresses,
-			Username:              r.Username,
-			Password:              r.Password,
-			PoolSize:              r.PoolSize,
-			DialTimeout:           r.DialTimeout,
-			ReadTimeout:           backstopIOTimeout,
-			WriteTimeout:          backstopIOTimeout,
-			ContextTimeoutEnabled: true,
-			MaxRetries:            maxRetries,
-			DialerRetries:         dialerRetries,
-			PoolTimeout:           backstopIOTimeout,
-			DisableIdentity:       true,
-			TLSConfig:             tlsConfig,
+			Addrs:                    r.Addresses,
+			Username:                 r.Username,
+			Password:                 r.Password,
+			PoolSize:                 r.PoolSize,
+			DialTimeout:              r.DialTimeout,
+			ReadTimeout:              backstopIOTimeout,
+			WriteTimeout:             backstopIOTimeout,
+			ContextTimeoutEnabled:    true,
+			MaxRetries:               maxRetries,
+			DialerRetries:            dialerRetries,
+			PoolTimeout:              backstopIOTimeout,
+			DisableIdentity:          true,
+			TLSConfig:                tlsConfig,
+			MaintNotificationsConfig: noMaintNotifications(),
 		}), nil
 	default:
 		return redis.NewClient(&redis.Options{
-			Addr:                  r.Addresses[0],
-			Username:              r.Username,
-			Password:              r.Password,
-			DB:                    r.DB,
-			PoolSize:              r.PoolSize,
-			DialTimeout:           r.DialTimeout,
-			ReadTimeout:           backstopIOTimeout,
-			WriteTimeout:          backstopIOTimeout,
-			ContextTimeoutEnabled: true,
-			MaxRetries:            maxRetries,
-			DialerRetries:         dialerRetries,
-			PoolTimeout:           backstopIOTimeout,
-			DisableIdentity:       true, // no CLIENT SETINFO round trip on each new connection
-			TLSConfig:             tlsConfig,
+			Addr:                     r.Addresses[0],
+			Username:                 r.Username,
+			Password:                 r.Password,
+			DB:                       r.DB,
+			PoolSize:                 r.PoolSize,
+			DialTimeout:              r.DialTimeout,
+			ReadTimeout:              backstopIOTimeout,
+			WriteTimeout:             backstopIOTimeout,
+			ContextTimeoutEnabled:    true,
+			MaxRetries:               maxRetries,
+			DialerRetries:            dialerRetries,
+			PoolTimeout:              backstopIOTimeout,
+			DisableIdentity:          true, // no CLIENT SETINFO round trip on each new connection
+			TLSConfig:                tlsConfig,
+			MaintNotificationsConfig: noMaintNotifications(),
 		}), nil
 	}
+}
+
+// noMaintNotifications turns off go-redis's maintenance notifications (a Redis Enterprise and
+// Redis Cloud feature). Their default, "auto", resolves the address's host name when the client
+// is created — a Caddy load would wait up to 2s per client on a slow DNS — and sends one more
+// command on every new connection.
+func noMaintNotifications() *maintnotifications.Config {
+	return &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
 }

@@ -1,21 +1,33 @@
 package limiter
 
 import (
-	"encoding/binary"
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
 )
 
 // FuzzClientKey: any bytes give a key component of at most MaxClientKeyBytes bytes without a
 // brace: the input itself when it is short and of the safe alphabet, else "~" and a 43-byte
-// digest (or "~empty"). "~" is outside the safe alphabet, so a verbatim key never equals a
-// digest: distinct inputs give distinct components, up to SHA-256 collisions.
+// digest (or "~empty"). Distinct inputs give distinct components (a verbatim key never begins
+// with "~", so it never equals a digest; two digests differ unless SHA-256 collides). In the
+// Redis key, the component is the whole hash tag: Redis hashes exactly it, whatever the input.
+// Seeds: testdata/fuzz/FuzzClientKey.
 func FuzzClientKey(f *testing.F) {
-	for _, seed := range []string{"", "203.0.113.9", "::1", "user@example.com", "}{", "{x}", "~empty", "ключ", "a\x00b", "a\r\nb", strings.Repeat("k", 65)} {
-		f.Add(seed)
-	}
-	f.Fuzz(func(t *testing.T, raw string) {
+	zone := &Zone{Name: "z", Algorithm: TokenBucket}
+	f.Fuzz(func(t *testing.T, raw, other string) {
 		got := ClientKey(raw)
 		if len(got) > MaxClientKeyBytes || strings.ContainsAny(got, "{}") {
 			t.Fatalf("ClientKey(%q) = %q: too long or has a brace", raw, got)
@@ -34,75 +46,230 @@ func FuzzClientKey(f *testing.F) {
 				t.Fatalf("ClientKey(%q) = %q, want ~ and a 43-byte base64url digest", raw, got)
 			}
 		}
+		if raw != other && ClientKey(other) == got {
+			t.Fatalf("ClientKey(%q) = ClientKey(%q) = %q", raw, other, got)
+		}
+		// Redis Cluster hashes the bytes between the first { and the first } after it.
+		key := StateKey("rl:", zone, raw)
+		open := strings.IndexByte(key, '{')
+		end := strings.IndexByte(key[open+1:], '}')
+		if strings.Count(key, "{") != 1 || strings.Count(key, "}") != 1 || key[open+1:open+1+end] != got {
+			t.Fatalf("StateKey for %q = %q: its hash tag is not exactly %q", raw, key, got)
+		}
 	})
 }
 
-// FuzzDecodeReply: any reply value (built from the fuzzer's bytes: integers, strings, nil,
-// errors and nested arrays, as go-redis hands them over) gives a Decision or an error wrapping
-// ErrBadResponse, never a panic; a Decision's zone index is in range.
+// FuzzAllow: any valid zone and any cost, decided by a real redis-server, give a Decision and
+// never an error: every number the script computes fits its reply. A cost above the quota is
+// denied as unsatisfiable, and nothing is ever negative or above the quota.
+// Seeds: testdata/fuzz/FuzzAllow.
+func FuzzAllow(f *testing.F) {
+	srv := redistest.Start(f)
+	l := New(srv.Client(), Options{KeyPrefix: "rl:"})
+	f.Fuzz(func(t *testing.T, sliding bool, quota int64, rate float64, windowMicros, cost int64, key string) {
+		z := &Zone{Name: "z", Algorithm: TokenBucket, Capacity: quota, RefillRate: rate}
+		if sliding {
+			// One sorted set entry per admitted slot: keep a fuzzer's window small.
+			z = &Zone{Name: "z", Algorithm: SlidingWindow, Limit: quota % 10_000, Window: time.Duration(windowMicros) * time.Microsecond}
+		}
+		if z.Validate() != nil || cost < 1 {
+			return
+		}
+		d, err := l.Allow(t.Context(), []Request{{Zone: z, Key: key, Cost: cost}})
+		if err != nil {
+			t.Fatalf("zone %+v, cost %d: %v", z, cost, err)
+		}
+		if d.Remaining < 0 || d.Remaining > z.Quota() || d.RetryAfter < 0 || d.Reset < 0 ||
+			(cost > z.Quota()) != d.Unsatisfiable || (d.Allowed && d.Unsatisfiable) {
+			t.Fatalf("zone %+v, cost %d: decision %+v", z, cost, d)
+		}
+	})
+}
+
+// FuzzDecodeReply: any bytes a Redis server sends as the decide script's reply, read by a real
+// go-redis client into the values go-redis makes of them (RESP2 and RESP3 types: errors,
+// integers, strings, nil, doubles, booleans, big numbers, arrays, maps, sets, attributes,
+// pushes), give Allow a Decision or an error, never a panic and never a hang, on both
+// production paths: the Pipeline and a plain round trip. A Decision's fields are in range.
+//
+// The "server" is the other end of a net.Pipe that refuses HELLO (so the client speaks RESP2,
+// as garbageRedis in the root package does), answers the script command with the fuzzer's
+// bytes and hangs up, so that a truncated reply ends in EOF. Inputs declaring a length above
+// maxFuzzLength are skipped: go-redis allocates whatever length a reply declares
+// (redis/go-redis#3856), and a huge one is a fatal out-of-memory that no Go code can recover;
+// README "Redis is trusted". Seeds: testdata/fuzz/FuzzDecodeReply.
 func FuzzDecodeReply(f *testing.F) {
-	// One zone, allowed: {1, 1, 9, 0, 100}.
-	f.Add([]byte{0, 5, 1, 1, 1, 1, 1, 9, 1, 0, 1, 100}, uint8(0))
-	// Two zones, denied by the second: {0, 1, 3, 0, 7, 0, 0, 2, 1}.
-	f.Add([]byte{0, 9, 1, 0, 1, 1, 1, 3, 1, 0, 1, 7, 1, 0, 1, 0, 1, 2, 1, 1}, uint8(1))
-	f.Add([]byte{3, 3, 'a', 'b', 'c'}, uint8(0)) // a string
-	f.Add([]byte{4}, uint8(0))                   // nil
 	reqs := []Request{
-		{Zone: &Zone{Name: "a", Algorithm: TokenBucket, Capacity: 10, RefillRate: 1}, Cost: 1},
-		{Zone: &Zone{Name: "b", Algorithm: SlidingWindow, Limit: 5, Window: time.Second}, Cost: 2},
-		{Zone: &Zone{Name: "c", Algorithm: TokenBucket, Capacity: 1, RefillRate: 1}, Cost: 3},
+		{Zone: &Zone{Name: "a", Algorithm: TokenBucket, Capacity: 10, RefillRate: 1}, Key: "k", Cost: 1},
+		{Zone: &Zone{Name: "b", Algorithm: SlidingWindow, Limit: 5, Window: time.Second}, Key: "k", Cost: 2},
+		{Zone: &Zone{Name: "c", Algorithm: TokenBucket, Capacity: 1, RefillRate: 1}, Key: "k", Cost: 3},
+	}
+	// One client for all inputs; each decision dials afresh.
+	var reply atomic.Pointer[[]byte]
+	rdb := replyingClient(&reply)
+	defer rdb.Close()
+	pipeline := NewPipeline(rdb, 1)
+	defer pipeline.Close()
+	paths := []struct {
+		name string
+		l    *Limiter
+	}{
+		{"pipeline", New(rdb, Options{KeyPrefix: "rl:", Pipeline: pipeline})},
+		{"round trip", New(rdb, Options{KeyPrefix: "rl:"})},
 	}
 	f.Fuzz(func(t *testing.T, data []byte, zones uint8) {
+		if declaresLength(data, maxFuzzLength) {
+			return
+		}
 		n := int(zones%3) + 1
-		reply, _ := replyFrom(data, 0)
-		allowed, zr, err := decodeReply(reply, n)
+		reply.Store(&data)
+		for _, path := range paths {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			d, err := path.l.Allow(ctx, reqs[:n])
+			hung := ctx.Err() != nil
+			cancel()
+			if hung {
+				t.Fatalf("%s: Allow hung on reply %q: %v", path.name, data, err)
+			}
+			if err != nil {
+				if d != (Decision{}) {
+					t.Fatalf("%s: error %v with a non-zero Decision %+v", path.name, err, d)
+				}
+				continue
+			}
+			if d.Zone < 0 || d.Zone >= n || d.Limit != reqs[d.Zone].Zone.Quota() || d.Remaining < 0 ||
+				d.RetryAfter < 0 || d.Reset < 0 || (d.Allowed && (d.RetryAfter != 0 || d.Unsatisfiable)) || d.Cached {
+				t.Fatalf("%s: decision %+v for %d zones from reply %q", path.name, d, n, data)
+			}
+		}
+	})
+}
+
+// TestReplyingClient: the fuzz harness delivers its reply, once per decision, on both paths.
+func TestReplyingClient(t *testing.T) {
+	var reply atomic.Pointer[[]byte]
+	rdb := replyingClient(&reply)
+	defer rdb.Close()
+	pipeline := NewPipeline(rdb, 1)
+	defer pipeline.Close()
+	reqs := []Request{
+		{Zone: &Zone{Name: "a", Algorithm: TokenBucket, Capacity: 10, RefillRate: 1}, Key: "k", Cost: 1},
+		{Zone: &Zone{Name: "b", Algorithm: SlidingWindow, Limit: 5, Window: time.Second}, Key: "k", Cost: 2},
+	}
+	for _, tc := range []struct {
+		reply string
+		want  Decision
+	}{
+		{"*9\r\n:1\r\n:1\r\n:9\r\n:0\r\n:1000000\r\n:1\r\n:1\r\n:0\r\n:1000000\r\n",
+			Decision{Allowed: true, Zone: 1, Limit: 5, Remaining: 1, Reset: time.Second}},
+		{"*9\r\n:0\r\n:1\r\n:9\r\n:0\r\n:1000000\r\n:0\r\n:0\r\n:250000\r\n:1000000\r\n",
+			Decision{Zone: 1, Limit: 5, RetryAfter: 250 * time.Millisecond, Reset: time.Second}},
+	} {
+		b := []byte(tc.reply)
+		reply.Store(&b)
+		for _, l := range []*Limiter{New(rdb, Options{Pipeline: pipeline}), New(rdb, Options{})} {
+			for range 2 {
+				if d, err := l.Allow(context.Background(), reqs); err != nil || d != tc.want {
+					t.Fatalf("reply %q: got %+v, %v; want %+v", tc.reply, d, err, tc.want)
+				}
+			}
+		}
+	}
+}
+
+// maxFuzzLength bounds the lengths a fuzzed reply may declare (see FuzzDecodeReply).
+const maxFuzzLength = 4096
+
+// declaresLength reports whether data may declare an aggregate or string length above limit:
+// whether any byte of a RESP length-prefixed type is followed, up to the next newline, by a
+// number above it. It looks at every such byte, not only at line starts, because a bulk string
+// of the wrong length shifts where go-redis reads the next header.
+func declaresLength(data []byte, limit int) bool {
+	for i, c := range data {
+		if !strings.ContainsRune("$*%~>|=!", rune(c)) {
+			continue
+		}
+		line := data[i+1:]
+		if end := bytes.IndexByte(line, '\n'); end >= 0 {
+			line = line[:end]
+		}
+		line = bytes.TrimSuffix(line, []byte("\r"))
+		if n, err := strconv.ParseInt(string(line), 10, 64); (err == nil && n > int64(limit)) || errors.Is(err, strconv.ErrRange) {
+			return true
+		}
+	}
+	return false
+}
+
+// replyingClient is a go-redis client, configured as the handler's, whose every connection is
+// one end of a net.Pipe served by serveReply with the reply stored when it is dialled. No
+// connection is used twice (the server hangs up after its reply).
+func replyingClient(reply *atomic.Pointer[[]byte]) *redis.Client {
+	return redis.NewClient(&redis.Options{
+		// An IP address: go-redis resolves a host name when the client is made.
+		Addr: "127.0.0.1:6379",
+		Dialer: func(context.Context, string, string) (net.Conn, error) {
+			client, server := net.Pipe()
+			go serveReply(server, *reply.Load())
+			return client, nil
+		},
+		MaxRetries:            -1,
+		ContextTimeoutEnabled: true,
+		DisableIdentity:       true,
+		ConnMaxIdleTime:       time.Nanosecond,
+	})
+}
+
+// serveReply refuses HELLO, answers the next command with reply and hangs up.
+func serveReply(c net.Conn, reply []byte) {
+	defer c.Close()
+	br := bufio.NewReader(c)
+	for {
+		name, err := readCommandName(br)
 		if err != nil {
 			return
 		}
-		d := pick(reqs[:n], allowed, zr)
-		if d.Zone < 0 || d.Zone >= n || d.Allowed != allowed {
-			t.Fatalf("decision %+v for %d zones from %#v", d, n, reply)
+		if name == "HELLO" {
+			if _, err := io.WriteString(c, "-ERR unknown command 'HELLO'\r\n"); err != nil {
+				return
+			}
+			continue
 		}
-	})
+		_, _ = c.Write(reply)
+		return
+	}
 }
 
-// replyFrom builds a reply value from data: a type byte, then its content. Depth is bounded.
-func replyFrom(data []byte, depth int) (any, []byte) {
-	if len(data) == 0 {
-		return nil, data
+// readCommandName reads one command (a RESP array of bulk strings) and returns its name.
+func readCommandName(br *bufio.Reader) (string, error) {
+	header := func(prefix byte) (int, error) {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			return 0, err
+		}
+		n, err := strconv.Atoi(strings.TrimSuffix(line[1:], "\r\n"))
+		if line[0] != prefix || err != nil || n < 0 || n > 1<<20 {
+			return 0, fmt.Errorf("unexpected %q", line)
+		}
+		return n, nil
 	}
-	kind, data := data[0]%6, data[1:]
-	switch kind {
-	case 0: // an array of data[0]%16 values
-		if len(data) == 0 || depth > 3 {
-			return []any{}, data
-		}
-		n := int(data[0] % 16)
-		data = data[1:]
-		arr := make([]any, n)
-		for i := range arr {
-			arr[i], data = replyFrom(data, depth+1)
-		}
-		return arr, data
-	case 1: // a small integer: one signed byte
-		if len(data) == 0 {
-			return int64(0), data
-		}
-		return int64(int8(data[0])), data[1:]
-	case 2: // any integer: 8 bytes, big-endian
-		if len(data) < 8 {
-			return int64(len(data)), nil
-		}
-		return int64(binary.BigEndian.Uint64(data)), data[8:]
-	case 3: // a string of data[0] bytes
-		if len(data) == 0 {
-			return "", data
-		}
-		n := min(int(data[0]), len(data)-1)
-		return string(data[1 : 1+n]), data[1+n:]
-	case 4:
-		return nil, data
-	default:
-		return ErrBadResponse, data // an error value inside a reply
+	n, err := header('*')
+	if err != nil {
+		return "", err
 	}
+	var name string
+	for i := range n {
+		size, err := header('$')
+		if err != nil {
+			return "", err
+		}
+		b := make([]byte, size+2)
+		if _, err := io.ReadFull(br, b); err != nil {
+			return "", err
+		}
+		if i == 0 {
+			name = strings.ToUpper(string(b[:size]))
+		}
+	}
+	return name, nil
 }

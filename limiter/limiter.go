@@ -221,7 +221,12 @@ func (l *Limiter) run(ctx context.Context, keys []string, args []any) (reply any
 }
 
 // scriptArgs returns decide.lua's ARGV for reqs: the time (or "" for Redis TIME), a nonce
-// unique to the call, then algorithm, quota, rate and cost per zone.
+// unique to the call, then algorithm, quota, rate and cost per zone. A cost above the quota is
+// sent as twice the quota: still above it and exact in Lua's doubles (a cost of 2^53+1 became
+// 2^53 there, and passed a bucket of 2^53), so the request is denied and nothing charged, and
+// the script's wait for it stays a number Redis can return (a cost near 2^63 took the token
+// bucket's retry after beyond int64: a bad_response, which failed open and counted towards the
+// circuit breaker).
 func (l *Limiter) scriptArgs(reqs []Request) []any {
 	args := make([]any, 2, 2+4*len(reqs))
 	if l.now != nil {
@@ -231,10 +236,14 @@ func (l *Limiter) scriptArgs(reqs []Request) []any {
 	}
 	args[1] = l.instance + "." + strconv.FormatUint(l.calls.Add(1), 36)
 	for _, r := range reqs {
+		cost := r.Cost
+		if cost > r.Zone.Quota() {
+			cost = 2 * r.Zone.Quota() // <= 2^54
+		}
 		if r.Zone.Algorithm == SlidingWindow {
-			args = append(args, "sw", r.Zone.Limit, r.Zone.Window.Microseconds(), r.Cost)
+			args = append(args, "sw", r.Zone.Limit, r.Zone.Window.Microseconds(), cost)
 		} else {
-			args = append(args, "tb", r.Zone.Capacity, r.Zone.RefillRate, r.Cost)
+			args = append(args, "tb", r.Zone.Capacity, r.Zone.RefillRate, cost)
 		}
 	}
 	return args

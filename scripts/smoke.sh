@@ -39,4 +39,15 @@ for i in 1 2 3; do
 	c=$(code -H "X-API-Key: login$i" localhost:8080/login); [ "$c" = 200 ] || fail "login $i got $c"
 done
 c=$(code -H 'X-API-Key: login4' localhost:8080/login); [ "$c" = 429 ] || fail "4th login got $c, want 429"
-echo "smoke: ok (5 allowed then 429 with Retry-After; API keys separate; login 3/min)"
+
+# The admin API: the blocked client's state, a reset, and the client is allowed again.
+state=$(curl -s 'localhost:2019/rate_limit_redis/state?zone=api&key=127.0.0.1')
+echo "$state" | grep -q '"exists":true' && echo "$state" | grep -q '"remaining":0' || fail "admin state: $state"
+reset=$(curl -s -X DELETE 'localhost:2019/rate_limit_redis/state?zone=api&key=127.0.0.1')
+echo "$reset" | grep -q '"deleted":true' || fail "admin reset: $reset"
+c=$(code localhost:8080/); [ "$c" = 200 ] || fail "request after the reset got $c, want 200"
+# The metrics, at Caddy's admin /metrics.
+metrics=$(curl -s localhost:2019/metrics)
+echo "$metrics" | grep -q '^caddy_rate_limit_redis_decisions_total{result="denied",zone="api"} 1$' ||
+	fail "metrics: no denied decision of zone api: $(echo "$metrics" | grep rate_limit_redis)"
+echo "smoke: ok (5 allowed then 429 with Retry-After; API keys separate; login 3/min; admin state and reset; metrics)"
