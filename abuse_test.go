@@ -43,12 +43,7 @@ func startSites(t *testing.T, serverOptions string, sites ...string) []*caddySer
 	b.WriteString("}\n")
 	servers := make([]*caddyServer, len(sites))
 	for i, site := range sites {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		l.Close()
+		port := freeLoopbackPort(t)
 		servers[i] = &caddyServer{t: t, base: "http://127.0.0.1:" + strconv.Itoa(port)}
 		fmt.Fprintf(&b, ":%d {\n\tbind 127.0.0.1\n%s\n}\n", port, site)
 	}

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -24,16 +23,6 @@ type adminCaddy struct {
 	*caddyServer
 	admin string // http://127.0.0.1:port of the admin endpoint
 	port  int    // of the site
-}
-
-func freeLoopbackPort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 // startCaddyAdmin is startCaddy with the admin endpoint on. When the test ends it loads a config

@@ -11,7 +11,6 @@ import (
 	"path"
 	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -321,7 +320,7 @@ func TestComposeCaddyfileServesMetrics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	site, metricsPort := freePort(t), freePort(t)
+	site, metricsPort := freeLoopbackPort(t), freeLoopbackPort(t)
 	caddyfile := string(src)
 	for _, r := range [][2]string{
 		{"\tadmin localhost:2019\n", "\tadmin off\n\tpersist_config off\n\tlog {\n\t\tlevel ERROR\n\t}\n"},
@@ -732,16 +731,4 @@ func mountOf(volumes []string, host string) string {
 		}
 	}
 	return ""
-}
-
-// freePort returns a loopback TCP port that was free a moment ago.
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	port, _ := strconv.Atoi(strings.TrimPrefix(l.Addr().String(), "127.0.0.1:"))
-	return port
 }

@@ -27,14 +27,20 @@ type caddyServer struct {
 	base string // http://127.0.0.1:port
 }
 
-func startCaddy(t *testing.T, site string) *caddyServer {
+// freeLoopbackPort returns a loopback TCP port that was free a moment ago.
+func freeLoopbackPort(t *testing.T) int {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func startCaddy(t *testing.T, site string) *caddyServer {
+	t.Helper()
+	port := freeLoopbackPort(t)
 	cs := &caddyServer{t: t, base: "http://127.0.0.1:" + strconv.Itoa(port)}
 	if err := cs.load(site, port); err != nil {
 		t.Fatal(err)

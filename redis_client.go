@@ -143,68 +143,33 @@ func acquireClient(r resolvedRedis) (*sharedClient, string, error) {
 	return v.(*sharedClient), key, nil
 }
 
-// newClient returns the go-redis client of r: a Sentinel failover client when r.Sentinel is
-// set, a cluster client when r.Cluster, else a plain one.
+// newClient returns the go-redis client of r, through redis.NewUniversalClient: a Sentinel
+// failover client when r.Sentinel is set, a cluster client when r.Cluster, else a plain one.
 func (r resolvedRedis) newClient() (redis.UniversalClient, error) {
 	tlsConfig, err := r.TLS.load()
 	if err != nil {
 		return nil, err
 	}
-	switch {
-	case r.Sentinel != "":
-		return redis.NewFailoverClient(&redis.FailoverOptions{
-			MasterName:            r.Sentinel,
-			SentinelAddrs:         r.Addresses,
-			Username:              r.Username,
-			Password:              r.Password,
-			DB:                    r.DB,
-			PoolSize:              r.PoolSize,
-			DialTimeout:           r.DialTimeout,
-			ReadTimeout:           backstopIOTimeout,
-			WriteTimeout:          backstopIOTimeout,
-			ContextTimeoutEnabled: true,
-			MaxRetries:            maxRetries,
-			DialerRetries:         dialerRetries,
-			PoolTimeout:           backstopIOTimeout,
-			DisableIdentity:       true,
-			TLSConfig:             tlsConfig,
-		}), nil // maintenance notifications: not supported by go-redis's failover client
-	case r.Cluster:
-		return redis.NewClusterClient(&redis.ClusterOptions{
-			Addrs:                    r.Addresses,
-			Username:                 r.Username,
-			Password:                 r.Password,
-			PoolSize:                 r.PoolSize,
-			DialTimeout:              r.DialTimeout,
-			ReadTimeout:              backstopIOTimeout,
-			WriteTimeout:             backstopIOTimeout,
-			ContextTimeoutEnabled:    true,
-			MaxRetries:               maxRetries,
-			DialerRetries:            dialerRetries,
-			PoolTimeout:              backstopIOTimeout,
-			DisableIdentity:          true,
-			TLSConfig:                tlsConfig,
-			MaintNotificationsConfig: noMaintNotifications(),
-		}), nil
-	default:
-		return redis.NewClient(&redis.Options{
-			Addr:                     r.Addresses[0],
-			Username:                 r.Username,
-			Password:                 r.Password,
-			DB:                       r.DB,
-			PoolSize:                 r.PoolSize,
-			DialTimeout:              r.DialTimeout,
-			ReadTimeout:              backstopIOTimeout,
-			WriteTimeout:             backstopIOTimeout,
-			ContextTimeoutEnabled:    true,
-			MaxRetries:               maxRetries,
-			DialerRetries:            dialerRetries,
-			PoolTimeout:              backstopIOTimeout,
-			DisableIdentity:          true, // no CLIENT SETINFO round trip on each new connection
-			TLSConfig:                tlsConfig,
-			MaintNotificationsConfig: noMaintNotifications(),
-		}), nil
-	}
+	return redis.NewUniversalClient(&redis.UniversalOptions{
+		Addrs:                 r.Addresses,
+		MasterName:            r.Sentinel,
+		IsClusterMode:         r.Cluster,
+		Username:              r.Username,
+		Password:              r.Password,
+		DB:                    r.DB,
+		PoolSize:              r.PoolSize,
+		DialTimeout:           r.DialTimeout,
+		ReadTimeout:           backstopIOTimeout,
+		WriteTimeout:          backstopIOTimeout,
+		ContextTimeoutEnabled: true,
+		MaxRetries:            maxRetries,
+		DialerRetries:         dialerRetries,
+		PoolTimeout:           backstopIOTimeout,
+		DisableIdentity:       true, // no CLIENT SETINFO round trip on each new connection
+		TLSConfig:             tlsConfig,
+		// Ignored by the Sentinel failover client, which has no maintenance notifications.
+		MaintNotificationsConfig: noMaintNotifications(),
+	}), nil
 }
 
 // noMaintNotifications turns off go-redis's maintenance notifications (a Redis Enterprise and
