@@ -251,7 +251,7 @@ func resetState(ctx context.Context, w http.ResponseWriter, ts []target, key str
 type target struct {
 	h       *Handler
 	z       *Zone
-	redis   []string // the handler's Redis addresses, placeholders replaced
+	redis   []string // the addresses of the handler's Redis client, placeholders replaced
 	redisID string   // which Redis data the handler reaches: addresses, Sentinel master, db
 }
 
@@ -262,7 +262,7 @@ func targets(name string) []target {
 	defer live.RUnlock()
 	var ts []target
 	for h := range live.handlers {
-		addrs := h.redisAddresses()
+		addrs := h.client.addrs
 		id := fmt.Sprintf("%q|%q|%d", addrs, h.Redis.Sentinel, h.Redis.DB)
 		for _, z := range h.Zones {
 			if name == "" || z.Name == name {
@@ -280,20 +280,6 @@ func targets(name string) []target {
 		return strings.Compare(a.redisID, b.redisID)
 	})
 	return ts
-}
-
-// redisAddresses returns the handler's Redis addresses with placeholders replaced, as its
-// client was made.
-func (h *Handler) redisAddresses() []string {
-	if len(h.Redis.Addresses) == 0 {
-		return []string{DefaultAddress}
-	}
-	repl := caddy.NewReplacer()
-	addrs := make([]string, len(h.Redis.Addresses))
-	for i, a := range h.Redis.Addresses {
-		addrs[i] = repl.ReplaceKnown(a, "")
-	}
-	return addrs
 }
 
 // redisError is the admin API error for a failed Redis call: 504 when it timed out, else 502.

@@ -45,6 +45,9 @@ type sharedClient struct {
 	rdb redis.UniversalClient
 	// cluster is true when rdb is a Redis Cluster client.
 	cluster bool
+	// addrs are the addresses rdb was made with (placeholders replaced): the seeds, the
+	// Sentinels or the one server. They name the client in logs and the admin API.
+	addrs []string
 	// pipeline carries every decision of the handlers using the client; it lives as long as
 	// the client, so a reload never stops it under a request in flight.
 	pipeline *limiter.Pipeline
@@ -132,8 +135,8 @@ func acquireClient(r resolvedRedis) (*sharedClient, string, error) {
 		if err != nil {
 			return nil, err
 		}
-		c := &sharedClient{rdb: rdb, cluster: r.Cluster}
-		c.breaker = newBreaker(strings.Join(r.Addresses, ","), &c.lastErr)
+		c := &sharedClient{rdb: rdb, cluster: r.Cluster, addrs: r.Addresses}
+		c.breaker = newBreaker(strings.Join(c.addrs, ","), &c.lastErr)
 		c.pipeline = limiter.NewPipeline(rdb, pipelines)
 		return c, nil
 	})

@@ -58,19 +58,18 @@ type State struct {
 //
 // The error wraps the Redis or network error (context.DeadlineExceeded when ctx expires first), or ErrBadResponse.
 func (l *Limiter) State(ctx context.Context, z *Zone, clientKey string) (State, error) {
-	rdb := l.rdb
 	var err error
 	s := State{Key: StateKey(l.prefix, z, clientKey)}
 	if l.now != nil {
 		s.Now = l.now()
-	} else if s.Now, err = rdb.Time(ctx).Result(); err != nil {
+	} else if s.Now, err = l.rdb.Time(ctx).Result(); err != nil {
 		return State{}, fmt.Errorf("redis TIME: %w", err)
 	}
 	now := s.Now.UnixMicro()
 	if z.Algorithm == SlidingWindow {
-		err = l.windowState(ctx, rdb, z, now, &s)
+		err = l.windowState(ctx, z, now, &s)
 	} else {
-		err = l.bucketState(ctx, rdb, z, now, &s)
+		err = l.bucketState(ctx, z, now, &s)
 	}
 	if err != nil {
 		return State{}, err
@@ -79,10 +78,10 @@ func (l *Limiter) State(ctx context.Context, z *Zone, clientKey string) (State, 
 }
 
 // bucketState reads a token bucket's hash { t, ts } and refills it to now as decide.lua does.
-func (l *Limiter) bucketState(ctx context.Context, rdb Commander, z *Zone, now int64, s *State) error {
+func (l *Limiter) bucketState(ctx context.Context, z *Zone, now int64, s *State) error {
 	var fields *redis.SliceCmd
 	var ttl *redis.DurationCmd
-	if _, err := rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+	if _, err := l.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		fields = p.HMGet(ctx, s.Key, "t", "ts")
 		ttl = p.PTTL(ctx, s.Key)
 		return nil
@@ -113,13 +112,13 @@ func (l *Limiter) bucketState(ctx context.Context, rdb Commander, z *Zone, now i
 // windowState counts a sliding window log's entries inside the window ending at now. The
 // entry that must leave before a request of cost 1 fits is the Limit-th newest one in the
 // window (there is one only when the window is full): it is read in the same transaction.
-func (l *Limiter) windowState(ctx context.Context, rdb Commander, z *Zone, now int64, s *State) error {
+func (l *Limiter) windowState(ctx context.Context, z *Zone, now int64, s *State) error {
 	// decide.lua removes entries scored at or before now - window: the window is (now - window, +inf).
 	min := "(" + strconv.FormatInt(now-z.Window.Microseconds(), 10)
 	var count *redis.IntCmd
 	var edge *redis.ZSliceCmd
 	var ttl *redis.DurationCmd
-	if _, err := rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+	if _, err := l.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		count = p.ZCount(ctx, s.Key, min, "+inf")
 		edge = p.ZRevRangeByScoreWithScores(ctx, s.Key, &redis.ZRangeBy{Min: min, Max: "+inf", Offset: z.Limit - 1, Count: 1})
 		ttl = p.PTTL(ctx, s.Key)
