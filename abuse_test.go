@@ -634,8 +634,17 @@ func clientCount() int {
 
 // limiterACL is the Redis ACL of the README's Security section: the key prefix, the script
 // commands, and the commands decide.lua calls.
-var limiterACL = []any{"~rl:*", "-@all", "+evalsha", "+eval",
-	"+time", "+hmget", "+hset", "+pexpire", "+zremrangebyscore", "+zcard", "+zrange", "+zadd"}
+var limiterACL = []any{"~rl:*", "&rl:*", "-@all", "+evalsha", "+eval", "+time", "+hmget", "+hset", "+hdel", "+hgetall",
+	"+pexpire", "+zcount", "+zrangebyscore", "+zrange", "+zremrangebyscore", "+zrem", "+subscribe", "+ping", "+zadd"}
+
+// aclRules is limiterACL as redis-server arguments.
+func aclRules() []string {
+	rules := make([]string, len(limiterACL))
+	for i, r := range limiterACL {
+		rules[i] = r.(string)
+	}
+	return rules
+}
 
 // TestRedisACL: a Redis user with only limiterACL serves both algorithms; one without a command
 // the script needs fails, and fail_mode applies.

@@ -61,7 +61,9 @@ var (
 //		headers    legacy|ietf|both|off      # which rate limit headers to send; default legacy
 //		clock      redis|local               # whose clock the scripts use; default redis
 //		dry_run                              # decide and report, never reject
-//		deny_cache off                       # the local cache of denials is on by default
+//		deny_cache off | {                   # the local cache of denials is on by default
+//			max_age <duration>               # how long a cached denial is trusted; default 1s
+//		}
 //		log_key                              # log client keys (personal data); off by default
 //
 //		zone <name> {
@@ -72,6 +74,7 @@ var (
 //			limit       <n>                  # sliding_window: requests per window, > 0
 //			window      <duration>           # sliding_window, > 0
 //			cost        <n>|<placeholder>    # tokens a request takes; default 1
+//			max_cost    <n>                  # larger costs are never admitted; default the quota (sliding_window with a placeholder cost: at most 1000)
 //			match {                          # optional: this zone applies only to matching requests
 //				<matchers>
 //			}
@@ -218,17 +221,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if err := seen.add(d); err != nil {
 				return err
 			}
-			v, err := oneArg(d)
-			if err != nil {
+			if err := parseDenyCache(d, h); err != nil {
 				return err
-			}
-			switch v {
-			case "on":
-				h.DenyCache = new(true)
-			case "off":
-				h.DenyCache = new(false)
-			default:
-				return d.Errf("deny_cache: %q must be on or off", v)
 			}
 
 		case "zone":
@@ -438,7 +432,7 @@ func parseZone(d *caddyfile.Dispenser, names map[string]bool) (*Zone, error) {
 // shorthand for a zone named "default" when written at the top level.
 func isZoneSubdirective(name string) bool {
 	switch name {
-	case "key", "algorithm", "capacity", "refill_rate", "limit", "window", "cost", "match":
+	case "key", "algorithm", "capacity", "refill_rate", "limit", "window", "cost", "max_cost", "match":
 		return true
 	}
 	return false
@@ -550,6 +544,13 @@ func (p *zoneParser) subdirective(d *caddyfile.Dispenser) error {
 		p.cost = n
 		z.Cost = strconv.FormatInt(n, 10)
 
+	case "max_cost":
+		n, err := intInRange(d, limiter.MaxCapacity)
+		if err != nil {
+			return err
+		}
+		z.MaxCost = n
+
 	case "match":
 		matchToken := d.Token()
 		set, err := caddyhttp.ParseCaddyfileNestedMatcherSet(d)
@@ -603,6 +604,18 @@ func (p *zoneParser) finish() error {
 	if p.cost > quota {
 		return errAt(p.seen["cost"], "cost %d is larger than %s %d: no request could ever be admitted",
 			p.cost, quotaName, quota)
+	}
+	if tok, ok := p.seen["max_cost"]; ok {
+		if z.MaxCost > quota {
+			return errAt(tok, "max_cost %d is larger than %s %d", z.MaxCost, quotaName, quota)
+		}
+		if p.cost > z.MaxCost {
+			return errAt(p.seen["cost"], "cost %d is larger than max_cost %d: no request could ever be admitted", p.cost, z.MaxCost)
+		}
+		if algorithm == slidingWindowName && hasPlaceholder(z.Cost) && z.MaxCost > MaxSlidingWindowCost {
+			return errAt(tok, "max_cost %d: a %s zone stores one entry per unit of cost, so a cost from a placeholder "+
+				"(chosen per request) is bounded by max_cost %d at most; use %s for larger costs", z.MaxCost, slidingWindowName, MaxSlidingWindowCost, tokenBucketName)
+		}
 	}
 	if algorithm == tokenBucketName {
 		if fill := float64(z.Capacity) / z.RefillRate; fill > limiter.MaxWindow.Seconds() {
@@ -666,6 +679,47 @@ func (s seenSubdirectives) add(d *caddyfile.Dispenser) error {
 		return d.Errf("duplicate subdirective %q", d.Val())
 	}
 	s[d.Val()] = d.Token()
+	return nil
+}
+
+// parseDenyCache parses `deny_cache on|off` or a `deny_cache { max_age <duration> }` block.
+func parseDenyCache(d *caddyfile.Dispenser, h *Handler) error {
+	if d.NextArg() {
+		v := d.Val()
+		if d.NextArg() {
+			return d.Errf("deny_cache: unexpected argument %q", d.Val())
+		}
+		switch v {
+		case "on":
+			h.DenyCache = new(true)
+		case "off":
+			h.DenyCache = new(false)
+		default:
+			return d.Errf("deny_cache: %q must be on or off", v)
+		}
+		return noBlock(d, "deny_cache")
+	}
+	seen := make(seenSubdirectives)
+	block := false
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		block = true
+		switch d.Val() {
+		case "max_age":
+			if err := seen.add(d); err != nil {
+				return err
+			}
+			dur, err := positiveDuration(d)
+			if err != nil {
+				return err
+			}
+			h.DenyCacheMaxAge = caddy.Duration(dur)
+		default:
+			return d.Errf("deny_cache: unrecognized subdirective %q", d.Val())
+		}
+	}
+	if !block {
+		return d.ArgErr()
+	}
 	return nil
 }
 

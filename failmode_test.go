@@ -67,12 +67,12 @@ func TestCircuitBreakerStopsCallingRedis(t *testing.T) {
 	srv.Do("CONFIG", "SET", "maxmemory", "1") // every script that may write is refused: OOM
 
 	openBefore := testutil.ToFloat64(metrics.backendFailures.WithLabelValues("circuit_open"))
-	errorsBefore := testutil.ToFloat64(metrics.backendFailures.WithLabelValues("redis_error"))
+	errorsBefore := testutil.ToFloat64(metrics.backendFailures.WithLabelValues("oom"))
 	for i := 0; i < breakerTrips; i++ {
 		cs.get("/").expect(t, "failing "+strconv.Itoa(i), 503, "", "Retry-After", "1")
 	}
-	if got := testutil.ToFloat64(metrics.backendFailures.WithLabelValues("redis_error")) - errorsBefore; got != breakerTrips {
-		t.Fatalf("redis_error failures = %v, want %d", got, breakerTrips)
+	if got := testutil.ToFloat64(metrics.backendFailures.WithLabelValues("oom")) - errorsBefore; got != breakerTrips {
+		t.Fatalf("oom failures = %v, want %d", got, breakerTrips)
 	}
 	calls := srv.ScriptCalls()
 	const whileOpen = 20

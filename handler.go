@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
@@ -111,6 +112,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 	}
 
+	if d.Err != nil {
+		// A Redis Cluster slot failed while another denied the request: the denial stands.
+		metrics.backendFailures.WithLabelValues(failureReason(d.Err)).Inc()
+		if c := h.logger.Check(zapcore.DebugLevel, "rate limit decision failed in one hash slot; another slot's denial stands"); c != nil {
+			c.Write(zap.String("reason", failureReason(d.Err)), zap.Error(d.Err))
+		}
+	}
 	zone := reqs[d.Zone].Zone
 	z := h.Zones[zoneIndex(h.Zones, zone)]
 	*out = outcome{
@@ -213,7 +221,8 @@ func (h *Handler) logDenial(c *zapcore.CheckedEntry, out *outcome, d limiter.Dec
 	c.Write(fields...)
 }
 
-// failureReason classifies a decision error: circuit_open, timeout, bad_response or redis_error.
+// failureReason classifies a decision error: circuit_open, timeout, bad_response, oom (Redis
+// over `maxmemory` refused the script, which writes) or redis_error.
 func failureReason(err error) string {
 	switch {
 	case isBreakerOpen(err):
@@ -222,6 +231,8 @@ func failureReason(err error) string {
 		return "timeout"
 	case errors.Is(err, limiter.ErrBadResponse):
 		return "bad_response"
+	case redis.HasErrorPrefix(err, "OOM"):
+		return "oom"
 	}
 	var ne interface{ Timeout() bool }
 	if errors.As(err, &ne) && ne.Timeout() {

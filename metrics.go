@@ -15,7 +15,7 @@ import (
 // label: the zone label's values are the configured zone names.
 var metrics struct {
 	once sync.Once
-	// backendFailures counts failed decisions by reason: timeout, bad_response, redis_error,
+	// backendFailures counts failed decisions by reason: timeout, bad_response, oom, redis_error,
 	// circuit_open.
 	backendFailures *prometheus.CounterVec
 	// denyCacheHits counts requests denied from the deny cache, with no Redis call.
@@ -69,7 +69,7 @@ func initMetrics() {
 			Namespace: "caddy",
 			Subsystem: "rate_limit_redis",
 			Name:      "backend_failures_total",
-			Help:      "Rate limit decisions that Redis did not answer, by reason: timeout, bad_response, redis_error, circuit_open.",
+			Help:      "Rate limit decisions that Redis did not answer, by reason: timeout, bad_response, oom, redis_error, circuit_open.",
 		}, []string{"reason"})
 		metrics.denyCacheHits = prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: "caddy",

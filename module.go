@@ -29,6 +29,9 @@ const (
 	DefaultKey       = "{http.vars.client_ip}"
 	DefaultCost      = "1"
 	DefaultZoneName  = "default"
+	// MaxSlidingWindowCost bounds the max_cost of a sliding_window zone whose cost is a
+	// placeholder: one request adds that many sorted set entries in one script call.
+	MaxSlidingWindowCost = 1000
 )
 
 // Values of Handler.FailMode.
@@ -88,12 +91,20 @@ type Handler struct {
 	DryRun bool `json:"dry_run,omitempty"`
 
 	// Whether denials are cached in process (the deny cache). When a zone denies a client, this
-	// instance remembers it until the zone could admit the client again, and denies the requests it
-	// covers (same zone and client, a cost at least as large) with no Redis call, with the right
-	// Retry-After. Entries are conservative: other instances can only consume, so the global state
-	// cannot admit sooner. Bounded to 65,536 (zone, client) entries per handler, least recently
-	// used evicted. Default: true.
+	// instance remembers Redis's answer and gives it again, with no Redis call and the times less
+	// what elapsed, to the requests of the same zone, client and cost, until the zone's next token
+	// or window slot arrives (so the answer is still Redis's), and for at most
+	// `deny_cache_max_age`. Bounded to 65,536 (zone, client, cost) entries per handler, least
+	// recently used evicted. Default: true.
 	DenyCache *bool `json:"deny_cache,omitempty"`
+
+	// How long a cached denial is trusted at most, counted from when its Redis call was sent, as a
+	// duration (JSON: nanoseconds or a duration string). It bounds how long an instance can keep
+	// denying a client after something gave capacity back that the instance did not hear of: an
+	// admin reset whose broadcast it missed, a raised limit on another instance, a Redis Cluster
+	// release. A flooding client costs one Redis call per zone per max_age per instance.
+	// Default: 1s.
+	DenyCacheMaxAge caddy.Duration `json:"deny_cache_max_age,omitempty"`
 
 	// Include the client key in the handler's log lines (the debug line of each denial). Client
 	// keys (IP addresses, API keys) can be personal data or credentials, so by default no log
@@ -207,6 +218,14 @@ type Zone struct {
 	// rejects the request with 400. Default: "1".
 	Cost string `json:"cost,omitempty"`
 
+	// The largest cost a request may take: a request whose cost (a placeholder's value) is larger
+	// is denied with 429 and no Retry-After, as a cost above the quota is, and charges nothing.
+	// 1 to the quota. Default: the quota; for a sliding_window zone whose cost is a placeholder,
+	// the quota or 1000, whichever is smaller: a sliding window log stores one entry per unit of
+	// cost, and one request's entries are written in one script call that holds Redis, so a cost
+	// chosen per request is bounded by 1000 at most (MaxSlidingWindowCost).
+	MaxCost int64 `json:"max_cost,omitempty"`
+
 	// The zone applies only to requests matching one of these matcher sets (as in a route's
 	// `match`). Default: every request.
 	MatcherSetsRaw caddyhttp.RawMatcherSets `json:"match,omitempty" caddy:"namespace=http.matchers"`
@@ -252,6 +271,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.Clock == "" {
 		h.Clock = ClockRedis
 	}
+	if h.DenyCacheMaxAge == 0 {
+		h.DenyCacheMaxAge = caddy.Duration(limiter.DefaultDenyCacheMaxAge)
+	}
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return fmt.Errorf("registering metrics: %w", err)
 	}
@@ -279,6 +301,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	opts := limiter.Options{KeyPrefix: h.KeyPrefix}
 	if h.DenyCache == nil || *h.DenyCache {
 		opts.DenyCacheKeys = limiter.DefaultDenyCacheKeys
+		opts.DenyCacheMaxAge = time.Duration(h.DenyCacheMaxAge)
 	}
 	opts.Pipeline = client.pipeline
 	opts.Cluster = client.cluster
@@ -286,6 +309,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		opts.Now = time.Now
 	}
 	h.limiter = limiter.New(client.rdb, opts)
+	client.resets.Add(h.limiter)
 	register(h) // for the admin API
 	return nil
 }
@@ -306,13 +330,19 @@ func (z *Zone) provision(ctx caddy.Context) error {
 	}
 	z.lz = limiter.Zone{
 		Name: z.Name, Algorithm: algo, Capacity: z.Capacity, RefillRate: z.RefillRate,
-		Limit: z.Limit, Window: time.Duration(z.Window),
+		Limit: z.Limit, Window: time.Duration(z.Window), MaxCost: z.MaxCost,
+	}
+	if z.MaxCost == 0 && algo == limiter.SlidingWindow && hasPlaceholder(z.Cost) {
+		z.lz.MaxCost = min(z.Limit, MaxSlidingWindowCost)
 	}
 	z.quota = strconv.FormatInt(z.lz.Quota(), 10)
 	z.quotedName = `"` + z.Name + `"` // zone names are [A-Za-z0-9_.-]: nothing to escape
 	z.policy = z.quotedName + ";q=" + z.quota + ";w=" + strconv.FormatInt(seconds(z.lz.PolicyWindow()), 10)
 	z.errLimited = fmt.Errorf("zone %s: rate limit exceeded", z.Name)
 	z.errUnsatisfiable = fmt.Errorf("zone %s: cost exceeds the zone's quota of %s", z.Name, z.quota)
+	if z.lz.MaxCost > 0 && z.lz.MaxCost < z.lz.Quota() {
+		z.errUnsatisfiable = fmt.Errorf("zone %s: cost exceeds the zone's max_cost of %d", z.Name, z.lz.MaxCost)
+	}
 	if limiter.ValidZoneName(z.Name) { // else Validate rejects it: no metric series for a name that never serves
 		z.decisions = newDecisionCounters(z.Name)
 	}
@@ -346,6 +376,9 @@ func (h *Handler) Validate() error {
 	if h.Timeout <= 0 {
 		return fmt.Errorf("timeout must be > 0")
 	}
+	if h.DenyCacheMaxAge < 0 {
+		return fmt.Errorf("deny_cache_max_age must be > 0")
+	}
 	switch h.FailMode {
 	case FailOpen, FailClosed, FailLocal:
 	default:
@@ -368,6 +401,13 @@ func (h *Handler) Validate() error {
 		}
 		if z.fixedCost > z.lz.Quota() {
 			return fmt.Errorf("zone %s: cost %d is larger than the zone's quota %d: no request could ever be admitted", z.Name, z.fixedCost, z.lz.Quota())
+		}
+		if z.MaxCost > 0 && z.fixedCost > z.MaxCost {
+			return fmt.Errorf("zone %s: cost %d is larger than max_cost %d: no request could ever be admitted", z.Name, z.fixedCost, z.MaxCost)
+		}
+		if z.lz.Algorithm == limiter.SlidingWindow && z.fixedCost == 0 && z.lz.MaxCost > MaxSlidingWindowCost {
+			return fmt.Errorf("zone %s: max_cost %d: a sliding_window zone stores one entry per unit of cost, so a cost from a placeholder is bounded by max_cost %d at most; use token_bucket for larger costs",
+				z.Name, z.lz.MaxCost, MaxSlidingWindowCost)
 		}
 		if seen[z.Name] {
 			return fmt.Errorf("zone name %q is used twice", z.Name)
@@ -414,6 +454,9 @@ func (cfg *RedisConfig) isCluster() bool {
 // Cleanup drops this handler's reference to the shared Redis client; the last one closes it.
 func (h *Handler) Cleanup() error {
 	unregister(h)
+	if h.client != nil && h.limiter != nil {
+		h.client.resets.Remove(h.limiter)
+	}
 	if h.poolKey == "" {
 		return nil
 	}

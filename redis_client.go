@@ -27,7 +27,12 @@ var clients = caddy.NewUsagePool()
 // (ContextTimeoutEnabled); these only back it up.
 const (
 	backstopIOTimeout = 3 * time.Second // socket read/write and pool wait, should a context carry no deadline
-	maxRetries        = 1               // one retry on a fresh connection after EOF or a dial error
+	// maxRetries is -1: go-redis never sends a command again. A script whose connection dropped
+	// after Redis ran it, before its reply was read, would otherwise run twice: a decision
+	// charged twice (a sliding window's first request denied by its own entry), a settle applied
+	// twice. The failed call applies fail_mode once instead. Stale pooled connections (a Redis
+	// restart) are found by go-redis's health check when taken from the pool, not by a retry.
+	maxRetries = -1
 	// dialerRetries is 1: go-redis's default of 5 dials 100ms apart outlasts any decision's
 	// timeout, and then the decision reports "context deadline exceeded" instead of why the
 	// dial failed (a bad certificate, a refused connection).
@@ -56,12 +61,15 @@ type sharedClient struct {
 	breaker *gobreaker.CircuitBreaker[limiter.Decision]
 	// lastErr is the error of the latest failed call, for the breaker's log.
 	lastErr atomic.Pointer[error]
+	// resets delivers the admin resets of every instance to the handlers' deny caches.
+	resets *limiter.ResetListener
 }
 
 // Destruct stops the pipeline and closes the client and its connections when the last handler
 // using it is cleaned up.
 func (c *sharedClient) Destruct() error {
 	c.pipeline.Close()
+	_ = c.resets.Close()
 	return c.rdb.Close()
 }
 
@@ -138,6 +146,7 @@ func acquireClient(r resolvedRedis) (*sharedClient, string, error) {
 		c := &sharedClient{rdb: rdb, cluster: r.Cluster, addrs: r.Addresses}
 		c.breaker = newBreaker(strings.Join(c.addrs, ","), &c.lastErr)
 		c.pipeline = limiter.NewPipeline(rdb, pipelines)
+		c.resets = limiter.NewResetListener(rdb)
 		return c, nil
 	})
 	if err != nil {
@@ -149,11 +158,20 @@ func acquireClient(r resolvedRedis) (*sharedClient, string, error) {
 // newClient returns the go-redis client of r, through redis.NewUniversalClient: a Sentinel
 // failover client when r.Sentinel is set, a cluster client when r.Cluster, else a plain one.
 func (r resolvedRedis) newClient() (redis.UniversalClient, error) {
+	opts, err := r.options()
+	if err != nil {
+		return nil, err
+	}
+	return redis.NewUniversalClient(opts), nil
+}
+
+// options returns the go-redis options of r. Its errors are about the TLS files.
+func (r resolvedRedis) options() (*redis.UniversalOptions, error) {
 	tlsConfig, err := r.TLS.load()
 	if err != nil {
 		return nil, err
 	}
-	return redis.NewUniversalClient(&redis.UniversalOptions{
+	return &redis.UniversalOptions{
 		Addrs:                 r.Addresses,
 		MasterName:            r.Sentinel,
 		IsClusterMode:         r.Cluster,
@@ -172,7 +190,7 @@ func (r resolvedRedis) newClient() (redis.UniversalClient, error) {
 		TLSConfig:             tlsConfig,
 		// Ignored by the Sentinel failover client, which has no maintenance notifications.
 		MaintNotificationsConfig: noMaintNotifications(),
-	}), nil
+	}, nil
 }
 
 // noMaintNotifications turns off go-redis's maintenance notifications (a Redis Enterprise and

@@ -67,16 +67,10 @@ func (lc *loadClient) get(path string, header ...string) (response, error) {
 	return response{status: resp.StatusCode, header: resp.Header, body: string(b)}, nil
 }
 
-// waitFor polls cond every 10ms until it is true, failing the test with what when it is still
-// false after d.
+// waitFor is redistest.WaitFor.
 func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(d); !cond(); {
-		if time.Now().After(deadline) {
-			t.Fatalf("after %v: %s", d, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	redistest.WaitFor(t, d, what, cond)
 }
 
 // scriptCached reports whether srv's script cache holds decide.lua.
@@ -613,7 +607,7 @@ func readCommand(br *bufio.Reader) ([]string, error) {
 }
 
 // garbageReplies are script replies of the wrong shape for a request of one zone (whose right
-// reply is an array of 5 integers: allowed, then allowed, remaining, retry after, reset), and the
+// reply is an array of 6 integers: allowed, then allowed, remaining, retry after, reset, next), and the
 // failureReason each must give.
 var garbageReplies = []struct {
 	name   string
@@ -626,12 +620,12 @@ var garbageReplies = []struct {
 	{name: "integer", reply: ":7\r\n", reason: "bad_response"},
 	{name: "nil", reply: "$-1\r\n", reason: "bad_response"},
 	{name: "array too short", reply: "*1\r\n:1\r\n", reason: "bad_response"},
-	{name: "array too long", reply: "*6\r\n:1\r\n:1\r\n:4\r\n:0\r\n:0\r\n:0\r\n", reason: "bad_response"},
-	{name: "bulk string for an integer", reply: "*5\r\n:1\r\n:1\r\n$1\r\n4\r\n:0\r\n:0\r\n", reason: "bad_response"},
-	{name: "allowed out of range", reply: "*5\r\n:5\r\n:1\r\n:4\r\n:0\r\n:0\r\n", reason: "bad_response"},
-	{name: "negative remaining", reply: "*5\r\n:1\r\n:1\r\n:-4\r\n:0\r\n:0\r\n", reason: "bad_response"},
-	{name: "nested arrays", reply: "*5\r\n*1\r\n:1\r\n:1\r\n:4\r\n:0\r\n:0\r\n", reason: "bad_response"},
-	{name: "error inside the array", reply: "*5\r\n:1\r\n-ERR nope\r\n:4\r\n:0\r\n:0\r\n", reason: "bad_response"},
+	{name: "array too long", reply: "*7\r\n:1\r\n:1\r\n:4\r\n:0\r\n:0\r\n:0\r\n:0\r\n", reason: "bad_response"},
+	{name: "bulk string for an integer", reply: "*6\r\n:1\r\n:1\r\n$1\r\n4\r\n:0\r\n:0\r\n:0\r\n", reason: "bad_response"},
+	{name: "allowed out of range", reply: "*6\r\n:5\r\n:1\r\n:4\r\n:0\r\n:0\r\n:0\r\n", reason: "bad_response"},
+	{name: "negative remaining", reply: "*6\r\n:1\r\n:1\r\n:-4\r\n:0\r\n:0\r\n:0\r\n", reason: "bad_response"},
+	{name: "nested arrays", reply: "*6\r\n*1\r\n:1\r\n:1\r\n:4\r\n:0\r\n:0\r\n:0\r\n", reason: "bad_response"},
+	{name: "error inside the array", reply: "*6\r\n:1\r\n-ERR nope\r\n:4\r\n:0\r\n:0\r\n:0\r\n", reason: "bad_response"},
 	{name: "RESP3 double", reply: ",1.5\r\n", reason: "bad_response"},
 	{name: "RESP3 map", reply: "%1\r\n+allowed\r\n:1\r\n", reason: "bad_response"},
 	// A length that is declared but never delivered is a broken connection, not a reply.

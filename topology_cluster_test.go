@@ -89,10 +89,10 @@ func TestEndToEndCluster(t *testing.T) {
 	}
 	cs.get("/", "X-User", "cross-a", "X-Org", "cross-b").expect(t, "first request", 200, "ok", "X-RateLimit-Remaining", "0")
 	cs.get("/", "X-User", "cross-a", "X-Org", "cross-b").expect(t, "org exhausted", 429, "", "X-RateLimit-Limit", "1")
-	// The user zone admitted the second request in its slot, then was refunded: 19 left, so
-	// the next request without an org leaves 18.
+	// The user zone held the second request's charge in its slot, then released it: 19 left,
+	// so the next request without an org leaves 18.
 	cs.get("/", "X-User", "cross-a").expect(t, "user alone", 200, "ok", "X-RateLimit-Remaining", "18")
-	if v := c.Client().HGet(t.Context(), userKey, "t").Val(); !strings.HasPrefix(v, "18") {
+	if v := c.Client().HGet(t.Context(), userKey, "t").Val(); !strings.HasPrefix(v, "+18") {
 		t.Fatalf("user bucket holds %q tokens, want 18.x", v)
 	}
 }

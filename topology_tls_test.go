@@ -21,8 +21,7 @@ func TestTLSAndACL(t *testing.T) {
 	const password = "s3cret-Pa55word"
 	// An ACL user with the README's rules: the limiter's keys and the scripts' commands only (the
 	// default user stays open, for the test's own plain connection).
-	srv := redistest.StartTLS(t, "--user", "limiter", "on", ">"+password, "~rl:*", "+evalsha", "+eval",
-		"+hmget", "+hset", "+pexpire", "+zadd", "+zcard", "+zrange", "+zremrangebyscore", "+zrem", "+time")
+	srv := redistest.StartTLS(t, append([]string{"--user", "limiter", "on", ">" + password}, aclRules()...)...)
 	zone := func() []*Zone { return []*Zone{{Name: "z", Capacity: 2, RefillRate: 0.001}} }
 	tlsOK := func() *TLSConfig {
 		return &TLSConfig{CA: srv.CA, Cert: srv.ClientCert, Key: srv.ClientKey}

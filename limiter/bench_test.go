@@ -36,7 +36,7 @@ func BenchmarkScriptArgs1Zone(b *testing.B) {
 	l := New(nil, Options{KeyPrefix: "rl:"})
 	reqs := benchReqs(1)
 	for b.Loop() {
-		_ = l.scriptArgs(reqs)
+		_ = l.scriptArgs(reqs, false)
 	}
 }
 
@@ -44,7 +44,7 @@ func BenchmarkScriptArgs3Zones(b *testing.B) {
 	l := New(nil, Options{KeyPrefix: "rl:"})
 	reqs := benchReqs(3)
 	for b.Loop() {
-		_ = l.scriptArgs(reqs)
+		_ = l.scriptArgs(reqs, false)
 	}
 }
 
@@ -61,7 +61,7 @@ func BenchmarkDecodeReply3Zones(b *testing.B) {
 }
 
 func BenchmarkDenyCacheHit(b *testing.B) {
-	dc := newDenyCache(100)
+	dc := newDenyCache(100, time.Second)
 	reqs := benchReqs(1)
 	now := time.Now()
 	dc.record(reqs, []zoneReply{{retryAfter: 3_600_000_000, reset: 3_600_000_000}}, now)

@@ -1,6 +1,12 @@
 package limiter
 
-import "context"
+import (
+	"context"
+	"slices"
+	"sync"
+
+	"github.com/redis/go-redis/v9"
+)
 
 // slotGroups returns, on Redis Cluster, the indexes of keys grouped by hash slot, in order of
 // first appearance; nil when the limiter is not on a cluster or every key is in one slot (one
@@ -32,63 +38,84 @@ func (l *Limiter) slotGroups(keys []string) [][]int {
 	return groups
 }
 
-// allowSlots decides reqs, whose keys are in several hash slots, with one decide script call per
-// slot group, all in one pipeline, then refunds the groups that admitted if any group denied or
-// failed. It returns the first error of a group when one failed.
-func (l *Limiter) allowSlots(ctx context.Context, reqs []Request, keys []string, groups [][]int) (bool, []zoneReply, error) {
+// allowSlots decides reqs, whose keys are in several hash slots, with one decide script call
+// per slot group, all under way at once (evalEach), taking token bucket charges as holds; then it commits
+// every group when all admitted, or releases the groups that admitted when one denied or failed
+// (see settle.lua). A group's denial stands against another group's error, which is returned as
+// slotErr; err is returned when no group denied and one failed.
+func (l *Limiter) allowSlots(ctx context.Context, reqs []Request, keys []string, groups [][]int) (allowed bool, zones []zoneReply, slotErr, err error) {
 	calls := make([]*call, len(groups))
 	for g, idx := range groups {
 		greqs, gkeys := make([]Request, len(idx)), make([]string, len(idx))
 		for j, i := range idx {
 			greqs[j], gkeys[j] = reqs[i], keys[i]
 		}
-		calls[g] = &call{keys: gkeys, args: l.scriptArgs(greqs)}
+		calls[g] = &call{keys: gkeys, args: l.scriptArgs(greqs, true)}
 	}
-	evalBatch(ctx, l.rdb, decideScript, calls)
+	evalEach(ctx, l.rdb, decideScript, calls)
 
-	zones := make([]zoneReply, len(reqs))
-	allowed := true
-	var firstErr error
+	zones = make([]zoneReply, len(reqs))
+	allowed = true
+	denied := false
 	var charged []*call
 	for g, c := range calls {
 		ok, zs, err := decodeResult(c.reply, c.err, len(groups[g]))
 		if err != nil {
 			allowed = false
-			if firstErr == nil {
-				firstErr = err
+			if slotErr == nil {
+				slotErr = err
 			}
 			continue
 		}
 		if ok {
 			charged = append(charged, c)
 		} else {
-			allowed = false
+			allowed, denied = false, true
 		}
 		for j, i := range groups[g] {
 			zones[i] = zs[j]
 		}
 	}
-	if !allowed && len(charged) > 0 {
-		l.refund(ctx, charged)
+	if len(charged) > 0 {
+		l.settle(ctx, charged, allowed)
 	}
-	if firstErr != nil {
-		return false, nil, firstErr
+	if slotErr != nil && !denied {
+		return false, nil, nil, slotErr
 	}
-	return allowed, zones, nil
+	return allowed, zones, slotErr, nil
 }
 
-// refund runs refund.lua for each charged call, in one pipeline. Its errors are dropped: a
-// charge that could not be refunded stays until it refills or expires, which denies too much,
-// never admits too much.
-func (l *Limiter) refund(ctx context.Context, charged []*call) {
+// settle runs settle.lua for each call, all under way at once: commit when the request was admitted,
+// else release. Its errors are dropped: a hold that is never settled counts as a charge once
+// decide.lua finds it older than 5s, which denies too much, never admits too much.
+func (l *Limiter) settle(ctx context.Context, charged []*call, commit bool) {
 	var now any = "" // the Redis server clock
 	if l.now != nil {
 		now = l.now().UnixMicro()
 	}
-	refunds := make([]*call, len(charged))
-	for i, c := range charged {
-		args := append([]any{now}, c.args[1:]...) // the same nonce, zones and costs
-		refunds[i] = &call{keys: c.keys, args: args}
+	mode := "release"
+	if commit {
+		mode = "commit"
 	}
-	evalBatch(ctx, l.rdb, refundScript, refunds)
+	settles := make([]*call, 0, len(charged))
+	for _, c := range charged {
+		if commit && !slices.Contains(c.args[3:], any("tb")) {
+			continue // a sliding window keeps its entries: nothing to commit
+		}
+		args := append([]any{now, c.args[1], mode}, c.args[3:]...) // the same nonce, zones and costs
+		settles = append(settles, &call{keys: c.keys, args: args})
+	}
+	evalEach(ctx, l.rdb, settleScript, settles)
+}
+
+// evalEach runs script for every call, each in a pipeline of its own, concurrently: one round
+// trip per call, all under way at once. Not one pipeline for all: go-redis fails every command
+// of a cluster pipeline when one node times out, and a slot whose node answered must keep its
+// answer (a denial stands against another slot's failure).
+func evalEach(ctx context.Context, rdb Pipeliner, script *redis.Script, calls []*call) {
+	var wg sync.WaitGroup
+	for _, c := range calls {
+		wg.Go(func() { evalBatch(ctx, rdb, script, []*call{c}) })
+	}
+	wg.Wait()
 }

@@ -19,7 +19,7 @@ import (
 // the module's retry settings, and a Pipeline.
 func clusterLimiter(t *testing.T, c *redistest.Cluster, opts limiter.Options) *limiter.Limiter {
 	t.Helper()
-	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs(), MaxRetries: 1, PoolSize: 32})
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs(), MaxRetries: -1, PoolSize: 32})
 	t.Cleanup(func() { _ = cc.Close() })
 	opts.KeyPrefix, opts.Cluster = "rl:", true
 	opts.Pipeline = limiter.NewPipeline(cc, 4)

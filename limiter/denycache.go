@@ -1,44 +1,71 @@
 package limiter
 
 import (
+	"strings"
 	"time"
 
 	lru "github.com/hashicorp/golang-lru/v2"
 )
 
-// DefaultDenyCacheKeys is the default bound of the (zone, client) denials a Limiter remembers.
-const DefaultDenyCacheKeys = 65536
+// Deny cache defaults.
+const (
+	// DefaultDenyCacheKeys is the default bound of the denials a Limiter remembers.
+	DefaultDenyCacheKeys = 65536
+	// DefaultDenyCacheMaxAge is how long a remembered denial is trusted at most by default.
+	DefaultDenyCacheMaxAge = time.Second
+)
 
-// denial is a remembered denial of one zone for one client: until `until`, the zone cannot
-// admit a request of at least `cost`.
+// denial is a remembered denial of one zone for one client and one cost, as Redis decided it. Its
+// times are counted from `sent`, when the decision's call was sent: Redis decided after that, so
+// every time derived from it comes no later than Redis's.
 type denial struct {
-	cost      int64
-	until     time.Time // when the zone could first admit cost again
-	resetAt   time.Time // when the zone is full again
+	trusted   time.Time // until when the entry answers for Redis: see check
+	until     time.Time // when the zone could first admit the cost (sent + retry after)
+	nextAt    time.Time // when the zone's next unit arrives (sent + next)
+	resetAt   time.Time // when the zone is full again (sent + reset)
 	remaining int64     // whole tokens or slots left when it was denied
 }
 
 // denyCache remembers recent denials so that a client over its limit is denied again with no
-// Redis call. Every entry is conservative: other instances can only consume from a zone, never
-// give back, so a zone that cannot admit `cost` before `until` for the state it was denied in
-// cannot admit it sooner for any later state. The cache is bounded (least recently used
-// evicted) and safe for concurrent use.
+// Redis call. An entry answers for Redis, with Redis's own figures less the time elapsed, only
+// while it can give the answer Redis would:
+//   - for the same zone, client and cost (a smaller cost may fit; a larger one waits longer than
+//     the entry knows);
+//   - never for a cost the zone can never admit (that answer carries no Retry-After);
+//   - before the zone's next unit (token or window slot) arrives: until then Remaining has not
+//     changed, after it the entry no longer knows it;
+//   - before the denial's retry time, counted from when the call was sent;
+//   - for at most maxAge after the call was sent.
+//
+// Other instances only consume from a zone, so a denial could otherwise be trusted until its
+// retry time. What gives capacity back makes an entry stale: an admin reset (Limiter.Reset), a
+// Redis Cluster release of a hold (settle.lua), a reload that raised a limit, or a change of the
+// zone's numbers. A reload starts a new Limiter with an empty cache; a reset is forgotten here at
+// once and, through Redis pub/sub, by every instance that receives it (ForgetKey); anything that
+// reaches no instance is bounded by maxAge: the stale entry denies for at most that long after
+// Redis's answer. The cache is bounded (least recently used evicted) and safe for concurrent use.
 type denyCache struct {
-	c *lru.Cache[denyKey, denial]
+	c      *lru.Cache[denyKey, denial]
+	maxAge time.Duration
 }
 
-// denyKey is a zone and a client, as ClientKey gives it (a verbatim key costs no allocation).
+// denyKey is a zone, a client, as ClientKey gives it (a verbatim key costs no allocation), and a
+// cost.
 type denyKey struct {
 	zone   *Zone
 	client string
+	cost   int64
 }
 
-func newDenyCache(size int) *denyCache {
+func newDenyCache(size int, maxAge time.Duration) *denyCache {
 	if size <= 0 {
 		size = DefaultDenyCacheKeys
 	}
+	if maxAge <= 0 {
+		maxAge = DefaultDenyCacheMaxAge
+	}
 	c, _ := lru.New[denyKey, denial](size) // errors only for a size <= 0
-	return &denyCache{c: c}
+	return &denyCache{c: c, maxAge: maxAge}
 }
 
 // check returns the Decision for reqs if a remembered denial covers one of them at now: the
@@ -47,22 +74,22 @@ func (dc *denyCache) check(reqs []Request, now time.Time) (Decision, bool) {
 	var d Decision
 	found := false
 	for i, r := range reqs {
-		k := denyKey{r.Zone, ClientKey(r.Key)}
+		if unsatisfiable(r) {
+			continue // Redis answers it, with no Retry-After
+		}
+		k := denyKey{r.Zone, ClientKey(r.Key), r.Cost}
 		e, ok := dc.c.Get(k)
 		if !ok {
 			continue
 		}
-		if !now.Before(e.until) {
+		if !now.Before(e.trusted) {
 			dc.c.Remove(k)
 			continue
 		}
-		if reqs[i].Cost < e.cost {
-			continue // a smaller request may fit: ask Redis
-		}
 		if retry := e.until.Sub(now); !found || retry > d.RetryAfter {
 			d = Decision{
-				Zone: i, Limit: reqs[i].Zone.Quota(), Remaining: e.remaining,
-				RetryAfter: retry, Reset: max(e.resetAt.Sub(now), retry), Cached: true,
+				Zone: i, Limit: r.Zone.Quota(), Remaining: e.remaining,
+				RetryAfter: retry, Reset: max(e.resetAt.Sub(now), retry), Next: e.nextAt.Sub(now), Cached: true,
 			}
 			found = true
 		}
@@ -70,18 +97,50 @@ func (dc *denyCache) check(reqs []Request, now time.Time) (Decision, bool) {
 	return d, found
 }
 
-// record remembers the denial of every zone that denied (zones from the reply at now), unless
-// its cost exceeds the zone's quota (it can never pass; nothing to wait for).
-func (dc *denyCache) record(reqs []Request, zones []zoneReply, now time.Time) {
+// record remembers the denial of every zone that denied (zones from the reply to the call sent
+// at sent), unless its cost can never be admitted (nothing to wait for).
+func (dc *denyCache) record(reqs []Request, zones []zoneReply, sent time.Time) {
 	for i, z := range zones {
-		if z.allowed || unsatisfiable(reqs[i]) || z.retryAfter <= 0 {
-			continue
+		if z.allowed || unsatisfiable(reqs[i]) || z.retryAfter <= 0 || z.next <= 1 {
+			continue // next 1µs: denied by Redis Cluster holds, which may be released at any moment
 		}
-		dc.c.Add(denyKey{reqs[i].Zone, ClientKey(reqs[i].Key)}, denial{
-			cost:      reqs[i].Cost,
-			until:     now.Add(time.Duration(z.retryAfter) * time.Microsecond),
-			resetAt:   now.Add(time.Duration(z.reset) * time.Microsecond),
+		// A denial that Redis answered has a next unit to come (next > 0, next <= retry after):
+		// a zone with none is full, and then only a cost above its quota is denied.
+		retry, next := time.Duration(z.retryAfter)*time.Microsecond, time.Duration(z.next)*time.Microsecond
+		dc.c.Add(denyKey{reqs[i].Zone, ClientKey(reqs[i].Key), reqs[i].Cost}, denial{
+			trusted:   sent.Add(min(retry, next, dc.maxAge)),
+			until:     sent.Add(retry),
+			nextAt:    sent.Add(next),
+			resetAt:   sent.Add(time.Duration(z.reset) * time.Microsecond),
 			remaining: z.remaining,
 		})
 	}
+}
+
+// forget removes the entries of the zones for which match is true and the client key client
+// (as ClientKey gives it), whatever their cost. It looks at every entry: resets are rare.
+func (dc *denyCache) forget(match func(*Zone) bool, client string) {
+	for _, k := range dc.c.Keys() {
+		if k.client == client && match(k.zone) {
+			dc.c.Remove(k)
+		}
+	}
+}
+
+// parseStateKey splits a state key of StateKey's form, `<prefix>{<client key>}:<zone>:<tag>`,
+// into its client key (as ClientKey gives it) and zone name; ok is false for any other string.
+func parseStateKey(prefix, key string) (client, zone string, ok bool) {
+	rest, ok := strings.CutPrefix(key, prefix+"{")
+	if !ok {
+		return "", "", false
+	}
+	client, rest, ok = strings.Cut(rest, "}:")
+	if !ok {
+		return "", "", false
+	}
+	i := strings.LastIndexByte(rest, ':')
+	if i < 0 {
+		return "", "", false
+	}
+	return client, rest[:i], true
 }

@@ -160,10 +160,10 @@ func TestReplyingClient(t *testing.T) {
 		reply string
 		want  Decision
 	}{
-		{"*9\r\n:1\r\n:1\r\n:9\r\n:0\r\n:1000000\r\n:1\r\n:1\r\n:0\r\n:1000000\r\n",
-			Decision{Allowed: true, Zone: 1, Limit: 5, Remaining: 1, Reset: time.Second}},
-		{"*9\r\n:0\r\n:1\r\n:9\r\n:0\r\n:1000000\r\n:0\r\n:0\r\n:250000\r\n:1000000\r\n",
-			Decision{Zone: 1, Limit: 5, RetryAfter: 250 * time.Millisecond, Reset: time.Second}},
+		{"*11\r\n:1\r\n:1\r\n:9\r\n:0\r\n:1000000\r\n:1000000\r\n:1\r\n:1\r\n:0\r\n:1000000\r\n:400000\r\n",
+			Decision{Allowed: true, Zone: 1, Limit: 5, Remaining: 1, Reset: time.Second, Next: 400 * time.Millisecond}},
+		{"*11\r\n:0\r\n:1\r\n:9\r\n:0\r\n:1000000\r\n:1000000\r\n:0\r\n:0\r\n:250000\r\n:1000000\r\n:250000\r\n",
+			Decision{Zone: 1, Limit: 5, RetryAfter: 250 * time.Millisecond, Reset: time.Second, Next: 250 * time.Millisecond}},
 	} {
 		b := []byte(tc.reply)
 		reply.Store(&b)

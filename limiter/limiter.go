@@ -24,7 +24,7 @@ var ErrBadResponse = errors.New("bad response from redis")
 
 var (
 	decideScript = redis.NewScript(lua.Decide)
-	refundScript = redis.NewScript(lua.Refund)
+	settleScript = redis.NewScript(lua.Settle)
 )
 
 // Client is what a Limiter needs of a go-redis client: scripts, pipelines, and the plain
@@ -48,7 +48,8 @@ type Request struct {
 	Zone *Zone
 	// Key is the resolved client key, as the client sent it: Allow sanitises it (see ClientKey).
 	Key string
-	// Cost is the tokens (token bucket) or slots (sliding window) the request takes; >= 1.
+	// Cost is the tokens (token bucket) or slots (sliding window) the request takes; >= 1. A cost
+	// above the zone's MaxCost can never be admitted (Decision.Unsatisfiable).
 	Cost int64
 }
 
@@ -71,11 +72,18 @@ type Decision struct {
 	RetryAfter time.Duration
 	// Reset is how long until the deciding zone is back to its full quota.
 	Reset time.Duration
+	// Next is how long until the deciding zone has at least one more whole token or window slot
+	// than Remaining: the `t` of the IETF RateLimit header. 0 when the zone is full.
+	Next time.Duration
 	// Unsatisfiable is true when the request's cost exceeds the deciding zone's quota: it is
 	// denied and waiting can never cure it.
 	Unsatisfiable bool
 	// Cached is true when the denial came from the deny cache, with no Redis call.
 	Cached bool
+	// Err, on a denial, is the error of a Redis Cluster hash slot that failed while another slot
+	// denied the request: the denial stands (Allow returns no error), and Err is there to be
+	// counted and logged.
+	Err error
 }
 
 // Options configure a Limiter.
@@ -87,16 +95,20 @@ type Options struct {
 	// (time.Now when nil).
 	Now func() time.Time
 	// DenyCacheKeys, when > 0, enables the deny cache: up to that many recent denials are
-	// remembered per (zone, client) by Allow, and Denied reports the requests they cover until
-	// the zone could admit them. Entries are conservative: the global state cannot admit sooner.
+	// remembered per (zone, client, cost) by Allow, and Denied reports the requests they cover
+	// while they can give Redis's answer (see denyCache), for at most DenyCacheMaxAge.
 	DenyCacheKeys int
+	// DenyCacheMaxAge bounds how long a remembered denial is trusted after its call was sent:
+	// how long a reset, a raised limit or a Cluster release that reaches no instance's cache can
+	// leave a client denied. Default (when <= 0): DefaultDenyCacheMaxAge.
+	DenyCacheMaxAge time.Duration
 	// Pipeline, when set, carries the decisions to Redis (concurrent ones share round trips)
 	// instead of one round trip each through the client given to New. It must send to the same
 	// Redis.
 	Pipeline *Pipeline
 	// Cluster is true when the client is a Redis Cluster client: the zones of a request whose
 	// keys fall in different hash slots (different client keys) are then decided by one script
-	// call per slot, all sent in one pipeline, and the slots that admitted are refunded when
+	// call per slot, all sent in one pipeline, and the slots that admitted are released when
 	// another denied (see Allow).
 	Cluster bool
 }
@@ -107,10 +119,11 @@ type Limiter struct {
 	prefix   string
 	cluster  bool
 	now      func() time.Time
-	denials  *denyCache    // nil: no deny cache
-	batch    *Pipeline     // nil: a round trip per decision
-	instance string        // random per Limiter, so sliding window members of instances differ
-	calls    atomic.Uint64 // per-call part of the nonce
+	denials  *denyCache                    // nil: no deny cache
+	batch    *Pipeline                     // nil: a round trip per decision
+	instance string                        // random per Limiter, so sliding window members of instances differ
+	calls    atomic.Uint64                 // per-call part of the nonce
+	resets   atomic.Pointer[ResetListener] // set by ResetListener.Add
 }
 
 // New returns a Limiter running its scripts through rdb.
@@ -119,7 +132,7 @@ func New(rdb Client, opts Options) *Limiter {
 	_, _ = rand.Read(b[:]) // crypto/rand.Read never returns an error
 	l := &Limiter{rdb: rdb, prefix: opts.KeyPrefix, cluster: opts.Cluster, now: opts.Now, instance: hex.EncodeToString(b[:])}
 	if opts.DenyCacheKeys > 0 {
-		l.denials = newDenyCache(opts.DenyCacheKeys)
+		l.denials = newDenyCache(opts.DenyCacheKeys, opts.DenyCacheMaxAge)
 	}
 	l.batch = opts.Pipeline
 	return l
@@ -149,12 +162,15 @@ func (l *Limiter) Denied(reqs []Request) (Decision, bool) {
 // Decision with Zone -1 and no Redis call.
 //
 // On Redis Cluster (Options.Cluster), zones whose keys fall in different hash slots are decided
-// by one script call per slot, sent together in one pipeline (one round trip per node). The
-// request is still all-or-nothing, with a refund: when a slot denies, the slots that admitted
-// (and were charged) are given their cost back by refund.lua before Allow returns. Between the
-// charge and the refund other requests see the charge, so a refund can deny too much for a round
-// trip, never admit too much; a refund that fails leaves the charge in place (the error is not
-// returned: the denial stands).
+// by one script call per slot, all under way at once (one round trip each), with
+// their token bucket charges taken as holds; then settle.lua commits every slot when all
+// admitted (a second round trip), or releases the slots that admitted when one denied or failed.
+// A hold is exact both ways (see settle.lua). Between the hold and its release other requests see
+// the hold, so a release can deny too much for a round trip, never admit too much; a settle that
+// fails leaves the hold, which counts as a charge after 5s (the error is not returned: the
+// decision stands). A slot's denial stands against another slot's error (Decision.Err).
+//
+// The clock of a remembered denial starts when the call is sent, not when its reply arrives.
 //
 // The error wraps the Redis or network error (context.DeadlineExceeded when ctx expires first),
 // or ErrBadResponse when the reply has the wrong shape. The Decision is then the zero value.
@@ -162,15 +178,16 @@ func (l *Limiter) Allow(ctx context.Context, reqs []Request) (Decision, error) {
 	if len(reqs) == 0 {
 		return Decision{Allowed: true, Zone: -1}, nil
 	}
+	sent := l.clock()
 	keys := make([]string, len(reqs))
 	for i, r := range reqs {
 		keys[i] = StateKey(l.prefix, r.Zone, r.Key)
 	}
 	var allowed bool
 	var zones []zoneReply
-	var err error
+	var err, slotErr error
 	if groups := l.slotGroups(keys); groups != nil {
-		allowed, zones, err = l.allowSlots(ctx, reqs, keys, groups)
+		allowed, zones, slotErr, err = l.allowSlots(ctx, reqs, keys, groups)
 	} else {
 		allowed, zones, err = l.allowOne(ctx, reqs, keys)
 	}
@@ -178,9 +195,14 @@ func (l *Limiter) Allow(ctx context.Context, reqs []Request) (Decision, error) {
 		return Decision{}, err
 	}
 	if !allowed && l.denials != nil {
-		l.denials.record(reqs, zones, l.clock())
+		l.denials.record(reqs, zones, sent)
+		if rl := l.resets.Load(); rl != nil {
+			rl.listen() // a cached denial to forget on a reset: from now on, listen
+		}
 	}
-	return pick(reqs, allowed, zones), nil
+	d := pick(reqs, allowed, zones)
+	d.Err = slotErr
+	return d, nil
 }
 
 // allowOne decides reqs, whose keys are all in one hash slot or on one server, with one call of
@@ -189,9 +211,9 @@ func (l *Limiter) allowOne(ctx context.Context, reqs []Request, keys []string) (
 	var reply any
 	var err error
 	if l.batch != nil {
-		reply, err = l.batch.run(ctx, keys, l.scriptArgs(reqs))
+		reply, err = l.batch.run(ctx, keys, l.scriptArgs(reqs, false))
 	} else {
-		reply, err = l.run(ctx, keys, l.scriptArgs(reqs))
+		reply, err = l.run(ctx, keys, l.scriptArgs(reqs, false))
 	}
 	return decodeResult(reply, err, len(reqs))
 }
@@ -221,23 +243,28 @@ func (l *Limiter) run(ctx context.Context, keys []string, args []any) (reply any
 }
 
 // scriptArgs returns decide.lua's ARGV for reqs: the time (or "" for Redis TIME), a nonce
-// unique to the call, then algorithm, quota, rate and cost per zone. A cost above the quota is
-// sent as twice the quota: still above it and exact in Lua's doubles (a cost of 2^53+1 became
-// 2^53 there, and passed a bucket of 2^53), so the request is denied and nothing charged, and
-// the script's wait for it stays a number Redis can return (a cost near 2^63 took the token
-// bucket's retry after beyond int64: a bad_response, which failed open and counted towards the
-// circuit breaker).
-func (l *Limiter) scriptArgs(reqs []Request) []any {
-	args := make([]any, 2, 2+4*len(reqs))
+// unique to the call, whether to take token bucket charges as holds, then algorithm, quota, rate
+// and cost per zone. A cost above the zone's MaxCost is sent as twice the quota: above the quota
+// and exact in Lua's doubles (a cost of 2^53+1 became 2^53 there, and passed a bucket of 2^53),
+// so the request is denied and nothing charged, and the script's wait for it stays a number
+// Redis can return (a cost near 2^63 took the token bucket's retry after beyond int64: a
+// bad_response, which failed open and counted towards the circuit breaker). A sliding window
+// never adds more entries than MaxCost.
+func (l *Limiter) scriptArgs(reqs []Request, hold bool) []any {
+	args := make([]any, 3, 3+4*len(reqs))
 	if l.now != nil {
 		args[0] = l.now().UnixMicro()
 	} else {
 		args[0] = ""
 	}
 	args[1] = l.instance + "." + strconv.FormatUint(l.calls.Add(1), 36)
+	args[2] = "0"
+	if hold {
+		args[2] = "1"
+	}
 	for _, r := range reqs {
 		cost := r.Cost
-		if cost > r.Zone.Quota() {
+		if unsatisfiable(r) {
 			cost = 2 * r.Zone.Quota() // <= 2^54
 		}
 		if r.Zone.Algorithm == SlidingWindow {
@@ -251,21 +278,24 @@ func (l *Limiter) scriptArgs(reqs []Request) []any {
 
 // zoneReply is one zone's part of the script's reply.
 type zoneReply struct {
-	allowed           bool
-	remaining         int64
-	retryAfter, reset int64 // µs
+	allowed                 bool
+	remaining               int64
+	retryAfter, reset, next int64 // µs
 }
 
-// decodeReply checks and decodes the script's reply for n zones: an array of 1 + 4n integers,
-// the first 0 or 1, then per zone allowed (0 or 1), remaining, retry after (µs), reset (µs),
-// none negative. Any other shape or type is an error wrapping ErrBadResponse.
+// replyWidth is the number of integers per zone in decide.lua's reply.
+const replyWidth = 5
+
+// decodeReply checks and decodes the script's reply for n zones: an array of 1 + 5n integers,
+// the first 0 or 1, then per zone allowed (0 or 1), remaining, retry after (µs), reset (µs) and
+// next (µs), none negative. Any other shape or type is an error wrapping ErrBadResponse.
 func decodeReply(reply any, n int) (bool, []zoneReply, error) {
 	arr, ok := reply.([]any)
 	if !ok {
 		return false, nil, fmt.Errorf("%w: got %T, want an array", ErrBadResponse, reply)
 	}
-	if len(arr) != 1+4*n {
-		return false, nil, fmt.Errorf("%w: got %d values, want %d", ErrBadResponse, len(arr), 1+4*n)
+	if len(arr) != 1+replyWidth*n {
+		return false, nil, fmt.Errorf("%w: got %d values, want %d", ErrBadResponse, len(arr), 1+replyWidth*n)
 	}
 	ints := make([]int64, len(arr))
 	for i, v := range arr {
@@ -273,15 +303,15 @@ func decodeReply(reply any, n int) (bool, []zoneReply, error) {
 		if !ok {
 			return false, nil, fmt.Errorf("%w: value %d is %T, want an integer", ErrBadResponse, i, v)
 		}
-		if x < 0 || ((i == 0 || i%4 == 1) && x > 1) {
+		if x < 0 || ((i == 0 || i%replyWidth == 1) && x > 1) {
 			return false, nil, fmt.Errorf("%w: value %d is %d, out of range", ErrBadResponse, i, x)
 		}
 		ints[i] = x
 	}
 	zones := make([]zoneReply, n)
 	for i := range zones {
-		v := ints[1+4*i:]
-		zones[i] = zoneReply{allowed: v[0] == 1, remaining: v[1], retryAfter: v[2], reset: v[3]}
+		v := ints[1+replyWidth*i:]
+		zones[i] = zoneReply{allowed: v[0] == 1, remaining: v[1], retryAfter: v[2], reset: v[3], next: v[4]}
 	}
 	return ints[0] == 1, zones, nil
 }
@@ -329,6 +359,7 @@ func pick(reqs []Request, allowed bool, zones []zoneReply) Decision {
 		Limit:     reqs[best].Zone.Quota(),
 		Remaining: z.remaining,
 		Reset:     time.Duration(z.reset) * time.Microsecond,
+		Next:      time.Duration(z.next) * time.Microsecond,
 	}
 	if !allowed {
 		if unsatisfiable(reqs[best]) {
@@ -340,4 +371,5 @@ func pick(reqs []Request, allowed bool, zones []zoneReply) Decision {
 	return d
 }
 
-func unsatisfiable(r Request) bool { return r.Cost > r.Zone.Quota() }
+// unsatisfiable reports whether r's cost is above its zone's MaxCost: it can never be admitted.
+func unsatisfiable(r Request) bool { return r.Cost > r.Zone.maxCost() }

@@ -73,39 +73,39 @@ func TestTokenBucketArithmetic(t *testing.T) {
 
 	for i := int64(1); i <= 10; i++ {
 		want(t, "request "+strconv.FormatInt(i, 10), allow(t, l, req), limiter.Decision{
-			Allowed: true, Limit: 10, Remaining: 10 - i, Reset: time.Duration(i) * 500 * time.Millisecond,
+			Allowed: true, Limit: 10, Remaining: 10 - i, Reset: time.Duration(i) * 500 * time.Millisecond, Next: 500 * time.Millisecond,
 		})
 	}
 	want(t, "11th request, bucket empty", allow(t, l, req), limiter.Decision{
-		Limit: 10, Remaining: 0, RetryAfter: 500 * time.Millisecond, Reset: 5 * time.Second,
+		Limit: 10, Remaining: 0, RetryAfter: 500 * time.Millisecond, Reset: 5 * time.Second, Next: 500 * time.Millisecond,
 	})
 	clk.Advance(250 * time.Millisecond) // 0.5 tokens
 	want(t, "half a token", allow(t, l, req), limiter.Decision{
-		Limit: 10, Remaining: 0, RetryAfter: 250 * time.Millisecond, Reset: 4750 * time.Millisecond,
+		Limit: 10, Remaining: 0, RetryAfter: 250 * time.Millisecond, Reset: 4750 * time.Millisecond, Next: 250 * time.Millisecond,
 	})
 	clk.Advance(250 * time.Millisecond) // 1 token
 	want(t, "one token refilled", allow(t, l, req), limiter.Decision{
-		Allowed: true, Limit: 10, Remaining: 0, Reset: 5 * time.Second,
+		Allowed: true, Limit: 10, Remaining: 0, Reset: 5 * time.Second, Next: 500 * time.Millisecond,
 	})
 	// A denied request changes nothing: the bucket is where the last admission left it.
-	if got := srv.Do("HGET", "rl:{alice}:api:tb", "t"); got != "0" {
+	if got := srv.Do("HGET", "rl:{alice}:api:tb", "u"); got != "10" {
 		t.Fatalf("tokens after refill and spend = %v, want 0", got)
 	}
 
 	clk.Advance(time.Hour) // far beyond full: never above capacity
 	want(t, "after an hour", allow(t, l, req), limiter.Decision{
-		Allowed: true, Limit: 10, Remaining: 9, Reset: 500 * time.Millisecond,
+		Allowed: true, Limit: 10, Remaining: 9, Reset: 500 * time.Millisecond, Next: 500 * time.Millisecond,
 	})
 
 	// Cost: 9 tokens left, cost 4 twice, then 1 left and cost 4 denied: 3 tokens missing = 1.5s.
 	big := limiter.Request{Zone: z, Key: "alice", Cost: 4}
-	want(t, "cost 4", allow(t, l, big), limiter.Decision{Allowed: true, Limit: 10, Remaining: 5, Reset: 2500 * time.Millisecond})
-	want(t, "cost 4 again", allow(t, l, big), limiter.Decision{Allowed: true, Limit: 10, Remaining: 1, Reset: 4500 * time.Millisecond})
-	want(t, "cost 4 denied", allow(t, l, big), limiter.Decision{Limit: 10, Remaining: 1, RetryAfter: 1500 * time.Millisecond, Reset: 4500 * time.Millisecond})
+	want(t, "cost 4", allow(t, l, big), limiter.Decision{Allowed: true, Limit: 10, Remaining: 5, Reset: 2500 * time.Millisecond, Next: 500 * time.Millisecond})
+	want(t, "cost 4 again", allow(t, l, big), limiter.Decision{Allowed: true, Limit: 10, Remaining: 1, Reset: 4500 * time.Millisecond, Next: 500 * time.Millisecond})
+	want(t, "cost 4 denied", allow(t, l, big), limiter.Decision{Limit: 10, Remaining: 1, RetryAfter: 1500 * time.Millisecond, Reset: 4500 * time.Millisecond, Next: 500 * time.Millisecond})
 
 	// Another client has its own full bucket.
 	want(t, "bob", allow(t, l, limiter.Request{Zone: z, Key: "bob", Cost: 1}), limiter.Decision{
-		Allowed: true, Limit: 10, Remaining: 9, Reset: 500 * time.Millisecond,
+		Allowed: true, Limit: 10, Remaining: 9, Reset: 500 * time.Millisecond, Next: 500 * time.Millisecond,
 	})
 }
 
@@ -147,21 +147,21 @@ func TestSlidingWindowArithmetic(t *testing.T) {
 	z := sw("login", 3, 10*time.Second)
 	req := limiter.Request{Zone: z, Key: "alice", Cost: 1}
 
-	want(t, "t=0", allow(t, l, req), limiter.Decision{Allowed: true, Limit: 3, Remaining: 2, Reset: 10 * time.Second})
+	want(t, "t=0", allow(t, l, req), limiter.Decision{Allowed: true, Limit: 3, Remaining: 2, Reset: 10 * time.Second, Next: 10 * time.Second})
 	clk.Advance(time.Second)
-	want(t, "t=1s", allow(t, l, req), limiter.Decision{Allowed: true, Limit: 3, Remaining: 1, Reset: 10 * time.Second})
+	want(t, "t=1s", allow(t, l, req), limiter.Decision{Allowed: true, Limit: 3, Remaining: 1, Reset: 10 * time.Second, Next: 9 * time.Second})
 	clk.Advance(time.Second)
-	want(t, "t=2s", allow(t, l, req), limiter.Decision{Allowed: true, Limit: 3, Remaining: 0, Reset: 10 * time.Second})
+	want(t, "t=2s", allow(t, l, req), limiter.Decision{Allowed: true, Limit: 3, Remaining: 0, Reset: 10 * time.Second, Next: 8 * time.Second})
 	clk.Advance(time.Second)
 	// Full: the entry of t=0 leaves at t=10s; the newest (t=2s) at t=12s.
-	want(t, "t=3s denied", allow(t, l, req), limiter.Decision{Limit: 3, Remaining: 0, RetryAfter: 7 * time.Second, Reset: 9 * time.Second})
+	want(t, "t=3s denied", allow(t, l, req), limiter.Decision{Limit: 3, Remaining: 0, RetryAfter: 7 * time.Second, Reset: 9 * time.Second, Next: 7 * time.Second})
 	// Cost 2 needs two entries gone: the second oldest (t=1s) leaves at t=11s.
 	want(t, "t=3s cost 2", allow(t, l, limiter.Request{Zone: z, Key: "alice", Cost: 2}),
-		limiter.Decision{Limit: 3, Remaining: 0, RetryAfter: 8 * time.Second, Reset: 9 * time.Second})
+		limiter.Decision{Limit: 3, Remaining: 0, RetryAfter: 8 * time.Second, Reset: 9 * time.Second, Next: 7 * time.Second})
 	clk.Advance(7*time.Second - time.Microsecond)
-	want(t, "1µs before t=10s", allow(t, l, req), limiter.Decision{Limit: 3, Remaining: 0, RetryAfter: time.Microsecond, Reset: 2*time.Second + time.Microsecond})
+	want(t, "1µs before t=10s", allow(t, l, req), limiter.Decision{Limit: 3, Remaining: 0, RetryAfter: time.Microsecond, Reset: 2*time.Second + time.Microsecond, Next: time.Microsecond})
 	clk.Advance(time.Microsecond)
-	want(t, "t=10s", allow(t, l, req), limiter.Decision{Allowed: true, Limit: 3, Remaining: 0, Reset: 10 * time.Second})
+	want(t, "t=10s", allow(t, l, req), limiter.Decision{Allowed: true, Limit: 3, Remaining: 0, Reset: 10 * time.Second, Next: time.Second})
 	if n := srv.Do("ZCARD", "rl:{alice}:login:sw"); n != int64(3) {
 		t.Fatalf("ZCARD = %v, want 3: the expired entry must be gone and denials must add nothing", n)
 	}
@@ -199,20 +199,21 @@ func TestMultiZoneAllOrNothing(t *testing.T) {
 	reqs := []limiter.Request{{Zone: api, Key: "alice", Cost: 1}, {Zone: login, Key: "alice", Cost: 1}}
 
 	// Allowed: the deciding zone is the one with the least remaining share (login: 1/2 < api: 4/5).
-	want(t, "first", allow(t, l, reqs...), limiter.Decision{Allowed: true, Zone: 1, Limit: 2, Remaining: 1, Reset: time.Minute})
-	want(t, "second", allow(t, l, reqs...), limiter.Decision{Allowed: true, Zone: 1, Limit: 2, Remaining: 0, Reset: time.Minute})
+	want(t, "first", allow(t, l, reqs...), limiter.Decision{Allowed: true, Zone: 1, Limit: 2, Remaining: 1, Reset: time.Minute, Next: time.Minute})
+	want(t, "second", allow(t, l, reqs...), limiter.Decision{Allowed: true, Zone: 1, Limit: 2, Remaining: 0, Reset: time.Minute, Next: time.Minute})
 	for i := 0; i < 3; i++ {
-		want(t, "denied by login", allow(t, l, reqs...), limiter.Decision{Zone: 1, Limit: 2, Remaining: 0, RetryAfter: time.Minute, Reset: time.Minute})
+		want(t, "denied by login", allow(t, l, reqs...), limiter.Decision{Zone: 1, Limit: 2, Remaining: 0, RetryAfter: time.Minute, Reset: time.Minute, Next: time.Minute})
 	}
 	// The three denials charged api nothing: 3 of 5 tokens left.
-	if got := srv.Do("HGET", "rl:{alice}:api:tb", "t"); got != "3" {
+	if got := srv.Do("HGET", "rl:{alice}:api:tb", "u"); got != "2" {
 		t.Fatalf("api tokens = %v, want 3 (a denial by login must not charge api)", got)
 	}
 	// And the reverse: api denies, login is not charged.
 	clk.Advance(time.Minute) // login empty again; api refilled to 5
 	reqs[0].Cost = 6         // more than capacity 5: unsatisfiable
 	want(t, "unsatisfiable", allow(t, l, reqs...), limiter.Decision{Zone: 0, Limit: 5, Remaining: 5, Reset: 0, Unsatisfiable: true})
-	if n := srv.Do("ZCARD", "rl:{alice}:login:sw"); n != int64(0) {
+	// Entries of the last minute (the two of t0 have left the window; a denial removes nothing).
+	if n := srv.Do("ZCOUNT", "rl:{alice}:login:sw", "(1700000000000000", "+inf"); n != int64(0) {
 		t.Fatalf("login entries = %v, want 0 (a denial by api must not charge login)", n)
 	}
 }
@@ -226,7 +227,7 @@ func TestDenyingZoneWithLongestWaitDecides(t *testing.T) {
 	free := tb("free", 100, 10) // never denies here
 	reqs := []limiter.Request{{Zone: free, Key: "k", Cost: 1}, {Zone: short, Key: "k", Cost: 1}, {Zone: long, Key: "k", Cost: 1}}
 	allow(t, l, reqs...)
-	want(t, "both deny", allow(t, l, reqs...), limiter.Decision{Zone: 2, Limit: 1, RetryAfter: 10 * time.Second, Reset: 10 * time.Second})
+	want(t, "both deny", allow(t, l, reqs...), limiter.Decision{Zone: 2, Limit: 1, RetryAfter: 10 * time.Second, Reset: 10 * time.Second, Next: 10 * time.Second})
 }
 
 func TestKeySanitising(t *testing.T) {
@@ -279,7 +280,7 @@ func TestNoScriptAfterScriptFlush(t *testing.T) {
 	if exists() != 0 {
 		t.Fatal("SCRIPT FLUSH left the script cached")
 	}
-	want(t, "after SCRIPT FLUSH", allow(t, l, req), limiter.Decision{Allowed: true, Limit: 3, Remaining: 1, Reset: 2 * time.Second})
+	want(t, "after SCRIPT FLUSH", allow(t, l, req), limiter.Decision{Allowed: true, Limit: 3, Remaining: 1, Reset: 2 * time.Second, Next: time.Second})
 	if exists() != 1 {
 		t.Fatal("the script was not loaded again after NOSCRIPT")
 	}
@@ -391,7 +392,7 @@ func TestPipelineScriptFlushAndStall(t *testing.T) {
 	req := limiter.Request{Zone: tb("z", 3, 1), Key: "k", Cost: 1}
 	allow(t, l, req)
 	srv.Do("SCRIPT", "FLUSH")
-	want(t, "after SCRIPT FLUSH", allow(t, l, req), limiter.Decision{Allowed: true, Limit: 3, Remaining: 1, Reset: 2 * time.Second})
+	want(t, "after SCRIPT FLUSH", allow(t, l, req), limiter.Decision{Allowed: true, Limit: 3, Remaining: 1, Reset: 2 * time.Second, Next: time.Second})
 
 	srv.Pause()
 	defer srv.Resume()

@@ -21,6 +21,7 @@ const DefaultLocalKeys = 65536
 // evicted client starts again with a full bucket. Local is safe for concurrent use.
 type Local struct {
 	mu      sync.Mutex // makes a multi-zone decision all-or-nothing
+	last    time.Time  // the latest time decided at, under mu
 	buckets *lru.Cache[string, *rate.Limiter]
 }
 
@@ -41,6 +42,12 @@ func (l *Local) Allow(reqs []Request, now time.Time) Decision {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	// Requests reach the lock out of time order; x/time/rate moves its clock back for an earlier
+	// time and would then credit the same refill twice. Time never goes back here.
+	if now.Before(l.last) {
+		now = l.last
+	}
+	l.last = now
 	buckets := make([]*rate.Limiter, len(reqs))
 	zones := make([]zoneReply, len(reqs))
 	allowed := true
@@ -62,8 +69,12 @@ func (l *Local) Allow(reqs []Request, now time.Time) Decision {
 			buckets[i].AllowN(now, int(r.Cost)) // cannot fail: checked above, under l.mu
 			tokens -= float64(r.Cost)
 		}
-		zones[i].remaining = int64(math.Floor(max(tokens, 0)))
+		whole := math.Floor(max(tokens, 0))
+		zones[i].remaining = int64(whole)
 		zones[i].reset = micros((float64(r.Zone.Quota()) - tokens) / float64(buckets[i].Limit()))
+		if whole < float64(r.Zone.Quota()) {
+			zones[i].next = micros((whole + 1 - tokens) / float64(buckets[i].Limit()))
+		}
 	}
 	return pick(reqs, allowed, zones)
 }

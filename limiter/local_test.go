@@ -16,11 +16,11 @@ func TestLocalTokenBucket(t *testing.T) {
 	req := limiter.Request{Zone: tb("api", 3, 1), Key: "alice", Cost: 1}
 	for i := int64(1); i <= 3; i++ {
 		want(t, "request "+strconv.FormatInt(i, 10), l.Allow([]limiter.Request{req}, t0),
-			limiter.Decision{Allowed: true, Limit: 3, Remaining: 3 - i, Reset: time.Duration(i) * time.Second})
+			limiter.Decision{Allowed: true, Limit: 3, Remaining: 3 - i, Reset: time.Duration(i) * time.Second, Next: time.Second})
 	}
-	want(t, "4th", l.Allow([]limiter.Request{req}, t0), limiter.Decision{Limit: 3, RetryAfter: time.Second, Reset: 3 * time.Second})
+	want(t, "4th", l.Allow([]limiter.Request{req}, t0), limiter.Decision{Limit: 3, RetryAfter: time.Second, Reset: 3 * time.Second, Next: time.Second})
 	want(t, "after 1s", l.Allow([]limiter.Request{req}, t0.Add(time.Second)),
-		limiter.Decision{Allowed: true, Limit: 3, Remaining: 0, Reset: 3 * time.Second})
+		limiter.Decision{Allowed: true, Limit: 3, Remaining: 0, Reset: 3 * time.Second, Next: time.Second})
 	big := limiter.Request{Zone: req.Zone, Key: "alice", Cost: 4}
 	want(t, "cost above capacity", l.Allow([]limiter.Request{big}, t0.Add(time.Hour)),
 		limiter.Decision{Limit: 3, Remaining: 3, Unsatisfiable: true})
@@ -31,9 +31,9 @@ func TestLocalSlidingWindowIsABucketOfTheSameRate(t *testing.T) {
 	t0 := time.Unix(1_700_000_000, 0)
 	req := limiter.Request{Zone: sw("login", 2, 10*time.Second), Key: "alice", Cost: 1}
 	l.Allow([]limiter.Request{req}, t0)
-	want(t, "2nd", l.Allow([]limiter.Request{req}, t0), limiter.Decision{Allowed: true, Limit: 2, Reset: 10 * time.Second})
+	want(t, "2nd", l.Allow([]limiter.Request{req}, t0), limiter.Decision{Allowed: true, Limit: 2, Reset: 10 * time.Second, Next: 5 * time.Second})
 	// 2 per 10s refills one slot every 5s.
-	want(t, "3rd", l.Allow([]limiter.Request{req}, t0), limiter.Decision{Limit: 2, RetryAfter: 5 * time.Second, Reset: 10 * time.Second})
+	want(t, "3rd", l.Allow([]limiter.Request{req}, t0), limiter.Decision{Limit: 2, RetryAfter: 5 * time.Second, Reset: 10 * time.Second, Next: 5 * time.Second})
 }
 
 func TestLocalAllOrNothing(t *testing.T) {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -16,6 +17,7 @@ type Commander interface {
 	Time(ctx context.Context) *redis.TimeCmd
 	TxPipelined(ctx context.Context, fn func(redis.Pipeliner) error) ([]redis.Cmder, error)
 	Del(ctx context.Context, keys ...string) *redis.IntCmd
+	Publish(ctx context.Context, channel string, message any) *redis.IntCmd
 }
 
 // tokenEpsilon is decide.lua's EPSILON: the float slack with which a bucket is compared to a
@@ -77,12 +79,12 @@ func (l *Limiter) State(ctx context.Context, z *Zone, clientKey string) (State, 
 	return s, nil
 }
 
-// bucketState reads a token bucket's hash { t, ts } and refills it to now as decide.lua does.
+// bucketState reads a token bucket's hash and computes its tokens at now as decide.lua does.
 func (l *Limiter) bucketState(ctx context.Context, z *Zone, now int64, s *State) error {
-	var fields *redis.SliceCmd
+	var fields *redis.MapStringStringCmd
 	var ttl *redis.DurationCmd
 	if _, err := l.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		fields = p.HMGet(ctx, s.Key, "t", "ts")
+		fields = p.HGetAll(ctx, s.Key)
 		ttl = p.PTTL(ctx, s.Key)
 		return nil
 	}); err != nil {
@@ -91,23 +93,56 @@ func (l *Limiter) bucketState(ctx context.Context, z *Zone, now int64, s *State)
 	if err := s.setTTL(ttl.Val()); err != nil {
 		return err
 	}
-	capacity := float64(z.Capacity)
-	v := fields.Val()
-	tokens, okT := number(v[0])
-	ts, okTS := number(v[1])
-	switch {
-	case !okT || !okTS:
-		tokens = capacity // decide.lua: a missing or unreadable bucket is a full one
-	case float64(now) > ts:
-		tokens = math.Min(capacity, tokens+(float64(now)-ts)*z.RefillRate/1e6)
-	}
+	tokens := bucketTokens(fields.Val(), float64(now), float64(z.Capacity), z.RefillRate)
 	s.Tokens = tokens
-	s.Remaining = int64(math.Floor(tokens + tokenEpsilon))
+	s.Remaining = max(0, int64(math.Floor(tokens+tokenEpsilon)))
 	if tokens+tokenEpsilon < 1 {
 		s.RetryAfter = time.Duration(math.Ceil((1-tokens)/z.RefillRate*1e6)) * time.Microsecond
 	}
 	return nil
 }
+
+// bucketTokens is decide.lua's reading of a token bucket hash at now: capacity less what is
+// used (drained at rate since ts) and held (a hold older than holdMax counting as used). A hash
+// last written by the previous script (t without a leading '+', the tokens left at ts) is read
+// as that script would. A missing or unreadable bucket is a full one. The result is negative
+// when more is used than the capacity in force.
+func bucketTokens(f map[string]string, now, capacity, rate float64) float64 {
+	used, okU := number(f["u"])
+	ts, okTS := number(f["ts"])
+	if t, ok := f["t"]; ok && !strings.HasPrefix(t, "+") && okTS {
+		if left, ok := number(t); ok {
+			used, okU = math.Max(0, capacity-left), true
+		}
+	}
+	if !okU || !okTS {
+		return capacity
+	}
+	if now > ts {
+		used = math.Max(0, used-(now-ts)*rate/1e6)
+	}
+	held := 0.0
+	for k, v := range f {
+		if !strings.HasPrefix(k, "h:") {
+			continue
+		}
+		c, at, ok := strings.Cut(v, "@")
+		cost, err1 := strconv.ParseInt(c, 10, 64)
+		when, err2 := strconv.ParseInt(at, 10, 64)
+		if !ok || err1 != nil || err2 != nil {
+			continue
+		}
+		if now-float64(when) > holdMax {
+			used += float64(cost)
+		} else {
+			held += float64(cost)
+		}
+	}
+	return capacity - used - held
+}
+
+// holdMax is decide.lua's HOLD_MAX: µs a hold may wait for settle.lua before it counts as used.
+const holdMax = 5e6
 
 // windowState counts a sliding window log's entries inside the window ending at now. The
 // entry that must leave before a request of cost 1 fits is the Limit-th newest one in the
@@ -163,12 +198,14 @@ func number(v any) (float64, bool) {
 }
 
 // Reset deletes the client's state in zone z from Redis, so that its next request finds a full
-// bucket or an empty window, and forgets this Limiter's cached denial of it (Forget). existed
-// reports whether Redis held state for the client. Other Limiters' deny caches (other
-// instances) are not reached: they may deny the client until their cached retry time passes.
+// bucket or an empty window, forgets this Limiter's cached denials of it (Forget), and publishes
+// the state key on ResetChannel(prefix), so that every Limiter listening there forgets its own
+// (ForgetKey; see the handler's subscription). existed reports whether Redis held state for the
+// client. An instance that misses the message (not subscribed, or disconnected at that moment)
+// may deny the client from its deny cache for at most its DenyCacheMaxAge.
 //
-// On error nothing is forgotten; the Redis key
-// may or may not have been deleted, and calling Reset again is safe.
+// On error nothing is forgotten; the Redis key may or may not have been deleted, and calling
+// Reset again is safe. A failed publish is not an error: the reset is done.
 func (l *Limiter) Reset(ctx context.Context, z *Zone, clientKey string) (existed bool, err error) {
 	key := StateKey(l.prefix, z, clientKey)
 	n, err := l.rdb.Del(ctx, key).Result()
@@ -178,13 +215,33 @@ func (l *Limiter) Reset(ctx context.Context, z *Zone, clientKey string) (existed
 	// After the delete, not before, so that a denial decided on the old state and recorded
 	// meanwhile is dropped too (one still in flight after Forget can outlive the reset).
 	l.Forget(z, clientKey)
+	_ = l.rdb.Publish(ctx, ResetChannel(l.prefix), key).Err()
 	return n > 0, nil
 }
 
-// Forget removes this Limiter's cached denial of the client in zone z (z the pointer passed to
-// Allow), if any, so that its next request is decided by Redis. It never contacts Redis.
+// ResetChannel is the Redis pub/sub channel on which Reset announces the state keys it deleted,
+// for Limiters of the key prefix prefix: `<prefix>reset`.
+func ResetChannel(prefix string) string { return prefix + "reset" }
+
+// Forget removes this Limiter's cached denials of the client in zone z (z the pointer passed to
+// Allow), whatever their cost, so that its next request is decided by Redis. It never contacts
+// Redis.
 func (l *Limiter) Forget(z *Zone, clientKey string) {
 	if l.denials != nil {
-		l.denials.c.Remove(denyKey{z, ClientKey(clientKey)})
+		l.denials.forget(func(dz *Zone) bool { return dz == z }, ClientKey(clientKey))
 	}
+}
+
+// ForgetKey removes this Limiter's cached denials of the state key key (as Reset publishes it):
+// the zone of that name and the client of that key, whatever the cost. A key of another prefix,
+// or not of StateKey's form, is ignored. It never contacts Redis.
+func (l *Limiter) ForgetKey(key string) {
+	if l.denials == nil {
+		return
+	}
+	client, zone, ok := parseStateKey(l.prefix, key)
+	if !ok {
+		return
+	}
+	l.denials.forget(func(dz *Zone) bool { return dz.Name == zone }, client)
 }

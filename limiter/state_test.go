@@ -3,6 +3,7 @@ package limiter_test
 import (
 	"context"
 	"errors"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -28,6 +29,9 @@ func checkState(t *testing.T, step string, s, want limiter.State, ttlMin, ttlMax
 	t.Helper()
 	ttl := s.TTL
 	s.TTL, want.TTL = 0, 0
+	if math.Abs(s.Tokens-want.Tokens) < 1e-9 { // float arithmetic: 3 - (3 - 0.6) is not 0.6
+		s.Tokens = want.Tokens
+	}
 	if s != want {
 		t.Fatalf("%s:\n got %+v\nwant %+v", step, s, want)
 	}
@@ -204,7 +208,7 @@ func TestReset(t *testing.T) {
 	if _, ok := l.Denied([]limiter.Request{req}); ok {
 		t.Fatal("alice's cached denial survived Reset")
 	}
-	want(t, "after reset", allow(t, l, req), limiter.Decision{Allowed: true, Limit: 2, Remaining: 1, Reset: time.Hour})
+	want(t, "after reset", allow(t, l, req), limiter.Decision{Allowed: true, Limit: 2, Remaining: 1, Reset: time.Hour, Next: time.Hour})
 	// Bob was not touched.
 	if _, ok := l.Denied([]limiter.Request{other}); !ok {
 		t.Fatal("bob's cached denial went with alice's")

@@ -75,6 +75,17 @@ type Zone struct {
 	Limit int64
 	// Window is the sliding window log's length (MinWindow to MaxWindow).
 	Window time.Duration
+	// MaxCost is the largest cost a request may take (1 to Quota); a request of a larger cost can
+	// never be admitted (Redis is asked for the state, and charges nothing). 0: the quota.
+	MaxCost int64
+}
+
+// maxCost is MaxCost, or the quota when it is 0.
+func (z *Zone) maxCost() int64 {
+	if z.MaxCost > 0 {
+		return z.MaxCost
+	}
+	return z.Quota()
 }
 
 var zoneNameRE = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
@@ -115,6 +126,9 @@ func (z *Zone) Validate() error {
 		}
 	default:
 		return fmt.Errorf("zone %s: unknown algorithm %v", z.Name, z.Algorithm)
+	}
+	if z.MaxCost < 0 || z.MaxCost > z.Quota() {
+		return fmt.Errorf("zone %s: max_cost %d must be between 1 and the zone's quota %d", z.Name, z.MaxCost, z.Quota())
 	}
 	return nil
 }

@@ -1,35 +1,60 @@
+#!lua
 -- decide.lua: admit or deny one request against every zone that applies to it, all-or-nothing.
 --
--- A token bucket zone keeps a hash { t = tokens (float), ts = time of t (µs) }. It starts full,
--- refills continuously at the refill rate up to its capacity, and admits a request iff
--- tokens >= cost. A sliding window log zone keeps a sorted set of admitted requests scored by
--- time (µs); it admits a request iff (entries younger than the window) + cost <= limit.
--- If any zone denies, nothing is written: no zone is charged.
+-- The shebang declares no flags: the script may write, and without `allow-oom` Redis refuses the
+-- whole call with an OOM error when it is over `maxmemory`, before anything runs. Nothing is
+-- written before every zone has decided, and nothing at all when a zone denies except a longer
+-- TTL (see Expiry).
+--
+-- Token bucket zone: a hash holding what the client has USED, not what it has left:
+--   u   tokens used (float >= 0), drained at the refill rate in force, so that the tokens
+--       available are always capacity - u under the capacity in force (a raised capacity gives
+--       every client the difference at once, a lowered one takes it away at once)
+--   ts  the time of u (µs)
+--   t   capacity - u - held, for instances still running the previous script (which stored the
+--       tokens left in t and ts). It is written with a leading '+', which the previous script
+--       never writes: a t without it means the previous script wrote last, and u is stale.
+--   h   the sum of the holds below, absent when there are none
+--   h:<nonce>  a hold: "<cost>@<µs>", tokens reserved by a call with hold = 1 (Redis Cluster,
+--       when a request's zones are in several hash slots) until settle.lua commits it into u or
+--       releases it. A hold older than HOLD_MAX µs is committed by whichever call finds it.
+-- It admits a request iff capacity - u - held >= cost.
+--
+-- Sliding window log zone: a sorted set of admitted request units scored by time (µs), members
+-- "<nonce>:<n>". It admits a request iff (units younger than the window) + cost <= limit.
 --
 -- KEYS[i]  the state key of zone i: `<prefix>{<client key>}:<zone>:tb` (hash) or `…:sw` (sorted set).
 -- ARGV[1]  now, in µs since the Unix epoch, or "" to read the Redis server clock (TIME).
--- ARGV[2]  a nonce unique to this call (across instances and calls); sliding window members
---          are "<nonce>:<n>" for n = 1..cost, so two requests in the same microsecond count
---          twice, and refund.lua can remove exactly what this call added.
--- Then 4 arguments per zone i, starting at ARGV[3 + 4*(i-1)]:
+-- ARGV[2]  a nonce unique to this call (across instances and calls): sliding window members are
+--          "<nonce>:<n>" for n = 1..cost, holds are "h:<nonce>", so settle.lua can find exactly
+--          what this call added.
+-- ARGV[3]  "1": take token bucket charges as holds (see settle.lua); "0": charge them.
+-- Then 4 arguments per zone i, starting at ARGV[4 + 4*(i-1)]:
 --   algorithm  "tb" (token bucket) or "sw" (sliding window log)
 --   quota      tb: capacity (tokens); sw: limit (requests per window)
 --   rate       tb: refill rate (tokens/s, float > 0); sw: window (µs, integer > 0)
 --   cost       tokens or window slots this request takes (integer >= 1)
 --
 -- Reply: an array of integers: { allowed, then per zone i: allowed_i, remaining_i,
--- retry_after_i, reset_i }, where
---   allowed      1 if every zone admits the request (and all were charged), else 0
---   allowed_i    1 if zone i alone would admit the request, else 0
---   remaining_i  whole tokens (tb) or slots (sw) left: after this request if zone i alone
---                admits it, else as they are now
+-- retry_after_i, reset_i, next_i }, where
+--   allowed        1 if every zone admits the request (and all were charged), else 0
+--   allowed_i      1 if zone i alone would admit the request, else 0
+--   remaining_i    whole tokens (tb) or slots (sw) left: after this request if zone i alone
+--                  admits it, else as they are now
 --   retry_after_i  µs until zone i alone would admit the request; 0 when it admits it now, and
---                meaningless when cost > quota (it never will)
---   reset_i      µs until zone i is back to its full quota
--- Every write sets a TTL: a bucket expires when it would be full again, a window when its
--- newest entry leaves it.
+--                  meaningless when cost > quota (it never will)
+--   reset_i        µs until zone i is back to its full quota
+--   next_i         µs until zone i has at least one more whole unit than remaining_i (the
+--                  next token, or the oldest window entry leaving); 0 when it is full; 1 when
+--                  only holds deny the request (a release may come at any moment)
+--
+-- Expiry: every admitting write sets a TTL (a bucket expires when u has drained to 0, a window
+-- when its newest entry leaves it); a denial lengthens a TTL that the parameters in force need
+-- longer (PEXPIRE GT), so that state never expires early after a reload that slowed the refill
+-- or lengthened the window.
 
 local EPSILON = 1e-9 -- float slack, so that refill arithmetic never loses a whole token
+local HOLD_MAX = 5000000 -- µs a hold may wait for settle.lua before it counts as a charge
 
 local now
 if ARGV[1] == '' then
@@ -39,65 +64,115 @@ else
   now = tonumber(ARGV[1])
 end
 local nonce = ARGV[2]
+local hold = ARGV[3] == '1'
+
+-- µs (whole, rounded up) for a bucket at `tokens` to reach `want`, never less than exact: a
+-- request retried then finds tokens + EPSILON >= want.
+local function wait(tokens, want, rate)
+  if tokens + EPSILON >= want then return 0 end
+  local us = math.ceil((want - tokens) * 1000000 / rate)
+  while tokens + us * rate / 1000000 + EPSILON < want do us = us + 1 end
+  return us
+end
 
 local n = #KEYS
 local reply = { 1 }
 local writes = {}
+local denied = {}
 
 for i = 1, n do
   local key = KEYS[i]
-  local base = 3 + 4 * (i - 1)
+  local base = 4 + 4 * (i - 1)
   local algo = ARGV[base]
   local quota = tonumber(ARGV[base + 1])
   local rate = tonumber(ARGV[base + 2])
   local cost = tonumber(ARGV[base + 3])
-  local ok, remaining, retry, reset
+  local ok, remaining, retry, reset, nxt
 
   if algo == 'tb' then
-    local v = redis.call('HMGET', key, 't', 'ts')
-    local tokens, ts = tonumber(v[1]), tonumber(v[2])
-    if tokens == nil or ts == nil then
-      tokens, ts = quota, now
+    local v = redis.call('HMGET', key, 'u', 'ts', 't', 'h')
+    local used, ts, held = tonumber(v[1]), tonumber(v[2]), tonumber(v[4]) or 0
+    local t = v[3]
+    if t and string.sub(t, 1, 1) ~= '+' and ts then
+      -- Written last by the previous script: t is the tokens left (of the same capacity) at ts.
+      used = math.max(0, quota - tonumber(t))
+    end
+    if used == nil or ts == nil then
+      used, ts, held = 0, now, 0
     elseif now > ts then
-      tokens = math.min(quota, tokens + (now - ts) * rate / 1000000)
+      used = math.max(0, used - (now - ts) * rate / 1000000)
       ts = now
     end
-    -- now < ts only with `clock local` and skewed instances: keep ts, credit no refill.
+    -- now < ts only with `clock local` and skewed instances: keep ts, drain nothing.
+    local holds
+    if held > 0 then
+      -- Commit the holds that settle.lua never settled: a charge stays rather than vanish.
+      holds = {}
+      local all = redis.call('HGETALL', key)
+      held = 0
+      for j = 1, #all, 2 do
+        local f = all[j]
+        if string.sub(f, 1, 2) == 'h:' then
+          local c, at = string.match(all[j + 1], '^(%d+)@(%d+)$')
+          c, at = tonumber(c), tonumber(at)
+          if c and now - at > HOLD_MAX then
+            used = used + c
+            holds[#holds + 1] = f
+          elseif c then
+            held = held + c
+          end
+        end
+      end
+    end
+    local tokens = quota - used - held
     if tokens + EPSILON >= cost then
       ok = true
-      tokens = math.max(0, tokens - cost)
       retry = 0
-      writes[#writes + 1] = { 'tb', key, tokens, ts, quota, rate }
+      tokens = tokens - cost
+      writes[#writes + 1] = { 'tb', key, used, ts, quota, rate, cost, held, holds }
     else
       ok = false
-      retry = math.ceil((cost - tokens) / rate * 1000000)
+      retry = wait(tokens, cost, rate)
+      denied[#denied + 1] = { key, math.max(1, math.ceil((used + held) / rate * 1000)) }
     end
-    remaining = math.floor(tokens + EPSILON)
-    reset = math.max(0, math.ceil((quota - tokens) / rate * 1000000))
+    local whole = math.floor(tokens + EPSILON)
+    remaining = math.max(0, whole)
+    reset = wait(tokens, quota, rate)
+    if whole >= quota then nxt = 0 else nxt = wait(tokens, math.max(whole, 0) + 1, rate) end
+    if not ok and held > 0 and tokens + held + EPSILON >= cost then
+      nxt = 1 -- denied by holds that settle.lua may release at any moment: nothing to cache
+    end
   else
-    -- Entries scored at or before now - window have left the window.
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', now - rate)
-    local count = redis.call('ZCARD', key)
+    -- The window is (now - window, now]: entries scored at or before now - window have left it.
+    local from = '(' .. string.format('%d', now - rate)
+    local count = redis.call('ZCOUNT', key, from, '+inf')
+    local oldest = 0
+    if count > 0 then
+      oldest = tonumber(redis.call('ZRANGEBYSCORE', key, from, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)[2])
+    end
     if count + cost <= quota then
       ok = true
       remaining = quota - count - cost
       retry = 0
       reset = rate
+      if count > 0 then nxt = math.max(1, oldest + rate - now) else nxt = rate end
       writes[#writes + 1] = { 'sw', key, cost, rate }
     else
       ok = false
       remaining = math.max(0, quota - count)
+      if count > 0 then nxt = math.max(1, oldest + rate - now) else nxt = 0 end
       -- The request fits once (count + cost - quota) of the oldest entries have left.
       local need = count + cost - quota
       if need <= count then
-        local e = redis.call('ZRANGE', key, need - 1, need - 1, 'WITHSCORES')
+        local e = redis.call('ZRANGEBYSCORE', key, from, '+inf', 'WITHSCORES', 'LIMIT', need - 1, 1)
         retry = math.max(1, tonumber(e[2]) + rate - now)
       else
         retry = rate -- cost > quota: never; reported as one window
       end
-      local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-      if last[2] then
+      if count > 0 then
+        local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
         reset = math.max(0, tonumber(last[2]) + rate - now)
+        denied[#denied + 1] = { key, math.max(1, math.ceil(reset / 1000)) }
       else
         reset = 0
       end
@@ -109,28 +184,53 @@ for i = 1, n do
   reply[#reply + 1] = remaining
   reply[#reply + 1] = retry
   reply[#reply + 1] = reset
+  reply[#reply + 1] = nxt
 end
 
-if reply[1] == 1 then
-  for _, w in ipairs(writes) do
-    if w[1] == 'tb' then
-      local tokens, ts, quota, rate = w[3], w[4], w[5], w[6]
-      redis.call('HSET', w[2], 't', string.format('%.17g', tokens), 'ts', string.format('%d', ts))
-      local ttl = math.max(1, math.ceil((quota - tokens) / rate * 1000))
-      redis.call('PEXPIRE', w[2], ttl)
+if reply[1] == 0 then
+  -- Nothing charged. A state the parameters in force need longer than its TTL must not expire
+  -- early (GT: only ever lengthened; a key without a TTL keeps none).
+  for _, d in ipairs(denied) do
+    redis.call('PEXPIRE', d[1], d[2], 'GT')
+  end
+  return reply
+end
+
+for _, w in ipairs(writes) do
+  if w[1] == 'tb' then
+    local key, used, ts, quota, rate, cost, held, holds = w[2], w[3], w[4], w[5], w[6], w[7], w[8], w[9]
+    if holds and #holds > 0 then redis.call('HDEL', key, unpack(holds)) end
+    if hold then
+      held = held + cost
+      redis.call('HSET', key, 'h:' .. nonce, string.format('%d@%d', cost, now))
     else
-      local cost, window = w[3], w[4]
-      local args = {}
-      for j = 1, cost do
-        args[#args + 1] = now
-        args[#args + 1] = nonce .. ':' .. j
-        if #args >= 1000 or j == cost then
-          redis.call('ZADD', w[2], unpack(args))
-          args = {}
-        end
-      end
-      redis.call('PEXPIRE', w[2], math.max(1, math.ceil(window / 1000)))
+      used = used + cost
     end
+    local fields = { 'u', string.format('%.17g', used), 'ts', string.format('%d', ts),
+      't', '+' .. string.format('%.17g', quota - used - held) }
+    if held > 0 then
+      fields[#fields + 1] = 'h'
+      fields[#fields + 1] = string.format('%d', held)
+    elseif holds then
+      redis.call('HDEL', key, 'h')
+    end
+    redis.call('HSET', key, unpack(fields))
+    local ttl = math.ceil(used / rate * 1000)
+    if held > 0 then ttl = ttl + HOLD_MAX / 1000 + 1000 end
+    redis.call('PEXPIRE', key, math.max(1, ttl))
+  else
+    local key, cost, window = w[2], w[3], w[4]
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', now - window)
+    local args = {}
+    for j = 1, cost do
+      args[#args + 1] = now
+      args[#args + 1] = nonce .. ':' .. j
+      if #args >= 1000 or j == cost then
+        redis.call('ZADD', key, unpack(args))
+        args = {}
+      end
+    end
+    redis.call('PEXPIRE', key, math.max(1, math.ceil(window / 1000)))
   end
 end
 

@@ -1,5 +1,6 @@
 // Package lua holds the Redis Lua scripts of the limiter, embedded at build time. Each script
-// opens with a comment stating its KEYS, ARGV and reply.
+// opens with a comment stating its KEYS, ARGV and reply. Both begin with a `#!lua` shebang
+// (Redis 7 script flags), so Redis 7.0 or later is required.
 package lua
 
 import _ "embed"
@@ -10,8 +11,8 @@ import _ "embed"
 //go:embed decide.lua
 var Decide string
 
-// Refund is refund.lua: it gives back what one admitting Decide call charged, when the request
-// was denied by a zone in another Redis Cluster hash slot.
+// Settle is settle.lua: on Redis Cluster, it commits or releases what a Decide call with holds
+// took, once the decisions of a request's other hash slots are known.
 //
-//go:embed refund.lua
-var Refund string
+//go:embed settle.lua
+var Settle string

@@ -214,3 +214,15 @@ func (s *Server) Do(args ...any) any {
 	}
 	return v
 }
+
+// WaitFor polls cond every 10ms until it is true, failing the test with what when it is still
+// false after d: a deadline, never a sleep that hopes.
+func WaitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(d); !cond(); {
+		if time.Now().After(deadline) {
+			t.Fatalf("after %v: %s", d, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -1,0 +1,88 @@
+#!lua
+-- settle.lua: settle what one decide.lua call with hold = 1 took, on Redis Cluster, where the zones
+-- of one request can live in different hash slots and so be decided by one decide.lua call per
+-- slot. When every slot admitted, each is committed; when one denied (or failed), those that
+-- admitted are released, so that the request is charged nowhere.
+--
+-- A token bucket's charge was taken as a hold, "h:<nonce>" (see decide.lua), which no refill
+-- drains. Commit moves it into u (used) at now; release deletes it. Either is exact: the bucket
+-- becomes what it would be had the request been charged at commit, or never. Only the bucket
+-- the call charged is touched: a bucket that expired or was reset (deleted) and recreated since
+-- holds no such field, and is left alone; so is one whose hold a later call already committed
+-- for being older than decide.lua's HOLD_MAX. Running the same settle twice changes nothing more.
+-- A sliding window's entries ("<nonce>:1" .. "<nonce>:<cost>") are kept on commit and removed on
+-- release; entries already expired, or gone with their key, are gone anyway.
+--
+-- KEYS and ARGV are those of the decide.lua call being settled, except ARGV[1] and ARGV[3]:
+-- KEYS[i]  the state key of zone i.
+-- ARGV[1]  now, in µs since the Unix epoch, or "" to read the Redis server clock (TIME).
+-- ARGV[2]  the nonce of the decide.lua call being settled.
+-- ARGV[3]  "commit" or "release".
+-- Then 4 arguments per zone i, starting at ARGV[4 + 4*(i-1)]: algorithm ("tb" or "sw"), quota,
+-- rate (tb: tokens/s; sw: window µs) and cost, as given to that call.
+--
+-- Reply: the number of zones settled (holds or window entries found).
+
+local EPSILON = 1e-9
+
+local now
+if ARGV[1] == '' then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+else
+  now = tonumber(ARGV[1])
+end
+local nonce = ARGV[2]
+local commit = ARGV[3] == 'commit'
+local settled = 0
+
+for i = 1, #KEYS do
+  local key = KEYS[i]
+  local base = 4 + 4 * (i - 1)
+  local algo = ARGV[base]
+  local quota = tonumber(ARGV[base + 1])
+  local rate = tonumber(ARGV[base + 2])
+
+  if algo == 'tb' then
+    local v = redis.call('HMGET', key, 'u', 'ts', 'h', 'h:' .. nonce)
+    local c = v[4] and tonumber(string.match(v[4], '^(%d+)@'))
+    local used, ts = tonumber(v[1]) or 0, tonumber(v[2]) or now
+    if c then
+      local held = math.max(0, (tonumber(v[3]) or 0) - c)
+      if now > ts then
+        used = math.max(0, used - (now - ts) * rate / 1000000)
+        ts = now
+      end
+      if commit then used = used + c end
+      redis.call('HDEL', key, 'h:' .. nonce)
+      local fields = { 'u', string.format('%.17g', used), 'ts', string.format('%d', ts),
+        't', '+' .. string.format('%.17g', quota - used - held) }
+      if held > EPSILON then
+        fields[#fields + 1] = 'h'
+        fields[#fields + 1] = string.format('%d', held)
+      else
+        redis.call('HDEL', key, 'h')
+      end
+      redis.call('HSET', key, unpack(fields))
+      local ttl = math.max(1, math.ceil(used / rate * 1000))
+      if held > EPSILON then ttl = ttl + 6000 end -- decide.lua's HOLD_MAX, and a second
+      redis.call('PEXPIRE', key, ttl)
+      settled = settled + 1
+    end
+  elseif not commit then
+    local cost = tonumber(ARGV[base + 3])
+    local members, removed = {}, 0
+    for j = 1, cost do
+      members[#members + 1] = nonce .. ':' .. j
+      if #members >= 1000 or j == cost then
+        removed = removed + redis.call('ZREM', key, unpack(members))
+        members = {}
+      end
+    end
+    if removed > 0 then settled = settled + 1 end
+  else
+    settled = settled + 1
+  end
+end
+
+return settled
