@@ -269,7 +269,8 @@ func TestAbuseNULAndCRLF(t *testing.T) {
 		t.Fatalf("%d Redis keys, want one per client key (%d): %q", len(keys), len(raws), keys)
 	}
 	for _, raw := range raws {
-		key := limiter.StateKey("rl:", tbZone("default"), raw)
+		// The query parameter is the zone's second key candidate.
+		key := limiter.StateKey("rl:", tbZone("default"), limiter.CandidateKey(2, raw))
 		if srv.Do("EXISTS", key) != int64(1) {
 			t.Fatalf("no Redis key %q for %q", key, raw)
 		}

@@ -31,9 +31,12 @@ const adminTimeout = 2 * time.Second
 //	GET    /rate_limit_redis/state?zone=<name>&key=<key>   a client's state in a zone
 //	DELETE /rate_limit_redis/state?zone=<name>&key=<key>   reset it: the client starts afresh
 //
-// key is the client key as the zone resolves it (an API key, an IP address), before
-// sanitising: it is mapped to the Redis key as requests are. Replies are JSON arrays; errors
-// are Caddy's admin API errors, {"error": "<message>"}, with status 400 (a parameter missing),
+// key is the client key as the {http.rate_limit_redis.key} placeholder shows it, before
+// sanitising: the value of the zone's first key candidate as it is (an API key), the n-th's as
+// "<n>=value" (2=203.0.113.7). It is mapped to the Redis key as requests' keys are, through the
+// handler's key_secret when it has one. Replies are JSON arrays; errors are Caddy's admin API
+// errors, {"error": "<message>"}, with status 400 (a parameter missing, or a key of the "0="
+// form, which no candidate has),
 // 404 (no loaded zone has that name), 405 (method), 502 (Redis failed) or 504 (Redis did not
 // answer within 2s).
 //
@@ -109,6 +112,8 @@ type clientState struct {
 	// The zone's name and the client key, as given.
 	Zone string `json:"zone"`
 	Key  string `json:"key"`
+	// Which of the zone's key candidates the key is of, counted from 1: 2 for 2=203.0.113.7.
+	Candidate int `json:"candidate"`
 	// The Redis key of the state, the Redis addresses and database.
 	RedisKey string   `json:"redis_key"`
 	Redis    []string `json:"redis"`
@@ -139,6 +144,8 @@ type resetResult struct {
 	// The zone's name and the client key, as given.
 	Zone string `json:"zone"`
 	Key  string `json:"key"`
+	// Which of the zone's key candidates the key is of, counted from 1.
+	Candidate int `json:"candidate"`
 	// The Redis key deleted, the Redis addresses and database.
 	RedisKey string   `json:"redis_key"`
 	Redis    []string `json:"redis"`
@@ -183,6 +190,10 @@ func (a *AdminAPI) handleState(w http.ResponseWriter, r *http.Request) error {
 	if zone == "" || key == "" {
 		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: errors.New("query parameters zone and key are required")}
 	}
+	if n, _ := limiter.ParseCandidateKey(key); n == limiter.KeyedCandidate {
+		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: errors.New(
+			"key: candidates are counted from 1 (0= is no client key's): give the key as {http.rate_limit_redis.key} shows it")}
+	}
 	ts := targets(zone)
 	if len(ts) == 0 {
 		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("no rate_limit_redis zone named %q is loaded", zone)}
@@ -199,19 +210,21 @@ func (a *AdminAPI) handleState(w http.ResponseWriter, r *http.Request) error {
 func readState(ctx context.Context, w http.ResponseWriter, ts []target, key string) error {
 	out := []clientState{}
 	seen := make(map[string]bool)
+	candidate, _ := limiter.ParseCandidateKey(key)
 	for _, t := range ts {
-		id := fmt.Sprintf("%s|%s|%d|%g|%d|%d", t.redisID, limiter.StateKey(t.h.KeyPrefix, &t.z.lz, key),
+		lk := t.h.limiterKey(key)
+		id := fmt.Sprintf("%s|%s|%d|%g|%d|%d", t.redisID, limiter.StateKey(t.h.KeyPrefix, &t.z.lz, lk),
 			t.z.lz.Capacity, t.z.lz.RefillRate, t.z.lz.Limit, t.z.lz.Window)
 		if seen[id] {
 			continue
 		}
 		seen[id] = true
-		s, err := t.h.limiter.State(ctx, &t.z.lz, key)
+		s, err := t.h.limiter.State(ctx, &t.z.lz, lk)
 		if err != nil {
 			return redisError(err)
 		}
 		cs := clientState{
-			Zone: t.z.Name, Key: key, RedisKey: s.Key, Redis: t.redis, DB: t.h.Redis.DB,
+			Zone: t.z.Name, Key: key, Candidate: candidate, RedisKey: s.Key, Redis: t.redis, DB: t.h.Redis.DB,
 			Algorithm: t.z.Algorithm, Limit: t.z.lz.Quota(), Exists: s.Exists, Remaining: s.Remaining,
 			RetryAfterMs: ceilMs(s.RetryAfter), TTLMs: s.TTL.Milliseconds(),
 		}
@@ -230,19 +243,21 @@ func readState(ctx context.Context, w http.ResponseWriter, ts []target, key stri
 func resetState(ctx context.Context, w http.ResponseWriter, ts []target, key string) error {
 	out := []resetResult{}
 	seen := make(map[string]bool)
+	candidate, _ := limiter.ParseCandidateKey(key)
 	for _, t := range ts {
-		redisKey := limiter.StateKey(t.h.KeyPrefix, &t.z.lz, key)
+		lk := t.h.limiterKey(key)
+		redisKey := limiter.StateKey(t.h.KeyPrefix, &t.z.lz, lk)
 		id := t.redisID + "|" + redisKey
 		if seen[id] {
-			t.h.limiter.Forget(&t.z.lz, key) // deleted already: only this handler's deny cache is left
+			t.h.limiter.Forget(&t.z.lz, lk) // deleted already: only this handler's deny cache is left
 			continue
 		}
 		seen[id] = true
-		existed, err := t.h.limiter.Reset(ctx, &t.z.lz, key)
+		existed, err := t.h.limiter.Reset(ctx, &t.z.lz, lk)
 		if err != nil {
 			return redisError(err)
 		}
-		out = append(out, resetResult{Zone: t.z.Name, Key: key, RedisKey: redisKey, Redis: t.redis, DB: t.h.Redis.DB, Deleted: existed})
+		out = append(out, resetResult{Zone: t.z.Name, Key: key, Candidate: candidate, RedisKey: redisKey, Redis: t.redis, DB: t.h.Redis.DB, Deleted: existed})
 	}
 	return writeJSON(w, out)
 }

@@ -173,7 +173,7 @@ func TestAdminReadResetAllowedAgain(t *testing.T) {
 	ac.get("/", "X-Client", "alice").expect(t, "alice still denied", 429, "")
 
 	reset := adminJSON[[]resetResult](t, ac, "DELETE", "/rate_limit_redis/state?zone=api&key=alice", 200)
-	if fmt.Sprint(reset) != fmt.Sprint([]resetResult{{Zone: "api", Key: "alice", RedisKey: "rl:{alice}:api:tb", Redis: []string{srv.Addr}, Deleted: true}}) {
+	if fmt.Sprint(reset) != fmt.Sprint([]resetResult{{Zone: "api", Key: "alice", Candidate: 1, RedisKey: "rl:{alice}:api:tb", Redis: []string{srv.Addr}, Deleted: true}}) {
 		t.Fatalf("reset: %+v", reset)
 	}
 	if n := srv.Do("EXISTS", "rl:{alice}:api:tb"); n != int64(0) {

@@ -56,6 +56,7 @@ var (
 //			dial_timeout <duration>
 //		}
 //		key_prefix <string>                  # default "rl:"
+//		key_secret <secret>                  # keyed digests of client keys; use {env.RATE_LIMIT_KEY_SECRET}
 //		timeout    <duration>                # deadline of one decision's Redis call; default 100ms
 //		fail_mode  open|closed|local         # what happens when Redis fails; default open
 //		headers    legacy|ietf|both|off      # which rate limit headers to send; default legacy
@@ -67,7 +68,7 @@ var (
 //		log_key                              # log client keys (personal data); off by default
 //
 //		zone <name> {
-//			key         <value>...           # placeholders; the first that is not empty wins; default {client_ip}
+//			key         <value>...           # placeholders; the first that is not empty wins (the n-th's key is n=value); default {client_ip}
 //			algorithm   token_bucket|sliding_window   # default token_bucket
 //			capacity    <n>                  # token_bucket: burst size, > 0
 //			refill_rate <n>[/<duration>]     # token_bucket: tokens per second, or per the duration (100/1m); > 0
@@ -143,6 +144,22 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.Errf("key_prefix: %q must not contain { or } (the client key is the Redis Cluster hash tag)", v)
 			}
 			h.KeyPrefix = v
+
+		case "key_secret":
+			if err := seen.add(d); err != nil {
+				return err
+			}
+			v, err := oneArg(d)
+			if err != nil {
+				return err
+			}
+			// A literal is checked now; a placeholder when the config loads. Neither error
+			// shows the secret.
+			if !hasPlaceholder(v) && len(caddy.NewReplacer().ReplaceKnown(v, "")) < limiter.MinKeySecretBytes {
+				return d.Errf("key_secret: must be at least %d bytes: use 32 random bytes, such as the output of "+
+					"`openssl rand -base64 32`, from the environment: key_secret {env.RATE_LIMIT_KEY_SECRET}", limiter.MinKeySecretBytes)
+			}
+			h.KeySecret = v
 
 		case "timeout":
 			if err := seen.add(d); err != nil {
@@ -740,8 +757,11 @@ func oneArg(d *caddyfile.Dispenser) (string, error) {
 	}
 	v := d.Val()
 	if d.NextArg() {
-		if name == "password" { // never echo a piece of a secret
+		switch name { // never echo a piece of a secret
+		case "password":
 			return "", d.Errf("password: too many arguments (quote a password that contains spaces)")
+		case "key_secret":
+			return "", d.Errf("key_secret: too many arguments (quote a secret that contains spaces)")
 		}
 		return "", d.Errf("%s: unexpected argument %q", name, d.Val())
 	}

@@ -98,6 +98,33 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 			},
 		},
 		{
+			name: "key_secret literal, quoted",
+			input: `rate_limit_redis {
+				key_secret "sixteen bytes ok"
+				zone z {
+					key {http.request.header.X-API-Key} {client_ip}
+					capacity    5
+					refill_rate 1
+				}
+			}`,
+			want: &Handler{
+				KeySecret: "sixteen bytes ok",
+				Zones:     []*Zone{{Name: "z", Key: []string{"{http.request.header.X-API-Key}", "{client_ip}"}, Capacity: 5, RefillRate: 1}},
+			},
+		},
+		{
+			name: "key_secret placeholder",
+			input: `rate_limit_redis {
+				key_secret {env.RATE_LIMIT_KEY_SECRET}
+				capacity    5
+				refill_rate 1
+			}`,
+			want: &Handler{
+				KeySecret: "{env.RATE_LIMIT_KEY_SECRET}",
+				Zones:     []*Zone{{Name: "default", Capacity: 5, RefillRate: 1}},
+			},
+		},
+		{
 			name: "the other values of the enumerations",
 			input: `rate_limit_redis {
 				fail_mode  open
@@ -381,6 +408,19 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 			`key_prefix: must not be empty (leave it out for the default "rl:"), at Testfile:2`},
 		{"key_prefix block", "rate_limit_redis {\n\tkey_prefix a {\n\t\tb\n\t}\n}",
 			`key_prefix: unexpected block, at Testfile:2`},
+
+		// key_secret: no error shows the secret, or a piece of it.
+		{"key_secret missing", "rate_limit_redis {\n\tkey_secret\n}",
+			`wrong argument count or unexpected line ending after 'key_secret', at Testfile:2`},
+		{"key_secret extra is not echoed", "rate_limit_redis {\n\tkey_secret 0123456789abcdef-part1 part2-0123456789abcdef\n}",
+			`key_secret: too many arguments (quote a secret that contains spaces), at Testfile:2`},
+		{"key_secret repeated", "rate_limit_redis {\n\tkey_secret {env.A}\n\tkey_secret {env.B}\n}",
+			`duplicate subdirective "key_secret", at Testfile:3`},
+		{"key_secret short literal is not echoed", "rate_limit_redis {\n\tkey_secret short-secret-15\n}",
+			"key_secret: must be at least 16 bytes: use 32 random bytes, such as the output of `openssl rand -base64 32`, " +
+				"from the environment: key_secret {env.RATE_LIMIT_KEY_SECRET}, at Testfile:2"},
+		{"key_secret block", "rate_limit_redis {\n\tkey_secret {env.A} {\n\t\tb\n\t}\n}",
+			`key_secret: unexpected block, at Testfile:2`},
 
 		// timeout
 		{"timeout missing", "rate_limit_redis {\n\ttimeout\n}",

@@ -355,7 +355,7 @@ func TestComposeCaddyfileServesMetrics(t *testing.T) {
 		}
 		return resp.StatusCode, string(b)
 	}
-	if code, body := get(fmt.Sprintf("http://127.0.0.1:%d/", site)); code != 200 || body != "hello 127.0.0.1: 4 of 5 left in zone api\n" {
+	if code, body := get(fmt.Sprintf("http://127.0.0.1:%d/", site)); code != 200 || body != "hello 2=127.0.0.1: 4 of 5 left in zone api\n" {
 		t.Fatalf("GET / = %d %q", code, body)
 	}
 	code, body := get(fmt.Sprintf("http://127.0.0.1:%d/metrics", metricsPort))

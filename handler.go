@@ -46,6 +46,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		repl = caddy.NewReplacer()
 	}
 	reqs := make([]limiter.Request, 0, len(h.Zones))
+	// The client keys as the placeholder shows them, per request of reqs: with key_secret,
+	// reqs hold their keyed digests instead. Memoised: zones usually share their key.
+	var shownBuf [8]string
+	shown := shownBuf[:0]
+	var lastShown, lastKey string // the previous zone's, when keyed is true
+	keyed := false
 	for _, z := range h.Zones {
 		if len(z.matcherSets) > 0 {
 			match, err := z.matcherSets.AnyMatchWithError(r)
@@ -69,7 +75,15 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			}
 			return caddyhttp.Error(http.StatusBadRequest, err)
 		}
-		reqs = append(reqs, limiter.Request{Zone: &z.lz, Key: z.clientKey(repl), Cost: cost})
+		key := z.clientKey(repl)
+		shown = append(shown, key)
+		if h.keySecret != nil {
+			if !keyed || key != lastShown {
+				lastShown, lastKey, keyed = key, h.keySecret.Key(key), true
+			}
+			key = lastKey
+		}
+		reqs = append(reqs, limiter.Request{Zone: &z.lz, Key: key, Cost: cost})
 	}
 	if len(reqs) == 0 {
 		return next.ServeHTTP(w, r)
@@ -123,7 +137,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	z := h.Zones[zoneIndex(h.Zones, zone)]
 	*out = outcome{
 		allowed: d.Allowed, degraded: out.degraded, decided: true,
-		zone: zone.Name, key: reqs[d.Zone].Key, limit: d.Limit, remaining: d.Remaining,
+		zone: zone.Name, key: shown[d.Zone], limit: d.Limit, remaining: d.Remaining,
 		reset: seconds(d.Reset), retryAfter: seconds(d.RetryAfter),
 	}
 	h.setRateLimitHeaders(w.Header(), z, d, out)
@@ -284,15 +298,26 @@ func seconds(d time.Duration) int64 {
 	return s
 }
 
-// clientKey resolves the zone's key placeholders: the first that is not empty wins. All empty
+// clientKey resolves the zone's key placeholders: the first that is not empty wins, and the
+// client key says which it was (limiter.CandidateKey: the first candidate's value as it is, the
+// n-th's as "<n>=value"), so that no value of one candidate can name another's state. All empty
 // gives "", which the limiter counts under the zone's one shared key.
 func (z *Zone) clientKey(repl *caddy.Replacer) string {
-	for _, k := range z.Key {
+	for i, k := range z.Key {
 		if v := repl.ReplaceAll(k, ""); v != "" {
-			return v
+			return limiter.CandidateKey(i+1, v)
 		}
 	}
 	return ""
+}
+
+// limiterKey returns the key the limiter gets for a client key as the placeholder shows it: the
+// same, or with key_secret its keyed digest.
+func (h *Handler) limiterKey(shown string) string {
+	if h.keySecret == nil {
+		return shown
+	}
+	return h.keySecret.Key(shown)
 }
 
 // cost resolves the request's cost: the literal, or the placeholder's value; empty counts as 1.

@@ -58,3 +58,9 @@ func BenchmarkServeHTTPDenyCached(b *testing.B) {
 		{Name: "a", Key: []string{"flood"}, Capacity: 1, RefillRate: 0.001},
 	}})
 }
+
+func BenchmarkServeHTTPAllowedKeySecret(b *testing.B) {
+	benchHandler(b, &Handler{KeySecret: "a benchmark secret of 32 bytes..", Zones: []*Zone{
+		{Name: "a", Key: []string{"{http.request.header.X-Client}"}, Capacity: 1 << 40, RefillRate: 1 << 40},
+	}})
+}

@@ -4,6 +4,7 @@
 package ratelimitredis
 
 import (
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -112,13 +113,28 @@ type Handler struct {
 	// access logs that choose to.
 	LogKey bool `json:"log_key,omitempty"`
 
+	// A secret under which every client key is replaced, in Redis and in the deny cache, by a
+	// keyed digest: `0=` and the base64url HMAC-SHA256 of the key candidate's number and value
+	// (45 bytes). Without it a client that chooses its key (an API key header) also chooses the
+	// Redis Cluster hash slot of its state, since CRC16 is easy to invert, and can aim all its
+	// new keys at one slot and so at one primary; and short keys (IP addresses, API keys) are
+	// Redis key names as they are. With it, neither: only who holds the secret can tell which
+	// slot a key goes to. At least 16 bytes; use 32 random bytes (`openssl rand -base64 32`).
+	// Give it as a placeholder such as {env.RATE_LIMIT_KEY_SECRET}: it is replaced when the
+	// config loads (only global placeholders can be) and is never logged or put in an error. The
+	// admin API maps the key it is given through the same secret. Changing the secret (or setting
+	// or removing it) starts every client of every zone afresh. Handlers sharing a zone's state
+	// (same Redis, key_prefix and zone name) must use the same secret.
+	KeySecret string `json:"key_secret,omitempty"`
+
 	// The zones, checked in the order given. A request must pass every zone that applies to it;
 	// if any zone denies, no zone is charged. At least one zone is required.
 	Zones []*Zone `json:"zones,omitempty"`
 
-	limiter *limiter.Limiter
-	local   *limiter.Local // fail_mode local only
-	client  *sharedClient
+	limiter   *limiter.Limiter
+	local     *limiter.Local     // fail_mode local only
+	keySecret *limiter.KeySecret // key_secret resolved; nil without it
+	client    *sharedClient
 	// bareDenials: the server has no handle_errors routes, so a denial is written as a bare 429
 	// by the handler instead of going through Caddy's error path (about 11% of throughput on a
 	// deny flood, for the same response).
@@ -193,7 +209,11 @@ type Zone struct {
 	Name string `json:"name,omitempty"`
 
 	// Placeholders resolved per request to find the client key; the first that is not empty wins.
-	// When all are empty the request is counted under one shared key of the zone. Default:
+	// The client key says which candidate won: the first candidate's value as it is, candidate
+	// n's (n ≥ 2) as `<n>=value` (so `2=203.0.113.7`), so that a value of one candidate can never
+	// name another candidate's state (an API key header equal to an IP address). The
+	// {http.rate_limit_redis.key} placeholder and the admin API use that form. When all are
+	// empty the request is counted under one shared key of the zone. Default:
 	// ["{http.vars.client_ip}"].
 	Key []string `json:"key,omitempty"`
 
@@ -281,6 +301,14 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		if err := z.provision(ctx); err != nil {
 			return err
 		}
+	}
+	h.keySecret = nil
+	if h.KeySecret != "" {
+		ks, err := resolveKeySecret(h.KeySecret)
+		if err != nil {
+			return err
+		}
+		h.keySecret = ks
 	}
 	// Checked here, not only in Validate, because the client must not be created for a
 	// connection config that cannot work.
@@ -415,6 +443,27 @@ func (h *Handler) Validate() error {
 		seen[z.Name] = true
 	}
 	return h.Redis.validate()
+}
+
+// Errors of key_secret. They never hold the secret, nor any part or length of it.
+var (
+	errKeySecretShort = fmt.Errorf("key_secret must be at least %d bytes, placeholders replaced: "+
+		"use 32 random bytes, such as the output of `openssl rand -base64 32`", limiter.MinKeySecretBytes)
+	errKeySecretPlaceholder = errors.New("key_secret holds { } once its placeholders are replaced: only global " +
+		"placeholders such as {env.RATE_LIMIT_KEY_SECRET} are replaced when the config loads, and a secret must not hold { }")
+)
+
+// resolveKeySecret replaces the global placeholders ({env.*}) in the configured key_secret, as
+// for the Redis password, and returns the KeySecret of the result.
+func resolveKeySecret(configured string) (*limiter.KeySecret, error) {
+	secret := caddy.NewReplacer().ReplaceKnown(configured, "")
+	if hasPlaceholder(secret) {
+		return nil, errKeySecretPlaceholder
+	}
+	if len(secret) < limiter.MinKeySecretBytes {
+		return nil, errKeySecretShort
+	}
+	return limiter.NewKeySecret([]byte(secret)), nil
 }
 
 // validate reports a connection config that cannot work (see check).

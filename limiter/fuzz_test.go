@@ -20,35 +20,102 @@ import (
 )
 
 // FuzzClientKey: any bytes give a key component of at most MaxClientKeyBytes bytes without a
-// brace: the input itself when it is short and of the safe alphabet, else "~" and a 43-byte
-// digest (or "~empty"). Distinct inputs give distinct components (a verbatim key never begins
-// with "~", so it never equals a digest; two digests differ unless SHA-256 collides). In the
-// Redis key, the component is the whole hash tag: Redis hashes exactly it, whatever the input.
-// Seeds: testdata/fuzz/FuzzClientKey.
+// brace, and client keys of different candidates never meet. A first-candidate key is the input
+// itself when it is short and of the safe alphabet, else "~" and a 43-byte digest (or "~empty"),
+// as before candidates had namespaces; a key of candidate n is "<n>=" and the same. Every pair
+// (candidate, value) gives its own component: CandidateKey and ParseCandidateKey invert each
+// other, no first-candidate component holds "=", every other begins with its number and "=",
+// and digests differ unless SHA-256 collides. Keyed keys (KeySecret) are "0=" and 43 bytes,
+// distinct per pair and per secret. In the Redis key, the component is the whole hash tag: Redis
+// hashes exactly it, whatever the input. Seeds: testdata/fuzz/FuzzClientKey.
 func FuzzClientKey(f *testing.F) {
 	zone := &Zone{Name: "z", Algorithm: TokenBucket}
+	secretA := NewKeySecret([]byte("0123456789abcdef-secret-A"))
+	secretB := NewKeySecret([]byte("0123456789abcdef-secret-B"))
 	f.Fuzz(func(t *testing.T, raw, other string) {
 		got := ClientKey(raw)
 		if len(got) > MaxClientKeyBytes || strings.ContainsAny(got, "{}") {
 			t.Fatalf("ClientKey(%q) = %q: too long or has a brace", raw, got)
 		}
+		n, v := ParseCandidateKey(raw)
 		switch {
 		case raw == "":
 			if got != "~empty" {
 				t.Fatalf("ClientKey(\"\") = %q", got)
 			}
-		case len(raw) <= MaxClientKeyBytes && verbatim(raw):
-			if got != raw {
-				t.Fatalf("ClientKey(%q) = %q, want it verbatim", raw, got)
+		case n == 1 && len(v) <= MaxClientKeyBytes && verbatim(v):
+			if got != v {
+				t.Fatalf("ClientKey(%q) = %q, want %q verbatim", raw, got, v)
 			}
-		default:
+		case n == 1:
 			if len(got) != 44 || got[0] != '~' || !verbatim(got[1:]) {
 				t.Fatalf("ClientKey(%q) = %q, want ~ and a 43-byte base64url digest", raw, got)
 			}
+		default:
+			ns := strconv.Itoa(n) + "="
+			rest, ok := strings.CutPrefix(got, ns)
+			if !ok || (rest != v && (len(rest) != 44 || rest[0] != '~' || !verbatim(rest[1:]))) || (rest == v && !verbatim(v)) {
+				t.Fatalf("ClientKey(%q) = %q, want %q and the value verbatim or ~ and a 43-byte digest", raw, got, ns)
+			}
 		}
-		if raw != other && ClientKey(other) == got {
-			t.Fatalf("ClientKey(%q) = ClientKey(%q) = %q", raw, other, got)
+		if n == 1 && strings.Contains(got, "=") {
+			t.Fatalf("ClientKey(%q) = %q: a first-candidate key holds =", raw, got)
 		}
+		// "<n>=" with n canonical (no leading zero) and at most 9 digits is candidate n; anything
+		// else is the first candidate's value as it is.
+		wantN, wantV := 1, raw
+		if digits, rest, ok := strings.Cut(raw, "="); ok && digits != "" && len(digits) <= 9 &&
+			strings.Trim(digits, "0123456789") == "" && (digits == "0" || digits[0] != '0') {
+			wantN, _ = strconv.Atoi(digits)
+			wantV = rest
+		}
+		if n != wantN || v != wantV {
+			t.Fatalf("ParseCandidateKey(%q) = %d, %q; want %d, %q", raw, n, v, wantN, wantV)
+		}
+
+		// Pairs: the same value under candidates 1, 2 and 10, and other under candidate 1 and 2.
+		type pair struct {
+			n int
+			v string
+		}
+		pairs := []pair{{1, raw}, {2, raw}, {10, raw}, {1, other}, {2, other}}
+		tags := map[string]pair{}
+		keyed := map[string]pair{}
+		for _, p := range pairs {
+			key := CandidateKey(p.n, p.v)
+			if pn, pv := ParseCandidateKey(key); pn != p.n || pv != p.v {
+				t.Fatalf("ParseCandidateKey(CandidateKey(%d, %q) = %q) = %d, %q", p.n, p.v, key, pn, pv)
+			}
+			tag := ClientKey(key)
+			if len(tag) > MaxClientKeyBytes || strings.ContainsAny(tag, "{}") {
+				t.Fatalf("ClientKey(%q) = %q: too long or has a brace", key, tag)
+			}
+			if q, dup := tags[tag]; dup && q != p {
+				t.Fatalf("candidate %d %q and candidate %d %q share the client key %q", q.n, q.v, p.n, p.v, tag)
+			}
+			tags[tag] = p
+			k := secretA.Key(key)
+			if p.n == 1 && p.v == "" {
+				if k != "" {
+					t.Fatalf("the shared key of all-empty candidates was keyed: %q", k)
+				}
+				continue
+			}
+			if len(k) != 45 || !strings.HasPrefix(k, "0=") || !verbatim(k[2:]) || ClientKey(k) != k {
+				t.Fatalf("keyed key of %q = %q, want 0= and 43 bytes of base64url, verbatim", key, k)
+			}
+			if q, dup := keyed[k]; dup && q != p {
+				t.Fatalf("candidate %d %q and candidate %d %q share the keyed key %q", q.n, q.v, p.n, p.v, k)
+			}
+			keyed[k] = p
+			if _, dup := tags[k]; dup {
+				t.Fatalf("keyed key %q equals an unkeyed one", k)
+			}
+			if secretB.Key(key) == k {
+				t.Fatalf("two secrets give %q the same keyed key", key)
+			}
+		}
+
 		// Redis Cluster hashes the bytes between the first { and the first } after it.
 		key := StateKey("rl:", zone, raw)
 		open := strings.IndexByte(key, '{')

@@ -41,7 +41,8 @@ done
 cat <<'MSG'
 
 Caddy is up on http://localhost:8080 (Caddyfile.example: zone api, a burst of 5 then one request
-every 10s per API key or IP; zone login, 3 per minute per IP on /login). In another terminal:
+every 10s per API key or IP; zone ip, a burst of 40 then one every 2s per IP whatever its keys;
+zone login, 3 per minute per IP on /login and /login/*). In another terminal:
 
   # allowed: 200 with X-RateLimit-Limit/-Remaining/-Reset, RateLimit-Policy and RateLimit
   curl -i localhost:8080/

@@ -40,10 +40,11 @@ for i in 1 2 3; do
 done
 c=$(code -H 'X-API-Key: login4' localhost:8080/login); [ "$c" = 429 ] || fail "4th login got $c, want 429"
 
-# The admin API: the blocked client's state, a reset, and the client is allowed again.
-state=$(curl -s 'localhost:2019/rate_limit_redis/state?zone=api&key=127.0.0.1')
+# The admin API: the blocked client's state, a reset, and the client is allowed again. With no
+# X-API-Key the api zone's client is its second key candidate, the IP: key 2=127.0.0.1.
+state=$(curl -s 'localhost:2019/rate_limit_redis/state?zone=api&key=2%3D127.0.0.1')
 echo "$state" | grep -q '"exists":true' && echo "$state" | grep -q '"remaining":0' || fail "admin state: $state"
-reset=$(curl -s -X DELETE 'localhost:2019/rate_limit_redis/state?zone=api&key=127.0.0.1')
+reset=$(curl -s -X DELETE 'localhost:2019/rate_limit_redis/state?zone=api&key=2%3D127.0.0.1')
 echo "$reset" | grep -q '"deleted":true' || fail "admin reset: $reset"
 c=$(code localhost:8080/); [ "$c" = 200 ] || fail "request after the reset got $c, want 200"
 # The metrics, at Caddy's admin /metrics.
