@@ -3,6 +3,7 @@ package ratelimitredis
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"time"
 
@@ -10,35 +11,55 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddyserver/caddy/v2"
-
-	"github.com/rate-limit-redis/caddy-rate-limit-redis/limiter"
 )
 
-// The circuit breaker of a Redis client: after breakerTrips consecutive failed decisions it
+// The circuit breaker of a Redis server: after breakerTrips consecutive failed decisions it
 // opens, and fail_mode applies at once, without touching Redis, for breakerOpenFor; then one
 // probe decision goes to Redis (half-open): success closes the breaker, failure opens it again.
+// Standalone and Sentinel have one breaker per client; Redis Cluster one per node (see
+// sharedClient.acquire).
 const breakerTrips = 5
 
 // breakerOpenFor is a variable only so that tests can lengthen it.
 var breakerOpenFor = 500 * time.Millisecond
 
-// newBreaker returns the circuit breaker of the client named name (its address, never its
-// password). Every change of state is logged once; the failure that opened it is taken from
-// lastErr, and logged with its reason (go-redis errors never hold the password).
-func newBreaker(name string, lastErr *atomic.Pointer[error]) *gobreaker.CircuitBreaker[limiter.Decision] {
-	return gobreaker.NewCircuitBreaker[limiter.Decision](gobreaker.Settings{
+// errNotCalled releases a breaker's permission without an outcome: the decision was not sent,
+// because the breaker of another node it needed refused it. Excluded, it counts neither as a
+// success nor as a failure, and frees a half-open breaker's probe for another decision.
+var errNotCalled = errors.New("decision not sent: another node's circuit breaker refused it")
+
+// breaker is the circuit breaker of one Redis server (or of a cluster's slot map, while it is
+// not known yet).
+type breaker struct {
+	cb *gobreaker.TwoStepCircuitBreaker[struct{}]
+	// name is the server's address (for a standalone or Sentinel client, its addresses), never
+	// its password.
+	name string
+	// lastErr is the error of the latest failed decision, for the log line of the opening.
+	lastErr atomic.Pointer[error]
+}
+
+// newBreaker returns the circuit breaker of the Redis server named name (its address). cluster
+// is, for a node of a Redis Cluster, the cluster's seed addresses, logged with the node. Every
+// change of state is logged once; the failure that opened it is taken from lastErr, and logged
+// with its reason (go-redis errors never hold the password).
+func newBreaker(name, cluster string) *breaker {
+	b := &breaker{name: name}
+	b.cb = gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreaker.Settings{
 		Name:        name,
 		MaxRequests: 1,
 		Timeout:     breakerOpenFor,
 		ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= breakerTrips },
-		// A client that went away cancels the decision's context: that says nothing of Redis.
-		IsExcluded: func(err error) bool { return errors.Is(err, context.Canceled) },
+		IsExcluded:  excluded,
 		OnStateChange: func(name string, from, to gobreaker.State) {
 			log := caddy.Log().Named("http.handlers.rate_limit_redis").With(zap.String("redis", name))
+			if cluster != "" {
+				log = log.With(zap.String("cluster", cluster))
+			}
 			switch {
 			case to == gobreaker.StateOpen && from == gobreaker.StateClosed:
 				var err error
-				if p := lastErr.Load(); p != nil {
+				if p := b.lastErr.Load(); p != nil {
 					err = *p
 				}
 				log.Error("redis failing: circuit breaker open; fail_mode applies without calling redis",
@@ -53,6 +74,61 @@ func newBreaker(name string, lastErr *atomic.Pointer[error]) *gobreaker.CircuitB
 			}
 		},
 	})
+	return b
+}
+
+// State is the breaker's state.
+func (b *breaker) State() gobreaker.State { return b.cb.State() }
+
+// Counts are the breaker's counts in its current state.
+func (b *breaker) Counts() gobreaker.Counts { return b.cb.Counts() }
+
+// allow asks the breaker for permission to send a decision. done reports its outcome: nil for
+// an answer, the error otherwise (errNotCalled when it was not sent). The error when the breaker
+// refuses wraps gobreaker.ErrOpenState or ErrTooManyRequests and names the server.
+func (b *breaker) allow() (done func(error), err error) {
+	report, err := b.cb.Allow()
+	if err != nil {
+		return nil, fmt.Errorf("redis %s: %w", b.name, err)
+	}
+	return func(err error) {
+		if err != nil && !excluded(err) {
+			b.lastErr.Store(&err)
+		}
+		report(err)
+	}, nil
+}
+
+// excluded reports whether a decision's error says nothing of Redis: the client went away (its
+// context canceled), or the decision was not sent.
+func excluded(err error) bool {
+	return errors.Is(err, context.Canceled) || errors.Is(err, errNotCalled)
+}
+
+// allowAll asks every breaker of bs for permission to send one decision that needs all their
+// servers. When one refuses, the permissions given are released (errNotCalled) and its error
+// returned: the decision cannot succeed without that server, and calling the others would only
+// charge and then refund them. release reports the decision's outcome to every breaker of bs.
+func allowAll(bs []*breaker) (release func(error), err error) {
+	if len(bs) == 1 {
+		return bs[0].allow()
+	}
+	dones := make([]func(error), 0, len(bs))
+	for _, b := range bs {
+		done, err := b.allow()
+		if err != nil {
+			for _, d := range dones {
+				d(errNotCalled)
+			}
+			return nil, err
+		}
+		dones = append(dones, done)
+	}
+	return func(err error) {
+		for _, d := range dones {
+			d(err)
+		}
+	}, nil
 }
 
 // isBreakerOpen reports whether err is the breaker refusing a call (open, or half-open with its

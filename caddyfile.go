@@ -60,6 +60,7 @@ var (
 //		timeout    <duration>                # deadline of one decision's Redis call; default 100ms
 //		fail_mode  open|closed|local         # what happens when Redis fails; default open
 //		headers    legacy|ietf|both|off      # which rate limit headers to send; default legacy
+//		degraded_header on|off               # X-RateLimit-Degraded while Redis fails; default on
 //		clock      redis|local               # whose clock the scripts use; default redis
 //		dry_run                              # decide and report, never reject
 //		deny_cache off | {                   # the local cache of denials is on by default
@@ -69,6 +70,8 @@ var (
 //
 //		zone <name> {
 //			key         <value>...           # placeholders; the first that is not empty wins (the n-th's key is n=value); default {client_ip}
+//			empty_key   shared|skip|deny     # when every key placeholder is empty; default shared
+//			fail_mode   open|closed|local    # this zone's, when Redis fails; default the handler's
 //			algorithm   token_bucket|sliding_window   # default token_bucket
 //			capacity    <n>                  # token_bucket: burst size, > 0
 //			refill_rate <n>[/<duration>]     # token_bucket: tokens per second, or per the duration (100/1m); > 0
@@ -85,7 +88,8 @@ var (
 // Several zone blocks may be given; zones are checked in the order written. A zone's match may
 // also be written on one line, as in `match path /login`. Zone subdirectives written directly in
 // the top block, without a zone block, define one zone named "default"; they cannot be mixed with
-// zone blocks.
+// zone blocks. A zone's fail_mode is written in a zone block only: in the top block, fail_mode is
+// the handler's, the default of every zone.
 //
 // Every subdirective may appear once per block (address excepted).
 //
@@ -179,12 +183,11 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if err != nil {
 				return err
 			}
-			switch v {
-			case FailOpen, FailClosed, FailLocal:
-				h.FailMode = v
-			default:
-				return d.Errf("fail_mode: %q must be open, closed or local", v)
+			mode, err := parseFailMode(d, v)
+			if err != nil {
+				return err
 			}
+			h.FailMode = mode
 
 		case "headers":
 			if err := seen.add(d); err != nil {
@@ -199,6 +202,23 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				h.Headers = v
 			default:
 				return d.Errf("headers: %q must be legacy, ietf, both or off", v)
+			}
+
+		case "degraded_header":
+			if err := seen.add(d); err != nil {
+				return err
+			}
+			v, err := oneArg(d)
+			if err != nil {
+				return err
+			}
+			switch v {
+			case "on":
+				h.DegradedHeader = new(true)
+			case "off":
+				h.DegradedHeader = new(false)
+			default:
+				return d.Errf("degraded_header: %q must be on or off", v)
 			}
 
 		case "clock":
@@ -432,6 +452,19 @@ func parseZone(d *caddyfile.Dispenser, names map[string]bool) (*Zone, error) {
 
 	p := newZoneParser(nameToken, name)
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		if d.Val() == "fail_mode" { // a zone block's only: at the top level it is the handler's
+			if err := p.seen.add(d); err != nil {
+				return nil, err
+			}
+			v, err := oneArg(d)
+			if err != nil {
+				return nil, err
+			}
+			if p.zone.FailMode, err = parseFailMode(d, v); err != nil {
+				return nil, err
+			}
+			continue
+		}
 		if !isZoneSubdirective(d.Val()) {
 			return nil, d.Errf("unrecognized subdirective %q", d.Val())
 		}
@@ -449,7 +482,7 @@ func parseZone(d *caddyfile.Dispenser, names map[string]bool) (*Zone, error) {
 // shorthand for a zone named "default" when written at the top level.
 func isZoneSubdirective(name string) bool {
 	switch name {
-	case "key", "algorithm", "capacity", "refill_rate", "limit", "window", "cost", "max_cost", "match":
+	case "key", "empty_key", "algorithm", "capacity", "refill_rate", "limit", "window", "cost", "max_cost", "match":
 		return true
 	}
 	return false
@@ -488,6 +521,18 @@ func (p *zoneParser) subdirective(d *caddyfile.Dispenser) error {
 			return err
 		}
 		z.Key = args
+
+	case "empty_key":
+		v, err := oneArg(d)
+		if err != nil {
+			return err
+		}
+		switch v {
+		case EmptyKeyShared, EmptyKeySkip, EmptyKeyDeny:
+			z.EmptyKey = v
+		default:
+			return d.Errf("empty_key: %q must be shared, skip or deny", v)
+		}
 
 	case "algorithm":
 		v, err := oneArg(d)
@@ -641,6 +686,15 @@ func (p *zoneParser) finish() error {
 		}
 	}
 	return nil
+}
+
+// parseFailMode checks v, the argument of the fail_mode subdirective at the cursor.
+func parseFailMode(d *caddyfile.Dispenser, v string) (string, error) {
+	switch v {
+	case FailOpen, FailClosed, FailLocal:
+		return v, nil
+	}
+	return "", d.Errf("fail_mode: %q must be open, closed or local", v)
 }
 
 // parseRefillRate parses `<n>[/<duration>]` into tokens per second.

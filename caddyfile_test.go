@@ -309,6 +309,62 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 			}},
 		},
 		{
+			name: "degraded_header, a zone's fail_mode and empty_key",
+			input: `rate_limit_redis {
+				fail_mode       open
+				degraded_header off
+				zone login {
+					match path /login
+					key       {http.request.header.X-User}
+					empty_key deny
+					fail_mode closed
+					algorithm sliding_window
+					limit     5
+					window    1m
+				}
+				zone api {
+					key         {http.request.header.X-API-Key}
+					empty_key   skip
+					fail_mode   local
+					capacity    100
+					refill_rate 10
+				}
+				zone anon {
+					key         {http.request.header.X-API-Key}
+					empty_key   shared
+					fail_mode   open
+					capacity    10
+					refill_rate 1
+				}
+			}`,
+			want: &Handler{
+				FailMode: "open", DegradedHeader: new(false),
+				Zones: []*Zone{
+					{
+						Name: "login", Key: []string{"{http.request.header.X-User}"}, EmptyKey: "deny", FailMode: "closed",
+						Algorithm: "sliding_window", Limit: 5, Window: caddy.Duration(time.Minute), MatcherSetsRaw: matchSets("path", `["/login"]`),
+					},
+					{Name: "api", Key: []string{"{http.request.header.X-API-Key}"}, EmptyKey: "skip", FailMode: "local", Capacity: 100, RefillRate: 10},
+					{Name: "anon", Key: []string{"{http.request.header.X-API-Key}"}, EmptyKey: "shared", FailMode: "open", Capacity: 10, RefillRate: 1},
+				},
+			},
+		},
+		{
+			name: "degraded_header on, and empty_key in the shorthand",
+			input: `rate_limit_redis {
+				degraded_header on
+				fail_mode closed
+				key       {http.request.header.X-API-Key}
+				empty_key deny
+				capacity  5
+				refill_rate 1
+			}`,
+			want: &Handler{
+				DegradedHeader: new(true), FailMode: "closed",
+				Zones: []*Zone{{Name: DefaultZoneName, Key: []string{"{http.request.header.X-API-Key}"}, EmptyKey: "deny", Capacity: 5, RefillRate: 1}},
+			},
+		},
+		{
 			name: "a matcher written twice in a match block is one matcher",
 			input: `rate_limit_redis {
 				zone a {
@@ -511,6 +567,56 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 			`max_cost 2000: a sliding_window zone stores one entry per unit of cost, so a cost from a placeholder (chosen per request) is bounded by max_cost 1000 at most; use token_bucket for larger costs, at Testfile:6`},
 		{"max_cost zero", "rate_limit_redis {\n\tcapacity 10\n\trefill_rate 1\n\tmax_cost 0\n}",
 			`max_cost: "0" is out of range (1 to 9007199254740992), at Testfile:4`},
+
+		// degraded_header
+		{"degraded_header missing", "rate_limit_redis {\n\tdegraded_header\n}",
+			`wrong argument count or unexpected line ending after 'degraded_header', at Testfile:2`},
+		{"degraded_header extra", "rate_limit_redis {\n\tdegraded_header off on\n}",
+			`degraded_header: unexpected argument "on", at Testfile:2`},
+		{"degraded_header repeated", "rate_limit_redis {\n\tdegraded_header off\n\tdegraded_header off\n}",
+			`duplicate subdirective "degraded_header", at Testfile:3`},
+		{"degraded_header bad", "rate_limit_redis {\n\tdegraded_header false\n}",
+			`degraded_header: "false" must be on or off, at Testfile:2`},
+		{"degraded_header block", "rate_limit_redis {\n\tdegraded_header off {\n\t}\n}",
+			`degraded_header: unexpected block, at Testfile:2`},
+		{"degraded_header in a zone", "rate_limit_redis {\n\tzone a {\n\t\tdegraded_header off\n\t}\n}",
+			`unrecognized subdirective "degraded_header", at Testfile:3`},
+		{"degraded_header in redis", "rate_limit_redis {\n\tredis {\n\t\tdegraded_header off\n\t}\n}",
+			`unrecognized subdirective "degraded_header", at Testfile:3`},
+
+		// a zone's fail_mode
+		{"zone fail_mode missing", "rate_limit_redis {\n\tzone a {\n\t\tfail_mode\n\t}\n}",
+			`wrong argument count or unexpected line ending after 'fail_mode', at Testfile:3`},
+		{"zone fail_mode extra", "rate_limit_redis {\n\tzone a {\n\t\tfail_mode closed open\n\t}\n}",
+			`fail_mode: unexpected argument "open", at Testfile:3`},
+		{"zone fail_mode repeated", "rate_limit_redis {\n\tzone a {\n\t\tfail_mode closed\n\t\tfail_mode closed\n\t}\n}",
+			`duplicate subdirective "fail_mode", at Testfile:4`},
+		{"zone fail_mode bad", "rate_limit_redis {\n\tzone a {\n\t\tfail_mode shut\n\t}\n}",
+			`fail_mode: "shut" must be open, closed or local, at Testfile:3`},
+		{"zone fail_mode block", "rate_limit_redis {\n\tzone a {\n\t\tfail_mode closed {\n\t\t}\n\t}\n}",
+			`fail_mode: unexpected block, at Testfile:3`},
+		{"fail_mode in redis", "rate_limit_redis {\n\tredis {\n\t\tfail_mode closed\n\t}\n}",
+			`unrecognized subdirective "fail_mode", at Testfile:3`},
+		{"fail_mode in tls", "rate_limit_redis {\n\tredis {\n\t\ttls {\n\t\t\tfail_mode closed\n\t\t}\n\t}\n}",
+			`unrecognized subdirective "fail_mode", at Testfile:4`},
+
+		// empty_key
+		{"empty_key missing", "rate_limit_redis {\n\tzone a {\n\t\tempty_key\n\t}\n}",
+			`wrong argument count or unexpected line ending after 'empty_key', at Testfile:3`},
+		{"empty_key extra", "rate_limit_redis {\n\tzone a {\n\t\tempty_key skip deny\n\t}\n}",
+			`empty_key: unexpected argument "deny", at Testfile:3`},
+		{"empty_key repeated", "rate_limit_redis {\n\tzone a {\n\t\tempty_key skip\n\t\tempty_key deny\n\t}\n}",
+			`duplicate subdirective "empty_key", at Testfile:4`},
+		{"empty_key repeated in the shorthand", "rate_limit_redis {\n\tempty_key skip\n\tempty_key skip\n}",
+			`duplicate subdirective "empty_key", at Testfile:3`},
+		{"empty_key bad", "rate_limit_redis {\n\tzone a {\n\t\tempty_key drop\n\t}\n}",
+			`empty_key: "drop" must be shared, skip or deny, at Testfile:3`},
+		{"empty_key block", "rate_limit_redis {\n\tzone a {\n\t\tempty_key skip {\n\t\t}\n\t}\n}",
+			`empty_key: unexpected block, at Testfile:3`},
+		{"empty_key in redis", "rate_limit_redis {\n\tredis {\n\t\tempty_key skip\n\t}\n}",
+			`unrecognized subdirective "empty_key", at Testfile:3`},
+		{"empty_key with zone blocks", "rate_limit_redis {" + zone + "\n\tempty_key skip\n}",
+			`zone subdirectives at the top level (the shorthand for one zone named "default") cannot be mixed with zone blocks, at Testfile:6`},
 
 		// redis
 		{"redis argument", "rate_limit_redis {\n\tredis localhost {\n\t}\n}",

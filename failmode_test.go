@@ -117,3 +117,121 @@ func TestCachedDenialHoldsWhileBreakerOpen(t *testing.T) {
 	}
 	cs.get("/", "X-Client", "greedy").expect(t, "still denied from the cache", 429, "", "Retry-After", "3600", "X-RateLimit-Degraded", "")
 }
+
+// TestPerZoneFailMode: with Redis down, each zone gets its own fail_mode: the login zone
+// (closed) answers 503, the api zone (the handler's open) lets requests through, the upload
+// zone (local) is enforced in process. A request in several zones gets the strictest: closed
+// over local over open. Each zone counts the result its own fail_mode gave, except that a
+// refused request (503, or 429 of a local zone) counts only in the zones that refused it.
+func TestPerZoneFailMode(t *testing.T) {
+	srv := redistest.Start(t)
+	cs := startCaddy(t, fmt.Sprintf(`
+	rate_limit_redis {
+		redis {
+			address %s
+		}
+		fail_mode open
+		zone pz_api {
+			capacity 100
+			refill_rate 10
+		}
+		zone pz_login {
+			match path /login
+			fail_mode closed
+			algorithm sliding_window
+			limit 5
+			window 1m
+		}
+		zone pz_upload {
+			match path /upload
+			fail_mode local
+			capacity 2
+			refill_rate 1/1h
+		}
+	}
+	respond "ok degraded={http.rate_limit_redis.degraded}"`, srv.Addr))
+	reg := activeRegistry(t)
+	zones := []string{"pz_api", "pz_login", "pz_upload"}
+	cs.get("/login").expect(t, "redis up", 200, "ok degraded=false", "X-RateLimit-Limit", "5")
+	srv.Stop()
+
+	step := func(name string, do func(), want map[string]float64) {
+		t.Helper()
+		before := takeSnapshot(t, reg, zones...)
+		do()
+		after := takeSnapshot(t, reg, zones...)
+		// Failures: a call, or the open breaker; how many of each depends on when the breaker
+		// opens, so only their sum is checked.
+		fails := after["failure/called"] + after["failure/circuit_open"] - before["failure/called"] - before["failure/circuit_open"]
+		if fails != want["failures"] {
+			t.Fatalf("%s: %v failures, want %v", name, fails, want["failures"])
+		}
+		delete(want, "failures")
+		for _, k := range []string{"calls", "failure/called", "failure/circuit_open"} {
+			before[k], after[k] = 0, 0
+		}
+		expectDeltas(t, name, before, after, want)
+	}
+	step("the api zone alone fails open", func() {
+		cs.get("/").expect(t, "/", 200, "ok degraded=true", "X-RateLimit-Degraded", "true", "Retry-After", "")
+	}, map[string]float64{"failures": 1, "pz_api/fail_open": 1})
+	step("the login zone alone fails closed", func() {
+		// /login is in pz_api (open) and pz_login (closed): closed wins.
+		cs.get("/login").expect(t, "/login", 503, "", "Retry-After", "1", "X-RateLimit-Degraded", "")
+	}, map[string]float64{"failures": 1, "pz_login/fail_closed": 1})
+	step("the api zone again, after the login zone's 503", func() {
+		cs.get("/").expect(t, "/ again", 200, "ok degraded=true", "X-RateLimit-Degraded", "true")
+	}, map[string]float64{"failures": 1, "pz_api/fail_open": 1})
+	step("the upload zone is enforced in process; the api zone fails open", func() {
+		for i := 1; i <= 2; i++ {
+			cs.get("/upload").expect(t, "upload "+strconv.Itoa(i), 200, "ok degraded=true",
+				"X-RateLimit-Degraded", "true", "X-RateLimit-Limit", "2", "X-RateLimit-Remaining", strconv.Itoa(2-i))
+		}
+		cs.get("/upload").expect(t, "upload 3", 429, "", "X-RateLimit-Degraded", "true", "Retry-After", "3600")
+	}, map[string]float64{"failures": 3, "pz_upload/local": 2, "pz_api/fail_open": 2, "pz_upload/local_denied": 1})
+
+	srv.Restart()
+	waitFor(t, 5*time.Second, "Redis decides again", func() bool {
+		return cs.get("/login").status == 200
+	})
+	cs.get("/upload").expect(t, "redis back", 200, "ok degraded=false", "X-RateLimit-Degraded", "", "X-RateLimit-Remaining", "1")
+}
+
+// TestDegradedHeaderOff: with degraded_header off, a response decided while Redis fails carries
+// no X-RateLimit-Degraded (fail_mode open, and local with its rate limit headers), while the
+// {http.rate_limit_redis.degraded} placeholder still says it. With it on (the default), the
+// header is there.
+func TestDegradedHeaderOff(t *testing.T) {
+	for _, tc := range []struct {
+		option, mode, want string
+	}{
+		{"", "open", "true"},
+		{"degraded_header on", "open", "true"},
+		{"degraded_header off", "open", ""},
+		{"", "local", "true"},
+		{"degraded_header off", "local", ""},
+	} {
+		t.Run(tc.mode+" "+tc.option, func(t *testing.T) {
+			srv := redistest.Start(t)
+			srv.Stop()
+			cs := startCaddy(t, fmt.Sprintf(`
+	rate_limit_redis {
+		redis {
+			address %s
+		}
+		fail_mode %s
+		%s
+		capacity 10
+		refill_rate 1/1h
+	}
+	respond "degraded={http.rate_limit_redis.degraded}"`, srv.Addr, tc.mode, tc.option))
+			limit := ""
+			if tc.mode == "local" {
+				limit = "10"
+			}
+			for i := 0; i < breakerTrips+2; i++ { // failed calls, then the open breaker
+				cs.get("/").expect(t, "redis down", 200, "degraded=true", "X-RateLimit-Degraded", tc.want, "X-RateLimit-Limit", limit)
+			}
+		})
+	}
+}

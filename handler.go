@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"time"
 
@@ -62,6 +63,16 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 				continue
 			}
 		}
+		key := z.clientKey(repl)
+		if key == "" {
+			z.emptyKeys.Inc()
+			switch z.EmptyKey {
+			case EmptyKeySkip:
+				continue
+			case EmptyKeyDeny:
+				return h.denyEmptyKey(w, r, next, z, repl)
+			}
+		}
 		cost, err := z.cost(repl)
 		if err != nil {
 			err = fmt.Errorf("zone %s: %w", z.Name, err)
@@ -75,7 +86,6 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			}
 			return caddyhttp.Error(http.StatusBadRequest, err)
 		}
-		key := z.clientKey(repl)
 		shown = append(shown, key)
 		if h.keySecret != nil {
 			if !keyed || key != lastShown {
@@ -92,6 +102,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	out := new(outcome)
 	out.publish(repl)
 	d, err := h.decide(r.Context(), reqs)
+	decided := reqs // the zones d is about
 	if err != nil {
 		if r.Context().Err() != nil {
 			// The client went away, not Redis: no fail_mode, no failure counted. 499 is what
@@ -100,15 +111,19 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 		reason := failureReason(err)
 		metrics.backendFailures.WithLabelValues(reason).Inc()
+		mode := h.failMode(reqs)
 		if c := h.logger.Check(zapcore.DebugLevel, "rate limit decision failed"); c != nil {
-			c.Write(zap.String("reason", reason), zap.String("fail_mode", h.FailMode), zap.Error(err))
+			c.Write(zap.String("reason", reason), zap.String("fail_mode", mode), zap.Error(err))
 		}
 		out.degraded = true
-		switch h.FailMode {
+		switch mode {
 		case FailLocal:
-			d = h.local.Allow(reqs, time.Now())
+			decided = h.localZones(reqs)
+			d = h.local.Allow(decided, time.Now())
 		case FailClosed:
-			h.count(reqs, resultFailClosed)
+			// The closed zones refuse the request; the others are not consulted (nor charged
+			// in process), as the zones that did not deny a denied request.
+			h.countMode(reqs, FailClosed, resultFailClosed)
 			if h.DryRun {
 				// Reported as the 503 it would have been ({http.rate_limit_redis.allowed} is
 				// false), with no header: the 503 would carry only Retry-After.
@@ -119,7 +134,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		default: // open
 			h.count(reqs, resultFailOpen)
 			out.allowed = true
-			if h.Headers != HeadersOff {
+			if h.degradedHeader {
 				w.Header()[hdrDegraded] = []string{"true"}
 			}
 			return next.ServeHTTP(w, r)
@@ -133,18 +148,22 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			c.Write(zap.String("reason", failureReason(d.Err)), zap.Error(d.Err))
 		}
 	}
-	zone := reqs[d.Zone].Zone
+	zone := decided[d.Zone].Zone
 	z := h.Zones[zoneIndex(h.Zones, zone)]
 	*out = outcome{
 		allowed: d.Allowed, degraded: out.degraded, decided: true,
-		zone: zone.Name, key: shown[d.Zone], limit: d.Limit, remaining: d.Remaining,
+		zone: zone.Name, key: shown[slices.IndexFunc(reqs, func(r limiter.Request) bool { return r.Zone == zone })],
+		limit: d.Limit, remaining: d.Remaining,
 		reset: seconds(d.Reset), retryAfter: seconds(d.RetryAfter),
 	}
 	h.setRateLimitHeaders(w.Header(), z, d, out)
 
 	if d.Allowed {
 		if out.degraded {
-			h.count(reqs, resultLocal)
+			// Each zone counts what its own fail_mode did: local zones admitted in process,
+			// open zones let the request through.
+			h.countMode(reqs, FailLocal, resultLocal)
+			h.countMode(reqs, FailOpen, resultFailOpen)
 		} else {
 			h.count(reqs, resultAllowed)
 		}
@@ -188,25 +207,100 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	return caddyhttp.HandlerError{StatusCode: http.StatusTooManyRequests, Err: err}
 }
 
+// denyEmptyKey rejects a request whose key placeholders are all empty in zone z, whose
+// empty_key is deny: 403 with no body (or, in dry_run, passed on), before any decision, so no
+// zone is charged or counted in decisions_total ({http.rate_limit_redis.allowed} is false).
+func (h *Handler) denyEmptyKey(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, z *Zone, repl *caddy.Replacer) error {
+	new(outcome).publish(repl)
+	if c := h.logger.Check(zapcore.DebugLevel, "empty client key denied"); c != nil {
+		c.Write(zap.String("zone", z.Name), zap.Bool("dry_run", h.DryRun))
+	}
+	if h.DryRun {
+		return next.ServeHTTP(w, r)
+	}
+	if h.bareDenials {
+		w.WriteHeader(http.StatusForbidden)
+		return nil
+	}
+	return caddyhttp.HandlerError{StatusCode: http.StatusForbidden, Err: z.errEmptyKey}
+}
+
 // decide returns the deny cache's decision when it covers the request, else runs the decision
-// on Redis through the client's circuit breaker, under the handler's timeout. While the breaker
-// is open it fails at once without calling Redis.
-func (h *Handler) decide(ctx context.Context, reqs []limiter.Request) (limiter.Decision, error) {
+// on Redis through the circuit breakers of the Redis servers it needs (see
+// sharedClient.acquire), under the handler's timeout. While a breaker is open it fails at once
+// without calling Redis.
+func (h *Handler) decide(ctx context.Context, reqs []limiter.Request) (d limiter.Decision, err error) {
 	// A remembered denial holds whatever Redis's state: no call, and no breaker to consult.
 	if d, ok := h.limiter.Denied(reqs); ok {
 		return d, nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, time.Duration(h.Timeout))
 	defer cancel()
-	return h.client.breaker.Execute(func() (limiter.Decision, error) {
-		start := time.Now()
-		d, err := h.limiter.Allow(ctx, reqs)
-		metrics.redisDuration.Observe(time.Since(start).Seconds())
-		if err != nil {
-			h.client.lastErr.Store(&err)
+	release, err := h.client.acquire(ctx, h.KeyPrefix, reqs)
+	if err != nil {
+		return limiter.Decision{}, err
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			release(fmt.Errorf("rate limit decision panicked: %v", p))
+			panic(p)
 		}
-		return d, err
-	})
+	}()
+	start := time.Now()
+	d, err = h.limiter.Allow(ctx, reqs)
+	metrics.redisDuration.Observe(time.Since(start).Seconds())
+	release(err)
+	return d, err
+}
+
+// failMode returns the fail_mode that applies to reqs when Redis fails: closed when any of
+// their zones is closed, else local when any is local, else open.
+func (h *Handler) failMode(reqs []limiter.Request) string {
+	mode := FailOpen
+	for _, rq := range reqs {
+		switch h.zoneOf(rq.Zone).failMode {
+		case FailClosed:
+			return FailClosed
+		case FailLocal:
+			mode = FailLocal
+		}
+	}
+	return mode
+}
+
+// localZones returns the requests of reqs whose zone's fail_mode is local: those the
+// in-process limiter decides when Redis fails.
+func (h *Handler) localZones(reqs []limiter.Request) []limiter.Request {
+	n := 0
+	for _, rq := range reqs {
+		if h.zoneOf(rq.Zone).failMode == FailLocal {
+			n++
+		}
+	}
+	if n == len(reqs) {
+		return reqs
+	}
+	local := make([]limiter.Request, 0, n)
+	for _, rq := range reqs {
+		if h.zoneOf(rq.Zone).failMode == FailLocal {
+			local = append(local, rq)
+		}
+	}
+	return local
+}
+
+// countMode adds one decision with result res to every zone of reqs whose fail_mode is mode.
+func (h *Handler) countMode(reqs []limiter.Request, mode string, res result) {
+	for _, rq := range reqs {
+		if z := h.zoneOf(rq.Zone); z.failMode == mode {
+			z.decisions[res].Inc()
+		}
+	}
+}
+
+// zoneOf returns the zone of h whose limiter.Zone is lz.
+func (h *Handler) zoneOf(lz *limiter.Zone) *Zone {
+	return h.Zones[zoneIndex(h.Zones, lz)]
 }
 
 // count adds one decision with result res to every zone of reqs. reqs are in the order of
@@ -274,7 +368,7 @@ func (h *Handler) setRateLimitHeaders(hdr http.Header, z *Zone, d limiter.Decisi
 		hdr[hdrPolicy] = []string{z.policy}
 		hdr[hdrRateLimit] = []string{z.quotedName + ";r=" + remaining + ";t=" + reset}
 	}
-	if out.degraded {
+	if out.degraded && h.degradedHeader {
 		hdr[hdrDegraded] = []string{"true"}
 	}
 }
@@ -301,7 +395,8 @@ func seconds(d time.Duration) int64 {
 // clientKey resolves the zone's key placeholders: the first that is not empty wins, and the
 // client key says which it was (limiter.CandidateKey: the first candidate's value as it is, the
 // n-th's as "<n>=value"), so that no value of one candidate can name another's state. All empty
-// gives "", which the limiter counts under the zone's one shared key.
+// gives "": the zone's empty_key decides (shared: the limiter counts it under the zone's one
+// shared key).
 func (z *Zone) clientKey(repl *caddy.Replacer) string {
 	for i, k := range z.Key {
 		if v := repl.ReplaceAll(k, ""); v != "" {

@@ -26,6 +26,9 @@ var metrics struct {
 	// redisDuration observes the seconds each decision's Redis call took, answered or not. A
 	// denial from the deny cache and a failure of the open circuit breaker make no call.
 	redisDuration prometheus.Histogram
+	// emptyKeys counts, by zone, the requests that applied to the zone with every key
+	// placeholder empty, whatever the zone's empty_key then did with them (shared, skip, deny).
+	emptyKeys *prometheus.CounterVec
 }
 
 // result is the result label of decisions_total.
@@ -90,6 +93,12 @@ func initMetrics() {
 			Help:      "Seconds each decision's Redis call took, whether Redis answered or not.",
 			Buckets:   []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1},
 		})
+		metrics.emptyKeys = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "caddy",
+			Subsystem: "rate_limit_redis",
+			Name:      "empty_key_total",
+			Help:      "Requests a zone applied to whose key placeholders were all empty, by zone; the zone's empty_key decided what they did: shared, skip or deny.",
+		}, []string{"zone"})
 	})
 }
 
@@ -100,7 +109,7 @@ func registerMetrics(reg prometheus.Registerer) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range []prometheus.Collector{metrics.backendFailures, metrics.denyCacheHits, metrics.decisions, metrics.redisDuration} {
+	for _, c := range []prometheus.Collector{metrics.backendFailures, metrics.denyCacheHits, metrics.decisions, metrics.redisDuration, metrics.emptyKeys} {
 		if err := reg.Register(c); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
 			return err
 		}

@@ -191,15 +191,18 @@ func TestMetricsDecisions(t *testing.T) {
 	if m, _ := testutil.GatherAndCount(reg, metricDecisions); m != n {
 		t.Fatalf("decisions_total has %d series after 20 new clients, had %d", m, n)
 	}
-	// Every zone's series exist from the start: 7 results per zone.
+	// Every zone's series exist from the start: 7 results per zone, and its empty keys.
 	for _, z := range zones {
+		if !seriesExists(t, reg, metricEmptyKeys, "zone", z) {
+			t.Errorf("no %s series for zone %s", metricEmptyKeys, z)
+		}
 		for r := range numResults {
 			if !seriesExists(t, reg, metricDecisions, "zone", z, "result", r.String()) {
 				t.Errorf("no series for zone %s, result %s", z, r)
 			}
 		}
 	}
-	if problems, err := testutil.GatherAndLint(reg, metricDecisions, metricDuration, metricFailures, metricCacheHits); err != nil || len(problems) > 0 {
+	if problems, err := testutil.GatherAndLint(reg, metricDecisions, metricDuration, metricFailures, metricCacheHits, metricEmptyKeys); err != nil || len(problems) > 0 {
 		t.Fatalf("metric lint: %v %v", problems, err)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/caddyserver/caddy/v2"
@@ -40,6 +41,13 @@ const (
 	FailOpen   = "open"
 	FailClosed = "closed"
 	FailLocal  = "local"
+)
+
+// Values of Zone.EmptyKey: what a request whose key placeholders are all empty does in a zone.
+const (
+	EmptyKeyShared = "shared" // counted under one key shared by all such requests of the zone
+	EmptyKeySkip   = "skip"   // the zone does not apply to it
+	EmptyKeyDeny   = "deny"   // rejected with 403
 )
 
 // Values of Handler.Headers.
@@ -76,7 +84,8 @@ type Handler struct {
 	// `X-RateLimit-Degraded: true` when headers are on); `closed` rejects it with 503 and
 	// `Retry-After: 1`; `local` enforces every zone in process on this instance until Redis
 	// answers again, so the global limit becomes a per-instance one (sliding window zones as
-	// a token bucket of the same rate). Default: `open`.
+	// a token bucket of the same rate). A zone's own `fail_mode` overrides this one for the
+	// zone. Default: `open`.
 	FailMode string `json:"fail_mode,omitempty"`
 
 	// Which rate limit response headers to send: `legacy` (X-RateLimit-Limit, -Remaining, -Reset),
@@ -87,6 +96,12 @@ type Handler struct {
 	// Whose clock the scripts use: `redis` (the Redis server's TIME, so instances with skewed clocks
 	// agree) or `local` (this instance's clock, sent with each call). Default: `redis`.
 	Clock string `json:"clock,omitempty"`
+
+	// Whether to send `X-RateLimit-Degraded: true` on the responses decided while Redis failed
+	// (fail_mode open or local), when headers are on. It tells clients and monitoring that the
+	// limits are off or per instance; it tells an attacker the same. The
+	// {http.rate_limit_redis.degraded} placeholder is set either way. Default: true.
+	DegradedHeader *bool `json:"degraded_header,omitempty"`
 
 	// Decide and report (headers, placeholders) as usual, but never reject a request.
 	DryRun bool `json:"dry_run,omitempty"`
@@ -132,9 +147,11 @@ type Handler struct {
 	Zones []*Zone `json:"zones,omitempty"`
 
 	limiter   *limiter.Limiter
-	local     *limiter.Local     // fail_mode local only
+	local     *limiter.Local     // when a zone's fail_mode is local
 	keySecret *limiter.KeySecret // key_secret resolved; nil without it
-	client    *sharedClient
+	// degradedHeader: X-RateLimit-Degraded is sent (headers on, degraded_header not off).
+	degradedHeader bool
+	client         *sharedClient
 	// bareDenials: the server has no handle_errors routes, so a denial is written as a bare 429
 	// by the handler instead of going through Caddy's error path (about 11% of throughput on a
 	// deny flood, for the same response).
@@ -213,9 +230,19 @@ type Zone struct {
 	// n's (n ≥ 2) as `<n>=value` (so `2=203.0.113.7`), so that a value of one candidate can never
 	// name another candidate's state (an API key header equal to an IP address). The
 	// {http.rate_limit_redis.key} placeholder and the admin API use that form. When all are
-	// empty the request is counted under one shared key of the zone. Default:
+	// empty, `empty_key` decides. Caddyfile shorthands ({client_ip}, {header.X-API-Key}, …) are
+	// expanded as the Caddyfile adapter expands them, with a warning: in JSON, write the full
+	// placeholder ({http.vars.client_ip}). Default:
 	// ["{http.vars.client_ip}"].
 	Key []string `json:"key,omitempty"`
+
+	// What a request whose key placeholders are all empty does in this zone: `shared` counts it
+	// under one key of the zone shared by every such request (one client can then exhaust it for
+	// all the others); `skip` leaves the zone out for it, as when the zone's match does not
+	// apply (nginx's limit_req does the same), so the zone does not limit it at all; `deny`
+	// rejects it with 403 and no body (handle_errors can shape it), charging no zone.
+	// Default: `shared`.
+	EmptyKey string `json:"empty_key,omitempty"`
 
 	// `token_bucket` or `sliding_window`. Default: `token_bucket`.
 	Algorithm string `json:"algorithm,omitempty"`
@@ -246,6 +273,12 @@ type Zone struct {
 	// chosen per request is bounded by 1000 at most (MaxSlidingWindowCost).
 	MaxCost int64 `json:"max_cost,omitempty"`
 
+	// What happens in this zone when Redis fails: `open`, `closed` or `local`, as the handler's
+	// `fail_mode`, which is the default. When the zones of a request have different modes and
+	// Redis fails, closed wins over local, and local over open: a closed zone answers 503; else
+	// the local zones are enforced in process and the open zones let the request through.
+	FailMode string `json:"fail_mode,omitempty"`
+
 	// The zone applies only to requests matching one of these matcher sets (as in a route's
 	// `match`). Default: every request.
 	MatcherSetsRaw caddyhttp.RawMatcherSets `json:"match,omitempty" caddy:"namespace=http.matchers"`
@@ -254,11 +287,13 @@ type Zone struct {
 	lz          limiter.Zone
 	fixedCost   int64             // > 0 when Cost is a literal integer
 	decisions   *decisionCounters // the zone's series of decisions_total
+	emptyKeys   prometheus.Counter
+	failMode    string // FailMode, or the handler's
 
 	// Formatted once for the hot path: the quota (X-RateLimit-Limit), the quoted name and the
 	// RateLimit-Policy value, and the errors of a denial.
-	quota, quotedName, policy    string
-	errLimited, errUnsatisfiable error
+	quota, quotedName, policy                 string
+	errLimited, errUnsatisfiable, errEmptyKey error
 }
 
 // CaddyModule returns the Caddy module information.
@@ -297,10 +332,17 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return fmt.Errorf("registering metrics: %w", err)
 	}
+	h.degradedHeader = h.Headers != HeadersOff && (h.DegradedHeader == nil || *h.DegradedHeader)
+	needLocal := h.FailMode == FailLocal
 	for _, z := range h.Zones {
-		if err := z.provision(ctx); err != nil {
+		if err := z.provision(ctx, h.logger); err != nil {
 			return err
 		}
+		z.failMode = z.FailMode
+		if z.failMode == "" {
+			z.failMode = h.FailMode
+		}
+		needLocal = needLocal || z.failMode == FailLocal
 	}
 	h.keySecret = nil
 	if h.KeySecret != "" {
@@ -323,7 +365,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if srv, ok := ctx.Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server); ok {
 		h.bareDenials = srv.Errors == nil || len(srv.Errors.Routes) == 0
 	}
-	if h.FailMode == FailLocal {
+	if needLocal {
 		h.local = limiter.NewLocal(limiter.DefaultLocalKeys)
 	}
 	opts := limiter.Options{KeyPrefix: h.KeyPrefix}
@@ -333,6 +375,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	opts.Pipeline = client.pipeline
 	opts.Cluster = client.cluster
+	if client.cluster {
+		opts.PipelineFor = client.pipelineFor
+	}
 	if h.Clock == ClockLocal {
 		opts.Now = time.Now
 	}
@@ -342,7 +387,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	return nil
 }
 
-func (z *Zone) provision(ctx caddy.Context) error {
+func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger) error {
 	if len(z.Key) == 0 {
 		z.Key = []string{DefaultKey}
 	}
@@ -352,6 +397,10 @@ func (z *Zone) provision(ctx caddy.Context) error {
 	if z.Cost == "" {
 		z.Cost = DefaultCost
 	}
+	if z.EmptyKey == "" {
+		z.EmptyKey = EmptyKeyShared
+	}
+	z.checkPlaceholders(logger)
 	algo, err := limiter.ParseAlgorithm(z.Algorithm)
 	if err != nil {
 		return fmt.Errorf("zone %s: %w", z.Name, err)
@@ -371,8 +420,10 @@ func (z *Zone) provision(ctx caddy.Context) error {
 	if z.lz.MaxCost > 0 && z.lz.MaxCost < z.lz.Quota() {
 		z.errUnsatisfiable = fmt.Errorf("zone %s: cost exceeds the zone's max_cost of %d", z.Name, z.lz.MaxCost)
 	}
+	z.errEmptyKey = fmt.Errorf("zone %s: every key placeholder is empty (empty_key deny)", z.Name)
 	if limiter.ValidZoneName(z.Name) { // else Validate rejects it: no metric series for a name that never serves
 		z.decisions = newDecisionCounters(z.Name)
+		z.emptyKeys = metrics.emptyKeys.WithLabelValues(z.Name)
 	}
 	if !hasPlaceholder(z.Cost) { // as the Caddyfile parser decides
 		n, err := strconv.ParseInt(z.Cost, 10, 64)
@@ -426,6 +477,16 @@ func (h *Handler) Validate() error {
 	for _, z := range h.Zones {
 		if err := z.lz.Validate(); err != nil {
 			return err
+		}
+		switch z.FailMode {
+		case "", FailOpen, FailClosed, FailLocal:
+		default:
+			return fmt.Errorf("zone %s: fail_mode %q must be open, closed or local", z.Name, z.FailMode)
+		}
+		switch z.EmptyKey {
+		case EmptyKeyShared, EmptyKeySkip, EmptyKeyDeny:
+		default:
+			return fmt.Errorf("zone %s: empty_key %q must be shared, skip or deny", z.Name, z.EmptyKey)
 		}
 		if z.fixedCost > z.lz.Quota() {
 			return fmt.Errorf("zone %s: cost %d is larger than the zone's quota %d: no request could ever be admitted", z.Name, z.fixedCost, z.lz.Quota())

@@ -1,15 +1,18 @@
 package ratelimitredis
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
 	"os"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
-	"github.com/sony/gobreaker/v2"
 
 	"github.com/caddyserver/caddy/v2"
 
@@ -48,29 +51,139 @@ type sharedClient struct {
 	// rdb is a *redis.Client (standalone, or Sentinel's failover client) or a
 	// *redis.ClusterClient.
 	rdb redis.UniversalClient
-	// cluster is true when rdb is a Redis Cluster client.
+	// cluster is true when rdb is a Redis Cluster client; cc is then rdb.
 	cluster bool
+	cc      *redis.ClusterClient
 	// addrs are the addresses rdb was made with (placeholders replaced): the seeds, the
 	// Sentinels or the one server. They name the client in logs and the admin API.
 	addrs []string
-	// pipeline carries every decision of the handlers using the client; it lives as long as
-	// the client, so a reload never stops it under a request in flight.
+	// pipeline carries every decision of the handlers using the client (on Redis Cluster, those
+	// whose node is not known: see nodes); it lives as long as the client, so a reload never
+	// stops it under a request in flight.
 	pipeline *limiter.Pipeline
 	// breaker is shared by every handler using the client, so all of them stop calling a
-	// failing Redis together.
-	breaker *gobreaker.CircuitBreaker[limiter.Decision]
-	// lastErr is the error of the latest failed call, for the breaker's log.
-	lastErr atomic.Pointer[error]
+	// failing Redis together. On Redis Cluster it guards only the loading of the cluster's slot
+	// map, while that is not known: each node has a breaker of its own (see nodes).
+	breaker *breaker
+	// nodes are, on Redis Cluster, the primaries met so far by address, each with its own
+	// breaker and pipeline, so that a failing or stalled node fails only the decisions of its
+	// own slots.
+	nodes sync.Map // string -> *redisNode
+	// nodesMu serialises the creation of nodes.
+	nodesMu sync.Mutex
+	// slotMapKnown is set once go-redis has loaded the cluster's slot map: from then on it keeps
+	// one (refreshing it in the background), so finding a slot's node never calls Redis.
+	slotMapKnown atomic.Bool
+	closed       bool // under nodesMu
 	// resets delivers the admin resets of every instance to the handlers' deny caches.
 	resets *limiter.ResetListener
 }
 
-// Destruct stops the pipeline and closes the client and its connections when the last handler
+// redisNode is a primary of a Redis Cluster: its circuit breaker, and the pipeline of the
+// decisions of its slots.
+type redisNode struct {
+	breaker  *breaker
+	pipeline *limiter.Pipeline
+}
+
+// Destruct stops the pipelines and closes the client and its connections when the last handler
 // using it is cleaned up.
 func (c *sharedClient) Destruct() error {
 	c.pipeline.Close()
 	_ = c.resets.Close()
+	c.nodesMu.Lock()
+	c.closed = true
+	c.nodesMu.Unlock()
+	c.nodes.Range(func(_, v any) bool {
+		v.(*redisNode).pipeline.Close()
+		return true
+	})
 	return c.rdb.Close()
+}
+
+// node returns the Redis Cluster primary that owns key's hash slot, as go-redis's slot map says.
+// It calls Redis only while that map has never been loaded.
+func (c *sharedClient) node(ctx context.Context, key string) (*redisNode, error) {
+	cl, err := c.cc.MasterForKey(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	addr := cl.Options().Addr
+	if n, ok := c.nodes.Load(addr); ok {
+		return n.(*redisNode), nil
+	}
+	c.nodesMu.Lock()
+	defer c.nodesMu.Unlock()
+	if n, ok := c.nodes.Load(addr); ok {
+		return n.(*redisNode), nil
+	}
+	n := &redisNode{breaker: newBreaker(addr, strings.Join(c.addrs, ",")), pipeline: limiter.NewPipeline(c.cc, pipelines)}
+	if c.closed {
+		n.pipeline.Close()
+	}
+	c.nodes.Store(addr, n)
+	return n, nil
+}
+
+// pipelineFor is the limiter's Options.PipelineFor on Redis Cluster: the pipeline of the node
+// that owns key's slot (nil, the client's pipeline, when it cannot be told).
+func (c *sharedClient) pipelineFor(ctx context.Context, key string) *limiter.Pipeline {
+	n, err := c.node(ctx, key)
+	if err != nil {
+		return nil
+	}
+	return n.pipeline
+}
+
+// acquire asks the circuit breakers that guard the decision of reqs for permission to send it,
+// and returns the function that reports its outcome to them. Standalone and Sentinel: the
+// client's one breaker. Redis Cluster: the breaker of each node that owns a slot of the
+// decision — one node, unless the request's zones have different client keys in slots on
+// different nodes; then the decision, all-or-nothing, needs every one of them, so it is sent
+// only when all their breakers allow it, and its outcome counts for each (the limiter reports a
+// failed decision without the node that failed). While the cluster's slot map has never been
+// loaded, finding the nodes calls Redis, under the client's breaker.
+func (c *sharedClient) acquire(ctx context.Context, prefix string, reqs []limiter.Request) (release func(error), err error) {
+	if !c.cluster {
+		return c.breaker.allow()
+	}
+	if !c.slotMapKnown.Load() {
+		done, err := c.breaker.allow()
+		if err != nil {
+			return nil, err
+		}
+		_, err = c.node(ctx, limiter.StateKey(prefix, reqs[0].Zone, reqs[0].Key))
+		done(err)
+		if err != nil {
+			return nil, fmt.Errorf("redis cluster slot map: %w", err)
+		}
+		c.slotMapKnown.Store(true)
+	}
+	var first *redisNode
+	var more []*breaker // the breakers of a decision on several nodes
+	for i, rq := range reqs {
+		if i > 0 && rq.Key == reqs[i-1].Key {
+			continue // the same client key: the same slot
+		}
+		n, err := c.node(ctx, limiter.StateKey(prefix, rq.Zone, rq.Key))
+		if err != nil {
+			return nil, fmt.Errorf("redis cluster slot map: %w", err)
+		}
+		switch {
+		case first == nil:
+			first = n
+		case n == first || slices.Contains(more, n.breaker):
+		default:
+			if more == nil {
+				more = []*breaker{first.breaker}
+			}
+			more = append(more, n.breaker)
+		}
+	}
+	if more == nil {
+		return first.breaker.allow()
+	}
+	return allowAll(more)
 }
 
 // resolvedRedis is a RedisConfig with placeholders replaced and defaults applied: what one
@@ -143,8 +256,9 @@ func acquireClient(r resolvedRedis) (*sharedClient, string, error) {
 		if err != nil {
 			return nil, err
 		}
-		c := &sharedClient{rdb: rdb, cluster: r.Cluster, addrs: r.Addresses}
-		c.breaker = newBreaker(strings.Join(c.addrs, ","), &c.lastErr)
+		c := &sharedClient{rdb: rdb, addrs: r.Addresses}
+		c.cc, c.cluster = rdb.(*redis.ClusterClient)
+		c.breaker = newBreaker(strings.Join(c.addrs, ","), "")
 		c.pipeline = limiter.NewPipeline(rdb, pipelines)
 		c.resets = limiter.NewResetListener(rdb)
 		return c, nil

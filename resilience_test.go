@@ -632,6 +632,8 @@ var garbageReplies = []struct {
 	{name: "huge array length, connection closed", reply: "*1000000\r\n", hangUp: true, reason: "redis_error"},
 	// go-redis panics (makeslice: len out of range) on it; the limiter turns that into a bad reply.
 	{name: "array length beyond memory, connection closed", reply: "*35184372088832\r\n", hangUp: true, reason: "bad_response"},
+	// The same for a bulk string: go-redis allocates its declared length (over 2^48 bytes).
+	{name: "bulk string length beyond memory, connection closed", reply: "$1000000000000000\r\n", hangUp: true, reason: "bad_response"},
 }
 
 // TestGarbageRepliesApplyFailMode: a Redis whose script replies have the wrong shape is a Redis

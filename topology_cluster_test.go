@@ -2,11 +2,16 @@ package ratelimitredis
 
 import (
 	"fmt"
+	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
+
+	"github.com/sony/gobreaker/v2"
 
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/limiter"
@@ -94,5 +99,168 @@ func TestEndToEndCluster(t *testing.T) {
 	cs.get("/", "X-User", "cross-a").expect(t, "user alone", 200, "ok", "X-RateLimit-Remaining", "18")
 	if v := c.Client().HGet(t.Context(), userKey, "t").Val(); !strings.HasPrefix(v, "+18") {
 		t.Fatalf("user bucket holds %q tokens, want 18.x", v)
+	}
+}
+
+// clusterClientOf returns the shared Redis client (in the clients pool) of the cluster whose
+// seeds are addrs.
+func clusterClientOf(t *testing.T, addrs []string) *sharedClient {
+	t.Helper()
+	var found *sharedClient
+	clients.Range(func(_, v any) bool {
+		if c, ok := v.(*sharedClient); ok && c.cluster && slices.Equal(c.addrs, addrs) {
+			found = c
+		}
+		return found == nil
+	})
+	if found == nil {
+		t.Fatal("no shared cluster client for the test's cluster")
+	}
+	return found
+}
+
+// TestClusterBreakerPerNode: on a 3-primary Redis Cluster, one node stalled (SIGSTOP) fails
+// only the decisions of its own slots. Its clients get fail_mode (closed: 503), first after the
+// timeout, then at once when its circuit breaker has opened; meanwhile — even while its
+// decisions are in flight — the clients of the other nodes get exact Redis decisions, and their
+// breakers stay closed with no failure. A request whose zones are on a healthy node and on the
+// stalled one fails at once without charging the healthy node. The logs name the node whose
+// breaker opened. Once the node answers again, a probe closes its breaker.
+func TestClusterBreakerPerNode(t *testing.T) {
+	saved := breakerOpenFor
+	breakerOpenFor = 2 * time.Second // no probe while the test looks at the open breaker
+	t.Cleanup(func() { breakerOpenFor = saved })
+	c := redistest.StartCluster(t, 3)
+	for _, n := range c.Nodes {
+		// The other nodes keep serving their slots when they mark the stalled one as failed.
+		n.Do("CONFIG", "SET", "cluster-require-full-coverage", "no")
+	}
+	lc := startLoggedCaddy(t, fmt.Sprintf(`
+	rate_limit_redis {
+		redis {
+			address %s
+		}
+		fail_mode closed
+		timeout 1s
+		zone user {
+			key {http.request.header.X-User}
+			capacity 3
+			refill_rate 1/24h
+		}
+		zone org {
+			match header X-Org *
+			key {http.request.header.X-Org}
+			capacity 5
+			refill_rate 1/24h
+		}
+	}
+	respond "ok"`, strings.Join(c.Addrs(), " ")))
+	shared := clusterClientOf(t, c.Addrs())
+
+	// Two clients per node, by the slot of their hash tag.
+	byNode := make(map[*redistest.Server][]string)
+	for i := 0; len(byNode) < 3 || len(byNode[c.Nodes[0]])+len(byNode[c.Nodes[1]])+len(byNode[c.Nodes[2]]) < 6; i++ {
+		u := "node-client-" + strconv.Itoa(i)
+		n := c.NodeOf(int(c.Nodes[0].Do("CLUSTER", "KEYSLOT", u).(int64)))
+		if len(byNode[n]) < 2 {
+			byNode[n] = append(byNode[n], u)
+		}
+	}
+	stalled := c.Nodes[1]
+	var healthy []string
+	for _, n := range c.Nodes {
+		if n != stalled {
+			healthy = append(healthy, byNode[n]...)
+		}
+	}
+	for _, u := range append(slices.Clone(healthy), byNode[stalled]...) {
+		lc.get("/", "X-User", u).expect(t, "redis up: "+u, 200, "ok", "X-RateLimit-Remaining", "2")
+	}
+	nodeBreaker := func(n *redistest.Server) *breaker {
+		v, ok := shared.nodes.Load(n.Addr)
+		if !ok {
+			t.Fatalf("no breaker for node %s", n.Addr)
+		}
+		return v.(*redisNode).breaker
+	}
+
+	stalled.Pause()
+	t.Cleanup(stalled.Resume) // before the cluster is stopped
+	// The stalled node's clients: breakerTrips decisions in flight together, each waiting for
+	// the timeout...
+	sent := nodeBreaker(stalled).Counts().Requests
+	load := newLoadClient(t, lc.caddyServer)
+	var wg sync.WaitGroup
+	stalledStatus := make([]int, breakerTrips)
+	for i := range breakerTrips {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r, err := load.get("/", "X-User", byNode[stalled][i%2])
+			if err == nil {
+				stalledStatus[i] = r.status
+			}
+		}()
+	}
+	waitFor(t, 900*time.Millisecond, "the stalled node's decisions are under way", func() bool {
+		return nodeBreaker(stalled).Counts().Requests == sent+breakerTrips
+	})
+	// ... while the other nodes' clients are decided exactly, without waiting for them.
+	start := time.Now()
+	for _, u := range healthy {
+		lc.get("/", "X-User", u).expect(t, "healthy node, stalled one in flight: "+u, 200, "ok", "X-RateLimit-Remaining", "1")
+	}
+	if d := time.Since(start); d >= time.Second {
+		t.Errorf("the healthy nodes' %d decisions took %v: they waited for the stalled node", len(healthy), d)
+	}
+	wg.Wait()
+	for i, s := range stalledStatus {
+		if s != http.StatusServiceUnavailable {
+			t.Fatalf("stalled node's request %d: status %d, want 503 (fail_mode closed)", i, s)
+		}
+	}
+	if st := nodeBreaker(stalled).State(); st != gobreaker.StateOpen {
+		t.Fatalf("the stalled node's breaker is %s, want open", st)
+	}
+	// Now at once: the open breaker answers.
+	for _, u := range byNode[stalled] {
+		start := time.Now()
+		lc.get("/", "X-User", u).expect(t, "stalled node, breaker open: "+u, 503, "", "Retry-After", "1")
+		if d := time.Since(start); d >= time.Second {
+			t.Errorf("a decision for the open breaker's node took %v", d)
+		}
+	}
+	// A request on a healthy node and on the stalled one: refused at once, nothing charged.
+	lc.get("/", "X-User", healthy[0], "X-Org", byNode[stalled][0]).expect(t, "zones on two nodes, one open", 503, "", "Retry-After", "1")
+	for _, u := range healthy {
+		lc.get("/", "X-User", u).expect(t, "healthy node: "+u, 200, "ok", "X-RateLimit-Remaining", "0")
+		lc.get("/", "X-User", u).expect(t, "healthy node, exhausted: "+u, 429, "", "X-RateLimit-Remaining", "0")
+	}
+	for _, n := range c.Nodes {
+		b := nodeBreaker(n)
+		if n == stalled {
+			continue
+		}
+		if st, counts := b.State(), b.Counts(); st != gobreaker.StateClosed || counts.TotalFailures != 0 {
+			t.Errorf("healthy node %s: breaker %s with %+v, want closed with no failure", n.Addr, st, counts)
+		}
+	}
+	if st := shared.breaker.State(); st != gobreaker.StateClosed {
+		t.Errorf("the cluster's slot map breaker is %s, want closed", st)
+	}
+	opened := withMsg(ours(lc.lines()), "redis failing: circuit breaker open; fail_mode applies without calling redis")
+	if len(opened) != 1 || opened[0].fields["redis"] != stalled.Addr || opened[0].fields["cluster"] != strings.Join(c.Addrs(), ",") {
+		t.Fatalf("breaker opening lines: %v; want one naming node %s", opened, stalled.Addr)
+	}
+
+	stalled.Resume()
+	waitFor(t, 2*breakerOpenFor+5*time.Second, "a probe closes the node's breaker once it answers", func() bool {
+		return lc.get("/", "X-User", byNode[stalled][0]).status == http.StatusOK
+	})
+	if st := nodeBreaker(stalled).State(); st != gobreaker.StateClosed {
+		t.Fatalf("the node's breaker is %s after it answered, want closed", st)
+	}
+	if len(withMsg(ours(lc.lines()), "redis answering again: circuit breaker closed")) != 1 {
+		t.Error("no line says the node's breaker closed")
 	}
 }

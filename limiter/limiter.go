@@ -111,6 +111,11 @@ type Options struct {
 	// call per slot, all sent in one pipeline, and the slots that admitted are released when
 	// another denied (see Allow).
 	Cluster bool
+	// PipelineFor, when set, chooses the Pipeline of each decision whose keys are all in one
+	// hash slot, by its first key; a nil result means Pipeline. On Redis Cluster it gives each
+	// node a pipeline of its own, so that a stalled node holds up only its own decisions (a
+	// go-redis cluster pipeline waits for every node it sends to).
+	PipelineFor func(ctx context.Context, key string) *Pipeline
 }
 
 // Limiter runs decisions on a Redis server, or on a Redis Cluster. It is safe for concurrent use.
@@ -124,6 +129,8 @@ type Limiter struct {
 	instance string                        // random per Limiter, so sliding window members of instances differ
 	calls    atomic.Uint64                 // per-call part of the nonce
 	resets   atomic.Pointer[ResetListener] // set by ResetListener.Add
+
+	batchFor func(ctx context.Context, key string) *Pipeline // Options.PipelineFor
 }
 
 // New returns a Limiter running its scripts through rdb.
@@ -134,7 +141,7 @@ func New(rdb Client, opts Options) *Limiter {
 	if opts.DenyCacheKeys > 0 {
 		l.denials = newDenyCache(opts.DenyCacheKeys, opts.DenyCacheMaxAge)
 	}
-	l.batch = opts.Pipeline
+	l.batch, l.batchFor = opts.Pipeline, opts.PipelineFor
 	return l
 }
 
@@ -210,8 +217,14 @@ func (l *Limiter) Allow(ctx context.Context, reqs []Request) (Decision, error) {
 func (l *Limiter) allowOne(ctx context.Context, reqs []Request, keys []string) (bool, []zoneReply, error) {
 	var reply any
 	var err error
-	if l.batch != nil {
-		reply, err = l.batch.run(ctx, keys, l.scriptArgs(reqs, false))
+	batch := l.batch
+	if l.batchFor != nil {
+		if b := l.batchFor(ctx, keys[0]); b != nil {
+			batch = b
+		}
+	}
+	if batch != nil {
+		reply, err = batch.run(ctx, keys, l.scriptArgs(reqs, false))
 	} else {
 		reply, err = l.run(ctx, keys, l.scriptArgs(reqs, false))
 	}
