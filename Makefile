@@ -1,12 +1,14 @@
 # The commands of README.md. Go 1.26 and (for `make test`/`make run`) redis-server are needed;
-# redis-server is installed with apt-get when missing and run as root.
+# redis-server is installed with apt-get when missing and run as root, and so is prometheus
+# (promtool and the Prometheus end-to-end test; without it, those are skipped, saying so).
 CADDY_VERSION ?= v2.11.9
 MODULE        := github.com/rate-limit-redis/caddy-rate-limit-redis
 # xcaddy needs a version for a local module; this one stands for "this checkout".
 LOCAL_VERSION := v0.0.0-00010101000000-000000000000
-SOURCES       := $(shell find . \( -path ./bin -o -path ./bench \) -prune -o \( -name '*.go' -o -name '*.lua' \) -print) go.mod go.sum
+# What bin/caddy is built from: no test file (a test edit need not rebuild Caddy).
+SOURCES       := $(shell find . \( -path ./bin -o -path ./bench \) -prune -o \( -name '*.go' ! -name '*_test.go' -o -name '*.lua' \) -print) go.mod go.sum
 
-.PHONY: build run test compose-check fmt adapt smoke bench fuzz
+.PHONY: build run test compose-check rules-check e2e fmt adapt smoke bench fuzz
 
 ## build: bin/caddy, Caddy $(CADDY_VERSION) with this module
 build: bin/caddy
@@ -18,13 +20,28 @@ bin/caddy: $(SOURCES)
 run: bin/caddy
 	scripts/run.sh
 
-## test: gofmt check, go vet and every test with the race detector, against real redis-server
-test: compose-check
+## test: gofmt check, go vet, the alerting rules' unit tests, and every test with the race
+## detector against real redis-server, the Prometheus end-to-end test (deploy/) with bin/caddy
+test: compose-check rules-check bin/caddy
 	scripts/ensure-redis.sh
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 		if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
 	go vet ./...
-	go test -race -count=1 ./...
+	CADDY_BINARY=$(CURDIR)/bin/caddy go test -race -count=1 ./...
+
+## rules-check: promtool checks the alerting rules (deploy/prometheus) and runs their unit tests
+rules-check:
+	scripts/ensure-prometheus.sh
+	@if command -v promtool >/dev/null 2>&1; then \
+		promtool check rules deploy/prometheus/*.yml && promtool test rules deploy/prometheus/tests/*.yml; \
+	else echo "rules-check: SKIPPED: promtool is not installed (Debian package prometheus)"; fi
+
+## e2e: the compose stack's dashboard and alerts proven against bin/caddy, redis-server and a
+## real Prometheus (TestPrometheusEndToEnd, about 2.5 minutes)
+e2e: bin/caddy
+	scripts/ensure-redis.sh
+	scripts/ensure-prometheus.sh
+	CADDY_BINARY=$(CURDIR)/bin/caddy go test -race -count=1 -v -run '^TestPrometheusEndToEnd$$' ./deploy
 
 ## compose-check: docker-compose.yml is a valid compose file (no Docker engine needed)
 compose-check:

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -33,6 +34,7 @@ const (
 	dashboardsProvFile = "deploy/grafana/provisioning/dashboards/rate-limit-redis.yml"
 	composeCaddyfile   = "deploy/Caddyfile"
 	prometheusFile     = "deploy/prometheus.yml"
+	alertRulesGlob     = "deploy/prometheus/*.yml"
 	composeFile        = "docker-compose.yml"
 )
 
@@ -148,9 +150,10 @@ func TestDashboardDatasourceIsProvisioned(t *testing.T) {
 
 // TestComposeWiring checks that the files of the compose demo agree with each other: the
 // Caddyfile adapts with no warning, keeps the admin API on loopback, and reaches Redis at the
-// redis service; Prometheus scrapes the Caddyfile's metrics listener; Grafana's provisioning
-// finds the mounted dashboard and the prometheus service; images are pinned; the Dockerfile
-// builds the Caddy version of the Makefile.
+// redis service; Prometheus scrapes the Caddyfile's metrics listener and loads every alerting
+// rule file where compose mounts them; Grafana's provisioning finds the mounted dashboard and
+// the prometheus service; images are pinned; the Dockerfile builds the Caddy version of the
+// Makefile.
 func TestComposeWiring(t *testing.T) {
 	var compose struct {
 		Services map[string]struct {
@@ -253,6 +256,7 @@ func TestComposeWiring(t *testing.T) {
 	}
 
 	var prom struct {
+		RuleFiles     []string `yaml:"rule_files"`
 		ScrapeConfigs []struct {
 			MetricsPath   string                       `yaml:"metrics_path"`
 			StaticConfigs []struct{ Targets []string } `yaml:"static_configs"`
@@ -268,6 +272,29 @@ func TestComposeWiring(t *testing.T) {
 	}
 	if mountOf(compose.Services["prometheus"].Volumes, "./"+prometheusFile) != "/etc/prometheus/prometheus.yml" {
 		t.Errorf("%s: prometheus does not mount %s at /etc/prometheus/prometheus.yml", composeFile, prometheusFile)
+	}
+	// The alerting rules: rule_files (relative to prometheus.yml) find every rule file of
+	// deploy/prometheus where compose mounts it.
+	ruleFiles, err := filepath.Glob(alertRulesGlob)
+	if err != nil || len(ruleFiles) == 0 {
+		t.Fatalf("no alerting rules %s (%v)", alertRulesGlob, err)
+	}
+	var loaded []string
+	for _, pattern := range prom.RuleFiles {
+		inContainer := path.Join("/etc/prometheus", pattern)
+		host := hostPathOf(compose.Services["prometheus"].Volumes, inContainer)
+		if host == "" {
+			t.Errorf("%s: rule_files %q is %s in the container, which no volume of prometheus in %s provides", prometheusFile, pattern, inContainer, composeFile)
+			continue
+		}
+		matches, err := filepath.Glob(host)
+		if err != nil {
+			t.Fatal(err)
+		}
+		loaded = append(loaded, matches...)
+	}
+	if slices.Sort(loaded); !slices.Equal(loaded, ruleFiles) {
+		t.Errorf("%s: rule_files %v load %v in the compose stack, want %v", prometheusFile, prom.RuleFiles, loaded, ruleFiles)
 	}
 
 	// Grafana: the provisioning directory, the dashboards directory the provider reads, the
@@ -720,6 +747,21 @@ func readYAML(t *testing.T, file string, v any) {
 	if err := yaml.Unmarshal(b, v); err != nil {
 		t.Fatalf("%s: %v", file, err)
 	}
+}
+
+// hostPathOf returns the host path (relative, without ./) that a compose volume list puts at
+// the container path p, or "".
+func hostPathOf(volumes []string, p string) string {
+	for _, v := range volumes {
+		parts := strings.Split(v, ":")
+		if len(parts) < 2 {
+			continue
+		}
+		if rel, ok := strings.CutPrefix(p, parts[1]+"/"); ok || p == parts[1] {
+			return path.Join(strings.TrimPrefix(parts[0], "./"), rel)
+		}
+	}
+	return ""
 }
 
 // mountOf returns where a compose volume list mounts host (a ./path), or "".
