@@ -239,7 +239,7 @@ func TestPrometheusEndToEnd(t *testing.T) {
 		}
 		var values []string
 		prom.get("/api/v1/label/"+m[2]+"/values", url.Values{"match[]": {m[1]}, "start": {unix(start)}, "end": {unix(end)}}, &values)
-		if want := []string{"api", "login", "search"}; !slices.Equal(values, want) {
+		if want := []string{"api", "ip", "login", "search"}; !slices.Equal(values, want) {
 			t.Errorf("variable %q (%s): values %v, want %v", v.Name, v.Definition, values, want)
 		}
 	}
