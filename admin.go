@@ -100,6 +100,9 @@ type zoneInfo struct {
 	Limit int64 `json:"limit,omitempty"`
 	// sliding_window: the window length, in milliseconds.
 	WindowMs int64 `json:"window_ms,omitempty"`
+	// fixed_window: the calendar period and its time zone, when the window is a period.
+	Period   string `json:"period,omitempty"`
+	TimeZone string `json:"time_zone,omitempty"`
 	// The handler's key_prefix.
 	KeyPrefix string `json:"key_prefix"`
 	// The handler's Redis addresses (placeholders replaced) and database.
@@ -128,8 +131,16 @@ type clientState struct {
 	// token_bucket: the tokens in the bucket now, fractional, refilled to the Redis server's
 	// time as the decision script computes it.
 	Tokens *float64 `json:"tokens,omitempty"`
-	// sliding_window: the requests (slots) counted in the window ending now.
+	// Window algorithms: the requests (slots) counted: in the sliding window ending now
+	// (sliding_window), in the fixed window holding now (fixed_window), in the current fixed
+	// window (sliding_window_counter).
 	Count *int64 `json:"count,omitempty"`
+	// sliding_window_counter: the estimate compared with the limit (count plus the previous
+	// window's count weighted by its share still inside the sliding window).
+	Estimate *float64 `json:"estimate,omitempty"`
+	// fixed_window: the window holding now, [start, end), in RFC 3339 (UTC).
+	WindowStart string `json:"window_start,omitempty"`
+	WindowEnd   string `json:"window_end,omitempty"`
 	// Whole tokens or window slots left now: what X-RateLimit-Remaining would say.
 	Remaining int64 `json:"remaining"`
 	// Milliseconds (rounded up) until a request of cost 1 would be admitted; 0: it would be now.
@@ -166,6 +177,7 @@ func (a *AdminAPI) handleZones(w http.ResponseWriter, r *http.Request) error {
 		zi := zoneInfo{
 			Name: t.z.Name, Algorithm: t.z.Algorithm, KeyPrefix: t.h.KeyPrefix, Redis: t.redis, DB: t.h.Redis.DB,
 			Capacity: t.z.Capacity, RefillRate: t.z.RefillRate, Limit: t.z.Limit, WindowMs: time.Duration(t.z.Window).Milliseconds(),
+			Period: t.z.Period, TimeZone: t.z.TimeZone,
 		}
 		if !slices.ContainsFunc(zones, func(o zoneInfo) bool { return zi.equal(o) }) {
 			zones = append(zones, zi)
@@ -176,7 +188,7 @@ func (a *AdminAPI) handleZones(w http.ResponseWriter, r *http.Request) error {
 
 func (zi zoneInfo) equal(o zoneInfo) bool {
 	return zi.Name == o.Name && zi.Algorithm == o.Algorithm && zi.Capacity == o.Capacity && zi.RefillRate == o.RefillRate &&
-		zi.Limit == o.Limit && zi.WindowMs == o.WindowMs && zi.KeyPrefix == o.KeyPrefix && slices.Equal(zi.Redis, o.Redis) && zi.DB == o.DB
+		zi.Limit == o.Limit && zi.WindowMs == o.WindowMs && zi.Period == o.Period && zi.TimeZone == o.TimeZone && zi.KeyPrefix == o.KeyPrefix && slices.Equal(zi.Redis, o.Redis) && zi.DB == o.DB
 }
 
 // handleState serves GET (read) and DELETE (reset) /rate_limit_redis/state?zone=&key=.
@@ -213,8 +225,8 @@ func readState(ctx context.Context, w http.ResponseWriter, ts []target, key stri
 	candidate, _ := limiter.ParseCandidateKey(key)
 	for _, t := range ts {
 		lk := t.h.limiterKey(key)
-		id := fmt.Sprintf("%s|%s|%d|%g|%d|%d", t.redisID, limiter.StateKey(t.h.KeyPrefix, &t.z.lz, lk),
-			t.z.lz.Capacity, t.z.lz.RefillRate, t.z.lz.Limit, t.z.lz.Window)
+		id := fmt.Sprintf("%s|%s|%d|%g|%d|%d|%s|%s", t.redisID, limiter.StateKey(t.h.KeyPrefix, &t.z.lz, lk),
+			t.z.lz.Capacity, t.z.lz.RefillRate, t.z.lz.Limit, t.z.lz.Window, t.z.Period, t.z.TimeZone)
 		if seen[id] {
 			continue
 		}
@@ -228,10 +240,16 @@ func readState(ctx context.Context, w http.ResponseWriter, ts []target, key stri
 			Algorithm: t.z.Algorithm, Limit: t.z.lz.Quota(), Exists: s.Exists, Remaining: s.Remaining,
 			RetryAfterMs: ceilMs(s.RetryAfter), TTLMs: s.TTL.Milliseconds(),
 		}
-		if t.z.lz.Algorithm == limiter.SlidingWindow {
-			cs.Count = &s.Count
-		} else {
+		switch t.z.lz.Algorithm {
+		case limiter.TokenBucket:
 			cs.Tokens = &s.Tokens
+		case limiter.SlidingWindowCounter:
+			cs.Count, cs.Estimate = &s.Count, &s.Estimate
+		case limiter.FixedWindow:
+			cs.Count = &s.Count
+			cs.WindowStart, cs.WindowEnd = s.WindowStart.UTC().Format(time.RFC3339Nano), s.WindowEnd.UTC().Format(time.RFC3339Nano)
+		default:
+			cs.Count = &s.Count
 		}
 		out = append(out, cs)
 	}

@@ -31,8 +31,10 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 
 // The algorithm names, as written in the Caddyfile and the JSON config.
 var (
-	tokenBucketName   = limiter.TokenBucket.String()
-	slidingWindowName = limiter.SlidingWindow.String()
+	tokenBucketName          = limiter.TokenBucket.String()
+	slidingWindowName        = limiter.SlidingWindow.String()
+	fixedWindowName          = limiter.FixedWindow.String()
+	slidingWindowCounterName = limiter.SlidingWindowCounter.String()
 )
 
 // UnmarshalCaddyfile sets up the handler from Caddyfile tokens. Syntax:
@@ -72,11 +74,13 @@ var (
 //			key         <value>...           # placeholders; the first that is not empty wins (the n-th's key is n=value); default {client_ip}
 //			empty_key   shared|skip|deny     # when every key placeholder is empty; default shared
 //			fail_mode   open|closed|local    # this zone's, when Redis fails; default the handler's
-//			algorithm   token_bucket|sliding_window   # default token_bucket
+//			algorithm   token_bucket|sliding_window|fixed_window|sliding_window_counter   # default token_bucket
 //			capacity    <n>                  # token_bucket: burst size, > 0
 //			refill_rate <n>[/<duration>]     # token_bucket: tokens per second, or per the duration (100/1m); > 0
-//			limit       <n>                  # sliding_window: requests per window, > 0
-//			window      <duration>           # sliding_window, > 0
+//			limit       <n>                  # the window algorithms: requests per window, > 0
+//			window      <duration>           # sliding_window, sliding_window_counter, fixed_window: > 0
+//			period      hour|day|week|month  # fixed_window, instead of window: a calendar period
+//			time_zone   <IANA name>          # fixed_window with a period; default UTC
 //			cost        <n>|<placeholder>    # tokens a request takes; default 1
 //			max_cost    <n>                  # larger costs are never admitted; default the quota (sliding_window with a placeholder cost: at most 1000)
 //			match {                          # optional: this zone applies only to matching requests
@@ -482,7 +486,7 @@ func parseZone(d *caddyfile.Dispenser, names map[string]bool) (*Zone, error) {
 // shorthand for a zone named "default" when written at the top level.
 func isZoneSubdirective(name string) bool {
 	switch name {
-	case "key", "empty_key", "algorithm", "capacity", "refill_rate", "limit", "window", "cost", "max_cost", "match":
+	case "key", "empty_key", "algorithm", "capacity", "refill_rate", "limit", "window", "period", "time_zone", "cost", "max_cost", "match":
 		return true
 	}
 	return false
@@ -540,7 +544,7 @@ func (p *zoneParser) subdirective(d *caddyfile.Dispenser) error {
 			return err
 		}
 		if _, err := limiter.ParseAlgorithm(v); err != nil {
-			return d.Errf("algorithm: %q must be %s or %s", v, tokenBucketName, slidingWindowName)
+			return d.Errf("algorithm: %q must be %s, %s, %s or %s", v, tokenBucketName, slidingWindowName, fixedWindowName, slidingWindowCounterName)
 		}
 		z.Algorithm = v
 
@@ -552,11 +556,36 @@ func (p *zoneParser) subdirective(d *caddyfile.Dispenser) error {
 		z.Capacity = n
 
 	case "limit":
-		n, err := intInRange(d, limiter.MaxLimit)
+		// A counter (fixed_window, sliding_window_counter) takes up to 2^53; a sliding window log
+		// 1,000,000, checked in finish when the algorithm is not known yet.
+		n, err := intInRange(d, limiter.MaxCapacity)
+		if err != nil && strings.Contains(err.Error(), "out of range") && (z.Algorithm == slidingWindowName || z.Algorithm == "") {
+			return d.Errf("limit: %q is out of range (1 to %d)", d.Val(), limiter.MaxLimit)
+		}
 		if err != nil {
 			return err
 		}
 		z.Limit = n
+
+	case "period":
+		v, err := oneArg(d)
+		if err != nil {
+			return err
+		}
+		if _, err := limiter.ParsePeriod(v); err != nil {
+			return d.Errf("period: %q must be hour, day, week or month", v)
+		}
+		z.Period = v
+
+	case "time_zone":
+		v, err := oneArg(d)
+		if err != nil {
+			return err
+		}
+		if _, err := time.LoadLocation(v); err != nil || v == "" || v == "Local" {
+			return d.Errf("time_zone: %q is not a time zone of the IANA database (such as UTC or Europe/Paris)", v)
+		}
+		z.TimeZone = v
 
 	case "refill_rate":
 		v, err := oneArg(d)
@@ -639,18 +668,31 @@ func (p *zoneParser) finish() error {
 			z.Name, tokenBucketName, slidingWindowName)
 	}
 
-	algorithm, other, hint := z.Algorithm, slidingWindowName, ""
+	algorithm, hint := z.Algorithm, ""
 	if algorithm == "" {
 		algorithm, hint = tokenBucketName, " (the default when no algorithm is given)"
 	}
-	own, others := []string{"capacity", "refill_rate"}, []string{"limit", "window"}
-	if algorithm == slidingWindowName {
-		other = tokenBucketName
-		own, others = others, own
+	if tok, ok := p.seen["limit"]; ok && z.Limit > limiter.MaxLimit && (algorithm == slidingWindowName || algorithm == tokenBucketName) {
+		return errAt(tok, "limit: %q is out of range (1 to %d)", strconv.FormatInt(z.Limit, 10), limiter.MaxLimit)
 	}
-	for _, name := range others {
-		if tok, ok := p.seen[name]; ok {
-			return errAt(tok, "%s belongs to algorithm %s, not %s%s", name, other, algorithm, hint)
+	// Each subdirective of an algorithm's parameters, and the algorithm it belongs to in the
+	// error when another algorithm is used.
+	owner := map[string]string{"capacity": tokenBucketName, "refill_rate": tokenBucketName,
+		"limit": slidingWindowName, "window": slidingWindowName, "period": fixedWindowName, "time_zone": fixedWindowName}
+	allowed := map[string]bool{"capacity": true, "refill_rate": true}
+	own := []string{"capacity", "refill_rate"}
+	if algorithm != tokenBucketName {
+		allowed = map[string]bool{"limit": true, "window": true}
+		own = []string{"limit", "window"}
+		owner["capacity"], owner["refill_rate"] = tokenBucketName, tokenBucketName
+	}
+	if algorithm == fixedWindowName {
+		allowed["period"], allowed["time_zone"] = true, true
+		own = []string{"limit"}
+	}
+	for _, name := range []string{"capacity", "refill_rate", "limit", "window", "period", "time_zone"} {
+		if tok, ok := p.seen[name]; ok && !allowed[name] {
+			return errAt(tok, "%s belongs to algorithm %s, not %s%s", name, owner[name], algorithm, hint)
 		}
 	}
 	for _, name := range own {
@@ -658,9 +700,22 @@ func (p *zoneParser) finish() error {
 			return errAt(p.start, "zone %q: %s is required for algorithm %s", z.Name, name, algorithm)
 		}
 	}
+	if algorithm == fixedWindowName {
+		_, hasWindow := p.seen["window"]
+		period, hasPeriod := p.seen["period"]
+		switch {
+		case hasWindow && hasPeriod:
+			return errAt(period, "period: a %s zone has a window or a period, not both", fixedWindowName)
+		case !hasWindow && !hasPeriod:
+			return errAt(p.start, "zone %q: window or period is required for algorithm %s", z.Name, fixedWindowName)
+		}
+		if tok, ok := p.seen["time_zone"]; ok && !hasPeriod {
+			return errAt(tok, "time_zone applies to a period (period day), not to a window")
+		}
+	}
 
 	quotaName, quota := "capacity", z.Capacity
-	if algorithm == slidingWindowName {
+	if algorithm != tokenBucketName {
 		quotaName, quota = "limit", z.Limit
 	}
 	if p.cost > quota {

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	_ "time/tzdata" // time_zone works where the system has no time zone database (scratch images)
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
@@ -83,8 +84,8 @@ type Handler struct {
 	// breaker open after repeated failures): `open` lets the request through (with
 	// `X-RateLimit-Degraded: true` when headers are on); `closed` rejects it with 503 and
 	// `Retry-After: 1`; `local` enforces every zone in process on this instance until Redis
-	// answers again, so the global limit becomes a per-instance one (sliding window zones as
-	// a token bucket of the same rate). A zone's own `fail_mode` overrides this one for the
+	// answers again, so the global limit becomes a per-instance one (window zones as a token
+	// bucket of the same rate). A zone's own `fail_mode` overrides this one for the
 	// zone. Default: `open`.
 	FailMode string `json:"fail_mode,omitempty"`
 
@@ -244,7 +245,9 @@ type Zone struct {
 	// Default: `shared`.
 	EmptyKey string `json:"empty_key,omitempty"`
 
-	// `token_bucket` or `sliding_window`. Default: `token_bucket`.
+	// `token_bucket`, `sliding_window` (the exact sliding window log), `fixed_window` (a counter
+	// per window or calendar period) or `sliding_window_counter` (constant memory, approximate).
+	// Default: `token_bucket`.
 	Algorithm string `json:"algorithm,omitempty"`
 
 	// token_bucket: the bucket size (burst), in tokens; 1 to 2^53.
@@ -253,12 +256,25 @@ type Zone struct {
 	// token_bucket: tokens added per second (a float; 100 per minute is 1.6667). Must be > 0.
 	RefillRate float64 `json:"refill_rate,omitempty"`
 
-	// sliding_window: requests admitted per window; 1 to 1,000,000.
+	// sliding_window, fixed_window, sliding_window_counter: requests admitted per window; 1 to
+	// 1,000,000 for sliding_window (one Redis entry per request), to 2^53 for the others (one
+	// counter per client).
 	Limit int64 `json:"limit,omitempty"`
 
-	// sliding_window: the window length, as a duration (JSON: nanoseconds or a duration string);
-	// 1ms to 366 days.
+	// sliding_window, fixed_window, sliding_window_counter: the window length, as a duration
+	// (JSON: nanoseconds or a duration string); 1ms to 366 days. A fixed_window's windows of a
+	// duration are aligned to the Unix epoch (a 1h window starts on the hour, UTC).
 	Window caddy.Duration `json:"window,omitempty"`
+
+	// fixed_window, instead of window: a calendar period, `hour`, `day`, `week` (from Monday) or
+	// `month`, starting at its start in `time_zone`. The count starts again at 0 when the period
+	// does; X-RateLimit-Reset and Retry-After say when.
+	Period string `json:"period,omitempty"`
+
+	// fixed_window with a period: the IANA time zone of the calendar (Europe/Paris), from Go's
+	// time zone database (the system's, or the one built into Caddy); a day there is 23 or 25
+	// hours long on a daylight saving change. Default: UTC.
+	TimeZone string `json:"time_zone,omitempty"`
 
 	// Tokens (or window slots) one request takes: a positive integer, or a placeholder resolved
 	// per request. A placeholder that resolves empty counts as 1; one that is not a positive integer
@@ -408,6 +424,16 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger) error {
 	z.lz = limiter.Zone{
 		Name: z.Name, Algorithm: algo, Capacity: z.Capacity, RefillRate: z.RefillRate,
 		Limit: z.Limit, Window: time.Duration(z.Window), MaxCost: z.MaxCost,
+	}
+	if z.Period != "" {
+		if z.lz.Period, err = limiter.ParsePeriod(z.Period); err != nil {
+			return fmt.Errorf("zone %s: %w", z.Name, err)
+		}
+	}
+	if z.TimeZone != "" {
+		if z.lz.Location, err = time.LoadLocation(z.TimeZone); err != nil {
+			return fmt.Errorf("zone %s: time_zone %q is not a time zone of the IANA database: %w", z.Name, z.TimeZone, err)
+		}
 	}
 	if z.MaxCost == 0 && algo == limiter.SlidingWindow && hasPlaceholder(z.Cost) {
 		z.lz.MaxCost = min(z.Limit, MaxSlidingWindowCost)

@@ -265,8 +265,9 @@ func (l *Limiter) run(ctx context.Context, keys []string, args []any) (reply any
 // never adds more entries than MaxCost.
 func (l *Limiter) scriptArgs(reqs []Request, hold bool) []any {
 	args := make([]any, 3, 3+4*len(reqs))
+	ref := l.clock()
 	if l.now != nil {
-		args[0] = l.now().UnixMicro()
+		args[0] = ref.UnixMicro()
 	} else {
 		args[0] = ""
 	}
@@ -280,13 +281,35 @@ func (l *Limiter) scriptArgs(reqs []Request, hold bool) []any {
 		if unsatisfiable(r) {
 			cost = 2 * r.Zone.Quota() // <= 2^54
 		}
-		if r.Zone.Algorithm == SlidingWindow {
-			args = append(args, "sw", r.Zone.Limit, r.Zone.Window.Microseconds(), cost)
-		} else {
+		switch r.Zone.Algorithm {
+		case SlidingWindow, SlidingWindowCounter:
+			args = append(args, r.Zone.Algorithm.tag(), r.Zone.Limit, r.Zone.Window.Microseconds(), cost)
+		case FixedWindow:
+			args = append(args, "fw", r.Zone.Limit, windowBounds(r.Zone, ref), cost)
+		default:
 			args = append(args, "tb", r.Zone.Capacity, r.Zone.RefillRate, cost)
 		}
 	}
 	return args
+}
+
+// windowBounds is decide.lua's argument for a fixed window zone at ref (the instance's clock):
+// "b0,b1,b2,b3", µs since the Unix epoch, where [b1, b2) is the window that holds ref and the
+// others the windows before and after it. The script takes the one of the three that holds its
+// own now (the Redis server's clock by default), so a clock skew of less than a window between
+// the instance and Redis never puts a request in the wrong window.
+func windowBounds(z *Zone, ref time.Time) string {
+	start, end := z.WindowAt(ref)
+	prev, _ := z.WindowAt(start.Add(-time.Microsecond))
+	_, next := z.WindowAt(end)
+	b := make([]byte, 0, 68)
+	for i, t := range [4]time.Time{prev, start, end, next} {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendInt(b, t.UnixMicro(), 10)
+	}
+	return string(b)
 }
 
 // zoneReply is one zone's part of the script's reply.

@@ -317,7 +317,7 @@ func TestRedisDownIsAnError(t *testing.T) {
 }
 
 // TestExactUnderConcurrency is the core promise: 8 instances (separate clients and pools) racing
-// 2,000 requests for one key admit exactly the quota, for both algorithms, with and without the
+// 2,000 requests for one key admit exactly the quota, for every algorithm, with and without the
 // deny cache, and with decisions sent one by one or in pipelines.
 func TestExactUnderConcurrency(t *testing.T) {
 	srv := redistest.Start(t)
@@ -333,6 +333,8 @@ func TestExactUnderConcurrency(t *testing.T) {
 		{sw("window-cached", 100, time.Hour), limiter.DefaultDenyCacheKeys, 0},
 		{tb("bucket-pipelined", 100, noRefill), limiter.DefaultDenyCacheKeys, 4},
 		{sw("window-pipelined", 100, time.Hour), 0, 4},
+		{fw("fixed-monthly", 100, limiter.Month, nil), limiter.DefaultDenyCacheKeys, 4}, // a month: no window starts during the test
+		{sc("counter", 100, time.Hour), limiter.DefaultDenyCacheKeys, 4},
 	} {
 		z := tc.zone
 		t.Run(z.Name, func(t *testing.T) {

@@ -15,9 +15,9 @@ const DefaultLocalKeys = 65536
 // Local decides requests in process, for `fail_mode local`: while Redis is unavailable each
 // instance enforces every zone on its own, so the global limit becomes a per-instance one.
 // Every zone is a token bucket (golang.org/x/time/rate): a token bucket zone with its own
-// capacity and refill rate, a sliding window zone as a bucket of Limit tokens refilled at
-// Limit per Window (it admits the same steady rate; its bursts differ from a true sliding
-// window). At most maxKeys (zone, client) buckets are kept, least recently used evicted: an
+// capacity and refill rate, a window zone (sliding window log or counter, fixed window) as a
+// bucket of Limit tokens refilled at Limit per window (a period's nominal length): it admits the
+// same steady rate; its bursts, and a fixed window's reset, differ. At most maxKeys (zone, client) buckets are kept, least recently used evicted: an
 // evicted client starts again with a full bucket. Local is safe for concurrent use.
 type Local struct {
 	mu      sync.Mutex // makes a multi-zone decision all-or-nothing
@@ -86,8 +86,8 @@ func (l *Local) bucket(r Request) *rate.Limiter {
 		return b
 	}
 	perSec := r.Zone.RefillRate
-	if r.Zone.Algorithm == SlidingWindow {
-		perSec = float64(r.Zone.Limit) / r.Zone.Window.Seconds()
+	if r.Zone.Algorithm.windowed() {
+		perSec = float64(r.Zone.Limit) / r.Zone.PolicyWindow().Seconds()
 	}
 	b := rate.NewLimiter(rate.Limit(perSec), int(r.Zone.Quota())) // starts full
 	l.buckets.Add(key, b)

@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -38,9 +39,16 @@ type State struct {
 	// tokens plus the refill since they were stored, at most the capacity, exactly as decide.lua
 	// computes it. With `clock local` and a stored time after Now, no refill is credited.
 	Tokens float64
-	// Count (sliding window only) is the slots taken by entries inside the window ending at Now
-	// (entries older than the window, not yet removed by a decision, are not counted).
+	// Count (window algorithms) is the slots taken: by entries inside the sliding window
+	// ending at Now (sliding window log; entries older than the window, not yet removed by a
+	// decision, are not counted), in the fixed window holding Now (fixed window), in the current
+	// fixed window (sliding window counter).
 	Count int64
+	// Estimate (sliding window counter only) is the count the zone compares with its limit:
+	// Count plus the previous window's count weighted by its share still inside the window.
+	Estimate float64
+	// WindowStart and WindowEnd (fixed window only) are the window holding Now: [start, end).
+	WindowStart, WindowEnd time.Time
 	// Remaining is the whole tokens or window slots a request could take at Now: what
 	// X-RateLimit-Remaining would say before the request.
 	Remaining int64
@@ -68,9 +76,12 @@ func (l *Limiter) State(ctx context.Context, z *Zone, clientKey string) (State, 
 		return State{}, fmt.Errorf("redis TIME: %w", err)
 	}
 	now := s.Now.UnixMicro()
-	if z.Algorithm == SlidingWindow {
+	switch z.Algorithm {
+	case SlidingWindow:
 		err = l.windowState(ctx, z, now, &s)
-	} else {
+	case FixedWindow, SlidingWindowCounter:
+		err = l.counterState(ctx, z, now, &s)
+	default:
 		err = l.bucketState(ctx, z, now, &s)
 	}
 	if err != nil {
@@ -171,6 +182,82 @@ func (l *Limiter) windowState(ctx context.Context, z *Zone, now int64, s *State)
 		s.RetryAfter = time.Duration(max(1, int64(e[0].Score)+z.Window.Microseconds()-now)) * time.Microsecond
 	}
 	return nil
+}
+
+// counterState reads a fixed window's or sliding window counter's hash and counts it at now as
+// decide.lua does.
+func (l *Limiter) counterState(ctx context.Context, z *Zone, now int64, s *State) error {
+	var fields *redis.MapStringStringCmd
+	var value *redis.StringCmd
+	var ttl *redis.DurationCmd
+	if _, err := l.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		if z.Algorithm == FixedWindow {
+			value = p.Get(ctx, s.Key)
+		} else {
+			fields = p.HGetAll(ctx, s.Key)
+		}
+		ttl = p.PTTL(ctx, s.Key)
+		return nil
+	}); err != nil && !errors.Is(err, redis.Nil) {
+		return fmt.Errorf("redis read of %s: %w", s.Key, err)
+	}
+	if err := s.setTTL(ttl.Val()); err != nil {
+		return err
+	}
+	var f map[string]string
+	if fields != nil {
+		f = fields.Val()
+	}
+	stored, _ := strconv.ParseInt(f["s"], 10, 64)
+	c, _ := strconv.ParseInt(f["c"], 10, 64)
+	if z.Algorithm == FixedWindow {
+		start, end := z.WindowAt(time.UnixMicro(now))
+		s.WindowStart, s.WindowEnd = start, end
+		mark, count, ok := strings.Cut(value.Val(), ":")
+		if n, err := strconv.ParseInt(count, 10, 64); ok && err == nil && mark == windowMark(start.UnixMicro()) {
+			s.Count = n
+		}
+		s.Remaining = max(0, z.Limit-s.Count)
+		if s.Remaining < 1 {
+			s.RetryAfter = time.Duration(end.UnixMicro()-now) * time.Microsecond
+		}
+		return nil
+	}
+	w := z.Window.Microseconds()
+	start := now - now%w
+	var cur, prev int64
+	switch stored {
+	case start:
+		cur = c
+		prev, _ = strconv.ParseInt(f["p"], 10, 64)
+	case start - w:
+		prev = c
+	}
+	elapsed := float64(now - start)
+	s.Count = cur
+	s.Estimate = float64(prev)*(float64(w)-elapsed)/float64(w) + float64(cur)
+	s.Remaining = max(0, int64(math.Floor(float64(z.Limit)-s.Estimate+tokenEpsilon)))
+	if s.Remaining < 1 {
+		// As decide.lua's when(limit - 1): the previous window's weight falls within this
+		// window, the current count's within the next.
+		target := float64(z.Limit - 1)
+		var us float64
+		if float64(cur) <= target+tokenEpsilon {
+			us = math.Ceil(float64(w)*(1-(target-float64(cur))/float64(prev))) - elapsed
+		} else {
+			us = float64(w) - elapsed + math.Ceil(float64(w)*(1-target/float64(cur)))
+		}
+		s.RetryAfter = time.Duration(max(1, us)) * time.Microsecond
+	}
+	return nil
+}
+
+// windowMark is decide.lua's window_mark: a fixed window's start (µs) as stored with its count.
+func windowMark(start int64) string {
+	if start%1e6 == 0 {
+		return strconv.FormatInt(start/1e6, 10)
+	}
+	return strconv.FormatFloat(float64(start)/1e6, 'f', 6, 64)
 }
 
 // setTTL records PTTL's reply: -2 (no key), -1 (no expiry) or the time to live.

@@ -19,7 +19,57 @@ const (
 	// SlidingWindow is the sliding window log: a request taking cost slots is admitted iff the
 	// requests admitted in the last Window plus cost are at most Limit.
 	SlidingWindow
+	// FixedWindow: one counter per client and window, the window a Window duration (aligned to
+	// the Unix epoch) or a calendar Period in Location; a request taking cost is admitted iff the
+	// window's count plus cost is at most Limit. The count starts at 0 when the window does.
+	FixedWindow
+	// SlidingWindowCounter approximates the sliding window log in constant memory: the current
+	// fixed window's count plus the previous window's count weighted by the share of the previous
+	// window still inside the sliding window (Window long, ending now); a request taking cost is
+	// admitted iff that estimate plus cost is at most Limit. It assumes the previous window's
+	// requests were spread evenly: when they were not, the sliding window ending now can hold up
+	// to 2 × Limit admitted requests (never more than Limit in one fixed window).
+	SlidingWindowCounter
 )
+
+// Period is a fixed window zone's calendar period.
+type Period uint8
+
+// The calendar periods of a fixed window zone. Each starts at the start of its hour, day, week
+// (Monday) or month in the zone's Location.
+const (
+	NoPeriod Period = iota
+	Hour
+	Day
+	Week
+	Month
+)
+
+// ParsePeriod returns the period named s: "hour", "day", "week" or "month".
+func ParsePeriod(s string) (Period, error) {
+	switch s {
+	case "hour":
+		return Hour, nil
+	case "day":
+		return Day, nil
+	case "week":
+		return Week, nil
+	case "month":
+		return Month, nil
+	}
+	return NoPeriod, fmt.Errorf("period %q must be hour, day, week or month", s)
+}
+
+// String returns the period's configuration name.
+func (p Period) String() string {
+	return [...]string{"", "hour", "day", "week", "month"}[min(int(p), 4)]
+}
+
+// nominal is the period's usual length: what RateLimit-Policy advertises as its window (a month
+// as 30 days; a day of a daylight saving change as 24 hours).
+func (p Period) nominal() time.Duration {
+	return [...]time.Duration{0, time.Hour, 24 * time.Hour, 7 * 24 * time.Hour, 30 * 24 * time.Hour}[min(int(p), 4)]
+}
 
 // Bounds of zone parameters. They keep every number exact in Lua's doubles, every TTL within
 // what Redis accepts, and a sliding window log (one sorted set entry per admitted slot) bounded.
@@ -31,36 +81,45 @@ const (
 	MaxZoneNameBytes = 64
 )
 
-// ParseAlgorithm returns the algorithm named s: "token_bucket" or "sliding_window".
+// algorithms are the algorithms' configuration names and Redis key tags, by Algorithm.
+var algorithms = [...]struct{ name, tag string }{
+	TokenBucket:          {"token_bucket", "tb"},
+	SlidingWindow:        {"sliding_window", "sw"},
+	FixedWindow:          {"fixed_window", "fw"},
+	SlidingWindowCounter: {"sliding_window_counter", "sc"},
+}
+
+// ParseAlgorithm returns the algorithm named s: "token_bucket", "sliding_window",
+// "fixed_window" or "sliding_window_counter".
 func ParseAlgorithm(s string) (Algorithm, error) {
-	switch s {
-	case "token_bucket":
-		return TokenBucket, nil
-	case "sliding_window":
-		return SlidingWindow, nil
+	for a, v := range algorithms {
+		if a > 0 && v.name == s {
+			return Algorithm(a), nil
+		}
 	}
-	return 0, fmt.Errorf("algorithm %q must be token_bucket or sliding_window", s)
+	return 0, fmt.Errorf("algorithm %q must be token_bucket, sliding_window, fixed_window or sliding_window_counter", s)
 }
 
 // String returns the algorithm's configuration name.
 func (a Algorithm) String() string {
-	switch a {
-	case TokenBucket:
-		return "token_bucket"
-	case SlidingWindow:
-		return "sliding_window"
+	if a > 0 && int(a) < len(algorithms) {
+		return algorithms[a].name
 	}
 	return fmt.Sprintf("Algorithm(%d)", uint8(a))
 }
 
-// tag is the algorithm's suffix in Redis keys, so that changing a zone's algorithm never meets a
-// key of the other type (WRONGTYPE).
+// tag is the algorithm's suffix in Redis keys (and its name in the script's arguments), so that
+// changing a zone's algorithm never meets a key of the other type (WRONGTYPE).
 func (a Algorithm) tag() string {
-	if a == SlidingWindow {
-		return "sw"
+	if a > 0 && int(a) < len(algorithms) {
+		return algorithms[a].tag
 	}
 	return "tb"
 }
+
+// windowed reports whether a counts requests in windows of Limit (every algorithm but the token
+// bucket).
+func (a Algorithm) windowed() bool { return a != TokenBucket }
 
 // Zone is one rate limit's parameters. Only the fields of its Algorithm are used.
 type Zone struct {
@@ -71,10 +130,17 @@ type Zone struct {
 	Capacity int64
 	// RefillRate is the token bucket refill rate in tokens/s (> 0).
 	RefillRate float64
-	// Limit is the sliding window log's requests per Window (1 to MaxLimit).
+	// Limit is the requests per Window (or Period) of the window algorithms (1 to MaxLimit; a
+	// fixed window or sliding window counter up to MaxCapacity: their memory does not grow with it).
 	Limit int64
-	// Window is the sliding window log's length (MinWindow to MaxWindow).
+	// Window is the window's length (MinWindow to MaxWindow). A fixed window zone has a Window or
+	// a Period, not both.
 	Window time.Duration
+	// Period is a fixed window zone's calendar period, in Location (UTC when nil).
+	Period Period
+	// Location is the time zone of Period: a day is the calendar day there, with its daylight
+	// saving changes. nil: UTC.
+	Location *time.Location
 	// MaxCost is the largest cost a request may take (1 to Quota); a request of a larger cost can
 	// never be admitted (Redis is asked for the state, and charges nothing). 0: the quota.
 	MaxCost int64
@@ -114,15 +180,31 @@ func (z *Zone) Validate() error {
 		if z.Limit != 0 || z.Window != 0 {
 			return fmt.Errorf("zone %s: limit and window belong to algorithm sliding_window, not token_bucket", z.Name)
 		}
-	case SlidingWindow:
-		if z.Limit < 1 || z.Limit > MaxLimit {
-			return fmt.Errorf("zone %s: limit %d must be between 1 and %d", z.Name, z.Limit, MaxLimit)
+		if z.Period != NoPeriod || z.Location != nil {
+			return fmt.Errorf("zone %s: period and time_zone belong to algorithm fixed_window, not token_bucket", z.Name)
 		}
-		if z.Window < MinWindow || z.Window > MaxWindow {
+	case SlidingWindow, FixedWindow, SlidingWindowCounter:
+		maxLimit := int64(MaxCapacity) // a counter: memory does not grow with the limit
+		if z.Algorithm == SlidingWindow {
+			maxLimit = MaxLimit // one sorted set entry per admitted unit
+		}
+		if z.Limit < 1 || z.Limit > maxLimit {
+			return fmt.Errorf("zone %s: limit %d must be between 1 and %d", z.Name, z.Limit, maxLimit)
+		}
+		switch {
+		case z.Period != NoPeriod && z.Algorithm != FixedWindow:
+			return fmt.Errorf("zone %s: period belongs to algorithm fixed_window, not %s", z.Name, z.Algorithm)
+		case z.Period != NoPeriod && z.Window != 0:
+			return fmt.Errorf("zone %s: a fixed_window zone has a window or a period, not both", z.Name)
+		case z.Period > Month:
+			return fmt.Errorf("zone %s: unknown period %d", z.Name, z.Period)
+		case z.Period == NoPeriod && (z.Window < MinWindow || z.Window > MaxWindow):
 			return fmt.Errorf("zone %s: window %v must be between %v and %v", z.Name, z.Window, MinWindow, MaxWindow)
+		case z.Location != nil && z.Period == NoPeriod:
+			return fmt.Errorf("zone %s: time_zone applies to a period", z.Name)
 		}
 		if z.Capacity != 0 || z.RefillRate != 0 {
-			return fmt.Errorf("zone %s: capacity and refill_rate belong to algorithm token_bucket, not sliding_window", z.Name)
+			return fmt.Errorf("zone %s: capacity and refill_rate belong to algorithm token_bucket, not %s", z.Name, z.Algorithm)
 		}
 	default:
 		return fmt.Errorf("zone %s: unknown algorithm %v", z.Name, z.Algorithm)
@@ -133,21 +215,60 @@ func (z *Zone) Validate() error {
 	return nil
 }
 
-// Quota is the most a zone admits at once: the token bucket's Capacity or the sliding window's
-// Limit. A request whose cost exceeds it can never be admitted.
+// Quota is the most a zone admits at once: the token bucket's Capacity or the window
+// algorithms' Limit. A request whose cost exceeds it can never be admitted.
 func (z *Zone) Quota() int64 {
-	if z.Algorithm == SlidingWindow {
+	if z.Algorithm.windowed() {
 		return z.Limit
 	}
 	return z.Capacity
 }
 
-// PolicyWindow is the time over which Quota applies: the sliding window's Window, or the time a
-// token bucket takes to refill from empty (Capacity / RefillRate). It is the `w` of the IETF
-// RateLimit-Policy header.
+// PolicyWindow is the time over which Quota applies: the window, a period's nominal length (a
+// month as 30 days), or the time a token bucket takes to refill from empty (Capacity /
+// RefillRate). It is the `w` of the IETF RateLimit-Policy header.
 func (z *Zone) PolicyWindow() time.Duration {
-	if z.Algorithm == SlidingWindow {
+	switch {
+	case z.Period != NoPeriod:
+		return z.Period.nominal()
+	case z.Algorithm.windowed():
 		return z.Window
 	}
 	return time.Duration(float64(z.Capacity) / z.RefillRate * float64(time.Second))
+}
+
+// WindowAt returns the fixed window of a fixed window zone that holds t: [start, end). A Window
+// is aligned to the Unix epoch; a Period starts at the start of its hour, day, week (Monday) or
+// month in Location (UTC when nil), so a day of a daylight saving change is 23 or 25 hours
+// long, and a month as long as it is.
+func (z *Zone) WindowAt(t time.Time) (start, end time.Time) {
+	if z.Period == NoPeriod {
+		w := z.Window.Microseconds()
+		us := t.UnixMicro()
+		s := us - ((us%w)+w)%w
+		return time.UnixMicro(s), time.UnixMicro(s + w)
+	}
+	loc := z.Location
+	if loc == nil {
+		loc = time.UTC
+	}
+	t = t.In(loc)
+	y, mo, d := t.Date()
+	switch z.Period {
+	case Hour:
+		// The hour starts where the local clock reads :00. In the hour a daylight saving change
+		// repeats, time.Date gives the first of the two: step to the one that holds t.
+		start = time.Date(y, mo, d, t.Hour(), 0, 0, 0, loc)
+		for !t.Before(start.Add(time.Hour)) {
+			start = start.Add(time.Hour)
+		}
+		return start, start.Add(time.Hour)
+	case Day:
+		return time.Date(y, mo, d, 0, 0, 0, 0, loc), time.Date(y, mo, d+1, 0, 0, 0, 0, loc)
+	case Week:
+		back := (int(t.Weekday()) + 6) % 7 // days since Monday
+		return time.Date(y, mo, d-back, 0, 0, 0, 0, loc), time.Date(y, mo, d-back+7, 0, 0, 0, 0, loc)
+	default: // Month
+		return time.Date(y, mo, 1, 0, 0, 0, 0, loc), time.Date(y, mo+1, 1, 0, 0, 0, 0, loc)
+	}
 }

@@ -23,6 +23,14 @@
 -- Sliding window log zone: a sorted set of admitted request units scored by time (µs), members
 -- "<nonce>:<n>". It admits a request iff (units younger than the window) + cost <= limit.
 --
+-- Fixed window zone: a string "<window start>:<count>", the start in seconds since the epoch
+-- (with µs when not whole); a count of another window is a count of 0. It admits a request iff
+-- count + cost <= limit. The key lives until a second past the window's end.
+--
+-- Sliding window counter zone: a hash { s = the current window's start (µs, windows aligned to
+-- the epoch), c = its count, p = the previous window's count }. It admits a request iff
+-- p * (share of the previous window still inside the sliding window) + c + cost <= limit.
+--
 -- KEYS[i]  the state key of zone i: `<prefix>{<client key>}:<zone>:tb` (hash) or `…:sw` (sorted set).
 -- ARGV[1]  now, in µs since the Unix epoch, or "" to read the Redis server clock (TIME).
 -- ARGV[2]  a nonce unique to this call (across instances and calls): sliding window members are
@@ -30,9 +38,12 @@
 --          what this call added.
 -- ARGV[3]  "1": take token bucket charges as holds (see settle.lua); "0": charge them.
 -- Then 4 arguments per zone i, starting at ARGV[4 + 4*(i-1)]:
---   algorithm  "tb" (token bucket) or "sw" (sliding window log)
---   quota      tb: capacity (tokens); sw: limit (requests per window)
---   rate       tb: refill rate (tokens/s, float > 0); sw: window (µs, integer > 0)
+--   algorithm  "tb" (token bucket), "sw" (sliding window log), "fw" (fixed window) or "sc"
+--              (sliding window counter)
+--   quota      tb: capacity (tokens); sw, fw, sc: limit (requests per window)
+--   rate       tb: refill rate (tokens/s, float > 0); sw, sc: window (µs, integer > 0);
+--              fw: "b0,b1,b2,b3" (µs): the windows [b0,b1), [b1,b2), [b2,b3) around the
+--              instance's clock, of which the one holding now is used
 --   cost       tokens or window slots this request takes (integer >= 1)
 --
 -- Reply: an array of integers: { allowed, then per zone i: allowed_i, remaining_i,
@@ -45,7 +56,8 @@
 --                  meaningless when cost > quota (it never will)
 --   reset_i        µs until zone i is back to its full quota
 --   next_i         µs until zone i has at least one more whole unit than remaining_i (the
---                  next token, or the oldest window entry leaving); 0 when it is full; 1 when
+--                  next token, the oldest window entry leaving, the fixed window's end, the
+--                  counter's estimate falling by one); 0 when it is full; 1 when
 --                  only holds deny the request (a release may come at any moment)
 --
 -- Expiry: every admitting write sets a TTL (a bucket expires when u has drained to 0, a window
@@ -73,6 +85,14 @@ local function wait(tokens, want, rate)
   local us = math.ceil((want - tokens) * 1000000 / rate)
   while tokens + us * rate / 1000000 + EPSILON < want do us = us + 1 end
   return us
+end
+
+-- A fixed window's start as stored with its count: seconds since the Unix epoch, with the µs
+-- only when the window does not start on a whole second (a short value: one small string per
+-- client).
+local function window_mark(start)
+  if start % 1000000 == 0 then return string.format('%d', start / 1000000) end
+  return string.format('%.6f', start / 1000000)
 end
 
 local n = #KEYS
@@ -142,7 +162,7 @@ for i = 1, n do
     if not ok and held > 0 and tokens + held + EPSILON >= cost then
       nxt = 1 -- denied by holds that settle.lua may release at any moment: nothing to cache
     end
-  else
+  elseif algo == 'sw' then
     -- The window is (now - window, now]: entries scored at or before now - window have left it.
     local from = '(' .. string.format('%d', now - rate)
     local count = redis.call('ZCOUNT', key, from, '+inf')
@@ -177,6 +197,69 @@ for i = 1, n do
         reset = 0
       end
     end
+  elseif algo == 'fw' then
+    -- rate is "b0,b1,b2,b3": the windows [b0,b1), [b1,b2), [b2,b3) around the instance's clock.
+    local b = {}
+    for x in string.gmatch(ARGV[base + 2], '%d+') do b[#b + 1] = tonumber(x) end
+    local start, stop = b[2], b[3]
+    if now < b[2] then start, stop = b[1], b[2] elseif now >= b[3] then start, stop = b[3], b[4] end
+    local mark = window_mark(start)
+    local count = 0
+    local v = redis.call('GET', key)
+    if v then
+      local m, c = string.match(v, '^([%d.]+):(%d+)$')
+      if m == mark then count = tonumber(c) end
+    end
+    local left = math.max(1, stop - now)
+    reset = left
+    if count + cost <= quota then
+      ok = true
+      remaining = quota - count - cost
+      retry = 0
+      nxt = left
+      writes[#writes + 1] = { 'fw', key, mark, count + cost, left }
+    else
+      ok = false
+      remaining = math.max(0, quota - count)
+      retry = left -- cost > quota: never; reported as the window's end
+      if count > 0 then nxt = left else nxt = 0 end
+    end
+  else
+    -- Sliding window counter: windows of `rate` µs aligned to the epoch; s is the current
+    -- window's start, c its count, p the previous window's count.
+    local start = now - now % rate
+    local v = redis.call('HMGET', key, 's', 'c', 'p')
+    local s, cur, prev = tonumber(v[1]), 0, 0
+    if s == start then
+      cur, prev = tonumber(v[2]) or 0, tonumber(v[3]) or 0
+    elseif s == start - rate then
+      prev = tonumber(v[2]) or 0
+    end
+    local elapsed = now - start
+    local function estimate() return prev * (rate - elapsed) / rate + cur end
+    -- µs until the estimate is at most target, if nothing more is admitted: the previous
+    -- window's weight falls to 0 at the end of this window; the current count becomes the
+    -- previous one then, and falls to 0 at the end of the next.
+    local function when(target)
+      if estimate() <= target + EPSILON then return 0 end
+      if cur <= target + EPSILON then
+        return math.max(1, math.ceil(rate * (1 - (target - cur) / prev)) - elapsed)
+      end
+      return math.max(1, rate - elapsed + math.ceil(rate * (1 - target / cur)))
+    end
+    if estimate() + cost <= quota + EPSILON then
+      ok = true
+      retry = 0
+      cur = cur + cost
+      writes[#writes + 1] = { 'sc', key, start, cur, prev, 2 * rate - elapsed }
+    else
+      ok = false
+      if cost <= quota then retry = when(quota - cost) else retry = rate end
+    end
+    local est = estimate()
+    remaining = math.max(0, math.floor(quota - est + EPSILON))
+    reset = when(0)
+    if est <= EPSILON then nxt = 0 else nxt = when(math.max(0, quota - remaining - 1)) end
   end
 
   if not ok then reply[1] = 0 end
@@ -218,6 +301,13 @@ for _, w in ipairs(writes) do
     local ttl = math.ceil(used / rate * 1000)
     if held > 0 then ttl = ttl + HOLD_MAX / 1000 + 1000 end
     redis.call('PEXPIRE', key, math.max(1, ttl))
+  elseif w[1] == 'fw' then
+    -- Kept a second past the window's end, so that a clock a little behind still finds it.
+    redis.call('SET', w[2], w[3] .. ':' .. string.format('%d', w[4]), 'PX', math.ceil(w[5] / 1000) + 1000)
+  elseif w[1] == 'sc' then
+    redis.call('HSET', w[2], 's', string.format('%d', w[3]), 'c', string.format('%d', w[4]),
+      'p', string.format('%d', w[5]))
+    redis.call('PEXPIRE', w[2], math.ceil(w[6] / 1000))
   else
     local key, cost, window = w[2], w[3], w[4]
     redis.call('ZREMRANGEBYSCORE', key, '-inf', now - window)
