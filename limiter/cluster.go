@@ -99,10 +99,12 @@ func (l *Limiter) settle(ctx context.Context, charged []*call, commit bool) {
 	}
 	settles := make([]*call, 0, len(charged))
 	for _, c := range charged {
-		if commit && !slices.Contains(c.args[3:], any("tb")) {
+		if commit && !slices.Contains(c.args[4:], any("tb")) {
 			continue // a sliding window keeps its entries: nothing to commit
 		}
-		args := append([]any{now, c.args[1], mode}, c.args[3:]...) // the same nonce, zones and costs
+		// decide.lua's arguments were now, nonce, hold, n, then the zones: settle.lua takes
+		// now, the same nonce, the mode, then the same zones and costs.
+		args := append([]any{now, c.args[1], mode}, c.args[4:]...)
 		settles = append(settles, &call{keys: c.keys, args: args})
 	}
 	evalEach(ctx, l.rdb, settleScript, settles)

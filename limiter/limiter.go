@@ -243,28 +243,22 @@ func decodeResult(reply any, err error, n int) (bool, []zoneReply, error) {
 	return decodeReply(reply, n)
 }
 
-// run is one round trip of the decide script. A panic while reading the reply (go-redis
-// allocates whatever array length a reply declares, and panics on an absurd one) is returned as
-// ErrBadResponse.
-func (l *Limiter) run(ctx context.Context, keys []string, args []any) (reply any, err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			reply, err = nil, fmt.Errorf("%w: reading the reply panicked: %v", ErrBadResponse, r)
-		}
-	}()
-	return decideScript.Run(ctx, l.rdb, keys, args...).Result()
+// run is one round trip of the decide script: runScript.
+func (l *Limiter) run(ctx context.Context, keys []string, args []any) (any, error) {
+	return runScript(ctx, l.rdb, decideScript, keys, args)
 }
 
-// scriptArgs returns decide.lua's ARGV for reqs: the time (or "" for Redis TIME), a nonce
-// unique to the call, whether to take token bucket charges as holds, then algorithm, quota, rate
-// and cost per zone. A cost above the zone's MaxCost is sent as twice the quota: above the quota
+// scriptArgs returns decide.lua's ARGV for the decision of reqs: the time (or "" for Redis
+// TIME), then the decision's nonce, whether to take token bucket charges as holds, its number of
+// zones, and algorithm, quota, rate and cost per zone. (A Pipeline merges the decisions of a
+// batch into one call: mergeCalls.) A cost above the zone's MaxCost is sent as twice the quota: above the quota
 // and exact in Lua's doubles (a cost of 2^53+1 became 2^53 there, and passed a bucket of 2^53),
 // so the request is denied and nothing charged, and the script's wait for it stays a number
 // Redis can return (a cost near 2^63 took the token bucket's retry after beyond int64: a
 // bad_response, which failed open and counted towards the circuit breaker). A sliding window
 // never adds more entries than MaxCost.
 func (l *Limiter) scriptArgs(reqs []Request, hold bool) []any {
-	args := make([]any, 3, 3+4*len(reqs))
+	args := make([]any, 4, 4+4*len(reqs))
 	ref := l.clock()
 	if l.now != nil {
 		args[0] = ref.UnixMicro()
@@ -276,6 +270,7 @@ func (l *Limiter) scriptArgs(reqs []Request, hold bool) []any {
 	if hold {
 		args[2] = "1"
 	}
+	args[3] = len(reqs)
 	for _, r := range reqs {
 		cost := r.Cost
 		if unsatisfiable(r) {
@@ -333,7 +328,8 @@ func decodeReply(reply any, n int) (bool, []zoneReply, error) {
 	if len(arr) != 1+replyWidth*n {
 		return false, nil, fmt.Errorf("%w: got %d values, want %d", ErrBadResponse, len(arr), 1+replyWidth*n)
 	}
-	ints := make([]int64, len(arr))
+	var ints [1 + replyWidth]int64 // the decision's allowed, then one zone's values at a time
+	zones := make([]zoneReply, n)
 	for i, v := range arr {
 		x, ok := v.(int64)
 		if !ok {
@@ -342,12 +338,14 @@ func decodeReply(reply any, n int) (bool, []zoneReply, error) {
 		if x < 0 || ((i == 0 || i%replyWidth == 1) && x > 1) {
 			return false, nil, fmt.Errorf("%w: value %d is %d, out of range", ErrBadResponse, i, x)
 		}
-		ints[i] = x
-	}
-	zones := make([]zoneReply, n)
-	for i := range zones {
-		v := ints[1+replyWidth*i:]
-		zones[i] = zoneReply{allowed: v[0] == 1, remaining: v[1], retryAfter: v[2], reset: v[3], next: v[4]}
+		if i == 0 {
+			ints[0] = x
+			continue
+		}
+		ints[1+(i-1)%replyWidth] = x
+		if (i-1)%replyWidth == replyWidth-1 {
+			zones[(i-1)/replyWidth] = zoneReply{allowed: ints[1] == 1, remaining: ints[2], retryAfter: ints[3], reset: ints[4], next: ints[5]}
+		}
 	}
 	return ints[0] == 1, zones, nil
 }

@@ -418,3 +418,87 @@ func TestPipelineScriptFlushAndStall(t *testing.T) {
 		}
 	}
 }
+
+// batchSizes is a go-redis hook that records how many decisions each decide.lua call carried
+// (one zone per decision in TestBatchesAreExact: the number of keys).
+type batchSizes struct {
+	mu    sync.Mutex
+	sizes []int
+}
+
+func (h *batchSizes) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *batchSizes) record(cmd redis.Cmder) {
+	if a := cmd.Args(); len(a) > 2 && (a[0] == "evalsha" || a[0] == "eval") {
+		n, _ := strconv.Atoi(fmt.Sprint(a[2]))
+		h.mu.Lock()
+		h.sizes = append(h.sizes, n)
+		h.mu.Unlock()
+	}
+}
+func (h *batchSizes) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error { h.record(cmd); return next(ctx, cmd) }
+}
+func (h *batchSizes) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, c := range cmds {
+			h.record(c)
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// TestBatchesAreExact: 2,000 concurrent decisions for 50 clients through one Pipeline share
+// script calls (some carry 10 decisions or more: batching is measured, not assumed), and each
+// client gets exactly its capacity, for every algorithm.
+func TestBatchesAreExact(t *testing.T) {
+	srv := redistest.Start(t)
+	noRefill := 20 / (limiter.MaxWindow.Seconds() / 2)
+	for _, z := range []*limiter.Zone{tb("bucket", 20, noRefill), sw("window", 20, time.Hour), fw("fixed", 20, limiter.Month, nil), sc("counter", 20, time.Hour)} {
+		t.Run(z.Name, func(t *testing.T) {
+			rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 8, ContextTimeoutEnabled: true})
+			t.Cleanup(func() { _ = rdb.Close() })
+			sizes := &batchSizes{}
+			rdb.AddHook(sizes)
+			p := limiter.NewPipeline(rdb, 2)
+			t.Cleanup(p.Close)
+			l := limiter.New(rdb, limiter.Options{KeyPrefix: "rl:", Pipeline: p})
+			admitted := make([]atomic.Int64, 50)
+			var failed atomic.Int64
+			var wg sync.WaitGroup
+			start := make(chan struct{})
+			for i := range 2000 {
+				wg.Go(func() {
+					<-start
+					d, err := l.Allow(context.Background(), []limiter.Request{{Zone: z, Key: "client-" + strconv.Itoa(i%50), Cost: 1}})
+					if err != nil {
+						failed.Add(1)
+					} else if d.Allowed {
+						admitted[i%50].Add(1)
+					}
+				})
+			}
+			close(start)
+			wg.Wait()
+			if failed.Load() > 0 {
+				t.Fatalf("%d decisions failed", failed.Load())
+			}
+			for c := range admitted {
+				if n := admitted[c].Load(); n != 20 {
+					t.Fatalf("client-%d: %d admitted, want exactly its capacity 20", c, n)
+				}
+			}
+			big, most := 0, 0
+			for _, n := range sizes.sizes {
+				most = max(most, n)
+				if n >= 10 {
+					big++
+				}
+			}
+			t.Logf("%d decisions in %d script calls (%.1f per call); %d calls carried 10 or more, the largest %d",
+				2000, len(sizes.sizes), 2000/float64(len(sizes.sizes)), big, most)
+			if big == 0 {
+				t.Fatalf("no script call carried 10 decisions or more (largest %d): no batching", most)
+			}
+		})
+	}
+}

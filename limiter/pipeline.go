@@ -19,6 +19,14 @@ type Pipeliner interface {
 	Pipeline() redis.Pipeliner
 }
 
+// Batcher is what a Pipeline needs of a client: scripts, and go-redis pipelines (on Redis
+// Cluster, a batch is one script call per hash slot, all in one pipeline). *redis.Client,
+// *redis.ClusterClient and redis.UniversalClient have it.
+type Batcher interface {
+	redis.Scripter
+	Pipeliner
+}
+
 // call is one decision waiting for its script reply.
 type call struct {
 	keys  []string
@@ -29,32 +37,38 @@ type call struct {
 	err   error
 }
 
-// Pipeline sends concurrent decisions to Redis in pipelines, with at most `slots` round trips
+// Pipeline sends concurrent decisions to Redis in batches, with at most `slots` round trips
 // under way. A decision that finds a slot free is sent at once from its own goroutine (no
 // hand-off), together with the decisions waiting in the queue (up to 128 in all); one that finds
 // every slot taken waits in the queue for the next round trip. So with one decision at a time it
-// is a plain round trip, and under load many decisions share a round trip and its two system
-// calls. Each decision is still one EVALSHA (EVAL after NOSCRIPT) of its own: batching changes
-// the wire, not the count. A Pipeline may serve any number of Limiters (Options.Pipeline) and
-// outlive them; it is safe for concurrent use.
+// is a plain round trip, and under load many decisions share a round trip, its two system calls
+// and ONE script call: decide.lua decides a batch of decisions in order, each all-or-nothing, in
+// one EVALSHA (EVAL after NOSCRIPT). On Redis Cluster a batch is one script call per hash slot,
+// all in one go-redis pipeline (one round trip per node). Why 4 round trips under way and 128
+// decisions at most: see NewPipeline's caller (the handler's shared client) and `make bench`. A
+// Pipeline may serve any number of Limiters (Options.Pipeline) and outlive them; it is safe for
+// concurrent use.
 type Pipeline struct {
-	rdb    Pipeliner
-	slots  chan struct{} // one token per round trip under way
-	queue  chan *call    // decisions waiting for a slot
-	stop   chan struct{}
-	closed sync.Once
+	rdb     Batcher
+	cluster bool          // rdb is a Redis Cluster client: a batch is split by hash slot
+	slots   chan struct{} // one token per round trip under way
+	queue   chan *call    // decisions waiting for a slot
+	stop    chan struct{}
+	closed  sync.Once
 }
 
 // NewPipeline returns a Pipeline sending through rdb with at most slots (at least 1) round
 // trips under way. A decision's round trip runs on its caller's goroutine when a slot is free,
 // so rdb must bound socket reads and writes by the context's deadline (go-redis:
 // ContextTimeoutEnabled), or a stalled Redis holds the caller for rdb's own timeouts.
-func NewPipeline(rdb Pipeliner, slots int) *Pipeline {
+func NewPipeline(rdb Batcher, slots int) *Pipeline {
+	_, cluster := rdb.(*redis.ClusterClient)
 	return &Pipeline{
-		rdb:   rdb,
-		slots: make(chan struct{}, max(slots, 1)),
-		queue: make(chan *call, 4*maxBatch),
-		stop:  make(chan struct{}),
+		rdb:     rdb,
+		cluster: cluster,
+		slots:   make(chan struct{}, max(slots, 1)),
+		queue:   make(chan *call, 4*maxBatch),
+		stop:    make(chan struct{}),
 	}
 }
 
@@ -145,17 +159,114 @@ func (c *call) appendTo(batch []*call) []*call {
 	return append(batch, c)
 }
 
-// send runs the batch's scripts in one pipeline (see evalBatch) and hands each call its reply.
-// The pipeline's deadline is the latest of the calls'. A panic while reading replies fails the
-// batch with ErrBadResponse instead of killing the process: this goroutine is not a request's, so
-// nothing else would recover it.
+// send decides the batch with one decide.lua call (one per hash slot on Redis Cluster) and hands
+// each call its part of the reply. The batch's deadline is the latest of the calls'. A panic
+// while reading replies fails the batch with ErrBadResponse instead of killing the process: this
+// goroutine is not a request's, so nothing else would recover it.
 func (b *Pipeline) send(batch []*call) {
 	ctx, cancel := batchContext(batch)
 	defer cancel()
-	evalBatch(ctx, b.rdb, decideScript, batch)
+	if !b.cluster {
+		merged := mergeCalls(batch)
+		merged.reply, merged.err = runScript(ctx, b.rdb, decideScript, merged.keys, merged.args)
+		merged.split(batch)
+	} else {
+		groups := bySlot(batch)
+		merged := make([]*call, len(groups))
+		for i, g := range groups {
+			merged[i] = mergeCalls(g)
+		}
+		evalBatch(ctx, b.rdb, decideScript, merged)
+		for i, g := range groups {
+			merged[i].split(g)
+		}
+	}
 	for _, c := range batch {
 		close(c.done)
 	}
+}
+
+// mergeCalls returns the one decide.lua call that decides calls in order: their keys one after
+// the other, and their arguments after one time (the first call's: "" for the Redis clock).
+func mergeCalls(calls []*call) *call {
+	if len(calls) == 1 {
+		return calls[0] // split then leaves its reply as it is
+	}
+	nk, na := 0, 1
+	for _, c := range calls {
+		nk += len(c.keys)
+		na += len(c.args) - 1
+	}
+	m := &call{keys: make([]string, 0, nk), args: make([]any, 1, na)}
+	m.args[0] = calls[0].args[0]
+	for _, c := range calls {
+		m.keys = append(m.keys, c.keys...)
+		m.args = append(m.args, c.args[1:]...)
+	}
+	return m
+}
+
+// split hands each of calls (the calls merged into m, in order) its part of m's reply: 1 + 5n
+// values for a call of n zones. Every call gets m's error, or ErrBadResponse when the reply is
+// not an array of exactly their lengths.
+func (m *call) split(calls []*call) {
+	if m.err != nil {
+		for _, c := range calls {
+			c.reply, c.err = nil, m.err
+		}
+		return
+	}
+	arr, ok := m.reply.([]any)
+	want := 0
+	for _, c := range calls {
+		want += 1 + replyWidth*len(c.keys)
+	}
+	if !ok || len(arr) != want {
+		err := fmt.Errorf("%w: a batch of %d decisions got %T of %d values, want %d", ErrBadResponse, len(calls), m.reply, len(arr), want)
+		for _, c := range calls {
+			c.reply, c.err = nil, err
+		}
+		return
+	}
+	off := 0
+	for _, c := range calls {
+		w := 1 + replyWidth*len(c.keys)
+		c.reply, c.err = arr[off:off+w:off+w], nil
+		off += w
+	}
+}
+
+// bySlot groups calls by the hash slot of their keys (each call's keys share one), in order of
+// first appearance, keeping each group's calls in order.
+func bySlot(calls []*call) [][]*call {
+	if len(calls) == 1 {
+		return [][]*call{calls}
+	}
+	var groups [][]*call
+	index := make(map[int]int, len(calls))
+	for _, c := range calls {
+		s := hashSlot(c.keys[0])
+		g, ok := index[s]
+		if !ok {
+			g = len(groups)
+			index[s] = g
+			groups = append(groups, nil)
+		}
+		groups[g] = append(groups[g], c)
+	}
+	return groups
+}
+
+// runScript runs script once (EVALSHA, EVAL after NOSCRIPT). A panic while reading the reply
+// (go-redis allocates whatever array length a reply declares, and panics on an absurd one) is
+// returned as ErrBadResponse.
+func runScript(ctx context.Context, rdb redis.Scripter, script *redis.Script, keys []string, args []any) (reply any, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			reply, err = nil, fmt.Errorf("%w: reading the reply panicked: %v", ErrBadResponse, r)
+		}
+	}()
+	return script.Run(ctx, rdb, keys, args...).Result()
 }
 
 // evalBatch runs script for every call in one go-redis pipeline (a second one for
@@ -208,6 +319,11 @@ func evalBatch(ctx context.Context, rdb Pipeliner, script *redis.Script, batch [
 // batchContext has the latest deadline of the batch's calls (none if one has none), so that no
 // call's reply is cut short by another's shorter deadline, and none waits forever.
 func batchContext(batch []*call) (context.Context, context.CancelFunc) {
+	if len(batch) == 1 {
+		// A decision alone: its own context, no timer of the batch's. Its end (the request gone)
+		// then ends the round trip too; the decision is not counted as a Redis failure then.
+		return batch[0].ctx, func() {}
+	}
 	var latest time.Time
 	for _, c := range batch {
 		d, ok := c.ctx.Deadline()

@@ -1,5 +1,7 @@
 #!lua
--- decide.lua: admit or deny one request against every zone that applies to it, all-or-nothing.
+-- decide.lua: admit or deny a batch of requests, each against every zone that applies to it,
+-- each all-or-nothing, in order: one script call (one EVALSHA) for all the decisions that share a
+-- round trip, so that Redis pays the call's overhead once for the batch.
 --
 -- The shebang declares no flags: the script may write, and without `allow-oom` Redis refuses the
 -- whole call with an OOM error when it is over `maxmemory`, before anything runs. Nothing is
@@ -31,13 +33,17 @@
 -- the epoch), c = its count, p = the previous window's count }. It admits a request iff
 -- p * (share of the previous window still inside the sliding window) + c + cost <= limit.
 --
--- KEYS[i]  the state key of zone i: `<prefix>{<client key>}:<zone>:tb` (hash) or `…:sw` (sorted set).
--- ARGV[1]  now, in µs since the Unix epoch, or "" to read the Redis server clock (TIME).
--- ARGV[2]  a nonce unique to this call (across instances and calls): sliding window members are
---          "<nonce>:<n>" for n = 1..cost, holds are "h:<nonce>", so settle.lua can find exactly
---          what this call added.
--- ARGV[3]  "1": take token bucket charges as holds (see settle.lua); "0": charge them.
--- Then 4 arguments per zone i, starting at ARGV[4 + 4*(i-1)]:
+-- KEYS     the state keys of every zone of every decision, in order: a decision of n zones takes
+--          the next n keys (`<prefix>{<client key>}:<zone>:<tb|sw|fw|sc>`).
+-- ARGV[1]  now, in µs since the Unix epoch, or "" to read the Redis server clock (TIME); one
+--          time for the whole batch.
+-- Then per decision, in order:
+--   nonce    unique to the decision (across instances and calls): sliding window members are
+--            "<nonce>:<n>" for n = 1..cost, holds are "h:<nonce>", so settle.lua can find
+--            exactly what the decision added
+--   hold     "1": take token bucket charges as holds (see settle.lua); "0": charge them
+--   n        the number of zones
+--   and 4 arguments per zone:
 --   algorithm  "tb" (token bucket), "sw" (sliding window log), "fw" (fixed window) or "sc"
 --              (sliding window counter)
 --   quota      tb: capacity (tokens); sw, fw, sc: limit (requests per window)
@@ -46,8 +52,9 @@
 --              instance's clock, of which the one holding now is used
 --   cost       tokens or window slots this request takes (integer >= 1)
 --
--- Reply: an array of integers: { allowed, then per zone i: allowed_i, remaining_i,
--- retry_after_i, reset_i, next_i }, where
+-- Reply: an array of integers, per decision in order: { allowed, then per zone i: allowed_i,
+-- remaining_i, retry_after_i, reset_i, next_i } (1 + 5n integers for a decision of n zones),
+-- where
 --   allowed        1 if every zone admits the request (and all were charged), else 0
 --   allowed_i      1 if zone i alone would admit the request, else 0
 --   remaining_i    whole tokens (tb) or slots (sw) left: after this request if zone i alone
@@ -75,8 +82,6 @@ if ARGV[1] == '' then
 else
   now = tonumber(ARGV[1])
 end
-local nonce = ARGV[2]
-local hold = ARGV[3] == '1'
 
 -- µs (whole, rounded up) for a bucket at `tokens` to reach `want`, never less than exact: a
 -- request retried then finds tokens + EPSILON >= want.
@@ -95,233 +100,248 @@ local function window_mark(start)
   return string.format('%.6f', start / 1000000)
 end
 
-local n = #KEYS
-local reply = { 1 }
-local writes = {}
-local denied = {}
+-- decide runs one decision: n zones, whose keys are KEYS[kbase + 1 .. kbase + n] and whose
+-- arguments start at ARGV[abase]. It returns the decision's reply (see above).
+local function decide(nonce, hold, n, kbase, abase)
+  local reply = { 1 }
+  local writes = {}
+  local denied = {}
 
-for i = 1, n do
-  local key = KEYS[i]
-  local base = 4 + 4 * (i - 1)
-  local algo = ARGV[base]
-  local quota = tonumber(ARGV[base + 1])
-  local rate = tonumber(ARGV[base + 2])
-  local cost = tonumber(ARGV[base + 3])
-  local ok, remaining, retry, reset, nxt
+  for i = 1, n do
+    local key = KEYS[kbase + i]
+    local base = abase + 4 * (i - 1)
+    local algo = ARGV[base]
+    local quota = tonumber(ARGV[base + 1])
+    local rate = tonumber(ARGV[base + 2])
+    local cost = tonumber(ARGV[base + 3])
+    local ok, remaining, retry, reset, nxt
 
-  if algo == 'tb' then
-    local v = redis.call('HMGET', key, 'u', 'ts', 't', 'h')
-    local used, ts, held = tonumber(v[1]), tonumber(v[2]), tonumber(v[4]) or 0
-    local t = v[3]
-    if t and string.sub(t, 1, 1) ~= '+' and ts then
-      -- Written last by the previous script: t is the tokens left (of the same capacity) at ts.
-      used = math.max(0, quota - tonumber(t))
-    end
-    if used == nil or ts == nil then
-      used, ts, held = 0, now, 0
-    elseif now > ts then
-      used = math.max(0, used - (now - ts) * rate / 1000000)
-      ts = now
-    end
-    -- now < ts only with `clock local` and skewed instances: keep ts, drain nothing.
-    local holds
-    if held > 0 then
-      -- Commit the holds that settle.lua never settled: a charge stays rather than vanish.
-      holds = {}
-      local all = redis.call('HGETALL', key)
-      held = 0
-      for j = 1, #all, 2 do
-        local f = all[j]
-        if string.sub(f, 1, 2) == 'h:' then
-          local c, at = string.match(all[j + 1], '^(%d+)@(%d+)$')
-          c, at = tonumber(c), tonumber(at)
-          if c and now - at > HOLD_MAX then
-            used = used + c
-            holds[#holds + 1] = f
-          elseif c then
-            held = held + c
+    if algo == 'tb' then
+      local v = redis.call('HMGET', key, 'u', 'ts', 't', 'h')
+      local used, ts, held = tonumber(v[1]), tonumber(v[2]), tonumber(v[4]) or 0
+      local t = v[3]
+      if t and string.sub(t, 1, 1) ~= '+' and ts then
+        -- Written last by the previous script: t is the tokens left (of the same capacity) at ts.
+        used = math.max(0, quota - tonumber(t))
+      end
+      if used == nil or ts == nil then
+        used, ts, held = 0, now, 0
+      elseif now > ts then
+        used = math.max(0, used - (now - ts) * rate / 1000000)
+        ts = now
+      end
+      -- now < ts only with `clock local` and skewed instances: keep ts, drain nothing.
+      local holds
+      if held > 0 then
+        -- Commit the holds that settle.lua never settled: a charge stays rather than vanish.
+        holds = {}
+        local all = redis.call('HGETALL', key)
+        held = 0
+        for j = 1, #all, 2 do
+          local f = all[j]
+          if string.sub(f, 1, 2) == 'h:' then
+            local c, at = string.match(all[j + 1], '^(%d+)@(%d+)$')
+            c, at = tonumber(c), tonumber(at)
+            if c and now - at > HOLD_MAX then
+              used = used + c
+              holds[#holds + 1] = f
+            elseif c then
+              held = held + c
+            end
           end
         end
       end
-    end
-    local tokens = quota - used - held
-    if tokens + EPSILON >= cost then
-      ok = true
-      retry = 0
-      tokens = tokens - cost
-      writes[#writes + 1] = { 'tb', key, used, ts, quota, rate, cost, held, holds }
-    else
-      ok = false
-      retry = wait(tokens, cost, rate)
-      denied[#denied + 1] = { key, math.max(1, math.ceil((used + held) / rate * 1000)) }
-    end
-    local whole = math.floor(tokens + EPSILON)
-    remaining = math.max(0, whole)
-    reset = wait(tokens, quota, rate)
-    if whole >= quota then nxt = 0 else nxt = wait(tokens, math.max(whole, 0) + 1, rate) end
-    if not ok and held > 0 and tokens + held + EPSILON >= cost then
-      nxt = 1 -- denied by holds that settle.lua may release at any moment: nothing to cache
-    end
-  elseif algo == 'sw' then
-    -- The window is (now - window, now]: entries scored at or before now - window have left it.
-    local from = '(' .. string.format('%d', now - rate)
-    local count = redis.call('ZCOUNT', key, from, '+inf')
-    local oldest = 0
-    if count > 0 then
-      oldest = tonumber(redis.call('ZRANGEBYSCORE', key, from, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)[2])
-    end
-    if count + cost <= quota then
-      ok = true
-      remaining = quota - count - cost
-      retry = 0
-      reset = rate
-      if count > 0 then nxt = math.max(1, oldest + rate - now) else nxt = rate end
-      writes[#writes + 1] = { 'sw', key, cost, rate }
-    else
-      ok = false
-      remaining = math.max(0, quota - count)
-      if count > 0 then nxt = math.max(1, oldest + rate - now) else nxt = 0 end
-      -- The request fits once (count + cost - quota) of the oldest entries have left.
-      local need = count + cost - quota
-      if need <= count then
-        local e = redis.call('ZRANGEBYSCORE', key, from, '+inf', 'WITHSCORES', 'LIMIT', need - 1, 1)
-        retry = math.max(1, tonumber(e[2]) + rate - now)
+      local tokens = quota - used - held
+      if tokens + EPSILON >= cost then
+        ok = true
+        retry = 0
+        tokens = tokens - cost
+        writes[#writes + 1] = { 'tb', key, used, ts, quota, rate, cost, held, holds }
       else
-        retry = rate -- cost > quota: never; reported as one window
+        ok = false
+        retry = wait(tokens, cost, rate)
+        denied[#denied + 1] = { key, math.max(1, math.ceil((used + held) / rate * 1000)) }
       end
+      local whole = math.floor(tokens + EPSILON)
+      remaining = math.max(0, whole)
+      reset = wait(tokens, quota, rate)
+      if whole >= quota then nxt = 0 else nxt = wait(tokens, math.max(whole, 0) + 1, rate) end
+      if not ok and held > 0 and tokens + held + EPSILON >= cost then
+        nxt = 1 -- denied by holds that settle.lua may release at any moment: nothing to cache
+      end
+    elseif algo == 'sw' then
+      -- The window is (now - window, now]: entries scored at or before now - window have left it.
+      local from = '(' .. string.format('%d', now - rate)
+      local count = redis.call('ZCOUNT', key, from, '+inf')
+      local oldest = 0
       if count > 0 then
-        local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-        reset = math.max(0, tonumber(last[2]) + rate - now)
-        denied[#denied + 1] = { key, math.max(1, math.ceil(reset / 1000)) }
+        oldest = tonumber(redis.call('ZRANGEBYSCORE', key, from, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)[2])
+      end
+      if count + cost <= quota then
+        ok = true
+        remaining = quota - count - cost
+        retry = 0
+        reset = rate
+        if count > 0 then nxt = math.max(1, oldest + rate - now) else nxt = rate end
+        writes[#writes + 1] = { 'sw', key, cost, rate }
       else
-        reset = 0
+        ok = false
+        remaining = math.max(0, quota - count)
+        if count > 0 then nxt = math.max(1, oldest + rate - now) else nxt = 0 end
+        -- The request fits once (count + cost - quota) of the oldest entries have left.
+        local need = count + cost - quota
+        if need <= count then
+          local e = redis.call('ZRANGEBYSCORE', key, from, '+inf', 'WITHSCORES', 'LIMIT', need - 1, 1)
+          retry = math.max(1, tonumber(e[2]) + rate - now)
+        else
+          retry = rate -- cost > quota: never; reported as one window
+        end
+        if count > 0 then
+          local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+          reset = math.max(0, tonumber(last[2]) + rate - now)
+          denied[#denied + 1] = { key, math.max(1, math.ceil(reset / 1000)) }
+        else
+          reset = 0
+        end
       end
-    end
-  elseif algo == 'fw' then
-    -- rate is "b0,b1,b2,b3": the windows [b0,b1), [b1,b2), [b2,b3) around the instance's clock.
-    local b = {}
-    for x in string.gmatch(ARGV[base + 2], '%d+') do b[#b + 1] = tonumber(x) end
-    local start, stop = b[2], b[3]
-    if now < b[2] then start, stop = b[1], b[2] elseif now >= b[3] then start, stop = b[3], b[4] end
-    local mark = window_mark(start)
-    local count = 0
-    local v = redis.call('GET', key)
-    if v then
-      local m, c = string.match(v, '^([%d.]+):(%d+)$')
-      if m == mark then count = tonumber(c) end
-    end
-    local left = math.max(1, stop - now)
-    reset = left
-    if count + cost <= quota then
-      ok = true
-      remaining = quota - count - cost
-      retry = 0
-      nxt = left
-      writes[#writes + 1] = { 'fw', key, mark, count + cost, left }
-    else
-      ok = false
-      remaining = math.max(0, quota - count)
-      retry = left -- cost > quota: never; reported as the window's end
-      if count > 0 then nxt = left else nxt = 0 end
-    end
-  else
-    -- Sliding window counter: windows of `rate` µs aligned to the epoch; s is the current
-    -- window's start, c its count, p the previous window's count.
-    local start = now - now % rate
-    local v = redis.call('HMGET', key, 's', 'c', 'p')
-    local s, cur, prev = tonumber(v[1]), 0, 0
-    if s == start then
-      cur, prev = tonumber(v[2]) or 0, tonumber(v[3]) or 0
-    elseif s == start - rate then
-      prev = tonumber(v[2]) or 0
-    end
-    local elapsed = now - start
-    local function estimate() return prev * (rate - elapsed) / rate + cur end
-    -- µs until the estimate is at most target, if nothing more is admitted: the previous
-    -- window's weight falls to 0 at the end of this window; the current count becomes the
-    -- previous one then, and falls to 0 at the end of the next.
-    local function when(target)
-      if estimate() <= target + EPSILON then return 0 end
-      if cur <= target + EPSILON then
-        return math.max(1, math.ceil(rate * (1 - (target - cur) / prev)) - elapsed)
+    elseif algo == 'fw' then
+      -- rate is "b0,b1,b2,b3": the windows [b0,b1), [b1,b2), [b2,b3) around the instance's clock.
+      local b = {}
+      for x in string.gmatch(ARGV[base + 2], '%d+') do b[#b + 1] = tonumber(x) end
+      local start, stop = b[2], b[3]
+      if now < b[2] then start, stop = b[1], b[2] elseif now >= b[3] then start, stop = b[3], b[4] end
+      local mark = window_mark(start)
+      local count = 0
+      local v = redis.call('GET', key)
+      if v then
+        local m, c = string.match(v, '^([%d.]+):(%d+)$')
+        if m == mark then count = tonumber(c) end
       end
-      return math.max(1, rate - elapsed + math.ceil(rate * (1 - target / cur)))
-    end
-    if estimate() + cost <= quota + EPSILON then
-      ok = true
-      retry = 0
-      cur = cur + cost
-      writes[#writes + 1] = { 'sc', key, start, cur, prev, 2 * rate - elapsed }
+      local left = math.max(1, stop - now)
+      reset = left
+      if count + cost <= quota then
+        ok = true
+        remaining = quota - count - cost
+        retry = 0
+        nxt = left
+        writes[#writes + 1] = { 'fw', key, mark, count + cost, left }
+      else
+        ok = false
+        remaining = math.max(0, quota - count)
+        retry = left -- cost > quota: never; reported as the window's end
+        if count > 0 then nxt = left else nxt = 0 end
+      end
     else
-      ok = false
-      if cost <= quota then retry = when(quota - cost) else retry = rate end
+      -- Sliding window counter: windows of `rate` µs aligned to the epoch; s is the current
+      -- window's start, c its count, p the previous window's count.
+      local start = now - now % rate
+      local v = redis.call('HMGET', key, 's', 'c', 'p')
+      local s, cur, prev = tonumber(v[1]), 0, 0
+      if s == start then
+        cur, prev = tonumber(v[2]) or 0, tonumber(v[3]) or 0
+      elseif s == start - rate then
+        prev = tonumber(v[2]) or 0
+      end
+      local elapsed = now - start
+      local function estimate() return prev * (rate - elapsed) / rate + cur end
+      -- µs until the estimate is at most target, if nothing more is admitted: the previous
+      -- window's weight falls to 0 at the end of this window; the current count becomes the
+      -- previous one then, and falls to 0 at the end of the next.
+      local function when(target)
+        if estimate() <= target + EPSILON then return 0 end
+        if cur <= target + EPSILON then
+          return math.max(1, math.ceil(rate * (1 - (target - cur) / prev)) - elapsed)
+        end
+        return math.max(1, rate - elapsed + math.ceil(rate * (1 - target / cur)))
+      end
+      if estimate() + cost <= quota + EPSILON then
+        ok = true
+        retry = 0
+        cur = cur + cost
+        writes[#writes + 1] = { 'sc', key, start, cur, prev, 2 * rate - elapsed }
+      else
+        ok = false
+        if cost <= quota then retry = when(quota - cost) else retry = rate end
+      end
+      local est = estimate()
+      remaining = math.max(0, math.floor(quota - est + EPSILON))
+      reset = when(0)
+      if est <= EPSILON then nxt = 0 else nxt = when(math.max(0, quota - remaining - 1)) end
     end
-    local est = estimate()
-    remaining = math.max(0, math.floor(quota - est + EPSILON))
-    reset = when(0)
-    if est <= EPSILON then nxt = 0 else nxt = when(math.max(0, quota - remaining - 1)) end
+
+    if not ok then reply[1] = 0 end
+    reply[#reply + 1] = ok and 1 or 0
+    reply[#reply + 1] = remaining
+    reply[#reply + 1] = retry
+    reply[#reply + 1] = reset
+    reply[#reply + 1] = nxt
   end
 
-  if not ok then reply[1] = 0 end
-  reply[#reply + 1] = ok and 1 or 0
-  reply[#reply + 1] = remaining
-  reply[#reply + 1] = retry
-  reply[#reply + 1] = reset
-  reply[#reply + 1] = nxt
-end
-
-if reply[1] == 0 then
-  -- Nothing charged. A state the parameters in force need longer than its TTL must not expire
-  -- early (GT: only ever lengthened; a key without a TTL keeps none).
-  for _, d in ipairs(denied) do
-    redis.call('PEXPIRE', d[1], d[2], 'GT')
+  if reply[1] == 0 then
+    -- Nothing charged. A state the parameters in force need longer than its TTL must not expire
+    -- early (GT: only ever lengthened; a key without a TTL keeps none).
+    for _, d in ipairs(denied) do
+      redis.call('PEXPIRE', d[1], d[2], 'GT')
+    end
+    return reply
   end
+
+  for _, w in ipairs(writes) do
+    if w[1] == 'tb' then
+      local key, used, ts, quota, rate, cost, held, holds = w[2], w[3], w[4], w[5], w[6], w[7], w[8], w[9]
+      if holds and #holds > 0 then redis.call('HDEL', key, unpack(holds)) end
+      if hold then
+        held = held + cost
+        redis.call('HSET', key, 'h:' .. nonce, string.format('%d@%d', cost, now))
+      else
+        used = used + cost
+      end
+      local fields = { 'u', string.format('%.17g', used), 'ts', string.format('%d', ts),
+        't', '+' .. string.format('%.17g', quota - used - held) }
+      if held > 0 then
+        fields[#fields + 1] = 'h'
+        fields[#fields + 1] = string.format('%d', held)
+      elseif holds then
+        redis.call('HDEL', key, 'h')
+      end
+      redis.call('HSET', key, unpack(fields))
+      local ttl = math.ceil(used / rate * 1000)
+      if held > 0 then ttl = ttl + HOLD_MAX / 1000 + 1000 end
+      redis.call('PEXPIRE', key, math.max(1, ttl))
+    elseif w[1] == 'fw' then
+      -- Kept a second past the window's end, so that a clock a little behind still finds it.
+      redis.call('SET', w[2], w[3] .. ':' .. string.format('%d', w[4]), 'PX', math.ceil(w[5] / 1000) + 1000)
+    elseif w[1] == 'sc' then
+      redis.call('HSET', w[2], 's', string.format('%d', w[3]), 'c', string.format('%d', w[4]),
+        'p', string.format('%d', w[5]))
+      redis.call('PEXPIRE', w[2], math.ceil(w[6] / 1000))
+    else
+      local key, cost, window = w[2], w[3], w[4]
+      redis.call('ZREMRANGEBYSCORE', key, '-inf', now - window)
+      local args = {}
+      for j = 1, cost do
+        args[#args + 1] = now
+        args[#args + 1] = nonce .. ':' .. j
+        if #args >= 1000 or j == cost then
+          redis.call('ZADD', key, unpack(args))
+          args = {}
+        end
+      end
+      redis.call('PEXPIRE', key, math.max(1, math.ceil(window / 1000)))
+    end
+  end
+
   return reply
 end
 
-for _, w in ipairs(writes) do
-  if w[1] == 'tb' then
-    local key, used, ts, quota, rate, cost, held, holds = w[2], w[3], w[4], w[5], w[6], w[7], w[8], w[9]
-    if holds and #holds > 0 then redis.call('HDEL', key, unpack(holds)) end
-    if hold then
-      held = held + cost
-      redis.call('HSET', key, 'h:' .. nonce, string.format('%d@%d', cost, now))
-    else
-      used = used + cost
-    end
-    local fields = { 'u', string.format('%.17g', used), 'ts', string.format('%d', ts),
-      't', '+' .. string.format('%.17g', quota - used - held) }
-    if held > 0 then
-      fields[#fields + 1] = 'h'
-      fields[#fields + 1] = string.format('%d', held)
-    elseif holds then
-      redis.call('HDEL', key, 'h')
-    end
-    redis.call('HSET', key, unpack(fields))
-    local ttl = math.ceil(used / rate * 1000)
-    if held > 0 then ttl = ttl + HOLD_MAX / 1000 + 1000 end
-    redis.call('PEXPIRE', key, math.max(1, ttl))
-  elseif w[1] == 'fw' then
-    -- Kept a second past the window's end, so that a clock a little behind still finds it.
-    redis.call('SET', w[2], w[3] .. ':' .. string.format('%d', w[4]), 'PX', math.ceil(w[5] / 1000) + 1000)
-  elseif w[1] == 'sc' then
-    redis.call('HSET', w[2], 's', string.format('%d', w[3]), 'c', string.format('%d', w[4]),
-      'p', string.format('%d', w[5]))
-    redis.call('PEXPIRE', w[2], math.ceil(w[6] / 1000))
-  else
-    local key, cost, window = w[2], w[3], w[4]
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', now - window)
-    local args = {}
-    for j = 1, cost do
-      args[#args + 1] = now
-      args[#args + 1] = nonce .. ':' .. j
-      if #args >= 1000 or j == cost then
-        redis.call('ZADD', key, unpack(args))
-        args = {}
-      end
-    end
-    redis.call('PEXPIRE', key, math.max(1, math.ceil(window / 1000)))
-  end
+-- The decisions, in order: each all-or-nothing on its own, each seeing the writes of those
+-- before it.
+local out = {}
+local kbase, a = 0, 2
+while a <= #ARGV do
+  local nonce, hold, n = ARGV[a], ARGV[a + 1] == '1', tonumber(ARGV[a + 2])
+  local r = decide(nonce, hold, n, kbase, a + 3)
+  for j = 1, #r do out[#out + 1] = r[j] end
+  kbase, a = kbase + n, a + 3 + 4 * n
 end
-
-return reply
+return out
