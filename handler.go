@@ -112,6 +112,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		reason := failureReason(err)
 		metrics.backendFailures.WithLabelValues(reason).Inc()
 		mode := h.failMode(reqs)
+		h.events.failed(reason, mode, err)
 		if c := h.logger.Check(zapcore.DebugLevel, "rate limit decision failed"); c != nil {
 			c.Write(zap.String("reason", reason), zap.String("fail_mode", mode), zap.Error(err))
 		}
@@ -141,6 +142,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 	}
 
+	if !out.degraded && !d.Cached {
+		h.events.succeeded() // Redis answered
+	}
 	if d.Err != nil {
 		// A Redis Cluster slot failed while another denied the request: the denial stands.
 		metrics.backendFailures.WithLabelValues(failureReason(d.Err)).Inc()
@@ -184,6 +188,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if c := h.logger.Check(zapcore.DebugLevel, "rate limited"); c != nil {
 		h.logDenial(c, out, d)
 	}
+	h.events.exceeded(h, out, d)
 	if h.DryRun {
 		// Decided, charged, counted, headed and reported exactly as enforced, but let through.
 		// Retry-After is left out: it belongs to a rejection, and a client that honours it on

@@ -153,6 +153,7 @@ type Handler struct {
 	// degradedHeader: X-RateLimit-Degraded is sent (headers on, degraded_header not off).
 	degradedHeader bool
 	client         *sharedClient
+	events         *events // nil without an events app in the config
 	// bareDenials: the server has no handle_errors routes, so a denial is written as a bare 429
 	// by the handler instead of going through Caddy's error path (about 11% of throughput on a
 	// deny flood, for the same response).
@@ -399,6 +400,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	h.limiter = limiter.New(client.rdb, opts)
 	client.resets.Add(h.limiter)
+	h.events = newEvents(ctx, client.addrs)
 	register(h) // for the admin API
 	return nil
 }

@@ -1,0 +1,82 @@
+package ratelimitredis
+
+import (
+	"sync/atomic"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyevents"
+
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/limiter"
+)
+
+// The Caddy events the handler emits through the events app, for its subscribers (a script, a
+// notifier): Caddy's `events` global option or the JSON `apps.events.subscriptions` choose which
+// handlers receive them. An event nobody subscribes to costs a map lookup: nothing is built.
+const (
+	// EventExceeded is emitted once per request denied with 429 (from Redis, the deny cache or
+	// fail_mode local; in dry_run, per request that would have been). Data: zone, limit,
+	// remaining, retry_after (seconds, rounded up; 0 when the cost can never pass), cached,
+	// local, dry_run, and key only with log_key (client keys can be personal data).
+	EventExceeded = "rate_limit_redis_exceeded"
+	// EventRedisFailing is emitted when a handler's decisions start failing (Redis down, timing
+	// out, answering garbage or over maxmemory): the handler applies fail_mode from then on.
+	// Data: reason (as in the backend_failures_total metric), fail_mode, error, redis (the
+	// addresses). Once per transition, not per failed request.
+	EventRedisFailing = "rate_limit_redis_failing"
+	// EventRedisRecovered is emitted when a handler's decisions succeed again after
+	// EventRedisFailing. Data: redis (the addresses).
+	EventRedisRecovered = "rate_limit_redis_recovered"
+)
+
+// events is the handler's link to Caddy's events app: nil when the config has none, then no
+// event is emitted (nothing could subscribe).
+type events struct {
+	app     *caddyevents.App
+	ctx     caddy.Context
+	failing atomic.Bool // the last decision failed
+	redis   []string
+}
+
+// newEvents returns the handler's events, or nil when the config has no events app.
+func newEvents(ctx caddy.Context, redis []string) *events {
+	app, err := ctx.AppIfConfigured("events")
+	if err != nil {
+		return nil
+	}
+	ea, ok := app.(*caddyevents.App)
+	if !ok {
+		return nil
+	}
+	return &events{app: ea, ctx: ctx, redis: redis}
+}
+
+// exceeded emits EventExceeded for a denied request.
+func (e *events) exceeded(h *Handler, out *outcome, d limiter.Decision) {
+	if e == nil || !e.app.ShouldEmit(EventExceeded) {
+		return
+	}
+	data := map[string]any{
+		"zone": out.zone, "limit": out.limit, "remaining": out.remaining, "retry_after": out.retryAfter,
+		"cached": d.Cached, "local": out.degraded, "dry_run": h.DryRun,
+	}
+	if h.LogKey {
+		data["key"] = out.key
+	}
+	e.app.Emit(e.ctx, EventExceeded, data)
+}
+
+// failed records a failed decision: EventRedisFailing when the previous one succeeded.
+func (e *events) failed(reason, mode string, err error) {
+	if e == nil || !e.failing.CompareAndSwap(false, true) || !e.app.ShouldEmit(EventRedisFailing) {
+		return
+	}
+	e.app.Emit(e.ctx, EventRedisFailing, map[string]any{"reason": reason, "fail_mode": mode, "error": err.Error(), "redis": e.redis})
+}
+
+// succeeded records a decision Redis answered: EventRedisRecovered when the previous one failed.
+func (e *events) succeeded() {
+	if e == nil || !e.failing.Load() || !e.failing.CompareAndSwap(true, false) || !e.app.ShouldEmit(EventRedisRecovered) {
+		return
+	}
+	e.app.Emit(e.ctx, EventRedisRecovered, map[string]any{"redis": e.redis})
+}

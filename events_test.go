@@ -1,0 +1,115 @@
+package ratelimitredis
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
+)
+
+func init() {
+	caddy.RegisterModule(eventCounter{})
+}
+
+// eventCounter is a Caddy events handler for tests: it counts the events it receives by name,
+// and keeps their data.
+type eventCounter struct{}
+
+var received struct {
+	sync.Mutex
+	counts map[string]int
+	data   []map[string]any
+}
+
+func (eventCounter) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{ID: "events.handlers.rate_limit_redis_test_counter", New: func() caddy.Module { return new(eventCounter) }}
+}
+
+func (eventCounter) Handle(_ context.Context, e caddy.Event) error {
+	received.Lock()
+	defer received.Unlock()
+	received.counts[e.Name()]++
+	received.data = append(received.data, e.Data)
+	return nil
+}
+
+func eventCount(name string) int {
+	received.Lock()
+	defer received.Unlock()
+	return received.counts[name]
+}
+
+// TestEvents: a handler subscribed through Caddy's events app receives exactly one
+// rate_limit_redis_exceeded event per denied request, and one rate_limit_redis_failing and one
+// rate_limit_redis_recovered per Redis outage, however many requests it fails.
+func TestEvents(t *testing.T) {
+	received.Lock()
+	received.counts, received.data = map[string]int{}, nil
+	received.Unlock()
+	srv := redistest.Start(t)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	cfg, _ := json.Marshal(map[string]any{
+		"admin":   map[string]any{"disabled": true},
+		"logging": map[string]any{"logs": map[string]any{"default": map[string]any{"level": "ERROR"}}},
+		"apps": map[string]any{
+			"events": map[string]any{"subscriptions": []any{map[string]any{
+				"events":   []string{EventExceeded, EventRedisFailing, EventRedisRecovered},
+				"handlers": []any{map[string]any{"handler": "rate_limit_redis_test_counter"}},
+			}}},
+			"http": map[string]any{"servers": map[string]any{"s": map[string]any{
+				"listen": []string{addr},
+				"routes": []any{map[string]any{"handle": []any{
+					map[string]any{"handler": "rate_limit_redis", "redis": map[string]any{"addresses": []string{srv.Addr}},
+						"zones": []any{map[string]any{"name": "api", "capacity": 2, "refill_rate": 0.001, "key": []string{"{http.request.header.X-Client}"}}}},
+					map[string]any{"handler": "static_response", "body": "ok"},
+				}}},
+			}}},
+		},
+	})
+	if err := caddy.Load(cfg, true); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = caddy.Stop() })
+	cs := &caddyServer{t: t, base: "http://" + addr}
+	if got := cs.statuses(6, "/", "X-Client", "a"); got != "200 200 429 429 429 429" {
+		t.Fatalf("got %s", got)
+	}
+	redistest.WaitFor(t, 5*time.Second, "4 exceeded events", func() bool { return eventCount(EventExceeded) == 4 })
+	received.Lock()
+	if d := received.data[0]; d["zone"] != "api" || fmt.Sprint(d["limit"]) != "2" || d["key"] != nil {
+		t.Errorf("exceeded event data %v, want zone api, limit 2 and no key (log_key off)", d)
+	}
+	received.Unlock()
+
+	srv.Stop()
+	for i := 0; i < 20; i++ { // fail_mode open: 200, degraded; the breaker opens after 5
+		if r := cs.get("/", "X-Client", strconv.Itoa(i)); r.status != 200 {
+			t.Fatalf("Redis down, request %d: %d, want 200 (fail_mode open)", i, r.status)
+		}
+	}
+	srv.Restart()
+	redistest.WaitFor(t, 10*time.Second, "a decision by Redis again", func() bool {
+		return cs.get("/", "X-Client", "b").header.Get("X-RateLimit-Degraded") == "" && eventCount(EventRedisRecovered) == 1
+	})
+	for _, c := range []struct {
+		name string
+		want int
+	}{{EventExceeded, 4}, {EventRedisFailing, 1}, {EventRedisRecovered, 1}} {
+		if got := eventCount(c.name); got != c.want {
+			t.Errorf("%s: %d events, want %d", c.name, got, c.want)
+		}
+	}
+}
