@@ -69,6 +69,9 @@ var (
 //			max_age <duration>               # how long a cached denial is trusted; default 1s
 //		}
 //		log_key                              # log client keys (personal data); off by default
+//		ipv4_prefix <bits>                   # key an IPv4 candidate by its /bits network, 1 to 32; default 32
+//		ipv6_prefix <bits>                   # key an IPv6 candidate by its /bits network, 1 to 128; default 64
+//		jitter      <duration>               # add 0 to this (whole seconds) to a 429's Retry-After at random; default 0
 //
 //		zone <name> {
 //			key         <value>...           # placeholders; the first that is not empty wins (the n-th's key is n=value); default {client_ip}
@@ -86,6 +89,9 @@ var (
 //			match {                          # optional: this zone applies only to matching requests
 //				<matchers>
 //			}
+//			ipv4_prefix <bits>               # this zone's, instead of the handler's
+//			ipv6_prefix <bits>
+//			jitter      <duration>           # this zone's; 0 for none
 //		}
 //	}
 //
@@ -93,7 +99,8 @@ var (
 // also be written on one line, as in `match path /login`. Zone subdirectives written directly in
 // the top block, without a zone block, define one zone named "default"; they cannot be mixed with
 // zone blocks. A zone's fail_mode is written in a zone block only: in the top block, fail_mode is
-// the handler's, the default of every zone.
+// the handler's, the default of every zone. ipv4_prefix, ipv6_prefix and jitter at the top level
+// apply to every zone (the shorthand's too); in a zone block, to that zone.
 //
 // Every subdirective may appear once per block (address excepted).
 //
@@ -265,6 +272,36 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if err := parseDenyCache(d, h); err != nil {
 				return err
 			}
+
+		case "ipv4_prefix":
+			if err := seen.add(d); err != nil {
+				return err
+			}
+			n, err := intInRange(d, 32)
+			if err != nil {
+				return err
+			}
+			h.IPv4Prefix = int(n)
+
+		case "ipv6_prefix":
+			if err := seen.add(d); err != nil {
+				return err
+			}
+			n, err := intInRange(d, 128)
+			if err != nil {
+				return err
+			}
+			h.IPv6Prefix = int(n)
+
+		case "jitter":
+			if err := seen.add(d); err != nil {
+				return err
+			}
+			dur, err := jitterDuration(d)
+			if err != nil {
+				return err
+			}
+			h.Jitter = caddy.Duration(dur)
 
 		case "zone":
 			if shorthand != nil {
@@ -469,7 +506,7 @@ func parseZone(d *caddyfile.Dispenser, names map[string]bool) (*Zone, error) {
 			}
 			continue
 		}
-		if !isZoneSubdirective(d.Val()) {
+		if !isZoneSubdirective(d.Val()) && !isZoneOverride(d.Val()) {
 			return nil, d.Errf("unrecognized subdirective %q", d.Val())
 		}
 		if err := p.subdirective(d); err != nil {
@@ -487,6 +524,16 @@ func parseZone(d *caddyfile.Dispenser, names map[string]bool) (*Zone, error) {
 func isZoneSubdirective(name string) bool {
 	switch name {
 	case "key", "empty_key", "algorithm", "capacity", "refill_rate", "limit", "window", "period", "time_zone", "cost", "max_cost", "match":
+		return true
+	}
+	return false
+}
+
+// isZoneOverride reports whether name is a subdirective that a zone block may hold to override
+// the handler's; at the top level it is the handler's, for every zone.
+func isZoneOverride(name string) bool {
+	switch name {
+	case "ipv4_prefix", "ipv6_prefix", "jitter":
 		return true
 	}
 	return false
@@ -512,7 +559,8 @@ func newZoneParser(start caddyfile.Token, name string) *zoneParser {
 	return &zoneParser{zone: &Zone{Name: name}, start: start, seen: make(seenSubdirectives)}
 }
 
-// subdirective parses the zone subdirective at the cursor; isZoneSubdirective must be true of it.
+// subdirective parses the zone subdirective at the cursor; isZoneSubdirective or (in a zone block)
+// isZoneOverride must be true of it.
 func (p *zoneParser) subdirective(d *caddyfile.Dispenser) error {
 	if err := p.seen.add(d); err != nil {
 		return err
@@ -652,6 +700,27 @@ func (p *zoneParser) subdirective(d *caddyfile.Dispenser) error {
 			return errAt(matchToken, "match: no matchers given; write them on the line (match path /login) or in a block")
 		}
 		z.MatcherSetsRaw = caddyhttp.RawMatcherSets{set}
+
+	case "ipv4_prefix":
+		n, err := intInRange(d, 32)
+		if err != nil {
+			return err
+		}
+		z.IPv4Prefix = int(n)
+
+	case "ipv6_prefix":
+		n, err := intInRange(d, 128)
+		if err != nil {
+			return err
+		}
+		z.IPv6Prefix = int(n)
+
+	case "jitter":
+		dur, err := jitterDuration(d)
+		if err != nil {
+			return err
+		}
+		z.Jitter = new(caddy.Duration(dur))
 
 	default:
 		return d.Errf("unrecognized subdirective %q", name)
@@ -934,6 +1003,26 @@ func positiveDuration(d *caddyfile.Dispenser) (time.Duration, error) {
 	}
 	if dur <= 0 {
 		return 0, d.Errf("%s: %q must be > 0", name, v)
+	}
+	return dur, nil
+}
+
+// jitterDuration parses the one argument of the jitter subdirective at the cursor: a duration
+// of a whole number of seconds, >= 0.
+func jitterDuration(d *caddyfile.Dispenser) (time.Duration, error) {
+	v, err := oneArg(d)
+	if err != nil {
+		return 0, err
+	}
+	dur, err := caddy.ParseDuration(v)
+	if err != nil {
+		return 0, d.Errf("jitter: %q is not a duration", v)
+	}
+	if dur < 0 {
+		return 0, d.Errf("jitter: %q must be >= 0", v)
+	}
+	if dur%time.Second != 0 {
+		return 0, d.Errf("jitter: %q must be a whole number of seconds (Retry-After is in seconds)", v)
 	}
 	return dur, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net/http"
 	"slices"
 	"strconv"
@@ -53,6 +54,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	shown := shownBuf[:0]
 	var lastShown, lastKey string // the previous zone's, when keyed is true
 	keyed := false
+	var masked maskMemo // the previous IP candidate masked: zones usually share their key
 	for _, z := range h.Zones {
 		if len(z.matcherSets) > 0 {
 			match, err := z.matcherSets.AnyMatchWithError(r)
@@ -63,7 +65,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 				continue
 			}
 		}
-		key := z.clientKey(repl)
+		key := z.clientKey(repl, &masked)
 		if key == "" {
 			z.emptyKeys.Inc()
 			switch z.EmptyKey {
@@ -160,7 +162,16 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		limit: d.Limit, remaining: d.Remaining,
 		reset: seconds(d.Reset), retryAfter: seconds(d.RetryAfter),
 	}
-	h.setRateLimitHeaders(w.Header(), z, d, out)
+	h.setRateLimitHeaders(w.Header(), reqs, z, d, out)
+	if !d.Allowed && !d.Unsatisfiable {
+		// The Retry-After of the 429 (and the placeholder, which handle_errors may show the
+		// client): the exact wait, at least 1, plus the deciding zone's jitter. The deny cache
+		// and the RateLimit fields keep the exact wait.
+		out.retryAfter = max(out.retryAfter, 1)
+		if z.jitter > 0 {
+			out.retryAfter += rand.Int64N(z.jitter + 1)
+		}
+	}
 
 	if d.Allowed {
 		if out.degraded {
@@ -200,7 +211,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		// The cost exceeds the zone's quota: waiting never cures it, so no Retry-After.
 		err = z.errUnsatisfiable
 	} else {
-		w.Header()[hdrRetryAfter] = []string{strconv.FormatInt(max(out.retryAfter, 1), 10)}
+		w.Header()[hdrRetryAfter] = []string{strconv.FormatInt(out.retryAfter, 10)}
 	}
 	if h.bareDenials {
 		// No handle_errors to shape it: the response Caddy's error path would write, cheaper.
@@ -354,24 +365,22 @@ func failureReason(err error) string {
 	return "redis_error"
 }
 
-// setRateLimitHeaders sets the response headers chosen by Headers from the deciding zone z:
-// legacy X-RateLimit-Limit, -Remaining and -Reset (seconds), and the IETF httpapi
-// ratelimit-headers draft's RateLimit-Policy (`"<zone>";q=<quota>;w=<window s>`) and RateLimit
-// (`"<zone>";r=<remaining>;t=<reset s>`), plus X-RateLimit-Degraded when fail_mode local decided.
-func (h *Handler) setRateLimitHeaders(hdr http.Header, z *Zone, d limiter.Decision, out *outcome) {
+// setRateLimitHeaders sets the response headers chosen by Headers: the legacy X-RateLimit-Limit,
+// -Remaining and -Reset (seconds until full) of the deciding zone z, and the IETF httpapi
+// ratelimit-headers draft's RateLimit-Policy and RateLimit with one item per zone of reqs whose
+// outcome is known, the deciding zone first (see setIETFFields); plus X-RateLimit-Degraded when
+// fail_mode local decided.
+func (h *Handler) setRateLimitHeaders(hdr http.Header, reqs []limiter.Request, z *Zone, d limiter.Decision, out *outcome) {
 	if h.Headers == HeadersOff {
 		return
 	}
-	reset := strconv.FormatInt(out.reset, 10)
-	remaining := strconv.FormatInt(d.Remaining, 10)
 	if h.Headers == HeadersLegacy || h.Headers == HeadersBoth {
 		hdr[hdrLimit] = []string{z.quota}
-		hdr[hdrRemaining] = []string{remaining}
-		hdr[hdrReset] = []string{reset}
+		hdr[hdrRemaining] = []string{strconv.FormatInt(d.Remaining, 10)}
+		hdr[hdrReset] = []string{strconv.FormatInt(out.reset, 10)}
 	}
 	if h.Headers == HeadersIETF || h.Headers == HeadersBoth {
-		hdr[hdrPolicy] = []string{z.policy}
-		hdr[hdrRateLimit] = []string{z.quotedName + ";r=" + remaining + ";t=" + reset}
+		h.setIETFFields(hdr, reqs, z, d)
 	}
 	if out.degraded && h.degradedHeader {
 		hdr[hdrDegraded] = []string{"true"}
@@ -399,13 +408,14 @@ func seconds(d time.Duration) int64 {
 
 // clientKey resolves the zone's key placeholders: the first that is not empty wins, and the
 // client key says which it was (limiter.CandidateKey: the first candidate's value as it is, the
-// n-th's as "<n>=value"), so that no value of one candidate can name another's state. All empty
-// gives "": the zone's empty_key decides (shared: the limiter counts it under the zone's one
-// shared key).
-func (z *Zone) clientKey(repl *caddy.Replacer) string {
+// n-th's as "<n>=value"), so that no value of one candidate can name another's state. A value
+// that is an IP address is first masked to the zone's prefix length (maskIP); memo holds the
+// last one masked. All empty gives "": the zone's empty_key decides (shared: the limiter counts
+// it under the zone's one shared key).
+func (z *Zone) clientKey(repl *caddy.Replacer, memo *maskMemo) string {
 	for i, k := range z.Key {
 		if v := repl.ReplaceAll(k, ""); v != "" {
-			return limiter.CandidateKey(i+1, v)
+			return limiter.CandidateKey(i+1, memo.mask(v, z.v4, z.v6))
 		}
 	}
 	return ""

@@ -4,6 +4,7 @@
 package ratelimitredis
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"strconv"
@@ -32,6 +33,11 @@ const (
 	DefaultKey       = "{http.vars.client_ip}"
 	DefaultCost      = "1"
 	DefaultZoneName  = "default"
+	// DefaultIPv4Prefix and DefaultIPv6Prefix are the prefix lengths to which a key candidate
+	// that is an IP address is masked: an IPv4 client is its address, an IPv6 client its /64
+	// (what one subscriber is usually given, and rotates addresses within).
+	DefaultIPv4Prefix = 32
+	DefaultIPv6Prefix = 64
 	// MaxSlidingWindowCost bounds the max_cost of a sliding_window zone whose cost is a
 	// placeholder: one request adds that many sorted set entries in one script call.
 	MaxSlidingWindowCost = 1000
@@ -142,6 +148,25 @@ type Handler struct {
 	// or removing it) starts every client of every zone afresh. Handlers sharing a zone's state
 	// (same Redis, key_prefix and zone name) must use the same secret.
 	KeySecret string `json:"key_secret,omitempty"`
+
+	// The prefix length, 1 to 32, to which every zone masks a key candidate that is an IPv4
+	// address (an IPv4-mapped IPv6 address counts as IPv4): the client key is then the network,
+	// such as 203.0.113.0/24, and every address in it shares one client's quota. A zone's own
+	// ipv4_prefix overrides it. Default: 32, each address on its own (the key is the address).
+	IPv4Prefix int `json:"ipv4_prefix,omitempty"`
+
+	// The prefix length, 1 to 128, to which every zone masks a key candidate that is an IPv6
+	// address: the client key is then the network, such as 2001:db8::/64. A zone's own
+	// ipv6_prefix overrides it. 128 keys each address on its own. Default: 64, because an IPv6
+	// client usually holds a whole /64 and can rotate through its addresses.
+	IPv6Prefix int `json:"ipv6_prefix,omitempty"`
+
+	// The most a 429's Retry-After is randomly lengthened by, so that clients denied together do
+	// not all come back at the same instant: a whole number of seconds (JSON: nanoseconds or a
+	// duration string such as "5s"), drawn uniformly from 0 to it per denial and added to the
+	// exact Retry-After, which it never shortens. The deny cache keeps the exact time, so jitter
+	// never admits a request early. A zone's own jitter overrides it. Default: 0, none.
+	Jitter caddy.Duration `json:"jitter,omitempty"`
 
 	// The zones, checked in the order given. A request must pass every zone that applies to it;
 	// if any zone denies, no zone is charged. At least one zone is required.
@@ -300,12 +325,24 @@ type Zone struct {
 	// `match`). Default: every request.
 	MatcherSetsRaw caddyhttp.RawMatcherSets `json:"match,omitempty" caddy:"namespace=http.matchers"`
 
+	// This zone's IPv4 prefix length (1 to 32), instead of the handler's ipv4_prefix.
+	IPv4Prefix int `json:"ipv4_prefix,omitempty"`
+
+	// This zone's IPv6 prefix length (1 to 128), instead of the handler's ipv6_prefix.
+	IPv6Prefix int `json:"ipv6_prefix,omitempty"`
+
+	// This zone's Retry-After jitter, instead of the handler's: used when the zone decides a
+	// denial. 0 turns jitter off for the zone.
+	Jitter *caddy.Duration `json:"jitter,omitempty"`
+
 	matcherSets caddyhttp.MatcherSets
 	lz          limiter.Zone
 	fixedCost   int64             // > 0 when Cost is a literal integer
 	decisions   *decisionCounters // the zone's series of decisions_total
 	emptyKeys   prometheus.Counter
 	failMode    string // FailMode, or the handler's
+	v4, v6      int               // the prefix lengths in force
+	jitter      int64             // the Retry-After jitter in force, in seconds
 
 	// Formatted once for the hot path: the quota (X-RateLimit-Limit), the quoted name and the
 	// RateLimit-Policy value, and the errors of a denial.
@@ -360,6 +397,13 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			z.failMode = h.FailMode
 		}
 		needLocal = needLocal || z.failMode == FailLocal
+		z.v4 = cmp.Or(z.IPv4Prefix, h.IPv4Prefix, DefaultIPv4Prefix)
+		z.v6 = cmp.Or(z.IPv6Prefix, h.IPv6Prefix, DefaultIPv6Prefix)
+		jitter := h.Jitter
+		if z.Jitter != nil {
+			jitter = *z.Jitter
+		}
+		z.jitter = int64(time.Duration(jitter) / time.Second)
 	}
 	h.keySecret = nil
 	if h.KeySecret != "" {
@@ -442,7 +486,8 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger) error {
 	}
 	z.quota = strconv.FormatInt(z.lz.Quota(), 10)
 	z.quotedName = `"` + z.Name + `"` // zone names are [A-Za-z0-9_.-]: nothing to escape
-	z.policy = z.quotedName + ";q=" + z.quota + ";w=" + strconv.FormatInt(seconds(z.lz.PolicyWindow()), 10)
+	q, w := policyWindow(z.lz.Quota(), z.lz.PolicyWindow())
+	z.policy = z.quotedName + ";q=" + strconv.FormatInt(q, 10) + ";w=" + strconv.FormatInt(w, 10)
 	z.errLimited = fmt.Errorf("zone %s: rate limit exceeded", z.Name)
 	z.errUnsatisfiable = fmt.Errorf("zone %s: cost exceeds the zone's quota of %s", z.Name, z.quota)
 	if z.lz.MaxCost > 0 && z.lz.MaxCost < z.lz.Quota() {
@@ -501,6 +546,12 @@ func (h *Handler) Validate() error {
 	default:
 		return fmt.Errorf("clock %q must be redis or local", h.Clock)
 	}
+	if err := checkPrefixes("", h.IPv4Prefix, h.IPv6Prefix); err != nil {
+		return err
+	}
+	if err := checkJitter("", h.Jitter); err != nil {
+		return err
+	}
 	seen := make(map[string]bool, len(h.Zones))
 	for _, z := range h.Zones {
 		if err := z.lz.Validate(); err != nil {
@@ -515,6 +566,14 @@ func (h *Handler) Validate() error {
 		case EmptyKeyShared, EmptyKeySkip, EmptyKeyDeny:
 		default:
 			return fmt.Errorf("zone %s: empty_key %q must be shared, skip or deny", z.Name, z.EmptyKey)
+		}
+		if err := checkPrefixes("zone "+z.Name+": ", z.IPv4Prefix, z.IPv6Prefix); err != nil {
+			return err
+		}
+		if z.Jitter != nil {
+			if err := checkJitter("zone "+z.Name+": ", *z.Jitter); err != nil {
+				return err
+			}
 		}
 		if z.fixedCost > z.lz.Quota() {
 			return fmt.Errorf("zone %s: cost %d is larger than the zone's quota %d: no request could ever be admitted", z.Name, z.fixedCost, z.lz.Quota())
@@ -532,6 +591,27 @@ func (h *Handler) Validate() error {
 		seen[z.Name] = true
 	}
 	return h.Redis.validate()
+}
+
+// checkPrefixes reports an ipv4_prefix or ipv6_prefix out of range (0 stands for the default);
+// its error begins with where.
+func checkPrefixes(where string, v4, v6 int) error {
+	if v4 < 0 || v4 > 32 {
+		return fmt.Errorf("%sipv4_prefix %d must be between 1 and 32", where, v4)
+	}
+	if v6 < 0 || v6 > 128 {
+		return fmt.Errorf("%sipv6_prefix %d must be between 1 and 128", where, v6)
+	}
+	return nil
+}
+
+// checkJitter reports a jitter that is negative or not a whole number of seconds (Retry-After
+// is in seconds); its error begins with where.
+func checkJitter(where string, jitter caddy.Duration) error {
+	if jitter < 0 || time.Duration(jitter)%time.Second != 0 {
+		return fmt.Errorf("%sjitter %v must be a whole number of seconds, >= 0", where, time.Duration(jitter))
+	}
+	return nil
 }
 
 // Errors of key_secret. They never hold the secret, nor any part or length of it.

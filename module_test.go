@@ -117,19 +117,20 @@ func TestEndToEndTokenBucket(t *testing.T) {
 		respond "limited zone={http.rate_limit_redis.zone} key={http.rate_limit_redis.key} limit={http.rate_limit_redis.limit} remaining={http.rate_limit_redis.remaining} retry={http.rate_limit_redis.retry_after} degraded={http.rate_limit_redis.degraded}" {err.status_code}
 	}`, srv.Addr))
 
-	// One token per hour: the bucket is full again 3600s per missing token after each request.
+	// One token per hour: the bucket is full again 3600s per missing token after each request
+	// (X-RateLimit-Reset), and its next token is always 3600s away (RateLimit's t).
 	for i := 1; i <= 3; i++ {
 		rem := strconv.Itoa(3 - i)
 		reset := strconv.Itoa(3600 * i)
 		cs.get("/").expect(t, "request "+strconv.Itoa(i), 200, "ok true default "+rem,
 			"X-RateLimit-Limit", "3", "X-RateLimit-Remaining", rem, "X-RateLimit-Reset", reset,
-			"RateLimit-Policy", `"default";q=3;w=10800`, "RateLimit", `"default";r=`+rem+`;t=`+reset,
+			"RateLimit-Policy", `"default";q=3;w=10800`, "RateLimit", `"default";r=`+rem+`;t=3600`,
 			"Retry-After", "")
 	}
 	cs.get("/").expect(t, "4th request", 429,
 		"limited zone=default key=127.0.0.1 limit=3 remaining=0 retry=3600 degraded=false",
 		"Retry-After", "3600", "X-RateLimit-Limit", "3", "X-RateLimit-Remaining", "0", "X-RateLimit-Reset", "10800",
-		"RateLimit", `"default";r=0;t=10800`)
+		"RateLimit", `"default";r=0;t=3600`)
 }
 
 func TestEndToEndZonesFromDesign(t *testing.T) {

@@ -11,11 +11,11 @@ import (
 //
 //	{http.rate_limit_redis.allowed}      true or false; in dry_run, false when enforcement would reject (429, or 503 of fail_mode closed)
 //	{http.rate_limit_redis.zone}         the deciding zone's name
-//	{http.rate_limit_redis.key}          the deciding zone's client key, as resolved
+//	{http.rate_limit_redis.key}          the deciding zone's client key, as resolved (an IP address masked to its prefix)
 //	{http.rate_limit_redis.limit}        the deciding zone's capacity or limit
 //	{http.rate_limit_redis.remaining}    whole tokens or slots left
 //	{http.rate_limit_redis.reset}        seconds until the zone is full again, rounded up
-//	{http.rate_limit_redis.retry_after}  seconds until a denied request would pass, rounded up; 0 when allowed
+//	{http.rate_limit_redis.retry_after}  the 429's Retry-After: seconds until a denied request would pass, rounded up, plus jitter; 0 when allowed
 //	{http.rate_limit_redis.degraded}     true when Redis failed and fail_mode decided
 //
 // When Redis failed under fail_mode open or closed only allowed and degraded are known.
@@ -28,7 +28,7 @@ type outcome struct {
 	allowed, degraded, decided bool
 	zone, key                  string
 	limit, remaining           int64
-	reset, retryAfter          int64 // seconds
+	reset, retryAfter          int64 // seconds; retryAfter with jitter
 }
 
 // provide answers the placeholders of placeholderPrefix.

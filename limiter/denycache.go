@@ -69,12 +69,16 @@ func newDenyCache(size int, maxAge time.Duration) *denyCache {
 }
 
 // check returns the Decision for reqs if a remembered denial covers one of them at now: the
-// covering zone that admits last decides. Expired entries found on the way are removed.
+// covering zone that admits last decides. Expired entries found on the way are removed. Each
+// zone's Result is that of its covering denial, or not Known: a cached denial knows nothing of
+// the zones it does not cover.
 func (dc *denyCache) check(reqs []Request, now time.Time) (Decision, bool) {
 	var d Decision
 	found := false
-	for i, r := range reqs {
-		if unsatisfiable(r) {
+	for i := range reqs {
+		r := &reqs[i]
+		r.Result = Result{}
+		if unsatisfiable(*r) {
 			continue // Redis answers it, with no Retry-After
 		}
 		k := denyKey{r.Zone, ClientKey(r.Key), r.Cost}
@@ -86,10 +90,12 @@ func (dc *denyCache) check(reqs []Request, now time.Time) (Decision, bool) {
 			dc.c.Remove(k)
 			continue
 		}
-		if retry := e.until.Sub(now); !found || retry > d.RetryAfter {
+		retry := e.until.Sub(now)
+		r.Result = Result{Known: true, Remaining: e.remaining, Next: e.nextAt.Sub(now), Reset: max(e.resetAt.Sub(now), retry)}
+		if !found || retry > d.RetryAfter {
 			d = Decision{
 				Zone: i, Limit: r.Zone.Quota(), Remaining: e.remaining,
-				RetryAfter: retry, Reset: max(e.resetAt.Sub(now), retry), Next: e.nextAt.Sub(now), Cached: true,
+				RetryAfter: retry, Reset: r.Result.Reset, Next: r.Result.Next, Cached: true,
 			}
 			found = true
 		}

@@ -51,6 +51,30 @@ type Request struct {
 	// Cost is the tokens (token bucket) or slots (sliding window) the request takes; >= 1. A cost
 	// above the zone's MaxCost can never be admitted (Decision.Unsatisfiable).
 	Cost int64
+	// Result is this zone's own outcome, written by the decision that reads the request (Allow,
+	// Denied, Local.Allow): the caller's slice element is filled in, so that every zone's figures
+	// (the IETF RateLimit fields list them all) cost no allocation. Known is false for a zone whose
+	// outcome that decision does not know: a zone of a Redis Cluster slot that failed, or one no
+	// cached denial covers when Denied answers.
+	Result Result
+}
+
+// Result is one zone's outcome in a request's decision.
+type Result struct {
+	// Known is true when the decision knows this zone's outcome; the other fields are then set.
+	Known bool
+	// Allowed is true when this zone alone would admit the request.
+	Allowed bool
+	// Remaining is the zone's whole tokens or window slots left: after this request when the
+	// request was admitted, else as they are (a denied request charged no zone).
+	Remaining int64
+	// Next is how long until the zone has at least one more whole token or window slot than
+	// Remaining; 0 when it is full.
+	Next time.Duration
+	// Reset is how long until the zone is back to its full quota. For a zone that would have
+	// admitted a request that another zone denied, and is not full, it is an upper bound: the
+	// time as if the zone had been charged.
+	Reset time.Duration
 }
 
 // Decision is the outcome of one request across its zones.
@@ -352,7 +376,8 @@ func decodeReply(reply any, n int) (bool, []zoneReply, error) {
 
 // pick makes the Decision from each zone's outcome, choosing the deciding zone: when denied,
 // an unsatisfiable zone, else the denying zone that takes longest to admit; when allowed, the
-// zone with the least remaining share of its quota (the first of equals).
+// zone with the least remaining share of its quota (the first of equals). It writes each zone's
+// own outcome into reqs[i].Result.
 func pick(reqs []Request, allowed bool, zones []zoneReply) Decision {
 	best := -1
 	for i, z := range zones {
@@ -385,6 +410,29 @@ func pick(reqs []Request, allowed bool, zones []zoneReply) Decision {
 		if z.retryAfter > b.retryAfter {
 			best = i
 		}
+	}
+	for i, z := range zones {
+		// A zone of a Redis Cluster slot that failed has no reply: the zero zoneReply, which no
+		// reply is (an admitting zone has allowed set, a denying one a retry after > 0).
+		if z == (zoneReply{}) {
+			reqs[i].Result = Result{}
+			continue
+		}
+		res := Result{
+			Known: true, Allowed: z.allowed, Remaining: z.remaining,
+			Next: time.Duration(z.next) * time.Microsecond, Reset: time.Duration(z.reset) * time.Microsecond,
+		}
+		if z.allowed && !allowed {
+			// The reply gives the figures after the request, as if this zone had been charged;
+			// it was not. Whole units are the cost more, the next unit as far (the same
+			// fraction of a token, the same oldest entry), unless that makes the zone full.
+			quota := reqs[i].Zone.Quota()
+			res.Remaining = min(res.Remaining+reqs[i].Cost, quota)
+			if res.Remaining >= quota {
+				res.Next, res.Reset = 0, 0
+			}
+		}
+		reqs[i].Result = res
 	}
 	z := zones[best]
 	d := Decision{

@@ -35,7 +35,7 @@ func NewLocal(maxKeys int) *Local {
 }
 
 // Allow decides reqs at time now with the semantics of Limiter.Allow (all-or-nothing; the
-// deciding zone chosen the same way), in process and without error.
+// deciding zone chosen the same way, each zone's Result filled in), in process and without error.
 func (l *Local) Allow(reqs []Request, now time.Time) Decision {
 	if len(reqs) == 0 {
 		return Decision{Allowed: true, Zone: -1}
@@ -67,6 +67,10 @@ func (l *Local) Allow(reqs []Request, now time.Time) Decision {
 		tokens := buckets[i].TokensAt(now)
 		if allowed {
 			buckets[i].AllowN(now, int(r.Cost)) // cannot fail: checked above, under l.mu
+		}
+		if zones[i].allowed {
+			// As decide.lua reports a zone that admits: after the request, charged or not (pick
+			// gives an uncharged zone its cost back).
 			tokens -= float64(r.Cost)
 		}
 		whole := math.Floor(max(tokens, 0))
