@@ -341,8 +341,8 @@ type Zone struct {
 	decisions   *decisionCounters // the zone's series of decisions_total
 	emptyKeys   prometheus.Counter
 	failMode    string // FailMode, or the handler's
-	v4, v6      int               // the prefix lengths in force
-	jitter      int64             // the Retry-After jitter in force, in seconds
+	v4, v6      int    // the prefix lengths in force
+	jitter      int64  // the Retry-After jitter in force, in seconds
 
 	// Formatted once for the hot path: the quota (X-RateLimit-Limit), the quoted name and the
 	// RateLimit-Policy value, and the errors of a denial.
