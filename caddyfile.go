@@ -69,6 +69,7 @@ var (
 //			max_age <duration>               # how long a cached denial is trusted; default 1s
 //		}
 //		log_key                              # log client keys (personal data); off by default
+//		max_waiting <n>                      # requests held at once for a max_wait; default 1000
 //
 //		zone <name> {
 //			key         <value>...           # placeholders; the first that is not empty wins (the n-th's key is n=value); default {client_ip}
@@ -83,6 +84,7 @@ var (
 //			time_zone   <IANA name>          # fixed_window with a period; default UTC
 //			cost        <n>|<placeholder>    # tokens a request takes; default 1
 //			max_cost    <n>                  # larger costs are never admitted; default the quota (sliding_window with a placeholder cost: at most 1000)
+//			max_wait    <duration>           # token_bucket: hold a request up to this long for its turn instead of a 429; up to 1m
 //			match {                          # optional: this zone applies only to matching requests
 //				<matchers>
 //			}
@@ -265,6 +267,16 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if err := parseDenyCache(d, h); err != nil {
 				return err
 			}
+
+		case "max_waiting":
+			if err := seen.add(d); err != nil {
+				return err
+			}
+			n, err := intAtLeast(d, 1)
+			if err != nil {
+				return err
+			}
+			h.MaxWaiting = n
 
 		case "zone":
 			if shorthand != nil {
@@ -486,7 +498,7 @@ func parseZone(d *caddyfile.Dispenser, names map[string]bool) (*Zone, error) {
 // shorthand for a zone named "default" when written at the top level.
 func isZoneSubdirective(name string) bool {
 	switch name {
-	case "key", "empty_key", "algorithm", "capacity", "refill_rate", "limit", "window", "period", "time_zone", "cost", "max_cost", "match":
+	case "key", "empty_key", "algorithm", "capacity", "refill_rate", "limit", "window", "period", "time_zone", "cost", "max_cost", "max_wait", "match":
 		return true
 	}
 	return false
@@ -642,6 +654,23 @@ func (p *zoneParser) subdirective(d *caddyfile.Dispenser) error {
 		}
 		z.MaxCost = n
 
+	case "max_wait":
+		v, err := oneArg(d)
+		if err != nil {
+			return err
+		}
+		dur, err := caddy.ParseDuration(v)
+		switch {
+		case err != nil:
+			return d.Errf("max_wait: %q is not a duration", v)
+		case dur <= 0:
+			return d.Errf("max_wait: %q must be > 0 (leave max_wait out to reject at once)", v)
+		case dur > limiter.MaxMaxWait:
+			return d.Errf("max_wait: %q is longer than %s: a request held that long outlasts most clients' timeouts; "+
+				"let it come back instead (429 and Retry-After)", v, limiter.MaxMaxWait)
+		}
+		z.MaxWait = caddy.Duration(dur)
+
 	case "match":
 		matchToken := d.Token()
 		set, err := caddyhttp.ParseCaddyfileNestedMatcherSet(d)
@@ -699,6 +728,11 @@ func (p *zoneParser) finish() error {
 		if _, ok := p.seen[name]; !ok {
 			return errAt(p.start, "zone %q: %s is required for algorithm %s", z.Name, name, algorithm)
 		}
+	}
+	if tok, ok := p.seen["max_wait"]; ok && algorithm != tokenBucketName {
+		// A token bucket's debt is an exact queue; a window's quota comes back in steps.
+		return errAt(tok, "max_wait applies to algorithm %s only, not %s: a window gives its quota back in steps, "+
+			"so a held request would have no exact turn; shape with a %s zone", tokenBucketName, algorithm, tokenBucketName)
 	}
 	if algorithm == fixedWindowName {
 		_, hasWindow := p.seen["window"]

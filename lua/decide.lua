@@ -18,7 +18,11 @@
 --   h:<nonce>  a hold: "<cost>@<µs>", tokens reserved by a call with hold = 1 (Redis Cluster,
 --       when a request's zones are in several hash slots) until settle.lua commits it into u or
 --       releases it. A hold older than HOLD_MAX µs is committed by whichever call finds it.
--- It admits a request iff capacity - u - held >= cost.
+-- It admits a request iff capacity - u - held >= cost, or, with a max_wait (shaping), iff it
+-- would within max_wait (and cost <= capacity): the request is then charged now, u going above
+-- the capacity (a debt of at most max_wait × rate), and its delay is the time until the bucket
+-- would have held cost tokens. Each reservation deepens the debt, so held requests come out in
+-- order, at the refill rate, whichever instance holds them.
 --
 -- Sliding window log zone: a sorted set of admitted request units scored by time (µs), members
 -- "<nonce>:<n>". It admits a request iff (units younger than the window) + cost <= limit.
@@ -41,7 +45,8 @@
 --   algorithm  "tb" (token bucket), "sw" (sliding window log), "fw" (fixed window) or "sc"
 --              (sliding window counter)
 --   quota      tb: capacity (tokens); sw, fw, sc: limit (requests per window)
---   rate       tb: refill rate (tokens/s, float > 0); sw, sc: window (µs, integer > 0);
+--   rate       tb: refill rate (tokens/s, float > 0), or "<rate>,<max_wait>" to shape: the
+--              longest the request may be held (µs, integer > 0); sw, sc: window (µs, integer > 0);
 --              fw: "b0,b1,b2,b3" (µs): the windows [b0,b1), [b1,b2), [b2,b3) around the
 --              instance's clock, of which the one holding now is used
 --   cost       tokens or window slots this request takes (integer >= 1)
@@ -52,8 +57,9 @@
 --   allowed_i      1 if zone i alone would admit the request, else 0
 --   remaining_i    whole tokens (tb) or slots (sw) left: after this request if zone i alone
 --                  admits it, else as they are now
---   retry_after_i  µs until zone i alone would admit the request; 0 when it admits it now, and
---                  meaningless when cost > quota (it never will)
+--   retry_after_i  when zone i alone admits the request: its delay, µs to hold it (0 but with a
+--                  max_wait); when it denies it: µs until it would admit it (with a max_wait,
+--                  holding it max_wait then), meaningless when cost > quota (it never will)
 --   reset_i        µs until zone i is back to its full quota
 --   next_i         µs until zone i has at least one more whole unit than remaining_i (the
 --                  next token, the oldest window entry leaving, the fixed window's end, the
@@ -110,6 +116,11 @@ for i = 1, n do
   local ok, remaining, retry, reset, nxt
 
   if algo == 'tb' then
+    local max_wait = 0
+    if rate == nil then -- "<rate>,<max_wait>"
+      local r, w = string.match(ARGV[base + 2], '^([^,]+),(%d+)$')
+      rate, max_wait = tonumber(r), tonumber(w)
+    end
     local v = redis.call('HMGET', key, 'u', 'ts', 't', 'h')
     local used, ts, held = tonumber(v[1]), tonumber(v[2]), tonumber(v[4]) or 0
     local t = v[3]
@@ -145,21 +156,23 @@ for i = 1, n do
       end
     end
     local tokens = quota - used - held
-    if tokens + EPSILON >= cost then
+    local delay = wait(tokens, cost, rate) -- 0 when the bucket holds cost now
+    if delay == 0 or (delay <= max_wait and cost <= quota) then
       ok = true
-      retry = 0
+      retry = delay
       tokens = tokens - cost
       writes[#writes + 1] = { 'tb', key, used, ts, quota, rate, cost, held, holds }
     else
       ok = false
-      retry = wait(tokens, cost, rate)
+      retry = delay
+      if cost <= quota then retry = delay - max_wait end -- then admitted, and held max_wait
       denied[#denied + 1] = { key, math.max(1, math.ceil((used + held) / rate * 1000)) }
     end
     local whole = math.floor(tokens + EPSILON)
     remaining = math.max(0, whole)
     reset = wait(tokens, quota, rate)
     if whole >= quota then nxt = 0 else nxt = wait(tokens, math.max(whole, 0) + 1, rate) end
-    if not ok and held > 0 and tokens + held + EPSILON >= cost then
+    if not ok and held > 0 and cost <= quota and wait(tokens + held, cost, rate) <= max_wait then
       nxt = 1 -- denied by holds that settle.lua may release at any moment: nothing to cache
     end
   elseif algo == 'sw' then

@@ -19,7 +19,8 @@
 -- ARGV[2]  the nonce of the decide.lua call being settled.
 -- ARGV[3]  "commit" or "release".
 -- Then 4 arguments per zone i, starting at ARGV[4 + 4*(i-1)]: algorithm ("tb" or "sw"), quota,
--- rate (tb: tokens/s; sw: window µs) and cost, as given to that call.
+-- rate (tb: tokens/s, followed by ",<max_wait>" when shaping; sw: window µs) and cost, as given
+-- to that call.
 --
 -- Reply: the number of zones settled (holds or window entries found).
 
@@ -41,7 +42,7 @@ for i = 1, #KEYS do
   local base = 4 + 4 * (i - 1)
   local algo = ARGV[base]
   local quota = tonumber(ARGV[base + 1])
-  local rate = tonumber(ARGV[base + 2])
+  local rate = tonumber(string.match(ARGV[base + 2], '^[^,]*')) -- tb: "<rate>[,<max_wait>]"
 
   if algo == 'tb' then
     local v = redis.call('HMGET', key, 'u', 'ts', 'h', 'h:' .. nonce)
