@@ -57,9 +57,9 @@ type State struct {
 	// RetryAfter is how long from Now until a request of cost 1 would be admitted: 0 when it
 	// would be admitted now. With a MaxWait, admitted includes admitted and held.
 	RetryAfter time.Duration
-	// Wait (token bucket only) is how long from Now until the bucket holds a whole token: how
-	// long a request of cost 1 admitted at Now is held, when the zone has a MaxWait at least as
-	// long. 0 when the bucket holds one now.
+	// Wait (token bucket with a MaxWait only) is how long from Now until the bucket holds a
+	// whole token: how long a request of cost 1 admitted at Now is held, when that is within
+	// MaxWait. 0 when the bucket holds one now.
 	Wait time.Duration
 	// TTL is the key's time to live in Redis, to the millisecond: when a bucket would be full
 	// again, or the newest window entry leaves the window, as of the last admitted request.
@@ -113,10 +113,14 @@ func (l *Limiter) bucketState(ctx context.Context, z *Zone, now int64, s *State)
 	tokens := bucketTokens(fields.Val(), float64(now), float64(z.Capacity), z.RefillRate)
 	s.Tokens = tokens
 	s.Remaining = max(0, int64(math.Floor(tokens+tokenEpsilon)))
+	var wait time.Duration
 	if tokens+tokenEpsilon < 1 {
-		s.Wait = time.Duration(math.Ceil((1-tokens)/z.RefillRate*1e6)) * time.Microsecond
+		wait = time.Duration(math.Ceil((1-tokens)/z.RefillRate*1e6)) * time.Microsecond
 	}
-	s.RetryAfter = max(0, s.Wait-z.MaxWait.Truncate(time.Microsecond))
+	s.RetryAfter = max(0, wait-z.MaxWait.Truncate(time.Microsecond))
+	if z.MaxWait > 0 {
+		s.Wait = wait
+	}
 	return nil
 }
 
