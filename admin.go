@@ -103,6 +103,8 @@ type zoneInfo struct {
 	// fixed_window: the calendar period and its time zone, when the window is a period.
 	Period   string `json:"period,omitempty"`
 	TimeZone string `json:"time_zone,omitempty"`
+	// token_bucket: the longest a request may be held (shaping), in milliseconds.
+	MaxWaitMs int64 `json:"max_wait_ms,omitempty"`
 	// The handler's key_prefix.
 	KeyPrefix string `json:"key_prefix"`
 	// The handler's Redis addresses (placeholders replaced) and database.
@@ -129,8 +131,12 @@ type clientState struct {
 	// expired (a full bucket, an empty window). Reading never creates it.
 	Exists bool `json:"exists"`
 	// token_bucket: the tokens in the bucket now, fractional, refilled to the Redis server's
-	// time as the decision script computes it.
+	// time as the decision script computes it; negative when it owes tokens (the reservations of
+	// held requests, with max_wait).
 	Tokens *float64 `json:"tokens,omitempty"`
+	// token_bucket with max_wait: milliseconds (rounded up) until the bucket holds a whole
+	// token: how long a request of cost 1 admitted now would be held.
+	WaitMs *int64 `json:"wait_ms,omitempty"`
 	// Window algorithms: the requests (slots) counted: in the sliding window ending now
 	// (sliding_window), in the fixed window holding now (fixed_window), in the current fixed
 	// window (sliding_window_counter).
@@ -143,7 +149,8 @@ type clientState struct {
 	WindowEnd   string `json:"window_end,omitempty"`
 	// Whole tokens or window slots left now: what X-RateLimit-Remaining would say.
 	Remaining int64 `json:"remaining"`
-	// Milliseconds (rounded up) until a request of cost 1 would be admitted; 0: it would be now.
+	// Milliseconds (rounded up) until a request of cost 1 would be admitted (with max_wait,
+	// admitted and held); 0: it would be now.
 	RetryAfterMs int64 `json:"retry_after_ms"`
 	// The Redis key's time to live, in milliseconds: when the bucket is full again or the newest
 	// window entry leaves the window, as of the last admitted request. 0 when !exists.
@@ -177,7 +184,7 @@ func (a *AdminAPI) handleZones(w http.ResponseWriter, r *http.Request) error {
 		zi := zoneInfo{
 			Name: t.z.Name, Algorithm: t.z.Algorithm, KeyPrefix: t.h.KeyPrefix, Redis: t.redis, DB: t.h.Redis.DB,
 			Capacity: t.z.Capacity, RefillRate: t.z.RefillRate, Limit: t.z.Limit, WindowMs: time.Duration(t.z.Window).Milliseconds(),
-			Period: t.z.Period, TimeZone: t.z.TimeZone,
+			Period: t.z.Period, TimeZone: t.z.TimeZone, MaxWaitMs: ceilMs(time.Duration(t.z.MaxWait)),
 		}
 		if !slices.ContainsFunc(zones, func(o zoneInfo) bool { return zi.equal(o) }) {
 			zones = append(zones, zi)
@@ -188,7 +195,8 @@ func (a *AdminAPI) handleZones(w http.ResponseWriter, r *http.Request) error {
 
 func (zi zoneInfo) equal(o zoneInfo) bool {
 	return zi.Name == o.Name && zi.Algorithm == o.Algorithm && zi.Capacity == o.Capacity && zi.RefillRate == o.RefillRate &&
-		zi.Limit == o.Limit && zi.WindowMs == o.WindowMs && zi.Period == o.Period && zi.TimeZone == o.TimeZone && zi.KeyPrefix == o.KeyPrefix && slices.Equal(zi.Redis, o.Redis) && zi.DB == o.DB
+		zi.Limit == o.Limit && zi.WindowMs == o.WindowMs && zi.Period == o.Period && zi.TimeZone == o.TimeZone && zi.MaxWaitMs == o.MaxWaitMs &&
+		zi.KeyPrefix == o.KeyPrefix && slices.Equal(zi.Redis, o.Redis) && zi.DB == o.DB
 }
 
 // handleState serves GET (read) and DELETE (reset) /rate_limit_redis/state?zone=&key=.
@@ -225,8 +233,8 @@ func readState(ctx context.Context, w http.ResponseWriter, ts []target, key stri
 	candidate, _ := limiter.ParseCandidateKey(key)
 	for _, t := range ts {
 		lk := t.h.limiterKey(key)
-		id := fmt.Sprintf("%s|%s|%d|%g|%d|%d|%s|%s", t.redisID, limiter.StateKey(t.h.KeyPrefix, &t.z.lz, lk),
-			t.z.lz.Capacity, t.z.lz.RefillRate, t.z.lz.Limit, t.z.lz.Window, t.z.Period, t.z.TimeZone)
+		id := fmt.Sprintf("%s|%s|%d|%g|%d|%d|%s|%s|%d", t.redisID, limiter.StateKey(t.h.KeyPrefix, &t.z.lz, lk),
+			t.z.lz.Capacity, t.z.lz.RefillRate, t.z.lz.Limit, t.z.lz.Window, t.z.Period, t.z.TimeZone, t.z.lz.MaxWait)
 		if seen[id] {
 			continue
 		}
@@ -243,6 +251,10 @@ func readState(ctx context.Context, w http.ResponseWriter, ts []target, key stri
 		switch t.z.lz.Algorithm {
 		case limiter.TokenBucket:
 			cs.Tokens = &s.Tokens
+			if t.z.lz.MaxWait > 0 {
+				wait := ceilMs(s.Wait)
+				cs.WaitMs = &wait
+			}
 		case limiter.SlidingWindowCounter:
 			cs.Count, cs.Estimate = &s.Count, &s.Estimate
 		case limiter.FixedWindow:

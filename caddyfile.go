@@ -72,6 +72,7 @@ var (
 //		ipv4_prefix <bits>                   # key an IPv4 candidate by its /bits network, 1 to 32; default 32
 //		ipv6_prefix <bits>                   # key an IPv6 candidate by its /bits network, 1 to 128; default 64
 //		jitter      <duration>               # add 0 to this (whole seconds) to a 429's Retry-After at random; default 0
+//		max_waiting <n>                      # requests held at once for a max_wait; default 1000
 //
 //		zone <name> {
 //			key         <value>...           # placeholders; the first that is not empty wins (the n-th's key is n=value); default {client_ip}
@@ -86,6 +87,7 @@ var (
 //			time_zone   <IANA name>          # fixed_window with a period; default UTC
 //			cost        <n>|<placeholder>    # tokens a request takes; default 1
 //			max_cost    <n>                  # larger costs are never admitted; default the quota (sliding_window with a placeholder cost: at most 1000)
+//			max_wait    <duration>           # token_bucket: hold a request up to this long for its turn instead of a 429; up to 1m
 //			match {                          # optional: this zone applies only to matching requests
 //				<matchers>
 //			}
@@ -302,6 +304,16 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 			h.Jitter = caddy.Duration(dur)
+
+		case "max_waiting":
+			if err := seen.add(d); err != nil {
+				return err
+			}
+			n, err := intAtLeast(d, 1)
+			if err != nil {
+				return err
+			}
+			h.MaxWaiting = n
 
 		case "zone":
 			if shorthand != nil {
@@ -523,7 +535,7 @@ func parseZone(d *caddyfile.Dispenser, names map[string]bool) (*Zone, error) {
 // shorthand for a zone named "default" when written at the top level.
 func isZoneSubdirective(name string) bool {
 	switch name {
-	case "key", "empty_key", "algorithm", "capacity", "refill_rate", "limit", "window", "period", "time_zone", "cost", "max_cost", "match":
+	case "key", "empty_key", "algorithm", "capacity", "refill_rate", "limit", "window", "period", "time_zone", "cost", "max_cost", "max_wait", "match":
 		return true
 	}
 	return false
@@ -690,6 +702,23 @@ func (p *zoneParser) subdirective(d *caddyfile.Dispenser) error {
 		}
 		z.MaxCost = n
 
+	case "max_wait":
+		v, err := oneArg(d)
+		if err != nil {
+			return err
+		}
+		dur, err := caddy.ParseDuration(v)
+		switch {
+		case err != nil:
+			return d.Errf("max_wait: %q is not a duration", v)
+		case dur <= 0:
+			return d.Errf("max_wait: %q must be > 0 (leave max_wait out to reject at once)", v)
+		case dur > limiter.MaxMaxWait:
+			return d.Errf("max_wait: %q is longer than %s: a request held that long outlasts most clients' timeouts; "+
+				"let it come back instead (429 and Retry-After)", v, limiter.MaxMaxWait)
+		}
+		z.MaxWait = caddy.Duration(dur)
+
 	case "match":
 		matchToken := d.Token()
 		set, err := caddyhttp.ParseCaddyfileNestedMatcherSet(d)
@@ -768,6 +797,11 @@ func (p *zoneParser) finish() error {
 		if _, ok := p.seen[name]; !ok {
 			return errAt(p.start, "zone %q: %s is required for algorithm %s", z.Name, name, algorithm)
 		}
+	}
+	if tok, ok := p.seen["max_wait"]; ok && algorithm != tokenBucketName {
+		// A token bucket's debt is an exact queue; a window's quota comes back in steps.
+		return errAt(tok, "max_wait applies to algorithm %s only, not %s: a window gives its quota back in steps, "+
+			"so a held request would have no exact turn; shape with a %s zone", tokenBucketName, algorithm, tokenBucketName)
 	}
 	if algorithm == fixedWindowName {
 		_, hasWindow := p.seen["window"]

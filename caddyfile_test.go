@@ -365,6 +365,36 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 			},
 		},
 		{
+			name: "shaping: max_wait in a zone and the shorthand, max_waiting",
+			input: `rate_limit_redis {
+				max_waiting 50
+				zone api {
+					capacity    10
+					refill_rate 10
+					max_wait    2s
+				}
+				zone login {
+					algorithm token_bucket
+					capacity    5
+					refill_rate 1/1m
+					max_wait    1m
+				}
+			}`,
+			want: &Handler{MaxWaiting: 50, Zones: []*Zone{
+				{Name: "api", Capacity: 10, RefillRate: 10, MaxWait: caddy.Duration(2 * time.Second)},
+				{Name: "login", Algorithm: "token_bucket", Capacity: 5, RefillRate: 1.0 / 60, MaxWait: caddy.Duration(time.Minute)},
+			}},
+		},
+		{
+			name: "shaping in the shorthand",
+			input: `rate_limit_redis {
+				capacity    10
+				refill_rate 10
+				max_wait    250ms
+			}`,
+			want: &Handler{Zones: []*Zone{{Name: DefaultZoneName, Capacity: 10, RefillRate: 10, MaxWait: caddy.Duration(250 * time.Millisecond)}}},
+		},
+		{
 			name: "a matcher written twice in a match block is one matcher",
 			input: `rate_limit_redis {
 				zone a {
@@ -585,6 +615,40 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 			`max_cost 2000: a sliding_window zone stores one entry per unit of cost, so a cost from a placeholder (chosen per request) is bounded by max_cost 1000 at most; use token_bucket for larger costs, at Testfile:6`},
 		{"max_cost zero", "rate_limit_redis {\n\tcapacity 10\n\trefill_rate 1\n\tmax_cost 0\n}",
 			`max_cost: "0" is out of range (1 to 9007199254740992), at Testfile:4`},
+
+		// max_wait and max_waiting (shaping)
+		{"max_wait missing", "rate_limit_redis {\n\tzone a {\n\t\tcapacity 10\n\t\trefill_rate 10\n\t\tmax_wait\n\t}\n}",
+			`wrong argument count or unexpected line ending after 'max_wait', at Testfile:5`},
+		{"max_wait extra", "rate_limit_redis {\n\tcapacity 10\n\trefill_rate 10\n\tmax_wait 1s 2s\n}",
+			`max_wait: unexpected argument "2s", at Testfile:4`},
+		{"max_wait repeated", "rate_limit_redis {\n\tcapacity 10\n\trefill_rate 10\n\tmax_wait 1s\n\tmax_wait 2s\n}",
+			`duplicate subdirective "max_wait", at Testfile:5`},
+		{"max_wait not a duration", "rate_limit_redis {\n\tcapacity 10\n\trefill_rate 10\n\tmax_wait soon\n}",
+			`max_wait: "soon" is not a duration, at Testfile:4`},
+		{"max_wait zero", "rate_limit_redis {\n\tcapacity 10\n\trefill_rate 10\n\tmax_wait 0s\n}",
+			`max_wait: "0s" must be > 0 (leave max_wait out to reject at once), at Testfile:4`},
+		{"max_wait negative", "rate_limit_redis {\n\tcapacity 10\n\trefill_rate 10\n\tmax_wait -1s\n}",
+			`max_wait: "-1s" must be > 0 (leave max_wait out to reject at once), at Testfile:4`},
+		{"max_wait too long", "rate_limit_redis {\n\tcapacity 10\n\trefill_rate 10\n\tmax_wait 61s\n}",
+			`max_wait: "61s" is longer than 1m0s: a request held that long outlasts most clients' timeouts; let it come back instead (429 and Retry-After), at Testfile:4`},
+		{"max_wait block", "rate_limit_redis {\n\tcapacity 10\n\trefill_rate 10\n\tmax_wait 1s {\n\t}\n}",
+			`max_wait: unexpected block, at Testfile:4`},
+		{"max_wait in a sliding window zone", "rate_limit_redis {\n\tzone a {\n\t\talgorithm sliding_window\n\t\tlimit 5\n\t\twindow 1m\n\t\tmax_wait 1s\n\t}\n}",
+			`max_wait applies to algorithm token_bucket only, not sliding_window: a window gives its quota back in steps, so a held request would have no exact turn; shape with a token_bucket zone, at Testfile:6`},
+		{"max_wait in a fixed window zone", "rate_limit_redis {\n\tzone a {\n\t\tmax_wait 1s\n\t\talgorithm fixed_window\n\t\tlimit 5\n\t\tperiod day\n\t}\n}",
+			`max_wait applies to algorithm token_bucket only, not fixed_window: a window gives its quota back in steps, so a held request would have no exact turn; shape with a token_bucket zone, at Testfile:3`},
+		{"max_wait in a sliding window counter zone", "rate_limit_redis {\n\talgorithm sliding_window_counter\n\tlimit 5\n\twindow 1m\n\tmax_wait 1s\n}",
+			`max_wait applies to algorithm token_bucket only, not sliding_window_counter: a window gives its quota back in steps, so a held request would have no exact turn; shape with a token_bucket zone, at Testfile:5`},
+		{"max_waiting missing", "rate_limit_redis {\n\tmax_waiting\n" + zone[1:] + "\n}",
+			`wrong argument count or unexpected line ending after 'max_waiting', at Testfile:2`},
+		{"max_waiting zero", "rate_limit_redis {\n\tmax_waiting 0\n}",
+			`max_waiting: "0" must be >= 1, at Testfile:2`},
+		{"max_waiting not an integer", "rate_limit_redis {\n\tmax_waiting many\n}",
+			`max_waiting: "many" is not an integer, at Testfile:2`},
+		{"max_waiting repeated", "rate_limit_redis {\n\tmax_waiting 1\n\tmax_waiting 2\n}",
+			`duplicate subdirective "max_waiting", at Testfile:3`},
+		{"max_waiting in a zone", "rate_limit_redis {\n\tzone a {\n\t\tmax_waiting 1\n\t}\n}",
+			`unrecognized subdirective "max_waiting", at Testfile:3`},
 
 		// degraded_header
 		{"degraded_header missing", "rate_limit_redis {\n\tdegraded_header\n}",

@@ -24,6 +24,10 @@ import (
 // a positive integer.
 var errCost = errors.New("the request's cost is not a positive integer")
 
+// errLeftWhileHeld ends (as a 499) a request whose client went away while it was held for its
+// turn (max_wait).
+var errLeftWhileHeld = errors.New("client closed the request while it was held for its turn (max_wait); its tokens stay spent")
+
 // Response header names, canonical already so that setting them costs no canonicalisation.
 var (
 	hdrLimit      = http.CanonicalHeaderKey("X-RateLimit-Limit")
@@ -42,12 +46,18 @@ var (
 // Every decision is counted in decisions_total by result (see metrics.go). With dry_run the
 // request is decided, charged, headed (Retry-After aside), reported and counted as enforced,
 // and always passed on.
+//
+// A request admitted with a delay (a zone's max_wait) is held here for it, then passed on; a
+// client that goes away meanwhile ends it at once with 499. At most MaxWaiting requests are
+// held at once (see takeWaitingPlace); dry_run never holds.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	if repl == nil {
 		repl = caddy.NewReplacer()
 	}
-	reqs := make([]limiter.Request, 0, len(h.Zones))
+	// On the stack for up to 4 zones: the requests do not outlive the call.
+	var reqsBuf [4]limiter.Request
+	reqs := reqsBuf[:0]
 	// The client keys as the placeholder shows them, per request of reqs: with key_secret,
 	// reqs hold their keyed digests instead. Memoised: zones usually share their key.
 	var shownBuf [8]string
@@ -55,6 +65,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	var lastShown, lastKey string // the previous zone's, when keyed is true
 	keyed := false
 	var masked maskMemo // the previous IP candidate masked: zones usually share their key
+	shaping := false    // a zone of reqs may hold the request (max_wait)
 	for _, z := range h.Zones {
 		if len(z.matcherSets) > 0 {
 			match, err := z.matcherSets.AnyMatchWithError(r)
@@ -96,6 +107,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			key = lastKey
 		}
 		reqs = append(reqs, limiter.Request{Zone: &z.lz, Key: key, Cost: cost})
+		shaping = shaping || z.lz.MaxWait > 0
 	}
 	if len(reqs) == 0 {
 		return next.ServeHTTP(w, r)
@@ -103,6 +115,17 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 	out := new(outcome)
 	out.publish(repl)
+	// A request that may be held takes its place among the held before it is decided, so that
+	// no more than MaxWaiting are ever held; with none left it is decided without waiting.
+	placed, noWait := false, false
+	if shaping && !h.DryRun {
+		placed = h.takeWaitingPlace()
+		noWait = !placed
+		for i := range reqs {
+			reqs[i].NoWait = noWait
+		}
+	}
+	defer h.leaveWaiting(&placed)
 	d, err := h.decide(r.Context(), reqs)
 	decided := reqs // the zones d is about
 	if err != nil {
@@ -140,8 +163,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			if h.degradedHeader {
 				w.Header()[hdrDegraded] = []string{"true"}
 			}
+			h.leaveWaiting(&placed)
 			return next.ServeHTTP(w, r)
 		}
+	}
+	hold := d.Allowed && d.Delay > 0 && !h.DryRun
+	if hold {
+		// The headers describe the zone when the response leaves, after the hold.
+		d.Reset, d.Next = max(0, d.Reset-d.Delay), max(0, d.Next-d.Delay)
 	}
 
 	if !out.degraded && !d.Cached {
@@ -160,7 +189,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		allowed: d.Allowed, degraded: out.degraded, decided: true,
 		zone: zone.Name, key: shown[slices.IndexFunc(reqs, func(r limiter.Request) bool { return r.Zone == zone })],
 		limit: d.Limit, remaining: d.Remaining,
-		reset: seconds(d.Reset), retryAfter: seconds(d.RetryAfter),
+		reset: seconds(d.Reset), retryAfter: seconds(d.RetryAfter), waited: ceilMs(d.Delay),
 	}
 	h.setRateLimitHeaders(w.Header(), reqs, z, d, out)
 	if !d.Allowed && !d.Unsatisfiable {
@@ -174,16 +203,30 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 
 	if d.Allowed {
+		res := resultAllowed
+		if d.Delay > 0 {
+			res = resultDelayed
+			if z.delays != nil {
+				z.delays.Observe(d.Delay.Seconds())
+			}
+		}
 		if out.degraded {
 			// Each zone counts what its own fail_mode did: local zones admitted in process,
 			// open zones let the request through.
 			h.countMode(reqs, FailLocal, resultLocal)
 			h.countMode(reqs, FailOpen, resultFailOpen)
 		} else {
-			h.count(reqs, resultAllowed)
+			h.count(reqs, res)
 		}
+		if hold {
+			if err := h.hold(r.Context(), d.Delay, out); err != nil {
+				return err
+			}
+		}
+		h.leaveWaiting(&placed)
 		return next.ServeHTTP(w, r)
 	}
+	h.leaveWaiting(&placed)
 	// Denied: only the deciding zone counts; the others were not charged.
 	switch {
 	case h.DryRun:
@@ -197,7 +240,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		metrics.denyCacheHits.Inc()
 	}
 	if c := h.logger.Check(zapcore.DebugLevel, "rate limited"); c != nil {
-		h.logDenial(c, out, d)
+		h.logDenial(c, out, d, noWait)
 	}
 	h.events.exceeded(h, out, d)
 	if h.DryRun {
@@ -221,6 +264,52 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	// Built directly rather than with caddyhttp.Error, which records a stack trace per call: a
 	// denial is routine, and its origin is always here.
 	return caddyhttp.HandlerError{StatusCode: http.StatusTooManyRequests, Err: err}
+}
+
+// takeWaitingPlace takes one of the handler's MaxWaiting places for a request that may be held,
+// before it is decided; false when every place is taken. A place is given back when the request
+// is not held after all, or when its hold ends.
+func (h *Handler) takeWaitingPlace() bool {
+	for {
+		n := h.waiting.Load()
+		if n >= int64(h.MaxWaiting) {
+			return false
+		}
+		if h.waiting.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
+}
+
+// leaveWaiting gives back the waiting place of a request that took one (*placed), once.
+func (h *Handler) leaveWaiting(placed *bool) {
+	if *placed {
+		*placed = false
+		h.waiting.Add(-1)
+	}
+}
+
+// hold holds the request for delay, its turn, on a timer; or until its client goes away, which
+// ends it at once with 499: its tokens stay spent (Redis charged them when it admitted the
+// request, as for any request whose client leaves), and out.waited is then the time it was held.
+func (h *Handler) hold(ctx context.Context, delay time.Duration, out *outcome) error {
+	metrics.waiting.Inc()
+	defer metrics.waiting.Dec()
+	start := time.Now()
+	t := time.NewTimer(delay)
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		t.Stop()
+		out.waited = ceilMs(time.Since(start))
+		if c := h.logger.Check(zapcore.DebugLevel, "client left while held for its turn"); c != nil {
+			c.Write(zap.String("zone", out.zone), zap.Int64("delay_ms", ceilMs(delay)), zap.Int64("waited_ms", out.waited))
+		}
+		// As a denial: built directly, no stack trace; 499 is what Caddy's reverse proxy reports
+		// for a client that closed the request.
+		return caddyhttp.HandlerError{StatusCode: 499, Err: errLeftWhileHeld}
+	}
 }
 
 // denyEmptyKey rejects a request whose key placeholders are all empty in zone z, whose
@@ -332,12 +421,17 @@ func (h *Handler) count(reqs []limiter.Request, res result) {
 }
 
 // logDenial writes the debug line of a denial: the deciding zone, its quota, the wait, how it
-// was decided, and the client key only when log_key is on.
-func (h *Handler) logDenial(c *zapcore.CheckedEntry, out *outcome, d limiter.Decision) {
+// was decided (waiting_full: without max_wait, every place to wait being taken), and the client
+// key only when log_key is on.
+func (h *Handler) logDenial(c *zapcore.CheckedEntry, out *outcome, d limiter.Decision, noWait bool) {
 	fields := []zap.Field{
 		zap.String("zone", out.zone), zap.Int64("limit", out.limit), zap.Int64("remaining", out.remaining),
 		zap.Int64("retry_after", out.retryAfter), zap.Bool("unsatisfiable", d.Unsatisfiable),
 		zap.Bool("cached", d.Cached), zap.Bool("local", out.degraded), zap.Bool("dry_run", h.DryRun),
+	}
+	if noWait {
+		// Decided without max_wait: max_waiting requests were held already.
+		fields = append(fields, zap.Bool("waiting_full", true))
 	}
 	if h.LogKey {
 		fields = append(fields, zap.String("key", out.key))

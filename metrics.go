@@ -29,6 +29,12 @@ var metrics struct {
 	// emptyKeys counts, by zone, the requests that applied to the zone with every key
 	// placeholder empty, whatever the zone's empty_key then did with them (shared, skip, deny).
 	emptyKeys *prometheus.CounterVec
+	// delays observes, by deciding zone (the one with the longest delay), the delay of every
+	// request admitted to be held for a max_wait: in dry_run and under fail_mode local too,
+	// whether it was then held to the end or its client left.
+	delays *prometheus.HistogramVec
+	// waiting is the requests held for a max_wait now, in every handler of the process.
+	waiting prometheus.Gauge
 }
 
 // result is the result label of decisions_total.
@@ -44,10 +50,11 @@ const (
 	resultFailClosed                 // Redis failed and fail_mode closed answered 503 (in dry_run: would have)
 	resultLocal                      // Redis failed and fail_mode local's in-process limiter admitted it
 	resultLocalDenied                // Redis failed and fail_mode local's in-process limiter denied it
+	resultDelayed                    // Redis admitted it to be held for a max_wait (in dry_run: not held)
 	numResults
 )
 
-var resultNames = [numResults]string{"allowed", "denied", "dry_run_denied", "fail_open", "fail_closed", "local", "local_denied"}
+var resultNames = [numResults]string{"allowed", "denied", "dry_run_denied", "fail_open", "fail_closed", "local", "local_denied", "delayed"}
 
 func (r result) String() string { return resultNames[r] }
 
@@ -84,7 +91,7 @@ func initMetrics() {
 			Namespace: "caddy",
 			Subsystem: "rate_limit_redis",
 			Name:      "decisions_total",
-			Help:      "Rate limit decisions by zone and result: allowed, denied, dry_run_denied, fail_open, fail_closed, local, local_denied. An admitted request counts in every zone that applied, a denied one in the denying zone only.",
+			Help:      "Rate limit decisions by zone and result: allowed, delayed, denied, dry_run_denied, fail_open, fail_closed, local, local_denied. An admitted request counts in every zone that applied, a denied one in the denying zone only.",
 		}, []string{"zone", "result"})
 		metrics.redisDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: "caddy",
@@ -99,6 +106,19 @@ func initMetrics() {
 			Name:      "empty_key_total",
 			Help:      "Requests a zone applied to whose key placeholders were all empty, by zone; the zone's empty_key decided what they did: shared, skip or deny.",
 		}, []string{"zone"})
+		metrics.delays = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "caddy",
+			Subsystem: "rate_limit_redis",
+			Name:      "delay_seconds",
+			Help:      "Seconds each request admitted to wait for its turn (max_wait) was to be held, by the zone that held it longest.",
+			Buckets:   []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
+		}, []string{"zone"})
+		metrics.waiting = prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "caddy",
+			Subsystem: "rate_limit_redis",
+			Name:      "waiting",
+			Help:      "Requests held now for their turn (max_wait), in every handler of this instance.",
+		})
 	})
 }
 
@@ -109,7 +129,7 @@ func registerMetrics(reg prometheus.Registerer) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range []prometheus.Collector{metrics.backendFailures, metrics.denyCacheHits, metrics.decisions, metrics.redisDuration, metrics.emptyKeys} {
+	for _, c := range []prometheus.Collector{metrics.backendFailures, metrics.denyCacheHits, metrics.decisions, metrics.redisDuration, metrics.emptyKeys, metrics.delays, metrics.waiting} {
 		if err := reg.Register(c); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
 			return err
 		}

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 	_ "time/tzdata" // time_zone works where the system has no time zone database (scratch images)
 
@@ -41,6 +42,10 @@ const (
 	// MaxSlidingWindowCost bounds the max_cost of a sliding_window zone whose cost is a
 	// placeholder: one request adds that many sorted set entries in one script call.
 	MaxSlidingWindowCost = 1000
+	// DefaultMaxWaiting is how many requests a handler with a max_wait zone holds at once by
+	// default: about 40 MB when all are held, at about 40 KB per held request with its HTTP/1.1
+	// connection (measured: README "Shaping").
+	DefaultMaxWaiting = 1000
 )
 
 // Values of Handler.FailMode.
@@ -168,6 +173,12 @@ type Handler struct {
 	// never admits a request early. A zone's own jitter overrides it. Default: 0, none.
 	Jitter caddy.Duration `json:"jitter,omitempty"`
 
+	// The most requests this handler holds at once for their zones' `max_wait` (shaping). A
+	// request that would have to wait while as many are held (or about to be) is decided as
+	// without max_wait: admitted if a zone admits it now, else 429, charging nothing. Each held
+	// request keeps its connection and goroutine. Default: 1000 when a zone has a max_wait.
+	MaxWaiting int `json:"max_waiting,omitempty"`
+
 	// The zones, checked in the order given. A request must pass every zone that applies to it;
 	// if any zone denies, no zone is charged. At least one zone is required.
 	Zones []*Zone `json:"zones,omitempty"`
@@ -185,6 +196,10 @@ type Handler struct {
 	bareDenials bool
 	poolKey     string // the key of this handler's reference in clients; "" when it holds none
 	logger      *zap.Logger
+	// waiting counts the requests held for a max_wait, and those being decided that may be:
+	// never more than MaxWaiting (see takeWaitingPlace). A pointer: Handler is copied by value
+	// (CaddyModule).
+	waiting *atomic.Int64
 }
 
 // RedisConfig is how to connect to Redis.
@@ -307,6 +322,17 @@ type Zone struct {
 	// rejects the request with 400. Default: "1".
 	Cost string `json:"cost,omitempty"`
 
+	// token_bucket: shape instead of rejecting, as a duration (JSON: nanoseconds or a duration
+	// string). A request the bucket cannot serve now but would within max_wait is admitted at
+	// once, its tokens reserved in Redis (the bucket owes at most max_wait × refill_rate tokens),
+	// and held before the next handler until its turn: until the bucket would have held its
+	// cost. A request that would have to wait longer is rejected (429) as without max_wait,
+	// charging nothing. Held requests come out at the refill rate across all instances. A
+	// client that disconnects while held ends its wait at once (499); its tokens stay spent. Up
+	// to 1m. Not for the window algorithms: they give their quota back in steps, so a held
+	// request would have no exact turn. Default: 0, reject at once.
+	MaxWait caddy.Duration `json:"max_wait,omitempty"`
+
 	// The largest cost a request may take: a request whose cost (a placeholder's value) is larger
 	// is denied with 429 and no Retry-After, as a cost above the quota is, and charges nothing.
 	// 1 to the quota. Default: the quota; for a sliding_window zone whose cost is a placeholder,
@@ -337,8 +363,9 @@ type Zone struct {
 
 	matcherSets caddyhttp.MatcherSets
 	lz          limiter.Zone
-	fixedCost   int64             // > 0 when Cost is a literal integer
-	decisions   *decisionCounters // the zone's series of decisions_total
+	fixedCost   int64               // > 0 when Cost is a literal integer
+	decisions   *decisionCounters   // the zone's series of decisions_total
+	delays      prometheus.Observer // the zone's series of delay_seconds; nil without max_wait
 	emptyKeys   prometheus.Counter
 	failMode    string // FailMode, or the handler's
 	v4, v6      int    // the prefix lengths in force
@@ -387,10 +414,14 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("registering metrics: %w", err)
 	}
 	h.degradedHeader = h.Headers != HeadersOff && (h.DegradedHeader == nil || *h.DegradedHeader)
+	h.waiting = new(atomic.Int64)
 	needLocal := h.FailMode == FailLocal
 	for _, z := range h.Zones {
 		if err := z.provision(ctx, h.logger); err != nil {
 			return err
+		}
+		if z.MaxWait > 0 && h.MaxWaiting == 0 {
+			h.MaxWaiting = DefaultMaxWaiting
 		}
 		z.failMode = z.FailMode
 		if z.failMode == "" {
@@ -469,7 +500,7 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger) error {
 	}
 	z.lz = limiter.Zone{
 		Name: z.Name, Algorithm: algo, Capacity: z.Capacity, RefillRate: z.RefillRate,
-		Limit: z.Limit, Window: time.Duration(z.Window), MaxCost: z.MaxCost,
+		Limit: z.Limit, Window: time.Duration(z.Window), MaxCost: z.MaxCost, MaxWait: time.Duration(z.MaxWait),
 	}
 	if z.Period != "" {
 		if z.lz.Period, err = limiter.ParsePeriod(z.Period); err != nil {
@@ -497,6 +528,9 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger) error {
 	if limiter.ValidZoneName(z.Name) { // else Validate rejects it: no metric series for a name that never serves
 		z.decisions = newDecisionCounters(z.Name)
 		z.emptyKeys = metrics.emptyKeys.WithLabelValues(z.Name)
+		if z.MaxWait > 0 {
+			z.delays = metrics.delays.WithLabelValues(z.Name)
+		}
 	}
 	if !hasPlaceholder(z.Cost) { // as the Caddyfile parser decides
 		n, err := strconv.ParseInt(z.Cost, 10, 64)
@@ -530,6 +564,9 @@ func (h *Handler) Validate() error {
 	}
 	if h.DenyCacheMaxAge < 0 {
 		return fmt.Errorf("deny_cache_max_age must be > 0")
+	}
+	if h.MaxWaiting < 0 {
+		return fmt.Errorf("max_waiting %d must be >= 1", h.MaxWaiting)
 	}
 	switch h.FailMode {
 	case FailOpen, FailClosed, FailLocal:

@@ -16,6 +16,7 @@ import (
 //	{http.rate_limit_redis.remaining}    whole tokens or slots left
 //	{http.rate_limit_redis.reset}        seconds until the zone is full again, rounded up
 //	{http.rate_limit_redis.retry_after}  the 429's Retry-After: seconds until a denied request would pass, rounded up, plus jitter; 0 when allowed
+//	{http.rate_limit_redis.waited}       milliseconds the request was held for its turn (max_wait), rounded up; 0 when not held
 //	{http.rate_limit_redis.degraded}     true when Redis failed and fail_mode decided
 //
 // When Redis failed under fail_mode open or closed only allowed and degraded are known.
@@ -29,6 +30,9 @@ type outcome struct {
 	zone, key                  string
 	limit, remaining           int64
 	reset, retryAfter          int64 // seconds; retryAfter with jitter
+	// waited is the milliseconds the request was held for a max_wait: its delay when the hold
+	// ran to its end (in dry_run, would have), the time until its client left when it did not.
+	waited int64
 }
 
 // provide answers the placeholders of placeholderPrefix.
@@ -59,6 +63,8 @@ func (o *outcome) provide(key string) (any, bool) {
 		return o.reset, true
 	case "retry_after":
 		return o.retryAfter, true
+	case "waited":
+		return o.waited, true
 	}
 	return nil, false
 }

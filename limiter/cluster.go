@@ -45,12 +45,14 @@ func (l *Limiter) slotGroups(keys []string) [][]int {
 // slotErr; err is returned when no group denied and one failed.
 func (l *Limiter) allowSlots(ctx context.Context, reqs []Request, keys []string, groups [][]int) (allowed bool, zones []zoneReply, slotErr, err error) {
 	calls := make([]*call, len(groups))
+	greqs := make([][]Request, len(groups))
 	for g, idx := range groups {
-		greqs, gkeys := make([]Request, len(idx)), make([]string, len(idx))
+		rs, gkeys := make([]Request, len(idx)), make([]string, len(idx))
 		for j, i := range idx {
-			greqs[j], gkeys[j] = reqs[i], keys[i]
+			rs[j], gkeys[j] = reqs[i], keys[i]
 		}
-		calls[g] = &call{keys: gkeys, args: l.scriptArgs(greqs, true)}
+		greqs[g] = rs
+		calls[g] = &call{keys: gkeys, args: l.scriptArgs(rs, true)}
 	}
 	evalEach(ctx, l.rdb, decideScript, calls)
 
@@ -59,7 +61,7 @@ func (l *Limiter) allowSlots(ctx context.Context, reqs []Request, keys []string,
 	denied := false
 	var charged []*call
 	for g, c := range calls {
-		ok, zs, err := decodeResult(c.reply, c.err, len(groups[g]))
+		ok, zs, err := decodeResult(c.reply, c.err, greqs[g])
 		if err != nil {
 			allowed = false
 			if slotErr == nil {

@@ -117,11 +117,16 @@ func TestClusterCrossSlotDenialChargesNeither(t *testing.T) {
 	perNode := clientsOn(t, c, 1)
 	alice, bob := perNode[0][0], perNode[1][0]         // on node 0 and node 1
 	noRefill := 10 / (limiter.MaxWindow.Seconds() / 2) // no refill during the test
-	for _, algo := range []string{"tb", "sw"} {
+	for _, algo := range []string{"tb", "sw", "fw", "sc"} {
 		t.Run(algo, func(t *testing.T) {
 			za, zb := tb(algo+"-a", 10, noRefill), tb(algo+"-b", 1, noRefill/10)
-			if algo == "sw" {
+			switch algo {
+			case "sw":
 				za, zb = sw(algo+"-a", 10, time.Hour), sw(algo+"-b", 1, time.Hour)
+			case "fw":
+				za, zb = fw(algo+"-a", 10, limiter.Month, nil), fw(algo+"-b", 1, limiter.Month, nil)
+			case "sc":
+				za, zb = sc(algo+"-a", 10, 24*time.Hour), sc(algo+"-b", 1, 24*time.Hour)
 			}
 			l := clusterLimiter(t, c, limiter.Options{})
 			both := []limiter.Request{{Zone: za, Key: alice, Cost: 3}, {Zone: zb, Key: bob, Cost: 1}}
@@ -156,8 +161,13 @@ func zoneState(t *testing.T, s *redistest.Server, key string) string {
 	t.Helper()
 	switch s.Do("TYPE", key) {
 	case "hash":
+		if c, ok := s.Do("HGET", key, "c").(string); ok { // a sliding window counter
+			return "count " + c
+		}
 		v, _ := strconv.ParseFloat(s.Do("HGET", key, "t").(string), 64)
 		return fmt.Sprintf("tokens %.3f", v)
+	case "string": // a fixed window
+		return "window " + s.Do("GET", key).(string)
 	case "zset":
 		return fmt.Sprintf("entries %d", s.Do("ZCARD", key))
 	default:

@@ -42,8 +42,45 @@ func TestDecodeReplyGoodShape(t *testing.T) {
 	}
 }
 
+// TestDecodeReplyDelays: an admitted zone's retry after is its delay, taken as the Decision's
+// (the longest, whose zone decides), but only up to how long the zone may hold the request: a
+// delay without max_wait, with NoWait, or beyond max_wait is a bad response, so that no reply
+// can hold a request past its max_wait.
+func TestDecodeReplyDelays(t *testing.T) {
+	shaping := &Zone{Name: "s", Algorithm: TokenBucket, Capacity: 10, RefillRate: 10, MaxWait: time.Second}
+	plain := &Zone{Name: "p", Algorithm: TokenBucket, Capacity: 10, RefillRate: 10}
+	for _, tc := range []struct {
+		name  string
+		reqs  []Request
+		reply []any
+		want  Decision // the zero Decision: ErrBadResponse
+	}{
+		{"a delay of max_wait", []Request{{Zone: plain, Cost: 1}, {Zone: shaping, Cost: 1}},
+			[]any{int64(1), int64(1), int64(5), int64(0), int64(500000), int64(100000), int64(1), int64(0), int64(1000000), int64(2000000), int64(1100000)},
+			Decision{Allowed: true, Delay: time.Second, Zone: 1, Limit: 10, Reset: 2 * time.Second, Next: 1100 * time.Millisecond}},
+		{"a delay beyond max_wait", []Request{{Zone: shaping, Cost: 1}},
+			[]any{int64(1), int64(1), int64(0), int64(1000001), int64(2000000), int64(1100000)}, Decision{}},
+		{"a delay without max_wait", []Request{{Zone: plain, Cost: 1}},
+			[]any{int64(1), int64(1), int64(0), int64(1), int64(2000000), int64(1100000)}, Decision{}},
+		{"a delay with NoWait", []Request{{Zone: shaping, Cost: 1, NoWait: true}},
+			[]any{int64(1), int64(1), int64(0), int64(1), int64(2000000), int64(1100000)}, Decision{}},
+		{"a denial's retry after is no delay", []Request{{Zone: plain, Cost: 1}},
+			[]any{int64(0), int64(0), int64(0), int64(100000), int64(1000000), int64(100000)},
+			Decision{Limit: 10, RetryAfter: 100 * time.Millisecond, Reset: time.Second, Next: 100 * time.Millisecond}},
+	} {
+		d, err := decodeAndPick(tc.reqs, tc.reply)
+		if tc.want == (Decision{}) {
+			if !errors.Is(err, ErrBadResponse) || d != (Decision{}) {
+				t.Errorf("%s: got %+v, %v; want ErrBadResponse", tc.name, d, err)
+			}
+		} else if err != nil || d != tc.want {
+			t.Errorf("%s: got %+v, %v; want %+v", tc.name, d, err, tc.want)
+		}
+	}
+}
+
 func decodeAndPick(reqs []Request, reply any) (Decision, error) {
-	allowed, zones, err := decodeReply(reply, len(reqs))
+	allowed, zones, err := decodeReply(reply, reqs)
 	if err != nil {
 		return Decision{}, err
 	}

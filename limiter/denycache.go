@@ -104,11 +104,19 @@ func (dc *denyCache) check(reqs []Request, now time.Time) (Decision, bool) {
 }
 
 // record remembers the denial of every zone that denied (zones from the reply to the call sent
-// at sent), unless its cost can never be admitted (nothing to wait for).
+// at sent), unless its cost can never be admitted (nothing to wait for), or it was decided with
+// the zone's MaxWait set aside (NoWait): with room to hold it, the request may be admitted.
+//
+// With MaxWait, a denial's retry after is when the zone would admit the request with a hold, so
+// the entry is trusted only while Redis would still deny it: never for a request it would now
+// hold rather than deny.
 func (dc *denyCache) record(reqs []Request, zones []zoneReply, sent time.Time) {
 	for i, z := range zones {
 		if z.allowed || unsatisfiable(reqs[i]) || z.retryAfter <= 0 || z.next <= 1 {
 			continue // next 1µs: denied by Redis Cluster holds, which may be released at any moment
+		}
+		if reqs[i].NoWait && reqs[i].Zone.MaxWait > 0 {
+			continue
 		}
 		// A denial that Redis answered has a next unit to come (next > 0, next <= retry after):
 		// a zone with none is full, and then only a cost above its quota is denied.

@@ -128,13 +128,14 @@ func FuzzClientKey(f *testing.F) {
 
 // FuzzAllow: any valid zone and any cost, decided by a real redis-server, give a Decision and
 // never an error: every number the script computes fits its reply. A cost above the quota is
-// denied as unsatisfiable, and nothing is ever negative or above the quota.
-// Seeds: testdata/fuzz/FuzzAllow.
+// denied as unsatisfiable, and nothing is ever negative or above the quota; a token bucket with
+// a max_wait (decisions of one key build up its debt) holds an admitted request at most that
+// long, and only then. Seeds: testdata/fuzz/FuzzAllow.
 func FuzzAllow(f *testing.F) {
 	srv := redistest.Start(f)
 	l := New(srv.Client(), Options{KeyPrefix: "rl:"})
-	f.Fuzz(func(t *testing.T, sliding bool, quota int64, rate float64, windowMicros, cost int64, key string) {
-		z := &Zone{Name: "z", Algorithm: TokenBucket, Capacity: quota, RefillRate: rate}
+	f.Fuzz(func(t *testing.T, sliding bool, quota int64, rate float64, windowMicros, cost int64, key string, maxWaitMicros int64) {
+		z := &Zone{Name: "z", Algorithm: TokenBucket, Capacity: quota, RefillRate: rate, MaxWait: time.Duration(maxWaitMicros) * time.Microsecond}
 		if sliding {
 			// One sorted set entry per admitted slot: keep a fuzzer's window small.
 			z = &Zone{Name: "z", Algorithm: SlidingWindow, Limit: quota % 10_000, Window: time.Duration(windowMicros) * time.Microsecond}
@@ -147,7 +148,8 @@ func FuzzAllow(f *testing.F) {
 			t.Fatalf("zone %+v, cost %d: %v", z, cost, err)
 		}
 		if d.Remaining < 0 || d.Remaining > z.Quota() || d.RetryAfter < 0 || d.Reset < 0 ||
-			(cost > z.Quota()) != d.Unsatisfiable || (d.Allowed && d.Unsatisfiable) {
+			(cost > z.Quota()) != d.Unsatisfiable || (d.Allowed && d.Unsatisfiable) ||
+			d.Delay < 0 || d.Delay > z.MaxWait || (d.Delay > 0 && !d.Allowed) {
 			t.Fatalf("zone %+v, cost %d: decision %+v", z, cost, d)
 		}
 	})
@@ -161,13 +163,14 @@ func FuzzAllow(f *testing.F) {
 //
 // The "server" is the other end of a net.Pipe that refuses HELLO (so the client speaks RESP2,
 // as garbageRedis in the root package does), answers the script command with the fuzzer's
-// bytes and hangs up, so that a truncated reply ends in EOF. Inputs declaring a length above
+// bytes and hangs up, so that a truncated reply ends in EOF. Zone a has a max_wait of 1s: a
+// reply that admits with a delay is a decision only up to it. Inputs declaring a length above
 // maxFuzzLength are skipped: go-redis allocates whatever length a reply declares
 // (redis/go-redis#3856), and a huge one is a fatal out-of-memory that no Go code can recover;
 // README "Redis is trusted". Seeds: testdata/fuzz/FuzzDecodeReply.
 func FuzzDecodeReply(f *testing.F) {
 	reqs := []Request{
-		{Zone: &Zone{Name: "a", Algorithm: TokenBucket, Capacity: 10, RefillRate: 1}, Key: "k", Cost: 1},
+		{Zone: &Zone{Name: "a", Algorithm: TokenBucket, Capacity: 10, RefillRate: 1, MaxWait: time.Second}, Key: "k", Cost: 1},
 		{Zone: &Zone{Name: "b", Algorithm: SlidingWindow, Limit: 5, Window: time.Second}, Key: "k", Cost: 2},
 		{Zone: &Zone{Name: "c", Algorithm: TokenBucket, Capacity: 1, RefillRate: 1}, Key: "k", Cost: 3},
 	}
@@ -205,7 +208,8 @@ func FuzzDecodeReply(f *testing.F) {
 				continue
 			}
 			if d.Zone < 0 || d.Zone >= n || d.Limit != reqs[d.Zone].Zone.Quota() || d.Remaining < 0 ||
-				d.RetryAfter < 0 || d.Reset < 0 || (d.Allowed && (d.RetryAfter != 0 || d.Unsatisfiable)) || d.Cached {
+				d.RetryAfter < 0 || d.Reset < 0 || (d.Allowed && (d.RetryAfter != 0 || d.Unsatisfiable)) || d.Cached ||
+				d.Delay < 0 || d.Delay > reqs[d.Zone].Zone.MaxWait || (d.Delay > 0 && !d.Allowed) {
 				t.Fatalf("%s: decision %+v for %d zones from reply %q", path.name, d, n, data)
 			}
 		}
@@ -220,7 +224,7 @@ func TestReplyingClient(t *testing.T) {
 	pipeline := NewPipeline(rdb, 1)
 	defer pipeline.Close()
 	reqs := []Request{
-		{Zone: &Zone{Name: "a", Algorithm: TokenBucket, Capacity: 10, RefillRate: 1}, Key: "k", Cost: 1},
+		{Zone: &Zone{Name: "a", Algorithm: TokenBucket, Capacity: 10, RefillRate: 1, MaxWait: time.Second}, Key: "k", Cost: 1},
 		{Zone: &Zone{Name: "b", Algorithm: SlidingWindow, Limit: 5, Window: time.Second}, Key: "k", Cost: 2},
 	}
 	for _, tc := range []struct {
@@ -231,6 +235,8 @@ func TestReplyingClient(t *testing.T) {
 			Decision{Allowed: true, Zone: 1, Limit: 5, Remaining: 1, Reset: time.Second, Next: 400 * time.Millisecond}},
 		{"*11\r\n:0\r\n:1\r\n:9\r\n:0\r\n:1000000\r\n:1000000\r\n:0\r\n:0\r\n:250000\r\n:1000000\r\n:250000\r\n",
 			Decision{Zone: 1, Limit: 5, RetryAfter: 250 * time.Millisecond, Reset: time.Second, Next: 250 * time.Millisecond}},
+		{"*11\r\n:1\r\n:1\r\n:0\r\n:500000\r\n:10500000\r\n:1500000\r\n:1\r\n:1\r\n:0\r\n:1000000\r\n:400000\r\n",
+			Decision{Allowed: true, Delay: 500 * time.Millisecond, Zone: 0, Limit: 10, Reset: 10500 * time.Millisecond, Next: 1500 * time.Millisecond}},
 	} {
 		b := []byte(tc.reply)
 		reply.Store(&b)

@@ -57,6 +57,18 @@ type Request struct {
 	// outcome that decision does not know: a zone of a Redis Cluster slot that failed, or one no
 	// cached denial covers when Denied answers.
 	Result Result
+	// NoWait decides the request as if its zone had no MaxWait: admitted now or denied, never
+	// held. The handler sets it when it already holds as many requests as it may. A denial
+	// decided so is not remembered in the deny cache: with room to wait, the answer may differ.
+	NoWait bool
+}
+
+// maxWait is how long r may be held: its zone's MaxWait (token bucket only), unless NoWait.
+func (r Request) maxWait() time.Duration {
+	if r.NoWait || r.Zone.Algorithm != TokenBucket {
+		return 0
+	}
+	return r.Zone.MaxWait
 }
 
 // Result is one zone's outcome in a request's decision.
@@ -82,19 +94,26 @@ type Decision struct {
 	// Allowed is true when every zone admitted the request; each zone was then charged. When
 	// false, no zone was charged.
 	Allowed bool
+	// Delay, when Allowed, is how long the caller must hold the request before it proceeds: the
+	// longest of its zones' delays. A token bucket zone with MaxWait admits a request it cannot
+	// serve now by reserving its tokens (debt), and delays it until the bucket would have held
+	// them. 0 without MaxWait, and when every zone admitted the request now.
+	Delay time.Duration
 	// Zone is the index in the requests passed to Allow of the deciding zone: when denied, the
-	// denying zone that takes longest to admit; when allowed, the zone with the least remaining
-	// share of its quota (the first of equals).
+	// denying zone that takes longest to admit; when allowed, the zone with the longest delay,
+	// else the zone with the least remaining share of its quota (the first of equals).
 	Zone int
 	// Limit is the deciding zone's quota: capacity (tokens) or limit (requests per window).
 	Limit int64
 	// Remaining is the deciding zone's whole tokens or window slots left, after this request when
 	// it was allowed.
 	Remaining int64
-	// RetryAfter is how long until the deciding zone would admit the request when denied: 0 when
-	// allowed, and 0 when Unsatisfiable.
+	// RetryAfter is how long until the deciding zone would admit the request when denied (with
+	// MaxWait: admit it and hold it for up to MaxWait then): 0 when allowed, and 0 when
+	// Unsatisfiable.
 	RetryAfter time.Duration
-	// Reset is how long until the deciding zone is back to its full quota.
+	// Reset is how long until the deciding zone is back to its full quota (its debt paid, when a
+	// MaxWait let it owe tokens).
 	Reset time.Duration
 	// Next is how long until the deciding zone has at least one more whole token or window slot
 	// than Remaining: the `t` of the IETF RateLimit header. 0 when the zone is full.
@@ -252,11 +271,11 @@ func (l *Limiter) allowOne(ctx context.Context, reqs []Request, keys []string) (
 	} else {
 		reply, err = l.run(ctx, keys, l.scriptArgs(reqs, false))
 	}
-	return decodeResult(reply, err, len(reqs))
+	return decodeResult(reply, err, reqs)
 }
 
-// decodeResult decodes the reply of a decide script call for n zones, or wraps its error.
-func decodeResult(reply any, err error, n int) (bool, []zoneReply, error) {
+// decodeResult decodes the reply of a decide script call for reqs, or wraps its error.
+func decodeResult(reply any, err error, reqs []Request) (bool, []zoneReply, error) {
 	if errors.Is(err, redis.Nil) {
 		// The script always returns an array: a nil reply is not Redis speaking.
 		return false, nil, fmt.Errorf("%w: got a nil reply, want an array", ErrBadResponse)
@@ -264,7 +283,7 @@ func decodeResult(reply any, err error, n int) (bool, []zoneReply, error) {
 	if err != nil {
 		return false, nil, fmt.Errorf("redis decide script: %w", err)
 	}
-	return decodeReply(reply, n)
+	return decodeReply(reply, reqs)
 }
 
 // run is one round trip of the decide script: runScript.
@@ -275,10 +294,12 @@ func (l *Limiter) run(ctx context.Context, keys []string, args []any) (any, erro
 // scriptArgs returns decide.lua's ARGV for the decision of reqs: the time (or "" for Redis
 // TIME), then the decision's nonce, whether to take token bucket charges as holds, its number of
 // zones, and algorithm, quota, rate and cost per zone. (A Pipeline merges the decisions of a
-// batch into one call: mergeCalls.) A cost above the zone's MaxCost is sent as twice the quota: above the quota
-// and exact in Lua's doubles (a cost of 2^53+1 became 2^53 there, and passed a bucket of 2^53),
-// so the request is denied and nothing charged, and the script's wait for it stays a number
-// Redis can return (a cost near 2^63 took the token bucket's retry after beyond int64: a
+// batch into one call: mergeCalls.) A token bucket that may hold the request (maxWait) has its
+// rate sent as "<rate>,<max wait µs>"; without one the arguments are those of earlier releases.
+// A cost above the zone's MaxCost is sent as twice the quota: above the quota and exact in Lua's
+// doubles (a cost of 2^53+1 became 2^53 there, and passed a bucket of 2^53), so the request is
+// denied and nothing charged (however long a MaxWait), and the script's wait for it stays a
+// number Redis can return (a cost near 2^63 took the token bucket's retry after beyond int64: a
 // bad_response, which failed open and counted towards the circuit breaker). A sliding window
 // never adds more entries than MaxCost.
 func (l *Limiter) scriptArgs(reqs []Request, hold bool) []any {
@@ -306,7 +327,12 @@ func (l *Limiter) scriptArgs(reqs []Request, hold bool) []any {
 		case FixedWindow:
 			args = append(args, "fw", r.Zone.Limit, windowBounds(r.Zone, ref), cost)
 		default:
-			args = append(args, "tb", r.Zone.Capacity, r.Zone.RefillRate, cost)
+			var rate any = r.Zone.RefillRate
+			if w := r.maxWait(); w > 0 {
+				// go-redis formats a float64 argument so ('f', -1): the same number either way.
+				rate = strconv.FormatFloat(r.Zone.RefillRate, 'f', -1, 64) + "," + strconv.FormatInt(w.Microseconds(), 10)
+			}
+			args = append(args, "tb", r.Zone.Capacity, rate, cost)
 		}
 	}
 	return args
@@ -333,18 +359,23 @@ func windowBounds(z *Zone, ref time.Time) string {
 
 // zoneReply is one zone's part of the script's reply.
 type zoneReply struct {
-	allowed                 bool
-	remaining               int64
+	allowed   bool
+	remaining int64
+	// retryAfter is, when allowed, the delay: how long to hold the request (0 but with MaxWait).
 	retryAfter, reset, next int64 // µs
 }
 
 // replyWidth is the number of integers per zone in decide.lua's reply.
 const replyWidth = 5
 
-// decodeReply checks and decodes the script's reply for n zones: an array of 1 + 5n integers,
-// the first 0 or 1, then per zone allowed (0 or 1), remaining, retry after (µs), reset (µs) and
-// next (µs), none negative. Any other shape or type is an error wrapping ErrBadResponse.
-func decodeReply(reply any, n int) (bool, []zoneReply, error) {
+// decodeReply checks and decodes the script's reply for reqs: an array of 1 + 5n integers (n
+// zones), the first 0 or 1, then per zone allowed (0 or 1), remaining, retry after (µs; when the
+// zone admits the request, its delay), reset (µs) and next (µs), none negative, and no delay
+// longer than the zone may hold the request (maxWait: none without MaxWait). Any other shape,
+// type or value is an error wrapping ErrBadResponse: a request is never held past its MaxWait,
+// whatever Redis replies.
+func decodeReply(reply any, reqs []Request) (bool, []zoneReply, error) {
+	n := len(reqs)
 	arr, ok := reply.([]any)
 	if !ok {
 		return false, nil, fmt.Errorf("%w: got %T, want an array", ErrBadResponse, reply)
@@ -368,7 +399,12 @@ func decodeReply(reply any, n int) (bool, []zoneReply, error) {
 		}
 		ints[1+(i-1)%replyWidth] = x
 		if (i-1)%replyWidth == replyWidth-1 {
-			zones[(i-1)/replyWidth] = zoneReply{allowed: ints[1] == 1, remaining: ints[2], retryAfter: ints[3], reset: ints[4], next: ints[5]}
+			z := (i - 1) / replyWidth
+			zones[z] = zoneReply{allowed: ints[1] == 1, remaining: ints[2], retryAfter: ints[3], reset: ints[4], next: ints[5]}
+			if zones[z].allowed && zones[z].retryAfter > reqs[z].maxWait().Microseconds() {
+				return false, nil, fmt.Errorf("%w: zone %d admits with a delay of %dµs, beyond its max_wait of %v",
+					ErrBadResponse, z, zones[z].retryAfter, reqs[z].maxWait())
+			}
 		}
 	}
 	return ints[0] == 1, zones, nil
@@ -376,8 +412,8 @@ func decodeReply(reply any, n int) (bool, []zoneReply, error) {
 
 // pick makes the Decision from each zone's outcome, choosing the deciding zone: when denied,
 // an unsatisfiable zone, else the denying zone that takes longest to admit; when allowed, the
-// zone with the least remaining share of its quota (the first of equals). It writes each zone's
-// own outcome into reqs[i].Result.
+// zone with the longest delay, else the one with the least remaining share of its quota (the
+// first of equals). It writes each zone's own outcome into reqs[i].Result.
 func pick(reqs []Request, allowed bool, zones []zoneReply) Decision {
 	best := -1
 	for i, z := range zones {
@@ -387,6 +423,12 @@ func pick(reqs []Request, allowed bool, zones []zoneReply) Decision {
 		}
 		b := zones[best]
 		if allowed {
+			if z.retryAfter != b.retryAfter { // the longest delay
+				if z.retryAfter > b.retryAfter {
+					best = i
+				}
+				continue
+			}
 			// The least remaining share: z.remaining/quota_i < b.remaining/quota_best.
 			if float64(z.remaining)*float64(reqs[best].Zone.Quota()) < float64(b.remaining)*float64(reqs[i].Zone.Quota()) {
 				best = i
@@ -443,12 +485,12 @@ func pick(reqs []Request, allowed bool, zones []zoneReply) Decision {
 		Reset:     time.Duration(z.reset) * time.Microsecond,
 		Next:      time.Duration(z.next) * time.Microsecond,
 	}
-	if !allowed {
-		if unsatisfiable(reqs[best]) {
-			d.Unsatisfiable = true
-		} else {
-			d.RetryAfter = time.Duration(z.retryAfter) * time.Microsecond
-		}
+	if allowed {
+		d.Delay = time.Duration(z.retryAfter) * time.Microsecond
+	} else if unsatisfiable(reqs[best]) {
+		d.Unsatisfiable = true
+	} else {
+		d.RetryAfter = time.Duration(z.retryAfter) * time.Microsecond
 	}
 	return d
 }

@@ -17,7 +17,9 @@ const DefaultLocalKeys = 65536
 // Every zone is a token bucket (golang.org/x/time/rate): a token bucket zone with its own
 // capacity and refill rate, a window zone (sliding window log or counter, fixed window) as a
 // bucket of Limit tokens refilled at Limit per window (a period's nominal length): it admits the
-// same steady rate; its bursts, and a fixed window's reset, differ. At most maxKeys (zone, client) buckets are kept, least recently used evicted: an
+// same steady rate; its bursts, and a fixed window's reset, differ. A token bucket zone's MaxWait
+// shapes as in Redis: the bucket goes into debt and Decision.Delay says how long to hold the
+// request. At most maxKeys (zone, client) buckets are kept, least recently used evicted: an
 // evicted client starts again with a full bucket. Local is safe for concurrent use.
 type Local struct {
 	mu      sync.Mutex // makes a multi-zone decision all-or-nothing
@@ -58,15 +60,26 @@ func (l *Local) Allow(reqs []Request, now time.Time) Decision {
 		perSec := float64(b.Limit())
 		z := zoneReply{allowed: tokens >= float64(r.Cost)}
 		if !z.allowed {
-			allowed = false
-			z.retryAfter = micros((float64(r.Cost) - tokens) / perSec)
+			// As decide.lua: within the zone's max wait, admitted in debt with that delay; else
+			// denied until it would be admitted with a hold of the max wait.
+			wait, maxWait := micros((float64(r.Cost)-tokens)/perSec), r.maxWait().Microseconds()
+			z.retryAfter = wait
+			if !unsatisfiable(r) {
+				z.allowed = wait <= maxWait
+				if !z.allowed {
+					z.retryAfter = wait - maxWait
+				}
+			}
+			allowed = allowed && z.allowed
 		}
 		zones[i] = z
 	}
 	for i, r := range reqs {
 		tokens := buckets[i].TokensAt(now)
 		if allowed {
-			buckets[i].AllowN(now, int(r.Cost)) // cannot fail: checked above, under l.mu
+			// Cannot fail (checked above, under l.mu): the cost is at most the burst. Unlike
+			// AllowN, ReserveN takes the bucket below zero: the debt of a held request.
+			buckets[i].ReserveN(now, int(r.Cost))
 		}
 		if zones[i].allowed {
 			// As decide.lua reports a zone that admits: after the request, charged or not (pick

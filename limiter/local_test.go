@@ -86,3 +86,39 @@ func TestLocalExactUnderConcurrency(t *testing.T) {
 		t.Fatalf("admitted %d, want exactly 100", admitted.Load())
 	}
 }
+
+// TestLocalShaping: fail_mode local shapes as Redis does: capacity 10, refill 10/s, max_wait 2s,
+// 31 requests at once: 10 at once, 20 held 100ms more each, the 31st denied until it would be
+// held 2s; NoWait admits only what the bucket holds now.
+func TestLocalShaping(t *testing.T) {
+	l := limiter.NewLocal(0)
+	t0 := time.Unix(1_700_000_000, 0)
+	z := tb("api", 10, 10)
+	z.MaxWait = 2 * time.Second
+	req := limiter.Request{Zone: z, Key: "alice", Cost: 1}
+	for i := int64(1); i <= 10; i++ {
+		want(t, "request "+strconv.FormatInt(i, 10), l.Allow([]limiter.Request{req}, t0), limiter.Decision{
+			Allowed: true, Limit: 10, Remaining: 10 - i, Reset: time.Duration(i) * 100 * time.Millisecond, Next: 100 * time.Millisecond,
+		})
+	}
+	for k := int64(1); k <= 20; k++ {
+		step := time.Duration(k) * 100 * time.Millisecond
+		want(t, "held request "+strconv.FormatInt(k, 10), l.Allow([]limiter.Request{req}, t0), limiter.Decision{
+			Allowed: true, Delay: step, Limit: 10, Reset: time.Second + step, Next: step + 100*time.Millisecond,
+		})
+	}
+	want(t, "31st", l.Allow([]limiter.Request{req}, t0), limiter.Decision{Limit: 10, RetryAfter: 100 * time.Millisecond, Reset: 3 * time.Second, Next: 2100 * time.Millisecond})
+	noWait := req
+	noWait.NoWait = true
+	want(t, "NoWait, 3s later", l.Allow([]limiter.Request{noWait}, t0.Add(3*time.Second)), limiter.Decision{
+		Allowed: true, Limit: 10, Remaining: 9, Reset: 100 * time.Millisecond, Next: 100 * time.Millisecond,
+	})
+	for range 9 {
+		l.Allow([]limiter.Request{noWait}, t0.Add(3*time.Second))
+	}
+	want(t, "NoWait, empty", l.Allow([]limiter.Request{noWait}, t0.Add(3*time.Second)), limiter.Decision{
+		Limit: 10, RetryAfter: 100 * time.Millisecond, Reset: time.Second, Next: 100 * time.Millisecond,
+	})
+	big := limiter.Request{Zone: z, Key: "bob", Cost: 11}
+	want(t, "cost above capacity, however long max_wait", l.Allow([]limiter.Request{big}, t0), limiter.Decision{Limit: 10, Remaining: 10, Unsatisfiable: true})
+}

@@ -38,6 +38,8 @@ type State struct {
 	// Tokens (token bucket only) is the tokens in the bucket at Now, fractional: the stored
 	// tokens plus the refill since they were stored, at most the capacity, exactly as decide.lua
 	// computes it. With `clock local` and a stored time after Now, no refill is credited.
+	// Negative when the bucket owes tokens: the reservations of held requests (MaxWait), or
+	// more used than a lowered capacity.
 	Tokens float64
 	// Count (window algorithms) is the slots taken: by entries inside the sliding window
 	// ending at Now (sliding window log; entries older than the window, not yet removed by a
@@ -53,8 +55,12 @@ type State struct {
 	// X-RateLimit-Remaining would say before the request.
 	Remaining int64
 	// RetryAfter is how long from Now until a request of cost 1 would be admitted: 0 when it
-	// would be admitted now.
+	// would be admitted now. With a MaxWait, admitted includes admitted and held.
 	RetryAfter time.Duration
+	// Wait (token bucket with a MaxWait only) is how long from Now until the bucket holds a
+	// whole token: how long a request of cost 1 admitted at Now is held, when that is within
+	// MaxWait. 0 when the bucket holds one now.
+	Wait time.Duration
 	// TTL is the key's time to live in Redis, to the millisecond: when a bucket would be full
 	// again, or the newest window entry leaves the window, as of the last admitted request.
 	// 0 when !Exists; -1 when the key has no expiry (decide.lua always sets one).
@@ -107,8 +113,13 @@ func (l *Limiter) bucketState(ctx context.Context, z *Zone, now int64, s *State)
 	tokens := bucketTokens(fields.Val(), float64(now), float64(z.Capacity), z.RefillRate)
 	s.Tokens = tokens
 	s.Remaining = max(0, int64(math.Floor(tokens+tokenEpsilon)))
+	var wait time.Duration
 	if tokens+tokenEpsilon < 1 {
-		s.RetryAfter = time.Duration(math.Ceil((1-tokens)/z.RefillRate*1e6)) * time.Microsecond
+		wait = time.Duration(math.Ceil((1-tokens)/z.RefillRate*1e6)) * time.Microsecond
+	}
+	s.RetryAfter = max(0, wait-z.MaxWait.Truncate(time.Microsecond))
+	if z.MaxWait > 0 {
+		s.Wait = wait
 	}
 	return nil
 }

@@ -79,6 +79,9 @@ const (
 	MinWindow        = time.Millisecond
 	MaxWindow        = 366 * 24 * time.Hour
 	MaxZoneNameBytes = 64
+	// MaxMaxWait bounds a token bucket zone's MaxWait: a request held longer would outlast the
+	// timeouts of most clients and proxies, and is better told to come back (429, Retry-After).
+	MaxMaxWait = time.Minute
 )
 
 // algorithms are the algorithms' configuration names and Redis key tags, by Algorithm.
@@ -144,6 +147,13 @@ type Zone struct {
 	// MaxCost is the largest cost a request may take (1 to Quota); a request of a larger cost can
 	// never be admitted (Redis is asked for the state, and charges nothing). 0: the quota.
 	MaxCost int64
+	// MaxWait (token bucket only; 0 to MaxMaxWait) shapes instead of rejecting: a request the
+	// bucket cannot serve now but would within MaxWait is admitted at once by reserving its
+	// tokens (the bucket goes into debt, at most MaxWait × RefillRate tokens), and
+	// Decision.Delay says how long to hold it: until the bucket would have held its cost. A
+	// request that would have to wait longer is denied as without MaxWait, charging nothing. 0:
+	// never hold, deny at once.
+	MaxWait time.Duration
 }
 
 // maxCost is MaxCost, or the quota when it is 0.
@@ -183,6 +193,9 @@ func (z *Zone) Validate() error {
 		if z.Period != NoPeriod || z.Location != nil {
 			return fmt.Errorf("zone %s: period and time_zone belong to algorithm fixed_window, not token_bucket", z.Name)
 		}
+		if z.MaxWait < 0 || z.MaxWait > MaxMaxWait {
+			return fmt.Errorf("zone %s: max_wait %v must be between 0 and %v", z.Name, z.MaxWait, MaxMaxWait)
+		}
 	case SlidingWindow, FixedWindow, SlidingWindowCounter:
 		maxLimit := int64(MaxCapacity) // a counter: memory does not grow with the limit
 		if z.Algorithm == SlidingWindow {
@@ -206,6 +219,9 @@ func (z *Zone) Validate() error {
 		if z.Capacity != 0 || z.RefillRate != 0 {
 			return fmt.Errorf("zone %s: capacity and refill_rate belong to algorithm token_bucket, not %s", z.Name, z.Algorithm)
 		}
+		if z.MaxWait != 0 {
+			return fmt.Errorf("zone %s: %s", z.Name, errMaxWaitWindowed(z.Algorithm))
+		}
 	default:
 		return fmt.Errorf("zone %s: unknown algorithm %v", z.Name, z.Algorithm)
 	}
@@ -213,6 +229,17 @@ func (z *Zone) Validate() error {
 		return fmt.Errorf("zone %s: max_cost %d must be between 1 and the zone's quota %d", z.Name, z.MaxCost, z.Quota())
 	}
 	return nil
+}
+
+// errMaxWaitWindowed is why a zone of window algorithm a cannot have a max_wait: a window gives
+// its quota back in steps (at the window's end, as each entry leaves), so a held request has no
+// exact turn to be given: a fixed window stores no count for the windows to come, and would
+// release everything it held at the next window's start at once; a sliding window log would
+// keep each reservation's entry for the window and the wait; the counter's estimate is
+// approximate. A token bucket drains what was used continuously: its debt is the queue.
+func errMaxWaitWindowed(a Algorithm) string {
+	return fmt.Sprintf("max_wait applies to algorithm token_bucket only, not %s: a window gives its quota back in steps, "+
+		"so a held request would have no exact turn; shape with a token_bucket zone", a)
 }
 
 // Quota is the most a zone admits at once: the token bucket's Capacity or the window

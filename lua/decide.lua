@@ -20,7 +20,11 @@
 --   h:<nonce>  a hold: "<cost>@<µs>", tokens reserved by a call with hold = 1 (Redis Cluster,
 --       when a request's zones are in several hash slots) until settle.lua commits it into u or
 --       releases it. A hold older than HOLD_MAX µs is committed by whichever call finds it.
--- It admits a request iff capacity - u - held >= cost.
+-- It admits a request iff capacity - u - held >= cost, or, with a max_wait (shaping), iff it
+-- would within max_wait (and cost <= capacity): the request is then charged now, u going above
+-- the capacity (a debt of at most max_wait × rate), and its delay is the time until the bucket
+-- would have held cost tokens. Each reservation deepens the debt, so held requests come out in
+-- order, at the refill rate, whichever instance holds them.
 --
 -- Sliding window log zone: a sorted set of admitted request units scored by time (µs), members
 -- "<nonce>:<n>". It admits a request iff (units younger than the window) + cost <= limit.
@@ -47,7 +51,8 @@
 --   algorithm  "tb" (token bucket), "sw" (sliding window log), "fw" (fixed window) or "sc"
 --              (sliding window counter)
 --   quota      tb: capacity (tokens); sw, fw, sc: limit (requests per window)
---   rate       tb: refill rate (tokens/s, float > 0); sw, sc: window (µs, integer > 0);
+--   rate       tb: refill rate (tokens/s, float > 0), or "<rate>,<max_wait>" to shape: the
+--              longest the request may be held (µs, integer > 0); sw, sc: window (µs, integer > 0);
 --              fw: "b0,b1,b2,b3" (µs): the windows [b0,b1), [b1,b2), [b2,b3) around the
 --              instance's clock, of which the one holding now is used
 --   cost       tokens or window slots this request takes (integer >= 1)
@@ -59,8 +64,9 @@
 --   allowed_i      1 if zone i alone would admit the request, else 0
 --   remaining_i    whole tokens (tb) or slots (sw) left: after this request if zone i alone
 --                  admits it, else as they are now
---   retry_after_i  µs until zone i alone would admit the request; 0 when it admits it now, and
---                  meaningless when cost > quota (it never will)
+--   retry_after_i  when zone i alone admits the request: its delay, µs to hold it (0 but with a
+--                  max_wait); when it denies it: µs until it would admit it (with a max_wait,
+--                  holding it max_wait then), meaningless when cost > quota (it never will)
 --   reset_i        µs until zone i is back to its full quota
 --   next_i         µs until zone i has at least one more whole unit than remaining_i (the
 --                  next token, the oldest window entry leaving, the fixed window's end, the
@@ -83,13 +89,28 @@ else
   now = tonumber(ARGV[1])
 end
 
+-- The longest wait or TTL the script computes: 2^53 µs (285 years; a TTL in ms is at most 2^53
+-- too). Larger figures come only from settings that contradict each other over one key (a
+-- capacity of 2^53 drained at a tiny rate): clamped, they stay integers Redis and the reply
+-- accept, never a number in exponent form.
+local MAX_US = 9007199254740992
+
 -- µs (whole, rounded up) for a bucket at `tokens` to reach `want`, never less than exact: a
--- request retried then finds tokens + EPSILON >= want.
+-- request retried then finds tokens + EPSILON >= want. The correction steps grow with the
+-- figure, so that a float too large for a 1µs step to change it still ends; at most MAX_US.
 local function wait(tokens, want, rate)
   if tokens + EPSILON >= want then return 0 end
   local us = math.ceil((want - tokens) * 1000000 / rate)
-  while tokens + us * rate / 1000000 + EPSILON < want do us = us + 1 end
-  return us
+  for _ = 1, 64 do
+    if us >= MAX_US or tokens + us * rate / 1000000 + EPSILON >= want then break end
+    us = us + math.max(1, math.ceil(us * 2.2e-16))
+  end
+  return math.min(us, MAX_US)
+end
+
+-- A TTL in ms, as the integer string PEXPIRE and SET PX take (at least 1, at most MAX_US).
+local function ms(x)
+  return string.format('%d', math.min(math.max(1, math.ceil(x)), MAX_US))
 end
 
 -- A fixed window's start as stored with its count: seconds since the Unix epoch, with the µs
@@ -117,6 +138,11 @@ local function decide(nonce, hold, n, kbase, abase)
     local ok, remaining, retry, reset, nxt
 
     if algo == 'tb' then
+      local max_wait = 0
+      if rate == nil then -- "<rate>,<max_wait>"
+        local r, w = string.match(ARGV[base + 2], '^([^,]+),(%d+)$')
+        rate, max_wait = tonumber(r), tonumber(w)
+      end
       local v = redis.call('HMGET', key, 'u', 'ts', 't', 'h')
       local used, ts, held = tonumber(v[1]), tonumber(v[2]), tonumber(v[4]) or 0
       local t = v[3]
@@ -152,21 +178,23 @@ local function decide(nonce, hold, n, kbase, abase)
         end
       end
       local tokens = quota - used - held
-      if tokens + EPSILON >= cost then
+      local delay = wait(tokens, cost, rate) -- 0 when the bucket holds cost now
+      if delay == 0 or (delay <= max_wait and cost <= quota) then
         ok = true
-        retry = 0
+        retry = delay
         tokens = tokens - cost
         writes[#writes + 1] = { 'tb', key, used, ts, quota, rate, cost, held, holds }
       else
         ok = false
-        retry = wait(tokens, cost, rate)
+        retry = delay
+        if cost <= quota then retry = delay - max_wait end -- then admitted, and held max_wait
         denied[#denied + 1] = { key, math.max(1, math.ceil((used + held) / rate * 1000)) }
       end
       local whole = math.floor(tokens + EPSILON)
       remaining = math.max(0, whole)
       reset = wait(tokens, quota, rate)
       if whole >= quota then nxt = 0 else nxt = wait(tokens, math.max(whole, 0) + 1, rate) end
-      if not ok and held > 0 and tokens + held + EPSILON >= cost then
+      if not ok and held > 0 and cost <= quota and wait(tokens + held, cost, rate) <= max_wait then
         nxt = 1 -- denied by holds that settle.lua may release at any moment: nothing to cache
       end
     elseif algo == 'sw' then
@@ -281,7 +309,7 @@ local function decide(nonce, hold, n, kbase, abase)
     -- Nothing charged. A state the parameters in force need longer than its TTL must not expire
     -- early (GT: only ever lengthened; a key without a TTL keeps none).
     for _, d in ipairs(denied) do
-      redis.call('PEXPIRE', d[1], d[2], 'GT')
+      redis.call('PEXPIRE', d[1], ms(d[2]), 'GT')
     end
     return reply
   end
@@ -307,14 +335,14 @@ local function decide(nonce, hold, n, kbase, abase)
       redis.call('HSET', key, unpack(fields))
       local ttl = math.ceil(used / rate * 1000)
       if held > 0 then ttl = ttl + HOLD_MAX / 1000 + 1000 end
-      redis.call('PEXPIRE', key, math.max(1, ttl))
+      redis.call('PEXPIRE', key, ms(ttl))
     elseif w[1] == 'fw' then
       -- Kept a second past the window's end, so that a clock a little behind still finds it.
-      redis.call('SET', w[2], w[3] .. ':' .. string.format('%d', w[4]), 'PX', math.ceil(w[5] / 1000) + 1000)
+      redis.call('SET', w[2], w[3] .. ':' .. string.format('%d', w[4]), 'PX', ms(w[5] / 1000 + 1000))
     elseif w[1] == 'sc' then
       redis.call('HSET', w[2], 's', string.format('%d', w[3]), 'c', string.format('%d', w[4]),
         'p', string.format('%d', w[5]))
-      redis.call('PEXPIRE', w[2], math.ceil(w[6] / 1000))
+      redis.call('PEXPIRE', w[2], ms(w[6] / 1000))
     else
       local key, cost, window = w[2], w[3], w[4]
       redis.call('ZREMRANGEBYSCORE', key, '-inf', now - window)
@@ -327,7 +355,7 @@ local function decide(nonce, hold, n, kbase, abase)
           args = {}
         end
       end
-      redis.call('PEXPIRE', key, math.max(1, math.ceil(window / 1000)))
+      redis.call('PEXPIRE', key, ms(window / 1000))
     end
   end
 

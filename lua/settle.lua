@@ -11,7 +11,9 @@
 -- holds no such field, and is left alone; so is one whose hold a later call already committed
 -- for being older than decide.lua's HOLD_MAX. Running the same settle twice changes nothing more.
 -- A sliding window's entries ("<nonce>:1" .. "<nonce>:<cost>") are kept on commit and removed on
--- release; entries already expired, or gone with their key, are gone anyway.
+-- release; entries already expired, or gone with their key, are gone anyway. A fixed window's
+-- or sliding window counter's charge is taken back from its count on release, while the window
+-- it went into is still the current one.
 --
 -- KEYS and ARGV are those of the decide.lua call being settled, except ARGV[1] and ARGV[3]:
 -- KEYS[i]  the state key of zone i.
@@ -19,7 +21,8 @@
 -- ARGV[2]  the nonce of the decide.lua call being settled.
 -- ARGV[3]  "commit" or "release".
 -- Then 4 arguments per zone i, starting at ARGV[4 + 4*(i-1)]: algorithm ("tb" or "sw"), quota,
--- rate (tb: tokens/s; sw: window µs) and cost, as given to that call.
+-- rate (tb: tokens/s, followed by ",<max_wait>" when shaping; sw: window µs) and cost, as given
+-- to that call.
 --
 -- Reply: the number of zones settled (holds or window entries found).
 
@@ -41,7 +44,7 @@ for i = 1, #KEYS do
   local base = 4 + 4 * (i - 1)
   local algo = ARGV[base]
   local quota = tonumber(ARGV[base + 1])
-  local rate = tonumber(ARGV[base + 2])
+  local rate = tonumber(string.match(ARGV[base + 2], '^[^,]*')) -- tb: "<rate>[,<max_wait>]"
 
   if algo == 'tb' then
     local v = redis.call('HMGET', key, 'u', 'ts', 'h', 'h:' .. nonce)
@@ -68,6 +71,31 @@ for i = 1, #KEYS do
       if held > EPSILON then ttl = ttl + 6000 end -- decide.lua's HOLD_MAX, and a second
       redis.call('PEXPIRE', key, ttl)
       settled = settled + 1
+    end
+  elseif algo == 'fw' or algo == 'sc' then
+    -- A counter's charge is no hold: a release takes the cost back from the window it went into,
+    -- while that is still the window holding now (a window that has ended keeps it: a release
+    -- never credits a window the request was not charged in).
+    if not commit then
+      local cost = tonumber(ARGV[base + 3])
+      if algo == 'fw' then
+        local b = {}
+        for x in string.gmatch(ARGV[base + 2], '%d+') do b[#b + 1] = tonumber(x) end
+        local start = b[2]
+        if now < b[2] then start = b[1] elseif now >= b[3] then start = b[3] end
+        local mark = start % 1000000 == 0 and string.format('%d', start / 1000000) or string.format('%.6f', start / 1000000)
+        local m, c = string.match(redis.call('GET', key) or '', '^([%d.]+):(%d+)$')
+        if m == mark then
+          redis.call('SET', key, m .. ':' .. string.format('%d', math.max(0, tonumber(c) - cost)), 'KEEPTTL')
+          settled = settled + 1
+        end
+      else
+        local v = redis.call('HMGET', key, 's', 'c')
+        if tonumber(v[1]) == now - now % rate and tonumber(v[2]) then
+          redis.call('HSET', key, 'c', string.format('%d', math.max(0, tonumber(v[2]) - cost)))
+          settled = settled + 1
+        end
+      end
     end
   elseif not commit then
     local cost = tonumber(ARGV[base + 3])
