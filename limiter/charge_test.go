@@ -1,0 +1,146 @@
+package limiter_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/limiter"
+)
+
+func settle(t *testing.T, l *limiter.Limiter, d limiter.Decision, amounts ...int64) ([]bool, error) {
+	t.Helper()
+	if d.Held == nil {
+		t.Fatalf("decision %+v holds nothing to settle", d)
+	}
+	return l.Settle(context.Background(), d.Held, amounts)
+}
+
+// TestSettleChargesTheReportedAmount: capacity 1000, 1000 tokens per hour, a reservation of 100
+// settled to 300 four times: the 4th puts the bucket 200 in debt, and the 5th waits for the debt
+// and its cost, 300 tokens: 1080 s. A second settle of the same decision changes nothing.
+func TestSettleChargesTheReportedAmount(t *testing.T) {
+	srv := redistest.Start(t)
+	clk := newClock()
+	l := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:", Now: clk.Now})
+	z := tb("llm", 1000, 1000.0/3600)
+	req := limiter.Request{Zone: z, Key: "alice", Cost: 100, Hold: 10 * time.Minute}
+	var last limiter.Decision
+	for i := range 4 {
+		d := allow(t, l, req)
+		if !d.Allowed {
+			t.Fatalf("request %d denied: %+v", i+1, d)
+		}
+		if got, err := settle(t, l, d, 300); err != nil || len(got) != 1 || !got[0] {
+			t.Fatalf("settle %d: %v, %v", i+1, got, err)
+		}
+		last = d
+	}
+	if u := srv.Do("HGET", "rl:{alice}:llm:tb", "u"); u != "1200" {
+		t.Fatalf("used after 4 × 300: %v, want 1200 (200 in debt)", u)
+	}
+	got, err := settle(t, l, last, 300)
+	if !errors.Is(err, limiter.ErrNotHeld) || got[0] {
+		t.Fatalf("second settle of the same decision: %v, %v; want ErrNotHeld", got, err)
+	}
+	if u := srv.Do("HGET", "rl:{alice}:llm:tb", "u"); u != "1200" {
+		t.Fatalf("used after a second settle: %v, want 1200", u)
+	}
+	d := allow(t, l, req)
+	if d.Allowed || d.RetryAfter != 1080*time.Second || d.Remaining != 0 {
+		t.Fatalf("5th request: %+v, want denied with RetryAfter 1080s", d)
+	}
+}
+
+// TestSettleReleaseAndKeep: a reservation settled to 0 gives everything back; one settled to
+// the cost keeps it; one not settled holds its tokens (no refill drains a hold) until its hold
+// time has passed, and then counts as charged when a decision finds it: a settle after that finds
+// nothing.
+func TestSettleReleaseAndKeep(t *testing.T) {
+	srv := redistest.Start(t)
+	clk := newClock()
+	l := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:", Now: clk.Now})
+	z := tb("login", 3, 3.0/3600)
+	req := limiter.Request{Zone: z, Key: "bob", Cost: 1, Hold: time.Minute}
+	for i := range 10 {
+		d := allow(t, l, req)
+		if !d.Allowed || d.Remaining != 2 {
+			t.Fatalf("request %d: %+v, want allowed with 2 left", i+1, d)
+		}
+		if _, err := settle(t, l, d, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	kept := allow(t, l, req)
+	if _, err := settle(t, l, kept, 1); err != nil {
+		t.Fatal(err)
+	}
+	pending := []limiter.Decision{allow(t, l, req), allow(t, l, req)}
+	if d := allow(t, l, req); d.Allowed || d.Next != time.Microsecond {
+		t.Fatalf("with 1 kept and 2 held: %+v, want denied, next 1µs (holds may be released at any moment)", d)
+	}
+	if _, err := settle(t, l, pending[0], 0); err != nil {
+		t.Fatal(err)
+	}
+	d := allow(t, l, req)
+	if !d.Allowed {
+		t.Fatalf("after a release: %+v, want allowed", d)
+	}
+	if _, err := settle(t, l, d, 0); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(time.Minute + time.Second) // pending[1]'s hold has passed its time: the next
+	if d := allow(t, l, req); !d.Allowed { // admission counts it as charged
+		t.Fatalf("with 1 charged and an expired hold: %+v, want allowed", d)
+	}
+	if _, err := settle(t, l, pending[1], 0); !errors.Is(err, limiter.ErrNotHeld) {
+		t.Fatalf("settle of an expired hold: %v, want ErrNotHeld", err)
+	}
+	if ttl := srv.Do("PTTL", "rl:{bob}:login:tb").(int64); ttl < 2_390_000 { // 1.95 used: 2340 s to drain, and the hold left of 1 minute
+		t.Fatalf("TTL %dms: the bucket must outlive what it holds and owes", ttl)
+	}
+}
+
+// TestHoldOutlivesTheBucketsTTL: a hold of 10 minutes on a bucket that would be full again in a
+// second keeps the bucket alive until it can be settled.
+func TestHoldOutlivesTheBucketsTTL(t *testing.T) {
+	srv := redistest.Start(t)
+	l := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:"})
+	d := allow(t, l, limiter.Request{Zone: tb("fast", 10, 10), Key: "k", Cost: 5, Hold: 10 * time.Minute})
+	if ttl := srv.Do("PTTL", "rl:{k}:fast:tb").(int64); ttl < 600_000 {
+		t.Fatalf("TTL %dms, want at least the hold's 10 minutes", ttl)
+	}
+	allow(t, l, limiter.Request{Zone: tb("fast", 10, 10), Key: "k", Cost: 1}) // a plain charge keeps it too
+	if ttl := srv.Do("PTTL", "rl:{k}:fast:tb").(int64); ttl < 599_000 {
+		t.Fatalf("TTL %dms after a plain charge, want at least the hold's time left", ttl)
+	}
+	if got, err := settle(t, l, d, 7); err != nil || !got[0] {
+		t.Fatalf("settle: %v, %v", got, err)
+	}
+}
+
+// TestSlidingWindowCountStatus: a sliding window's entries are its charge: settled to 0 they
+// are removed, settled to the cost they stay (with no Redis call).
+func TestSlidingWindowCountStatus(t *testing.T) {
+	srv := redistest.Start(t)
+	l := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:"})
+	req := limiter.Request{Zone: sw("login", 3, time.Hour), Key: "eve", Cost: 1, Hold: 10 * time.Minute}
+	for range 5 {
+		if _, err := settle(t, l, allow(t, l, req), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := srv.Do("ZCARD", "rl:{eve}:login:sw"); n != int64(0) {
+		t.Fatalf("entries after 5 released: %v, want 0", n)
+	}
+	for i := range 3 {
+		if got, err := settle(t, l, allow(t, l, req), 1); err != nil || !got[0] {
+			t.Fatalf("keep %d: %v, %v", i, got, err)
+		}
+	}
+	if d := allow(t, l, req); d.Allowed {
+		t.Fatalf("4th kept: %+v, want denied", d)
+	}
+}
