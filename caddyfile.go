@@ -83,6 +83,9 @@ var (
 //			time_zone   <IANA name>          # fixed_window with a period; default UTC
 //			cost        <n>|<placeholder>    # tokens a request takes; default 1
 //			max_cost    <n>                  # larger costs are never admitted; default the quota (sliding_window with a placeholder cost: at most 1000)
+//			count_status <code|Nxx>...       # charge only responses of these statuses (token_bucket, sliding_window)
+//			charge header <field> | openai_usage [total|prompt|completion]   # charge what the response reports; cost is the reservation (token_bucket)
+//			hold_max    <duration>           # with count_status or charge: a reservation unsettled after it counts as charged; default 10m
 //			match {                          # optional: this zone applies only to matching requests
 //				<matchers>
 //			}
@@ -486,7 +489,8 @@ func parseZone(d *caddyfile.Dispenser, names map[string]bool) (*Zone, error) {
 // shorthand for a zone named "default" when written at the top level.
 func isZoneSubdirective(name string) bool {
 	switch name {
-	case "key", "empty_key", "algorithm", "capacity", "refill_rate", "limit", "window", "period", "time_zone", "cost", "max_cost", "match":
+	case "key", "empty_key", "algorithm", "capacity", "refill_rate", "limit", "window", "period", "time_zone", "cost", "max_cost", "match",
+		"count_status", "charge", "hold_max":
 		return true
 	}
 	return false
@@ -653,6 +657,9 @@ func (p *zoneParser) subdirective(d *caddyfile.Dispenser) error {
 		}
 		z.MatcherSetsRaw = caddyhttp.RawMatcherSets{set}
 
+	case "count_status", "charge", "hold_max":
+		return p.afterSubdirective(d)
+
 	default:
 		return d.Errf("unrecognized subdirective %q", name)
 	}
@@ -740,7 +747,7 @@ func (p *zoneParser) finish() error {
 				z.Name, fill, formatDuration(limiter.MaxWindow))
 		}
 	}
-	return nil
+	return p.finishAfter(algorithm)
 }
 
 // parseFailMode checks v, the argument of the fail_mode subdirective at the cursor.

@@ -93,7 +93,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			}
 			key = lastKey
 		}
-		reqs = append(reqs, limiter.Request{Zone: &z.lz, Key: key, Cost: cost})
+		rq := limiter.Request{Zone: &z.lz, Key: key, Cost: cost}
+		if z.after != nil {
+			rq.Hold = z.after.hold // settled after the response: charge.go
+		}
+		reqs = append(reqs, rq)
 	}
 	if len(reqs) == 0 {
 		return next.ServeHTTP(w, r)
@@ -170,6 +174,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			h.countMode(reqs, FailOpen, resultFailOpen)
 		} else {
 			h.count(reqs, resultAllowed)
+		}
+		if d.Held != nil {
+			return h.serveAndSettle(w, r, next, reqs, d, repl)
 		}
 		return next.ServeHTTP(w, r)
 	}
