@@ -9,7 +9,7 @@ import (
 // chat completions (JSON and stream) and of the Responses API.
 func TestUsageScanner(t *testing.T) {
 	for _, tc := range []struct {
-		name, body string
+		name, body                string
 		total, prompt, completion int64
 		found                     bool
 	}{

@@ -1,0 +1,345 @@
+package ratelimitredis
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
+)
+
+// llmUpstream is a real upstream behind reverse_proxy: /login answers 401 unless the password
+// is right; /chat answers in OpenAI format, reporting `tokens` total tokens, as one JSON body
+// or, with ?stream=1, as a chat completions event stream whose last chunk carries the usage.
+type llmUpstream struct {
+	*httptest.Server
+	tokens   int64
+	delay    time.Duration // before answering /chat
+	hits     atomic.Int64  // requests that reached it
+	inflight atomic.Int64
+	peak     atomic.Int64 // the most requests in flight at once
+	// gate, when set, is waited for between a stream's first event and the rest.
+	gate chan struct{}
+	// bodyBytes, when > 0, pads the JSON body of /chat to about that size, the usage last.
+	bodyBytes int
+}
+
+func startUpstream(t *testing.T, tokens int64) *llmUpstream {
+	u := &llmUpstream{tokens: tokens}
+	u.Server = httptest.NewServer(http.HandlerFunc(u.serve))
+	t.Cleanup(u.Close)
+	return u
+}
+
+func (u *llmUpstream) serve(w http.ResponseWriter, r *http.Request) {
+	u.hits.Add(1)
+	n := u.inflight.Add(1)
+	defer u.inflight.Add(-1)
+	for p := u.peak.Load(); n > p && !u.peak.CompareAndSwap(p, n); p = u.peak.Load() {
+	}
+	if strings.HasSuffix(r.URL.Path, "/login") {
+		if r.Header.Get("X-Password") != "right" {
+			w.WriteHeader(http.StatusUnauthorized)
+			return
+		}
+		_, _ = io.WriteString(w, "welcome")
+		return
+	}
+	time.Sleep(u.delay)
+	usage := fmt.Sprintf(`{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}`, u.tokens/3, u.tokens-u.tokens/3, u.tokens)
+	if r.URL.Query().Get("stream") == "" {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"id":"chatcmpl-1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"`)
+		pad := strings.Repeat("abcdefgh", 8192)
+		for sent := 0; sent < u.bodyBytes; sent += len(pad) {
+			_, _ = io.WriteString(w, pad)
+		}
+		_, _ = io.WriteString(w, `"}}],"usage":`+usage+`}`)
+		return
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	rc := http.NewResponseController(w)
+	_, _ = io.WriteString(w, "data: {\"choices\":[{\"delta\":{\"content\":\"Hel\"}}],\"usage\":null}\n\n")
+	_ = rc.Flush()
+	if u.gate != nil {
+		select {
+		case <-u.gate:
+		case <-time.After(5 * time.Second):
+		}
+	}
+	_, _ = io.WriteString(w, "data: {\"choices\":[{\"delta\":{\"content\":\"lo\"}}],\"usage\":null}\n\n")
+	_, _ = io.WriteString(w, "data: {\"choices\":[],\"usage\":"+usage+"}\n\ndata: [DONE]\n\n")
+}
+
+// instances is a site of three routes /i1/, /i2/, /i3/, each with its own rate_limit_redis
+// handler (its own Limiter and deny cache) with the same zone, in front of upstream.
+func instances(redisAddr, zone, upstream string) string {
+	var b strings.Builder
+	for i := 1; i <= 3; i++ {
+		fmt.Fprintf(&b, `
+	route /i%d/* {
+		rate_limit_redis {
+			redis {
+				address %s
+			}
+			%s
+		}
+		reverse_proxy %s
+	}`, i, redisAddr, zone, upstream)
+	}
+	return b.String()
+}
+
+// TestCountStatusLogin: a login zone of 3 counting 401s only, for a sliding window log and a
+// token bucket: 10 correct logins all pass; then 3 wrong ones get the upstream's 401, and the
+// 4th wrong one and a correct one are denied (the client is blocked until the window moves).
+// Over 3 instances, 30 concurrent wrong attempts of a fresh client: exactly 3 reach the upstream.
+func TestCountStatusLogin(t *testing.T) {
+	srv := redistest.Start(t)
+	up := startUpstream(t, 0)
+	for _, zone := range []string{
+		"algorithm sliding_window\n\t\t\tlimit 3\n\t\t\twindow 1h",
+		"capacity 3\n\t\t\trefill_rate 3/1h",
+	} {
+		name := strings.Fields(zone)[1]
+		t.Run(name, func(t *testing.T) {
+			cs := startCaddy(t, instances(srv.Addr, "key {http.request.header.X-Client}\n\t\t\tcount_status 401\n\t\t\t"+zone, up.URL))
+			client := "alice-" + name
+			if got := cs.statuses(10, "/i1/login", "X-Client", client, "X-Password", "right"); got != strings.TrimSpace(strings.Repeat("200 ", 10)) {
+				t.Fatalf("10 correct logins: %s", got)
+			}
+			if got := cs.statuses(3, "/i2/login", "X-Client", client, "X-Password", "wrong"); got != "401 401 401" {
+				t.Fatalf("3 wrong logins: %s", got)
+			}
+			if r := cs.get("/i3/login", "X-Client", client, "X-Password", "wrong"); r.status != 429 || r.header.Get("Retry-After") == "" {
+				t.Fatalf("4th wrong login: %d %v, want 429 with Retry-After", r.status, r.header)
+			}
+			if r := cs.get("/i1/login", "X-Client", client, "X-Password", "right"); r.status != 429 {
+				t.Fatalf("a correct login after 3 wrong ones: %d, want 429", r.status)
+			}
+
+			fresh := "mallory-" + name
+			before := up.hits.Load()
+			var wg sync.WaitGroup
+			codes := make(chan int, 30)
+			for i := range 30 {
+				wg.Go(func() {
+					req, _ := http.NewRequest(http.MethodGet, cs.base+"/i"+strconv.Itoa(1+i%3)+"/login", nil)
+					req.Header.Set("X-Client", fresh)
+					req.Header.Set("X-Password", "wrong")
+					resp, err := http.DefaultClient.Do(req)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					_, _ = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					codes <- resp.StatusCode
+				})
+			}
+			wg.Wait()
+			close(codes)
+			count := map[int]int{}
+			for c := range codes {
+				count[c]++
+			}
+			if got := up.hits.Load() - before; got != 3 || count[401] != 3 || count[429] != 27 {
+				t.Fatalf("30 concurrent wrong attempts: %d reached the upstream, statuses %v; want exactly 3 (401) and 27 × 429", got, count)
+			}
+		})
+	}
+}
+
+// TestChargeOpenAIUsage: capacity 1000, 1000 tokens per hour, a reservation of 100 per request
+// and an upstream reporting 300 tokens: exactly 4 requests are admitted (the 4th puts the bucket
+// 200 in debt) and the 5th is denied with Retry-After 1080 s (the debt and its cost, 300 tokens
+// at 1000/h), for a JSON body and for a chat completions stream alike.
+func TestChargeOpenAIUsage(t *testing.T) {
+	srv := redistest.Start(t)
+	up := startUpstream(t, 300)
+	cs := startCaddy(t, instances(srv.Addr, `key {http.request.header.X-API-Key}
+			capacity 1000
+			refill_rate 1000/1h
+			cost 100
+			charge openai_usage total`, up.URL))
+	for _, path := range []string{"/i1/chat", "/i2/chat?stream=1"} {
+		key := "key-" + path
+		charged := testutil.ToFloat64(chargeMetrics.charged.WithLabelValues("default"))
+		for i := range 4 {
+			r := cs.get(path, "X-API-Key", key)
+			if r.status != 200 || !strings.Contains(r.body, `"total_tokens":300`) {
+				t.Fatalf("%s: request %d: %d %q", path, i+1, r.status, r.body)
+			}
+		}
+		if got := testutil.ToFloat64(chargeMetrics.charged.WithLabelValues("default")) - charged; got != 1200 {
+			t.Fatalf("%s: charged_total grew by %v, want 1200", path, got)
+		}
+		r := cs.get(strings.Replace(path, "/i1/", "/i3/", 1), "X-API-Key", key)
+		ra, err := strconv.Atoi(r.header.Get("Retry-After"))
+		if r.status != 429 || err != nil || ra < 1078 || ra > 1082 {
+			t.Fatalf("%s: 5th request: %d, Retry-After %q; want 429 with 1080 (±2)", path, r.status, r.header.Get("Retry-After"))
+		}
+	}
+}
+
+// TestChargeBoundUnderConcurrency: 20 concurrent requests over 3 instances, each reserving 100
+// and reported 300: the total charged never exceeds capacity + in-flight × (300 − 100).
+func TestChargeBoundUnderConcurrency(t *testing.T) {
+	srv := redistest.Start(t)
+	up := startUpstream(t, 300)
+	up.delay = 50 * time.Millisecond
+	cs := startCaddy(t, instances(srv.Addr, `key {http.request.header.X-API-Key}
+			capacity 1000
+			refill_rate 1000/1h
+			cost 100
+			charge openai_usage`, up.URL))
+	var wg sync.WaitGroup
+	var admitted atomic.Int64
+	for i := range 20 {
+		wg.Go(func() {
+			req, _ := http.NewRequest(http.MethodGet, cs.base+"/i"+strconv.Itoa(1+i%3)+"/chat", nil)
+			req.Header.Set("X-API-Key", "shared")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				admitted.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	n, peak := admitted.Load(), up.peak.Load()
+	used, err := strconv.ParseFloat(srv.Do("HGET", "rl:{shared}:default:tb", "u").(string), 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("admitted %d, at most %d in flight, charged %.0f", n, peak, used)
+	if n < 4 || used > 1000+float64(peak)*200 || used < float64(n)*300-1 || used > float64(n)*300 {
+		t.Fatalf("admitted %d with at most %d in flight: charged %.1f, want %d × 300 and at most 1000 + %d × 200", n, peak, used, n, peak)
+	}
+}
+
+// TestChargeStreamsEveryChunkAtOnce: the first event of a stream reaches the client before the
+// upstream sends the second (the upstream waits for the client to have read it).
+func TestChargeStreamsEveryChunkAtOnce(t *testing.T) {
+	srv := redistest.Start(t)
+	up := startUpstream(t, 300)
+	up.gate = make(chan struct{})
+	cs := startCaddy(t, instances(srv.Addr, `key {http.request.header.X-API-Key}
+			capacity 1000
+			refill_rate 1000/1h
+			cost 100
+			charge openai_usage`, up.URL))
+	req, _ := http.NewRequest(http.MethodGet, cs.base+"/i1/chat?stream=1", nil)
+	req.Header.Set("X-API-Key", "streamer")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	first := make(chan string, 1)
+	br := bufio.NewReader(resp.Body)
+	go func() {
+		line, _ := br.ReadString('\n')
+		first <- line
+	}()
+	select {
+	case line := <-first:
+		if !strings.Contains(line, `"Hel"`) {
+			t.Fatalf("first event: %q", line)
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatal("the first event did not arrive before the upstream sent the second")
+	}
+	close(up.gate)
+	rest, _ := io.ReadAll(br)
+	if !strings.Contains(string(rest), `"total_tokens":300`) {
+		t.Fatalf("rest of the stream: %q", rest)
+	}
+	if u := srv.Do("HGET", "rl:{streamer}:default:tb", "u"); u == nil || !strings.HasPrefix(u.(string), "299.") && u != "300" {
+		t.Fatalf("charged %v, want 300", u)
+	}
+}
+
+// TestChargeLargeBodyBoundedMemory: a 100 MB JSON body with its usage at the end passes through
+// the zone, which charges the usage; the process's resident memory grows by less than 4 MB.
+func TestChargeLargeBodyBoundedMemory(t *testing.T) {
+	srv := redistest.Start(t)
+	up := startUpstream(t, 300)
+	up.bodyBytes = 100 << 20
+	cs := startCaddy(t, instances(srv.Addr, `key {http.request.header.X-API-Key}
+			capacity 1000
+			refill_rate 1000/1h
+			cost 100
+			charge openai_usage`, up.URL))
+	// Warm up: the connections, buffers and goroutines of one small request.
+	up.bodyBytes = 0
+	cs.get("/i1/chat", "X-API-Key", "warm")
+	up.bodyBytes = 100 << 20
+	before := rss(t)
+	var peak atomic.Int64
+	done := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-done:
+				return
+			case <-time.After(5 * time.Millisecond):
+				if r := rss(t); r > peak.Load() {
+					peak.Store(r)
+				}
+			}
+		}
+	}()
+	req, _ := http.NewRequest(http.MethodGet, cs.base+"/i1/chat", nil)
+	req.Header.Set("X-API-Key", "big")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	close(done)
+	if err != nil || n < 100<<20 {
+		t.Fatalf("read %d bytes: %v", n, err)
+	}
+	grew := peak.Load() - before
+	t.Logf("100 MB body: RSS %d kB before, peak %d kB: grew %d kB", before>>10, peak.Load()>>10, grew>>10)
+	if u := srv.Do("HGET", "rl:{big}:default:tb", "u"); u == nil || !strings.HasPrefix(u.(string), "299.") && u != "300" {
+		t.Fatalf("charged %v, want 300 (the usage at the end of the body)", u)
+	}
+	if grew >= 4<<20 {
+		t.Fatalf("RSS grew by %d kB for a 100 MB body, want < 4096 kB", grew>>10)
+	}
+}
+
+// rss is the process's resident set size in bytes (Linux).
+func rss(t *testing.T) int64 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Skip("no /proc/self/status: RSS cannot be measured here")
+	}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			return kb << 10
+		}
+	}
+	t.Skip("no VmRSS")
+	return 0
+}
