@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"golang.org/x/crypto/bcrypt"
 
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
 )
@@ -108,11 +109,10 @@ func instances(redisAddr, zone, upstream string) string {
 func TestCountStatusLogin(t *testing.T) {
 	srv := redistest.Start(t)
 	up := startUpstream(t, 0)
-	for _, zone := range []string{
-		"algorithm sliding_window\n\t\t\tlimit 3\n\t\t\twindow 1h",
-		"capacity 3\n\t\t\trefill_rate 3/1h",
+	for name, zone := range map[string]string{
+		"sliding_window": "algorithm sliding_window\n\t\t\tlimit 3\n\t\t\twindow 1h",
+		"token_bucket":   "capacity 3\n\t\t\trefill_rate 3/1h",
 	} {
-		name := strings.Fields(zone)[1]
 		t.Run(name, func(t *testing.T) {
 			cs := startCaddy(t, instances(srv.Addr, "key {http.request.header.X-Client}\n\t\t\tcount_status 401\n\t\t\t"+zone, up.URL))
 			client := "alice-" + name
@@ -158,6 +158,51 @@ func TestCountStatusLogin(t *testing.T) {
 				t.Fatalf("30 concurrent wrong attempts: %d reached the upstream, statuses %v; want exactly 3 (401) and 27 × 429", got, count)
 			}
 		})
+	}
+}
+
+// TestCountStatusBasicAuth: the README's login route: basic_auth answers a wrong password with
+// an error (written by Caddy after the handler returns), which count_status counts; right ones
+// are given back.
+func TestCountStatusBasicAuth(t *testing.T) {
+	srv := redistest.Start(t)
+	hash, err := bcrypt.GenerateFromPassword([]byte("right"), bcrypt.MinCost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs := startCaddy(t, fmt.Sprintf(`
+	rate_limit_redis {
+		redis {
+			address %s
+		}
+		zone login {
+			algorithm sliding_window
+			limit 3
+			window 15m
+			count_status 401
+		}
+	}
+	basic_auth {
+		alice %s
+	}
+	respond "welcome"`, srv.Addr, hash))
+	login := func(password string) int {
+		req, _ := http.NewRequest(http.MethodGet, cs.base+"/", nil)
+		req.SetBasicAuth("alice", password)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	var got []string
+	for _, pw := range []string{"right", "right", "right", "right", "wrong", "wrong", "wrong", "wrong", "right"} {
+		got = append(got, strconv.Itoa(login(pw)))
+	}
+	if s := strings.Join(got, " "); s != "200 200 200 200 401 401 401 429 429" {
+		t.Fatalf("got %s, want 200 200 200 200 401 401 401 429 429", s)
 	}
 }
 
@@ -342,4 +387,71 @@ func rss(t *testing.T) int64 {
 	}
 	t.Skip("no VmRSS")
 	return 0
+}
+
+// TestChargeHeader: charge header takes the amount from a response header; a response without
+// it keeps the reservation.
+func TestChargeHeader(t *testing.T) {
+	srv := redistest.Start(t)
+	cs := startCaddy(t, fmt.Sprintf(`
+	rate_limit_redis {
+		redis {
+			address %s
+		}
+		key {http.request.header.X-API-Key}
+		capacity 1000
+		refill_rate 1000/1h
+		cost 100
+		charge header X-Tokens-Used
+	}
+	@reported path /reported
+	header @reported X-Tokens-Used 250
+	respond "ok"`, srv.Addr))
+	for _, tc := range []struct {
+		path, key string
+		want      float64
+	}{{"/reported", "a", 250}, {"/silent", "b", 100}} {
+		if r := cs.get(tc.path, "X-API-Key", tc.key); r.status != 200 {
+			t.Fatalf("%s: %d", tc.path, r.status)
+		}
+		u, _ := strconv.ParseFloat(srv.Do("HGET", "rl:{"+tc.key+"}:default:tb", "u").(string), 64)
+		if u < tc.want-0.1 || u > tc.want || srv.Do("HGET", "rl:{"+tc.key+"}:default:tb", "h") != nil {
+			t.Fatalf("%s: charged %v, want %v and no hold left", tc.path, u, tc.want)
+		}
+	}
+}
+
+// TestChargeClientGoneMidStream: a client that disconnects mid-stream is settled as soon as the
+// proxy gives up on the response: charged the usage if the upstream's report passed through
+// before the proxy noticed, else the reservation; no hold is left waiting for hold_max.
+func TestChargeClientGoneMidStream(t *testing.T) {
+	srv := redistest.Start(t)
+	up := startUpstream(t, 300)
+	up.gate = make(chan struct{})
+	cs := startCaddy(t, instances(srv.Addr, `key {http.request.header.X-API-Key}
+			capacity 1000
+			refill_rate 1000/1h
+			cost 100
+			charge openai_usage`, up.URL))
+	req, _ := http.NewRequest(http.MethodGet, cs.base+"/i1/chat?stream=1", nil)
+	req.Header.Set("X-API-Key", "leaver")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	line, _ := bufio.NewReader(resp.Body).ReadString('\n')
+	if !strings.Contains(line, `"Hel"`) {
+		t.Fatalf("first event: %q", line)
+	}
+	resp.Body.Close() // gone before the usage
+	close(up.gate)
+	var u float64
+	redistest.WaitFor(t, 5*time.Second, "the reservation settled", func() bool {
+		u, _ = strconv.ParseFloat(fmt.Sprint(srv.Do("HGET", "rl:{leaver}:default:tb", "u")), 64)
+		return srv.Do("HGET", "rl:{leaver}:default:tb", "h") == nil
+	})
+	if !(u > 99.9 && u <= 100) && !(u > 299.9 && u <= 300) {
+		t.Fatalf("charged %v, want the reservation (100) or the usage reported (300)", u)
+	}
+	t.Logf("charged %.0f", u)
 }

@@ -3,6 +3,8 @@ package limiter_test
 import (
 	"context"
 	"errors"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -142,5 +144,45 @@ func TestSlidingWindowCountStatus(t *testing.T) {
 	}
 	if d := allow(t, l, req); d.Allowed {
 		t.Fatalf("4th kept: %+v, want denied", d)
+	}
+}
+
+// TestClusterHeldZoneAcrossSlots: on Redis Cluster, a request whose zones are in two hash slots,
+// one of them held until after the response: the admission commits the other zone at once and
+// leaves the held one held (no 5 s expiry); Settle then charges the reported amount; a denial
+// by the other slot releases the held zone too.
+func TestClusterHeldZoneAcrossSlots(t *testing.T) {
+	c := redistest.StartCluster(t, 3)
+	perNode := clientsOn(t, c, 1)
+	alice, bob := perNode[0][0], perNode[1][0]
+	noRefill := 1000 / (limiter.MaxWindow.Seconds() / 2)
+	za, zb := tb("held", 1000, noRefill), tb("plain", 2, noRefill/500)
+	l := clusterLimiter(t, c, limiter.Options{})
+	reqs := []limiter.Request{{Zone: za, Key: alice, Cost: 100, Hold: time.Hour}, {Zone: zb, Key: bob, Cost: 1}}
+	d := allow(t, l, reqs...)
+	if !d.Allowed || d.Held == nil {
+		t.Fatalf("first request: %+v, want allowed with a hold", d)
+	}
+	heldKey, plainKey := limiter.StateKey("rl:", za, alice), limiter.StateKey("rl:", zb, bob)
+	if h := c.Nodes[0].Do("HGET", heldKey, "h"); h != "100" {
+		t.Fatalf("held zone after admission: h = %v, want 100 held", h)
+	}
+	if h := c.Nodes[1].Do("HGET", plainKey, "h"); h != nil {
+		t.Fatalf("plain zone after admission: h = %v, want committed", h)
+	}
+	if got, err := l.Settle(context.Background(), d.Held, []int64{250, 0}); err != nil || !got[0] {
+		t.Fatalf("settle: %v, %v", got, err)
+	}
+	if u := c.Nodes[0].Do("HGET", heldKey, "u"); !strings.HasPrefix(u.(string), "250") && !strings.HasPrefix(u.(string), "249.99") {
+		t.Fatalf("held zone after settle: u = %v, want 250", u)
+	}
+	allow(t, l, reqs[1]) // the plain zone is now empty
+	before, _ := strconv.ParseFloat(c.Nodes[0].Do("HGET", heldKey, "u").(string), 64)
+	if d := allow(t, l, reqs...); d.Allowed || d.Zone != 1 {
+		t.Fatalf("with the plain zone empty: %+v, want denied by it", d)
+	}
+	h := c.Nodes[0].Do("HGET", heldKey, "h")
+	if u, _ := strconv.ParseFloat(c.Nodes[0].Do("HGET", heldKey, "u").(string), 64); h != nil || u > before || u < before-0.01 {
+		t.Fatalf("held zone after a denial: h %v u %v, want released and u %v", h, u, before)
 	}
 }
