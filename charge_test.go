@@ -455,3 +455,61 @@ func TestChargeClientGoneMidStream(t *testing.T) {
 	}
 	t.Logf("charged %.0f", u)
 }
+
+// TestChargeBehindEncode: encode written first in a route compresses outside rate_limit_redis,
+// so the zone reads the usage of a response the client gets gzipped; in the directive order
+// (rate_limit_redis outside encode) it sees the compressed body and keeps the reservation.
+func TestChargeBehindEncode(t *testing.T) {
+	srv := redistest.Start(t)
+	up := startUpstream(t, 300)
+	zone := fmt.Sprintf(`rate_limit_redis {
+			redis {
+				address %s
+			}
+			key {http.request.header.X-API-Key}
+			capacity 1000
+			refill_rate 1000/1h
+			cost 100
+			charge openai_usage
+		}`, srv.Addr)
+	cs := startCaddy(t, fmt.Sprintf(`
+	handle /outside/* {
+		route {
+			encode gzip
+			%s
+			reverse_proxy %s
+		}
+	}
+	handle {
+		encode gzip
+		%s
+		reverse_proxy %s
+	}`, zone, up.URL, zone, up.URL))
+	up.bodyBytes = 1 << 16 // large enough to be compressed
+	if u := chatGzip(t, cs, srv, "/inside/chat", "in"); u < 99.9 || u > 100 {
+		t.Fatalf("encode inside: charged %v, want the reservation 100", u)
+	}
+	if u := chatGzip(t, cs, srv, "/outside/chat", "out"); u < 299.9 || u > 300 {
+		t.Fatalf("encode outside: charged %v, want 300", u)
+	}
+}
+
+// chatGzip sends a request accepting gzip with API key key and returns what its zone charged
+// (in srv).
+func chatGzip(t *testing.T, cs *caddyServer, srv *redistest.Server, path, key string) float64 {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, cs.base+path, nil)
+	req.Header.Set("X-API-Key", key)
+	req.Header.Set("Accept-Encoding", "gzip")
+	resp, err := (&http.Client{Transport: &http.Transport{DisableCompression: true}}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || resp.Header.Get("Content-Encoding") != "gzip" {
+		t.Fatalf("%s: %d, Content-Encoding %q, want 200 gzip", path, resp.StatusCode, resp.Header.Get("Content-Encoding"))
+	}
+	u, _ := strconv.ParseFloat(fmt.Sprint(srv.Do("HGET", "rl:{"+key+"}:default:tb", "u")), 64)
+	return u
+}
