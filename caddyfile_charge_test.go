@@ -1,12 +1,15 @@
 package ratelimitredis
 
 import (
+	"fmt"
 	"reflect"
 	"testing"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/limiter"
 )
 
 func TestUnmarshalCaddyfileCharge(t *testing.T) {
@@ -67,6 +70,42 @@ func TestUnmarshalCaddyfileChargeErrors(t *testing.T) {
 			}
 			if err.Error() != tc.want {
 				t.Errorf("error\n got %q\nwant %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestValidateAfter: the JSON config's count_status, charge and hold_max are checked as the
+// Caddyfile's are.
+func TestValidateAfter(t *testing.T) {
+	tbz := limiter.Zone{Name: "z", Algorithm: limiter.TokenBucket, Capacity: 10, RefillRate: 1}
+	swz := limiter.Zone{Name: "z", Algorithm: limiter.SlidingWindow, Limit: 10, Window: time.Minute}
+	fwz := limiter.Zone{Name: "z", Algorithm: limiter.FixedWindow, Limit: 10, Window: time.Minute}
+	for _, tc := range []struct {
+		name string
+		z    Zone
+		want string
+	}{
+		{"ok", Zone{lz: tbz, CountStatus: []string{"4xx"}, Charge: &Charge{Source: "openai_usage"}}, ""},
+		{"bad status", Zone{lz: tbz, CountStatus: []string{"4x"}}, `zone z: count_status: "4x" is not a status code (100 to 599) or a class such as 4xx`},
+		{"bad source", Zone{lz: tbz, Charge: &Charge{Source: "body"}}, `zone z: charge source "body" must be header or openai_usage`},
+		{"header without field", Zone{lz: tbz, Charge: &Charge{Source: "header"}}, `zone z: charge header needs a header field name`},
+		{"bad usage", Zone{lz: tbz, Charge: &Charge{Source: "openai_usage", Usage: "input"}}, `zone z: charge usage "input" must be total, prompt or completion`},
+		{"hold_max alone", Zone{lz: tbz, HoldMax: caddy.Duration(time.Minute)}, `zone z: hold_max applies to a zone with count_status or charge`},
+		{"hold_max too long", Zone{lz: tbz, CountStatus: []string{"401"}, HoldMax: caddy.Duration(25 * time.Hour)}, `zone z: hold_max must be between 1ns and 1d`},
+		{"sliding window count_status", Zone{lz: swz, CountStatus: []string{"401"}}, ""},
+		{"sliding window charge", Zone{lz: swz, Charge: &Charge{Source: "header", Header: "X"}}, `zone z: charge needs algorithm token_bucket: a sliding_window zone stores one entry per unit of cost, so charging it what a response reports (thousands of tokens) would store thousands of entries per request; count_status works with sliding_window`},
+		{"fixed window", Zone{lz: fwz, CountStatus: []string{"401"}}, `zone z: count_status is not supported with algorithm fixed_window (its counter cannot give back one request's charge exactly); use token_bucket or sliding_window`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			z := tc.z
+			z.Name = "z"
+			err := z.provisionAfter()
+			if err == nil {
+				err = z.validateAfter()
+			}
+			if got := fmt.Sprint(err); (tc.want == "" && err != nil) || (tc.want != "" && got != tc.want) {
+				t.Fatalf("got %v, want %q", err, tc.want)
 			}
 		})
 	}
