@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -512,4 +513,80 @@ func chatGzip(t *testing.T, cs *caddyServer, srv *redistest.Server, path, key st
 	}
 	u, _ := strconv.ParseFloat(fmt.Sprint(srv.Do("HGET", "rl:{"+key+"}:default:tb", "u")), 64)
 	return u
+}
+
+// TestChargeStreamingDelay measures each event's delay from the upstream's flush to the client,
+// through a route with the zone and one without: the zone adds no buffering (both small, and
+// alike). The figures are logged.
+func TestChargeStreamingDelay(t *testing.T) {
+	srv := redistest.Start(t)
+	const events = 20
+	var mu sync.Mutex
+	sent := make([]time.Time, events)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		rc := http.NewResponseController(w)
+		for i := range events {
+			usage := "null"
+			if i == events-1 {
+				usage = `{"total_tokens":300}`
+			}
+			mu.Lock()
+			sent[i] = time.Now()
+			mu.Unlock()
+			fmt.Fprintf(w, "data: {\"i\":%d,\"usage\":%s}\n\n", i, usage)
+			_ = rc.Flush()
+			time.Sleep(5 * time.Millisecond)
+		}
+	}))
+	t.Cleanup(up.Close)
+	cs := startCaddy(t, fmt.Sprintf(`
+	route /zone/* {
+		rate_limit_redis {
+			redis {
+				address %s
+			}
+			key {http.request.header.X-API-Key}
+			capacity 1000
+			refill_rate 1000/1h
+			cost 100
+			charge openai_usage
+		}
+		reverse_proxy %s
+	}
+	route /plain/* {
+		reverse_proxy %s
+	}`, srv.Addr, up.URL, up.URL))
+	measure := func(path string) (median, worst time.Duration) {
+		req, _ := http.NewRequest(http.MethodGet, cs.base+path, nil)
+		req.Header.Set("X-API-Key", "delay")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		br := bufio.NewReader(resp.Body)
+		var delays []time.Duration
+		for i := 0; i < events; {
+			line, err := br.ReadString('\n')
+			if err != nil {
+				t.Fatalf("%s: after %d events: %v", path, i, err)
+			}
+			if strings.HasPrefix(line, "data: ") {
+				mu.Lock()
+				delays = append(delays, time.Since(sent[i]))
+				mu.Unlock()
+				i++
+			}
+		}
+		slices.Sort(delays)
+		return delays[len(delays)/2], delays[len(delays)-1]
+	}
+	measure("/plain/warm")
+	pm, pw := measure("/plain/x")
+	zm, zw := measure("/zone/x")
+	t.Logf("per-event delay, upstream flush to client: without the zone median %v max %v; with it median %v max %v", pm, pw, zm, zw)
+	if zw > 100*time.Millisecond {
+		t.Fatalf("with the zone an event took %v to arrive: buffered", zw)
+	}
 }
