@@ -15,7 +15,7 @@ import (
 const holdMaxDefault = 5_000_000 // µs
 
 // holdArg is decide.lua's per-decision hold argument for reqs: "0" (every zone charged now) or
-// "1" (every token bucket charge held for HOLD_MAX: clust, the Redis Cluster two-phase decision)
+// "1" (every token bucket charge held for HOLD_MAX: the Redis Cluster two-phase decision, cluster)
 // when no zone has a Hold of its own; else one number per zone, comma-separated: the µs its
 // charge is held (its Hold; HOLD_MAX for the others when cluster; 0: charged now).
 func holdArg(reqs []Request, cluster bool) string {
