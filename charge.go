@@ -276,8 +276,26 @@ func (h *Handler) serveAndSettle(w http.ResponseWriter, r *http.Request, next ca
 		}
 		return *charged, true
 	})
+	settled := false
+	defer func() {
+		// A handler that panics still settles, with what the response showed: reverse_proxy
+		// aborts a response whose client went away mid-stream with panic(http.ErrAbortHandler).
+		if p := recover(); p != nil {
+			if !settled {
+				h.settleResponse(r, cw, reqs, d.Held, errors.New("handler panicked"), &charged)
+			}
+			panic(p)
+		}
+	}()
 	err := next.ServeHTTP(cw, r)
+	settled = true
+	h.settleResponse(r, cw, reqs, d.Held, err, &charged)
+	return err
+}
 
+// settleResponse settles the held zones of reqs once the response seen by cw is complete (err is
+// the handlers' error), and points *charged at what the first of them was charged.
+func (h *Handler) settleResponse(r *http.Request, cw *chargeWriter, reqs []limiter.Request, held *limiter.Held, err error, charged **int64) {
 	status := cw.status
 	if status == 0 {
 		var he caddyhttp.HandlerError
@@ -297,13 +315,12 @@ func (h *Handler) serveAndSettle(w http.ResponseWriter, r *http.Request, next ca
 		}
 		if a := h.zoneOf(rq.Zone).after; a != nil {
 			amounts[i], _ = a.amount(rq.Cost, status, cw)
-			if charged == nil {
-				charged = &amounts[i]
+			if *charged == nil {
+				*charged = &amounts[i]
 			}
 		}
 	}
-	h.settle(r.Context(), reqs, d.Held, amounts)
-	return err
+	h.settle(r.Context(), reqs, held, amounts)
 }
 
 // settle runs the settlement, under the handler's timeout and its circuit breakers, even when

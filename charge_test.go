@@ -447,9 +447,17 @@ func TestChargeClientGoneMidStream(t *testing.T) {
 	resp.Body.Close() // gone before the usage
 	close(up.gate)
 	var u float64
+	var state map[any]any
+	defer func() {
+		if t.Failed() {
+			t.Logf("state: %v", state)
+		}
+	}()
 	redistest.WaitFor(t, 5*time.Second, "the reservation settled", func() bool {
-		u, _ = strconv.ParseFloat(fmt.Sprint(srv.Do("HGET", "rl:{leaver}:default:tb", "u")), 64)
-		return srv.Do("HGET", "rl:{leaver}:default:tb", "h") == nil
+		state, _ = srv.Do("HGETALL", "rl:{leaver}:default:tb").(map[any]any)
+		_, held := state["h"]
+		u, _ = strconv.ParseFloat(fmt.Sprint(state["u"]), 64)
+		return state != nil && !held
 	})
 	if !(u > 99.9 && u <= 100) && !(u > 299.9 && u <= 300) {
 		t.Fatalf("charged %v, want the reservation (100) or the usage reported (300)", u)
@@ -589,4 +597,33 @@ func TestChargeStreamingDelay(t *testing.T) {
 	if zw > 100*time.Millisecond {
 		t.Fatalf("with the zone an event took %v to arrive: buffered", zw)
 	}
+}
+
+// TestChargedPlaceholder: {http.rate_limit_redis.charged} holds what the zone was charged after
+// the response, in time for the access log.
+func TestChargedPlaceholder(t *testing.T) {
+	srv := redistest.Start(t)
+	logFile := t.TempDir() + "/access.log"
+	cs := startCaddy(t, fmt.Sprintf(`
+	log {
+		output file %s
+		format json
+	}
+	log_append charged {http.rate_limit_redis.charged}
+	rate_limit_redis {
+		redis {
+			address %s
+		}
+		capacity 1000
+		refill_rate 1000/1h
+		cost 100
+		charge header X-Tokens-Used
+	}
+	header X-Tokens-Used 250
+	respond "ok"`, logFile, srv.Addr))
+	cs.get("/")
+	redistest.WaitFor(t, 5*time.Second, `the access log line with "charged":250`, func() bool {
+		b, _ := os.ReadFile(logFile)
+		return strings.Contains(string(b), `"charged":250`)
+	})
 }

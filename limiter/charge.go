@@ -120,7 +120,8 @@ func withoutHeld(c *call, reqs []Request, idx []int) *call {
 var ErrNotHeld = errors.New("no hold to settle")
 
 // Settle settles the held zones of a Decision (d.Held) with one settle.lua call (one per hash
-// slot on Redis Cluster, all under way at once): amounts[i] is what to charge the zone of the
+// slot on Redis Cluster, all under way at once), sent on the decisions' Pipeline when there is
+// one (Options.Pipeline, PipelineFor), in the same round trip as the decisions under way: amounts[i] is what to charge the zone of the
 // i-th Request given to Allow. A token bucket is charged amounts[i] in place of its reservation
 // (0 gives it all back; more than was reserved may leave the bucket in debt, which later
 // requests wait out); a sliding window keeps its entries when amounts[i] > 0 and gives them
@@ -171,7 +172,18 @@ func (l *Limiter) Settle(ctx context.Context, h *Held, amounts []int64) ([]bool,
 	case 0:
 		return settled, nil
 	case 1:
-		calls[0].reply, calls[0].err = runScript(ctx, l.rdb, settleScript, calls[0].keys, calls[0].args)
+		// On the decisions' pipeline when there is one: under load it shares their round trip.
+		c, batch := calls[0], l.batch
+		if l.batchFor != nil {
+			if b := l.batchFor(ctx, c.keys[0]); b != nil {
+				batch = b
+			}
+		}
+		if batch != nil {
+			c.reply, c.err = batch.runSettle(ctx, c.keys, c.args)
+		} else {
+			c.reply, c.err = runScript(ctx, l.rdb, settleScript, c.keys, c.args)
+		}
 	default:
 		evalEach(ctx, l.rdb, settleScript, calls)
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -184,5 +185,35 @@ func TestClusterHeldZoneAcrossSlots(t *testing.T) {
 	h := c.Nodes[0].Do("HGET", heldKey, "h")
 	if u, _ := strconv.ParseFloat(c.Nodes[0].Do("HGET", heldKey, "u").(string), 64); h != nil || u > before || u < before-0.01 {
 		t.Fatalf("held zone after a denial: h %v u %v, want released and u %v", h, u, before)
+	}
+}
+
+// TestSettleOnPipelineUnderConcurrency: settlements ride the decisions' Pipeline, mixed into
+// their batches: 300 concurrent requests of cost 1, settled to 0, 1 or 2 in turn, leave the
+// bucket charged exactly the sum, and every settlement finds its hold.
+func TestSettleOnPipelineUnderConcurrency(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client()
+	p := limiter.NewPipeline(rdb, 2)
+	t.Cleanup(p.Close)
+	l := limiter.New(rdb, limiter.Options{KeyPrefix: "rl:", Pipeline: p})
+	z := tb("pipe", 1000, 1000/(limiter.MaxWindow.Seconds()/2))
+	var wg sync.WaitGroup
+	for i := range 300 {
+		wg.Go(func() {
+			d, err := l.Allow(context.Background(), []limiter.Request{{Zone: z, Key: "k", Cost: 1, Hold: time.Minute}})
+			if err != nil || !d.Allowed {
+				t.Errorf("request %d: %+v, %v", i, d, err)
+				return
+			}
+			if got, err := l.Settle(context.Background(), d.Held, []int64{int64(i % 3)}); err != nil || !got[0] {
+				t.Errorf("settle %d: %v, %v", i, got, err)
+			}
+		})
+	}
+	wg.Wait()
+	u, _ := strconv.ParseFloat(srv.Do("HGET", "rl:{k}:pipe:tb", "u").(string), 64)
+	if u < 299.99 || u > 300 || srv.Do("HGET", "rl:{k}:pipe:tb", "h") != nil {
+		t.Fatalf("used %v, holds %v: want 300 (100 × 0 + 100 × 1 + 100 × 2) and none left", u, srv.Do("HGET", "rl:{k}:pipe:tb", "h"))
 	}
 }
