@@ -88,6 +88,9 @@ var (
 //			cost        <n>|<placeholder>    # tokens a request takes; default 1
 //			max_cost    <n>                  # larger costs are never admitted; default the quota (sliding_window with a placeholder cost: at most 1000)
 //			max_wait    <duration>           # token_bucket: hold a request up to this long for its turn instead of a 429; up to 1m
+//			count_status <code|Nxx>...       # charge only responses of these statuses (token_bucket, sliding_window)
+//			charge header <field> | openai_usage [total|prompt|completion]   # charge what the response reports; cost is the reservation (token_bucket)
+//			hold_max    <duration>           # with count_status or charge: a reservation unsettled after it counts as charged; default 10m
 //			match {                          # optional: this zone applies only to matching requests
 //				<matchers>
 //			}
@@ -535,7 +538,8 @@ func parseZone(d *caddyfile.Dispenser, names map[string]bool) (*Zone, error) {
 // shorthand for a zone named "default" when written at the top level.
 func isZoneSubdirective(name string) bool {
 	switch name {
-	case "key", "empty_key", "algorithm", "capacity", "refill_rate", "limit", "window", "period", "time_zone", "cost", "max_cost", "max_wait", "match":
+	case "key", "empty_key", "algorithm", "capacity", "refill_rate", "limit", "window", "period", "time_zone", "cost", "max_cost", "max_wait", "match",
+		"count_status", "charge", "hold_max":
 		return true
 	}
 	return false
@@ -751,6 +755,9 @@ func (p *zoneParser) subdirective(d *caddyfile.Dispenser) error {
 		}
 		z.Jitter = new(caddy.Duration(dur))
 
+	case "count_status", "charge", "hold_max":
+		return p.afterSubdirective(d)
+
 	default:
 		return d.Errf("unrecognized subdirective %q", name)
 	}
@@ -843,7 +850,7 @@ func (p *zoneParser) finish() error {
 				z.Name, fill, formatDuration(limiter.MaxWindow))
 		}
 	}
-	return nil
+	return p.finishAfter(algorithm)
 }
 
 // parseFailMode checks v, the argument of the fail_mode subdirective at the cursor.

@@ -106,7 +106,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			}
 			key = lastKey
 		}
-		reqs = append(reqs, limiter.Request{Zone: &z.lz, Key: key, Cost: cost})
+		rq := limiter.Request{Zone: &z.lz, Key: key, Cost: cost}
+		if z.after != nil {
+			rq.Hold = z.after.hold // settled after the response: charge.go
+		}
+		reqs = append(reqs, rq)
 		shaping = shaping || z.lz.MaxWait > 0
 	}
 	if len(reqs) == 0 {
@@ -224,6 +228,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			}
 		}
 		h.leaveWaiting(&placed)
+		if d.Held != nil {
+			return h.serveAndSettle(w, r, next, reqs, d, repl)
+		}
 		return next.ServeHTTP(w, r)
 	}
 	h.leaveWaiting(&placed)

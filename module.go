@@ -361,6 +361,20 @@ type Zone struct {
 	// denial. 0 turns jitter off for the zone.
 	Jitter *caddy.Duration `json:"jitter,omitempty"`
 
+	// Charge after the response only the requests whose status is listed: codes (401) or
+	// classes (4xx). A request is admitted only if the zone has room for its cost, which it
+	// holds while the request runs; the others get it back. token_bucket and sliding_window.
+	CountStatus []string `json:"count_status,omitempty"`
+
+	// Charge what the response reports in place of the cost, which becomes a reservation
+	// (token_bucket only). See Charge.
+	Charge *Charge `json:"charge,omitempty"`
+
+	// With count_status or charge: how long a reservation waits for its response; an
+	// unsettled one (an instance that crashed) counts as charged after it. Default: 10m.
+	HoldMax caddy.Duration `json:"hold_max,omitempty"`
+
+	after       *afterResponse // count_status and charge, provisioned; nil without them
 	matcherSets caddyhttp.MatcherSets
 	lz          limiter.Zone
 	fixedCost   int64               // > 0 when Cost is a literal integer
@@ -539,6 +553,9 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger) error {
 		}
 		z.fixedCost = n
 	}
+	if err := z.provisionAfter(); err != nil {
+		return err
+	}
 	if z.MatcherSetsRaw != nil {
 		mods, err := ctx.LoadModule(z, "MatcherSetsRaw")
 		if err != nil {
@@ -592,6 +609,9 @@ func (h *Handler) Validate() error {
 	seen := make(map[string]bool, len(h.Zones))
 	for _, z := range h.Zones {
 		if err := z.lz.Validate(); err != nil {
+			return err
+		}
+		if err := z.validateAfter(); err != nil {
 			return err
 		}
 		switch z.FailMode {

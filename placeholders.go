@@ -18,6 +18,7 @@ import (
 //	{http.rate_limit_redis.retry_after}  the 429's Retry-After: seconds until a denied request would pass, rounded up, plus jitter; 0 when allowed
 //	{http.rate_limit_redis.waited}       milliseconds the request was held for its turn (max_wait), rounded up; 0 when not held
 //	{http.rate_limit_redis.degraded}     true when Redis failed and fail_mode decided
+//	{http.rate_limit_redis.charged}      after the response: what the first zone with count_status or charge was charged (charge.go)
 //
 // When Redis failed under fail_mode open or closed only allowed and degraded are known.
 const placeholderPrefix = "http.rate_limit_redis."

@@ -43,7 +43,7 @@ func (l *Limiter) slotGroups(keys []string) [][]int {
 // every group when all admitted, or releases the groups that admitted when one denied or failed
 // (see settle.lua). A group's denial stands against another group's error, which is returned as
 // slotErr; err is returned when no group denied and one failed.
-func (l *Limiter) allowSlots(ctx context.Context, reqs []Request, keys []string, groups [][]int) (allowed bool, zones []zoneReply, slotErr, err error) {
+func (l *Limiter) allowSlots(ctx context.Context, reqs []Request, keys []string, groups [][]int) (allowed bool, zones []zoneReply, held *Held, slotErr, err error) {
 	calls := make([]*call, len(groups))
 	greqs := make([][]Request, len(groups))
 	for g, idx := range groups {
@@ -78,13 +78,20 @@ func (l *Limiter) allowSlots(ctx context.Context, reqs []Request, keys []string,
 			zones[i] = zs[j]
 		}
 	}
+	if allowed {
+		// The zones held until after the response stay held: commit only the others.
+		for g, c := range calls {
+			held = newHeld(reqs, c.keys, c.args, groups[g]).merge(held)
+			charged[g] = withoutHeld(c, reqs, groups[g])
+		}
+	}
 	if len(charged) > 0 {
 		l.settle(ctx, charged, allowed)
 	}
 	if slotErr != nil && !denied {
-		return false, nil, nil, slotErr
+		return false, nil, nil, nil, slotErr
 	}
-	return allowed, zones, slotErr, nil
+	return allowed, zones, held, slotErr, nil
 }
 
 // settle runs settle.lua for each call, all under way at once: commit when the request was admitted,

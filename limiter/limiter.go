@@ -61,6 +61,10 @@ type Request struct {
 	// held. The handler sets it when it already holds as many requests as it may. A denial
 	// decided so is not remembered in the deny cache: with room to wait, the answer may differ.
 	NoWait bool
+	// Hold, when > 0, makes the zone's charge a hold to be settled after the response with
+	// Limiter.Settle (Decision.Held): a token bucket reserves Cost, a sliding window adds its
+	// entries as usual. A hold not settled within Hold counts as charged. 0: charged now.
+	Hold time.Duration
 }
 
 // maxWait is how long r may be held: its zone's MaxWait (token bucket only), unless NoWait.
@@ -127,6 +131,9 @@ type Decision struct {
 	// denied the request: the denial stands (Allow returns no error), and Err is there to be
 	// counted and logged.
 	Err error
+	// Held, when the request was allowed and a zone's Request had a Hold, is what Settle needs
+	// to settle those zones; nil otherwise.
+	Held *Held
 }
 
 // Options configure a Limiter.
@@ -235,11 +242,16 @@ func (l *Limiter) Allow(ctx context.Context, reqs []Request) (Decision, error) {
 	}
 	var allowed bool
 	var zones []zoneReply
+	var held *Held
 	var err, slotErr error
 	if groups := l.slotGroups(keys); groups != nil {
-		allowed, zones, slotErr, err = l.allowSlots(ctx, reqs, keys, groups)
+		allowed, zones, held, slotErr, err = l.allowSlots(ctx, reqs, keys, groups)
 	} else {
-		allowed, zones, err = l.allowOne(ctx, reqs, keys)
+		args := l.scriptArgs(reqs, false)
+		allowed, zones, err = l.allowOne(ctx, reqs, keys, args)
+		if allowed {
+			held = newHeld(reqs, keys, args, nil)
+		}
 	}
 	if err != nil {
 		return Decision{}, err
@@ -251,13 +263,13 @@ func (l *Limiter) Allow(ctx context.Context, reqs []Request) (Decision, error) {
 		}
 	}
 	d := pick(reqs, allowed, zones)
-	d.Err = slotErr
+	d.Err, d.Held = slotErr, held
 	return d, nil
 }
 
 // allowOne decides reqs, whose keys are all in one hash slot or on one server, with one call of
 // the decide script.
-func (l *Limiter) allowOne(ctx context.Context, reqs []Request, keys []string) (bool, []zoneReply, error) {
+func (l *Limiter) allowOne(ctx context.Context, reqs []Request, keys []string, args []any) (bool, []zoneReply, error) {
 	var reply any
 	var err error
 	batch := l.batch
@@ -267,9 +279,9 @@ func (l *Limiter) allowOne(ctx context.Context, reqs []Request, keys []string) (
 		}
 	}
 	if batch != nil {
-		reply, err = batch.run(ctx, keys, l.scriptArgs(reqs, false))
+		reply, err = batch.run(ctx, keys, args)
 	} else {
-		reply, err = l.run(ctx, keys, l.scriptArgs(reqs, false))
+		reply, err = l.run(ctx, keys, args)
 	}
 	return decodeResult(reply, err, reqs)
 }
@@ -311,10 +323,7 @@ func (l *Limiter) scriptArgs(reqs []Request, hold bool) []any {
 		args[0] = ""
 	}
 	args[1] = l.instance + "." + strconv.FormatUint(l.calls.Add(1), 36)
-	args[2] = "0"
-	if hold {
-		args[2] = "1"
-	}
+	args[2] = holdArg(reqs, hold)
 	args[3] = len(reqs)
 	for _, r := range reqs {
 		cost := r.Cost

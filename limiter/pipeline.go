@@ -27,14 +27,15 @@ type Batcher interface {
 	Pipeliner
 }
 
-// call is one decision waiting for its script reply.
+// call is one decision (or, with settle, one settlement: settle.lua) waiting for its script reply.
 type call struct {
-	keys  []string
-	args  []any
-	ctx   context.Context
-	done  chan struct{} // closed when reply and err are set
-	reply any
-	err   error
+	keys   []string
+	args   []any
+	settle bool // a settle.lua call: sent as it is, beside the batch's decide.lua call
+	ctx    context.Context
+	done   chan struct{} // closed when reply and err are set
+	reply  any
+	err    error
 }
 
 // Pipeline sends concurrent decisions to Redis in batches, with at most `slots` round trips
@@ -77,6 +78,17 @@ func (b *Pipeline) Close() { b.closed.Do(func() { close(b.stop) }) }
 
 // run sends one decision and waits for its reply, or for ctx to end.
 func (b *Pipeline) run(ctx context.Context, keys []string, args []any) (any, error) {
+	return b.do(ctx, &call{keys: keys, args: args})
+}
+
+// runSettle sends one settle.lua call in the next round trip, beside the decisions, and waits
+// for its reply, or for ctx to end.
+func (b *Pipeline) runSettle(ctx context.Context, keys []string, args []any) (any, error) {
+	return b.do(ctx, &call{keys: keys, args: args, settle: true})
+}
+
+// do sends c and waits for its reply, or for ctx to end.
+func (b *Pipeline) do(ctx context.Context, c *call) (any, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err // never charge for a decision nobody waits for
 	}
@@ -85,7 +97,7 @@ func (b *Pipeline) run(ctx context.Context, keys []string, args []any) (any, err
 		return nil, errors.New("limiter pipeline closed")
 	default:
 	}
-	c := &call{keys: keys, args: args, ctx: ctx, done: make(chan struct{})}
+	c.ctx, c.done = ctx, make(chan struct{})
 	select {
 	case b.slots <- struct{}{}:
 		b.lead(c) // c's reply is delivered in the first batch
@@ -166,7 +178,9 @@ func (c *call) appendTo(batch []*call) []*call {
 func (b *Pipeline) send(batch []*call) {
 	ctx, cancel := batchContext(batch)
 	defer cancel()
-	if !b.cluster {
+	if slices.ContainsFunc(batch, func(c *call) bool { return c.settle }) {
+		b.sendWithSettles(ctx, batch)
+	} else if !b.cluster {
 		merged := mergeCalls(batch)
 		merged.reply, merged.err = runScript(ctx, b.rdb, decideScript, merged.keys, merged.args)
 		merged.split(batch)
@@ -183,6 +197,36 @@ func (b *Pipeline) send(batch []*call) {
 	}
 	for _, c := range batch {
 		close(c.done)
+	}
+}
+
+// sendWithSettles sends a batch holding settle.lua calls in one go-redis pipeline (one round
+// trip; one per node on Redis Cluster): the decisions merged into one decide.lua call (one per
+// hash slot on Redis Cluster), and each settlement as it is.
+func (b *Pipeline) sendWithSettles(ctx context.Context, batch []*call) {
+	var decides, settles []*call
+	for _, c := range batch {
+		if c.settle {
+			settles = append(settles, c)
+		} else {
+			decides = append(decides, c)
+		}
+	}
+	var groups [][]*call
+	switch {
+	case len(decides) == 0:
+	case b.cluster:
+		groups = bySlot(decides)
+	default:
+		groups = [][]*call{decides}
+	}
+	merged := make([]*call, len(groups), len(groups)+len(settles))
+	for i, g := range groups {
+		merged[i] = mergeCalls(g)
+	}
+	evalBatch(ctx, b.rdb, decideScript, append(merged, settles...))
+	for i, g := range groups {
+		merged[i].split(g)
 	}
 }
 
@@ -285,7 +329,7 @@ func evalBatch(ctx context.Context, rdb Pipeliner, script *redis.Script, batch [
 	cmds := make([]*redis.Cmd, len(batch))
 	pipe := rdb.Pipeline()
 	for i, c := range batch {
-		cmds[i] = script.EvalSha(ctx, pipe, c.keys, c.args...)
+		cmds[i] = c.script(script).EvalSha(ctx, pipe, c.keys, c.args...)
 	}
 	// Each command carries its own error, except when setting up the connection failed with a
 	// Redis error (AUTH's WRONGPASS): go-redis then leaves the commands unset, and only Exec
@@ -301,7 +345,7 @@ func evalBatch(ctx context.Context, rdb Pipeliner, script *redis.Script, batch [
 	if len(again) > 0 {
 		pipe := rdb.Pipeline()
 		for _, i := range again {
-			cmds[i] = script.Eval(ctx, pipe, batch[i].keys, batch[i].args...)
+			cmds[i] = batch[i].script(script).Eval(ctx, pipe, batch[i].keys, batch[i].args...)
 		}
 		_, errAgain = pipe.Exec(ctx)
 	}
@@ -314,6 +358,14 @@ func evalBatch(ctx context.Context, rdb Pipeliner, script *redis.Script, batch [
 			}
 		}
 	}
+}
+
+// script is settle.lua for a settlement, else dflt.
+func (c *call) script(dflt *redis.Script) *redis.Script {
+	if c.settle {
+		return settleScript
+	}
+	return dflt
 }
 
 // batchContext has the latest deadline of the batch's calls (none if one has none), so that no

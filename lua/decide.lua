@@ -18,8 +18,11 @@
 --       never writes: a t without it means the previous script wrote last, and u is stale.
 --   h   the sum of the holds below, absent when there are none
 --   h:<nonce>  a hold: "<cost>@<µs>", tokens reserved by a call with hold = 1 (Redis Cluster,
---       when a request's zones are in several hash slots) until settle.lua commits it into u or
---       releases it. A hold older than HOLD_MAX µs is committed by whichever call finds it.
+--       when a request's zones are in several hash slots) or a hold time (charge after the
+--       response) until settle.lua commits it into u or releases it. A hold whose µs is more
+--       than HOLD_MAX in the past is committed by whichever call finds it. A hold of its own
+--       maximum m is written with µs = now + m - HOLD_MAX: the same form and the same rule, so
+--       every script version and the admin API read it alike.
 -- It admits a request iff capacity - u - held >= cost, or, with a max_wait (shaping), iff it
 -- would within max_wait (and cost <= capacity): the request is then charged now, u going above
 -- the capacity (a debt of at most max_wait × rate), and its delay is the time until the bucket
@@ -45,7 +48,9 @@
 --   nonce    unique to the decision (across instances and calls): sliding window members are
 --            "<nonce>:<n>" for n = 1..cost, holds are "h:<nonce>", so settle.lua can find
 --            exactly what the decision added
---   hold     "1": take token bucket charges as holds (see settle.lua); "0": charge them
+--   hold     "1": take token bucket charges as holds (see settle.lua); "0": charge them; or one
+--            number per zone, comma-separated: µs that zone's token bucket charge is held at
+--            most before it counts as charged (0: charge it now)
 --   n        the number of zones
 --   and 4 arguments per zone:
 --   algorithm  "tb" (token bucket), "sw" (sliding window log), "fw" (fixed window) or "sc"
@@ -124,6 +129,16 @@ end
 -- decide runs one decision: n zones, whose keys are KEYS[kbase + 1 .. kbase + n] and whose
 -- arguments start at ARGV[abase]. It returns the decision's reply (see above).
 local function decide(nonce, hold, n, kbase, abase)
+  local holdmax = {} -- per zone: µs its token bucket charge is held at most; nil: charged now
+  if hold == '1' then
+    for i = 1, n do holdmax[i] = HOLD_MAX end
+  elseif hold ~= '0' then
+    local i = 0
+    for x in string.gmatch(hold, '%d+') do
+      i = i + 1
+      if tonumber(x) > 0 then holdmax[i] = tonumber(x) end
+    end
+  end
   local reply = { 1 }
   local writes = {}
   local denied = {}
@@ -158,6 +173,7 @@ local function decide(nonce, hold, n, kbase, abase)
       end
       -- now < ts only with `clock local` and skewed instances: keep ts, drain nothing.
       local holds
+      local hwait = 0 -- µs until the last hold left would count as charged
       if held > 0 then
         -- Commit the holds that settle.lua never settled: a charge stays rather than vanish.
         holds = {}
@@ -173,6 +189,7 @@ local function decide(nonce, hold, n, kbase, abase)
               holds[#holds + 1] = f
             elseif c then
               held = held + c
+              hwait = math.max(hwait, at + HOLD_MAX - now)
             end
           end
         end
@@ -183,7 +200,7 @@ local function decide(nonce, hold, n, kbase, abase)
         ok = true
         retry = delay
         tokens = tokens - cost
-        writes[#writes + 1] = { 'tb', key, used, ts, quota, rate, cost, held, holds }
+        writes[#writes + 1] = { 'tb', key, used, ts, quota, rate, cost, held, holds, holdmax[i], hwait }
       else
         ok = false
         retry = delay
@@ -317,10 +334,12 @@ local function decide(nonce, hold, n, kbase, abase)
   for _, w in ipairs(writes) do
     if w[1] == 'tb' then
       local key, used, ts, quota, rate, cost, held, holds = w[2], w[3], w[4], w[5], w[6], w[7], w[8], w[9]
+      local hmax, hwait = w[10], w[11]
       if holds and #holds > 0 then redis.call('HDEL', key, unpack(holds)) end
-      if hold then
+      if hmax then
         held = held + cost
-        redis.call('HSET', key, 'h:' .. nonce, string.format('%d@%d', cost, now))
+        hwait = math.max(hwait, hmax)
+        redis.call('HSET', key, 'h:' .. nonce, string.format('%d@%d', cost, now + hmax - HOLD_MAX))
       else
         used = used + cost
       end
@@ -334,7 +353,7 @@ local function decide(nonce, hold, n, kbase, abase)
       end
       redis.call('HSET', key, unpack(fields))
       local ttl = math.ceil(used / rate * 1000)
-      if held > 0 then ttl = ttl + HOLD_MAX / 1000 + 1000 end
+      if held > 0 then ttl = ttl + math.ceil(math.max(hwait, HOLD_MAX) / 1000) + 1000 end
       redis.call('PEXPIRE', key, ms(ttl))
     elseif w[1] == 'fw' then
       -- Kept a second past the window's end, so that a clock a little behind still finds it.
@@ -367,7 +386,7 @@ end
 local out = {}
 local kbase, a = 0, 2
 while a <= #ARGV do
-  local nonce, hold, n = ARGV[a], ARGV[a + 1] == '1', tonumber(ARGV[a + 2])
+  local nonce, hold, n = ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2])
   local r = decide(nonce, hold, n, kbase, a + 3)
   for j = 1, #r do out[#out + 1] = r[j] end
   kbase, a = kbase + n, a + 3 + 4 * n

@@ -1,8 +1,9 @@
 #!lua
--- settle.lua: settle what one decide.lua call with hold = 1 took, on Redis Cluster, where the zones
+-- settle.lua: settle what one decide.lua call with holds took: on Redis Cluster, where the zones
 -- of one request can live in different hash slots and so be decided by one decide.lua call per
--- slot. When every slot admitted, each is committed; when one denied (or failed), those that
--- admitted are released, so that the request is charged nowhere.
+-- slot, when every slot admitted each is committed, and when one denied (or failed) those that
+-- admitted are released, so that the request is charged nowhere; and after the response, for
+-- zones that charge what the response reports (mode "amount").
 --
 -- A token bucket's charge was taken as a hold, "h:<nonce>" (see decide.lua), which no refill
 -- drains. Commit moves it into u (used) at now; release deletes it. Either is exact: the bucket
@@ -19,14 +20,25 @@
 -- KEYS[i]  the state key of zone i.
 -- ARGV[1]  now, in µs since the Unix epoch, or "" to read the Redis server clock (TIME).
 -- ARGV[2]  the nonce of the decide.lua call being settled.
--- ARGV[3]  "commit" or "release".
--- Then 4 arguments per zone i, starting at ARGV[4 + 4*(i-1)]: algorithm ("tb" or "sw"), quota,
--- rate (tb: tokens/s, followed by ",<max_wait>" when shaping; sw: window µs) and cost, as given
--- to that call.
+-- ARGV[3]  "commit", "release" or "amount".
+-- Then 4 arguments per zone i, starting at ARGV[4 + 4*(i-1)]: algorithm ("tb", "sw", "fw" or
+-- "sc"), quota, rate (tb: tokens/s, followed by ",<max_wait>" when shaping; sw, sc: window µs;
+-- fw: the window bounds) and cost, as given to that call.
+-- With "amount", then one more argument per zone i, at ARGV[4 + 4n + (i-1)] for n zones: what to
+-- charge zone i. A token bucket commits that many tokens in place of its hold (0 releases it;
+-- more than the bucket has left puts it in debt: u above capacity, which later requests wait
+-- out); a sliding window keeps its entries, unless it is 0: then they are removed.
 --
--- Reply: the number of zones settled (holds or window entries found).
+-- Reply: an array, per zone in order, 1 when it was settled now (its hold or window entries
+-- were found), else 0.
 
 local EPSILON = 1e-9
+local MAX_US = 9007199254740992 -- decide.lua's: the longest TTL, in ms
+
+-- A TTL in ms, as the integer string PEXPIRE takes (at least 1, at most MAX_US).
+local function ms(x)
+  return string.format('%d', math.min(math.max(1, math.ceil(x)), MAX_US))
+end
 
 local now
 if ARGV[1] == '' then
@@ -36,8 +48,9 @@ else
   now = tonumber(ARGV[1])
 end
 local nonce = ARGV[2]
-local commit = ARGV[3] == 'commit'
-local settled = 0
+local mode = ARGV[3]
+local commit = mode == 'commit'
+local settled = {}
 
 for i = 1, #KEYS do
   local key = KEYS[i]
@@ -45,6 +58,12 @@ for i = 1, #KEYS do
   local algo = ARGV[base]
   local quota = tonumber(ARGV[base + 1])
   local rate = tonumber(string.match(ARGV[base + 2], '^[^,]*')) -- tb: "<rate>[,<max_wait>]"
+  local amount
+  if mode == 'amount' then
+    amount = tonumber(ARGV[4 + 4 * #KEYS + (i - 1)])
+    commit = amount > 0
+  end
+  settled[i] = 0
 
   if algo == 'tb' then
     local v = redis.call('HMGET', key, 'u', 'ts', 'h', 'h:' .. nonce)
@@ -56,7 +75,7 @@ for i = 1, #KEYS do
         used = math.max(0, used - (now - ts) * rate / 1000000)
         ts = now
       end
-      if commit then used = used + c end
+      if mode == 'amount' then used = used + amount elseif commit then used = used + c end
       redis.call('HDEL', key, 'h:' .. nonce)
       local fields = { 'u', string.format('%.17g', used), 'ts', string.format('%d', ts),
         't', '+' .. string.format('%.17g', quota - used - held) }
@@ -67,10 +86,14 @@ for i = 1, #KEYS do
         redis.call('HDEL', key, 'h')
       end
       redis.call('HSET', key, unpack(fields))
-      local ttl = math.max(1, math.ceil(used / rate * 1000))
-      if held > EPSILON then ttl = ttl + 6000 end -- decide.lua's HOLD_MAX, and a second
-      redis.call('PEXPIRE', key, ttl)
-      settled = settled + 1
+      local ttl = used / rate * 1000
+      if held > EPSILON then
+        -- decide.lua's HOLD_MAX, and a second; never shorter than other holds need (GT)
+        redis.call('PEXPIRE', key, ms(ttl + 6000), 'GT')
+      else
+        redis.call('PEXPIRE', key, ms(ttl))
+      end
+      settled[i] = 1
     end
   elseif algo == 'fw' or algo == 'sc' then
     -- A counter's charge is no hold: a release takes the cost back from the window it went into,
@@ -87,15 +110,17 @@ for i = 1, #KEYS do
         local m, c = string.match(redis.call('GET', key) or '', '^([%d.]+):(%d+)$')
         if m == mark then
           redis.call('SET', key, m .. ':' .. string.format('%d', math.max(0, tonumber(c) - cost)), 'KEEPTTL')
-          settled = settled + 1
+          settled[i] = 1
         end
       else
         local v = redis.call('HMGET', key, 's', 'c')
         if tonumber(v[1]) == now - now % rate and tonumber(v[2]) then
           redis.call('HSET', key, 'c', string.format('%d', math.max(0, tonumber(v[2]) - cost)))
-          settled = settled + 1
+          settled[i] = 1
         end
       end
+    else
+      settled[i] = 1
     end
   elseif not commit then
     local cost = tonumber(ARGV[base + 3])
@@ -107,9 +132,9 @@ for i = 1, #KEYS do
         members = {}
       end
     end
-    if removed > 0 then settled = settled + 1 end
+    if removed > 0 then settled[i] = 1 end
   else
-    settled = settled + 1
+    settled[i] = 1
   end
 end
 

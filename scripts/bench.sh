@@ -14,6 +14,9 @@
 #   3. 3 zones     as 1, with 3 zones on every request (per client, per IP, per-client sliding
 #                  window), all decided by one script call.
 #   4. latency     the allowed path at concurrency 1 (wrk -t1 -c1): p50/p99 plain vs module.
+#   5. status      as 1, with count_status 401 on the zone: every charge is held at admission and
+#                  given back after the 200 by a second script call (settle.lua): the cost of
+#                  charging after the response (2 script calls per request expected).
 # Plain and module runs alternate (plain, module, plain, module, ...) for BENCH_ROUNDS rounds so
 # that machine noise hits both alike; every figure is the median of the rounds.
 #
@@ -301,7 +304,7 @@ seconds() { # a wrk duration in seconds, for the estimate
 	local v=${1%[smh]}
 	case $1 in *m) echo $((v * 60)) ;; *h) echo $((v * 3600)) ;; *) echo "$v" ;; esac
 }
-estimate=$(($(seconds "$duration") * rounds * 8 + $(seconds "$warmup") * 8))
+estimate=$(($(seconds "$duration") * rounds * 10 + $(seconds "$warmup") * 10))
 say "rounds=$rounds duration=$duration warmup=$warmup threads=$threads connections=$connections;" \
 	"about $(((estimate + 59) / 60)) min"
 
@@ -312,6 +315,7 @@ plain_port=$caddy_port
 scenario allowed bench/allowed.Caddyfile bench/allowed.lua latency
 scenario flood bench/flood.Caddyfile bench/flood.lua
 scenario multizone bench/multizone.Caddyfile bench/allowed.lua
+scenario status bench/count_status.Caddyfile bench/allowed.lua
 stop_pid "$plain_pid"
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 
@@ -389,7 +393,10 @@ table_row() { # SCENARIO LABEL
 		warnings+=("$s: the module answered $mnon non-2xx responses of $mreq (want 0)")
 	fi
 	[ "$errs" -eq 0 ] || warnings+=("$s: wrk reported $errs socket errors (connect/read/write/timeout)")
-	if [ "$s" != flood ]; then
+	if [ "$s" = status ]; then
+		awk -v c="$cpr" 'BEGIN { exit !(c > 0 && c <= 2.01) }' ||
+			warnings+=("$s: $cpr script calls per request, expected at most 2 (a decision and a settlement)")
+	elif [ "$s" != flood ]; then
 		awk -v c="$cpr" 'BEGIN { exit !(c > 0 && c <= 1.01) }' ||
 			warnings+=("$s: $cpr script calls per request, expected at most 1 (batches share calls)")
 	fi
@@ -414,6 +421,7 @@ printf "$row_format" scenario "plain rps" "module rps" ratio "plain p50/p99" "mo
 table_row allowed "1 allowed, 10k clients"
 table_row flood "2 deny flood, 1 client"
 table_row multizone "3 allowed, 3 zones"
+table_row status "5 count_status, 10k"
 echo
 echo "CPU from /proc/PID/stat (utime + stime) over all rounds:"
 # shellcheck disable=SC2059 # cpu_format is the table's format
@@ -421,6 +429,7 @@ printf "$cpu_format" scenario "Caddy us/req p/m" ratio "Redis us/dec" "dec/call"
 cpu_row allowed "1 allowed, 10k clients"
 cpu_row flood "2 deny flood, 1 client"
 cpu_row multizone "3 allowed, 3 zones"
+cpu_row status "5 count_status, 10k"
 cpu_row latency "4 latency, c=1"
 echo
 lp50=$(col "$work/latency.plain" 3)
@@ -445,6 +454,7 @@ echo "rounds, plain/module rps = ratio:"
 echo "    allowed    $(rounds_line allowed)"
 echo "    deny flood $(rounds_line flood)"
 echo "    3 zones    $(rounds_line multizone)"
+echo "    status     $(rounds_line status)"
 echo "    latency    $(rounds_line latency)"
 echo
 if [ "${#warnings[@]}" -gt 0 ]; then

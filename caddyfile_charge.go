@@ -1,0 +1,93 @@
+package ratelimitredis
+
+import (
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+)
+
+// afterSubdirective parses a zone's count_status, charge or hold_max at the cursor (already
+// recorded in p.seen). Syntax:
+//
+//	count_status <code|Nxx>...
+//	charge header <field>
+//	charge openai_usage [total|prompt|completion]
+//	hold_max <duration>
+func (p *zoneParser) afterSubdirective(d *caddyfile.Dispenser) error {
+	z := p.zone
+	switch d.Val() {
+	case "count_status":
+		args, err := someArgs(d)
+		if err != nil {
+			return err
+		}
+		for _, s := range args {
+			if _, _, err := parseStatus(s); err != nil {
+				return d.Errf("count_status: %v", err)
+			}
+		}
+		z.CountStatus = args
+
+	case "charge":
+		args := d.RemainingArgs()
+		if len(args) == 0 {
+			return d.Errf("charge: a source is required: header <field> or openai_usage [total|prompt|completion]")
+		}
+		c := &Charge{Source: args[0]}
+		switch args[0] {
+		case ChargeHeader:
+			if len(args) != 2 {
+				return d.Errf("charge header: one response header field name is required (charge header X-Tokens-Used)")
+			}
+			c.Header = args[1]
+		case ChargeOpenAIUsage:
+			if len(args) > 2 {
+				return d.Errf("charge openai_usage: unexpected argument %q", args[2])
+			}
+			if len(args) == 2 {
+				switch args[1] {
+				case UsageTotal, UsagePrompt, UsageCompletion:
+					c.Usage = args[1]
+				default:
+					return d.Errf("charge openai_usage: %q must be total, prompt or completion", args[1])
+				}
+			}
+		default:
+			return d.Errf("charge: %q must be header or openai_usage", args[0])
+		}
+		if err := noBlock(d, "charge"); err != nil {
+			return err
+		}
+		z.Charge = c
+
+	case "hold_max":
+		dur, err := positiveDuration(d)
+		if err != nil {
+			return err
+		}
+		if dur > MaxHoldMax {
+			return d.Errf("hold_max: %q is out of range (at most %s)", formatDuration(dur), formatDuration(MaxHoldMax))
+		}
+		z.HoldMax = caddy.Duration(dur)
+	}
+	return nil
+}
+
+// finishAfter checks count_status, charge and hold_max against the zone's algorithm, once the
+// zone is parsed.
+func (p *zoneParser) finishAfter(algorithm string) error {
+	z := p.zone
+	tok, counting := p.seen["count_status"]
+	if ctok, ok := p.seen["charge"]; ok {
+		tok = ctok
+	}
+	if z.Charge == nil && !counting {
+		if tok, ok := p.seen["hold_max"]; ok {
+			return errAt(tok, "hold_max applies to a zone with count_status or charge")
+		}
+		return nil
+	}
+	if msg := afterAlgorithmError(algorithm, z.Charge != nil); msg != "" {
+		return errAt(tok, "%s", msg)
+	}
+	return nil
+}

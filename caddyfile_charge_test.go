@@ -1,0 +1,112 @@
+package ratelimitredis
+
+import (
+	"fmt"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/limiter"
+)
+
+func TestUnmarshalCaddyfileCharge(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		input string
+		want  *Zone
+	}{
+		{"count_status", "rate_limit_redis {\n\tzone login {\n\t\talgorithm sliding_window\n\t\tlimit 5\n\t\twindow 15m\n\t\tcount_status 401 403 5xx\n\t}\n}",
+			&Zone{Name: "login", Algorithm: "sliding_window", Limit: 5, Window: caddy.Duration(15 * time.Minute), CountStatus: []string{"401", "403", "5xx"}}},
+		{"charge header", "rate_limit_redis {\n\tcapacity 1000\n\trefill_rate 1000/1h\n\tcost 100\n\tcharge header X-Tokens-Used\n\thold_max 30m\n}",
+			&Zone{Name: "default", Capacity: 1000, RefillRate: 1000.0 / 3600, Cost: "100", Charge: &Charge{Source: "header", Header: "X-Tokens-Used"}, HoldMax: caddy.Duration(30 * time.Minute)}},
+		{"charge openai_usage", "rate_limit_redis {\n\tcapacity 1000\n\trefill_rate 1\n\tcharge openai_usage\n}",
+			&Zone{Name: "default", Capacity: 1000, RefillRate: 1, Charge: &Charge{Source: "openai_usage"}}},
+		{"charge openai_usage completion with count_status", "rate_limit_redis {\n\tcapacity 1000\n\trefill_rate 1\n\tcharge openai_usage completion\n\tcount_status 2xx\n}",
+			&Zone{Name: "default", Capacity: 1000, RefillRate: 1, Charge: &Charge{Source: "openai_usage", Usage: "completion"}, CountStatus: []string{"2xx"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var h Handler
+			if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(tc.input)); err != nil {
+				t.Fatalf("UnmarshalCaddyfile: %v", err)
+			}
+			if len(h.Zones) != 1 || !reflect.DeepEqual(h.Zones[0], tc.want) {
+				t.Errorf("got\n%s\nwant\n%s", toJSON(t, h.Zones), toJSON(t, tc.want))
+			}
+		})
+	}
+}
+
+func TestUnmarshalCaddyfileChargeErrors(t *testing.T) {
+	const tb = "rate_limit_redis {\n\tcapacity 10\n\trefill_rate 1\n"
+	for _, tc := range []struct{ name, input, want string }{
+		{"count_status empty", tb + "\tcount_status\n}", `wrong argument count or unexpected line ending after 'count_status', at Testfile:4`},
+		{"count_status bad code", tb + "\tcount_status 401 999\n}", `count_status: "999" is not a status code (100 to 599) or a class such as 4xx, at Testfile:4`},
+		{"count_status bad class", tb + "\tcount_status 6xx\n}", `count_status: "6xx" is not a status code (100 to 599) or a class such as 4xx, at Testfile:4`},
+		{"count_status twice", tb + "\tcount_status 401\n\tcount_status 403\n}", `duplicate subdirective "count_status", at Testfile:5`},
+		{"charge no source", tb + "\tcharge\n}", `charge: a source is required: header <field> or openai_usage [total|prompt|completion], at Testfile:4`},
+		{"charge bad source", tb + "\tcharge body\n}", `charge: "body" must be header or openai_usage, at Testfile:4`},
+		{"charge header no field", tb + "\tcharge header\n}", `charge header: one response header field name is required (charge header X-Tokens-Used), at Testfile:4`},
+		{"charge header two fields", tb + "\tcharge header A B\n}", `charge header: one response header field name is required (charge header X-Tokens-Used), at Testfile:4`},
+		{"charge usage bad", tb + "\tcharge openai_usage input\n}", `charge openai_usage: "input" must be total, prompt or completion, at Testfile:4`},
+		{"charge usage extra", tb + "\tcharge openai_usage total x\n}", `charge openai_usage: unexpected argument "x", at Testfile:4`},
+		{"hold_max alone", tb + "\thold_max 1m\n}", `hold_max applies to a zone with count_status or charge, at Testfile:4`},
+		{"hold_max too long", tb + "\tcount_status 401\n\thold_max 2d\n}", `hold_max: "2d" is out of range (at most 1d), at Testfile:5`},
+		{"hold_max zero", tb + "\tcount_status 401\n\thold_max 0s\n}", `hold_max: "0s" must be > 0, at Testfile:5`},
+		{"charge sliding_window", "rate_limit_redis {\n\tzone z {\n\t\talgorithm sliding_window\n\t\tlimit 10\n\t\twindow 1m\n\t\tcharge openai_usage\n\t}\n}",
+			`charge needs algorithm token_bucket: a sliding_window zone stores one entry per unit of cost, so charging it what a response reports (thousands of tokens) would store thousands of entries per request; count_status works with sliding_window, at Testfile:6`},
+		{"count_status fixed_window", "rate_limit_redis {\n\tzone z {\n\t\talgorithm fixed_window\n\t\tlimit 10\n\t\tperiod day\n\t\tcount_status 401\n\t}\n}",
+			`count_status is not supported with algorithm fixed_window (its counter cannot give back one request's charge exactly); use token_bucket or sliding_window, at Testfile:6`},
+		{"charge sliding_window_counter", "rate_limit_redis {\n\tzone z {\n\t\talgorithm sliding_window_counter\n\t\tlimit 10\n\t\twindow 1m\n\t\tcharge header X\n\t}\n}",
+			`charge is not supported with algorithm sliding_window_counter (its counter cannot give back one request's charge exactly); use token_bucket or sliding_window, at Testfile:6`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var h Handler
+			err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(tc.input))
+			if err == nil {
+				t.Fatalf("no error; want %q; got\n%s", tc.want, toJSON(t, &h))
+			}
+			if err.Error() != tc.want {
+				t.Errorf("error\n got %q\nwant %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestValidateAfter: the JSON config's count_status, charge and hold_max are checked as the
+// Caddyfile's are.
+func TestValidateAfter(t *testing.T) {
+	tbz := limiter.Zone{Name: "z", Algorithm: limiter.TokenBucket, Capacity: 10, RefillRate: 1}
+	swz := limiter.Zone{Name: "z", Algorithm: limiter.SlidingWindow, Limit: 10, Window: time.Minute}
+	fwz := limiter.Zone{Name: "z", Algorithm: limiter.FixedWindow, Limit: 10, Window: time.Minute}
+	for _, tc := range []struct {
+		name string
+		z    Zone
+		want string
+	}{
+		{"ok", Zone{lz: tbz, CountStatus: []string{"4xx"}, Charge: &Charge{Source: "openai_usage"}}, ""},
+		{"bad status", Zone{lz: tbz, CountStatus: []string{"4x"}}, `zone z: count_status: "4x" is not a status code (100 to 599) or a class such as 4xx`},
+		{"bad source", Zone{lz: tbz, Charge: &Charge{Source: "body"}}, `zone z: charge source "body" must be header or openai_usage`},
+		{"header without field", Zone{lz: tbz, Charge: &Charge{Source: "header"}}, `zone z: charge header needs a header field name`},
+		{"bad usage", Zone{lz: tbz, Charge: &Charge{Source: "openai_usage", Usage: "input"}}, `zone z: charge usage "input" must be total, prompt or completion`},
+		{"hold_max alone", Zone{lz: tbz, HoldMax: caddy.Duration(time.Minute)}, `zone z: hold_max applies to a zone with count_status or charge`},
+		{"hold_max too long", Zone{lz: tbz, CountStatus: []string{"401"}, HoldMax: caddy.Duration(25 * time.Hour)}, `zone z: hold_max must be between 1ns and 1d`},
+		{"sliding window count_status", Zone{lz: swz, CountStatus: []string{"401"}}, ""},
+		{"sliding window charge", Zone{lz: swz, Charge: &Charge{Source: "header", Header: "X"}}, `zone z: charge needs algorithm token_bucket: a sliding_window zone stores one entry per unit of cost, so charging it what a response reports (thousands of tokens) would store thousands of entries per request; count_status works with sliding_window`},
+		{"fixed window", Zone{lz: fwz, CountStatus: []string{"401"}}, `zone z: count_status is not supported with algorithm fixed_window (its counter cannot give back one request's charge exactly); use token_bucket or sliding_window`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			z := tc.z
+			z.Name = "z"
+			err := z.provisionAfter()
+			if err == nil {
+				err = z.validateAfter()
+			}
+			if got := fmt.Sprint(err); (tc.want == "" && err != nil) || (tc.want != "" && got != tc.want) {
+				t.Fatalf("got %v, want %q", err, tc.want)
+			}
+		})
+	}
+}

@@ -1,0 +1,399 @@
+package ratelimitredis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/limiter"
+)
+
+// Charging after the response: a zone with count_status or charge takes its cost as a hold at
+// admission (so concurrent requests cannot overshoot), and settles it once the response is
+// complete, in one settle.lua call: to 0 (count_status, status not listed), to what the response
+// reports (charge), or to the cost (nothing reported). See README "Charging after the response".
+
+// Sources of Charge.
+const (
+	ChargeHeader      = "header"
+	ChargeOpenAIUsage = "openai_usage"
+)
+
+// Values of Charge.Usage.
+const (
+	UsageTotal      = "total"
+	UsagePrompt     = "prompt"
+	UsageCompletion = "completion"
+)
+
+// DefaultHoldMax is how long a zone's reservation waits for its response by default: an
+// unsettled hold (the instance crashed, Redis failed at settlement) counts as charged after it.
+const DefaultHoldMax = 10 * time.Minute
+
+// MaxHoldMax bounds hold_max.
+const MaxHoldMax = 24 * time.Hour
+
+// Charge is what a zone charges once the response is complete, in place of its cost, which is
+// then a reservation taken at admission.
+type Charge struct {
+	// `header`: a non-negative integer in the response header field Header; `openai_usage`:
+	// the OpenAI-format `usage` of a JSON body, of the final event of a chat completions stream
+	// (`stream_options.include_usage`), or of a Responses API `response.completed` event.
+	Source string `json:"source,omitempty"`
+
+	// header: the response header field (or trailer) holding the amount.
+	Header string `json:"header,omitempty"`
+
+	// openai_usage: which count to charge: `total` (total_tokens), `prompt` (prompt_tokens or
+	// input_tokens) or `completion` (completion_tokens or output_tokens). Default: `total`.
+	Usage string `json:"usage,omitempty"`
+}
+
+// afterResponse is a zone's count_status and charge, provisioned.
+type afterResponse struct {
+	statuses [600]bool // count_status: the listed codes; all false without count_status
+	counting bool      // count_status is set
+	charge   *Charge
+	body     bool // charge openai_usage: the body is read
+	hold     time.Duration
+	charged  prometheus.Counter
+	refunded prometheus.Counter
+}
+
+// provisionAfter provisions the zone's count_status, charge and hold_max; a zone with neither
+// of the first two has z.after nil.
+func (z *Zone) provisionAfter() error {
+	z.after = nil
+	if len(z.CountStatus) == 0 && z.Charge == nil {
+		return nil
+	}
+	a := &afterResponse{charge: z.Charge, hold: time.Duration(z.HoldMax)}
+	if a.hold == 0 {
+		a.hold = DefaultHoldMax
+	}
+	for _, s := range z.CountStatus {
+		lo, hi, err := parseStatus(s)
+		if err != nil {
+			return fmt.Errorf("zone %s: count_status: %w", z.Name, err)
+		}
+		for c := lo; c <= hi; c++ {
+			a.statuses[c] = true
+		}
+		a.counting = true
+	}
+	if c := z.Charge; c != nil {
+		if c.Source == ChargeOpenAIUsage && c.Usage == "" {
+			c.Usage = UsageTotal
+		}
+		a.body = c.Source == ChargeOpenAIUsage
+	}
+	if limiter.ValidZoneName(z.Name) {
+		initChargeMetrics()
+		a.charged = chargeMetrics.charged.WithLabelValues(z.Name)
+		a.refunded = chargeMetrics.refunded.WithLabelValues(z.Name)
+	}
+	z.after = a
+	return nil
+}
+
+// validateAfter checks count_status, charge and hold_max against the zone's algorithm.
+func (z *Zone) validateAfter() error {
+	if z.after == nil {
+		if z.HoldMax != 0 {
+			return fmt.Errorf("zone %s: hold_max applies to a zone with count_status or charge", z.Name)
+		}
+		return nil
+	}
+	if z.HoldMax < 0 || time.Duration(z.HoldMax) > MaxHoldMax {
+		return fmt.Errorf("zone %s: hold_max must be between 1ns and %s", z.Name, formatDuration(MaxHoldMax))
+	}
+	if err := afterAlgorithmError(z.lz.Algorithm.String(), z.Charge != nil); err != "" {
+		return fmt.Errorf("zone %s: %s", z.Name, err)
+	}
+	if c := z.Charge; c != nil {
+		switch {
+		case c.Source == ChargeHeader && c.Header == "":
+			return fmt.Errorf("zone %s: charge header needs a header field name", z.Name)
+		case c.Source == ChargeHeader && c.Usage != "":
+			return fmt.Errorf("zone %s: charge usage belongs to source openai_usage", z.Name)
+		case c.Source == ChargeOpenAIUsage && c.Header != "":
+			return fmt.Errorf("zone %s: charge header belongs to source header", z.Name)
+		case c.Source == ChargeOpenAIUsage && c.Usage != UsageTotal && c.Usage != UsagePrompt && c.Usage != UsageCompletion:
+			return fmt.Errorf("zone %s: charge usage %q must be total, prompt or completion", z.Name, c.Usage)
+		case c.Source != ChargeHeader && c.Source != ChargeOpenAIUsage:
+			return fmt.Errorf("zone %s: charge source %q must be header or openai_usage", z.Name, c.Source)
+		}
+	}
+	return nil
+}
+
+// afterAlgorithmError is why a zone of algorithm cannot take count_status (or, with charge,
+// charge); "" when it can.
+func afterAlgorithmError(algorithm string, charge bool) string {
+	switch algorithm {
+	case tokenBucketName:
+		return ""
+	case slidingWindowName:
+		if charge {
+			return "charge needs algorithm token_bucket: a sliding_window zone stores one entry per unit of cost, " +
+				"so charging it what a response reports (thousands of tokens) would store thousands of entries per request; " +
+				"count_status works with sliding_window"
+		}
+		return ""
+	}
+	what := "count_status"
+	if charge {
+		what = "charge"
+	}
+	return what + " is not supported with algorithm " + algorithm + " (its counter cannot give back one request's charge exactly); use token_bucket or sliding_window"
+}
+
+// parseStatus parses a count_status code (401) or class (4xx) into the codes it covers.
+func parseStatus(s string) (lo, hi int, err error) {
+	if len(s) == 3 && s[0] >= '1' && s[0] <= '5' && (s[1:] == "xx" || s[1:] == "XX") {
+		lo = int(s[0]-'0') * 100
+		return lo, lo + 99, nil
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 100 || n > 599 {
+		return 0, 0, fmt.Errorf("%q is not a status code (100 to 599) or a class such as 4xx", s)
+	}
+	return n, n, nil
+}
+
+// amount is what the zone charges for a response of status whose writer is cw, the request's
+// cost having been reserved: 0 when count_status does not list the status; with charge, what the
+// response reports, else the cost.
+func (a *afterResponse) amount(cost int64, status int, cw *chargeWriter) (int64, bool) {
+	if a.counting && (status < 0 || status >= len(a.statuses) || !a.statuses[status]) {
+		return 0, true
+	}
+	if a.charge == nil {
+		return cost, true
+	}
+	switch a.charge.Source {
+	case ChargeHeader:
+		v := cw.Header().Get(a.charge.Header)
+		if v == "" {
+			v = cw.Header().Get(http.TrailerPrefix + a.charge.Header)
+		}
+		if n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64); err == nil && n >= 0 {
+			return n, true
+		}
+	case ChargeOpenAIUsage:
+		if n, ok := cw.scan.tokens(a.charge.Usage); ok && n >= 0 {
+			return n, true
+		}
+	}
+	return cost, false // nothing reported: the reservation stands
+}
+
+// chargeWriter sees the response of a request whose zones settle after it: its status, its
+// header, and, when a zone charges openai_usage, its body, scanned as it passes through. It
+// buffers nothing: every write goes on at once, and Flush reaches the writer below (through
+// Unwrap, with http.ResponseController).
+type chargeWriter struct {
+	*caddyhttp.ResponseWriterWrapper
+	status   int  // the final status written; 0 while none
+	readBody bool // a zone charges openai_usage
+	scan     *usageScanner
+}
+
+// WriteHeader records the first final status, and whether the body can be scanned: JSON or an
+// event stream, not compressed.
+func (cw *chargeWriter) WriteHeader(code int) {
+	if cw.status == 0 && code >= 200 {
+		cw.status = code
+		if cw.readBody && scannable(cw.Header()) {
+			cw.scan = new(usageScanner)
+		}
+	}
+	cw.ResponseWriter.WriteHeader(code)
+}
+
+// Write scans p first (what the upstream reported counts even when the client is gone), then
+// writes it.
+func (cw *chargeWriter) Write(p []byte) (int, error) {
+	if cw.status == 0 {
+		cw.WriteHeader(http.StatusOK)
+	}
+	if cw.scan != nil {
+		cw.scan.Write(p)
+	}
+	return cw.ResponseWriter.Write(p)
+}
+
+// ReadFrom copies through Write when the body is scanned; else as the wrapper does.
+func (cw *chargeWriter) ReadFrom(r io.Reader) (int64, error) {
+	if !cw.readBody {
+		return cw.ResponseWriterWrapper.ReadFrom(r)
+	}
+	return io.Copy(struct{ io.Writer }{cw}, r)
+}
+
+// scannable reports whether a body of header h can be scanned for usage: JSON or an event
+// stream, with no Content-Encoding (a compressed body is not parsed: the reservation stands).
+func scannable(h http.Header) bool {
+	if ce := h.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
+		return false
+	}
+	mt, _, err := mime.ParseMediaType(h.Get("Content-Type"))
+	if err != nil {
+		return false
+	}
+	return mt == "application/json" || strings.HasSuffix(mt, "+json") || mt == "text/event-stream"
+}
+
+// serveAndSettle passes an admitted request on with a writer that sees its response, and once
+// the response is complete settles every zone that holds its charge (d.Held), with one call.
+// The settlement's outcome is counted and logged, never retried: a hold that is not settled
+// counts as charged after its hold_max.
+func (h *Handler) serveAndSettle(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, reqs []limiter.Request, d limiter.Decision, repl *caddy.Replacer) error {
+	cw := &chargeWriter{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}}
+	for _, rq := range reqs {
+		if a := h.zoneOf(rq.Zone).after; rq.Hold > 0 && a != nil && a.body {
+			cw.readBody = true
+		}
+	}
+	var charged *int64 // {http.rate_limit_redis.charged}: the first settling zone's amount
+	repl.Map(func(key string) (any, bool) {
+		if key != placeholderPrefix+"charged" || charged == nil {
+			return nil, false
+		}
+		return *charged, true
+	})
+	settled := false
+	defer func() {
+		// A handler that panics still settles, with what the response showed: reverse_proxy
+		// aborts a response whose client went away mid-stream with panic(http.ErrAbortHandler).
+		if p := recover(); p != nil {
+			if !settled {
+				h.settleResponse(r, cw, reqs, d.Held, errors.New("handler panicked"), &charged)
+			}
+			panic(p)
+		}
+	}()
+	err := next.ServeHTTP(cw, r)
+	settled = true
+	h.settleResponse(r, cw, reqs, d.Held, err, &charged)
+	return err
+}
+
+// settleResponse settles the held zones of reqs once the response seen by cw is complete (err is
+// the handlers' error), and points *charged at what the first of them was charged.
+func (h *Handler) settleResponse(r *http.Request, cw *chargeWriter, reqs []limiter.Request, held *limiter.Held, err error, charged **int64) {
+	status := cw.status
+	if status == 0 {
+		var he caddyhttp.HandlerError
+		switch {
+		case errors.As(err, &he) && he.StatusCode != 0:
+			status = he.StatusCode // written by the error routes, after this handler
+		case err != nil:
+			status = http.StatusInternalServerError
+		default:
+			status = http.StatusOK
+		}
+	}
+	amounts := make([]int64, len(reqs))
+	for i, rq := range reqs {
+		if rq.Hold <= 0 {
+			continue
+		}
+		if a := h.zoneOf(rq.Zone).after; a != nil {
+			amounts[i], _ = a.amount(rq.Cost, status, cw)
+			if *charged == nil {
+				*charged = &amounts[i]
+			}
+		}
+	}
+	h.settle(r.Context(), reqs, held, amounts)
+}
+
+// settle runs the settlement, under the handler's timeout and its circuit breakers, even when
+// the client has gone; it counts what was charged and given back, and the failures by reason.
+func (h *Handler) settle(ctx context.Context, reqs []limiter.Request, held *limiter.Held, amounts []int64) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Duration(h.Timeout))
+	defer cancel()
+	release, err := h.client.acquire(ctx, h.KeyPrefix, reqs)
+	var settled []bool
+	if err == nil {
+		settled, err = h.limiter.Settle(ctx, held, amounts)
+		if errors.Is(err, limiter.ErrNotHeld) {
+			release(nil) // Redis answered
+		} else {
+			release(err)
+		}
+	}
+	for i, rq := range reqs {
+		if i >= len(settled) || !settled[i] {
+			continue
+		}
+		if a := h.zoneOf(rq.Zone).after; a != nil && a.charged != nil {
+			a.charged.Add(float64(amounts[i]))
+			if amounts[i] < rq.Cost {
+				a.refunded.Add(float64(rq.Cost - amounts[i]))
+			}
+		}
+	}
+	if err == nil {
+		return
+	}
+	reason := "no_hold"
+	if !errors.Is(err, limiter.ErrNotHeld) {
+		reason = failureReason(err)
+	}
+	chargeMetrics.failures.WithLabelValues(reason).Inc()
+	if c := h.logger.Check(zapcore.WarnLevel, "rate limit settlement failed; an unsettled hold counts as charged after hold_max"); c != nil {
+		c.Write(zap.String("reason", reason), zap.Error(err))
+	}
+}
+
+// chargeMetrics are the metrics of charging after the response (see metrics.go for how metrics
+// live across reloads).
+var chargeMetrics struct {
+	once sync.Once
+	// charged counts, by zone, what settlements charged (tokens or window slots).
+	charged *prometheus.CounterVec
+	// refunded counts, by zone, what settlements gave back of the reservations.
+	refunded *prometheus.CounterVec
+	// failures counts settlements that failed, by reason: the decision failure reasons, and
+	// no_hold (the hold was gone: settled already, older than hold_max, or reset).
+	failures *prometheus.CounterVec
+}
+
+func initChargeMetrics() {
+	chargeMetrics.once.Do(func() {
+		chargeMetrics.charged = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "caddy", Subsystem: "rate_limit_redis", Name: "charged_total",
+			Help: "Tokens (or window slots) charged by settlements after the response, by zone: the amounts reported, or the reservations when nothing was reported.",
+		}, []string{"zone"})
+		chargeMetrics.refunded = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "caddy", Subsystem: "rate_limit_redis", Name: "refunded_total",
+			Help: "Tokens (or window slots) of reservations given back by settlements after the response, by zone (count_status not listed, or less reported than reserved).",
+		}, []string{"zone"})
+		chargeMetrics.failures = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "caddy", Subsystem: "rate_limit_redis", Name: "settle_failures_total",
+			Help: "Settlements after the response that failed, by reason: timeout, bad_response, oom, redis_error, circuit_open, no_hold. An unsettled hold counts as charged after hold_max.",
+		}, []string{"reason"})
+	})
+}
+
+// chargeCollectors are the collectors registerMetrics registers.
+func chargeCollectors() []prometheus.Collector {
+	initChargeMetrics()
+	return []prometheus.Collector{chargeMetrics.charged, chargeMetrics.refunded, chargeMetrics.failures}
+}

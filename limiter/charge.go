@@ -1,0 +1,244 @@
+package limiter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// holdMaxDefault is decide.lua's HOLD_MAX, as a hold time: how long a Redis Cluster hold waits
+// for its commit or release.
+const holdMaxDefault = 5_000_000 // µs
+
+// holdArg is decide.lua's per-decision hold argument for reqs: "0" (every zone charged now) or
+// "1" (every token bucket charge held for HOLD_MAX: the Redis Cluster two-phase decision, cluster)
+// when no zone has a Hold of its own; else one number per zone, comma-separated: the µs its
+// charge is held (its Hold; HOLD_MAX for the others when cluster; 0: charged now).
+func holdArg(reqs []Request, cluster bool) string {
+	own := false
+	for _, r := range reqs {
+		own = own || r.Hold > 0
+	}
+	switch {
+	case !own && cluster:
+		return "1"
+	case !own:
+		return "0"
+	}
+	b := make([]byte, 0, 12*len(reqs))
+	for i, r := range reqs {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		us := int64(0)
+		switch {
+		case r.Hold > 0:
+			us = max(r.Hold.Microseconds(), 1)
+		case cluster:
+			us = holdMaxDefault
+		}
+		b = strconv.AppendInt(b, us, 10)
+	}
+	return string(b)
+}
+
+// Held is what a Decision's zones with a Hold need to be settled after the response: per
+// decide.lua call that took them (one, or one per hash slot on Redis Cluster), its keys, nonce
+// and zone arguments. It is settled once with Limiter.Settle.
+type Held struct {
+	parts []heldPart
+}
+
+// heldPart is one decide.lua call's held zones.
+type heldPart struct {
+	keys  []string
+	nonce any
+	zones []any // 4 per zone: algorithm, quota, rate, cost, as decide.lua got them
+	idx   []int // per zone, its index in the requests given to Allow
+	tb    bool  // a token bucket is among them (a sliding window's commit needs no call)
+}
+
+// newHeld returns the Held of the zones with a Hold among those decided by one decide.lua call
+// with keys and args; idx maps the call's zones to the requests given to Allow (nil: the
+// same). nil when no zone has a Hold.
+func newHeld(reqs []Request, keys []string, args []any, idx []int) *Held {
+	var p heldPart
+	for j := range keys {
+		i := j
+		if idx != nil {
+			i = idx[j]
+		}
+		if reqs[i].Hold <= 0 {
+			continue
+		}
+		p.keys = append(p.keys, keys[j])
+		p.zones = append(p.zones, args[4+4*j:8+4*j]...)
+		p.idx = append(p.idx, i)
+		p.tb = p.tb || args[4+4*j] == "tb"
+	}
+	if len(p.keys) == 0 {
+		return nil
+	}
+	p.nonce = args[1]
+	return &Held{parts: []heldPart{p}}
+}
+
+// merge returns h with other's parts added; either may be nil.
+func (h *Held) merge(other *Held) *Held {
+	switch {
+	case h == nil:
+		return other
+	case other == nil:
+		return h
+	}
+	h.parts = append(h.parts, other.parts...)
+	return h
+}
+
+// withoutHeld returns c (a decide.lua call of the zones idx of reqs) without its zones that have
+// a Hold: what the Redis Cluster two-phase decision commits at once.
+func withoutHeld(c *call, reqs []Request, idx []int) *call {
+	out := &call{args: append([]any{}, c.args[:4]...)}
+	for j, i := range idx {
+		if reqs[i].Hold > 0 {
+			continue
+		}
+		out.keys = append(out.keys, c.keys[j])
+		out.args = append(out.args, c.args[4+4*j:8+4*j]...)
+	}
+	out.args[3] = len(out.keys)
+	return out
+}
+
+// ErrNotHeld is returned by Settle, wrapped, for the zones whose hold it did not find: settled
+// already, or counted as charged for being older than its Hold, or gone with its state (an
+// admin reset, an expiry).
+var ErrNotHeld = errors.New("no hold to settle")
+
+// Settle settles the held zones of a Decision (d.Held) with one settle.lua call (one per hash
+// slot on Redis Cluster, all under way at once), sent on the decisions' Pipeline when there is
+// one (Options.Pipeline, PipelineFor), in the same round trip as the decisions under way: amounts[i] is what to charge the zone of the
+// i-th Request given to Allow. A token bucket is charged amounts[i] in place of its reservation
+// (0 gives it all back; more than was reserved may leave the bucket in debt, which later
+// requests wait out); a sliding window keeps its entries when amounts[i] > 0 and gives them
+// back when it is 0 (with no Redis call when every zone keeps its charge and none is a token
+// bucket). Amounts are clamped to [0, MaxCapacity]. It returns, per request index, whether the
+// zone was settled now; a zone whose hold was not found is charged what its hold counted as
+// (nothing more, nothing less), and err then wraps ErrNotHeld unless Redis failed. A settle is
+// idempotent: a second one finds no hold. It is never retried: on a Redis error the hold
+// counts as charged once its Hold has passed.
+func (l *Limiter) Settle(ctx context.Context, h *Held, amounts []int64) ([]bool, error) {
+	if h == nil {
+		return nil, nil
+	}
+	n := 0
+	for _, p := range h.parts {
+		for _, i := range p.idx {
+			n = max(n, i+1)
+		}
+	}
+	settled := make([]bool, n)
+	var now any = "" // the Redis server clock
+	if l.now != nil {
+		now = l.now().UnixMicro()
+	}
+	calls := make([]*call, 0, len(h.parts))
+	parts := make([]heldPart, 0, len(h.parts))
+	for _, p := range h.parts {
+		release := false
+		for _, i := range p.idx {
+			release = release || amount(amounts, i) == 0
+		}
+		if !p.tb && !release {
+			for _, i := range p.idx {
+				settled[i] = true // a sliding window's entries are its charge already
+			}
+			continue
+		}
+		args := make([]any, 0, 3+len(p.zones)+len(p.idx))
+		args = append(args, now, p.nonce, "amount")
+		args = append(args, p.zones...)
+		for _, i := range p.idx {
+			args = append(args, amount(amounts, i))
+		}
+		calls = append(calls, &call{keys: p.keys, args: args})
+		parts = append(parts, p)
+	}
+	switch len(calls) {
+	case 0:
+		return settled, nil
+	case 1:
+		// On the decisions' pipeline when there is one: under load it shares their round trip.
+		c, batch := calls[0], l.batch
+		if l.batchFor != nil {
+			if b := l.batchFor(ctx, c.keys[0]); b != nil {
+				batch = b
+			}
+		}
+		if batch != nil {
+			c.reply, c.err = batch.runSettle(ctx, c.keys, c.args)
+		} else {
+			c.reply, c.err = runScript(ctx, l.rdb, settleScript, c.keys, c.args)
+		}
+	default:
+		evalEach(ctx, l.rdb, settleScript, calls)
+	}
+	var errs []error
+	var missing []string
+	for k, c := range calls {
+		flags, err := decodeSettled(c.reply, c.err, len(parts[k].idx))
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		for j, i := range parts[k].idx {
+			settled[i] = flags[j]
+			if !flags[j] {
+				missing = append(missing, parts[k].keys[j])
+			}
+		}
+	}
+	if len(errs) > 0 {
+		return settled, errors.Join(errs...)
+	}
+	if len(missing) > 0 {
+		return settled, fmt.Errorf("%w: %s", ErrNotHeld, strings.Join(missing, ", "))
+	}
+	return settled, nil
+}
+
+// amount is amounts[i] clamped to [0, MaxCapacity]; 0 past its end.
+func amount(amounts []int64, i int) int64 {
+	if i >= len(amounts) {
+		return 0
+	}
+	return min(max(amounts[i], 0), MaxCapacity)
+}
+
+// decodeSettled checks and decodes settle.lua's reply for n zones: an array of n integers, each
+// 0 or 1.
+func decodeSettled(reply any, err error, n int) ([]bool, error) {
+	if errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("%w: got a nil reply, want an array", ErrBadResponse)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("redis settle script: %w", err)
+	}
+	arr, ok := reply.([]any)
+	if !ok || len(arr) != n {
+		return nil, fmt.Errorf("%w: settle got %T of %d values, want %d", ErrBadResponse, reply, len(arr), n)
+	}
+	out := make([]bool, n)
+	for i, v := range arr {
+		x, ok := v.(int64)
+		if !ok || x < 0 || x > 1 {
+			return nil, fmt.Errorf("%w: settle value %d is %v, want 0 or 1", ErrBadResponse, i, v)
+		}
+		out[i] = x == 1
+	}
+	return out, nil
+}
