@@ -73,6 +73,21 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 				return h.denyEmptyKey(w, r, next, z, repl)
 			}
 		}
+		lz, err := z.numbers(repl)
+		if err != nil {
+			// A number from a placeholder that is empty without a fallback, does not parse or
+			// is out of range: the server's configuration (or what feeds the placeholder) is
+			// wrong, not the client. 500 before any decision, nothing charged. Logged here at
+			// error level: Caddy logs a handler's error at debug level only when the server
+			// has handle_errors routes.
+			if c := h.logger.Check(zapcore.ErrorLevel, "a zone number from a placeholder is unusable"); c != nil {
+				c.Write(zap.String("zone", z.Name), zap.Bool("dry_run", h.DryRun), zap.Error(err))
+			}
+			if h.DryRun {
+				return next.ServeHTTP(w, r)
+			}
+			return caddyhttp.Error(http.StatusInternalServerError, err)
+		}
 		cost, err := z.cost(repl)
 		if err != nil {
 			err = fmt.Errorf("zone %s: %w", z.Name, err)
@@ -93,7 +108,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			}
 			key = lastKey
 		}
-		reqs = append(reqs, limiter.Request{Zone: &z.lz, Key: key, Cost: cost})
+		reqs = append(reqs, limiter.Request{Zone: lz, Key: key, Cost: cost})
 	}
 	if len(reqs) == 0 {
 		return next.ServeHTTP(w, r)
@@ -156,7 +171,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		limit: d.Limit, remaining: d.Remaining,
 		reset: seconds(d.Reset), retryAfter: seconds(d.RetryAfter),
 	}
-	h.setRateLimitHeaders(w.Header(), z, d, out)
+	h.setRateLimitHeaders(w.Header(), z, zone, d, out)
 
 	if d.Allowed {
 		if out.degraded {
@@ -193,7 +208,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	err = z.errLimited
 	if d.Unsatisfiable {
 		// The cost exceeds the zone's quota: waiting never cures it, so no Retry-After.
-		err = z.errUnsatisfiable
+		err = z.errUnsatisfiableOf(zone)
 	} else {
 		w.Header()[hdrRetryAfter] = []string{strconv.FormatInt(max(out.retryAfter, 1), 10)}
 	}
@@ -298,7 +313,7 @@ func (h *Handler) countMode(reqs []limiter.Request, mode string, res result) {
 	}
 }
 
-// zoneOf returns the zone of h whose limiter.Zone is lz.
+// zoneOf returns the zone of h that lz is the parameters of (its own, or a per-request copy).
 func (h *Handler) zoneOf(lz *limiter.Zone) *Zone {
 	return h.Zones[zoneIndex(h.Zones, lz)]
 }
@@ -308,7 +323,7 @@ func (h *Handler) zoneOf(lz *limiter.Zone) *Zone {
 func (h *Handler) count(reqs []limiter.Request, res result) {
 	i := 0
 	for _, rq := range reqs {
-		for &h.Zones[i].lz != rq.Zone {
+		for h.Zones[i].Name != rq.Zone.Name {
 			i++
 		}
 		h.Zones[i].decisions[res].Inc()
@@ -349,23 +364,24 @@ func failureReason(err error) string {
 	return "redis_error"
 }
 
-// setRateLimitHeaders sets the response headers chosen by Headers from the deciding zone z:
+// setRateLimitHeaders sets the response headers chosen by Headers from the deciding zone z,
+// decided with the parameters lz (z's own, or the request's when its numbers are placeholders):
 // legacy X-RateLimit-Limit, -Remaining and -Reset (seconds), and the IETF httpapi
 // ratelimit-headers draft's RateLimit-Policy (`"<zone>";q=<quota>;w=<window s>`) and RateLimit
 // (`"<zone>";r=<remaining>;t=<reset s>`), plus X-RateLimit-Degraded when fail_mode local decided.
-func (h *Handler) setRateLimitHeaders(hdr http.Header, z *Zone, d limiter.Decision, out *outcome) {
+func (h *Handler) setRateLimitHeaders(hdr http.Header, z *Zone, lz *limiter.Zone, d limiter.Decision, out *outcome) {
 	if h.Headers == HeadersOff {
 		return
 	}
 	reset := strconv.FormatInt(out.reset, 10)
 	remaining := strconv.FormatInt(d.Remaining, 10)
 	if h.Headers == HeadersLegacy || h.Headers == HeadersBoth {
-		hdr[hdrLimit] = []string{z.quota}
+		hdr[hdrLimit] = []string{z.quotaOf(lz)}
 		hdr[hdrRemaining] = []string{remaining}
 		hdr[hdrReset] = []string{reset}
 	}
 	if h.Headers == HeadersIETF || h.Headers == HeadersBoth {
-		hdr[hdrPolicy] = []string{z.policy}
+		hdr[hdrPolicy] = []string{z.policyOf(lz)}
 		hdr[hdrRateLimit] = []string{z.quotedName + ";r=" + remaining + ";t=" + reset}
 	}
 	if out.degraded && h.degradedHeader {
@@ -373,10 +389,12 @@ func (h *Handler) setRateLimitHeaders(hdr http.Header, z *Zone, d limiter.Decisi
 	}
 }
 
-// zoneIndex returns the index in zones of the zone whose limiter.Zone is lz.
+// zoneIndex returns the index in zones of the zone that lz is the parameters of: its own, or a
+// copy made for one request when its numbers come from placeholders. Zone names are unique in a
+// handler.
 func zoneIndex(zones []*Zone, lz *limiter.Zone) int {
 	for i, z := range zones {
-		if &z.lz == lz {
+		if z.Name == lz.Name {
 			return i
 		}
 	}

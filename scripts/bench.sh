@@ -14,6 +14,10 @@
 #   3. 3 zones     as 1, with 3 zones on every request (per client, per IP, per-client sliding
 #                  window), all decided by one script call.
 #   4. latency     the allowed path at concurrency 1 (wrk -t1 -c1): p50/p99 plain vs module.
+#   5. plans       the zone of 1 with its numbers from placeholders, the outputs of a `map` of
+#                  X-Client (bench/plans.Caddyfile), against the same site with the numbers as
+#                  literals (bench/plans-literal.Caddyfile, same map): module against module, in
+#                  alternating rounds, so the ratio is what placeholder numbers cost.
 # Plain and module runs alternate (plain, module, plain, module, ...) for BENCH_ROUNDS rounds so
 # that machine noise hits both alike; every figure is the median of the rounds.
 #
@@ -291,7 +295,7 @@ seconds() { # a wrk duration in seconds, for the estimate
 	local v=${1%[smh]}
 	case $1 in *m) echo $((v * 60)) ;; *h) echo $((v * 3600)) ;; *) echo "$v" ;; esac
 }
-estimate=$(($(seconds "$duration") * rounds * 8 + $(seconds "$warmup") * 8))
+estimate=$(($(seconds "$duration") * rounds * 10 + $(seconds "$warmup") * 10))
 say "rounds=$rounds duration=$duration warmup=$warmup threads=$threads connections=$connections;" \
 	"about $(((estimate + 59) / 60)) min"
 
@@ -303,6 +307,25 @@ scenario allowed bench/allowed.Caddyfile bench/allowed.lua latency
 scenario flood bench/flood.Caddyfile bench/flood.lua
 scenario multizone bench/multizone.Caddyfile bench/allowed.lua
 stop_pid "$plain_pid"
+
+# plans: literal numbers (the "plain" side of bench_rounds) against placeholder numbers (the
+# "module" side), two module Caddies, alternating rounds.
+rcli flushall >/dev/null
+start_caddy plans-literal bin/caddy bench/plans-literal.Caddyfile
+literal_pid=$caddy_pid
+literal_port=$caddy_port
+start_caddy plans bin/caddy bench/plans.Caddyfile
+plans_pid=$caddy_pid
+plans_port=$caddy_port
+for port in "$literal_port" "$plans_port"; do
+	code=$(http_status "$port" "X-Client: bench-probe")
+	[ "$code" = 200 ] || { tail -20 "$work"/caddy-plans*.log >&2; die "plans: probe request on port $port got '$code', want 200"; }
+done
+warm "$literal_port" bench/allowed.lua
+warm "$plans_port" bench/allowed.lua
+bench_rounds plans bench/allowed.lua "$literal_port" "$plans_port" "$threads" "$connections"
+stop_pid "$plans_pid"
+stop_pid "$literal_pid"
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 
 # --- the report ------------------------------------------------------------------------------
@@ -410,6 +433,20 @@ echo "script calls / requests, all module rounds:" \
 	"allowed $(total "$work/allowed.module" 7)/$(total "$work/allowed.module" 2)," \
 	"deny flood $(total "$work/flood.module" 7)/$(total "$work/flood.module" 2)," \
 	"3 zones $(total "$work/multizone.module" 7)/$(total "$work/multizone.module" 2)"
+plans_ratio=$(ratio "$(col "$work/plans.module" 1)" "$(col "$work/plans.plain" 1)")
+echo
+echo "5 plans: the allowed zone's numbers from placeholders (a map's outputs) vs the same zone with literals, same map:"
+echo "    literals     $(printf '%.0f' "$(col "$work/plans.plain" 1)") rps  p50/p99 $(dur "$(col "$work/plans.plain" 3)")/$(dur "$(col "$work/plans.plain" 4)")"
+echo "    placeholders $(printf '%.0f' "$(col "$work/plans.module" 1)") rps  p50/p99 $(dur "$(col "$work/plans.module" 3)")/$(dur "$(col "$work/plans.module" 4)")" \
+	"($(per "$(total "$work/plans.module" 7)" "$(total "$work/plans.module" 2)") script calls/req)"
+echo "    ratio placeholders/literals $plans_ratio (rounds, literals/placeholders rps = ratio: $(rounds_line plans))"
+awk -v r="$plans_ratio" 'BEGIN { exit !(r >= 0.95) }' ||
+	warnings+=("plans: placeholder numbers at $plans_ratio of the literal zone's throughput (target: within 5%, >= 0.95)")
+for side in plain module; do
+	[ "$(total "$work/plans.$side" 5)" -eq 0 ] || warnings+=("plans: $(total "$work/plans.$side" 5) non-2xx responses ($side side)")
+	[ "$(total "$work/plans.$side" 6)" -eq 0 ] || warnings+=("plans: wrk reported $(total "$work/plans.$side" 6) socket errors ($side side)")
+done
+echo
 echo "rounds, plain/module rps = ratio:"
 echo "    allowed    $(rounds_line allowed)"
 echo "    deny flood $(rounds_line flood)"
@@ -420,7 +457,8 @@ if [ "${#warnings[@]}" -gt 0 ]; then
 	echo "CHECK:"
 	printf '    %s\n' "${warnings[@]}"
 else
-	echo "checks: allowed paths 0 non-2xx, deny flood >= 99% non-2xx, 1 script call per allowed request, no socket errors"
+	echo "checks: allowed paths 0 non-2xx, deny flood >= 99% non-2xx, 1 script call per allowed request, no socket errors," \
+		"placeholder numbers within 5% of literals"
 fi
 echo
 echo "machine: $(nproc) CPUs, ${cpu:-unknown CPU}, Linux $(uname -r); wrk, Caddy and Redis share them"
