@@ -267,7 +267,7 @@ func stateZone(z *Zone, q url.Values) (*limiter.Zone, *stateNumbers, error) {
 			}
 			continue
 		}
-		if _, err := parseNumber(dn.field, v, z.maxInt(dn.field, z.lz.Algorithm)); err != nil {
+		if _, err := parseNumber(dn.field, v, maxInt(dn.field, z.lz.Algorithm)); err != nil {
 			return nil, nil, caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("zone %s: query parameter %s: %w", z.Name, name, err)}
 		}
 	}

@@ -176,8 +176,8 @@ func singlePlaceholder(expr string) string {
 	return name
 }
 
-// maxInt is the upper bound of an integer field of the zone.
-func (z *Zone) maxInt(f numField, algo limiter.Algorithm) int64 {
+// maxInt is the upper bound of the integer number f in a zone of algorithm algo.
+func maxInt(f numField, algo limiter.Algorithm) int64 {
 	if f == numLimit && algo == limiter.SlidingWindow {
 		return limiter.MaxLimit
 	}
@@ -253,7 +253,7 @@ func (z *Zone) provisionNumbers(algo limiter.Algorithm, check func(field, value 
 		}
 		var v numValue // 0: no fallback
 		if fallback != "" {
-			if v, err = parseNumber(f, fallback, z.maxInt(f, algo)); err != nil {
+			if v, err = parseNumber(f, fallback, maxInt(f, algo)); err != nil {
 				return fmt.Errorf("zone %s: %s: fallback %w", z.Name, f, err)
 			}
 		}
@@ -296,7 +296,7 @@ func (z *Zone) resolve(value func(*dynNumber) string) (*limiter.Zone, error) {
 			}
 			continue // the provisioned zone holds the fallback
 		}
-		n, err := parseNumber(dn.field, v, z.maxInt(dn.field, lz.Algorithm))
+		n, err := parseNumber(dn.field, v, maxInt(dn.field, lz.Algorithm))
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", dn.errPrefix, err)
 		}

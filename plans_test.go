@@ -164,7 +164,7 @@ func TestPlansEndToEnd(t *testing.T) {
 }
 
 // TestPlanChangeWithoutReload: with the numbers from a header (as a trusted gateway in front
-// would set it), a client denied under a quota of 3, with its denial in the deny cache, is
+// would set it; X-RateLimit-Limit and {http.rate_limit_redis.limit} say them), a client denied under a quota of 3, with its denial in the deny cache, is
 // decided by Redis under a quota of 10 and gets exactly the difference, 7, at once; back under
 // 3 it is denied again, with Retry-After. For every algorithm: each stores what is used, so a
 // larger quota admits the difference, never a fresh quota.
@@ -206,7 +206,7 @@ func TestPlanChangeWithoutReload(t *testing.T) {
 			window 1h
 		}
 	}
-	respond "ok"`, srv.Addr))
+	respond "{http.rate_limit_redis.limit}"`, srv.Addr))
 	cs := servers[0]
 	for _, algorithm := range []string{"token_bucket", "sliding_window", "fixed_window", "sliding_window_counter"} {
 		path := "/" + algorithm
@@ -215,8 +215,8 @@ func TestPlanChangeWithoutReload(t *testing.T) {
 			var codes []string
 			for {
 				r := cs.get(path, "X-Client", "alice", "X-Quota", q)
-				if r.header.Get("X-RateLimit-Limit") != q {
-					t.Fatalf("%s quota %s: X-RateLimit-Limit %q", algorithm, q, r.header.Get("X-RateLimit-Limit"))
+				if r.header.Get("X-RateLimit-Limit") != q || (r.status == 200 && r.body != q) {
+					t.Fatalf("%s quota %s: X-RateLimit-Limit %q, {http.rate_limit_redis.limit} %q", algorithm, q, r.header.Get("X-RateLimit-Limit"), r.body)
 				}
 				codes = append(codes, strconv.Itoa(r.status))
 				if r.status != 200 {
