@@ -498,3 +498,18 @@ func BenchmarkServeHTTPPlanLiteral(b *testing.B) {
 func BenchmarkServeHTTPPlanPlaceholders(b *testing.B) {
 	benchPlan(b, withExprs(&Zone{}, "capacity", "{plan_capacity} 100", "refill_rate", "{plan_rate} 10"))
 }
+
+// BenchmarkZoneNumbersPerRequest is the work a zone with placeholder numbers adds to a request
+// (three numbers looked up and parsed, the copy of the zone's parameters), without Redis:
+// go test -run XXX -bench ZoneNumbersPerRequest -benchmem .
+func BenchmarkZoneNumbersPerRequest(b *testing.B) {
+	z := dynZone(b, "token_bucket", false)
+	repl := caddy.NewReplacer()
+	repl.Set("n", "1000000000")
+	repl.Set("m", "1000")
+	for b.Loop() {
+		if _, err := z.numbers(repl); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -17,7 +17,8 @@
 #   5. plans       the zone of 1 with its numbers from placeholders, the outputs of a `map` of
 #                  X-Client (bench/plans.Caddyfile), against the same site with the numbers as
 #                  literals (bench/plans-literal.Caddyfile, same map): module against module, in
-#                  alternating rounds, so the ratio is what placeholder numbers cost.
+#                  alternating rounds (each side first in every other round), so the ratio is
+#                  what placeholder numbers cost.
 # Plain and module runs alternate (plain, module, plain, module, ...) for BENCH_ROUNDS rounds so
 # that machine noise hits both alike; every figure is the median of the rounds.
 #
@@ -240,27 +241,46 @@ warm() { # PORT SCRIPT
 		{ cat "$work/wrk-warmup.txt" >&2; die "wrk warm-up against port $1 failed"; }
 }
 
-# bench_rounds SCENARIO SCRIPT PLAIN_PORT MODULE_PORT THREADS CONNECTIONS: alternating rounds;
+# bench_rounds SCENARIO SCRIPT PLAIN_PORT MODULE_PORT THREADS CONNECTIONS [swap]: alternating rounds;
 # appends "<rps> <requests> <p50> <p99> <non-2xx> <socket errors> [<script calls> <script usec>]"
-# per round to $work/SCENARIO.plain and $work/SCENARIO.module.
+# per round to $work/SCENARIO.plain and $work/SCENARIO.module. With swap, every other round runs
+# the module side first (ABBA...), so that a trend in the machine's load over the run does not
+# favour the side that always goes first.
 bench_rounds() {
-	local scenario=$1 script=$2 plain_port=$3 module_port=$4 t=$5 c=$6 r line before after
+	local scenario=$1 script=$2 plain_port=$3 module_port=$4 t=$5 c=$6 swap=${7:-} r
 	for r in $(seq "$rounds"); do
-		run_wrk "$scenario-plain-$r" "$script" "$plain_port" "$t" "$c" "$duration"
-		line=$wrk_line
-		echo "$line" >>"$work/$scenario.plain"
-		say "$(printf '%-9s round %d/%d  plain  %10.0f rps' "$scenario" "$r" "$rounds" "${line%% *}")"
-
-		before=$(script_stats)
-		run_wrk "$scenario-module-$r" "$script" "$module_port" "$t" "$c" "$duration"
-		line=$wrk_line
-		sleep 0.2 # let the requests still in flight when wrk stopped reach Redis
-		after=$(script_stats)
-		echo "$line $(awk -v b="$before" -v a="$after" 'BEGIN {
-			split(b, x, " "); split(a, y, " "); print y[1] - x[1], y[2] - x[2] }')" \
-			>>"$work/$scenario.module"
-		say "$(printf '%-9s round %d/%d  module %10.0f rps' "$scenario" "$r" "$rounds" "${line%% *}")"
+		if [ -n "$swap" ] && [ $((r % 2)) -eq 0 ]; then
+			bench_module_side "$scenario" "$script" "$module_port" "$t" "$c" "$r"
+			bench_plain_side "$scenario" "$script" "$plain_port" "$t" "$c" "$r"
+		else
+			bench_plain_side "$scenario" "$script" "$plain_port" "$t" "$c" "$r"
+			bench_module_side "$scenario" "$script" "$module_port" "$t" "$c" "$r"
+		fi
 	done
+}
+
+# bench_plain_side SCENARIO SCRIPT PORT THREADS CONNECTIONS ROUND: one round of the plain side.
+bench_plain_side() {
+	local scenario=$1 script=$2 port=$3 t=$4 c=$5 r=$6 line
+	run_wrk "$scenario-plain-$r" "$script" "$port" "$t" "$c" "$duration"
+	line=$wrk_line
+	echo "$line" >>"$work/$scenario.plain"
+	say "$(printf '%-9s round %d/%d  plain  %10.0f rps' "$scenario" "$r" "$rounds" "${line%% *}")"
+}
+
+# bench_module_side SCENARIO SCRIPT PORT THREADS CONNECTIONS ROUND: one round of the module side,
+# with the Redis script calls made during it.
+bench_module_side() {
+	local scenario=$1 script=$2 port=$3 t=$4 c=$5 r=$6 line before after
+	before=$(script_stats)
+	run_wrk "$scenario-module-$r" "$script" "$port" "$t" "$c" "$duration"
+	line=$wrk_line
+	sleep 0.2 # let the requests still in flight when wrk stopped reach Redis
+	after=$(script_stats)
+	echo "$line $(awk -v b="$before" -v a="$after" 'BEGIN {
+		split(b, x, " "); split(a, y, " "); print y[1] - x[1], y[2] - x[2] }')" \
+		>>"$work/$scenario.module"
+	say "$(printf '%-9s round %d/%d  module %10.0f rps' "$scenario" "$r" "$rounds" "${line%% *}")"
 }
 
 # scenario NAME CADDYFILE SCRIPT [latency]: runs one module Caddy against the shared plain Caddy.
@@ -309,7 +329,7 @@ scenario multizone bench/multizone.Caddyfile bench/allowed.lua
 stop_pid "$plain_pid"
 
 # plans: literal numbers (the "plain" side of bench_rounds) against placeholder numbers (the
-# "module" side), two module Caddies, alternating rounds.
+# "module" side), two module Caddies, alternating rounds, each side first in every other round.
 rcli flushall >/dev/null
 start_caddy plans-literal bin/caddy bench/plans-literal.Caddyfile
 literal_pid=$caddy_pid
@@ -323,7 +343,7 @@ for port in "$literal_port" "$plans_port"; do
 done
 warm "$literal_port" bench/allowed.lua
 warm "$plans_port" bench/allowed.lua
-bench_rounds plans bench/allowed.lua "$literal_port" "$plans_port" "$threads" "$connections"
+bench_rounds plans bench/allowed.lua "$literal_port" "$plans_port" "$threads" "$connections" swap
 stop_pid "$plans_pid"
 stop_pid "$literal_pid"
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
