@@ -74,6 +74,7 @@ FUZZTIME ?= 30s
 fuzz:
 	scripts/ensure-redis.sh
 	go test -run XXX -fuzz '^FuzzUnmarshalCaddyfile$$' -fuzztime $(FUZZTIME) .
+	go test -run XXX -fuzz '^FuzzZoneNumber$$' -fuzztime $(FUZZTIME) .
 	go test -run XXX -fuzz '^FuzzClientKey$$' -fuzztime $(FUZZTIME) ./limiter
 	go test -run XXX -fuzz '^FuzzDecodeReply$$' -fuzztime $(FUZZTIME) ./limiter
 	go test -run XXX -fuzz '^FuzzAllow$$' -fuzztime $(FUZZTIME) ./limiter

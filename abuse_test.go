@@ -556,8 +556,8 @@ func TestConfigAbuseJSON(t *testing.T) {
 		"capacity negative": {tb(`"capacity":-5,"refill_rate":1`), "zone a: capacity -5 must be between 1 and 2^53"},
 		// caddy.Load passes numbers through float64: 2^53+1 would arrive as 2^53, 2^53+2 as itself.
 		"capacity beyond 2^53":  {tb(`"capacity":9007199254740994,"refill_rate":1`), "zone a: capacity 9007199254740994 must be between 1 and 2^53"},
-		"capacity beyond int64": {tb(`"capacity":99999999999999999999,"refill_rate":1`), "cannot unmarshal number 100000000000000000000 into Go struct field Zone.zones.capacity of type int64"},
-		"capacity a float":      {tb(`"capacity":1.5,"refill_rate":1`), "cannot unmarshal number 1.5 into Go struct field Zone.zones.capacity of type int64"},
+		"capacity beyond int64": {tb(`"capacity":99999999999999999999,"refill_rate":1`), "zone a: capacity: json: cannot unmarshal number 100000000000000000000 into Go value of type int64"},
+		"capacity a float":      {tb(`"capacity":1.5,"refill_rate":1`), "zone a: capacity: json: cannot unmarshal number 1.5 into Go value of type int64"},
 		"refill_rate 0":         {tb(`"capacity":1`), "zone a: refill_rate 0 must be a number of tokens per second > 0"},
 		"refill_rate negative":  {tb(`"capacity":1,"refill_rate":-1`), "zone a: refill_rate -1 must be a number of tokens per second > 0"},
 		"refill_rate tiny":      {tb(`"capacity":1,"refill_rate":5e-324`), "zone a: an empty bucket takes +Infs to refill (capacity / refill_rate); at most 8784h0m0s is supported"},

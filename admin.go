@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
+	"net/url"
 	"slices"
 	"strings"
 	"sync"
@@ -29,7 +31,14 @@ const adminTimeout = 2 * time.Second
 //
 //	GET    /rate_limit_redis/zones                         the zones of the loaded config
 //	GET    /rate_limit_redis/state?zone=<name>&key=<key>   a client's state in a zone
+//	       [&capacity=&refill_rate=&limit=&window=]      the numbers, for a zone whose numbers are placeholders
 //	DELETE /rate_limit_redis/state?zone=<name>&key=<key>   reset it: the client starts afresh
+//
+// A zone whose numbers come from placeholders has no numbers of its own outside a request: its
+// state is computed with the numbers given as query parameters of their names (in the syntax of
+// the placeholder's values: capacity=10000&refill_rate=10000/1h), else with each one's fallback;
+// a number with neither is a 400 naming it. Parameters of numbers that are literals are ignored.
+// Each such entry holds the numbers it was computed with ("numbers").
 //
 // key is the client key as the {http.rate_limit_redis.key} placeholder shows it, before
 // sanitising: the value of the zone's first key candidate as it is (an API key), the n-th's as
@@ -105,6 +114,10 @@ type zoneInfo struct {
 	TimeZone string `json:"time_zone,omitempty"`
 	// token_bucket: the longest a request may be held (shaping), in milliseconds.
 	MaxWaitMs int64 `json:"max_wait_ms,omitempty"`
+	// The numbers that come from placeholders, by name (capacity, refill_rate, limit, window,
+	// max_cost): the placeholder expression. The number's field above is then its fallback,
+	// absent when it has none.
+	Placeholders map[string]string `json:"placeholders,omitempty"`
 	// The handler's key_prefix.
 	KeyPrefix string `json:"key_prefix"`
 	// The handler's Redis addresses (placeholders replaced) and database.
@@ -127,6 +140,9 @@ type clientState struct {
 	Algorithm string `json:"algorithm"`
 	// The zone's quota: capacity (token_bucket) or limit (sliding_window), as X-RateLimit-Limit.
 	Limit int64 `json:"limit"`
+	// A zone whose numbers come from placeholders: the numbers the state was computed with
+	// (from the query parameters, else the fallbacks). Absent for a zone of literal numbers.
+	Numbers *stateNumbers `json:"numbers,omitempty"`
 	// Whether Redis holds state for the client: false for a client never seen or whose state
 	// expired (a full bucket, an empty window). Reading never creates it.
 	Exists bool `json:"exists"`
@@ -155,6 +171,15 @@ type clientState struct {
 	// The Redis key's time to live, in milliseconds: when the bucket is full again or the newest
 	// window entry leaves the window, as of the last admitted request. 0 when !exists.
 	TTLMs int64 `json:"ttl_ms"`
+}
+
+// stateNumbers are the numbers a state was computed with, of a zone whose numbers come from
+// placeholders.
+type stateNumbers struct {
+	Capacity   int64   `json:"capacity,omitempty"`
+	RefillRate float64 `json:"refill_rate,omitempty"`
+	Limit      int64   `json:"limit,omitempty"`
+	WindowMs   int64   `json:"window_ms,omitempty"`
 }
 
 // resetResult is one entry of DELETE /rate_limit_redis/state.
@@ -186,6 +211,12 @@ func (a *AdminAPI) handleZones(w http.ResponseWriter, r *http.Request) error {
 			Capacity: t.z.Capacity, RefillRate: t.z.RefillRate, Limit: t.z.Limit, WindowMs: time.Duration(t.z.Window).Milliseconds(),
 			Period: t.z.Period, TimeZone: t.z.TimeZone, MaxWaitMs: ceilMs(time.Duration(t.z.MaxWait)),
 		}
+		for _, dn := range t.z.dyn {
+			if zi.Placeholders == nil {
+				zi.Placeholders = make(map[string]string, len(t.z.dyn))
+			}
+			zi.Placeholders[dn.field.String()] = dn.expr
+		}
 		if !slices.ContainsFunc(zones, func(o zoneInfo) bool { return zi.equal(o) }) {
 			zones = append(zones, zi)
 		}
@@ -196,7 +227,7 @@ func (a *AdminAPI) handleZones(w http.ResponseWriter, r *http.Request) error {
 func (zi zoneInfo) equal(o zoneInfo) bool {
 	return zi.Name == o.Name && zi.Algorithm == o.Algorithm && zi.Capacity == o.Capacity && zi.RefillRate == o.RefillRate &&
 		zi.Limit == o.Limit && zi.WindowMs == o.WindowMs && zi.Period == o.Period && zi.TimeZone == o.TimeZone && zi.MaxWaitMs == o.MaxWaitMs &&
-		zi.KeyPrefix == o.KeyPrefix && slices.Equal(zi.Redis, o.Redis) && zi.DB == o.DB
+		zi.KeyPrefix == o.KeyPrefix && slices.Equal(zi.Redis, o.Redis) && zi.DB == o.DB && maps.Equal(zi.Placeholders, o.Placeholders)
 }
 
 // handleState serves GET (read) and DELETE (reset) /rate_limit_redis/state?zone=&key=.
@@ -223,32 +254,70 @@ func (a *AdminAPI) handleState(w http.ResponseWriter, r *http.Request) error {
 	if r.Method == http.MethodDelete {
 		return resetState(ctx, w, ts, key)
 	}
-	return readState(ctx, w, ts, key)
+	return readState(ctx, w, ts, key, q)
 }
 
-// readState reads the client's state once per distinct Redis key and zone parameters.
-func readState(ctx context.Context, w http.ResponseWriter, ts []target, key string) error {
+// stateZone returns the parameters to read zone z's state with: its own, or for a zone whose
+// numbers come from placeholders, a copy with the numbers of the query parameters q (else the
+// fallbacks), and those numbers for the reply. A number missing or unusable is a 400.
+func stateZone(z *Zone, q url.Values) (*limiter.Zone, *stateNumbers, error) {
+	if len(z.dyn) == 0 {
+		return &z.lz, nil, nil
+	}
+	var missing []string
+	for _, dn := range z.dyn {
+		name := dn.field.String()
+		v := q.Get(name)
+		if v == "" {
+			if !dn.hasFallback {
+				missing = append(missing, name)
+			}
+			continue
+		}
+		if _, err := parseNumber(dn.field, v, maxInt(dn.field, z.lz.Algorithm)); err != nil {
+			return nil, nil, caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("zone %s: query parameter %s: %w", z.Name, name, err)}
+		}
+	}
+	if len(missing) > 0 {
+		return nil, nil, caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf(
+			"zone %s takes %s from placeholders per request, with no fallback: give the numbers as query parameters (%s=…)",
+			z.Name, strings.Join(missing, " and "), missing[0])}
+	}
+	lz, err := z.resolve(func(dn *dynNumber) string { return q.Get(dn.field.String()) })
+	if err != nil { // the numbers together: a refill time beyond 366 days
+		return nil, nil, caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
+	}
+	return lz, &stateNumbers{Capacity: lz.Capacity, RefillRate: lz.RefillRate, Limit: lz.Limit, WindowMs: lz.Window.Milliseconds()}, nil
+}
+
+// readState reads the client's state once per distinct Redis key and zone parameters. q holds
+// the numbers of zones whose numbers come from placeholders (see stateZone).
+func readState(ctx context.Context, w http.ResponseWriter, ts []target, key string, q url.Values) error {
 	out := []clientState{}
 	seen := make(map[string]bool)
 	candidate, _ := limiter.ParseCandidateKey(key)
 	for _, t := range ts {
+		lz, numbers, err := stateZone(t.z, q)
+		if err != nil {
+			return err
+		}
 		lk := t.h.limiterKey(key)
-		id := fmt.Sprintf("%s|%s|%d|%g|%d|%d|%s|%s|%d", t.redisID, limiter.StateKey(t.h.KeyPrefix, &t.z.lz, lk),
-			t.z.lz.Capacity, t.z.lz.RefillRate, t.z.lz.Limit, t.z.lz.Window, t.z.Period, t.z.TimeZone, t.z.lz.MaxWait)
+		id := fmt.Sprintf("%s|%s|%d|%g|%d|%d|%s|%s|%d", t.redisID, limiter.StateKey(t.h.KeyPrefix, lz, lk),
+			lz.Capacity, lz.RefillRate, lz.Limit, lz.Window, t.z.Period, t.z.TimeZone, lz.MaxWait)
 		if seen[id] {
 			continue
 		}
 		seen[id] = true
-		s, err := t.h.limiter.State(ctx, &t.z.lz, lk)
+		s, err := t.h.limiter.State(ctx, lz, lk)
 		if err != nil {
 			return redisError(err)
 		}
 		cs := clientState{
 			Zone: t.z.Name, Key: key, Candidate: candidate, RedisKey: s.Key, Redis: t.redis, DB: t.h.Redis.DB,
-			Algorithm: t.z.Algorithm, Limit: t.z.lz.Quota(), Exists: s.Exists, Remaining: s.Remaining,
+			Algorithm: t.z.Algorithm, Limit: lz.Quota(), Numbers: numbers, Exists: s.Exists, Remaining: s.Remaining,
 			RetryAfterMs: ceilMs(s.RetryAfter), TTLMs: s.TTL.Milliseconds(),
 		}
-		switch t.z.lz.Algorithm {
+		switch lz.Algorithm {
 		case limiter.TokenBucket:
 			cs.Tokens = &s.Tokens
 			if t.z.lz.MaxWait > 0 {

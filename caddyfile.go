@@ -83,6 +83,7 @@ var (
 //			refill_rate <n>[/<duration>]     # token_bucket: tokens per second, or per the duration (100/1m); > 0
 //			limit       <n>                  # the window algorithms: requests per window, > 0
 //			window      <duration>           # sliding_window, sliding_window_counter, fixed_window: > 0
+//			                                 # each of these four and max_cost: or <placeholder> [<fallback>]
 //			period      hour|day|week|month  # fixed_window, instead of window: a calendar period
 //			time_zone   <IANA name>          # fixed_window with a period; default UTC
 //			cost        <n>|<placeholder>    # tokens a request takes; default 1
@@ -108,6 +109,12 @@ var (
 // apply to every zone (the shorthand's too); in a zone block, to that zone.
 //
 // Every subdirective may appear once per block (address excepted).
+//
+// capacity, refill_rate, limit, window and max_cost take a literal, or a placeholder resolved per
+// request (plans and tiers: `capacity {plan_capacity}` with a `map` from an API key) and
+// optionally a literal fallback for when it is empty (`capacity {plan_capacity} 100`). A value
+// that is empty without a fallback, does not parse or is out of range rejects the request with
+// 500 (see Zone.numbers).
 //
 // Defaults are not filled in here but when the handler is provisioned, so that the adapted JSON
 // holds only what the Caddyfile says.
@@ -612,24 +619,8 @@ func (p *zoneParser) subdirective(d *caddyfile.Dispenser) error {
 		}
 		z.Algorithm = v
 
-	case "capacity":
-		n, err := intInRange(d, limiter.MaxCapacity)
-		if err != nil {
-			return err
-		}
-		z.Capacity = n
-
-	case "limit":
-		// A counter (fixed_window, sliding_window_counter) takes up to 2^53; a sliding window log
-		// 1,000,000, checked in finish when the algorithm is not known yet.
-		n, err := intInRange(d, limiter.MaxCapacity)
-		if err != nil && strings.Contains(err.Error(), "out of range") && (z.Algorithm == slidingWindowName || z.Algorithm == "") {
-			return d.Errf("limit: %q is out of range (1 to %d)", d.Val(), limiter.MaxLimit)
-		}
-		if err != nil {
-			return err
-		}
-		z.Limit = n
+	case "capacity", "refill_rate", "limit", "window", "max_cost":
+		return p.number(d)
 
 	case "period":
 		v, err := oneArg(d)
@@ -650,32 +641,6 @@ func (p *zoneParser) subdirective(d *caddyfile.Dispenser) error {
 			return d.Errf("time_zone: %q is not a time zone of the IANA database (such as UTC or Europe/Paris)", v)
 		}
 		z.TimeZone = v
-
-	case "refill_rate":
-		v, err := oneArg(d)
-		if err != nil {
-			return err
-		}
-		rate, err := parseRefillRate(v)
-		if err != nil {
-			return d.Errf("refill_rate: %w", err)
-		}
-		z.RefillRate = rate
-
-	case "window":
-		v, err := oneArg(d)
-		if err != nil {
-			return err
-		}
-		dur, err := caddy.ParseDuration(v)
-		if err != nil {
-			return d.Errf("window: %q is not a duration", v)
-		}
-		if dur < limiter.MinWindow || dur > limiter.MaxWindow {
-			return d.Errf("window: %q is out of range (%s to %s)", v,
-				formatDuration(limiter.MinWindow), formatDuration(limiter.MaxWindow))
-		}
-		z.Window = caddy.Duration(dur)
 
 	case "cost":
 		v, err := oneArg(d)
@@ -698,13 +663,6 @@ func (p *zoneParser) subdirective(d *caddyfile.Dispenser) error {
 		}
 		p.cost = n
 		z.Cost = strconv.FormatInt(n, 10)
-
-	case "max_cost":
-		n, err := intInRange(d, limiter.MaxCapacity)
-		if err != nil {
-			return err
-		}
-		z.MaxCost = n
 
 	case "max_wait":
 		v, err := oneArg(d)
@@ -761,6 +719,42 @@ func (p *zoneParser) subdirective(d *caddyfile.Dispenser) error {
 	default:
 		return d.Errf("unrecognized subdirective %q", name)
 	}
+	return nil
+}
+
+// number parses the number subdirective at the cursor (capacity, refill_rate, limit, window,
+// max_cost): a literal, or a placeholder resolved per request and optionally a literal fallback
+// for when it is empty. The literal or the fallback goes into the zone's field, the
+// placeholder's text into z.exprs, as JSON has them.
+func (p *zoneParser) number(d *caddyfile.Dispenser) error {
+	name := d.Val()
+	f, _ := numFieldNamed(name)
+	args, err := someArgs(d)
+	if err != nil {
+		return err
+	}
+	text := strings.Join(args, " ")
+	expr, literal, err := splitNumberExpr(text)
+	if err != nil {
+		return d.Errf("%s: %v", name, err)
+	}
+	if expr != "" {
+		p.zone.exprs[f] = strings.Join(strings.Fields(text), " ")
+	}
+	if literal == "" {
+		p.zone.setNumber(f, numValue{})
+		return nil
+	}
+	// A counter (fixed_window, sliding_window_counter) takes a limit up to 2^53, a sliding window
+	// log 1,000,000: checked in finish when the algorithm is not known yet.
+	v, err := parseNumber(f, literal, limiter.MaxCapacity)
+	if err != nil && f == numLimit && strings.Contains(err.Error(), "out of range") && (p.zone.Algorithm == slidingWindowName || p.zone.Algorithm == "") {
+		return d.Errf("limit: %q is out of range (1 to %d)", literal, limiter.MaxLimit)
+	}
+	if err != nil {
+		return d.Errf("%s: %v", name, err)
+	}
+	p.zone.setNumber(f, v)
 	return nil
 }
 
@@ -824,16 +818,24 @@ func (p *zoneParser) finish() error {
 		}
 	}
 
-	quotaName, quota := "capacity", z.Capacity
+	// Numbers from placeholders are checked against each other per request, where they are
+	// known (Zone.finishNumbers): here only what every value they can take would break. A
+	// quota from a placeholder bounds cost and max_cost per request (a cost above it is a 429
+	// without Retry-After, a max_cost above it counts as the quota); a max_cost from one is
+	// bounded by the quota, and by 1000 for a sliding window, per request. A fallback counts as
+	// a literal for the refill time: it is what an empty placeholder gives. Provision and
+	// Validate check the same (Zone.probe).
+	quotaName, quota, quotaField := "capacity", z.Capacity, numCapacity
 	if algorithm != tokenBucketName {
-		quotaName, quota = "limit", z.Limit
+		quotaName, quota, quotaField = "limit", z.Limit, numLimit
 	}
-	if p.cost > quota {
+	quotaDynamic, maxCostDynamic := z.dynamic(quotaField), z.dynamic(numMaxCost)
+	if p.cost > quota && !quotaDynamic {
 		return errAt(p.seen["cost"], "cost %d is larger than %s %d: no request could ever be admitted",
 			p.cost, quotaName, quota)
 	}
-	if tok, ok := p.seen["max_cost"]; ok {
-		if z.MaxCost > quota {
+	if tok, ok := p.seen["max_cost"]; ok && !maxCostDynamic {
+		if z.MaxCost > quota && !quotaDynamic {
 			return errAt(tok, "max_cost %d is larger than %s %d", z.MaxCost, quotaName, quota)
 		}
 		if p.cost > z.MaxCost {
@@ -844,8 +846,12 @@ func (p *zoneParser) finish() error {
 				"(chosen per request) is bounded by max_cost %d at most; use %s for larger costs", z.MaxCost, slidingWindowName, MaxSlidingWindowCost, tokenBucketName)
 		}
 	}
-	if algorithm == tokenBucketName {
-		if fill := float64(z.Capacity) / z.RefillRate; fill > limiter.MaxWindow.Seconds() {
+	if algorithm == tokenBucketName && !z.dynamicNoFallback(numRefillRate) {
+		capacity := z.Capacity
+		if z.dynamicNoFallback(numCapacity) {
+			capacity = 1 // the least it can be: a slower refill fails for every capacity
+		}
+		if fill := float64(capacity) / z.RefillRate; fill > limiter.MaxWindow.Seconds() {
 			return errAt(p.seen["refill_rate"], "zone %q: an empty bucket takes %.0fs to refill (capacity / refill_rate); at most %s is supported",
 				z.Name, fill, formatDuration(limiter.MaxWindow))
 		}
@@ -862,29 +868,30 @@ func parseFailMode(d *caddyfile.Dispenser, v string) (string, error) {
 	return "", d.Errf("fail_mode: %q must be open, closed or local", v)
 }
 
-// parseRefillRate parses `<n>[/<duration>]` into tokens per second.
+// parseRefillRate parses `<n>[/<duration>]` into tokens per second. Its errors quote at most 32
+// bytes of s (quoteBounded).
 func parseRefillRate(s string) (float64, error) {
 	num, per, hasPer := strings.Cut(s, "/")
 	n, err := strconv.ParseFloat(num, 64)
 	if err != nil || math.IsNaN(n) || math.IsInf(n, 0) {
-		return 0, fmt.Errorf("%q is not a number of tokens, optionally per a duration (10, 100/1m)", s)
+		return 0, fmt.Errorf("%s is not a number of tokens, optionally per a duration (10, 100/1m)", quoteBounded(s))
 	}
 	if n <= 0 {
-		return 0, fmt.Errorf("%q must be > 0", s)
+		return 0, fmt.Errorf("%s must be > 0", quoteBounded(s))
 	}
 	if !hasPer {
 		return n, nil
 	}
 	dur, err := caddy.ParseDuration(per)
 	if err != nil {
-		return 0, fmt.Errorf("%q: %q is not a duration", s, per)
+		return 0, fmt.Errorf("%s: %s is not a duration", quoteBounded(s), quoteBounded(per))
 	}
 	if dur <= 0 {
-		return 0, fmt.Errorf("%q: the duration must be > 0", s)
+		return 0, fmt.Errorf("%s: the duration must be > 0", quoteBounded(s))
 	}
 	rate := n / dur.Seconds()
 	if rate <= 0 || math.IsInf(rate, 0) {
-		return 0, fmt.Errorf("%q is out of range", s)
+		return 0, fmt.Errorf("%s is out of range", quoteBounded(s))
 	}
 	return rate, nil
 }

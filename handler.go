@@ -86,6 +86,21 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 				return h.denyEmptyKey(w, r, next, z, repl)
 			}
 		}
+		lz, err := z.numbers(repl)
+		if err != nil {
+			// A number from a placeholder that is empty without a fallback, does not parse or
+			// is out of range: the server's configuration (or what feeds the placeholder) is
+			// wrong, not the client. 500 before any decision, nothing charged. Logged here at
+			// error level: Caddy logs a handler's error at debug level only when the server
+			// has handle_errors routes.
+			if c := h.logger.Check(zapcore.ErrorLevel, "a zone number from a placeholder is unusable"); c != nil {
+				c.Write(zap.String("zone", z.Name), zap.Bool("dry_run", h.DryRun), zap.Error(err))
+			}
+			if h.DryRun {
+				return next.ServeHTTP(w, r)
+			}
+			return caddyhttp.Error(http.StatusInternalServerError, err)
+		}
 		cost, err := z.cost(repl)
 		if err != nil {
 			err = fmt.Errorf("zone %s: %w", z.Name, err)
@@ -106,12 +121,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			}
 			key = lastKey
 		}
-		rq := limiter.Request{Zone: &z.lz, Key: key, Cost: cost}
+		rq := limiter.Request{Zone: lz, Key: key, Cost: cost}
 		if z.after != nil {
 			rq.Hold = z.after.hold // settled after the response: charge.go
 		}
 		reqs = append(reqs, rq)
-		shaping = shaping || z.lz.MaxWait > 0
+		shaping = shaping || lz.MaxWait > 0
 	}
 	if len(reqs) == 0 {
 		return next.ServeHTTP(w, r)
@@ -195,7 +210,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		limit: d.Limit, remaining: d.Remaining,
 		reset: seconds(d.Reset), retryAfter: seconds(d.RetryAfter), waited: ceilMs(d.Delay),
 	}
-	h.setRateLimitHeaders(w.Header(), reqs, z, d, out)
+	h.setRateLimitHeaders(w.Header(), reqs, z, zone, d, out)
 	if !d.Allowed && !d.Unsatisfiable {
 		// The Retry-After of the 429 (and the placeholder, which handle_errors may show the
 		// client): the exact wait, at least 1, plus the deciding zone's jitter. The deny cache
@@ -259,7 +274,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	err = z.errLimited
 	if d.Unsatisfiable {
 		// The cost exceeds the zone's quota: waiting never cures it, so no Retry-After.
-		err = z.errUnsatisfiable
+		err = z.errUnsatisfiableOf(zone)
 	} else {
 		w.Header()[hdrRetryAfter] = []string{strconv.FormatInt(out.retryAfter, 10)}
 	}
@@ -410,7 +425,7 @@ func (h *Handler) countMode(reqs []limiter.Request, mode string, res result) {
 	}
 }
 
-// zoneOf returns the zone of h whose limiter.Zone is lz.
+// zoneOf returns the zone of h that lz is the parameters of (its own, or a per-request copy).
 func (h *Handler) zoneOf(lz *limiter.Zone) *Zone {
 	return h.Zones[zoneIndex(h.Zones, lz)]
 }
@@ -420,7 +435,7 @@ func (h *Handler) zoneOf(lz *limiter.Zone) *Zone {
 func (h *Handler) count(reqs []limiter.Request, res result) {
 	i := 0
 	for _, rq := range reqs {
-		for &h.Zones[i].lz != rq.Zone {
+		for h.Zones[i].Name != rq.Zone.Name {
 			i++
 		}
 		h.Zones[i].decisions[res].Inc()
@@ -467,31 +482,34 @@ func failureReason(err error) string {
 }
 
 // setRateLimitHeaders sets the response headers chosen by Headers: the legacy X-RateLimit-Limit,
-// -Remaining and -Reset (seconds until full) of the deciding zone z, and the IETF httpapi
+// -Remaining and -Reset (seconds until full) of the deciding zone z, decided with the parameters
+// lz (z's own, or the request's when its numbers are placeholders), and the IETF httpapi
 // ratelimit-headers draft's RateLimit-Policy and RateLimit with one item per zone of reqs whose
 // outcome is known, the deciding zone first (see setIETFFields); plus X-RateLimit-Degraded when
 // fail_mode local decided.
-func (h *Handler) setRateLimitHeaders(hdr http.Header, reqs []limiter.Request, z *Zone, d limiter.Decision, out *outcome) {
+func (h *Handler) setRateLimitHeaders(hdr http.Header, reqs []limiter.Request, z *Zone, lz *limiter.Zone, d limiter.Decision, out *outcome) {
 	if h.Headers == HeadersOff {
 		return
 	}
 	if h.Headers == HeadersLegacy || h.Headers == HeadersBoth {
-		hdr[hdrLimit] = []string{z.quota}
+		hdr[hdrLimit] = []string{z.quotaOf(lz)}
 		hdr[hdrRemaining] = []string{strconv.FormatInt(d.Remaining, 10)}
 		hdr[hdrReset] = []string{strconv.FormatInt(out.reset, 10)}
 	}
 	if h.Headers == HeadersIETF || h.Headers == HeadersBoth {
-		h.setIETFFields(hdr, reqs, z, d)
+		h.setIETFFields(hdr, reqs, z, lz, d)
 	}
 	if out.degraded && h.degradedHeader {
 		hdr[hdrDegraded] = []string{"true"}
 	}
 }
 
-// zoneIndex returns the index in zones of the zone whose limiter.Zone is lz.
+// zoneIndex returns the index in zones of the zone that lz is the parameters of: its own, or a
+// copy made for one request when its numbers come from placeholders. Zone names are unique in a
+// handler.
 func zoneIndex(zones []*Zone, lz *limiter.Zone) int {
 	for i, z := range zones {
-		if &z.lz == lz {
+		if z.Name == lz.Name {
 			return i
 		}
 	}

@@ -37,7 +37,7 @@ const sfMaxInteger = 999_999_999_999_999
 
 // setIETFFields sets RateLimit-Policy and RateLimit for the decision d of reqs, whose deciding
 // zone is z. It allocates the two field values only (none for the policy of a lone zone).
-func (h *Handler) setIETFFields(hdr http.Header, reqs []limiter.Request, z *Zone, d limiter.Decision) {
+func (h *Handler) setIETFFields(hdr http.Header, reqs []limiter.Request, z *Zone, lz *limiter.Zone, d limiter.Decision) {
 	maxT := int64(math.MaxInt64)
 	if !d.Allowed && !d.Unsatisfiable {
 		maxT = max(seconds(d.RetryAfter), 1)
@@ -50,7 +50,7 @@ func (h *Handler) setIETFFields(hdr http.Header, reqs []limiter.Request, z *Zone
 	zi := 0
 	for i := range reqs {
 		// reqs are in the order of h.Zones (ServeHTTP builds them so).
-		for &h.Zones[zi].lz != reqs[i].Zone {
+		for h.Zones[zi].Name != reqs[i].Zone.Name { // reqs hold per-request copies of zones with placeholder numbers
 			zi++
 		}
 		if i == d.Zone || !reqs[i].Result.Known {
@@ -58,13 +58,13 @@ func (h *Handler) setIETFFields(hdr http.Header, reqs []limiter.Request, z *Zone
 		}
 		other := h.Zones[zi]
 		if len(policy) == 0 {
-			policy = append(policy, z.policy...)
+			policy = append(policy, z.policyOf(lz)...)
 		}
-		policy = append(append(policy, ", "...), other.policy...)
+		policy = append(append(policy, ", "...), other.policyOf(reqs[i].Zone)...)
 		limit = appendServiceLimit(append(limit, ", "...), other, reqs[i].Result, maxT)
 	}
 	if len(policy) == 0 {
-		hdr[hdrPolicy] = []string{z.policy}
+		hdr[hdrPolicy] = []string{z.policyOf(lz)}
 	} else {
 		hdr[hdrPolicy] = []string{string(policy)}
 	}

@@ -10,20 +10,24 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 )
 
-// checkPlaceholders expands the Caddyfile's placeholder shorthands in the zone's key and cost,
+// checkPlaceholders expands the Caddyfile's placeholder shorthands in the zone's key and cost
+// (provisionNumbers does the same for its numbers),
 // and logs a warning for each placeholder of them that cannot have a value where the handler
 // runs: a shorthand written in JSON (expanded), an {http.auth.*} placeholder (set by
 // authentication, which the Caddyfile orders after this handler), a name of Caddy's
 // {http.request.*} namespace that Caddy does not provide. A key whose placeholders are all empty
 // gets the zone's empty_key; the warnings say so.
 func (z *Zone) checkPlaceholders(logger *zap.Logger) {
+	emptyKey := zap.String("empty_key", z.EmptyKey)
 	for i, k := range z.Key {
-		z.Key[i] = z.checkPlaceholder(logger, "key", k)
+		z.Key[i] = z.checkPlaceholder(logger, "key", k, emptyKey)
 	}
-	z.Cost = z.checkPlaceholder(logger, "cost", z.Cost)
+	z.Cost = z.checkPlaceholder(logger, "cost", z.Cost, emptyKey)
 }
 
-func (z *Zone) checkPlaceholder(logger *zap.Logger, field, value string) string {
+// checkPlaceholder expands and checks the placeholders of value, the zone's field, and returns
+// it expanded. whenEmpty says, in the warnings, what an empty value does.
+func (z *Zone) checkPlaceholder(logger *zap.Logger, field, value string, whenEmpty zap.Field) string {
 	if expanded := expandShorthands(value); expanded != value {
 		logger.Warn("a "+field+" placeholder is Caddyfile shorthand, which Caddy does not expand in JSON; "+
 			"it is read as the Caddyfile would read it: write that in JSON",
@@ -37,10 +41,10 @@ func (z *Zone) checkPlaceholder(logger *zap.Logger, field, value string) string 
 			logger.Warn("a "+field+" placeholder is set by authentication (basic_auth, or an authentication plugin) and is empty "+
 				"before it: the Caddyfile orders rate_limit_redis before basic_auth, so unless this handler is placed in a "+
 				"route after the authentication (route { basic_auth … ; rate_limit_redis … }) every request has it empty "+
-				"and gets the zone's empty_key; ignore this warning if the handler runs after authentication",
-				zap.String("zone", z.Name), zap.String("placeholder", "{"+name+"}"), zap.String("empty_key", z.EmptyKey))
+				"and gets what an empty value gets; ignore this warning if the handler runs after authentication",
+				zap.String("zone", z.Name), zap.String("placeholder", "{"+name+"}"), whenEmpty)
 		default:
-			fields := []zap.Field{zap.String("zone", z.Name), zap.String("placeholder", "{"+name+"}"), zap.String("empty_key", z.EmptyKey)}
+			fields := []zap.Field{zap.String("zone", z.Name), zap.String("placeholder", "{"+name+"}"), whenEmpty}
 			if hint != "" {
 				fields = append(fields, zap.String("did_you_mean", hint))
 			}

@@ -120,7 +120,8 @@ type Handler struct {
 
 	// Whether denials are cached in process (the deny cache). When a zone denies a client, this
 	// instance remembers Redis's answer and gives it again, with no Redis call and the times less
-	// what elapsed, to the requests of the same zone, client and cost, until the zone's next token
+	// what elapsed, to the requests of the same zone, client and cost (and, where the zone's
+	// numbers come from placeholders, the same numbers), until the zone's next token
 	// or window slot arrives (so the answer is still Redis's), and for at most
 	// `deny_cache_max_age`. Bounded to 65,536 (zone, client, cost) entries per handler, least
 	// recently used evicted. Default: true.
@@ -291,20 +292,31 @@ type Zone struct {
 	// Default: `token_bucket`.
 	Algorithm string `json:"algorithm,omitempty"`
 
-	// token_bucket: the bucket size (burst), in tokens; 1 to 2^53.
+	// token_bucket: the bucket size (burst), in tokens; 1 to 2^53. Like refill_rate, limit,
+	// window and max_cost, it may instead come from a placeholder resolved per request (plans and
+	// tiers): in JSON a string holding the placeholder and, optionally after a space, a literal
+	// fallback used when the placeholder is empty: "{http.vars.plan_capacity} 100". A literal may
+	// also be given as a string in the Caddyfile's syntax ("100"; refill_rate "100/1m"). A
+	// placeholder's value has the Caddyfile's syntax and range; one that is empty without a
+	// fallback, does not parse or is out of range rejects the request with 500 and an error
+	// naming the zone, the number and why (logged at error level); nothing is charged.
 	Capacity int64 `json:"capacity,omitempty"`
 
-	// token_bucket: tokens added per second (a float; 100 per minute is 1.6667). Must be > 0.
+	// token_bucket: tokens added per second (a float; 100 per minute is 1.6667). Must be > 0. Or
+	// a placeholder, optionally with a fallback, as for capacity: "{http.vars.plan_rate} 10"; its
+	// value is written as in the Caddyfile, tokens per second or per a duration ("100/1m").
 	RefillRate float64 `json:"refill_rate,omitempty"`
 
 	// sliding_window, fixed_window, sliding_window_counter: requests admitted per window; 1 to
 	// 1,000,000 for sliding_window (one Redis entry per request), to 2^53 for the others (one
-	// counter per client).
+	// counter per client). Or a placeholder, optionally with a fallback, as for capacity.
 	Limit int64 `json:"limit,omitempty"`
 
 	// sliding_window, fixed_window, sliding_window_counter: the window length, as a duration
 	// (JSON: nanoseconds or a duration string); 1ms to 366 days. A fixed_window's windows of a
-	// duration are aligned to the Unix epoch (a 1h window starts on the hour, UTC).
+	// duration are aligned to the Unix epoch (a 1h window starts on the hour, UTC). Or a
+	// placeholder, optionally with a fallback, as for capacity: "{http.vars.plan_window} 1h"; its
+	// value is a duration string ("1h", "1d").
 	Window caddy.Duration `json:"window,omitempty"`
 
 	// fixed_window, instead of window: a calendar period, `hour`, `day`, `week` (from Monday) or
@@ -338,7 +350,9 @@ type Zone struct {
 	// 1 to the quota. Default: the quota; for a sliding_window zone whose cost is a placeholder,
 	// the quota or 1000, whichever is smaller: a sliding window log stores one entry per unit of
 	// cost, and one request's entries are written in one script call that holds Redis, so a cost
-	// chosen per request is bounded by 1000 at most (MaxSlidingWindowCost).
+	// chosen per request is bounded by 1000 at most (MaxSlidingWindowCost). Or a placeholder,
+	// optionally with a fallback, as for capacity; a value above the quota resolved for the same
+	// request counts as that quota (and above 1000 as 1000 where that bound applies).
 	MaxCost int64 `json:"max_cost,omitempty"`
 
 	// What happens in this zone when Redis fails: `open`, `closed` or `local`, as the handler's
@@ -374,16 +388,25 @@ type Zone struct {
 	// unsettled one (an instance that crashed) counts as charged after it. Default: 10m.
 	HoldMax caddy.Duration `json:"hold_max,omitempty"`
 
-	after       *afterResponse // count_status and charge, provisioned; nil without them
+	after *afterResponse // count_status and charge, provisioned; nil without them
+	// exprs holds each number given by a placeholder as configured: the placeholder and,
+	// optionally after a space, the literal fallback ("{plan_capacity} 100"); "" for a literal.
+	// Set by the Caddyfile parser and UnmarshalJSON, written back by MarshalJSON (numbers.go).
+	exprs [numFields]string
+	// dyn are the numbers resolved per request, as provisioned from exprs; empty when every
+	// number is a literal, and the zone's requests then use lz itself.
+	dyn         []dynNumber
 	matcherSets caddyhttp.MatcherSets
-	lz          limiter.Zone
-	fixedCost   int64               // > 0 when Cost is a literal integer
-	decisions   *decisionCounters   // the zone's series of decisions_total
-	delays      prometheus.Observer // the zone's series of delay_seconds; nil without max_wait
-	emptyKeys   prometheus.Counter
-	failMode    string // FailMode, or the handler's
-	v4, v6      int    // the prefix lengths in force
-	jitter      int64  // the Retry-After jitter in force, in seconds
+	// lz is the zone's limiter parameters: the literals, and each placeholder number's
+	// fallback (0 without one), which ServeHTTP copies and completes per request (numbers.go).
+	lz        limiter.Zone
+	fixedCost int64               // > 0 when Cost is a literal integer
+	decisions *decisionCounters   // the zone's series of decisions_total
+	delays    prometheus.Observer // the zone's series of delay_seconds; nil without max_wait
+	emptyKeys prometheus.Counter
+	failMode  string // FailMode, or the handler's
+	v4, v6    int    // the prefix lengths in force
+	jitter    int64  // the Retry-After jitter in force, in seconds
 
 	// Formatted once for the hot path: the quota (X-RateLimit-Limit), the quoted name and the
 	// RateLimit-Policy value, and the errors of a denial.
@@ -512,6 +535,12 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger) error {
 	if err != nil {
 		return fmt.Errorf("zone %s: %w", z.Name, err)
 	}
+	err = z.provisionNumbers(algo, func(field, value string) string {
+		return z.checkPlaceholder(logger, field, value, zap.String("when_empty", "the fallback, else 500"))
+	})
+	if err != nil {
+		return err
+	}
 	z.lz = limiter.Zone{
 		Name: z.Name, Algorithm: algo, Capacity: z.Capacity, RefillRate: z.RefillRate,
 		Limit: z.Limit, Window: time.Duration(z.Window), MaxCost: z.MaxCost, MaxWait: time.Duration(z.MaxWait),
@@ -526,18 +555,16 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger) error {
 			return fmt.Errorf("zone %s: time_zone %q is not a time zone of the IANA database: %w", z.Name, z.TimeZone, err)
 		}
 	}
-	if z.MaxCost == 0 && algo == limiter.SlidingWindow && hasPlaceholder(z.Cost) {
-		z.lz.MaxCost = min(z.Limit, MaxSlidingWindowCost)
+	if z.MaxCost == 0 && algo == limiter.SlidingWindow && hasPlaceholder(z.Cost) && len(z.dyn) == 0 {
+		z.lz.MaxCost = min(z.Limit, MaxSlidingWindowCost) // with placeholder numbers: per request
 	}
-	z.quota = strconv.FormatInt(z.lz.Quota(), 10)
 	z.quotedName = `"` + z.Name + `"` // zone names are [A-Za-z0-9_.-]: nothing to escape
-	q, w := policyWindow(z.lz.Quota(), z.lz.PolicyWindow())
-	z.policy = z.quotedName + ";q=" + strconv.FormatInt(q, 10) + ";w=" + strconv.FormatInt(w, 10)
-	z.errLimited = fmt.Errorf("zone %s: rate limit exceeded", z.Name)
-	z.errUnsatisfiable = fmt.Errorf("zone %s: cost exceeds the zone's quota of %s", z.Name, z.quota)
-	if z.lz.MaxCost > 0 && z.lz.MaxCost < z.lz.Quota() {
-		z.errUnsatisfiable = fmt.Errorf("zone %s: cost exceeds the zone's max_cost of %d", z.Name, z.lz.MaxCost)
+	if len(z.dyn) == 0 {              // else formatted per request: quotaOf, policyOf
+		z.quota = strconv.FormatInt(z.lz.Quota(), 10)
+		z.policy = policyValue(z.quotedName, &z.lz)
 	}
+	z.errLimited = fmt.Errorf("zone %s: rate limit exceeded", z.Name)
+	z.errUnsatisfiable = unsatisfiableError(z.Name, &z.lz)
 	z.errEmptyKey = fmt.Errorf("zone %s: every key placeholder is empty (empty_key deny)", z.Name)
 	if limiter.ValidZoneName(z.Name) { // else Validate rejects it: no metric series for a name that never serves
 		z.decisions = newDecisionCounters(z.Name)
@@ -608,7 +635,13 @@ func (h *Handler) Validate() error {
 	}
 	seen := make(map[string]bool, len(h.Zones))
 	for _, z := range h.Zones {
-		if err := z.lz.Validate(); err != nil {
+		// A zone with placeholder numbers is checked as Zone.probe says (and per request as
+		// Zone.finishNumbers does); one of literals as it is.
+		lz := z.lz
+		if len(z.dyn) > 0 {
+			lz = z.probe()
+		}
+		if err := lz.Validate(); err != nil {
 			return err
 		}
 		if err := z.validateAfter(); err != nil {
@@ -632,15 +665,17 @@ func (h *Handler) Validate() error {
 				return err
 			}
 		}
-		if z.fixedCost > z.lz.Quota() {
-			return fmt.Errorf("zone %s: cost %d is larger than the zone's quota %d: no request could ever be admitted", z.Name, z.fixedCost, z.lz.Quota())
+		// A quota or max_cost from a placeholder bounds the cost per request (see
+		// Zone.finishNumbers), as the Caddyfile parser's checks say.
+		if z.fixedCost > lz.Quota() && !z.quotaDynamic(lz.Algorithm) {
+			return fmt.Errorf("zone %s: cost %d is larger than the zone's quota %d: no request could ever be admitted", z.Name, z.fixedCost, lz.Quota())
 		}
-		if z.MaxCost > 0 && z.fixedCost > z.MaxCost {
+		if z.MaxCost > 0 && z.fixedCost > z.MaxCost && !z.dynamic(numMaxCost) {
 			return fmt.Errorf("zone %s: cost %d is larger than max_cost %d: no request could ever be admitted", z.Name, z.fixedCost, z.MaxCost)
 		}
-		if z.lz.Algorithm == limiter.SlidingWindow && z.fixedCost == 0 && z.lz.MaxCost > MaxSlidingWindowCost {
+		if lz.Algorithm == limiter.SlidingWindow && z.fixedCost == 0 && lz.MaxCost > MaxSlidingWindowCost && !z.dynamic(numMaxCost) {
 			return fmt.Errorf("zone %s: max_cost %d: a sliding_window zone stores one entry per unit of cost, so a cost from a placeholder is bounded by max_cost %d at most; use token_bucket for larger costs",
-				z.Name, z.lz.MaxCost, MaxSlidingWindowCost)
+				z.Name, lz.MaxCost, MaxSlidingWindowCost)
 		}
 		if seen[z.Name] {
 			return fmt.Errorf("zone name %q is used twice", z.Name)

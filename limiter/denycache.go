@@ -30,7 +30,9 @@ type denial struct {
 // Redis call. An entry answers for Redis, with Redis's own figures less the time elapsed, only
 // while it can give the answer Redis would:
 //   - for the same zone, client and cost (a smaller cost may fit; a larger one waits longer than
-//     the entry knows);
+//     the entry knows), and the same numbers of the zone (capacity, refill rate, limit, window,
+//     max cost: a zone whose numbers come from placeholders may decide each request under
+//     others, and a denial under a free plan's says nothing of a paid plan's);
 //   - never for a cost the zone can never admit (that answer carries no Retry-After);
 //   - before the zone's next unit (token or window slot) arrives: until then Remaining has not
 //     changed, after it the entry no longer knows it;
@@ -39,8 +41,8 @@ type denial struct {
 //
 // Other instances only consume from a zone, so a denial could otherwise be trusted until its
 // retry time. What gives capacity back makes an entry stale: an admin reset (Limiter.Reset), a
-// Redis Cluster release of a hold (settle.lua), a reload that raised a limit, or a change of the
-// zone's numbers. A reload starts a new Limiter with an empty cache; a reset is forgotten here at
+// Redis Cluster release of a hold (settle.lua), or a reload that raised a limit (a request
+// decided under other numbers on this instance is another entry: see denyKey). A reload starts a new Limiter with an empty cache; a reset is forgotten here at
 // once and, through Redis pub/sub, by every instance that receives it (ForgetKey); anything that
 // reaches no instance is bounded by maxAge: the stale entry denies for at most that long after
 // Redis's answer. The cache is bounded (least recently used evicted) and safe for concurrent use.
@@ -49,12 +51,40 @@ type denyCache struct {
 	maxAge time.Duration
 }
 
-// denyKey is a zone, a client, as ClientKey gives it (a verbatim key costs no allocation), and a
-// cost.
+// denyKey is a zone, by its name and the numbers it was decided with, a client, as ClientKey
+// gives it (a verbatim key costs no allocation), and a cost. Not the *Zone: a zone whose numbers
+// come from placeholders is a new Zone per request (the handler's per-request copy), and a denial
+// decided under some numbers (a free plan's capacity) must not answer for a request under others
+// (a paid plan's); a zone of literal numbers has the same key on every request. The key is a
+// comparable struct: building it allocates nothing.
 type denyKey struct {
-	zone   *Zone
+	zone   string
+	n      zoneNumbers
 	client string
 	cost   int64
+}
+
+// zoneNumbers are the parameters of a zone that decide a request, as a comparable value.
+type zoneNumbers struct {
+	algorithm  Algorithm
+	period     Period
+	capacity   int64
+	refillRate float64
+	limit      int64
+	window     time.Duration
+	location   *time.Location
+	maxCost    int64 // maxCost(): 0 and the quota are the same
+}
+
+func numbersOf(z *Zone) zoneNumbers {
+	return zoneNumbers{
+		algorithm: z.Algorithm, period: z.Period, capacity: z.Capacity, refillRate: z.RefillRate,
+		limit: z.Limit, window: z.Window, location: z.Location, maxCost: z.maxCost(),
+	}
+}
+
+func keyOf(r Request) denyKey {
+	return denyKey{zone: r.Zone.Name, n: numbersOf(r.Zone), client: ClientKey(r.Key), cost: r.Cost}
 }
 
 func newDenyCache(size int, maxAge time.Duration) *denyCache {
@@ -81,7 +111,7 @@ func (dc *denyCache) check(reqs []Request, now time.Time) (Decision, bool) {
 		if unsatisfiable(*r) {
 			continue // Redis answers it, with no Retry-After
 		}
-		k := denyKey{r.Zone, ClientKey(r.Key), r.Cost}
+		k := keyOf(*r)
 		e, ok := dc.c.Get(k)
 		if !ok {
 			continue
@@ -121,7 +151,7 @@ func (dc *denyCache) record(reqs []Request, zones []zoneReply, sent time.Time) {
 		// A denial that Redis answered has a next unit to come (next > 0, next <= retry after):
 		// a zone with none is full, and then only a cost above its quota is denied.
 		retry, next := time.Duration(z.retryAfter)*time.Microsecond, time.Duration(z.next)*time.Microsecond
-		dc.c.Add(denyKey{reqs[i].Zone, ClientKey(reqs[i].Key), reqs[i].Cost}, denial{
+		dc.c.Add(keyOf(reqs[i]), denial{
 			trusted:   sent.Add(min(retry, next, dc.maxAge)),
 			until:     sent.Add(retry),
 			nextAt:    sent.Add(next),
@@ -131,11 +161,11 @@ func (dc *denyCache) record(reqs []Request, zones []zoneReply, sent time.Time) {
 	}
 }
 
-// forget removes the entries of the zones for which match is true and the client key client
-// (as ClientKey gives it), whatever their cost. It looks at every entry: resets are rare.
-func (dc *denyCache) forget(match func(*Zone) bool, client string) {
+// forget removes the entries of the zone named zone and the client key client (as ClientKey
+// gives it), whatever their numbers and cost. It looks at every entry: resets are rare.
+func (dc *denyCache) forget(zone, client string) {
 	for _, k := range dc.c.Keys() {
-		if k.client == client && match(k.zone) {
+		if k.client == client && k.zone == zone {
 			dc.c.Remove(k)
 		}
 	}

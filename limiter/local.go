@@ -54,7 +54,7 @@ func (l *Local) Allow(reqs []Request, now time.Time) Decision {
 	zones := make([]zoneReply, len(reqs))
 	allowed := true
 	for i, r := range reqs {
-		b := l.bucket(r)
+		b := l.bucket(r, now)
 		buckets[i] = b
 		tokens := b.TokensAt(now)
 		perSec := float64(b.Limit())
@@ -96,17 +96,29 @@ func (l *Local) Allow(reqs []Request, now time.Time) Decision {
 	return pick(reqs, allowed, zones)
 }
 
-// bucket returns the bucket of r's zone and client, making a full one when there is none.
-func (l *Local) bucket(r Request) *rate.Limiter {
-	key := r.Zone.Name + "\x00" + r.Zone.Algorithm.tag() + "\x00" + ClientKey(r.Key)
-	if b, ok := l.buckets.Get(key); ok {
-		return b
-	}
+// bucket returns the bucket of r's zone and client, making a full one when there is none. A
+// bucket follows the numbers of the request at hand: when a zone's numbers come from
+// placeholders and this request's differ from the last one's (the client moved to another
+// plan), the bucket keeps its tokens, at most the new capacity, and refills at the new rate
+// from now on. (Redis's buckets store what is used, so there a raised capacity gives the
+// difference at once; in process, while Redis fails, it comes with the refill.)
+func (l *Local) bucket(r Request, now time.Time) *rate.Limiter {
 	perSec := r.Zone.RefillRate
 	if r.Zone.Algorithm.windowed() {
 		perSec = float64(r.Zone.Limit) / r.Zone.PolicyWindow().Seconds()
 	}
-	b := rate.NewLimiter(rate.Limit(perSec), int(r.Zone.Quota())) // starts full
+	burst := int(r.Zone.Quota())
+	key := r.Zone.Name + "\x00" + r.Zone.Algorithm.tag() + "\x00" + ClientKey(r.Key)
+	if b, ok := l.buckets.Get(key); ok {
+		if b.Limit() != rate.Limit(perSec) {
+			b.SetLimitAt(now, rate.Limit(perSec))
+		}
+		if b.Burst() != burst {
+			b.SetBurstAt(now, burst)
+		}
+		return b
+	}
+	b := rate.NewLimiter(rate.Limit(perSec), burst) // starts full
 	l.buckets.Add(key, b)
 	return b
 }

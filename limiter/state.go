@@ -321,12 +321,12 @@ func (l *Limiter) Reset(ctx context.Context, z *Zone, clientKey string) (existed
 // for Limiters of the key prefix prefix: `<prefix>reset`.
 func ResetChannel(prefix string) string { return prefix + "reset" }
 
-// Forget removes this Limiter's cached denials of the client in zone z (z the pointer passed to
-// Allow), whatever their cost, so that its next request is decided by Redis. It never contacts
+// Forget removes this Limiter's cached denials of the client in the zone named as z, whatever
+// their numbers and cost, so that its next request is decided by Redis. It never contacts
 // Redis.
 func (l *Limiter) Forget(z *Zone, clientKey string) {
 	if l.denials != nil {
-		l.denials.forget(func(dz *Zone) bool { return dz == z }, ClientKey(clientKey))
+		l.denials.forget(z.Name, ClientKey(clientKey))
 	}
 }
 
@@ -341,5 +341,5 @@ func (l *Limiter) ForgetKey(key string) {
 	if !ok {
 		return
 	}
-	l.denials.forget(func(dz *Zone) bool { return dz.Name == zone }, client)
+	l.denials.forget(zone, client)
 }
