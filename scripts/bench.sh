@@ -17,6 +17,9 @@
 #   5. status      as 1, with count_status 401 on the zone: every charge is held at admission and
 #                  given back after the 200 by a second script call (settle.lua): the cost of
 #                  charging after the response (2 script calls per request expected).
+#   6. plans       the zone of 1 with its numbers from placeholders (a map's outputs, bench/
+#                  plans.Caddyfile) against the same site with literals (bench/plans-literal.
+#                  Caddyfile) in the places of plain and module: what placeholder numbers cost.
 # Plain and module runs alternate (plain, module, plain, module, ...) for BENCH_ROUNDS rounds so
 # that machine noise hits both alike; every figure is the median of the rounds.
 #
@@ -316,6 +319,27 @@ scenario allowed bench/allowed.Caddyfile bench/allowed.lua latency
 scenario flood bench/flood.Caddyfile bench/flood.lua
 scenario multizone bench/multizone.Caddyfile bench/allowed.lua
 scenario status bench/count_status.Caddyfile bench/allowed.lua
+
+# Scenario 6, plans: the module with placeholder numbers against the module with literals (the
+# same site and map), in the places of plain and module: the ratio is what placeholders cost.
+plans_scenario() {
+	local lit_pid lit_port pl_pid pl_port saved=$plain_pid
+	rcli flushall >/dev/null
+	start_caddy plans-literal bin/caddy bench/plans-literal.Caddyfile
+	lit_pid=$caddy_pid
+	lit_port=$caddy_port
+	start_caddy plans bin/caddy bench/plans.Caddyfile
+	pl_pid=$caddy_pid
+	pl_port=$caddy_port
+	warm "$lit_port" bench/allowed.lua
+	warm "$pl_port" bench/allowed.lua
+	plain_pid=$lit_pid
+	bench_rounds plans bench/allowed.lua "$lit_port" "$pl_port" "$threads" "$connections" "$pl_pid"
+	plain_pid=$saved
+	stop_pid "$pl_pid"
+	stop_pid "$lit_pid"
+}
+plans_scenario
 stop_pid "$plain_pid"
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 
@@ -450,12 +474,17 @@ echo "script calls / requests, all module rounds:" \
 	"allowed $(total "$work/allowed.module" 8)/$(total "$work/allowed.module" 2)," \
 	"deny flood $(total "$work/flood.module" 8)/$(total "$work/flood.module" 2)," \
 	"3 zones $(total "$work/multizone.module" 8)/$(total "$work/multizone.module" 2)"
+echo "6 plans: placeholder numbers (a map's outputs) vs the same zone with literals, same map:" \
+	"ratio $(ratio "$(col "$work/plans.module" 1)" "$(col "$work/plans.plain" 1)")," \
+	"Caddy CPU us/request literals / placeholders $(us_per "$(total "$work/plans.plain" 7)" "$(total "$work/plans.plain" 2)")" \
+	"/ $(us_per "$(total "$work/plans.module" 7)" "$(total "$work/plans.module" 2)")"
 echo "rounds, plain/module rps = ratio:"
 echo "    allowed    $(rounds_line allowed)"
 echo "    deny flood $(rounds_line flood)"
 echo "    3 zones    $(rounds_line multizone)"
 echo "    status     $(rounds_line status)"
 echo "    latency    $(rounds_line latency)"
+echo "    plans      $(rounds_line plans) (literals/placeholders)"
 echo
 if [ "${#warnings[@]}" -gt 0 ]; then
 	echo "CHECK:"
