@@ -36,7 +36,7 @@ func BenchmarkScriptArgs1Zone(b *testing.B) {
 	l := New(nil, Options{KeyPrefix: "rl:"})
 	reqs := benchReqs(1)
 	for b.Loop() {
-		_ = l.scriptArgs(reqs, false)
+		_ = l.scriptArgs(reqs, false, time.Now())
 	}
 }
 
@@ -44,7 +44,7 @@ func BenchmarkScriptArgs3Zones(b *testing.B) {
 	l := New(nil, Options{KeyPrefix: "rl:"})
 	reqs := benchReqs(3)
 	for b.Loop() {
-		_ = l.scriptArgs(reqs, false)
+		_ = l.scriptArgs(reqs, false, time.Now())
 	}
 }
 

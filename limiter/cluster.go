@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -43,7 +44,7 @@ func (l *Limiter) slotGroups(keys []string) [][]int {
 // every group when all admitted, or releases the groups that admitted when one denied or failed
 // (see settle.lua). A group's denial stands against another group's error, which is returned as
 // slotErr; err is returned when no group denied and one failed.
-func (l *Limiter) allowSlots(ctx context.Context, reqs []Request, keys []string, groups [][]int) (allowed bool, zones []zoneReply, held *Held, slotErr, err error) {
+func (l *Limiter) allowSlots(ctx context.Context, reqs []Request, keys []string, groups [][]int, now time.Time) (allowed bool, zones []zoneReply, held *Held, slotErr, err error) {
 	calls := make([]*call, len(groups))
 	greqs := make([][]Request, len(groups))
 	for g, idx := range groups {
@@ -52,7 +53,7 @@ func (l *Limiter) allowSlots(ctx context.Context, reqs []Request, keys []string,
 			rs[j], gkeys[j] = reqs[i], keys[i]
 		}
 		greqs[g] = rs
-		calls[g] = &call{keys: gkeys, args: l.scriptArgs(rs, true)}
+		calls[g] = &call{keys: gkeys, args: l.scriptArgs(rs, true, now)}
 	}
 	evalEach(ctx, l.rdb, decideScript, calls)
 

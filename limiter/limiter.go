@@ -152,8 +152,8 @@ type Options struct {
 	// how long a reset, a raised limit or a Cluster release that reaches no instance's cache can
 	// leave a client denied. Default (when <= 0): DefaultDenyCacheMaxAge.
 	DenyCacheMaxAge time.Duration
-	// Pipeline, when set, carries the decisions to Redis (concurrent ones share round trips)
-	// instead of one round trip each through the client given to New. It must send to the same
+	// Pipeline, when set, carries the decisions to Redis (concurrent ones share round trips and
+	// script calls) instead of one round trip each through the client given to New. It must send to the same
 	// Redis.
 	Pipeline *Pipeline
 	// Cluster is true when the client is a Redis Cluster client: the zones of a request whose
@@ -245,9 +245,9 @@ func (l *Limiter) Allow(ctx context.Context, reqs []Request) (Decision, error) {
 	var held *Held
 	var err, slotErr error
 	if groups := l.slotGroups(keys); groups != nil {
-		allowed, zones, held, slotErr, err = l.allowSlots(ctx, reqs, keys, groups)
+		allowed, zones, held, slotErr, err = l.allowSlots(ctx, reqs, keys, groups, sent)
 	} else {
-		args := l.scriptArgs(reqs, false)
+		args := l.scriptArgs(reqs, false, sent)
 		allowed, zones, err = l.allowOne(ctx, reqs, keys, args)
 		if allowed {
 			held = newHeld(reqs, keys, args, nil)
@@ -303,8 +303,8 @@ func (l *Limiter) run(ctx context.Context, keys []string, args []any) (any, erro
 	return runScript(ctx, l.rdb, decideScript, keys, args)
 }
 
-// scriptArgs returns decide.lua's ARGV for the decision of reqs: the time (or "" for Redis
-// TIME), then the decision's nonce, whether to take token bucket charges as holds, its number of
+// scriptArgs returns decide.lua's ARGV for the decision of reqs: the time ref (the instance's
+// clock when the call is sent; "" for Redis TIME), then the decision's nonce, whether to take token bucket charges as holds, its number of
 // zones, and algorithm, quota, rate and cost per zone. (A Pipeline merges the decisions of a
 // batch into one call: mergeCalls.) A token bucket that may hold the request (maxWait) has its
 // rate sent as "<rate>,<max wait µs>"; without one the arguments are those of earlier releases.
@@ -314,9 +314,8 @@ func (l *Limiter) run(ctx context.Context, keys []string, args []any) (any, erro
 // number Redis can return (a cost near 2^63 took the token bucket's retry after beyond int64: a
 // bad_response, which failed open and counted towards the circuit breaker). A sliding window
 // never adds more entries than MaxCost.
-func (l *Limiter) scriptArgs(reqs []Request, hold bool) []any {
+func (l *Limiter) scriptArgs(reqs []Request, hold bool, ref time.Time) []any {
 	args := make([]any, 4, 4+4*len(reqs))
-	ref := l.clock()
 	if l.now != nil {
 		args[0] = ref.UnixMicro()
 	} else {

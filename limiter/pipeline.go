@@ -45,8 +45,8 @@ type call struct {
 // is a plain round trip, and under load many decisions share a round trip, its two system calls
 // and ONE script call: decide.lua decides a batch of decisions in order, each all-or-nothing, in
 // one EVALSHA (EVAL after NOSCRIPT). On Redis Cluster a batch is one script call per hash slot,
-// all in one go-redis pipeline (one round trip per node). Why 4 round trips under way and 128
-// decisions at most: see NewPipeline's caller (the handler's shared client) and `make bench`. A
+// all in one go-redis pipeline (one round trip per node). How many round trips under way (the
+// handler's shared client: 2) and why: see NewPipeline's caller and `make bench`. A
 // Pipeline may serve any number of Limiters (Options.Pipeline) and outlive them; it is safe for
 // concurrent use.
 type Pipeline struct {

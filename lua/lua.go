@@ -5,14 +5,15 @@ package lua
 
 import _ "embed"
 
-// Decide is decide.lua: it admits or denies one request against every zone that applies to it,
-// all-or-nothing, in one atomic execution.
+// Decide is decide.lua: it admits or denies a batch of requests in order, each against every
+// zone that applies to it, all-or-nothing, in one atomic execution.
 //
 //go:embed decide.lua
 var Decide string
 
-// Settle is settle.lua: on Redis Cluster, it commits or releases what a Decide call with holds
-// took, once the decisions of a request's other hash slots are known.
+// Settle is settle.lua: it commits, releases or settles to a reported amount what a Decide call
+// with holds took: on Redis Cluster once the decisions of a request's other hash slots are known,
+// and after the response for zones that charge then (count_status, charge).
 //
 //go:embed settle.lua
 var Settle string
