@@ -374,7 +374,8 @@ func TestSubSecondWindows(t *testing.T) {
 	}
 }
 
-// preflightExample is the README's zone that leaves CORS preflights (OPTIONS) uncounted.
+// preflightExample is the zone of docs/responses.md ("Methods") that leaves CORS preflights
+// (OPTIONS) uncounted.
 const preflightExample = `rate_limit_redis {
 	zone api {
 		match {
@@ -387,14 +388,14 @@ const preflightExample = `rate_limit_redis {
 }`
 
 // TestMethodsCount (issue 22): every method counts, HEAD and OPTIONS included, unless a zone's
-// match leaves them out, as the README's example does for preflights.
+// match leaves them out, as the example of docs/responses.md does for preflights.
 func TestMethodsCount(t *testing.T) {
-	readme, err := os.ReadFile("README.md")
+	doc, err := os.ReadFile("docs/responses.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(string(readme), "  "+strings.ReplaceAll(preflightExample, "\n", "\n  ")) { // in a list item
-		t.Fatalf("README.md lost the preflight example:\n%s", preflightExample)
+	if !strings.Contains(string(doc), "  "+strings.ReplaceAll(preflightExample, "\n", "\n  ")) { // in a list item
+		t.Fatalf("docs/responses.md lost the preflight example:\n%s", preflightExample)
 	}
 	srv := redistest.Start(t)
 	redisBlock := "rate_limit_redis {\n\tredis {\n\t\taddress " + srv.Addr + "\n\t}\n\theaders legacy\n"
