@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/caddyserver/caddy/v2/caddyconfig"
 )
 
 // markdownLink is a Markdown link's target: [text](target).
@@ -105,4 +107,80 @@ func headingAnchors(t *testing.T, file string) map[string]bool {
 		seen[a]++
 	}
 	return as
+}
+
+// TestReadmeListsEveryDocPage: the README is the manual's front door, so it links every page of
+// docs/.
+func TestReadmeListsEveryDocPage(t *testing.T) {
+	pages, err := filepath.Glob("docs/*.md")
+	if err != nil || len(pages) == 0 {
+		t.Fatalf("no docs/*.md (%v)", err)
+	}
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range pages {
+		if !strings.Contains(string(readme), "]("+filepath.ToSlash(p)+")") {
+			t.Errorf("README.md does not link %s", p)
+		}
+	}
+}
+
+// TestDocCaddyfilesAdapt: every Caddyfile example of README.md and docs/*.md adapts, so an
+// example copied from the manual parses. A block that is a site's contents (it does not start
+// with a site address) is adapted inside a site; the syntax summary (rate_limit_redis
+// [<matcher>]) is not a Caddyfile.
+func TestDocCaddyfilesAdapt(t *testing.T) {
+	files, _ := filepath.Glob("docs/*.md")
+	files = append([]string{"README.md"}, files...)
+	n := 0
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var block []string
+		indent, start := "", 0
+		for i, line := range strings.Split(string(b), "\n") {
+			trimmed := strings.TrimSpace(line)
+			switch {
+			case block == nil && trimmed == "```caddyfile":
+				indent = line[:len(line)-len(strings.TrimLeft(line, " \t"))]
+				block, start = []string{}, i+2
+			case block != nil && trimmed == "```":
+				n++
+				src := strings.Join(block, "\n") + "\n"
+				block = nil
+				first := strings.Fields(src)[0]
+				if strings.HasPrefix(src, "rate_limit_redis [<matcher>]") {
+					continue
+				}
+				if !strings.ContainsAny(first, ".:") {
+					src = "example.com {\n" + src + "}\n"
+				}
+				if _, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(src), map[string]any{"filename": f}); err != nil {
+					t.Errorf("%s:%d: the Caddyfile example does not adapt: %v\n%s", f, start, err, src)
+				}
+			case block != nil:
+				block = append(block, strings.TrimPrefix(line, indent))
+			}
+		}
+	}
+	if n < 10 {
+		t.Fatalf("found %d Caddyfile examples in README.md and docs/*.md, expected more", n)
+	}
+}
+
+// TestDocumentedACL: the ACL docs/security.md tells operators to give the limiter is limiterACL,
+// the one TestRedisACL and TestTLSAndACL prove sufficient.
+func TestDocumentedACL(t *testing.T) {
+	b, err := os.ReadFile("docs/security.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "ACL SETUSER limiter on >password " + strings.Join(aclRules(), " ") + "\n"
+	if !strings.Contains(string(b), want) {
+		t.Errorf("docs/security.md does not give the tested ACL:\n%s", want)
+	}
 }
