@@ -1,5 +1,5 @@
 # Caddy v2.11.9 with this module, built from this checkout with xcaddy in Caddy's official
-# builder image. `docker compose up --build` uses it (README.md, "Try it with docker-compose").
+# builder image. `docker compose up --build` uses it (docs/compose.md).
 # CADDY_TAG is not called CADDY_VERSION: the builder image sets that variable itself.
 ARG CADDY_TAG=2.11.9
 

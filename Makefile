@@ -1,4 +1,4 @@
-# The commands of README.md. Go 1.26 and (for `make test`/`make run`) redis-server are needed;
+# The commands of README.md and docs/development.md. Go 1.26 and (for `make test`/`make run`) redis-server are needed;
 # redis-server is installed with apt-get when missing and run as root, and so is prometheus
 # (promtool and the Prometheus end-to-end test; without it, those are skipped, saying so).
 CADDY_VERSION ?= v2.11.9

@@ -633,7 +633,7 @@ func clientCount() int {
 	return n
 }
 
-// limiterACL is the Redis ACL of the README's Security section: the key prefix, the script
+// limiterACL is the Redis ACL of docs/security.md ("Redis access"): the key prefix, the script
 // commands, and the commands decide.lua calls.
 var limiterACL = []any{"~rl:*", "&rl:*", "-@all", "+evalsha", "+eval", "+time", "+hmget", "+hset", "+hdel", "+hgetall",
 	"+pexpire", "+zcount", "+zrangebyscore", "+zrange", "+zremrangebyscore", "+zrem", "+subscribe", "+ping", "+zadd"}
@@ -655,7 +655,7 @@ func TestRedisACL(t *testing.T) {
 		rules    []any
 		degraded string
 	}{
-		{"the README's ACL", limiterACL, ""},
+		{"the documented ACL", limiterACL, ""},
 		{"without ZADD", limiterACL[:len(limiterACL)-1], "true"},
 		{"another key prefix", append([]any{"~other:*"}, limiterACL[1:]...), "true"},
 	} {

@@ -25,7 +25,7 @@ import (
 // Charging after the response: a zone with count_status or charge takes its cost as a hold at
 // admission (so concurrent requests cannot overshoot), and settles it once the response is
 // complete, in one settle.lua call: to 0 (count_status, status not listed), to what the response
-// reports (charge), or to the cost (nothing reported). See README "Charging after the response".
+// reports (charge), or to the cost (nothing reported). See docs/charging.md.
 
 // Sources of Charge.
 const (

@@ -163,7 +163,7 @@ func TestCountStatusLogin(t *testing.T) {
 	}
 }
 
-// TestCountStatusBasicAuth: the README's login route: basic_auth answers a wrong password with
+// TestCountStatusBasicAuth: the login route of docs/charging.md: basic_auth answers a wrong password with
 // an error (written by Caddy after the handler returns), which count_status counts; right ones
 // are given back.
 func TestCountStatusBasicAuth(t *testing.T) {

@@ -376,10 +376,11 @@ const (
 	bobHash   = "$2a$04$Jg8LrbNPFktYsvIA2yfVQ.4yEc1AN1wH2rcls6wABD3/Wc.XqZwDS"
 )
 
-// TestLimitAfterAuthentication: the README's pattern. rate_limit_redis is ordered before
-// basic_auth, so at the top level it limits what no one has authenticated (here per IP, which
-// caps password guessing); inside a route, after basic_auth, it limits per authenticated user,
-// and a request that fails authentication never reaches it.
+// TestLimitAfterAuthentication: the pattern of docs/caddyfile.md, "Limiting after
+// authentication". rate_limit_redis is ordered before basic_auth, so at the top level it limits
+// what no one has authenticated (here per IP, which caps password guessing); inside a route,
+// after basic_auth, it limits per authenticated user, and a request that fails authentication
+// never reaches it.
 func TestLimitAfterAuthentication(t *testing.T) {
 	srv := redistest.Start(t)
 	cs := startCaddy(t, fmt.Sprintf(`
@@ -481,9 +482,9 @@ func TestExamplesAreSafe(t *testing.T) {
 					t.Fatalf("4th login (%s): %d %q, want 429 from zone login", path, r.status, r.body)
 				}
 			}
-			// What the README warns of: a form the match does not list is not the login zone's.
+			// What docs/caddyfile.md warns of: a form the match does not list is not the login zone's.
 			if r := cs.get("/login;jsessionid=1", "X-API-Key", "login-5"); r.status != 200 {
-				t.Fatalf("/login;jsessionid=1: %d %q; the README says path /login /login/* does not match it", r.status, r.body)
+				t.Fatalf("/login;jsessionid=1: %d %q; docs/caddyfile.md says path /login /login/* does not match it", r.status, r.body)
 			}
 
 			// A new API key per request: each has a full api bucket, but the ip zone (a burst

@@ -312,14 +312,14 @@ func TestPasswordNeverShows(t *testing.T) {
 		}
 	}
 
-	// Why the README says {env.*}: Caddyfile {$VAR} is replaced when the Caddyfile is adapted,
+	// Why docs/caddyfile.md says {env.*}: Caddyfile {$VAR} is replaced when the Caddyfile is adapted,
 	// so the password is then in the JSON config (and in Caddy's admin API).
 	adapted, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(":80 {\n\trate_limit_redis {\n\t\tredis {\n\t\t\tpassword {$RL_TEST_REDIS_PASSWORD}\n\t\t}\n\t\tcapacity 1\n\t\trefill_rate 1\n\t}\n}\n"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(string(adapted), wrong) {
-		t.Errorf("{$VAR} no longer puts the value in the adapted JSON; the README's advice needs revisiting: %s", adapted)
+		t.Errorf("{$VAR} no longer puts the value in the adapted JSON; the advice of docs/caddyfile.md needs revisiting: %s", adapted)
 	}
 }
 

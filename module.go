@@ -44,7 +44,7 @@ const (
 	MaxSlidingWindowCost = 1000
 	// DefaultMaxWaiting is how many requests a handler with a max_wait zone holds at once by
 	// default: about 40 MB when all are held, at about 40 KB per held request with its HTTP/1.1
-	// connection (measured: README "Shaping").
+	// connection (measured: docs/shaping.md).
 	DefaultMaxWaiting = 1000
 )
 

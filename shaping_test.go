@@ -544,8 +544,8 @@ func TestShapingConfig(t *testing.T) {
 // once over N connections, against the same N connections idle, in goroutines and memory (heap
 // and stacks in use). A held request has no goroutine of its own beyond its connection's (net/http
 // runs a request on its connection's goroutine and, while a handler runs, a second one reads
-// ahead to notice the client leaving; the hold itself is a timer). The figures go in README
-// "Shaping"; run with -v, without -race for the figures of a production build.
+// ahead to notice the client leaving; the hold itself is a timer). The figures go in
+// docs/shaping.md; run with -v, without -race for the figures of a production build.
 func TestShapingCostPerHeldRequest(t *testing.T) {
 	const n = 300
 	srv := redistest.Start(t)

@@ -19,7 +19,7 @@ import (
 // error that says what is wrong, and the password appears in none of them.
 func TestTLSAndACL(t *testing.T) {
 	const password = "s3cret-Pa55word"
-	// An ACL user with the README's rules: the limiter's keys and the scripts' commands only (the
+	// An ACL user with the rules of docs/security.md: the limiter's keys and the scripts' commands only (the
 	// default user stays open, for the test's own plain connection).
 	srv := redistest.StartTLS(t, append([]string{"--user", "limiter", "on", ">" + password}, aclRules()...)...)
 	zone := func() []*Zone { return []*Zone{{Name: "z", Capacity: 2, RefillRate: 0.001}} }

@@ -167,7 +167,7 @@ func FuzzAllow(f *testing.F) {
 // reply that admits with a delay is a decision only up to it. Inputs declaring a length above
 // maxFuzzLength are skipped: go-redis allocates whatever length a reply declares
 // (redis/go-redis#3856), and a huge one is a fatal out-of-memory that no Go code can recover;
-// README "Redis is trusted". Seeds: testdata/fuzz/FuzzDecodeReply.
+// docs/limits.md, "Redis is trusted". Seeds: testdata/fuzz/FuzzDecodeReply.
 func FuzzDecodeReply(f *testing.F) {
 	reqs := []Request{
 		{Zone: &Zone{Name: "a", Algorithm: TokenBucket, Capacity: 10, RefillRate: 1, MaxWait: time.Second}, Key: "k", Cost: 1},

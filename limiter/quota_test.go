@@ -222,7 +222,7 @@ func TestSlidingWindowCounterArithmetic(t *testing.T) {
 
 // TestSlidingWindowCounterErrorBound measures the counter against the exact sliding window log
 // on the same bursty request stream: the counter never lets more than 2 × limit requests into
-// any sliding window (its documented bound), and the figures are logged for the README.
+// any sliding window (its documented bound), and the figures are logged for docs/decisions.md.
 func TestSlidingWindowCounterErrorBound(t *testing.T) {
 	srv := redistest.Start(t)
 	clk := &clock{t: time.Unix(1_700_000_000, 0)}
