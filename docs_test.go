@@ -184,3 +184,27 @@ func TestDocumentedACL(t *testing.T) {
 		t.Errorf("docs/security.md does not give the tested ACL:\n%s", want)
 	}
 }
+
+// TestReadmeCaddyfilesAreTheReferences: the README's Caddyfile blocks (the example and the
+// syntax) are copies of those of docs/caddyfile.md, so a change to the directive updated in the
+// reference cannot leave a stale summary on the front page.
+func TestReadmeCaddyfilesAreTheReferences(t *testing.T) {
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	reference, err := os.ReadFile("docs/caddyfile.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocks := strings.Split(string(readme), "```caddyfile\n")[1:]
+	if len(blocks) == 0 {
+		t.Fatal("README.md has no Caddyfile block")
+	}
+	for _, b := range blocks {
+		block, _, _ := strings.Cut(b, "```\n")
+		if !strings.Contains(string(reference), "```caddyfile\n"+block+"```\n") {
+			t.Errorf("this Caddyfile block of README.md is not in docs/caddyfile.md:\n%s", block)
+		}
+	}
+}
