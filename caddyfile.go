@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -126,372 +127,290 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	}
 
 	seen := make(seenSubdirectives)
-	var (
-		zones     []*Zone
-		zoneNames = make(map[string]bool)
-		shorthand *zoneParser // the zone named "default" of top-level zone subdirectives
-	)
+	zones := zoneList{names: make(map[string]bool)}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		if isZoneSubdirective(d.Val()) {
-			if len(zones) > 0 {
-				return errMixedShorthand(d)
-			}
-			if shorthand == nil {
-				shorthand = newZoneParser(d.Token(), DefaultZoneName)
-			}
-			if err := shorthand.subdirective(d); err != nil {
-				return err
-			}
-			continue
-		}
-
-		switch d.Val() {
-		case "redis":
-			if err := seen.add(d); err != nil {
-				return err
-			}
-			redis, err := parseRedis(d)
-			if err != nil {
-				return err
-			}
-			h.Redis = redis
-
-		case "key_prefix":
-			if err := seen.add(d); err != nil {
-				return err
-			}
-			v, err := oneArg(d)
-			if err != nil {
-				return err
-			}
-			if v == "" {
-				return d.Errf("key_prefix: must not be empty (leave it out for the default %q)", DefaultKeyPrefix)
-			}
-			if strings.ContainsAny(v, "{}") {
-				return d.Errf("key_prefix: %q must not contain { or } (the client key is the Redis Cluster hash tag)", v)
-			}
-			h.KeyPrefix = v
-
-		case "key_secret":
-			if err := seen.add(d); err != nil {
-				return err
-			}
-			v, err := oneArg(d)
-			if err != nil {
-				return err
-			}
-			// A literal is checked now; a placeholder when the config loads. Neither error
-			// shows the secret.
-			if !hasPlaceholder(v) && len(caddy.NewReplacer().ReplaceKnown(v, "")) < limiter.MinKeySecretBytes {
-				return d.Errf("key_secret: must be at least %d bytes: use 32 random bytes, such as the output of "+
-					"`openssl rand -base64 32`, from the environment: key_secret {env.RATE_LIMIT_KEY_SECRET}", limiter.MinKeySecretBytes)
-			}
-			h.KeySecret = v
-
-		case "timeout":
-			if err := seen.add(d); err != nil {
-				return err
-			}
-			dur, err := positiveDuration(d)
-			if err != nil {
-				return err
-			}
-			h.Timeout = caddy.Duration(dur)
-
-		case "fail_mode":
-			if err := seen.add(d); err != nil {
-				return err
-			}
-			v, err := oneArg(d)
-			if err != nil {
-				return err
-			}
-			mode, err := parseFailMode(d, v)
-			if err != nil {
-				return err
-			}
-			h.FailMode = mode
-
-		case "headers":
-			if err := seen.add(d); err != nil {
-				return err
-			}
-			v, err := oneArg(d)
-			if err != nil {
-				return err
-			}
-			switch v {
-			case HeadersLegacy, HeadersIETF, HeadersBoth, HeadersOff:
-				h.Headers = v
-			default:
-				return d.Errf("headers: %q must be legacy, ietf, both or off", v)
-			}
-
-		case "degraded_header":
-			if err := seen.add(d); err != nil {
-				return err
-			}
-			v, err := oneArg(d)
-			if err != nil {
-				return err
-			}
-			switch v {
-			case "on":
-				h.DegradedHeader = new(true)
-			case "off":
-				h.DegradedHeader = new(false)
-			default:
-				return d.Errf("degraded_header: %q must be on or off", v)
-			}
-
-		case "clock":
-			if err := seen.add(d); err != nil {
-				return err
-			}
-			v, err := oneArg(d)
-			if err != nil {
-				return err
-			}
-			switch v {
-			case ClockRedis, ClockLocal:
-				h.Clock = v
-			default:
-				return d.Errf("clock: %q must be redis or local", v)
-			}
-
-		case "dry_run":
-			if err := seen.add(d); err != nil {
-				return err
-			}
-			if err := noArgs(d); err != nil {
-				return err
-			}
-			h.DryRun = true
-
-		case "log_key":
-			if err := seen.add(d); err != nil {
-				return err
-			}
-			if err := noArgs(d); err != nil {
-				return err
-			}
-			h.LogKey = true
-
-		case "deny_cache":
-			if err := seen.add(d); err != nil {
-				return err
-			}
-			if err := parseDenyCache(d, h); err != nil {
-				return err
-			}
-
-		case "ipv4_prefix":
-			if err := seen.add(d); err != nil {
-				return err
-			}
-			n, err := intInRange(d, 32)
-			if err != nil {
-				return err
-			}
-			h.IPv4Prefix = int(n)
-
-		case "ipv6_prefix":
-			if err := seen.add(d); err != nil {
-				return err
-			}
-			n, err := intInRange(d, 128)
-			if err != nil {
-				return err
-			}
-			h.IPv6Prefix = int(n)
-
-		case "jitter":
-			if err := seen.add(d); err != nil {
-				return err
-			}
-			dur, err := jitterDuration(d)
-			if err != nil {
-				return err
-			}
-			h.Jitter = caddy.Duration(dur)
-
-		case "max_waiting":
-			if err := seen.add(d); err != nil {
-				return err
-			}
-			n, err := intAtLeast(d, 1)
-			if err != nil {
-				return err
-			}
-			h.MaxWaiting = n
-
-		case "zone":
-			if shorthand != nil {
-				return errMixedShorthand(d)
-			}
-			z, err := parseZone(d, zoneNames)
-			if err != nil {
-				return err
-			}
-			zones = append(zones, z)
-
+		var err error
+		switch name := d.Val(); {
+		case isZoneSubdirective(name):
+			err = zones.shorthandSubdirective(d)
+		case name == "zone":
+			err = zones.block(d)
 		default:
-			return d.Errf("unrecognized subdirective %q", d.Val())
+			if err = seen.add(d); err == nil {
+				err = h.subdirective(d)
+			}
 		}
-	}
-
-	if shorthand != nil {
-		if err := shorthand.finish(); err != nil {
+		if err != nil {
 			return err
 		}
-		zones = []*Zone{shorthand.zone}
 	}
-	if len(zones) == 0 {
-		return errAt(directive, "%s: at least one zone is required: a zone block, or zone subdirectives "+
-			"(such as capacity and refill_rate) directly in this block", directive.Text)
+
+	all, err := zones.finish(directive)
+	if err != nil {
+		return err
 	}
-	h.Zones = zones
+	h.Zones = all
 	return nil
 }
 
-// parseRedis parses the redis block whose name is at the cursor.
-func parseRedis(d *caddyfile.Dispenser) (*RedisConfig, error) {
+// subdirective parses the handler's subdirective at the cursor: one of the top block's other than
+// zone and the zone subdirectives.
+func (h *Handler) subdirective(d *caddyfile.Dispenser) error {
+	switch d.Val() {
+	case "redis":
+		return parseRedis(d, &h.Redis)
+	case "key_prefix":
+		return stringArg(d, &h.KeyPrefix, checkKeyPrefix)
+	case "key_secret":
+		return stringArg(d, &h.KeySecret, checkKeySecret)
+	case "timeout":
+		return durationArg(d, &h.Timeout)
+	case "fail_mode", "ipv4_prefix", "ipv6_prefix", "jitter":
+		return parseOverride(d, overrides{&h.FailMode, &h.IPv4Prefix, &h.IPv6Prefix, func(j caddy.Duration) { h.Jitter = j }})
+	case "headers":
+		return stringArg(d, &h.Headers, oneOf(HeadersLegacy, HeadersIETF, HeadersBoth, HeadersOff))
+	case "degraded_header":
+		return onOffArg(d, &h.DegradedHeader)
+	case "clock":
+		return stringArg(d, &h.Clock, oneOf(ClockRedis, ClockLocal))
+	case "dry_run":
+		return flagArg(d, &h.DryRun)
+	case "log_key":
+		return flagArg(d, &h.LogKey)
+	case "deny_cache":
+		return h.parseDenyCache(d)
+	case "max_waiting":
+		return intAtLeast(d, &h.MaxWaiting, 1)
+	}
+	return d.Errf("unrecognized subdirective %q", d.Val())
+}
+
+// checkKeyPrefix checks the argument of key_prefix.
+func checkKeyPrefix(v string) error {
+	if v == "" {
+		return fmt.Errorf("must not be empty (leave it out for the default %q)", DefaultKeyPrefix)
+	}
+	if strings.ContainsAny(v, "{}") {
+		return fmt.Errorf("%q must not contain { or } (the client key is the Redis Cluster hash tag)", v)
+	}
+	return nil
+}
+
+// checkKeySecret checks the argument of key_secret: a literal now, a placeholder when the config
+// loads. Neither error shows the secret.
+func checkKeySecret(v string) error {
+	if !hasPlaceholder(v) && len(caddy.NewReplacer().ReplaceKnown(v, "")) < limiter.MinKeySecretBytes {
+		return fmt.Errorf("must be at least %d bytes: use 32 random bytes, such as the output of "+
+			"`openssl rand -base64 32`, from the environment: key_secret {env.RATE_LIMIT_KEY_SECRET}", limiter.MinKeySecretBytes)
+	}
+	return nil
+}
+
+// overrides are the fields that the subdirectives fail_mode, ipv4_prefix, ipv6_prefix and jitter
+// set: the handler's, for every zone, at the top level; a zone's, to override the handler's, in a
+// zone block.
+type overrides struct {
+	failMode               *string
+	ipv4Prefix, ipv6Prefix *int
+	setJitter              func(caddy.Duration)
+}
+
+// parseOverride parses the fail_mode, ipv4_prefix, ipv6_prefix or jitter subdirective at the
+// cursor into o.
+func parseOverride(d *caddyfile.Dispenser, o overrides) error {
+	switch d.Val() {
+	case "fail_mode":
+		return stringArg(d, o.failMode, oneOf(FailOpen, FailClosed, FailLocal))
+	case "ipv4_prefix":
+		return intInRange(d, o.ipv4Prefix, 32)
+	case "ipv6_prefix":
+		return intInRange(d, o.ipv6Prefix, 128)
+	}
+	dur, err := jitterDuration(d)
+	if err != nil {
+		return err
+	}
+	o.setJitter(caddy.Duration(dur))
+	return nil
+}
+
+// parseDenyCache parses `deny_cache on|off` or a `deny_cache { max_age <duration> }` block.
+func (h *Handler) parseDenyCache(d *caddyfile.Dispenser) error {
+	if d.NextArg() {
+		v := d.Val()
+		if d.NextArg() {
+			return d.Errf("deny_cache: unexpected argument %q", d.Val())
+		}
+		if err := oneOf("on", "off")(v); err != nil {
+			return d.Errf("deny_cache: %v", err)
+		}
+		h.DenyCache = new(v == "on")
+		return noBlock(d, "deny_cache")
+	}
+	seen := make(seenSubdirectives)
+	block := false
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		block = true
+		if d.Val() != "max_age" {
+			return d.Errf("deny_cache: unrecognized subdirective %q", d.Val())
+		}
+		if err := seen.add(d); err != nil {
+			return err
+		}
+		if err := durationArg(d, &h.DenyCacheMaxAge); err != nil {
+			return err
+		}
+	}
+	if !block {
+		return d.ArgErr()
+	}
+	return nil
+}
+
+// parseRedis parses the redis block whose name is at the cursor into *field.
+func parseRedis(d *caddyfile.Dispenser, field **RedisConfig) error {
 	block := d.Token()
 	if err := noArgsBeforeBlock(d); err != nil {
-		return nil, err
+		return err
 	}
 	rc := new(RedisConfig)
 	seen := make(seenSubdirectives)
-	var addressTokens []caddyfile.Token
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		if d.Val() != "address" {
-			if err := seen.add(d); err != nil {
-				return nil, err
-			}
-		}
-		switch d.Val() {
-		case "address":
-			for d.NextArg() {
-				rc.Addresses = append(rc.Addresses, d.Val())
-				addressTokens = append(addressTokens, d.Token())
-			}
-			if len(addressTokens) == 0 {
-				return nil, d.ArgErr()
-			}
-			if err := noBlock(d, "address"); err != nil {
-				return nil, err
-			}
-
-		case "username":
-			v, err := oneArg(d)
-			if err != nil {
-				return nil, err
-			}
-			rc.Username = v
-
-		case "password":
-			v, err := oneArg(d)
-			if err != nil {
-				return nil, err
-			}
-			rc.Password = v
-
-		case "db":
-			n, err := intAtLeast(d, 0)
-			if err != nil {
-				return nil, err
-			}
-			rc.DB = n
-
-		case "sentinel":
-			v, err := oneArg(d)
-			if err != nil {
-				return nil, err
-			}
-			rc.Sentinel = v
-
-		case "cluster":
-			if err := noArgs(d); err != nil {
-				return nil, err
-			}
-			rc.Cluster = true
-
-		case "tls":
-			tc, err := parseTLS(d)
-			if err != nil {
-				return nil, err
-			}
-			rc.TLS = tc
-
-		case "pool_size":
-			n, err := intAtLeast(d, 1)
-			if err != nil {
-				return nil, err
-			}
-			rc.PoolSize = n
-
-		case "dial_timeout":
-			dur, err := positiveDuration(d)
-			if err != nil {
-				return nil, err
-			}
-			rc.DialTimeout = caddy.Duration(dur)
-
-		default:
-			return nil, d.Errf("unrecognized subdirective %q", d.Val())
+		if err := rc.subdirective(d, seen); err != nil {
+			return err
 		}
 	}
-
-	if field, err := rc.check(); err != nil {
-		tok, ok := seen[field]
+	if name, err := rc.check(); err != nil {
+		tok, ok := seen[name]
 		if !ok {
 			tok = block // the error is about what the block lacks
-			if field == "address" && len(addressTokens) > 0 {
-				tok = addressTokens[0]
-			}
 		}
-		return nil, errAt(tok, "%v", err)
+		return errAt(tok, "%v", err)
 	}
-	return rc, nil
+	*field = rc
+	return nil
 }
 
-// parseTLS parses the tls block whose name is at the cursor.
-func parseTLS(d *caddyfile.Dispenser) (*TLSConfig, error) {
+// subdirective parses the redis block's subdirective at the cursor and records it in seen: all
+// but address, which may be repeated, and is recorded by its first argument, where an error
+// about the addresses points.
+func (rc *RedisConfig) subdirective(d *caddyfile.Dispenser, seen seenSubdirectives) error {
+	if d.Val() == "address" {
+		for d.NextArg() {
+			if _, ok := seen["address"]; !ok {
+				seen["address"] = d.Token()
+			}
+			rc.Addresses = append(rc.Addresses, d.Val())
+		}
+		if len(rc.Addresses) == 0 {
+			return d.ArgErr()
+		}
+		return noBlock(d, "address")
+	}
+	if err := seen.add(d); err != nil {
+		return err
+	}
+	strs := map[string]*string{"username": &rc.Username, "password": &rc.Password, "sentinel": &rc.Sentinel}
+	if field, ok := strs[d.Val()]; ok {
+		return stringArg(d, field)
+	}
+	switch d.Val() {
+	case "db":
+		return intAtLeast(d, &rc.DB, 0)
+	case "cluster":
+		return flagArg(d, &rc.Cluster)
+	case "tls":
+		return parseTLS(d, &rc.TLS)
+	case "pool_size":
+		return intAtLeast(d, &rc.PoolSize, 1)
+	case "dial_timeout":
+		return durationArg(d, &rc.DialTimeout)
+	}
+	return d.Errf("unrecognized subdirective %q", d.Val())
+}
+
+// parseTLS parses the tls block whose name is at the cursor into *field.
+func parseTLS(d *caddyfile.Dispenser, field **TLSConfig) error {
 	if err := noArgsBeforeBlock(d); err != nil {
-		return nil, err
+		return err
 	}
 	tc := new(TLSConfig)
+	strs := map[string]*string{"ca": &tc.CA, "cert": &tc.Cert, "key": &tc.Key, "server_name": &tc.ServerName}
 	seen := make(seenSubdirectives)
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		if err := seen.add(d); err != nil {
-			return nil, err
+			return err
 		}
-		var target *string
-		switch d.Val() {
-		case "ca":
-			target = &tc.CA
-		case "cert":
-			target = &tc.Cert
-		case "key":
-			target = &tc.Key
-		case "server_name":
-			target = &tc.ServerName
-		case "insecure_skip_verify":
-			if err := noArgs(d); err != nil {
-				return nil, err
-			}
-			tc.InsecureSkipVerify = true
-			continue
+		var err error
+		switch str, ok := strs[d.Val()]; {
+		case ok:
+			err = stringArg(d, str)
+		case d.Val() == "insecure_skip_verify":
+			err = flagArg(d, &tc.InsecureSkipVerify)
 		default:
-			return nil, d.Errf("unrecognized subdirective %q", d.Val())
+			err = d.Errf("unrecognized subdirective %q", d.Val())
 		}
-		v, err := oneArg(d)
 		if err != nil {
+			return err
+		}
+	}
+	*field = tc
+	return nil
+}
+
+// zoneList collects the zones of the top block: those of zone blocks, or the shorthand's one (zone
+// subdirectives directly in the top block); the two cannot be mixed.
+type zoneList struct {
+	zones     []*Zone
+	names     map[string]bool // of the zone blocks parsed so far
+	shorthand *zoneParser     // the zone named "default" of top-level zone subdirectives
+}
+
+// shorthandSubdirective parses the zone subdirective at the cursor, written in the top block.
+func (l *zoneList) shorthandSubdirective(d *caddyfile.Dispenser) error {
+	if len(l.zones) > 0 {
+		return errMixedShorthand(d)
+	}
+	if l.shorthand == nil {
+		l.shorthand = newZoneParser(d.Token(), DefaultZoneName)
+	}
+	return l.shorthand.subdirective(d)
+}
+
+// block parses the zone block whose `zone` token is at the cursor.
+func (l *zoneList) block(d *caddyfile.Dispenser) error {
+	if l.shorthand != nil {
+		return errMixedShorthand(d)
+	}
+	z, err := parseZone(d, l.names)
+	if err != nil {
+		return err
+	}
+	l.zones = append(l.zones, z)
+	return nil
+}
+
+// finish returns the zones once the top block has ended, or an error if there are none; directive
+// is the directive's name, where that error points.
+func (l *zoneList) finish(directive caddyfile.Token) ([]*Zone, error) {
+	if l.shorthand != nil {
+		if err := l.shorthand.finish(); err != nil {
 			return nil, err
 		}
-		*target = v
+		return []*Zone{l.shorthand.zone}, nil
 	}
-	return tc, nil
+	if len(l.zones) == 0 {
+		return nil, errAt(directive, "%s: at least one zone is required: a zone block, or zone subdirectives "+
+			"(such as capacity and refill_rate) directly in this block", directive.Text)
+	}
+	return l.zones, nil
+}
+
+// errMixedShorthand is the error for a zone block after top-level zone subdirectives, or the
+// other way round, at the cursor.
+func errMixedShorthand(d *caddyfile.Dispenser) error {
+	return d.Errf("zone subdirectives at the top level (the shorthand for one zone named %q) "+
+		"cannot be mixed with zone blocks", DefaultZoneName)
 }
 
 // parseZone parses the zone block whose `zone` token is at the cursor. names holds the names of
@@ -500,7 +419,6 @@ func parseZone(d *caddyfile.Dispenser, names map[string]bool) (*Zone, error) {
 	if !d.NextArg() {
 		return nil, d.ArgErr()
 	}
-	nameToken := d.Token()
 	name := d.Val()
 	if !limiter.ValidZoneName(name) {
 		return nil, d.Errf("zone: %q is not a valid zone name (1 to 64 characters of A-Z a-z 0-9 _ . -)", name)
@@ -509,28 +427,12 @@ func parseZone(d *caddyfile.Dispenser, names map[string]bool) (*Zone, error) {
 		return nil, d.Errf("duplicate zone name %q", name)
 	}
 	names[name] = true
+	p := newZoneParser(d.Token(), name)
 	if d.NextArg() {
 		return nil, d.Errf("zone: unexpected argument %q", d.Val())
 	}
 
-	p := newZoneParser(nameToken, name)
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		if d.Val() == "fail_mode" { // a zone block's only: at the top level it is the handler's
-			if err := p.seen.add(d); err != nil {
-				return nil, err
-			}
-			v, err := oneArg(d)
-			if err != nil {
-				return nil, err
-			}
-			if p.zone.FailMode, err = parseFailMode(d, v); err != nil {
-				return nil, err
-			}
-			continue
-		}
-		if !isZoneSubdirective(d.Val()) && !isZoneOverride(d.Val()) {
-			return nil, d.Errf("unrecognized subdirective %q", d.Val())
-		}
 		if err := p.subdirective(d); err != nil {
 			return nil, err
 		}
@@ -542,7 +444,9 @@ func parseZone(d *caddyfile.Dispenser, names map[string]bool) (*Zone, error) {
 }
 
 // isZoneSubdirective reports whether name is a subdirective of a zone block, which is also the
-// shorthand for a zone named "default" when written at the top level.
+// shorthand for a zone named "default" when written at the top level. A zone block also holds
+// fail_mode, ipv4_prefix, ipv6_prefix and jitter, which at the top level are the handler's, for
+// every zone (overrides).
 func isZoneSubdirective(name string) bool {
 	switch name {
 	case "key", "empty_key", "algorithm", "capacity", "refill_rate", "limit", "window", "period", "time_zone", "cost", "max_cost", "max_wait", "match",
@@ -550,21 +454,6 @@ func isZoneSubdirective(name string) bool {
 		return true
 	}
 	return false
-}
-
-// isZoneOverride reports whether name is a subdirective that a zone block may hold to override
-// the handler's; at the top level it is the handler's, for every zone.
-func isZoneOverride(name string) bool {
-	switch name {
-	case "ipv4_prefix", "ipv6_prefix", "jitter":
-		return true
-	}
-	return false
-}
-
-func errMixedShorthand(d *caddyfile.Dispenser) error {
-	return d.Errf("zone subdirectives at the top level (the shorthand for one zone named %q) "+
-		"cannot be mixed with zone blocks", DefaultZoneName)
 }
 
 // zoneParser fills one Zone from its subdirectives, whether they are in a zone block or at the top
@@ -582,143 +471,104 @@ func newZoneParser(start caddyfile.Token, name string) *zoneParser {
 	return &zoneParser{zone: &Zone{Name: name}, start: start, seen: make(seenSubdirectives)}
 }
 
-// subdirective parses the zone subdirective at the cursor; isZoneSubdirective or (in a zone block)
-// isZoneOverride must be true of it.
+// subdirective parses the zone subdirective at the cursor. At the top level, only those of
+// isZoneSubdirective come here.
 func (p *zoneParser) subdirective(d *caddyfile.Dispenser) error {
 	if err := p.seen.add(d); err != nil {
 		return err
 	}
 	z := p.zone
-	switch name := d.Val(); name {
+	switch d.Val() {
 	case "key":
-		args, err := someArgs(d)
-		if err != nil {
-			return err
-		}
-		z.Key = args
-
+		var err error
+		z.Key, err = someArgs(d)
+		return err
 	case "empty_key":
-		v, err := oneArg(d)
-		if err != nil {
-			return err
-		}
-		switch v {
-		case EmptyKeyShared, EmptyKeySkip, EmptyKeyDeny:
-			z.EmptyKey = v
-		default:
-			return d.Errf("empty_key: %q must be shared, skip or deny", v)
-		}
-
+		return stringArg(d, &z.EmptyKey, oneOf(EmptyKeyShared, EmptyKeySkip, EmptyKeyDeny))
 	case "algorithm":
-		v, err := oneArg(d)
-		if err != nil {
-			return err
-		}
-		if _, err := limiter.ParseAlgorithm(v); err != nil {
-			return d.Errf("algorithm: %q must be %s, %s, %s or %s", v, tokenBucketName, slidingWindowName, fixedWindowName, slidingWindowCounterName)
-		}
-		z.Algorithm = v
-
+		return stringArg(d, &z.Algorithm, oneOf(tokenBucketName, slidingWindowName, fixedWindowName, slidingWindowCounterName))
 	case "capacity", "refill_rate", "limit", "window", "max_cost":
 		return p.number(d)
-
 	case "period":
-		v, err := oneArg(d)
-		if err != nil {
-			return err
-		}
-		if _, err := limiter.ParsePeriod(v); err != nil {
-			return d.Errf("period: %q must be hour, day, week or month", v)
-		}
-		z.Period = v
-
+		return stringArg(d, &z.Period, oneOf("hour", "day", "week", "month"))
 	case "time_zone":
-		v, err := oneArg(d)
-		if err != nil {
-			return err
-		}
-		if _, err := time.LoadLocation(v); err != nil || v == "" || v == "Local" {
-			return d.Errf("time_zone: %q is not a time zone of the IANA database (such as UTC or Europe/Paris)", v)
-		}
-		z.TimeZone = v
-
+		return stringArg(d, &z.TimeZone, checkTimeZone)
 	case "cost":
-		v, err := oneArg(d)
-		if err != nil {
-			return err
-		}
-		if hasPlaceholder(v) {
-			z.Cost = v
-			break
-		}
-		n, err := strconv.ParseInt(v, 10, 64)
-		if errors.Is(err, strconv.ErrRange) {
-			return d.Errf("cost: %q is out of range", v)
-		}
-		if err != nil {
-			return d.Errf("cost: %q is not an integer or a placeholder", v)
-		}
-		if n <= 0 {
-			return d.Errf("cost: %q must be > 0", v)
-		}
-		p.cost = n
-		z.Cost = strconv.FormatInt(n, 10)
-
+		return p.parseCost(d)
 	case "max_wait":
-		v, err := oneArg(d)
-		if err != nil {
-			return err
-		}
-		dur, err := caddy.ParseDuration(v)
-		switch {
-		case err != nil:
-			return d.Errf("max_wait: %q is not a duration", v)
-		case dur <= 0:
-			return d.Errf("max_wait: %q must be > 0 (leave max_wait out to reject at once)", v)
-		case dur > limiter.MaxMaxWait:
-			return d.Errf("max_wait: %q is longer than %s: a request held that long outlasts most clients' timeouts; "+
-				"let it come back instead (429 and Retry-After)", v, limiter.MaxMaxWait)
-		}
-		z.MaxWait = caddy.Duration(dur)
-
+		return parseMaxWait(d, &z.MaxWait)
 	case "match":
-		matchToken := d.Token()
-		set, err := caddyhttp.ParseCaddyfileNestedMatcherSet(d)
-		if err != nil {
-			return err
-		}
-		if len(set) == 0 {
-			return errAt(matchToken, "match: no matchers given; write them on the line (match path /login) or in a block")
-		}
-		z.MatcherSetsRaw = caddyhttp.RawMatcherSets{set}
-
-	case "ipv4_prefix":
-		n, err := intInRange(d, 32)
-		if err != nil {
-			return err
-		}
-		z.IPv4Prefix = int(n)
-
-	case "ipv6_prefix":
-		n, err := intInRange(d, 128)
-		if err != nil {
-			return err
-		}
-		z.IPv6Prefix = int(n)
-
-	case "jitter":
-		dur, err := jitterDuration(d)
-		if err != nil {
-			return err
-		}
-		z.Jitter = new(caddy.Duration(dur))
-
+		return parseMatch(d, &z.MatcherSetsRaw)
 	case "count_status", "charge", "hold_max":
 		return p.afterSubdirective(d)
-
-	default:
-		return d.Errf("unrecognized subdirective %q", name)
+	case "fail_mode", "ipv4_prefix", "ipv6_prefix", "jitter":
+		return parseOverride(d, overrides{&z.FailMode, &z.IPv4Prefix, &z.IPv6Prefix, func(j caddy.Duration) { z.Jitter = &j }})
 	}
+	return d.Errf("unrecognized subdirective %q", d.Val())
+}
+
+// checkTimeZone checks the argument of time_zone.
+func checkTimeZone(v string) error {
+	if _, err := time.LoadLocation(v); err != nil || v == "" || v == "Local" {
+		return fmt.Errorf("%q is not a time zone of the IANA database (such as UTC or Europe/Paris)", v)
+	}
+	return nil
+}
+
+// parseCost parses the cost subdirective at the cursor: an integer > 0, also kept in p.cost, or a
+// placeholder.
+func (p *zoneParser) parseCost(d *caddyfile.Dispenser) error {
+	v, err := oneArg(d)
+	if err != nil {
+		return err
+	}
+	if hasPlaceholder(v) {
+		p.zone.Cost = v
+		return nil
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if errors.Is(err, strconv.ErrRange) {
+		return d.Errf("cost: %q is out of range", v)
+	}
+	if err != nil {
+		return d.Errf("cost: %q is not an integer or a placeholder", v)
+	}
+	if n <= 0 {
+		return d.Errf("cost: %q must be > 0", v)
+	}
+	p.cost = n
+	p.zone.Cost = strconv.FormatInt(n, 10)
+	return nil
+}
+
+// parseMaxWait parses the max_wait subdirective at the cursor into *field.
+func parseMaxWait(d *caddyfile.Dispenser, field *caddy.Duration) error {
+	v, dur, err := durationValue(d)
+	switch {
+	case err != nil:
+		return err
+	case dur <= 0:
+		return d.Errf("max_wait: %q must be > 0 (leave max_wait out to reject at once)", v)
+	case dur > limiter.MaxMaxWait:
+		return d.Errf("max_wait: %q is longer than %s: a request held that long outlasts most clients' timeouts; "+
+			"let it come back instead (429 and Retry-After)", v, limiter.MaxMaxWait)
+	}
+	*field = caddy.Duration(dur)
+	return nil
+}
+
+// parseMatch parses the match subdirective at the cursor, on one line or with a block, into
+// *field.
+func parseMatch(d *caddyfile.Dispenser, field *caddyhttp.RawMatcherSets) error {
+	matchToken := d.Token()
+	set, err := caddyhttp.ParseCaddyfileNestedMatcherSet(d)
+	if err != nil {
+		return err
+	}
+	if len(set) == 0 {
+		return errAt(matchToken, "match: no matchers given; write them on the line (match path /login) or in a block")
+	}
+	*field = caddyhttp.RawMatcherSets{set}
 	return nil
 }
 
@@ -766,11 +616,23 @@ func (p *zoneParser) finish() error {
 		return errAt(p.start, "zone %q has no parameters: a %s zone needs capacity and refill_rate, a %s zone limit and window",
 			z.Name, tokenBucketName, slidingWindowName)
 	}
-
 	algorithm, hint := z.Algorithm, ""
 	if algorithm == "" {
 		algorithm, hint = tokenBucketName, " (the default when no algorithm is given)"
 	}
+	if err := p.finishParameters(algorithm, hint); err != nil {
+		return err
+	}
+	if err := p.finishCost(algorithm); err != nil {
+		return err
+	}
+	return p.finishAfter(algorithm)
+}
+
+// finishParameters checks that the zone has its algorithm's parameters, and no other algorithm's.
+// hint follows the algorithm's name in an error.
+func (p *zoneParser) finishParameters(algorithm, hint string) error {
+	z := p.zone
 	if tok, ok := p.seen["limit"]; ok && z.Limit > limiter.MaxLimit && (algorithm == slidingWindowName || algorithm == tokenBucketName) {
 		return errAt(tok, "limit: %q is out of range (1 to %d)", strconv.FormatInt(z.Limit, 10), limiter.MaxLimit)
 	}
@@ -783,7 +645,6 @@ func (p *zoneParser) finish() error {
 	if algorithm != tokenBucketName {
 		allowed = map[string]bool{"limit": true, "window": true}
 		own = []string{"limit", "window"}
-		owner["capacity"], owner["refill_rate"] = tokenBucketName, tokenBucketName
 	}
 	if algorithm == fixedWindowName {
 		allowed["period"], allowed["time_zone"] = true, true
@@ -805,26 +666,40 @@ func (p *zoneParser) finish() error {
 			"so a held request would have no exact turn; shape with a %s zone", tokenBucketName, algorithm, tokenBucketName)
 	}
 	if algorithm == fixedWindowName {
-		_, hasWindow := p.seen["window"]
-		period, hasPeriod := p.seen["period"]
-		switch {
-		case hasWindow && hasPeriod:
-			return errAt(period, "period: a %s zone has a window or a period, not both", fixedWindowName)
-		case !hasWindow && !hasPeriod:
-			return errAt(p.start, "zone %q: window or period is required for algorithm %s", z.Name, fixedWindowName)
-		}
-		if tok, ok := p.seen["time_zone"]; ok && !hasPeriod {
-			return errAt(tok, "time_zone applies to a period (period day), not to a window")
-		}
+		return p.finishFixedWindow()
 	}
+	return nil
+}
 
-	// Numbers from placeholders are checked against each other per request, where they are
-	// known (Zone.finishNumbers): here only what every value they can take would break. A
-	// quota from a placeholder bounds cost and max_cost per request (a cost above it is a 429
-	// without Retry-After, a max_cost above it counts as the quota); a max_cost from one is
-	// bounded by the quota, and by 1000 for a sliding window, per request. A fallback counts as
-	// a literal for the refill time: it is what an empty placeholder gives. Provision and
-	// Validate check the same (Zone.probe).
+// finishFixedWindow checks that a fixed_window zone has a window or a period, and a time_zone only
+// with a period.
+func (p *zoneParser) finishFixedWindow() error {
+	_, hasWindow := p.seen["window"]
+	period, hasPeriod := p.seen["period"]
+	switch {
+	case hasWindow && hasPeriod:
+		return errAt(period, "period: a %s zone has a window or a period, not both", fixedWindowName)
+	case !hasWindow && !hasPeriod:
+		return errAt(p.start, "zone %q: window or period is required for algorithm %s", p.zone.Name, fixedWindowName)
+	}
+	if tok, ok := p.seen["time_zone"]; ok && !hasPeriod {
+		return errAt(tok, "time_zone applies to a period (period day), not to a window")
+	}
+	return nil
+}
+
+// finishCost checks cost and max_cost against the quota, and the time a token bucket takes to
+// refill.
+//
+// Numbers from placeholders are checked against each other per request, where they are known
+// (Zone.finishNumbers): here only what every value they can take would break. A quota from a
+// placeholder bounds cost and max_cost per request (a cost above it is a 429 without
+// Retry-After, a max_cost above it counts as the quota); a max_cost from one is bounded by the
+// quota, and by 1000 for a sliding window, per request. A fallback counts as a literal for the
+// refill time: it is what an empty placeholder gives. Provision and Validate check the same
+// (Zone.probe).
+func (p *zoneParser) finishCost(algorithm string) error {
+	z := p.zone
 	quotaName, quota, quotaField := "capacity", z.Capacity, numCapacity
 	if algorithm != tokenBucketName {
 		quotaName, quota, quotaField = "limit", z.Limit, numLimit
@@ -856,16 +731,7 @@ func (p *zoneParser) finish() error {
 				z.Name, fill, formatDuration(limiter.MaxWindow))
 		}
 	}
-	return p.finishAfter(algorithm)
-}
-
-// parseFailMode checks v, the argument of the fail_mode subdirective at the cursor.
-func parseFailMode(d *caddyfile.Dispenser, v string) (string, error) {
-	switch v {
-	case FailOpen, FailClosed, FailLocal:
-		return v, nil
-	}
-	return "", d.Errf("fail_mode: %q must be open, closed or local", v)
+	return nil
 }
 
 // parseRefillRate parses `<n>[/<duration>]` into tokens per second. Its errors quote at most 32
@@ -922,47 +788,6 @@ func (s seenSubdirectives) add(d *caddyfile.Dispenser) error {
 		return d.Errf("duplicate subdirective %q", d.Val())
 	}
 	s[d.Val()] = d.Token()
-	return nil
-}
-
-// parseDenyCache parses `deny_cache on|off` or a `deny_cache { max_age <duration> }` block.
-func parseDenyCache(d *caddyfile.Dispenser, h *Handler) error {
-	if d.NextArg() {
-		v := d.Val()
-		if d.NextArg() {
-			return d.Errf("deny_cache: unexpected argument %q", d.Val())
-		}
-		switch v {
-		case "on":
-			h.DenyCache = new(true)
-		case "off":
-			h.DenyCache = new(false)
-		default:
-			return d.Errf("deny_cache: %q must be on or off", v)
-		}
-		return noBlock(d, "deny_cache")
-	}
-	seen := make(seenSubdirectives)
-	block := false
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		block = true
-		switch d.Val() {
-		case "max_age":
-			if err := seen.add(d); err != nil {
-				return err
-			}
-			dur, err := positiveDuration(d)
-			if err != nil {
-				return err
-			}
-			h.DenyCacheMaxAge = caddy.Duration(dur)
-		default:
-			return d.Errf("deny_cache: unrecognized subdirective %q", d.Val())
-		}
-	}
-	if !block {
-		return d.ArgErr()
-	}
 	return nil
 }
 
@@ -1038,18 +863,87 @@ func noBlock(d *caddyfile.Dispenser, name string) error {
 	return nil
 }
 
-// positiveDuration parses the one argument of the subdirective at the cursor as a duration > 0.
-func positiveDuration(d *caddyfile.Dispenser) (time.Duration, error) {
+// stringArg reads the one argument of the subdirective at the cursor into *field, if every check
+// passes it; a check's error follows the subdirective's name.
+func stringArg(d *caddyfile.Dispenser, field *string, checks ...func(string) error) error {
 	name := d.Val()
 	v, err := oneArg(d)
 	if err != nil {
-		return 0, err
+		return err
+	}
+	for _, check := range checks {
+		if err := check(v); err != nil {
+			return d.Errf("%s: %v", name, err)
+		}
+	}
+	*field = v
+	return nil
+}
+
+// oneOf returns a check for stringArg that the argument is one of values.
+func oneOf(values ...string) func(string) error {
+	return func(v string) error {
+		if slices.Contains(values, v) {
+			return nil
+		}
+		last := len(values) - 1
+		return fmt.Errorf("%q must be %s or %s", v, strings.Join(values[:last], ", "), values[last])
+	}
+}
+
+// onOffArg reads the one argument of the subdirective at the cursor, on or off, into *field.
+func onOffArg(d *caddyfile.Dispenser, field **bool) error {
+	var v string
+	if err := stringArg(d, &v, oneOf("on", "off")); err != nil {
+		return err
+	}
+	*field = new(v == "on")
+	return nil
+}
+
+// flagArg sets *field for the subdirective at the cursor, which takes no arguments.
+func flagArg(d *caddyfile.Dispenser, field *bool) error {
+	if err := noArgs(d); err != nil {
+		return err
+	}
+	*field = true
+	return nil
+}
+
+// durationArg reads the one argument of the subdirective at the cursor, a duration > 0, into
+// *field.
+func durationArg(d *caddyfile.Dispenser, field *caddy.Duration) error {
+	dur, err := positiveDuration(d)
+	if err != nil {
+		return err
+	}
+	*field = caddy.Duration(dur)
+	return nil
+}
+
+// durationValue parses the one argument of the subdirective at the cursor as a duration; it
+// returns the argument too, for the caller's range errors.
+func durationValue(d *caddyfile.Dispenser) (string, time.Duration, error) {
+	name := d.Val()
+	v, err := oneArg(d)
+	if err != nil {
+		return "", 0, err
 	}
 	dur, err := caddy.ParseDuration(v)
 	if err != nil {
-		return 0, d.Errf("%s: %q is not a duration", name, v)
+		return "", 0, d.Errf("%s: %q is not a duration", name, v)
 	}
-	if dur <= 0 {
+	return v, dur, nil
+}
+
+// positiveDuration parses the one argument of the subdirective at the cursor as a duration > 0.
+func positiveDuration(d *caddyfile.Dispenser) (time.Duration, error) {
+	name := d.Val()
+	v, dur, err := durationValue(d)
+	switch {
+	case err != nil:
+		return 0, err
+	case dur <= 0:
 		return 0, d.Errf("%s: %q must be > 0", name, v)
 	}
 	return dur, nil
@@ -1058,57 +952,54 @@ func positiveDuration(d *caddyfile.Dispenser) (time.Duration, error) {
 // jitterDuration parses the one argument of the jitter subdirective at the cursor: a duration
 // of a whole number of seconds, >= 0.
 func jitterDuration(d *caddyfile.Dispenser) (time.Duration, error) {
-	v, err := oneArg(d)
-	if err != nil {
+	v, dur, err := durationValue(d)
+	switch {
+	case err != nil:
 		return 0, err
-	}
-	dur, err := caddy.ParseDuration(v)
-	if err != nil {
-		return 0, d.Errf("jitter: %q is not a duration", v)
-	}
-	if dur < 0 {
+	case dur < 0:
 		return 0, d.Errf("jitter: %q must be >= 0", v)
-	}
-	if dur%time.Second != 0 {
+	case dur%time.Second != 0:
 		return 0, d.Errf("jitter: %q must be a whole number of seconds (Retry-After is in seconds)", v)
 	}
 	return dur, nil
 }
 
-// intInRange parses the one argument of the subdirective at the cursor as an integer from 1 to
-// maxValue.
-func intInRange(d *caddyfile.Dispenser, maxValue int64) (int64, error) {
+// intInRange reads the one argument of the subdirective at the cursor, an integer from 1 to
+// maxValue, into *field.
+func intInRange(d *caddyfile.Dispenser, field *int, maxValue int64) error {
 	name := d.Val()
 	v, err := oneArg(d)
 	if err != nil {
-		return 0, err
+		return err
 	}
 	n, err := strconv.ParseInt(v, 10, 64)
 	if err != nil && !errors.Is(err, strconv.ErrRange) {
-		return 0, d.Errf("%s: %q is not an integer", name, v)
+		return d.Errf("%s: %q is not an integer", name, v)
 	}
 	if err != nil || n < 1 || n > maxValue {
-		return 0, d.Errf("%s: %q is out of range (1 to %d)", name, v, maxValue)
+		return d.Errf("%s: %q is out of range (1 to %d)", name, v, maxValue)
 	}
-	return n, nil
+	*field = int(n)
+	return nil
 }
 
-// intAtLeast reads the subdirective's one argument as an int of at least minValue; its errors
-// name the subdirective and the value.
-func intAtLeast(d *caddyfile.Dispenser, minValue int) (int, error) {
+// intAtLeast reads the one argument of the subdirective at the cursor, an int of at least
+// minValue, into *field; its errors name the subdirective and the value.
+func intAtLeast(d *caddyfile.Dispenser, field *int, minValue int) error {
 	name := d.Val()
 	v, err := oneArg(d)
 	if err != nil {
-		return 0, err
+		return err
 	}
 	n, err := strconv.Atoi(v)
 	if err != nil {
-		return 0, d.Errf("%s: %q is not an integer", name, v)
+		return d.Errf("%s: %q is not an integer", name, v)
 	}
 	if n < minValue {
-		return 0, d.Errf("%s: %q must be >= %d", name, v, minValue)
+		return d.Errf("%s: %q must be >= %d", name, v, minValue)
 	}
-	return n, nil
+	*field = n
+	return nil
 }
 
 // Interface guards
