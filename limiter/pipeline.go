@@ -46,7 +46,7 @@ type call struct {
 // and ONE script call: decide.lua decides a batch of decisions in order, each all-or-nothing, in
 // one EVALSHA (EVAL after NOSCRIPT). On Redis Cluster a batch is one script call per hash slot,
 // all in one go-redis pipeline (one round trip per node). How many round trips under way (the
-// handler's shared client: 2) and why: see NewPipeline's caller and `make bench`. A
+// handler's shared client: 1) and why: see NewPipeline's caller and `make bench`. A
 // Pipeline may serve any number of Limiters (Options.Pipeline) and outlive them; it is safe for
 // concurrent use.
 type Pipeline struct {
