@@ -104,16 +104,18 @@ func instances(redisAddr, zone, upstream string) string {
 	return b.String()
 }
 
-// TestCountStatusLogin: a login zone of 3 counting 401s only, for a sliding window log and a
-// token bucket: 10 correct logins all pass; then 3 wrong ones get the upstream's 401, and the
-// 4th wrong one and a correct one are denied (the client is blocked until the window moves).
-// Over 3 instances, 30 concurrent wrong attempts of a fresh client: exactly 3 reach the upstream.
+// TestCountStatusLogin: a login zone of 3 counting 401s only, for every algorithm: 10 correct
+// logins all pass; then 3 wrong ones get the upstream's 401, and the 4th wrong one and a correct
+// one are denied (the client is blocked until the window moves). Over 3 instances, 30
+// concurrent wrong attempts of a fresh client: exactly 3 reach the upstream.
 func TestCountStatusLogin(t *testing.T) {
 	srv := redistest.Start(t)
 	up := startUpstream(t, 0)
 	for name, zone := range map[string]string{
-		"sliding_window": "algorithm sliding_window\n\t\t\tlimit 3\n\t\t\twindow 1h",
-		"token_bucket":   "capacity 3\n\t\t\trefill_rate 3/1h",
+		"sliding_window":         "algorithm sliding_window\n\t\t\tlimit 3\n\t\t\twindow 1h",
+		"token_bucket":           "capacity 3\n\t\t\trefill_rate 3/1h",
+		"fixed_window":           "algorithm fixed_window\n\t\t\tlimit 3\n\t\t\tperiod month",
+		"sliding_window_counter": "algorithm sliding_window_counter\n\t\t\tlimit 3\n\t\t\twindow 366d",
 	} {
 		t.Run(name, func(t *testing.T) {
 			cs := startCaddy(t, instances(srv.Addr, "key {http.request.header.X-Client}\n\t\t\tcount_status 401\n\t\t\t"+zone, up.URL))
@@ -236,6 +238,39 @@ func TestChargeOpenAIUsage(t *testing.T) {
 		ra, err := strconv.Atoi(r.header.Get("Retry-After"))
 		if r.status != 429 || err != nil || ra < 1078 || ra > 1082 {
 			t.Fatalf("%s: 5th request: %d, Retry-After %q; want 429 with 1080 (±2)", path, r.status, r.header.Get("Retry-After"))
+		}
+	}
+}
+
+// TestChargeFixedWindowDebt: a budget of 1000 tokens per window on a fixed window, a
+// reservation of 100 per request and an upstream reporting 300: exactly 4 requests are admitted,
+// the 4th leaving the window's count at 1200, 200 in debt; the 5th is denied with Retry-After
+// the window's end, for a JSON body and for a chat completions stream alike.
+func TestChargeFixedWindowDebt(t *testing.T) {
+	srv := redistest.Start(t)
+	up := startUpstream(t, 300)
+	const window = 366 * 24 * time.Hour // windows aligned to the Unix epoch
+	cs := startCaddy(t, instances(srv.Addr, `key {http.request.header.X-API-Key}
+			algorithm fixed_window
+			limit 1000
+			window 366d
+			cost 100
+			charge openai_usage total`, up.URL))
+	for _, path := range []string{"/i1/chat", "/i2/chat?stream=1"} {
+		key := "fw-" + strconv.Itoa(len(path))
+		for i := range 4 {
+			if r := cs.get(path, "X-API-Key", key); r.status != 200 {
+				t.Fatalf("%s: request %d: %d %q", path, i+1, r.status, r.body)
+			}
+		}
+		if v, _ := srv.Do("GET", "rl:{"+key+"}:default:fw").(string); !strings.HasSuffix(v, ":1200") {
+			t.Fatalf("%s: the window's count %q, want 1200 (200 in debt)", path, v)
+		}
+		r := cs.get(strings.Replace(path, "/i1/", "/i3/", 1), "X-API-Key", key)
+		left := window - time.Duration(time.Now().UnixNano()%int64(window))
+		ra, err := strconv.ParseInt(r.header.Get("Retry-After"), 10, 64)
+		if r.status != 429 || err != nil || ra < int64(left.Seconds())-2 || ra > int64(left.Seconds())+2 {
+			t.Fatalf("%s: 5th request: %d, Retry-After %q; want 429 with the window's end, %.0f s (±2)", path, r.status, r.header.Get("Retry-After"), left.Seconds())
 		}
 	}
 }
