@@ -2,6 +2,7 @@ package ratelimitredis
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -18,6 +19,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"golang.org/x/crypto/bcrypt"
+
+	"github.com/caddyserver/caddy/v2"
 
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
 )
@@ -671,4 +674,42 @@ func TestChargedPlaceholder(t *testing.T) {
 		b, _ := os.ReadFile(logFile)
 		return strings.Contains(string(b), `"charged":250`)
 	})
+}
+
+// TestChargeClientLeavesWhileHeld: a request held for its turn (max_wait) in a zone that
+// charges after the response, whose client leaves before its turn, is settled at once as the
+// 499 it is, not left held until hold_max (while no refill drains a hold): charge keeps its
+// reservation, count_status (here of 200s only) gives it back.
+func TestChargeClientLeavesWhileHeld(t *testing.T) {
+	srv := redistest.Start(t)
+	for _, tc := range []struct {
+		name string
+		zone *Zone
+		used float64 // tokens used once the client has left: the first request's, and the held one's if kept
+	}{
+		{"charge", &Zone{Name: "heldcharge", Charge: &Charge{Source: ChargeHeader, Header: "X-Used"}}, 2},
+		{"count_status", &Zone{Name: "heldcount", CountStatus: []string{"200"}}, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			z := tc.zone
+			z.Key, z.Capacity, z.RefillRate, z.MaxWait = []string{"{http.request.header.X-Client}"}, 1, 1.0/50, caddy.Duration(time.Minute)
+			h := provisioned(t, &Handler{Redis: &RedisConfig{Addresses: []string{srv.Addr}}, Zones: []*Zone{z}})
+			if r := serveTimed(h, clientRequest("alice")); r.status != 200 { // the token, kept
+				t.Fatalf("first request: %d %v", r.status, r.err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan timed, 1)
+			go func() { done <- serveTimed(h, clientRequest("alice").WithContext(ctx)) }()
+			waitFor(t, 5*time.Second, "the request to be held", func() bool { return waitingNow(t) == 1 })
+			cancel()
+			if r := <-done; r.status != 499 {
+				t.Fatalf("the held request: %d %v, want 499", r.status, r.err)
+			}
+			state, _ := srv.Do("HGETALL", "rl:{alice}:"+z.Name+":tb").(map[any]any)
+			u, _ := strconv.ParseFloat(fmt.Sprint(state["u"]), 64)
+			if _, held := state["h"]; held || u > tc.used || u < tc.used-0.01 {
+				t.Fatalf("bucket after the client left: %v; want no hold, and %v used", state, tc.used)
+			}
+		})
+	}
 }
