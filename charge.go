@@ -105,6 +105,11 @@ func (z *Zone) provisionAfter() error {
 		initChargeMetrics()
 		a.charged = chargeMetrics.charged.WithLabelValues(z.Name)
 		a.refunded = chargeMetrics.refunded.WithLabelValues(z.Name)
+		for _, reason := range settleFailureReasons {
+			// Exported at 0 from the load of a config that settles, so that a rate over the
+			// first failures of a reason is defined.
+			chargeMetrics.failures.WithLabelValues(reason)
+		}
 	}
 	z.after = a
 	return nil
@@ -352,6 +357,10 @@ func (h *Handler) settle(ctx context.Context, reqs []limiter.Request, held *limi
 		c.Write(zap.String("reason", reason), zap.Error(err))
 	}
 }
+
+// settleFailureReasons are the reason label's values of settle_failures_total: failureReason's,
+// and no_hold.
+var settleFailureReasons = [...]string{"timeout", "bad_response", "oom", "redis_error", "circuit_open", "no_hold"}
 
 // chargeMetrics are the metrics of charging after the response (see metrics.go for how metrics
 // live across reloads).
