@@ -52,10 +52,10 @@ func recorded(r Request) bool {
 	return r.Hold > 0 && (r.Zone.Algorithm == FixedWindow || r.Zone.Algorithm == SlidingWindowCounter)
 }
 
-// RecordKey returns the Redis key in which the decision of nonce records the charge of a fixed
+// recordKey returns the Redis key in which the decision of nonce records the charge of a fixed
 // window or sliding window counter zone whose state key is stateKey, until it is settled after
 // the response: `<state key>:<nonce>`, in the state key's hash slot.
-func RecordKey(stateKey, nonce string) string { return stateKey + ":" + nonce }
+func recordKey(stateKey, nonce string) string { return stateKey + ":" + nonce }
 
 // withRecords returns keys (the state keys of reqs, one decide.lua call's with args) followed by
 // the record key of each zone whose charge is recorded (recorded), in order: the call's KEYS.
@@ -66,7 +66,7 @@ func withRecords(keys []string, reqs []Request, args []any) []string {
 			if len(out) == len(keys) {
 				out = append(make([]string, 0, len(keys)+len(reqs)), keys...)
 			}
-			out = append(out, RecordKey(keys[i], args[1].(string)))
+			out = append(out, recordKey(keys[i], args[1].(string)))
 		}
 	}
 	return out

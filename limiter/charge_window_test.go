@@ -17,7 +17,7 @@ import (
 )
 
 // Charging the window counters after the response: the cost is counted at admission, recorded
-// in a key of its own (limiter.RecordKey), and settle.lua adds the difference to the count of
+// in a key of its own (`<state key>:<nonce>`), and settle.lua adds the difference to the count of
 // the window it went into.
 
 // windowCounters are an hour's fixed window and sliding window counter of limit, named name.

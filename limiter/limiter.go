@@ -64,8 +64,8 @@ type Request struct {
 	// Hold, when > 0, makes the zone's charge a hold to be settled after the response with
 	// Limiter.Settle (Decision.Held): a token bucket reserves Cost, a sliding window adds its
 	// entries as usual, a fixed window or sliding window counter counts Cost as usual and
-	// records it (RecordKey) for the settlement. A hold not settled within Hold counts as
-	// charged. 0: charged now.
+	// records it (in the key `<state key>:<nonce>`) for the settlement. A hold not settled
+	// within Hold counts as charged. 0: charged now.
 	Hold time.Duration
 }
 
