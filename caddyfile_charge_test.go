@@ -26,6 +26,12 @@ func TestUnmarshalCaddyfileCharge(t *testing.T) {
 			&Zone{Name: "default", Capacity: 1000, RefillRate: 1, Charge: &Charge{Source: "openai_usage"}}},
 		{"charge openai_usage completion with count_status", "rate_limit_redis {\n\tcapacity 1000\n\trefill_rate 1\n\tcharge openai_usage completion\n\tcount_status 2xx\n}",
 			&Zone{Name: "default", Capacity: 1000, RefillRate: 1, Charge: &Charge{Source: "openai_usage", Usage: "completion"}, CountStatus: []string{"2xx"}}},
+		{"count_status fixed_window", "rate_limit_redis {\n\tzone z {\n\t\talgorithm fixed_window\n\t\tlimit 10\n\t\tperiod day\n\t\tcount_status 401\n\t}\n}",
+			&Zone{Name: "z", Algorithm: "fixed_window", Limit: 10, Period: "day", CountStatus: []string{"401"}}},
+		{"charge fixed_window", "rate_limit_redis {\n\tzone z {\n\t\talgorithm fixed_window\n\t\tlimit 100000\n\t\twindow 1d\n\t\tcost 100\n\t\tcharge openai_usage\n\t}\n}",
+			&Zone{Name: "z", Algorithm: "fixed_window", Limit: 100000, Window: caddy.Duration(24 * time.Hour), Cost: "100", Charge: &Charge{Source: "openai_usage"}}},
+		{"charge sliding_window_counter", "rate_limit_redis {\n\tzone z {\n\t\talgorithm sliding_window_counter\n\t\tlimit 10\n\t\twindow 1m\n\t\tcharge header X\n\t\tcount_status 2xx\n\t}\n}",
+			&Zone{Name: "z", Algorithm: "sliding_window_counter", Limit: 10, Window: caddy.Duration(time.Minute), Charge: &Charge{Source: "header", Header: "X"}, CountStatus: []string{"2xx"}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var h Handler
@@ -56,11 +62,7 @@ func TestUnmarshalCaddyfileChargeErrors(t *testing.T) {
 		{"hold_max too long", tb + "\tcount_status 401\n\thold_max 2d\n}", `hold_max: "2d" is out of range (at most 1d), at Testfile:5`},
 		{"hold_max zero", tb + "\tcount_status 401\n\thold_max 0s\n}", `hold_max: "0s" must be > 0, at Testfile:5`},
 		{"charge sliding_window", "rate_limit_redis {\n\tzone z {\n\t\talgorithm sliding_window\n\t\tlimit 10\n\t\twindow 1m\n\t\tcharge openai_usage\n\t}\n}",
-			`charge needs algorithm token_bucket: a sliding_window zone stores one entry per unit of cost, so charging it what a response reports (thousands of tokens) would store thousands of entries per request; count_status works with sliding_window, at Testfile:6`},
-		{"count_status fixed_window", "rate_limit_redis {\n\tzone z {\n\t\talgorithm fixed_window\n\t\tlimit 10\n\t\tperiod day\n\t\tcount_status 401\n\t}\n}",
-			`count_status is not supported with algorithm fixed_window (its counter cannot give back one request's charge exactly); use token_bucket or sliding_window, at Testfile:6`},
-		{"charge sliding_window_counter", "rate_limit_redis {\n\tzone z {\n\t\talgorithm sliding_window_counter\n\t\tlimit 10\n\t\twindow 1m\n\t\tcharge header X\n\t}\n}",
-			`charge is not supported with algorithm sliding_window_counter (its counter cannot give back one request's charge exactly); use token_bucket or sliding_window, at Testfile:6`},
+			`charge needs algorithm token_bucket, fixed_window or sliding_window_counter: a sliding_window zone stores one entry per unit of cost, so charging it what a response reports (thousands of tokens) would store thousands of entries per request; count_status works with sliding_window, at Testfile:6`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var h Handler
@@ -81,6 +83,7 @@ func TestValidateAfter(t *testing.T) {
 	tbz := limiter.Zone{Name: "z", Algorithm: limiter.TokenBucket, Capacity: 10, RefillRate: 1}
 	swz := limiter.Zone{Name: "z", Algorithm: limiter.SlidingWindow, Limit: 10, Window: time.Minute}
 	fwz := limiter.Zone{Name: "z", Algorithm: limiter.FixedWindow, Limit: 10, Window: time.Minute}
+	scz := limiter.Zone{Name: "z", Algorithm: limiter.SlidingWindowCounter, Limit: 10, Window: time.Minute}
 	for _, tc := range []struct {
 		name string
 		z    Zone
@@ -94,8 +97,9 @@ func TestValidateAfter(t *testing.T) {
 		{"hold_max alone", Zone{lz: tbz, HoldMax: caddy.Duration(time.Minute)}, `zone z: hold_max applies to a zone with count_status or charge`},
 		{"hold_max too long", Zone{lz: tbz, CountStatus: []string{"401"}, HoldMax: caddy.Duration(25 * time.Hour)}, `zone z: hold_max must be between 1ns and 1d`},
 		{"sliding window count_status", Zone{lz: swz, CountStatus: []string{"401"}}, ""},
-		{"sliding window charge", Zone{lz: swz, Charge: &Charge{Source: "header", Header: "X"}}, `zone z: charge needs algorithm token_bucket: a sliding_window zone stores one entry per unit of cost, so charging it what a response reports (thousands of tokens) would store thousands of entries per request; count_status works with sliding_window`},
-		{"fixed window", Zone{lz: fwz, CountStatus: []string{"401"}}, `zone z: count_status is not supported with algorithm fixed_window (its counter cannot give back one request's charge exactly); use token_bucket or sliding_window`},
+		{"sliding window charge", Zone{lz: swz, Charge: &Charge{Source: "header", Header: "X"}}, `zone z: charge needs algorithm token_bucket, fixed_window or sliding_window_counter: a sliding_window zone stores one entry per unit of cost, so charging it what a response reports (thousands of tokens) would store thousands of entries per request; count_status works with sliding_window`},
+		{"fixed window", Zone{lz: fwz, CountStatus: []string{"401"}, Charge: &Charge{Source: "header", Header: "X"}}, ""},
+		{"sliding window counter", Zone{lz: scz, CountStatus: []string{"401"}, Charge: &Charge{Source: "openai_usage"}}, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			z := tc.z

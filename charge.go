@@ -105,6 +105,11 @@ func (z *Zone) provisionAfter() error {
 		initChargeMetrics()
 		a.charged = chargeMetrics.charged.WithLabelValues(z.Name)
 		a.refunded = chargeMetrics.refunded.WithLabelValues(z.Name)
+		for _, reason := range settleFailureReasons {
+			// Exported at 0 from the load of a config that settles, so that a rate over the
+			// first failures of a reason is defined.
+			chargeMetrics.failures.WithLabelValues(reason)
+		}
 	}
 	z.after = a
 	return nil
@@ -142,24 +147,15 @@ func (z *Zone) validateAfter() error {
 }
 
 // afterAlgorithmError is why a zone of algorithm cannot take count_status (or, with charge,
-// charge); "" when it can.
+// charge); "" when it can: every algorithm takes count_status, and every one but the sliding
+// window log takes charge.
 func afterAlgorithmError(algorithm string, charge bool) string {
-	switch algorithm {
-	case tokenBucketName:
-		return ""
-	case slidingWindowName:
-		if charge {
-			return "charge needs algorithm token_bucket: a sliding_window zone stores one entry per unit of cost, " +
-				"so charging it what a response reports (thousands of tokens) would store thousands of entries per request; " +
-				"count_status works with sliding_window"
-		}
-		return ""
+	if algorithm == slidingWindowName && charge {
+		return "charge needs algorithm token_bucket, fixed_window or sliding_window_counter: a sliding_window zone stores one entry per unit of cost, " +
+			"so charging it what a response reports (thousands of tokens) would store thousands of entries per request; " +
+			"count_status works with sliding_window"
 	}
-	what := "count_status"
-	if charge {
-		what = "charge"
-	}
-	return what + " is not supported with algorithm " + algorithm + " (its counter cannot give back one request's charge exactly); use token_bucket or sliding_window"
+	return ""
 }
 
 // parseStatus parses a count_status code (401) or class (4xx) into the codes it covers.
@@ -361,6 +357,10 @@ func (h *Handler) settle(ctx context.Context, reqs []limiter.Request, held *limi
 		c.Write(zap.String("reason", reason), zap.Error(err))
 	}
 }
+
+// settleFailureReasons are the reason label's values of settle_failures_total: failureReason's,
+// and no_hold.
+var settleFailureReasons = [...]string{"timeout", "bad_response", "oom", "redis_error", "circuit_open", "no_hold"}
 
 // chargeMetrics are the metrics of charging after the response (see metrics.go for how metrics
 // live across reloads).

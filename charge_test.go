@@ -2,6 +2,7 @@ package ratelimitredis
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -18,6 +19,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"golang.org/x/crypto/bcrypt"
+
+	"github.com/caddyserver/caddy/v2"
 
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
 )
@@ -104,16 +107,18 @@ func instances(redisAddr, zone, upstream string) string {
 	return b.String()
 }
 
-// TestCountStatusLogin: a login zone of 3 counting 401s only, for a sliding window log and a
-// token bucket: 10 correct logins all pass; then 3 wrong ones get the upstream's 401, and the
-// 4th wrong one and a correct one are denied (the client is blocked until the window moves).
-// Over 3 instances, 30 concurrent wrong attempts of a fresh client: exactly 3 reach the upstream.
+// TestCountStatusLogin: a login zone of 3 counting 401s only, for every algorithm: 10 correct
+// logins all pass; then 3 wrong ones get the upstream's 401, and the 4th wrong one and a correct
+// one are denied (the client is blocked until the window moves). Over 3 instances, 30
+// concurrent wrong attempts of a fresh client: exactly 3 reach the upstream.
 func TestCountStatusLogin(t *testing.T) {
 	srv := redistest.Start(t)
 	up := startUpstream(t, 0)
 	for name, zone := range map[string]string{
-		"sliding_window": "algorithm sliding_window\n\t\t\tlimit 3\n\t\t\twindow 1h",
-		"token_bucket":   "capacity 3\n\t\t\trefill_rate 3/1h",
+		"sliding_window":         "algorithm sliding_window\n\t\t\tlimit 3\n\t\t\twindow 1h",
+		"token_bucket":           "capacity 3\n\t\t\trefill_rate 3/1h",
+		"fixed_window":           "algorithm fixed_window\n\t\t\tlimit 3\n\t\t\tperiod month",
+		"sliding_window_counter": "algorithm sliding_window_counter\n\t\t\tlimit 3\n\t\t\twindow 366d",
 	} {
 		t.Run(name, func(t *testing.T) {
 			cs := startCaddy(t, instances(srv.Addr, "key {http.request.header.X-Client}\n\t\t\tcount_status 401\n\t\t\t"+zone, up.URL))
@@ -236,6 +241,39 @@ func TestChargeOpenAIUsage(t *testing.T) {
 		ra, err := strconv.Atoi(r.header.Get("Retry-After"))
 		if r.status != 429 || err != nil || ra < 1078 || ra > 1082 {
 			t.Fatalf("%s: 5th request: %d, Retry-After %q; want 429 with 1080 (±2)", path, r.status, r.header.Get("Retry-After"))
+		}
+	}
+}
+
+// TestChargeFixedWindowDebt: a budget of 1000 tokens per window on a fixed window, a
+// reservation of 100 per request and an upstream reporting 300: exactly 4 requests are admitted,
+// the 4th leaving the window's count at 1200, 200 in debt; the 5th is denied with Retry-After
+// the window's end, for a JSON body and for a chat completions stream alike.
+func TestChargeFixedWindowDebt(t *testing.T) {
+	srv := redistest.Start(t)
+	up := startUpstream(t, 300)
+	const window = 366 * 24 * time.Hour // windows aligned to the Unix epoch
+	cs := startCaddy(t, instances(srv.Addr, `key {http.request.header.X-API-Key}
+			algorithm fixed_window
+			limit 1000
+			window 366d
+			cost 100
+			charge openai_usage total`, up.URL))
+	for _, path := range []string{"/i1/chat", "/i2/chat?stream=1"} {
+		key := "fw-" + strconv.Itoa(len(path))
+		for i := range 4 {
+			if r := cs.get(path, "X-API-Key", key); r.status != 200 {
+				t.Fatalf("%s: request %d: %d %q", path, i+1, r.status, r.body)
+			}
+		}
+		if v, _ := srv.Do("GET", "rl:{"+key+"}:default:fw").(string); !strings.HasSuffix(v, ":1200") {
+			t.Fatalf("%s: the window's count %q, want 1200 (200 in debt)", path, v)
+		}
+		r := cs.get(strings.Replace(path, "/i1/", "/i3/", 1), "X-API-Key", key)
+		left := window - time.Duration(time.Now().UnixNano()%int64(window))
+		ra, err := strconv.ParseInt(r.header.Get("Retry-After"), 10, 64)
+		if r.status != 429 || err != nil || ra < int64(left.Seconds())-2 || ra > int64(left.Seconds())+2 {
+			t.Fatalf("%s: 5th request: %d, Retry-After %q; want 429 with the window's end, %.0f s (±2)", path, r.status, r.header.Get("Retry-After"), left.Seconds())
 		}
 	}
 }
@@ -636,4 +674,42 @@ func TestChargedPlaceholder(t *testing.T) {
 		b, _ := os.ReadFile(logFile)
 		return strings.Contains(string(b), `"charged":250`)
 	})
+}
+
+// TestChargeClientLeavesWhileHeld: a request held for its turn (max_wait) in a zone that
+// charges after the response, whose client leaves before its turn, is settled at once as the
+// 499 it is, not left held until hold_max (while no refill drains a hold): charge keeps its
+// reservation, count_status (here of 200s only) gives it back.
+func TestChargeClientLeavesWhileHeld(t *testing.T) {
+	srv := redistest.Start(t)
+	for _, tc := range []struct {
+		name string
+		zone *Zone
+		used float64 // tokens used once the client has left: the first request's, and the held one's if kept
+	}{
+		{"charge", &Zone{Name: "heldcharge", Charge: &Charge{Source: ChargeHeader, Header: "X-Used"}}, 2},
+		{"count_status", &Zone{Name: "heldcount", CountStatus: []string{"200"}}, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			z := tc.zone
+			z.Key, z.Capacity, z.RefillRate, z.MaxWait = []string{"{http.request.header.X-Client}"}, 1, 1.0/50, caddy.Duration(time.Minute)
+			h := provisioned(t, &Handler{Redis: &RedisConfig{Addresses: []string{srv.Addr}}, Zones: []*Zone{z}})
+			if r := serveTimed(h, clientRequest("alice")); r.status != 200 { // the token, kept
+				t.Fatalf("first request: %d %v", r.status, r.err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan timed, 1)
+			go func() { done <- serveTimed(h, clientRequest("alice").WithContext(ctx)) }()
+			waitFor(t, 5*time.Second, "the request to be held", func() bool { return waitingNow(t) == 1 })
+			cancel()
+			if r := <-done; r.status != 499 {
+				t.Fatalf("the held request: %d %v, want 499", r.status, r.err)
+			}
+			state, _ := srv.Do("HGETALL", "rl:{alice}:"+z.Name+":tb").(map[any]any)
+			u, _ := strconv.ParseFloat(fmt.Sprint(state["u"]), 64)
+			if _, held := state["h"]; held || u > tc.used || u < tc.used-0.01 {
+				t.Fatalf("bucket after the client left: %v; want no hold, and %v used", state, tc.used)
+			}
+		})
+	}
 }

@@ -239,6 +239,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 		if hold {
 			if err := h.hold(r.Context(), d.Delay, out); err != nil {
+				if d.Held != nil {
+					// Settled as the 499 it is (count_status gives it back unless it lists 499;
+					// charge keeps the reservation), not left held until hold_max.
+					var charged *int64
+					h.settleResponse(r, &chargeWriter{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}}, reqs, d.Held, err, &charged)
+				}
 				return err
 			}
 		}

@@ -377,11 +377,12 @@ type Zone struct {
 
 	// Charge after the response only the requests whose status is listed: codes (401) or
 	// classes (4xx). A request is admitted only if the zone has room for its cost, which it
-	// holds while the request runs; the others get it back. token_bucket and sliding_window.
+	// holds while the request runs; the others get it back (a window counter's, while the
+	// window it was charged in lasts). Every algorithm.
 	CountStatus []string `json:"count_status,omitempty"`
 
 	// Charge what the response reports in place of the cost, which becomes a reservation
-	// (token_bucket only). See Charge.
+	// (token_bucket, fixed_window and sliding_window_counter; not sliding_window). See Charge.
 	Charge *Charge `json:"charge,omitempty"`
 
 	// With count_status or charge: how long a reservation waits for its response; an

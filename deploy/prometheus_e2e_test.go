@@ -52,9 +52,11 @@ const failingAlert = "RateLimitRedisFailing"
 // loopback ports) and prometheus with deploy/prometheus.yml (the target moved to that Caddy,
 // scrape and evaluation every second, the rules of deploy/prometheus/ as in the compose stack).
 // Then it sends traffic that is allowed, denied, dry-run denied, answered from the deny cache,
-// and, while Redis is stalled (SIGSTOP: slow calls, timeouts, the circuit breaker) and then
-// killed, failed open; it waits until RateLimitRedisFailing fires, restarts Redis, sends
-// traffic until Prometheus has seen Redis decide again, and waits until the alert resolves.
+// held for its turn and charged after the response (zone tokens, whose settlements fail while
+// Redis is down), and, while Redis is stalled (SIGSTOP: slow calls, timeouts, the circuit
+// breaker) and then killed, failed open; it waits until RateLimitRedisFailing fires, restarts
+// Redis, sends traffic until Prometheus has seen Redis decide again, and waits until the alert
+// resolves.
 // Finally every PromQL query of the dashboard (Grafana's variables replaced as Grafana would)
 // and every alerting rule's expression is evaluated over the test's span through Prometheus's
 // HTTP API: each must return at least one series with the labels its legend shows (for an
@@ -135,8 +137,11 @@ func TestPrometheusEndToEnd(t *testing.T) {
 
 	// Traffic, ten rounds a second until Redis decides again after the outage. A round: a new
 	// API key on / (allowed), the same client on / (zone api: 5 burst, then 1 per 10s: denied,
-	// often from the deny cache), /login (zone login: 3 a minute per IP: denied) and /search
-	// (zone search in dry_run: 10 a minute per IP, then dry_run_denied).
+	// often from the deny cache), /login without a password (basic_auth's 401, counted by zone
+	// login: 3 a minute per IP, then denied) and /search (zone search in dry_run: 10 a minute
+	// per IP, then dry_run_denied). Beside the rounds, one API key's requests to /v1/chat one
+	// after another (zone tokens: each reserves 100 and is charged the 40 reported, giving 60
+	// back; once its 1000 are spent, each is held for its turn, about 0.4s).
 	traffic := startTraffic(t, site)
 	poll(t, 60*time.Second, "Prometheus seeing decisions allowed, denied and dry_run_denied", func() (bool, string) {
 		v := prom.query(`count(count by (result) (caddy_rate_limit_redis_decisions_total{result=~"allowed|denied|dry_run_denied"} > 0))`)
@@ -147,14 +152,26 @@ func TestPrometheusEndToEnd(t *testing.T) {
 	// probes every 500ms (each probe another 100ms call). Enough slow calls for the Redis
 	// latency alert's expression to hold (over 1% of the calls so far: the test is shorter
 	// than its 5m window), then Redis dies: connections are refused.
+	// Redis stops while a request of zone tokens is held for its turn (once Prometheus has
+	// seen one held), so that its settlement after the response fails.
+	poll(t, 30*time.Second, "Prometheus seeing a request held for its turn", func() (bool, string) {
+		v := prom.query(`max_over_time(caddy_rate_limit_redis_waiting[1m]) > 0`)
+		return len(v) == 1, fmt.Sprintf("%v; responses %s", v, traffic.counts())
+	})
+	poll(t, 30*time.Second, "Caddy holding a request of zone tokens for its turn", func() (bool, string) {
+		_, body, err := get(metricsURL)
+		held := regexp.MustCompile(`(?m)^caddy_rate_limit_redis_waiting ([0-9.e+]+)$`).FindStringSubmatch(body)
+		return err == nil && held != nil && held[1] != "0", fmt.Sprintf("%v %v; responses %s", held, err, traffic.counts())
+	})
 	outage := time.Now()
 	rdb.Pause()
-	poll(t, 60*time.Second, "Prometheus seeing 2% of the calls over 50ms, timeouts and the open circuit breaker", func() (bool, string) {
+	poll(t, 60*time.Second, "Prometheus seeing 2% of the calls over 50ms, timeouts, the open circuit breaker and a failed settlement", func() (bool, string) {
 		slow := prom.query(`(sum(caddy_rate_limit_redis_redis_duration_seconds_count) - sum(caddy_rate_limit_redis_redis_duration_seconds_bucket{le="0.05"}))
 			/ sum(caddy_rate_limit_redis_redis_duration_seconds_count)`)
 		failures := prom.query(`count(caddy_rate_limit_redis_backend_failures_total{reason=~"timeout|circuit_open"} > 0)`)
-		return len(slow) == 1 && slow[0].Value >= 0.02 && len(failures) == 1 && failures[0].Value == 2,
-			fmt.Sprintf("share of slow calls %v, failure reasons seen %v", slow, failures)
+		settles := prom.query(`sum(caddy_rate_limit_redis_settle_failures_total)`)
+		return len(slow) == 1 && slow[0].Value >= 0.02 && len(failures) == 1 && failures[0].Value == 2 && len(settles) == 1 && settles[0].Value > 0,
+			fmt.Sprintf("share of slow calls %v, failure reasons seen %v, settlement failures %v", slow, failures, settles)
 	})
 	rdb.Stop()
 	poll(t, 3*time.Minute, failingAlert+" firing for result fail_open", func() (bool, string) {
@@ -243,7 +260,7 @@ func TestPrometheusEndToEnd(t *testing.T) {
 		}
 		var values []string
 		prom.get("/api/v1/label/"+m[2]+"/values", url.Values{"match[]": {m[1]}, "start": {unix(start)}, "end": {unix(end)}}, &values)
-		if want := []string{"api", "ip", "login", "search"}; !slices.Equal(values, want) {
+		if want := []string{"api", "ip", "login", "search", "tokens"}; !slices.Equal(values, want) {
 			t.Errorf("variable %q (%s): values %v, want %v", v.Name, v.Definition, values, want)
 		}
 	}
@@ -548,10 +565,24 @@ type trafficGen struct {
 	degradedN int            // responses with X-RateLimit-Degraded: true
 }
 
-// startTraffic sends a round of requests every 100ms until stop or the end of the test.
+// startTraffic sends a round of requests every 100ms, and requests to /v1/chat one after
+// another, until stop or the end of the test.
 func startTraffic(t *testing.T, site string) *trafficGen {
 	g := &trafficGen{t: t, site: site, done: make(chan struct{}), codes: map[string]int{}}
-	g.wg.Add(1)
+	g.wg.Add(2)
+	go func() {
+		defer g.wg.Done()
+		tick := time.NewTicker(100 * time.Millisecond) // at most 10 a second (when not held)
+		defer tick.Stop()
+		for {
+			g.send("/v1/chat", "X-API-Key", "llm")
+			select {
+			case <-g.done:
+				return
+			case <-tick.C:
+			}
+		}
+	}()
 	go func() {
 		defer g.wg.Done()
 		tick := time.NewTicker(100 * time.Millisecond)
@@ -563,17 +594,7 @@ func startTraffic(t *testing.T, site string) *trafficGen {
 				{"/login", "X-API-Key", "l" + strconv.Itoa(n)},
 				{"/search", "X-API-Key", "s" + strconv.Itoa(n)},
 			} {
-				code, h, err := g.request(r[0], r[1:]...)
-				g.mu.Lock()
-				if err != nil {
-					g.codes[r[0]+" error"]++
-				} else {
-					g.codes[r[0]+" "+strconv.Itoa(code)]++
-				}
-				if h.Get("X-RateLimit-Degraded") == "true" {
-					g.degradedN++
-				}
-				g.mu.Unlock()
+				g.send(r[0], r[1:]...)
 			}
 			select {
 			case <-g.done:
@@ -584,6 +605,21 @@ func startTraffic(t *testing.T, site string) *trafficGen {
 	}()
 	t.Cleanup(g.stop)
 	return g
+}
+
+// send GETs path with the header name, value pairs given, and counts the response.
+func (g *trafficGen) send(path string, header ...string) {
+	code, h, err := g.request(path, header...)
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if err != nil {
+		g.codes[path+" error"]++
+	} else {
+		g.codes[path+" "+strconv.Itoa(code)]++
+	}
+	if h.Get("X-RateLimit-Degraded") == "true" {
+		g.degradedN++
+	}
 }
 
 // request GETs path with the header name, value pairs given.

@@ -65,7 +65,7 @@ func BenchmarkDenyCacheHit(b *testing.B) {
 	dc := newDenyCache(100, time.Second)
 	reqs := benchReqs(1)
 	now := time.Now()
-	dc.record(reqs, []zoneReply{{retryAfter: 3_600_000_000, reset: 3_600_000_000}}, now)
+	dc.record(reqs, []zoneReply{{retryAfter: 3_600_000_000, reset: 3_600_000_000, next: 3_600_000_000}}, now)
 	for b.Loop() {
 		if _, ok := dc.check(reqs, now); !ok {
 			b.Fatal("miss")

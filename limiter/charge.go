@@ -46,6 +46,32 @@ func holdArg(reqs []Request, cluster bool) string {
 	return string(b)
 }
 
+// recorded reports whether r's charge is recorded for settlement in a record key of its own
+// (decide.lua): a fixed window or sliding window counter zone with a Hold.
+func recorded(r Request) bool {
+	return r.Hold > 0 && (r.Zone.Algorithm == FixedWindow || r.Zone.Algorithm == SlidingWindowCounter)
+}
+
+// recordKey returns the Redis key in which the decision of nonce records the charge of a fixed
+// window or sliding window counter zone whose state key is stateKey, until it is settled after
+// the response: `<state key>:<nonce>`, in the state key's hash slot.
+func recordKey(stateKey, nonce string) string { return stateKey + ":" + nonce }
+
+// withRecords returns keys (the state keys of reqs, one decide.lua call's with args) followed by
+// the record key of each zone whose charge is recorded (recorded), in order: the call's KEYS.
+func withRecords(keys []string, reqs []Request, args []any) []string {
+	out := keys
+	for i, r := range reqs {
+		if recorded(r) {
+			if len(out) == len(keys) {
+				out = append(make([]string, 0, len(keys)+len(reqs)), keys...)
+			}
+			out = append(out, recordKey(keys[i], args[1].(string)))
+		}
+	}
+	return out
+}
+
 // Held is what a Decision's zones with a Hold need to be settled after the response: per
 // decide.lua call that took them (one, or one per hash slot on Redis Cluster), its keys, nonce
 // and zone arguments. It is settled once with Limiter.Settle.
@@ -55,11 +81,11 @@ type Held struct {
 
 // heldPart is one decide.lua call's held zones.
 type heldPart struct {
-	keys  []string
+	keys  []string // the zones' state keys, then their record keys
 	nonce any
 	zones []any // 4 per zone: algorithm, quota, rate, cost, as decide.lua got them
 	idx   []int // per zone, its index in the requests given to Allow
-	tb    bool  // a token bucket is among them (a sliding window's commit needs no call)
+	call  bool  // a zone needs a call even to keep its charge: a token bucket's hold, a record
 }
 
 // newHeld returns the Held of the zones with a Hold among those decided by one decide.lua call
@@ -67,7 +93,8 @@ type heldPart struct {
 // same). nil when no zone has a Hold.
 func newHeld(reqs []Request, keys []string, args []any, idx []int) *Held {
 	var p heldPart
-	for j := range keys {
+	n := (len(args) - 4) / 4
+	for j := range n {
 		i := j
 		if idx != nil {
 			i = idx[j]
@@ -78,11 +105,12 @@ func newHeld(reqs []Request, keys []string, args []any, idx []int) *Held {
 		p.keys = append(p.keys, keys[j])
 		p.zones = append(p.zones, args[4+4*j:8+4*j]...)
 		p.idx = append(p.idx, i)
-		p.tb = p.tb || args[4+4*j] == "tb"
+		p.call = p.call || args[4+4*j] != SlidingWindow.tag()
 	}
 	if len(p.keys) == 0 {
 		return nil
 	}
+	p.keys = append(p.keys, keys[n:]...) // every record key is a held zone's
 	p.nonce = args[1]
 	return &Held{parts: []heldPart{p}}
 }
@@ -102,7 +130,7 @@ func (h *Held) merge(other *Held) *Held {
 // withoutHeld returns c (a decide.lua call of the zones idx of reqs) without its zones that have
 // a Hold: what the Redis Cluster two-phase decision commits at once.
 func withoutHeld(c *call, reqs []Request, idx []int) *call {
-	out := &call{args: append([]any{}, c.args[:4]...)}
+	out := &call{args: append([]any{}, c.args[:4]...)} // no record key: no zone with a Hold
 	for j, i := range idx {
 		if reqs[i].Hold > 0 {
 			continue
@@ -114,23 +142,27 @@ func withoutHeld(c *call, reqs []Request, idx []int) *call {
 	return out
 }
 
-// ErrNotHeld is returned by Settle, wrapped, for the zones whose hold it did not find: settled
-// already, or counted as charged for being older than its Hold, or gone with its state (an
-// admin reset, an expiry).
+// ErrNotHeld is returned by Settle, wrapped, for the zones whose hold (or record) it did not
+// find: settled already, or counted as charged for being older than its Hold, or gone with its
+// state (an admin reset, an expiry).
 var ErrNotHeld = errors.New("no hold to settle")
 
 // Settle settles the held zones of a Decision (d.Held) with one settle.lua call (one per hash
 // slot on Redis Cluster, all under way at once), sent on the decisions' Pipeline when there is
-// one (Options.Pipeline, PipelineFor), in the same round trip as the decisions under way: amounts[i] is what to charge the zone of the
-// i-th Request given to Allow. A token bucket is charged amounts[i] in place of its reservation
-// (0 gives it all back; more than was reserved may leave the bucket in debt, which later
-// requests wait out); a sliding window keeps its entries when amounts[i] > 0 and gives them
-// back when it is 0 (with no Redis call when every zone keeps its charge and none is a token
-// bucket). Amounts are clamped to [0, MaxCapacity]. It returns, per request index, whether the
-// zone was settled now; a zone whose hold was not found is charged what its hold counted as
-// (nothing more, nothing less), and err then wraps ErrNotHeld unless Redis failed. A settle is
-// idempotent: a second one finds no hold. It is never retried: on a Redis error the hold
-// counts as charged once its Hold has passed.
+// one (Options.Pipeline, PipelineFor), in the same round trip as the decisions under way:
+// amounts[i] is what to charge the zone of the i-th Request given to Allow. A token bucket is
+// charged amounts[i] in place of its reservation (0 gives it all back; more than was reserved
+// may leave the bucket in debt, which later requests wait out); a fixed window or sliding window
+// counter likewise, in the count of the window it was charged in, while that window is the
+// current one (after it, nothing: the zone is then reported not settled, and that is no error);
+// a sliding window keeps its entries when amounts[i] > 0 and gives them back when it is 0 (with
+// no Redis call when every zone is a sliding window keeping its charge). Amounts are clamped to
+// [0, MaxCapacity]. It returns, per request index, whether the zone was settled now; a zone
+// whose hold (or record) was not found is charged what its hold counted as (nothing more,
+// nothing less), and err then wraps ErrNotHeld unless Redis failed. A settle is idempotent: a
+// second one finds no hold. It is never retried: on a Redis error the hold counts as charged
+// once its Hold has passed. A zone given back some of its charge forgets this Limiter's cached
+// denials of its client (see Forget): they were decided without that capacity.
 func (l *Limiter) Settle(ctx context.Context, h *Held, amounts []int64) ([]bool, error) {
 	if h == nil {
 		return nil, nil
@@ -153,7 +185,7 @@ func (l *Limiter) Settle(ctx context.Context, h *Held, amounts []int64) ([]bool,
 		for _, i := range p.idx {
 			release = release || amount(amounts, i) == 0
 		}
-		if !p.tb && !release {
+		if !p.call && !release {
 			for _, i := range p.idx {
 				settled[i] = true // a sliding window's entries are its charge already
 			}
@@ -190,15 +222,21 @@ func (l *Limiter) Settle(ctx context.Context, h *Held, amounts []int64) ([]bool,
 	var errs []error
 	var missing []string
 	for k, c := range calls {
-		flags, err := decodeSettled(c.reply, c.err, len(parts[k].idx))
+		p := parts[k]
+		states, err := decodeSettled(c.reply, c.err, len(p.idx))
 		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		for j, i := range parts[k].idx {
-			settled[i] = flags[j]
-			if !flags[j] {
-				missing = append(missing, parts[k].keys[j])
+		for j, i := range p.idx {
+			switch states[j] {
+			case settledNow:
+				settled[i] = true
+				if cost, _ := p.zones[4*j+3].(int64); amount(amounts, i) < cost {
+					l.ForgetKey(p.keys[j]) // capacity given back: a cached denial is stale
+				}
+			case notHeld:
+				missing = append(missing, p.keys[j])
 			}
 		}
 	}
@@ -219,9 +257,16 @@ func amount(amounts []int64, i int) int64 {
 	return min(max(amounts[i], 0), MaxCapacity)
 }
 
+// What settle.lua did for a zone.
+const (
+	notHeld    = 0 // no hold, entries or record found: settled already, expired or reset
+	settledNow = 1
+	windowOver = 2 // its record was found, but the window it was charged in has ended
+)
+
 // decodeSettled checks and decodes settle.lua's reply for n zones: an array of n integers, each
-// 0 or 1.
-func decodeSettled(reply any, err error, n int) ([]bool, error) {
+// notHeld, settledNow or windowOver.
+func decodeSettled(reply any, err error, n int) ([]int64, error) {
 	if errors.Is(err, redis.Nil) {
 		return nil, fmt.Errorf("%w: got a nil reply, want an array", ErrBadResponse)
 	}
@@ -232,13 +277,13 @@ func decodeSettled(reply any, err error, n int) ([]bool, error) {
 	if !ok || len(arr) != n {
 		return nil, fmt.Errorf("%w: settle got %T of %d values, want %d", ErrBadResponse, reply, len(arr), n)
 	}
-	out := make([]bool, n)
+	out := make([]int64, n)
 	for i, v := range arr {
 		x, ok := v.(int64)
-		if !ok || x < 0 || x > 1 {
-			return nil, fmt.Errorf("%w: settle value %d is %v, want 0 or 1", ErrBadResponse, i, v)
+		if !ok || x < notHeld || x > windowOver {
+			return nil, fmt.Errorf("%w: settle value %d is %v, want 0, 1 or 2", ErrBadResponse, i, v)
 		}
-		out[i] = x == 1
+		out[i] = x
 	}
 	return out, nil
 }

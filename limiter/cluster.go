@@ -53,7 +53,8 @@ func (l *Limiter) allowSlots(ctx context.Context, reqs []Request, keys []string,
 			rs[j], gkeys[j] = reqs[i], keys[i]
 		}
 		greqs[g] = rs
-		calls[g] = &call{keys: gkeys, args: l.scriptArgs(rs, true, now)}
+		args := l.scriptArgs(rs, true, now)
+		calls[g] = &call{keys: withRecords(gkeys, rs, args), args: args}
 	}
 	evalEach(ctx, l.rdb, decideScript, calls)
 

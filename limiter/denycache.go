@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"strings"
+	"sync"
 	"time"
 
 	lru "github.com/hashicorp/golang-lru/v2"
@@ -9,7 +10,8 @@ import (
 
 // Deny cache defaults.
 const (
-	// DefaultDenyCacheKeys is the default bound of the denials a Limiter remembers.
+	// DefaultDenyCacheKeys is the default bound of the (zone, client) pairs whose denials a
+	// Limiter remembers.
 	DefaultDenyCacheKeys = 65536
 	// DefaultDenyCacheMaxAge is how long a remembered denial is trusted at most by default.
 	DefaultDenyCacheMaxAge = time.Second
@@ -41,27 +43,41 @@ type denial struct {
 //
 // Other instances only consume from a zone, so a denial could otherwise be trusted until its
 // retry time. What gives capacity back makes an entry stale: an admin reset (Limiter.Reset), a
-// Redis Cluster release of a hold (settle.lua), or a reload that raised a limit (a request
-// decided under other numbers on this instance is another entry: see denyKey). A reload starts a new Limiter with an empty cache; a reset is forgotten here at
-// once and, through Redis pub/sub, by every instance that receives it (ForgetKey); anything that
-// reaches no instance is bounded by maxAge: the stale entry denies for at most that long after
-// Redis's answer. The cache is bounded (least recently used evicted) and safe for concurrent use.
+// refund of a charge settled after the response (Limiter.Settle), a Redis Cluster release of a
+// hold (settle.lua), or a reload that raised a limit (a request decided under other numbers on
+// this instance is another entry: see denyEntry). A reload starts a new Limiter with an empty
+// cache; a reset or a refund is forgotten here at once (a reset also, through Redis pub/sub, by
+// every instance that receives it: ForgetKey); anything that reaches no instance is bounded by
+// maxAge: the stale entry denies for at most that long after Redis's answer.
+//
+// The cache holds up to its size of (zone, client) pairs, the least recently used evicted, each
+// with the denials of up to maxEntriesPerClient (numbers, cost) of its own, so that forgetting a
+// client's denials in a zone (a reset, a refund) is one removal. It is safe for concurrent use.
 type denyCache struct {
-	c      *lru.Cache[denyKey, denial]
+	c      *lru.Cache[denyKey, []denyEntry] // a slice once stored is never changed, only replaced
 	maxAge time.Duration
+	mu     sync.Mutex // serialises record's read-modify-write with forget
 }
 
-// denyKey is a zone, by its name and the numbers it was decided with, a client, as ClientKey
-// gives it (a verbatim key costs no allocation), and a cost. Not the *Zone: a zone whose numbers
-// come from placeholders is a new Zone per request (the handler's per-request copy), and a denial
-// decided under some numbers (a free plan's capacity) must not answer for a request under others
-// (a paid plan's); a zone of literal numbers has the same key on every request. The key is a
-// comparable struct: building it allocates nothing.
+// maxEntriesPerClient bounds the denials remembered for one client in one zone: one per cost and
+// set of numbers (a zone of literal numbers and cost has one).
+const maxEntriesPerClient = 4
+
+// denyKey is a zone, by its name, and a client, as ClientKey gives it (a verbatim key costs no
+// allocation). The key is a comparable struct: building it allocates nothing.
 type denyKey struct {
 	zone   string
-	n      zoneNumbers
 	client string
-	cost   int64
+}
+
+// denyEntry is a denial of one cost under some numbers of the zone. Not the *Zone: a zone whose
+// numbers come from placeholders is a new Zone per request (the handler's per-request copy), and
+// a denial decided under some numbers (a free plan's capacity) must not answer for a request
+// under others (a paid plan's); a zone of literal numbers has the same numbers on every request.
+type denyEntry struct {
+	n    zoneNumbers
+	cost int64
+	denial
 }
 
 // zoneNumbers are the parameters of a zone that decide a request, as a comparable value.
@@ -84,7 +100,18 @@ func numbersOf(z *Zone) zoneNumbers {
 }
 
 func keyOf(r Request) denyKey {
-	return denyKey{zone: r.Zone.Name, n: numbersOf(r.Zone), client: ClientKey(r.Key), cost: r.Cost}
+	return denyKey{zone: r.Zone.Name, client: ClientKey(r.Key)}
+}
+
+// find returns the index in es of the entry of r's numbers and cost, or -1.
+func find(es []denyEntry, r Request) int {
+	n := numbersOf(r.Zone)
+	for i := range es {
+		if es[i].cost == r.Cost && es[i].n == n {
+			return i
+		}
+	}
+	return -1
 }
 
 func newDenyCache(size int, maxAge time.Duration) *denyCache {
@@ -94,14 +121,14 @@ func newDenyCache(size int, maxAge time.Duration) *denyCache {
 	if maxAge <= 0 {
 		maxAge = DefaultDenyCacheMaxAge
 	}
-	c, _ := lru.New[denyKey, denial](size) // errors only for a size <= 0
+	c, _ := lru.New[denyKey, []denyEntry](size) // errors only for a size <= 0
 	return &denyCache{c: c, maxAge: maxAge}
 }
 
 // check returns the Decision for reqs if a remembered denial covers one of them at now: the
-// covering zone that admits last decides. Expired entries found on the way are removed. Each
-// zone's Result is that of its covering denial, or not Known: a cached denial knows nothing of
-// the zones it does not cover.
+// covering zone that admits last decides. A client whose only entry has expired is removed on
+// the way. Each zone's Result is that of its covering denial, or not Known: a cached denial
+// knows nothing of the zones it does not cover.
 func (dc *denyCache) check(reqs []Request, now time.Time) (Decision, bool) {
 	var d Decision
 	found := false
@@ -112,12 +139,19 @@ func (dc *denyCache) check(reqs []Request, now time.Time) (Decision, bool) {
 			continue // Redis answers it, with no Retry-After
 		}
 		k := keyOf(*r)
-		e, ok := dc.c.Get(k)
+		es, ok := dc.c.Get(k)
 		if !ok {
 			continue
 		}
+		j := find(es, *r)
+		if j < 0 {
+			continue
+		}
+		e := es[j].denial
 		if !now.Before(e.trusted) {
-			dc.c.Remove(k)
+			if len(es) == 1 {
+				dc.c.Remove(k) // else replaced by a later record, or evicted
+			}
 			continue
 		}
 		retry := e.until.Sub(now)
@@ -151,24 +185,34 @@ func (dc *denyCache) record(reqs []Request, zones []zoneReply, sent time.Time) {
 		// A denial that Redis answered has a next unit to come (next > 0, next <= retry after):
 		// a zone with none is full, and then only a cost above its quota is denied.
 		retry, next := time.Duration(z.retryAfter)*time.Microsecond, time.Duration(z.next)*time.Microsecond
-		dc.c.Add(keyOf(reqs[i]), denial{
+		e := denyEntry{n: numbersOf(reqs[i].Zone), cost: reqs[i].Cost, denial: denial{
 			trusted:   sent.Add(min(retry, next, dc.maxAge)),
 			until:     sent.Add(retry),
 			nextAt:    sent.Add(next),
 			resetAt:   sent.Add(time.Duration(z.reset) * time.Microsecond),
 			remaining: z.remaining,
-		})
+		}}
+		k := keyOf(reqs[i])
+		dc.mu.Lock()
+		old, _ := dc.c.Peek(k)
+		es := make([]denyEntry, 1, min(len(old)+1, maxEntriesPerClient))
+		es[0] = e // the newest first: when the client has too many, the oldest go
+		for _, o := range old {
+			if len(es) < maxEntriesPerClient && (o.cost != e.cost || o.n != e.n) {
+				es = append(es, o)
+			}
+		}
+		dc.c.Add(k, es)
+		dc.mu.Unlock()
 	}
 }
 
 // forget removes the entries of the zone named zone and the client key client (as ClientKey
-// gives it), whatever their numbers and cost. It looks at every entry: resets are rare.
+// gives it), whatever their numbers and cost.
 func (dc *denyCache) forget(zone, client string) {
-	for _, k := range dc.c.Keys() {
-		if k.client == client && k.zone == zone {
-			dc.c.Remove(k)
-		}
-	}
+	dc.mu.Lock()
+	dc.c.Remove(denyKey{zone: zone, client: client})
+	dc.mu.Unlock()
 }
 
 // parseStateKey splits a state key of StateKey's form, `<prefix>{<client key>}:<zone>:<tag>`,

@@ -167,3 +167,23 @@ func (h *slowReply) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 func (h *slowReply) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
 }
+
+// TestDenyCacheBoundPerClient: a client's denials in a zone are kept for up to 4 costs, the
+// newest: a fifth cost's denial pushes out the oldest, which Redis then answers again.
+func TestDenyCacheBoundPerClient(t *testing.T) {
+	srv := redistest.Start(t)
+	clk := newClock()
+	l := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:", Now: clk.Now, DenyCacheKeys: 100, DenyCacheMaxAge: time.Hour})
+	z := tb("z", 10, 0.001)
+	allow(t, l, limiter.Request{Zone: z, Key: "k", Cost: 10}) // empty
+	for cost := int64(1); cost <= 5; cost++ {
+		if d := allow(t, l, limiter.Request{Zone: z, Key: "k", Cost: cost}); d.Allowed || d.Cached {
+			t.Fatalf("cost %d: %+v, want denied by Redis", cost, d)
+		}
+	}
+	for cost := int64(1); cost <= 5; cost++ {
+		if _, ok := l.Denied([]limiter.Request{{Zone: z, Key: "k", Cost: cost}}); ok != (cost > 1) {
+			t.Fatalf("cost %d: cached %v, want the 4 newest costs (2 to 5) cached", cost, ok)
+		}
+	}
+}

@@ -63,7 +63,9 @@ type Request struct {
 	NoWait bool
 	// Hold, when > 0, makes the zone's charge a hold to be settled after the response with
 	// Limiter.Settle (Decision.Held): a token bucket reserves Cost, a sliding window adds its
-	// entries as usual. A hold not settled within Hold counts as charged. 0: charged now.
+	// entries as usual, a fixed window or sliding window counter counts Cost as usual and
+	// records it (in the key `<state key>:<nonce>`) for the settlement. A hold not settled
+	// within Hold counts as charged. 0: charged now.
 	Hold time.Duration
 }
 
@@ -144,9 +146,10 @@ type Options struct {
 	// server's TIME, so that instances with skewed clocks agree. The deny cache uses it too
 	// (time.Now when nil).
 	Now func() time.Time
-	// DenyCacheKeys, when > 0, enables the deny cache: up to that many recent denials are
-	// remembered per (zone, client, cost) by Allow, and Denied reports the requests they cover
-	// while they can give Redis's answer (see denyCache), for at most DenyCacheMaxAge.
+	// DenyCacheKeys, when > 0, enables the deny cache: the recent denials of up to that many
+	// (zone, client) pairs are remembered by Allow (up to 4 costs or sets of numbers per pair),
+	// and Denied reports the requests they cover while they can give Redis's answer (see
+	// denyCache), for at most DenyCacheMaxAge.
 	DenyCacheKeys int
 	// DenyCacheMaxAge bounds how long a remembered denial is trusted after its call was sent:
 	// how long a reset, a raised limit or a Cluster release that reaches no instance's cache can
@@ -248,9 +251,10 @@ func (l *Limiter) Allow(ctx context.Context, reqs []Request) (Decision, error) {
 		allowed, zones, held, slotErr, err = l.allowSlots(ctx, reqs, keys, groups, sent)
 	} else {
 		args := l.scriptArgs(reqs, false, sent)
-		allowed, zones, err = l.allowOne(ctx, reqs, keys, args)
+		ckeys := withRecords(keys, reqs, args)
+		allowed, zones, err = l.allowOne(ctx, reqs, ckeys, args)
 		if allowed {
-			held = newHeld(reqs, keys, args, nil)
+			held = newHeld(reqs, ckeys, args, nil)
 		}
 	}
 	if err != nil {

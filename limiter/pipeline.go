@@ -251,7 +251,7 @@ func mergeCalls(calls []*call) *call {
 }
 
 // split hands each of calls (the calls merged into m, in order) its part of m's reply: 1 + 5n
-// values for a call of n zones. Every call gets m's error, or ErrBadResponse when the reply is
+// values for a call of n zones (n keys, and its record keys). Every call gets m's error, or ErrBadResponse when the reply is
 // not an array of exactly their lengths.
 func (m *call) split(calls []*call) {
 	if m.err != nil {
@@ -263,7 +263,7 @@ func (m *call) split(calls []*call) {
 	arr, ok := m.reply.([]any)
 	want := 0
 	for _, c := range calls {
-		want += 1 + replyWidth*len(c.keys)
+		want += 1 + replyWidth*c.zones()
 	}
 	if !ok || len(arr) != want {
 		err := fmt.Errorf("%w: a batch of %d decisions got %T of %d values, want %d", ErrBadResponse, len(calls), m.reply, len(arr), want)
@@ -274,11 +274,15 @@ func (m *call) split(calls []*call) {
 	}
 	off := 0
 	for _, c := range calls {
-		w := 1 + replyWidth*len(c.keys)
+		w := 1 + replyWidth*c.zones()
 		c.reply, c.err = arr[off:off+w:off+w], nil
 		off += w
 	}
 }
+
+// zones is the number of zones a decide.lua call decides: 4 arguments each after now, nonce,
+// hold and n.
+func (c *call) zones() int { return (len(c.args) - 4) / 4 }
 
 // bySlot groups calls by the hash slot of their keys (each call's keys share one), in order of
 // first appearance, keeping each group's calls in order.

@@ -40,17 +40,38 @@
 -- the epoch), c = its count, p = the previous window's count }. It admits a request iff
 -- p * (share of the previous window still inside the sliding window) + c + cost <= limit.
 --
--- KEYS     the state keys of every zone of every decision, in order: a decision of n zones takes
---          the next n keys (`<prefix>{<client key>}:<zone>:<tb|sw|fw|sc>`).
+-- A window counter's charge settled after the response (count_status, charge): the counters
+-- have no holds. The cost is counted at admission as any other (so concurrent requests cannot
+-- overshoot), and the admission writes a record of it in a key of its own, `<state key>:<nonce>`
+-- in the same hash slot: a string "<window start µs>:<cost>" that expires after the zone's hold
+-- time (hold_max). settle.lua deletes the record and adds the difference (what the response
+-- reports less the cost; less the whole cost to give it back) to the count of the window the
+-- charge went into, while that window is the current one: once it has ended nothing is given
+-- back or charged (its count counts no more). A settle that finds no record changes nothing:
+-- settled already (a retry), or older than its hold time (the charge stands as taken). A count
+-- may go above the limit (debt, a response that reported more than was reserved): requests are
+-- then denied until the window moves (the fixed window's end; for the sliding window counter,
+-- until the estimate falls to limit - cost). Why a key of its own: the fixed window's string is
+-- read by the previous script with GET and an exact pattern (anything else is a count of 0, a
+-- hash is WRONGTYPE), so a record inside it would break instances still running that script
+-- during a rolling upgrade; the state keys keep their encodings, which both versions read and
+-- write alike, and a client with no charge pending keeps its one small string.
+--
+-- KEYS     the keys of every decision, in order: a decision of n zones takes the state keys of
+--          its zones (`<prefix>{<client key>}:<zone>:<tb|sw|fw|sc>`), then the record key
+--          (`<state key>:<nonce>`) of each of its fixed window and sliding window counter zones
+--          whose charge is to be recorded for settlement, in zone order (so a decision takes n
+--          keys or more; a record key is told from the next decision's state key by its name).
 -- ARGV[1]  now, in µs since the Unix epoch, or "" to read the Redis server clock (TIME); one
 --          time for the whole batch.
 -- Then per decision, in order:
 --   nonce    unique to the decision (across instances and calls): sliding window members are
---            "<nonce>:<n>" for n = 1..cost, holds are "h:<nonce>", so settle.lua can find
---            exactly what the decision added
+--            "<nonce>:<n>" for n = 1..cost, holds are "h:<nonce>", records "<state key>:<nonce>",
+--            so settle.lua can find exactly what the decision added
 --   hold     "1": take token bucket charges as holds (see settle.lua); "0": charge them; or one
 --            number per zone, comma-separated: µs that zone's token bucket charge is held at
---            most before it counts as charged (0: charge it now)
+--            most before it counts as charged (0: charge it now), or that a window counter's
+--            record lives
 --   n        the number of zones
 --   and 4 arguments per zone:
 --   algorithm  "tb" (token bucket), "sw" (sliding window log), "fw" (fixed window) or "sc"
@@ -126,8 +147,9 @@ local function window_mark(start)
   return string.format('%.6f', start / 1000000)
 end
 
--- decide runs one decision: n zones, whose keys are KEYS[kbase + 1 .. kbase + n] and whose
--- arguments start at ARGV[abase]. It returns the decision's reply (see above).
+-- decide runs one decision: n zones, whose state keys are KEYS[kbase + 1 .. kbase + n] (their
+-- record keys following) and whose arguments start at ARGV[abase]. It returns the decision's
+-- reply (see above) and the number of keys it took.
 local function decide(nonce, hold, n, kbase, abase)
   local holdmax = {} -- per zone: µs its token bucket charge is held at most; nil: charged now
   if hold == '1' then
@@ -142,11 +164,16 @@ local function decide(nonce, hold, n, kbase, abase)
   local reply = { 1 }
   local writes = {}
   local denied = {}
+  local r = kbase + n + 1 -- the next record key
 
   for i = 1, n do
     local key = KEYS[kbase + i]
     local base = abase + 4 * (i - 1)
     local algo = ARGV[base]
+    local rkey -- a window counter's record key, when its charge is recorded
+    if (algo == 'fw' or algo == 'sc') and KEYS[r] == key .. ':' .. nonce then
+      rkey, r = KEYS[r], r + 1
+    end
     local quota = tonumber(ARGV[base + 1])
     local rate = tonumber(ARGV[base + 2])
     local cost = tonumber(ARGV[base + 3])
@@ -269,7 +296,7 @@ local function decide(nonce, hold, n, kbase, abase)
         remaining = quota - count - cost
         retry = 0
         nxt = left
-        writes[#writes + 1] = { 'fw', key, mark, count + cost, left }
+        writes[#writes + 1] = { 'fw', key, mark, count + cost, left, rec = rkey and { rkey, start, cost, holdmax[i] } }
       else
         ok = false
         remaining = math.max(0, quota - count)
@@ -303,7 +330,7 @@ local function decide(nonce, hold, n, kbase, abase)
         ok = true
         retry = 0
         cur = cur + cost
-        writes[#writes + 1] = { 'sc', key, start, cur, prev, 2 * rate - elapsed }
+        writes[#writes + 1] = { 'sc', key, start, cur, prev, 2 * rate - elapsed, rec = rkey and { rkey, start, cost, holdmax[i] } }
       else
         ok = false
         if cost <= quota then retry = when(quota - cost) else retry = rate end
@@ -322,13 +349,14 @@ local function decide(nonce, hold, n, kbase, abase)
     reply[#reply + 1] = nxt
   end
 
+  local nkeys = r - kbase - 1
   if reply[1] == 0 then
     -- Nothing charged. A state the parameters in force need longer than its TTL must not expire
     -- early (GT: only ever lengthened; a key without a TTL keeps none).
     for _, d in ipairs(denied) do
       redis.call('PEXPIRE', d[1], ms(d[2]), 'GT')
     end
-    return reply
+    return reply, nkeys
   end
 
   for _, w in ipairs(writes) do
@@ -355,13 +383,19 @@ local function decide(nonce, hold, n, kbase, abase)
       local ttl = math.ceil(used / rate * 1000)
       if held > 0 then ttl = ttl + math.ceil(math.max(hwait, HOLD_MAX) / 1000) + 1000 end
       redis.call('PEXPIRE', key, ms(ttl))
-    elseif w[1] == 'fw' then
-      -- Kept a second past the window's end, so that a clock a little behind still finds it.
-      redis.call('SET', w[2], w[3] .. ':' .. string.format('%d', w[4]), 'PX', ms(w[5] / 1000 + 1000))
-    elseif w[1] == 'sc' then
-      redis.call('HSET', w[2], 's', string.format('%d', w[3]), 'c', string.format('%d', w[4]),
-        'p', string.format('%d', w[5]))
-      redis.call('PEXPIRE', w[2], ms(w[6] / 1000))
+    elseif w[1] == 'fw' or w[1] == 'sc' then
+      if w[1] == 'fw' then
+        -- Kept a second past the window's end, so that a clock a little behind still finds it.
+        redis.call('SET', w[2], w[3] .. ':' .. string.format('%d', w[4]), 'PX', ms(w[5] / 1000 + 1000))
+      else
+        redis.call('HSET', w[2], 's', string.format('%d', w[3]), 'c', string.format('%d', w[4]),
+          'p', string.format('%d', w[5]))
+        redis.call('PEXPIRE', w[2], ms(w[6] / 1000))
+      end
+      local rec = w.rec -- the charge's record, for settle.lua: key, window start, cost, hold
+      if rec then
+        redis.call('SET', rec[1], string.format('%d:%d', rec[2], rec[3]), 'PX', ms((rec[4] or HOLD_MAX) / 1000))
+      end
     else
       local key, cost, window = w[2], w[3], w[4]
       redis.call('ZREMRANGEBYSCORE', key, '-inf', now - window)
@@ -378,7 +412,7 @@ local function decide(nonce, hold, n, kbase, abase)
     end
   end
 
-  return reply
+  return reply, nkeys
 end
 
 -- The decisions, in order: each all-or-nothing on its own, each seeing the writes of those
@@ -387,8 +421,8 @@ local out = {}
 local kbase, a = 0, 2
 while a <= #ARGV do
   local nonce, hold, n = ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2])
-  local r = decide(nonce, hold, n, kbase, a + 3)
+  local r, nkeys = decide(nonce, hold, n, kbase, a + 3)
   for j = 1, #r do out[#out + 1] = r[j] end
-  kbase, a = kbase + n, a + 3 + 4 * n
+  kbase, a = kbase + nkeys, a + 3 + 4 * n
 end
 return out

@@ -12,12 +12,21 @@
 -- holds no such field, and is left alone; so is one whose hold a later call already committed
 -- for being older than decide.lua's HOLD_MAX. Running the same settle twice changes nothing more.
 -- A sliding window's entries ("<nonce>:1" .. "<nonce>:<cost>") are kept on commit and removed on
--- release; entries already expired, or gone with their key, are gone anyway. A fixed window's
--- or sliding window counter's charge is taken back from its count on release, while the window
--- it went into is still the current one.
+-- release; entries already expired, or gone with their key, are gone anyway.
 --
--- KEYS and ARGV are those of the decide.lua call being settled, except ARGV[1] and ARGV[3]:
--- KEYS[i]  the state key of zone i.
+-- A fixed window's or sliding window counter's charge is in its count already. When decide.lua
+-- recorded it (its record key is given, see decide.lua), the record is deleted and the count of
+-- the window the charge went into is given the difference: 0 on commit, -cost on release,
+-- amount - cost with "amount" (a count may so go above the limit: debt, or down to 0, never
+-- below), while that window is still the current one; once it has ended, nothing (reply 2). No
+-- record, no change: settled already (so a settle retried applies once), or older than its
+-- hold time. Without a record key (a Redis Cluster decision of zones in several hash slots,
+-- which is released at most once, right away), a release takes the cost back from the count
+-- while the window it went into is the current one.
+--
+-- KEYS and ARGV are those of one decision of the decide.lua call being settled, except that the
+-- mode stands in place of the hold and n is left out (n is told by the number of arguments):
+-- KEYS     the state key of each zone i, then the record keys, as decide.lua took them.
 -- ARGV[1]  now, in µs since the Unix epoch, or "" to read the Redis server clock (TIME).
 -- ARGV[2]  the nonce of the decide.lua call being settled.
 -- ARGV[3]  "commit", "release" or "amount".
@@ -27,13 +36,15 @@
 -- With "amount", then one more argument per zone i, at ARGV[4 + 4n + (i-1)] for n zones: what to
 -- charge zone i. A token bucket commits that many tokens in place of its hold (0 releases it;
 -- more than the bucket has left puts it in debt: u above capacity, which later requests wait
--- out); a sliding window keeps its entries, unless it is 0: then they are removed.
+-- out); a sliding window keeps its entries, unless it is 0: then they are removed; a window
+-- counter is charged it in place of its cost.
 --
--- Reply: an array, per zone in order, 1 when it was settled now (its hold or window entries
--- were found), else 0.
+-- Reply: an array, per zone in order, 1 when it was settled now (its hold, window entries or
+-- record were found), 2 when its record was found but the window it was charged in has ended
+-- (nothing to settle), else 0.
 
 local EPSILON = 1e-9
-local MAX_US = 9007199254740992 -- decide.lua's: the longest TTL, in ms
+local MAX_US = 9007199254740992 -- decide.lua's: the longest TTL, in ms; also the largest count
 
 -- A TTL in ms, as the integer string PEXPIRE takes (at least 1, at most MAX_US).
 local function ms(x)
@@ -51,8 +62,48 @@ local nonce = ARGV[2]
 local mode = ARGV[3]
 local commit = mode == 'commit'
 local settled = {}
+local n = (#ARGV - 3) / 4 -- zones
+if mode == 'amount' then n = (#ARGV - 3) / 5 end
+local r = n + 1 -- the next record key
 
-for i = 1, #KEYS do
+-- The start (µs) of a window counter's window holding now: fw: of the three windows of the
+-- bounds "b0,b1,b2,b3"; sc: of the windows of `window` µs aligned to the epoch. nil when now is
+-- outside the fixed window's bounds.
+local function window_at(algo, arg)
+  if algo == 'sc' then
+    local window = tonumber(arg)
+    return now - now % window
+  end
+  local b = {}
+  for x in string.gmatch(arg, '%d+') do b[#b + 1] = tonumber(x) end
+  for j = 1, 3 do
+    if now >= b[j] and now < b[j + 1] then return b[j] end
+  end
+  return nil
+end
+
+-- Adds delta to the count of a window counter (state key key) if it holds the window that
+-- starts at start, never taking it below 0; true when it does.
+local function add(key, algo, start, delta)
+  if algo == 'fw' then
+    local mark = start % 1000000 == 0 and string.format('%d', start / 1000000) or string.format('%.6f', start / 1000000)
+    local m, c = string.match(redis.call('GET', key) or '', '^([%d.]+):(%d+)$')
+    if m ~= mark then return false end
+    if delta ~= 0 then
+      c = math.min(math.max(0, tonumber(c) + delta), MAX_US)
+      redis.call('SET', key, m .. ':' .. string.format('%d', c), 'KEEPTTL')
+    end
+    return true
+  end
+  local v = redis.call('HMGET', key, 's', 'c')
+  if tonumber(v[1]) ~= start or not tonumber(v[2]) then return false end
+  if delta ~= 0 then
+    redis.call('HSET', key, 'c', string.format('%d', math.min(math.max(0, tonumber(v[2]) + delta), MAX_US)))
+  end
+  return true
+end
+
+for i = 1, n do
   local key = KEYS[i]
   local base = 4 + 4 * (i - 1)
   local algo = ARGV[base]
@@ -60,7 +111,7 @@ for i = 1, #KEYS do
   local rate = tonumber(string.match(ARGV[base + 2], '^[^,]*')) -- tb: "<rate>[,<max_wait>]"
   local amount
   if mode == 'amount' then
-    amount = tonumber(ARGV[4 + 4 * #KEYS + (i - 1)])
+    amount = tonumber(ARGV[4 + 4 * n + (i - 1)])
     commit = amount > 0
   end
   settled[i] = 0
@@ -96,31 +147,26 @@ for i = 1, #KEYS do
       settled[i] = 1
     end
   elseif algo == 'fw' or algo == 'sc' then
-    -- A counter's charge is no hold: a release takes the cost back from the window it went into,
-    -- while that is still the window holding now (a window that has ended keeps it: a release
-    -- never credits a window the request was not charged in).
-    if not commit then
-      local cost = tonumber(ARGV[base + 3])
-      if algo == 'fw' then
-        local b = {}
-        for x in string.gmatch(ARGV[base + 2], '%d+') do b[#b + 1] = tonumber(x) end
-        local start = b[2]
-        if now < b[2] then start = b[1] elseif now >= b[3] then start = b[3] end
-        local mark = start % 1000000 == 0 and string.format('%d', start / 1000000) or string.format('%.6f', start / 1000000)
-        local m, c = string.match(redis.call('GET', key) or '', '^([%d.]+):(%d+)$')
-        if m == mark then
-          redis.call('SET', key, m .. ':' .. string.format('%d', math.max(0, tonumber(c) - cost)), 'KEEPTTL')
-          settled[i] = 1
-        end
-      else
-        local v = redis.call('HMGET', key, 's', 'c')
-        if tonumber(v[1]) == now - now % rate and tonumber(v[2]) then
-          redis.call('HSET', key, 'c', string.format('%d', math.max(0, tonumber(v[2]) - cost)))
+    local cost = tonumber(ARGV[base + 3])
+    local start = window_at(algo, ARGV[base + 2])
+    if KEYS[r] == key .. ':' .. nonce then
+      local rec = redis.call('GET', KEYS[r])
+      if rec then
+        redis.call('DEL', KEYS[r])
+        local at, c = string.match(rec, '^(%d+):(%d+)$')
+        local delta = 0
+        if mode == 'amount' then delta = amount - tonumber(c) elseif not commit then delta = -tonumber(c) end
+        if tonumber(at) ~= start then
+          settled[i] = 2 -- its window has ended
+        elseif add(key, algo, start, delta) then
           settled[i] = 1
         end
       end
-    else
+      r = r + 1
+    elseif commit then
       settled[i] = 1
+    elseif start and add(key, algo, start, -cost) then
+      settled[i] = 1 -- released from the count of now's window, which it went into
     end
   elseif not commit then
     local cost = tonumber(ARGV[base + 3])
