@@ -63,11 +63,6 @@ func (cs *caddyServer) load(site string, port int) error {
 	return caddy.Load(cfg, true)
 }
 
-// testClient sends the tests' requests, each on a connection of its own: a reload closes the
-// previous server's idle keep-alive connections, and a request written on one as it closes
-// fails with EOF.
-var testClient = &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
-
 type response struct {
 	status int
 	header http.Header
@@ -83,7 +78,8 @@ func (cs *caddyServer) get(path string, header ...string) response {
 	for i := 0; i+1 < len(header); i += 2 {
 		req.Header.Set(header[i], header[i+1])
 	}
-	resp, err := testClient.Do(req)
+	client := &http.Client{Timeout: 5 * time.Second}
+	resp, err := client.Do(req)
 	if err != nil {
 		cs.t.Fatalf("GET %s: %v", path, err)
 	}
