@@ -75,6 +75,7 @@ fuzz:
 	scripts/ensure-redis.sh
 	go test -run XXX -fuzz '^FuzzUnmarshalCaddyfile$$' -fuzztime $(FUZZTIME) .
 	go test -run XXX -fuzz '^FuzzZoneNumber$$' -fuzztime $(FUZZTIME) .
+	go test -run XXX -fuzz '^FuzzUsage$$' -fuzztime $(FUZZTIME) .
 	go test -run XXX -fuzz '^FuzzClientKey$$' -fuzztime $(FUZZTIME) ./limiter
 	go test -run XXX -fuzz '^FuzzDecodeReply$$' -fuzztime $(FUZZTIME) ./limiter
 	go test -run XXX -fuzz '^FuzzAllow$$' -fuzztime $(FUZZTIME) ./limiter

@@ -266,6 +266,9 @@ func (l *Limiter) Allow(ctx context.Context, reqs []Request) (Decision, error) {
 			rl.listen() // a cached denial to forget on a reset: from now on, listen
 		}
 	}
+	if held != nil {
+		held.sent = sent
+	}
 	d := pick(reqs, allowed, zones)
 	d.Err, d.Held = slotErr, held
 	return d, nil
@@ -508,4 +511,4 @@ func pick(reqs []Request, allowed bool, zones []zoneReply) Decision {
 }
 
 // unsatisfiable reports whether r's cost is above its zone's MaxCost: it can never be admitted.
-func unsatisfiable(r Request) bool { return r.Cost > r.Zone.maxCost() }
+func unsatisfiable(r Request) bool { return r.Cost > r.Zone.MaxCostOrQuota() }

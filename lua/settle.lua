@@ -10,7 +10,8 @@
 -- becomes what it would be had the request been charged at commit, or never. Only the bucket
 -- the call charged is touched: a bucket that expired or was reset (deleted) and recreated since
 -- holds no such field, and is left alone; so is one whose hold a later call already committed
--- for being older than decide.lua's HOLD_MAX. Running the same settle twice changes nothing more.
+-- for being older than decide.lua's HOLD_MAX (but see "L" below). Running the same settle twice
+-- changes nothing more, but for "L".
 -- A sliding window's entries ("<nonce>:1" .. "<nonce>:<cost>") are kept on commit and removed on
 -- release; entries already expired, or gone with their key, are gone anyway.
 --
@@ -34,13 +35,19 @@
 -- "sc"), quota, rate (tb: tokens/s, followed by ",<max_wait>" when shaping; sw, sc: window µs;
 -- fw: the window bounds) and cost, as given to that call.
 -- With "amount", then one more argument per zone i, at ARGV[4 + 4n + (i-1)] for n zones: what to
--- charge zone i. A token bucket commits that many tokens in place of its hold (0 releases it;
--- more than the bucket has left puts it in debt: u above capacity, which later requests wait
--- out); a sliding window keeps its entries, unless it is 0: then they are removed; a window
--- counter is charged it in place of its cost.
+-- charge zone i, an integer, followed by "L" when the response outlived the zone's hold time (so
+-- its hold may have been committed already). A token bucket commits that many tokens in place of
+-- its hold (0 releases it; more than the bucket has left puts it in debt: u above capacity, which
+-- later requests wait out, up to one capacity: u + h is never taken above 2 × capacity, so the
+-- key's TTL is at most two windows); with "L" and no hold found, the hold was committed as its
+-- cost (or the bucket was reset or has expired), and the difference, amount - cost, is added to
+-- u all the same (given back when negative): what a response is charged never depends on how
+-- long it took. Run twice, that difference would be applied twice: the caller settles once. A
+-- sliding window keeps its entries, unless it is 0: then they are removed; a window counter is
+-- charged it in place of its cost.
 --
 -- Reply: an array, per zone in order, 1 when it was settled now (its hold, window entries or
--- record were found), 2 when its record was found but the window it was charged in has ended
+-- record were found; a token bucket's "L" amount, always), 2 when its record was found but the window it was charged in has ended
 -- (nothing to settle), else 0.
 
 local EPSILON = 1e-9
@@ -109,9 +116,10 @@ for i = 1, n do
   local algo = ARGV[base]
   local quota = tonumber(ARGV[base + 1])
   local rate = tonumber(string.match(ARGV[base + 2], '^[^,]*')) -- tb: "<rate>[,<max_wait>]"
-  local amount
+  local amount, late
   if mode == 'amount' then
-    amount = tonumber(ARGV[4 + 4 * n + (i - 1)])
+    local a, l = string.match(ARGV[4 + 4 * n + (i - 1)], '^(%d+)(L?)$')
+    amount, late = tonumber(a), l == 'L'
     commit = amount > 0
   end
   settled[i] = 0
@@ -119,15 +127,30 @@ for i = 1, n do
   if algo == 'tb' then
     local v = redis.call('HMGET', key, 'u', 'ts', 'h', 'h:' .. nonce)
     local c = v[4] and tonumber(string.match(v[4], '^(%d+)@'))
-    local used, ts = tonumber(v[1]) or 0, tonumber(v[2]) or now
+    local diff -- what to add to u
     if c then
-      local held = math.max(0, (tonumber(v[3]) or 0) - c)
+      if mode == 'amount' then diff = amount elseif commit then diff = c else diff = 0 end
+    elseif late then
+      -- The hold is gone: committed as its cost by a decide.lua call that found it past its
+      -- time (or the bucket was reset, or has expired since): the amount owed is the same.
+      diff = amount - tonumber(ARGV[base + 3])
+      if not v[1] and diff <= 0 then diff = nil end -- no bucket, nothing owed
+      settled[i] = 1
+    end
+    if diff then
+      local held = math.max(0, (tonumber(v[3]) or 0) - (c or 0))
+      local used, ts = tonumber(v[1]) or 0, tonumber(v[2]) or now
       if now > ts then
         used = math.max(0, used - (now - ts) * rate / 1000000)
         ts = now
       end
-      if mode == 'amount' then used = used + amount elseif commit then used = used + c end
-      redis.call('HDEL', key, 'h:' .. nonce)
+      local before = used
+      used = math.max(0, used + diff)
+      if diff > 0 and used + held > 2 * quota then
+        -- Debt is at most one capacity (u + h <= 2 × quota): the key's TTL at most two windows.
+        used = math.max(before, 2 * quota - held)
+      end
+      if c then redis.call('HDEL', key, 'h:' .. nonce) end
       local fields = { 'u', string.format('%.17g', used), 'ts', string.format('%d', ts),
         't', '+' .. string.format('%.17g', quota - used - held) }
       if held > EPSILON then
