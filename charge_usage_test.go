@@ -265,7 +265,7 @@ func TestChargeCompressedUsage(t *testing.T) {
 	cs := startCaddy(t, openAIZone(srv.Addr, up.URL, "charge openai_usage total"))
 	chat := []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`)
 	for _, tc := range []struct {
-		name, accept, path string
+		name, accept, path  string
 		upstreamGot, coding string // the Accept-Encoding the upstream gets, the coding the client gets
 	}{
 		{"gzip", "gzip", "/v1/chat/completions", "gzip", "gzip"},
@@ -360,7 +360,7 @@ func TestChargeStreamWithoutIncludeUsage(t *testing.T) {
 	cs := startCaddy(t, openAIZone(srv.Addr, up.URL, "charge openai_usage total missing 8000"))
 	big := `{"model":"m","stream":true,"messages":[{"role":"user","content":"` + strings.Repeat("x", maxIncludeUsageBody) + `"}]}`
 	for _, tc := range []struct {
-		name, body string
+		name, body  string
 		upstreamGot string  // the body the upstream gets; "" when unchanged
 		want        float64 // charged
 	}{
