@@ -456,7 +456,7 @@ func TestChargeLateResponse(t *testing.T) {
 	noHold := testutil.ToFloat64(chargeMetrics.failures.WithLabelValues("no_hold"))
 	slow := make(chan rawResponse, 1)
 	go func() {
-		slow <- cs.send("/v1/chat/completions", "late", []byte(`{"messages":[],"stream":true}`))
+		slow <- cs.send("/v1/chat/completions", "late", []byte(`{"messages":[],"stream":true,"stream_options":{"include_usage":true}}`))
 	}()
 	state := "rl:{late}:tokens:tb"
 	waitFor(t, 5*time.Second, "the slow request's hold", func() bool {
