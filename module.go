@@ -352,7 +352,9 @@ type Zone struct {
 	// cost, and one request's entries are written in one script call that holds Redis, so a cost
 	// chosen per request is bounded by 1000 at most (MaxSlidingWindowCost). Or a placeholder,
 	// optionally with a fallback, as for capacity; a value above the quota resolved for the same
-	// request counts as that quota (and above 1000 as 1000 where that bound applies).
+	// request counts as that quota (and above 1000 as 1000 where that bound applies). It also
+	// bounds what a zone with charge is charged after the response: a larger amount reported
+	// is charged as max_cost (counted in charge_capped_total).
 	MaxCost int64 `json:"max_cost,omitempty"`
 
 	// What happens in this zone when Redis fails: `open`, `closed` or `local`, as the handler's
