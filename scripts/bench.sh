@@ -20,6 +20,12 @@
 #   6. plans       the zone of 1 with its numbers from placeholders (a map's outputs, bench/
 #                  plans.Caddyfile) against the same site with literals (bench/plans-literal.
 #                  Caddyfile) in the places of plain and module: what placeholder numbers cost.
+#   7. charge      LLM token budgets: bench/charge.Caddyfile (a zone with `charge openai_usage`)
+#                  against bench/charge-plain.Caddyfile (plain Caddy), both proxying to the same
+#                  upstream (bench/llm-upstream.Caddyfile: bin/caddy-plain answering a 5000-token
+#                  JSON completion gzip-compressed); bench/gzip.lua's 10,000 clients accept gzip.
+#                  What reading the usage from a compressed body and settling it cost (2 script
+#                  calls per request expected).
 # Plain and module runs alternate (plain, module, plain, module, ...) for BENCH_ROUNDS rounds so
 # that machine noise hits both alike; every figure is the median of the rounds.
 #
@@ -144,13 +150,14 @@ pick_port() {
 	die "no free port found"
 }
 
-# http_status PORT [HEADER]: the status code of GET / on 127.0.0.1:PORT, empty when none answers.
+# http_status PORT [HEADER [PATH]]: the status code of GET PATH (default /) on 127.0.0.1:PORT,
+# empty when none answers. HEADER may hold several lines, joined by CR LF.
 http_status() {
-	local port=$1 header=${2:-}
+	local port=$1 header=${2:-} path=${3:-/}
 	(
 		exec 3<>"/dev/tcp/127.0.0.1/$port" || exit 0
 		if [ -n "$header" ]; then header+=$'\r\n'; fi
-		printf 'GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n%sConnection: close\r\n\r\n' "$header" >&3
+		printf 'GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\n%sConnection: close\r\n\r\n' "$path" "$header" >&3
 		IFS=' ' read -r -t 5 _ code _ <&3 || exit 0
 		echo "$code"
 	) 2>/dev/null
@@ -307,7 +314,7 @@ seconds() { # a wrk duration in seconds, for the estimate
 	local v=${1%[smh]}
 	case $1 in *m) echo $((v * 60)) ;; *h) echo $((v * 3600)) ;; *) echo "$v" ;; esac
 }
-estimate=$(($(seconds "$duration") * rounds * 10 + $(seconds "$warmup") * 10))
+estimate=$(($(seconds "$duration") * rounds * 12 + $(seconds "$warmup") * 12))
 say "rounds=$rounds duration=$duration warmup=$warmup threads=$threads connections=$connections;" \
 	"about $(((estimate + 59) / 60)) min"
 
@@ -340,6 +347,51 @@ plans_scenario() {
 	stop_pid "$lit_pid"
 }
 plans_scenario
+
+# Scenario 7, charge: the module charging openai_usage in front of a gzip-answering JSON upstream
+# against plain Caddy in front of the same upstream, in the places of plain and module.
+charge_scenario() {
+	local up_pid pp_pid pp_port m_pid m_port saved=$plain_pid u code
+	mkdir -p "$work/llm"
+	# A completion of about 3 kB of word-like text (it compresses as prose does, about 2:1), its
+	# usage last, and its gzip for file_server's precompressed.
+	awk 'BEGIN { srand(7); printf "{\"id\":\"chatcmpl-bench\",\"object\":\"chat.completion\",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":\""
+		for (i = 0; i < 500; i++) { n = 2 + int(rand() * 7); for (j = 0; j < n; j++) printf "%c", 97 + int(rand() * 26); printf " " }
+		printf "\"},\"finish_reason\":\"stop\"}],\"usage\":{\"prompt_tokens\":1000,\"completion_tokens\":4000,\"total_tokens\":5000}}" }' \
+		>"$work/llm/chat.json"
+	gzip -k -9 "$work/llm/chat.json"
+	rcli flushall >/dev/null
+	export BENCH_ROOT=$work/llm
+	start_caddy llm-upstream bin/caddy-plain bench/llm-upstream.Caddyfile
+	up_pid=$caddy_pid
+	export BENCH_UPSTREAM=127.0.0.1:$caddy_port
+	start_caddy charge-plain bin/caddy-plain bench/charge-plain.Caddyfile
+	pp_pid=$caddy_pid
+	pp_port=$caddy_port
+	start_caddy charge bin/caddy bench/charge.Caddyfile
+	m_pid=$caddy_pid
+	m_port=$caddy_port
+	# The module must read the usage through gzip: the probe's bucket is charged 5000 (drained
+	# at 3171 tokens/s: more than 1000 for a second), not the reservation (500) nor `missing`.
+	code=$(http_status "$m_port" $'X-Client: bench-probe\r\nAccept-Encoding: gzip' /chat.json)
+	[ "$code" = 200 ] || { tail -20 "$work/caddy-charge.log" >&2; die "charge: probe request got '$code', want 200"; }
+	for _ in $(seq 20); do
+		u=$(rcli hget 'rl:{bench-probe}:llm:tb' u)
+		awk -v u="$u" 'BEGIN { exit !(u > 1000 && u <= 5000) }' && break
+		sleep 0.02
+	done
+	awk -v u="$u" 'BEGIN { exit !(u > 1000 && u <= 5000) }' ||
+		die "charge: the probe's bucket holds '$u' used tokens, want the usage of the gzip body (5000, less its refill)"
+	warm "$pp_port" bench/gzip.lua
+	warm "$m_port" bench/gzip.lua
+	plain_pid=$pp_pid
+	bench_rounds charge bench/gzip.lua "$pp_port" "$m_port" "$threads" "$connections" "$m_pid"
+	plain_pid=$saved
+	stop_pid "$m_pid"
+	stop_pid "$pp_pid"
+	stop_pid "$up_pid"
+}
+charge_scenario
 stop_pid "$plain_pid"
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 
@@ -417,7 +469,7 @@ table_row() { # SCENARIO LABEL
 		warnings+=("$s: the module answered $mnon non-2xx responses of $mreq (want 0)")
 	fi
 	[ "$errs" -eq 0 ] || warnings+=("$s: wrk reported $errs socket errors (connect/read/write/timeout)")
-	if [ "$s" = status ]; then
+	if [ "$s" = status ] || [ "$s" = charge ]; then
 		awk -v c="$cpr" 'BEGIN { exit !(c > 0 && c <= 2.01) }' ||
 			warnings+=("$s: $cpr script calls per request, expected at most 2 (a decision and a settlement)")
 	elif [ "$s" != flood ]; then
@@ -446,6 +498,7 @@ table_row allowed "1 allowed, 10k clients"
 table_row flood "2 deny flood, 1 client"
 table_row multizone "3 allowed, 3 zones"
 table_row status "5 count_status, 10k"
+table_row charge "7 charge gzip JSON"
 echo
 echo "CPU from /proc/PID/stat (utime + stime) over all rounds:"
 # shellcheck disable=SC2059 # cpu_format is the table's format
@@ -454,6 +507,7 @@ cpu_row allowed "1 allowed, 10k clients"
 cpu_row flood "2 deny flood, 1 client"
 cpu_row multizone "3 allowed, 3 zones"
 cpu_row status "5 count_status, 10k"
+cpu_row charge "7 charge gzip JSON"
 cpu_row latency "4 latency, c=1"
 echo
 lp50=$(col "$work/latency.plain" 3)
@@ -485,6 +539,7 @@ echo "    3 zones    $(rounds_line multizone)"
 echo "    status     $(rounds_line status)"
 echo "    latency    $(rounds_line latency)"
 echo "    plans      $(rounds_line plans) (literals/placeholders)"
+echo "    charge     $(rounds_line charge) (plain proxy/charging proxy)"
 echo
 if [ "${#warnings[@]}" -gt 0 ]; then
 	echo "CHECK:"
