@@ -146,8 +146,9 @@ for i = 1, n do
       end
       local before = used
       used = math.max(0, used + diff)
-      if diff > 0 and used + held > 2 * quota then
-        -- Debt is at most one capacity (u + h <= 2 × quota): the key's TTL at most two windows.
+      if mode == 'amount' and diff > 0 and used + held > 2 * quota then
+        -- A charge's debt is at most one capacity (u + h <= 2 × quota): the key's TTL at most
+        -- two windows. (A commit's is a shaping hold's, bounded by its max_wait.)
         used = math.max(before, 2 * quota - held)
       end
       if c then redis.call('HDEL', key, 'h:' .. nonce) end
