@@ -146,6 +146,14 @@ func (s *usageScanner) endDocument() {
 // closes, then parsed.
 func (s *usageScanner) scanJSON(p []byte) {
 	for i := 0; i < len(p); i++ {
+		if s.inStr && !s.inKey && !s.esc && s.capDepth == 0 {
+			// Inside a string value (most of a completion's bytes): on to its end or an escape.
+			j := bytes.IndexAny(p[i:], `"\`)
+			if j < 0 {
+				return
+			}
+			i += j
+		}
 		c := p[i]
 		if s.capDepth > 0 {
 			if len(s.buf) < maxUsageBytes {
