@@ -175,8 +175,9 @@ var ErrNotHeld = errors.New("no hold to settle")
 // second, has passed since the decision was sent): its hold may have been committed as its cost
 // by another decision, so the difference (amounts[i] − cost) is applied to the bucket all the
 // same, and it counts as settled. A settle in time is idempotent: a second one finds no hold. A
-// settle is never retried: on a Redis error the hold counts as charged once its Hold has passed. A zone given back some of its charge forgets this Limiter's cached
-// denials of its client (see Forget): they were decided without that capacity.
+// settle is never retried: on a Redis error the hold counts as charged once its Hold has passed.
+// A zone given back some of its charge forgets this Limiter's cached denials of its client (see
+// Forget): they were decided without that capacity.
 func (l *Limiter) Settle(ctx context.Context, h *Held, amounts []int64) ([]bool, error) {
 	if h == nil {
 		return nil, nil
