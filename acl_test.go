@@ -531,13 +531,14 @@ func TestRedisACLMissingGrant(t *testing.T) {
 // TestRedisACLCluster: on Redis Cluster, the user of the documented ACL with the Cluster line
 // (and the admin API's) serves a request whose zones, of all four algorithms, are in different
 // hash slots (holds, then commit or release in each): two admitted, the third denied by the zone
-// of limit 2 and charged nowhere. Without the Cluster line, no decision is made at all
-// (NOPERM on CLUSTER SLOTS).
+// of limit 2 and charged nowhere; the Cluster line's commands are sent and nothing is refused.
+// Without the Cluster line, no decision is made at all (NOPERM on CLUSTER SLOTS).
 func TestRedisACLCluster(t *testing.T) {
 	c := redistest.StartCluster(t, 3)
 	for _, n := range c.Nodes {
 		setUsers(t, n, "limiter", grantLimiter, grantAdmin, grantCluster)
 		setUsers(t, n, "nocluster", grantLimiter, grantAdmin)
+		n.Do("CONFIG", "RESETSTAT")
 	}
 	for _, user := range []string{"limiter", "nocluster"} {
 		t.Run(user, func(t *testing.T) {
@@ -595,9 +596,19 @@ func TestRedisACLCluster(t *testing.T) {
 					t.Fatalf("%s: state after two admitted and one denied: %+v", z, st)
 				}
 			}
+			// The Cluster line's commands are sent (to some node), and nothing is refused.
+			calls := map[string]int{}
 			for _, n := range c.Nodes {
 				if log := n.Do("ACL", "LOG"); fmt.Sprint(log) != "[]" {
 					t.Fatalf("%s: ACL LOG: %v", n.Addr, log)
+				}
+				for name, s := range commandStats(t, n) {
+					calls[name] += s[0]
+				}
+			}
+			for _, r := range grantCluster.rules("rl:") {
+				if calls[strings.TrimPrefix(r, "+")] == 0 {
+					t.Errorf("the Cluster line grants %s, which no node was sent", r)
 				}
 			}
 		})
