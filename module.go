@@ -48,6 +48,10 @@ const (
 	DefaultMaxWaiting = 1000
 )
 
+// localKeys bounds the client buckets fail_mode local keeps per zone: a variable so that tests
+// can exceed it with fewer requests.
+var localKeys = limiter.DefaultLocalKeys
+
 // Values of Handler.FailMode.
 const (
 	FailOpen   = "open"
@@ -496,7 +500,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		h.bareDenials = srv.Errors == nil || len(srv.Errors.Routes) == 0
 	}
 	if needLocal {
-		h.local = limiter.NewLocal(limiter.DefaultLocalKeys)
+		h.local = limiter.NewLocal(localKeys)
 	}
 	opts := limiter.Options{KeyPrefix: h.KeyPrefix}
 	if h.DenyCache == nil || *h.DenyCache {
