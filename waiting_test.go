@@ -153,3 +153,53 @@ func TestShapingFairShareLiteralKey(t *testing.T) {
 		t.Fatalf("%d places taken after the clients left, want 0", n)
 	}
 }
+
+// TestWaitingRoomShare: a room of 20 gives each key a share of 2. A key's third request waits
+// while its share is being decided; a decision that holds keeps the place, one that does not
+// gives it to the waiting request; with the share held, the next is refused at once, and a
+// waiting request whose context ends is refused. The room's own bound still applies.
+func TestWaitingRoomShare(t *testing.T) {
+	w := newWaitingRoom(20)
+	k := []waitingKey{{"z", "alice"}}
+	a, b := placeDeciding, placeDeciding
+	if !w.enter(context.Background(), k) || !w.enter(context.Background(), k) {
+		t.Fatal("alice's first two requests get no place")
+	}
+	third := make(chan bool, 1)
+	go func() { third <- w.enter(context.Background(), k) }()
+	w.hold(k, &a) // held: the place stays alice's
+	select {
+	case ok := <-third:
+		t.Fatalf("the third request got an answer (%t) while alice's share was taken", ok)
+	case <-time.After(50 * time.Millisecond): // checking that nothing happens
+	}
+	w.leave(k, &b) // decided not to be held: its place goes to the third
+	if !<-third {
+		t.Fatal("the third request got no place after a request of alice's share left")
+	}
+	c := placeDeciding
+	w.hold(k, &c)
+	if w.enter(context.Background(), k) {
+		t.Fatal("a fourth request got a place while alice's share is held")
+	}
+	if !w.enter(context.Background(), []waitingKey{{"z", "bob"}}) {
+		t.Fatal("bob gets no place while alice holds her share")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	left := make(chan bool, 1)
+	go func() { left <- w.enter(ctx, []waitingKey{{"z", "bob"}, {"ip", "b"}}) }() // bob's share: 1 deciding, 1 more
+	if !<-left {
+		t.Fatal("bob's second request got no place")
+	}
+	go func() { left <- w.enter(ctx, []waitingKey{{"z", "bob"}}) }()
+	cancel()
+	if <-left {
+		t.Fatal("a request waiting for bob's decisions got a place after its context ended")
+	}
+	for i := range 20 {
+		w.enter(context.Background(), []waitingKey{{"z", "c" + strconv.Itoa(i)}})
+	}
+	if n := w.held(); n != 20 {
+		t.Fatalf("%d places taken, want the room's 20", n)
+	}
+}
