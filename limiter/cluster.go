@@ -5,8 +5,6 @@ import (
 	"slices"
 	"sync"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 )
 
 // slotGroups returns, on Redis Cluster, the indexes of keys grouped by hash slot, in order of
@@ -125,10 +123,10 @@ func (l *Limiter) settle(ctx context.Context, charged []*call, commit bool) {
 // trip per call, all under way at once. Not one pipeline for all: go-redis fails every command
 // of a cluster pipeline when one node times out, and a slot whose node answered must keep its
 // answer (a denial stands against another slot's failure).
-func evalEach(ctx context.Context, rdb Pipeliner, script *redis.Script, calls []*call) {
+func evalEach(ctx context.Context, rdb Pipeliner, s *script, calls []*call) {
 	var wg sync.WaitGroup
 	for _, c := range calls {
-		wg.Go(func() { evalBatch(ctx, rdb, script, []*call{c}) })
+		wg.Go(func() { evalBatch(ctx, rdb, s, []*call{c}) })
 	}
 	wg.Wait()
 }

@@ -14,24 +14,17 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-
-	"github.com/rate-limit-redis/caddy-rate-limit-redis/lua"
 )
 
 // ErrBadResponse is wrapped by the error Allow returns when Redis replies with a value of the
 // wrong shape or type; errors.Is(err, ErrBadResponse) tells it from a Redis or network error.
 var ErrBadResponse = errors.New("bad response from redis")
 
-var (
-	decideScript = redis.NewScript(lua.Decide)
-	settleScript = redis.NewScript(lua.Settle)
-)
-
-// Client is what a Limiter needs of a go-redis client: scripts, pipelines, and the plain
-// commands of State and Reset. *redis.Client (standalone, or Sentinel's failover client),
+// Client is what a Limiter needs of a go-redis client: single commands (a script call),
+// pipelines, and the plain commands of State and Reset. *redis.Client (standalone, or Sentinel's failover client),
 // *redis.ClusterClient and redis.UniversalClient have it.
 type Client interface {
-	redis.Scripter
+	Processor
 	Pipeliner
 	Commander
 }
