@@ -216,9 +216,9 @@ func (l *Limiter) Denied(reqs []Request) (Decision, bool) {
 //
 // On Redis Cluster (Options.Cluster), zones whose keys fall in different hash slots are decided
 // by one script call per slot, all under way at once (one round trip each), with
-// their token bucket charges taken as holds; then settle.lua commits every slot when all
-// admitted (a second round trip), or releases the slots that admitted when one denied or failed.
-// A hold is exact both ways (see settle.lua). Between the hold and its release other requests see
+// their token bucket charges taken as holds and their window counter charges recorded; then
+// settle.lua commits every slot when all admitted (a second round trip), or releases the slots
+// that admitted when one denied or failed. A hold or record is exact both ways (see settle.lua). Between the hold and its release other requests see
 // the hold, so a release can deny too much for a round trip, never admit too much; a settle that
 // fails leaves the hold, which counts as a charge after 5s (the error is not returned: the
 // decision stands). A slot's denial stands against another slot's error (Decision.Err).
@@ -244,7 +244,7 @@ func (l *Limiter) Allow(ctx context.Context, reqs []Request) (Decision, error) {
 		allowed, zones, held, slotErr, err = l.allowSlots(ctx, reqs, keys, groups, sent)
 	} else {
 		args := l.scriptArgs(reqs, false, sent)
-		ckeys := withRecords(keys, reqs, args)
+		ckeys := withRecords(keys, reqs, args, false)
 		allowed, zones, err = l.allowOne(ctx, reqs, ckeys, args)
 		if allowed {
 			held = newHeld(reqs, ckeys, args, nil)
