@@ -24,7 +24,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
@@ -47,17 +46,10 @@ func startSites(t *testing.T, serverOptions string, sites ...string) []*caddySer
 		servers[i] = &caddyServer{t: t, base: "http://127.0.0.1:" + strconv.Itoa(port)}
 		fmt.Fprintf(&b, ":%d {\n\tbind 127.0.0.1\n%s\n}\n", port, site)
 	}
-	cfg, warnings, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(b.String()), nil)
-	if err != nil {
-		t.Fatalf("adapting: %v", err)
-	}
-	for _, w := range warnings {
-		t.Logf("adapter warning: %s", w.String())
-	}
-	if err := caddy.Load(cfg, true); err != nil {
+	t.Cleanup(func() { _ = caddy.Stop() })
+	if err := loadCaddyfile(t, b.String()); err != nil {
 		t.Fatalf("loading: %v", err)
 	}
-	t.Cleanup(func() { _ = caddy.Stop() })
 	return servers
 }
 
@@ -631,63 +623,4 @@ func clientCount() int {
 	n := 0
 	clients.Range(func(any, any) bool { n++; return true })
 	return n
-}
-
-// limiterACL is the Redis ACL of docs/security.md ("Redis access"): the key prefix, the script
-// commands, and the commands decide.lua calls.
-var limiterACL = []any{"~rl:*", "&rl:*", "-@all", "+evalsha", "+eval", "+time", "+hmget", "+hset", "+hdel", "+hgetall",
-	"+pexpire", "+zcount", "+zrangebyscore", "+zrange", "+zremrangebyscore", "+zrem", "+subscribe", "+ping", "+zadd"}
-
-// aclRules is limiterACL as redis-server arguments.
-func aclRules() []string {
-	rules := make([]string, len(limiterACL))
-	for i, r := range limiterACL {
-		rules[i] = r.(string)
-	}
-	return rules
-}
-
-// TestRedisACL: a Redis user with only limiterACL serves both algorithms; one without a command
-// the script needs fails, and fail_mode applies.
-func TestRedisACL(t *testing.T) {
-	for _, tc := range []struct {
-		name     string
-		rules    []any
-		degraded string
-	}{
-		{"the documented ACL", limiterACL, ""},
-		{"without ZADD", limiterACL[:len(limiterACL)-1], "true"},
-		{"another key prefix", append([]any{"~other:*"}, limiterACL[1:]...), "true"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			srv := redistest.Start(t)
-			srv.Do(append([]any{"ACL", "SETUSER", "limiter", "on", ">s3cret"}, tc.rules...)...)
-			cs := startSites(t, "", fmt.Sprintf(`
-	rate_limit_redis {
-		redis {
-			address %s
-			username limiter
-			password s3cret
-		}
-		zone tb {
-			capacity 5
-			refill_rate 1/1h
-		}
-		zone sw {
-			algorithm sliding_window
-			limit 10
-			window 1h
-		}
-	}
-	respond "ok"`, srv.Addr))[0]
-			remaining := "4"
-			if tc.degraded != "" {
-				remaining = ""
-			}
-			cs.get("/").expect(t, "first", 200, "ok", "X-RateLimit-Degraded", tc.degraded, "X-RateLimit-Remaining", remaining)
-			if tc.degraded == "" {
-				cs.get("/").expect(t, "second", 200, "ok", "X-RateLimit-Degraded", "", "X-RateLimit-Remaining", "3")
-			}
-		})
-	}
 }

@@ -265,10 +265,11 @@ func (z *Zone) PolicyWindow() time.Duration {
 	return time.Duration(float64(z.Capacity) / z.RefillRate * float64(time.Second))
 }
 
-// WindowAt returns the fixed window of a fixed window zone that holds t: [start, end). A Window
-// is aligned to the Unix epoch; a Period starts at the start of its hour, day, week (Monday) or
-// month in Location (UTC when nil), so a day of a daylight saving change is 23 or 25 hours
-// long, and a month as long as it is.
+// WindowAt returns the fixed window of a fixed window zone that holds t: [start, end), with
+// start <= t < end. A Window is aligned to the Unix epoch; a Period is a calendar period in
+// Location (UTC when nil), computed by calendarWindow: a day of a daylight saving change is 23
+// or 25 hours long, a month as long as it is, and each window starts where the one before it
+// ended.
 func (z *Zone) WindowAt(t time.Time) (start, end time.Time) {
 	if z.Period == NoPeriod {
 		w := z.Window.Microseconds()
@@ -280,23 +281,5 @@ func (z *Zone) WindowAt(t time.Time) (start, end time.Time) {
 	if loc == nil {
 		loc = time.UTC
 	}
-	t = t.In(loc)
-	y, mo, d := t.Date()
-	switch z.Period {
-	case Hour:
-		// The hour starts where the local clock reads :00. In the hour a daylight saving change
-		// repeats, time.Date gives the first of the two: step to the one that holds t.
-		start = time.Date(y, mo, d, t.Hour(), 0, 0, 0, loc)
-		for !t.Before(start.Add(time.Hour)) {
-			start = start.Add(time.Hour)
-		}
-		return start, start.Add(time.Hour)
-	case Day:
-		return time.Date(y, mo, d, 0, 0, 0, 0, loc), time.Date(y, mo, d+1, 0, 0, 0, 0, loc)
-	case Week:
-		back := (int(t.Weekday()) + 6) % 7 // days since Monday
-		return time.Date(y, mo, d-back, 0, 0, 0, 0, loc), time.Date(y, mo, d-back+7, 0, 0, 0, 0, loc)
-	default: // Month
-		return time.Date(y, mo, 1, 0, 0, 0, 0, loc), time.Date(y, mo+1, 1, 0, 0, 0, 0, loc)
-	}
+	return calendarWindow(z.Period, t, loc)
 }

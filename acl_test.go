@@ -1,0 +1,650 @@
+package ratelimitredis
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/limiter"
+)
+
+// aclRules is the first line of the documented ACL, for key prefix "rl:", as redis-server
+// arguments.
+func aclRules() []string { return grantLimiter.rules("rl:") }
+
+// setUsers gives srv each of the documented ACL's lines for user (password s3cret) that grants
+// lists, as an operator would type them: the first creates the user.
+func setUsers(t *testing.T, srv *redistest.Server, user string, grants ...redisGrant) {
+	t.Helper()
+	lines := redisACL(user, "s3cret", "rl:")
+	for _, g := range grants {
+		args := []any{}
+		for _, f := range strings.Fields(lines[g]) {
+			args = append(args, f)
+		}
+		srv.Do(args...)
+	}
+}
+
+// redisCall matches a command a Lua script sends, its name a literal (group 2); redisCallAny
+// matches any call, whatever its first argument.
+var (
+	redisCall    = regexp.MustCompile(`redis\.p?call\(\s*(['"])([^'"]*)['"]`)
+	redisCallAny = regexp.MustCompile(`redis\.p?call\(`)
+)
+
+// TestRedisACLListsEveryScriptCommand: every command a script of lua/ sends (redis.call and
+// redis.pcall, comments aside) is listed for that script in redisUses, and the list names no
+// command the script does not send: a script that starts using a command the ACL lacks fails
+// here, not in an operator's Redis.
+func TestRedisACLListsEveryScriptCommand(t *testing.T) {
+	files, err := filepath.Glob("lua/*.lua")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no scripts in lua/: %v", err)
+	}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sent := map[string]bool{}
+		for i, line := range strings.Split(string(b), "\n") {
+			code, _, _ := strings.Cut(line, "--") // Lua comments
+			calls := redisCall.FindAllStringSubmatch(code, -1)
+			if n := len(redisCallAny.FindAllString(code, -1)); n != len(calls) {
+				t.Errorf("%s:%d: a command whose name is not a literal: the ACL cannot be checked\n%s", f, i+1, line)
+			}
+			for _, c := range calls {
+				sent[strings.ToLower(c[2])] = true
+			}
+		}
+		if len(sent) == 0 {
+			t.Errorf("%s: found no redis.call", f)
+		}
+		var listed []string
+		n := 0
+		for _, u := range redisUses {
+			if u.by == f {
+				listed, n = u.commands, n+1
+			}
+		}
+		if n != 1 {
+			t.Errorf("%s has %d entries in redisUses, want 1", f, n)
+			continue
+		}
+		for _, c := range slices.Sorted(maps.Keys(sent)) {
+			if !slices.Contains(listed, c) {
+				t.Errorf("%s sends %s, which redisUses does not list for it (nor so the ACL of docs/security.md)", f, strings.ToUpper(c))
+			}
+		}
+		for _, c := range listed {
+			if !sent[c] {
+				t.Errorf("redisUses lists %s for %s, which does not send it", strings.ToUpper(c), f)
+			}
+		}
+	}
+}
+
+// commandStats is INFO commandstats: the calls and rejected calls of each command (named as
+// ACL rules name them: container|sub).
+func commandStats(t *testing.T, srv *redistest.Server) map[string][2]int {
+	t.Helper()
+	stats := map[string][2]int{}
+	for _, line := range strings.Split(srv.Do("INFO", "commandstats").(string), "\r\n") {
+		name, fields, ok := strings.Cut(strings.TrimPrefix(line, "cmdstat_"), ":")
+		if !ok || !strings.HasPrefix(line, "cmdstat_") {
+			continue
+		}
+		var s [2]int
+		for _, f := range strings.Split(fields, ",") {
+			k, v, _ := strings.Cut(f, "=")
+			n, _ := strconv.Atoi(v)
+			switch k {
+			case "calls":
+				s[0] = n
+			case "rejected_calls":
+				s[1] = n
+			}
+		}
+		stats[name] = s
+	}
+	return stats
+}
+
+// testCommands are the commands the tests send themselves (as the default user), or which need
+// no grant (HELLO): left out when the commands the module sent are compared with the ACL.
+var testCommands = []string{"hello", "client|setinfo", "config|resetstat", "info", "acl|log", "pubsub|numsub"}
+
+// TestRedisACL: a Redis user with exactly the documented ACL (its first line; the admin API's
+// line added for the admin API) serves every algorithm, plain, with count_status, with charge
+// and with max_wait where each applies, the reset broadcast, and every admin endpoint, each
+// exactly as an unrestricted user: N admitted then denied, no X-RateLimit-Degraded, never a
+// NOPERM. Every command the ACL grants was sent, and Redis refused none.
+//
+// The documented line before it (lacking +get +set +del) failed here: fixed_window admitted 12 of
+// 12, degraded (decide.lua's GET); a window counter with count_status wrote the count, then
+// failed on its record's SET, so that every 200 was counted and the fourth good request denied;
+// the failures opened the circuit breaker, so the token bucket zones degraded too; the admin
+// API's state of a fixed window failed with EXECABORT.
+func TestRedisACL(t *testing.T) {
+	srv := redistest.Start(t)
+	setUsers(t, srv, "limiter", grantLimiter)
+	setUsers(t, srv, "admin", grantLimiter, grantAdmin)
+	srv.Do("CONFIG", "RESETSTAT")
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("ACL LOG: %v", srv.Do("ACL", "LOG"))
+		}
+	})
+
+	// An upstream that holds /tb_hold/slow until released, so that another request decides
+	// while that one's hold is pending.
+	arrived, release := make(chan struct{}, 1), make(chan struct{})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		arrived <- struct{}{}
+		<-release
+		_, _ = w.Write([]byte("ok"))
+	}))
+	t.Cleanup(up.Close)
+	t.Cleanup(func() {
+		select {
+		case <-release:
+		default:
+			close(release)
+		}
+	})
+
+	t.Run("decisions and the reset broadcast", func(t *testing.T) {
+		redisBlock := fmt.Sprintf("redis {\n\t\t\taddress %s\n\t\t\tusername limiter\n\t\t\tpassword s3cret\n\t\t}", srv.Addr)
+		zones := []string{
+			"tb capacity 3\n\t\t\trefill_rate 1/1h",
+			"sw algorithm sliding_window\n\t\t\tlimit 3\n\t\t\twindow 1h",
+			"fw algorithm fixed_window\n\t\t\tlimit 3\n\t\t\tperiod month",
+			"sc algorithm sliding_window_counter\n\t\t\tlimit 3\n\t\t\twindow 366d",
+			"tb_count capacity 3\n\t\t\trefill_rate 1/1h\n\t\t\tcount_status 401",
+			"sw_count algorithm sliding_window\n\t\t\tlimit 3\n\t\t\twindow 1h\n\t\t\tcount_status 401",
+			"fw_count algorithm fixed_window\n\t\t\tlimit 3\n\t\t\tperiod month\n\t\t\tcount_status 401",
+			"sc_count algorithm sliding_window_counter\n\t\t\tlimit 3\n\t\t\twindow 366d\n\t\t\tcount_status 401",
+			"tb_charge capacity 4\n\t\t\trefill_rate 1/1h\n\t\t\tcharge header X-Cost",
+			"fw_charge algorithm fixed_window\n\t\t\tlimit 4\n\t\t\tperiod month\n\t\t\tcharge header X-Cost",
+			"sc_charge algorithm sliding_window_counter\n\t\t\tlimit 4\n\t\t\twindow 366d\n\t\t\tcharge header X-Cost",
+			"tb_wait capacity 1\n\t\t\trefill_rate 1\n\t\t\tmax_wait 1s",
+			"tb_hold capacity 2\n\t\t\trefill_rate 1/1h\n\t\t\tcount_status 401",
+			"tb_last capacity 3\n\t\t\trefill_rate 1/1h",
+		}
+		var b strings.Builder
+		for _, z := range zones {
+			name, rest, _ := strings.Cut(z, " ")
+			fmt.Fprintf(&b, "\n\t\tzone %s {\n\t\t\tmatch path /%s/*\n\t\t\t%s\n\t\t}", name, name, rest)
+		}
+		cs := startCaddy(t, fmt.Sprintf(`
+	rate_limit_redis {
+		%s%s
+	}
+	route /bc/* {
+		rate_limit_redis {
+			%s
+			deny_cache {
+				max_age 1h
+			}
+			zone bc {
+				algorithm sliding_window
+				limit 1
+				window 1h
+			}
+		}
+		respond "ok"
+	}
+	@charge path */charge
+	header @charge X-Cost 2
+	@e401 path */401
+	route {
+		reverse_proxy /tb_hold/slow %s
+		respond @e401 401
+		respond "ok"
+	}`, redisBlock, b.String(), redisBlock, up.URL))
+
+		// check sends one request and checks its status (and body: "ok" for a 200, else none),
+		// that it is not degraded, and X-RateLimit-Remaining unless remaining is "-". It does not
+		// end the test, so that a zone that fails goes on failing as security-3 saw it (the
+		// count kept, the circuit breaker opened).
+		check := func(t *testing.T, step, path string, status int, remaining string) {
+			t.Helper()
+			r := cs.get(path)
+			body := ""
+			if status == 200 {
+				body = "ok"
+			}
+			if r.status != status || r.body != body || r.header.Get("X-RateLimit-Degraded") != "" ||
+				(remaining != "-" && r.header.Get("X-RateLimit-Remaining") != remaining) {
+				t.Errorf("%s: %d %q, X-RateLimit-Degraded %q, X-RateLimit-Remaining %q; want %d %q, not degraded, remaining %q",
+					step, r.status, r.body, r.header.Get("X-RateLimit-Degraded"), r.header.Get("X-RateLimit-Remaining"), status, body, remaining)
+			}
+		}
+		ok := func(t *testing.T, step, path, remaining string) { t.Helper(); check(t, step, path, 200, remaining) }
+		denied := func(t *testing.T, step, path string) { t.Helper(); check(t, step, path, 429, "-") }
+
+		// Plain: 3 admitted, then denied (12 requests, as security-3 sent). In security-3's
+		// order: the fixed window (newcomer-3's `period` quota, of which all 12 were admitted)
+		// after the count_status zones.
+		plain := func(z string) {
+			t.Run(z, func(t *testing.T) {
+				for i, rem := range []string{"2", "1", "0"} {
+					ok(t, fmt.Sprintf("request %d", i+1), "/"+z+"/", rem)
+				}
+				for i := 4; i <= 12; i++ {
+					denied(t, fmt.Sprintf("request %d", i), "/"+z+"/")
+				}
+			})
+		}
+		for _, z := range []string{"tb", "sw", "sc"} {
+			plain(z)
+		}
+
+		// count_status 401: five 200s are given back (each holds one slot while it runs), then
+		// three 401s are counted and the next request is denied. security-3's case: the
+		// sliding window counter's count was kept, and its fourth 200 denied.
+		for _, z := range []string{"sc_count", "tb_count", "sw_count", "fw_count"} {
+			t.Run(z, func(t *testing.T) {
+				for i := 1; i <= 5; i++ {
+					ok(t, fmt.Sprintf("200 number %d", i), "/"+z+"/", "2")
+				}
+				for i, rem := range []string{"2", "1", "0"} {
+					check(t, fmt.Sprintf("401 number %d", i+1), "/"+z+"/401", 401, rem)
+				}
+				denied(t, "after three 401s", "/"+z+"/")
+			})
+		}
+		plain("fw")
+
+		// charge header: a quota of 4 and responses reporting 2 (cost 1 reserved): two
+		// admitted, then denied.
+		for _, z := range []string{"tb_charge", "fw_charge", "sc_charge"} {
+			t.Run(z, func(t *testing.T) {
+				ok(t, "first", "/"+z+"/charge", "3")
+				ok(t, "second", "/"+z+"/charge", "1")
+				denied(t, "third", "/"+z+"/charge")
+			})
+		}
+
+		// max_wait: capacity 1, a token a second, max_wait 1s; three requests at once: one
+		// admitted now, one held about a second, one denied (it would wait 2s).
+		t.Run("tb_wait", func(t *testing.T) {
+			type result struct {
+				status   int
+				degraded string
+				took     time.Duration
+			}
+			results := make([]result, 3)
+			var wg sync.WaitGroup
+			for i := range results {
+				wg.Go(func() {
+					start := time.Now()
+					resp, err := servingClient(0).Get(cs.base + "/tb_wait/")
+					if err != nil {
+						results[i].status = -1
+						return
+					}
+					resp.Body.Close()
+					results[i] = result{resp.StatusCode, resp.Header.Get("X-RateLimit-Degraded"), time.Since(start)}
+				})
+			}
+			wg.Wait()
+			statuses := map[int]int{}
+			var held time.Duration
+			for _, r := range results {
+				statuses[r.status]++
+				if r.degraded != "" {
+					t.Fatalf("degraded: %+v", results)
+				}
+				if r.status == 200 {
+					held = max(held, r.took)
+				}
+			}
+			if statuses[200] != 2 || statuses[429] != 1 || held < 500*time.Millisecond {
+				t.Fatalf("%+v, want two admitted (one held about 1s) and one denied", results)
+			}
+		})
+
+		// A decision while another request's hold is pending (decide.lua reads the holds with
+		// HGETALL): capacity 2, one request held upstream.
+		t.Run("tb_hold", func(t *testing.T) {
+			slow := make(chan int, 1)
+			go func() {
+				resp, err := servingClient(0).Get(cs.base + "/tb_hold/slow")
+				if err != nil {
+					slow <- -1
+					return
+				}
+				resp.Body.Close()
+				slow <- resp.StatusCode
+			}()
+			select {
+			case <-arrived:
+			case status := <-slow:
+				t.Fatalf("the request to hold: %d before it reached the upstream", status)
+			}
+			check(t, "a 401 beside the pending hold", "/tb_hold/401", 401, "0")
+			denied(t, "one counted, one held", "/tb_hold/")
+			close(release)
+			if status := <-slow; status != 200 {
+				t.Fatalf("the held request: %d, want 200", status)
+			}
+			redistest.WaitFor(t, 5*time.Second, "the held request given back", func() bool {
+				r := cs.get("/tb_hold/401")
+				if r.status == 401 && r.header.Get("X-RateLimit-Degraded") == "" {
+					return true
+				}
+				if r.status != 429 || r.header.Get("X-RateLimit-Degraded") != "" {
+					t.Fatalf("after the release: %d %v", r.status, r.header)
+				}
+				return false
+			})
+			denied(t, "two counted", "/tb_hold/")
+		})
+
+		// A token bucket zone after all that: security-3 and newcomer-3 saw those degrade, the
+		// failures of the other zones having opened the circuit breaker.
+		t.Run("tb_last", func(t *testing.T) { ok(t, "first", "/tb_last/", "2") })
+
+		// The reset broadcast: the client is denied from this instance's deny cache (trusted
+		// 1h), another instance resets it (DEL and PUBLISH, with the admin API's ACL), and the
+		// message, received on this instance's subscription, clears the cache.
+		t.Run("reset broadcast", func(t *testing.T) {
+			ok(t, "first", "/bc/", "0")
+			denied(t, "second", "/bc/")
+			denied(t, "third", "/bc/")
+			redistest.WaitFor(t, 5*time.Second, "the instance subscribed to rl:reset", func() bool {
+				return fmt.Sprint(srv.Do("PUBSUB", "NUMSUB", "rl:reset")) == "[rl:reset 1]"
+			})
+			rdb, err := resolvedRedis{Addresses: []string{srv.Addr}, Username: "admin", Password: "s3cret", DialTimeout: time.Second}.newClient()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer rdb.Close()
+			other := limiter.New(rdb, limiter.Options{KeyPrefix: "rl:"})
+			if existed, err := other.Reset(context.Background(), &limiter.Zone{Name: "bc", Algorithm: limiter.SlidingWindow}, "127.0.0.1"); err != nil || !existed {
+				t.Fatalf("reset by another instance: %v, %v", existed, err)
+			}
+			redistest.WaitFor(t, 5*time.Second, "the reset reaches this instance's deny cache", func() bool {
+				return cs.get("/bc/").status == 200
+			})
+			// go-redis checks the subscription with a PING after 3s without a message.
+			redistest.WaitFor(t, 10*time.Second, "the subscription's health check PING", func() bool {
+				return commandStats(t, srv)["ping"][0] > 0
+			})
+		})
+	})
+
+	t.Run("admin API", func(t *testing.T) {
+		ac := startCaddyAdmin(t, fmt.Sprintf(`
+	rate_limit_redis {
+		redis {
+			address %s
+			username admin
+			password s3cret
+		}
+		zone tb {
+			match path /tb
+			key {http.request.header.X-Client}
+			capacity 3
+			refill_rate 1/1h
+		}
+		zone sw {
+			match path /sw
+			key {http.request.header.X-Client}
+			algorithm sliding_window
+			limit 3
+			window 1h
+		}
+		zone fw {
+			match path /fw
+			key {http.request.header.X-Client}
+			algorithm fixed_window
+			limit 3
+			period month
+		}
+		zone sc {
+			match path /sc
+			key {http.request.header.X-Client}
+			algorithm sliding_window_counter
+			limit 3
+			window 366d
+		}
+	}
+	respond "ok"`, srv.Addr))
+		zones := adminJSON[[]zoneInfo](t, ac, "GET", "/rate_limit_redis/zones", 200)
+		var names []string
+		for _, z := range zones {
+			names = append(names, z.Name+" "+z.Algorithm)
+		}
+		if got := strings.Join(names, ", "); got != "fw fixed_window, sc sliding_window_counter, sw sliding_window, tb token_bucket" {
+			t.Fatalf("zones: %s", got)
+		}
+		for _, z := range []string{"tb", "sw", "fw", "sc"} {
+			t.Run(z, func(t *testing.T) {
+				// security-3's t_acl_admin.sh: the state of a fixed window failed with EXECABORT.
+				if st := adminJSON[[]clientState](t, ac, "GET", "/rate_limit_redis/state?zone="+z+"&key=bob", 200); len(st) != 1 || st[0].Exists || st[0].Remaining != 3 {
+					t.Fatalf("state of a client never seen: %+v", st)
+				}
+				for i := 1; i <= 3; i++ {
+					ac.get("/"+z, "X-Client", "alice").expect(t, fmt.Sprintf("request %d", i), 200, "ok", "X-RateLimit-Degraded", "")
+				}
+				st := adminJSON[[]clientState](t, ac, "GET", "/rate_limit_redis/state?zone="+z+"&key=alice", 200)
+				if len(st) != 1 || !st[0].Exists || st[0].Remaining != 0 || st[0].RetryAfterMs <= 0 || st[0].TTLMs <= 0 ||
+					(z == "tb") != (st[0].Tokens != nil) || (z != "tb" && (st[0].Count == nil || *st[0].Count != 3)) {
+					t.Fatalf("state of alice after 3 requests: %+v", st)
+				}
+				reset := adminJSON[[]resetResult](t, ac, "DELETE", "/rate_limit_redis/state?zone="+z+"&key=alice", 200)
+				if len(reset) != 1 || !reset[0].Deleted {
+					t.Fatalf("reset: %+v", reset)
+				}
+				ac.get("/"+z, "X-Client", "alice").expect(t, "after the reset", 200, "ok", "X-RateLimit-Degraded", "", "X-RateLimit-Remaining", "2")
+			})
+		}
+	})
+	if t.Failed() {
+		return
+	}
+
+	// Nothing refused, and every command granted was sent: the ACL is complete and has nothing
+	// the module does not use.
+	if log := srv.Do("ACL", "LOG"); fmt.Sprint(log) != "[]" {
+		t.Fatalf("ACL LOG: %v", log)
+	}
+	var sent []string
+	for name, s := range commandStats(t, srv) {
+		if s[1] > 0 {
+			t.Errorf("Redis refused %s %d times", name, s[1])
+		}
+		if s[0] > 0 && !slices.Contains(testCommands, name) {
+			sent = append(sent, "+"+name)
+		}
+	}
+	granted := append(grantLimiter.rules("rl:")[3:], grantAdmin.rules("rl:")...)
+	slices.Sort(sent)
+	slices.Sort(granted)
+	if !slices.Equal(sent, granted) {
+		t.Errorf("commands sent:\n%v\ngranted by the ACL's first two lines:\n%v", sent, granted)
+	}
+}
+
+// TestRedisACLMissingGrant: a user without one of the commands, or with another key prefix, or
+// (with db 1) without the db line, fails every decision of the zone, and fail_mode applies;
+// with the db line, db 1 works.
+func TestRedisACLMissingGrant(t *testing.T) {
+	base := aclRules()
+	for _, tc := range []struct {
+		name     string
+		rules    []string
+		db       string
+		degraded string
+	}{
+		{"without ZADD", slices.DeleteFunc(slices.Clone(base), func(r string) bool { return r == "+zadd" }), "", "true"},
+		{"another key prefix", append([]string{"~other:*"}, base[1:]...), "", "true"},
+		{"db 1 without +select", base, "db 1", "true"},
+		{"db 1 with the db line", append(slices.Clone(base), grantDB.rules("rl:")...), "db 1", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := redistest.Start(t)
+			args := []any{"ACL", "SETUSER", "limiter", "on", ">s3cret"}
+			for _, r := range tc.rules {
+				args = append(args, r)
+			}
+			srv.Do(args...)
+			cs := startCaddy(t, fmt.Sprintf(`
+	rate_limit_redis {
+		redis {
+			address %s
+			username limiter
+			password s3cret
+			%s
+		}
+		zone sw {
+			algorithm sliding_window
+			limit 10
+			window 1h
+		}
+	}
+	respond "ok"`, srv.Addr, tc.db))
+			remaining := "9"
+			if tc.degraded != "" {
+				remaining = ""
+			}
+			cs.get("/").expect(t, "first", 200, "ok", "X-RateLimit-Degraded", tc.degraded, "X-RateLimit-Remaining", remaining)
+		})
+	}
+}
+
+// TestRedisACLCluster: on Redis Cluster, the user of the documented ACL with the Cluster line
+// (and the admin API's) serves a request whose zones, of all four algorithms, are in different
+// hash slots (holds, then commit or release in each): two admitted, the third denied by the zone
+// of limit 2 and charged nowhere; the Cluster line's commands are sent and nothing is refused.
+// Without the Cluster line, no decision is made at all (NOPERM on CLUSTER SLOTS).
+func TestRedisACLCluster(t *testing.T) {
+	c := redistest.StartCluster(t, 3)
+	for _, n := range c.Nodes {
+		setUsers(t, n, "limiter", grantLimiter, grantAdmin, grantCluster)
+		setUsers(t, n, "nocluster", grantLimiter, grantAdmin)
+		n.Do("CONFIG", "RESETSTAT")
+	}
+	for _, user := range []string{"limiter", "nocluster"} {
+		t.Run(user, func(t *testing.T) {
+			ac := startCaddyAdmin(t, fmt.Sprintf(`
+	rate_limit_redis {
+		redis {
+			address %s
+			username %s
+			password s3cret
+		}
+		zone tb {
+			key {http.request.header.X-A}
+			capacity 3
+			refill_rate 1/1h
+		}
+		zone sw {
+			key {http.request.header.X-B}
+			algorithm sliding_window
+			limit 3
+			window 1h
+		}
+		zone fw {
+			key {http.request.header.X-C}
+			algorithm fixed_window
+			limit 3
+			period month
+		}
+		zone sc {
+			key {http.request.header.X-D}
+			algorithm sliding_window_counter
+			limit 2
+			window 366d
+		}
+	}
+	respond "ok"`, strings.Join(c.Addrs(), " "), user))
+			keys := []string{"X-A", "a-" + user, "X-B", "b-" + user, "X-C", "c-" + user, "X-D", "d-" + user}
+			slots := map[any]bool{}
+			for i := 1; i < len(keys); i += 2 {
+				slots[c.Nodes[0].Do("CLUSTER", "KEYSLOT", keys[i])] = true
+			}
+			if len(slots) != 4 {
+				t.Fatalf("the keys share slots: %v", slots)
+			}
+			if user == "nocluster" {
+				ac.get("/", keys...).expect(t, "without the Cluster line", 200, "ok", "X-RateLimit-Degraded", "true")
+				return
+			}
+			ac.get("/", keys...).expect(t, "first", 200, "ok", "X-RateLimit-Degraded", "", "X-RateLimit-Remaining", "1")
+			ac.get("/", keys...).expect(t, "second", 200, "ok", "X-RateLimit-Degraded", "", "X-RateLimit-Remaining", "0")
+			ac.get("/", keys...).expect(t, "third", 429, "", "X-RateLimit-Degraded", "")
+			for i, z := range []string{"tb", "sw", "fw", "sc"} {
+				st := adminJSON[[]clientState](t, ac, "GET", "/rate_limit_redis/state?zone="+z+"&key="+keys[2*i+1], 200)
+				if len(st) != 1 || !st[0].Exists || (z == "tb" && (st[0].Tokens == nil || *st[0].Tokens < 0.99 || *st[0].Tokens > 1.01)) ||
+					(z != "tb" && (st[0].Count == nil || *st[0].Count != 2)) {
+					t.Fatalf("%s: state after two admitted and one denied: %+v", z, st)
+				}
+			}
+			// The Cluster line's commands are sent (to some node), and nothing is refused.
+			calls := map[string]int{}
+			for _, n := range c.Nodes {
+				if log := n.Do("ACL", "LOG"); fmt.Sprint(log) != "[]" {
+					t.Fatalf("%s: ACL LOG: %v", n.Addr, log)
+				}
+				for name, s := range commandStats(t, n) {
+					calls[name] += s[0]
+				}
+			}
+			for _, r := range grantCluster.rules("rl:") {
+				if calls[strings.TrimPrefix(r, "+")] == 0 {
+					t.Errorf("the Cluster line grants %s, which no node was sent", r)
+				}
+			}
+		})
+	}
+}
+
+// TestRedisACLSentinel: with Sentinel, the data nodes given the documented ACL's first line
+// serve every algorithm: the failover client asks the Sentinels (which have no user) for the
+// primary, and sends the primary what a standalone client sends.
+func TestRedisACLSentinel(t *testing.T) {
+	ss := redistest.StartSentinels(t, 5*time.Second)
+	for _, n := range []*redistest.Server{ss.Primary, ss.Replica} {
+		setUsers(t, n, "limiter", grantLimiter)
+	}
+	var zones strings.Builder
+	for _, z := range []string{"tb capacity 2\n\t\t\trefill_rate 1/1h", "sw algorithm sliding_window\n\t\t\tlimit 2\n\t\t\twindow 1h",
+		"fw algorithm fixed_window\n\t\t\tlimit 2\n\t\t\tperiod month", "sc algorithm sliding_window_counter\n\t\t\tlimit 2\n\t\t\twindow 366d"} {
+		name, rest, _ := strings.Cut(z, " ")
+		fmt.Fprintf(&zones, "\n\t\tzone %s {\n\t\t\tmatch path /%s\n\t\t\t%s\n\t\t}", name, name, rest)
+	}
+	cs := startCaddy(t, fmt.Sprintf(`
+	rate_limit_redis {
+		redis {
+			address %s
+			sentinel %s
+			username limiter
+			password s3cret
+		}%s
+	}
+	respond "ok"`, strings.Join(ss.Addrs(), " "), ss.Master, zones.String()))
+	for _, z := range []string{"tb", "sw", "fw", "sc"} {
+		cs.get("/"+z).expect(t, z+" first", 200, "ok", "X-RateLimit-Degraded", "", "X-RateLimit-Remaining", "1")
+		cs.get("/"+z).expect(t, z+" second", 200, "ok", "X-RateLimit-Degraded", "", "X-RateLimit-Remaining", "0")
+		cs.get("/"+z).expect(t, z+" third", 429, "", "X-RateLimit-Degraded", "")
+	}
+	if log := ss.Primary.Do("ACL", "LOG"); fmt.Sprint(log) != "[]" {
+		t.Fatalf("ACL LOG: %v", log)
+	}
+}
