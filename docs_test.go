@@ -3,8 +3,10 @@ package ratelimitredis
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -256,6 +258,85 @@ func TestReadmeCaddyfilesAreTheReferences(t *testing.T) {
 			if !strings.Contains(string(reference), "```"+lang+"\n"+block+"```\n") {
 				t.Errorf("this %s block of README.md is not in docs/caddyfile.md:\n%s", lang, block)
 			}
+		}
+	}
+}
+
+// TestReadmeInstall: the README's from-checkout build command is the recipe of `make build`
+// (which `make test` and .ci/run run), the Dockerfile builds with the same --with, and the
+// published-module form of xcaddy, which cannot work before a release, appears only in a block
+// that says so. With CADDY_BINARY (the bin/caddy `make build` wrote), it lists the modules the
+// README says it lists.
+func TestReadmeInstall(t *testing.T) {
+	makefile, err := os.ReadFile("Makefile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	vars := map[string]string{}
+	for _, m := range regexp.MustCompile(`(?m)^([A-Z_]+)\s*[?:]=\s*(\S+)\s*$`).FindAllStringSubmatch(string(makefile), -1) {
+		vars[m[1]] = m[2]
+	}
+	recipe := regexp.MustCompile(`(?m)^bin/caddy:.*\n\t(.*)$`).FindStringSubmatch(string(makefile))
+	if recipe == nil {
+		t.Fatal("Makefile has no bin/caddy rule with a recipe")
+	}
+	expand := func(s string) string {
+		return regexp.MustCompile(`\$\(([A-Z_]+)\)`).ReplaceAllStringFunc(s, func(v string) string {
+			val, ok := vars[v[2:len(v)-1]]
+			if !ok {
+				t.Fatalf("Makefile: %s is not set by an assignment", v)
+			}
+			return val
+		})
+	}
+	build := expand(recipe[1])
+
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, install, _ := strings.Cut(string(readme), "\n## Install\n")
+	install, _, _ = strings.Cut(install, "\n## ")
+	if !strings.Contains(install, "```sh\nmake build ") {
+		t.Error("README.md's Install does not begin the from-checkout build with make build")
+	}
+	found := false
+	for _, b := range docBlocks(t, "sh") {
+		for line := range strings.SplitSeq(b.text, "\n") {
+			switch {
+			case strings.HasPrefix(line, "go tool xcaddy build"):
+				found = true
+				if line != build {
+					t.Errorf("%s: the from-checkout command is not what make build runs:\n%s\nMakefile:\n%s", b.where, line, build)
+				}
+			case strings.HasPrefix(line, "xcaddy build --with "+vars["MODULE"]) && !strings.HasPrefix(b.text, "# the published-module form: it works only after a release"):
+				t.Errorf("%s: %q needs the module on the module proxy: mark its block as the published-module form", b.where, line)
+			}
+		}
+	}
+	if !found {
+		t.Error("README.md gives no `go tool xcaddy build` command")
+	}
+	dockerfile, err := os.ReadFile("Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if with := "--with \"" + vars["MODULE"] + "@" + vars["LOCAL_VERSION"] + "=/src\""; !strings.Contains(string(dockerfile), with) {
+		t.Errorf("the Dockerfile does not build with %s", with)
+	}
+
+	caddyBin := os.Getenv("CADDY_BINARY")
+	if caddyBin == "" {
+		t.Log("CADDY_BINARY is not set: bin/caddy list-modules not checked (make test sets it)")
+		return
+	}
+	out, err := exec.Command(caddyBin, "list-modules").Output()
+	if err != nil {
+		t.Fatalf("%s list-modules: %v", caddyBin, err)
+	}
+	for _, m := range []string{"http.handlers.rate_limit_redis", "admin.api.rate_limit_redis"} {
+		if !slices.Contains(strings.Split(string(out), "\n"), m) {
+			t.Errorf("%s list-modules does not list %s", caddyBin, m)
 		}
 	}
 }
