@@ -498,9 +498,9 @@ func (h *Handler) setRateLimitHeaders(hdr http.Header, reqs []limiter.Request, z
 		return
 	}
 	if h.Headers == HeadersLegacy || h.Headers == HeadersBoth {
-		hdr[hdrLimit] = []string{z.quotaOf(lz)}
-		hdr[hdrRemaining] = []string{strconv.FormatInt(d.Remaining, 10)}
-		hdr[hdrReset] = []string{strconv.FormatInt(out.reset, 10)}
+		// One backing array for the three values: one allocation, not three.
+		vals := []string{z.quotaOf(lz), strconv.FormatInt(d.Remaining, 10), strconv.FormatInt(out.reset, 10)}
+		hdr[hdrLimit], hdr[hdrRemaining], hdr[hdrReset] = vals[0:1:1], vals[1:2:2], vals[2:3:3]
 	}
 	if h.Headers == HeadersIETF || h.Headers == HeadersBoth {
 		h.setIETFFields(hdr, reqs, z, lz, d)

@@ -2,6 +2,7 @@ package ratelimitredis
 
 import (
 	"fmt"
+	"net/netip"
 	"slices"
 	"strings"
 	"testing"
@@ -158,6 +159,27 @@ func TestIPPrefixKeys(t *testing.T) {
 	for _, want := range []string{"rl:{2=2001:db8::/64}:dflt:tb", "rl:{2=198.51.100.0/24}:full:tb", "rl:{2=2001:db8::/48}:wide:tb"} {
 		if !slices.Contains(keys, want) {
 			t.Errorf("Redis key %s missing: %q", want, keys)
+		}
+	}
+}
+
+// TestMaybeIP: every IP address form passes the pre-check (so it is masked), and numeric user
+// ids and hexadecimal API keys do not (so they cost no parse).
+func TestMaybeIP(t *testing.T) {
+	for _, c := range []struct {
+		s    string
+		want bool
+	}{
+		{"203.0.113.7", true}, {"2001:db8::1", true}, {"::1", true}, {"::ffff:203.0.113.7", true},
+		{"fe80::1%eth0", true}, {"fe80::1%25", true},
+		{"12345", false}, {"deadbeefcafe", false}, {"DEADBEEF", false}, {"1%x", false}, {"", false}, {"a", false},
+		{"user-1", false},
+	} {
+		if got := maybeIP(c.s); got != c.want {
+			t.Errorf("maybeIP(%q) = %v, want %v", c.s, got, c.want)
+		}
+		if _, err := netip.ParseAddr(c.s); err == nil && !maybeIP(c.s) {
+			t.Errorf("%q parses as an address but maybeIP says no", c.s)
 		}
 	}
 }
