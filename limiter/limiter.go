@@ -9,6 +9,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -325,8 +326,14 @@ func (l *Limiter) scriptArgs(reqs []Request, hold bool, ref time.Time) []any {
 	} else {
 		args[0] = ""
 	}
-	args[1] = l.instance + "." + strconv.FormatUint(l.calls.Add(1), 36)
 	args[2] = holdArg(reqs, hold)
+	args[1] = ""
+	if args[2] != "0" || slices.ContainsFunc(reqs, func(r Request) bool { return r.Zone.Algorithm == SlidingWindow }) {
+		// The nonce names what the decision adds for later: sliding window members, holds and
+		// records. A decision that adds none (token buckets and window counters charged now)
+		// needs none, and saves its two allocations.
+		args[1] = l.instance + "." + strconv.FormatUint(l.calls.Add(1), 36)
+	}
 	args[3] = len(reqs)
 	for _, r := range reqs {
 		cost := r.Cost

@@ -390,5 +390,5 @@ func batchContext(batch []*call) (context.Context, context.CancelFunc) {
 			latest = d
 		}
 	}
-	return context.WithDeadline(context.Background(), latest)
+	return WithDeadline(context.Background(), latest), func() {}
 }
