@@ -125,7 +125,8 @@ func (b *breaker) reportQuiet(err error) {
 	if err == nil || excluded(err) {
 		return
 	}
-	b.lastErr.Store(&err)
+	failed := err // a copy: taking err's own address would move it to the heap on every call
+	b.lastErr.Store(&failed)
 	b.quiet.Store(false)
 	if report, aerr := b.cb.Allow(); aerr == nil {
 		report(err)

@@ -272,6 +272,9 @@ func (m *call) split(calls []*call) {
 		}
 		return
 	}
+	if len(calls) == 1 && calls[0] == m {
+		return // a decision sent alone (mergeCalls): its reply is its own, boxed already
+	}
 	off := 0
 	for _, c := range calls {
 		w := 1 + replyWidth*c.zones()
