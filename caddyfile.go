@@ -73,7 +73,7 @@ var (
 //		ipv4_prefix <bits>                   # key an IPv4 candidate by its /bits network, 1 to 32; default 32
 //		ipv6_prefix <bits>                   # key an IPv6 candidate by its /bits network, 1 to 128; default 64
 //		jitter      <duration>               # add 0 to this (whole seconds) to a 429's Retry-After at random; default 0
-//		max_waiting <n>                      # requests held at once for a max_wait; default 1000
+//		max_waiting <n>                      # requests held at once for a max_wait, a tenth per client key; default 1000
 //
 //		zone <name> {
 //			key         <value>...           # placeholders; the first that is not empty wins (the n-th's key is n=value); default {client_ip}

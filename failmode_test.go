@@ -3,6 +3,7 @@ package ratelimitredis
 import (
 	"fmt"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -231,6 +232,75 @@ func TestDegradedHeaderOff(t *testing.T) {
 			}
 			for i := 0; i < breakerTrips+2; i++ { // failed calls, then the open breaker
 				cs.get("/").expect(t, "redis down", 200, "degraded=true", "X-RateLimit-Degraded", tc.want, "X-RateLimit-Limit", limit)
+			}
+		})
+	}
+}
+
+// TestFailLocalFloodEvictsNoOne (issue 29, finding 4; t_local_evict.sh and its control
+// t_local_control.sh): Caddyfile.example's zones with fail_mode local and Redis down, 64
+// buckets per zone instead of 65,536. One address spends its 3 login attempts; another sends
+// 1,000 requests with fresh X-API-Keys (40 admitted by its ip zone, the rest 429). The login
+// bucket stays spent: 429 x5, as in the control without the flood. (The login window is 1h
+// rather than the script's 1m, so that no attempt comes back with the refill however long the
+// flood takes.)
+func TestFailLocalFloodEvictsNoOne(t *testing.T) {
+	saved := localKeys
+	localKeys = 64
+	t.Cleanup(func() { localKeys = saved })
+	for _, flood := range []bool{false, true} {
+		t.Run(fmt.Sprintf("flood=%t", flood), func(t *testing.T) {
+			cs := startSites(t, "\t\ttrusted_proxies static 127.0.0.1/32", fmt.Sprintf(`
+	rate_limit_redis {
+		redis {
+			address 127.0.0.1:%d
+		}
+		fail_mode local
+		zone api {
+			key {http.request.header.X-API-Key} {client_ip}
+			capacity 5
+			refill_rate 1/10s
+		}
+		zone ip {
+			key {client_ip}
+			capacity 40
+			refill_rate 1/2s
+		}
+		zone login {
+			match path /login /login/*
+			key {client_ip}
+			algorithm sliding_window
+			limit 3
+			window 1h
+		}
+	}
+	respond "ok {http.rate_limit_redis.zone} degraded={http.rate_limit_redis.degraded}"`, freeLoopbackPort(t)))[0]
+			login := func() string {
+				var codes []string
+				for range 5 {
+					codes = append(codes, strconv.Itoa(cs.get("/login", "X-Forwarded-For", "198.51.100.66").status))
+				}
+				return strings.Join(codes, " ")
+			}
+			if got := login(); got != "200 200 200 429 429" {
+				t.Fatalf("login attempts: %s, want 200 200 200 429 429", got)
+			}
+			if flood {
+				admitted := 0
+				for i := range 1000 {
+					r := cs.get("/", "X-Forwarded-For", "198.51.100.99", "X-API-Key", "fresh-"+strconv.Itoa(i))
+					if r.status == 200 {
+						admitted++
+					} else if r.status != 429 {
+						t.Fatalf("flood request %d: %d %q", i, r.status, r.body)
+					}
+				}
+				if admitted != 40 {
+					t.Fatalf("the flood: %d admitted, want 40 (its ip zone's capacity)", admitted)
+				}
+			}
+			if got := login(); got != "429 429 429 429 429" {
+				t.Fatalf("login attempts after (flood %t): %s, want 429 x5", flood, got)
 			}
 		})
 	}

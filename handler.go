@@ -135,16 +135,17 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	out := new(outcome)
 	out.publish(repl)
 	// A request that may be held takes its place among the held before it is decided, so that
-	// no more than MaxWaiting are ever held; with none left it is decided without waiting.
-	placed, noWait := false, false
+	// no more than MaxWaiting are ever held; with none left for it (or its client's share of
+	// them taken: waiting.go) it is decided without waiting.
+	placed, noWait := placeNone, false
 	if shaping && !h.DryRun {
-		placed = h.takeWaitingPlace()
-		noWait = !placed
+		placed = h.takeWaitingPlace(r.Context(), reqs)
+		noWait = placed == placeNone
 		for i := range reqs {
 			reqs[i].NoWait = noWait
 		}
 	}
-	defer h.leaveWaiting(&placed)
+	defer h.leaveWaiting(&placed, reqs)
 	d, err := h.decide(r.Context(), reqs)
 	decided := reqs // the zones d is about
 	if err != nil {
@@ -182,12 +183,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			if h.degradedHeader {
 				w.Header()[hdrDegraded] = []string{"true"}
 			}
-			h.leaveWaiting(&placed)
+			h.leaveWaiting(&placed, reqs)
 			return next.ServeHTTP(w, r)
 		}
 	}
 	hold := d.Allowed && d.Delay > 0 && !h.DryRun
 	if hold {
+		h.holdWaiting(&placed, reqs)
 		// The headers describe the zone when the response leaves, after the hold.
 		d.Reset, d.Next = max(0, d.Reset-d.Delay), max(0, d.Next-d.Delay)
 	}
@@ -248,13 +250,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 				return err
 			}
 		}
-		h.leaveWaiting(&placed)
+		h.leaveWaiting(&placed, reqs)
 		if d.Held != nil {
 			return h.serveAndSettle(w, r, next, reqs, d, repl)
 		}
 		return next.ServeHTTP(w, r)
 	}
-	h.leaveWaiting(&placed)
+	h.leaveWaiting(&placed, reqs)
 	// Denied: only the deciding zone counts; the others were not charged.
 	switch {
 	case h.DryRun:
@@ -292,29 +294,6 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	// Built directly rather than with caddyhttp.Error, which records a stack trace per call: a
 	// denial is routine, and its origin is always here.
 	return caddyhttp.HandlerError{StatusCode: http.StatusTooManyRequests, Err: err}
-}
-
-// takeWaitingPlace takes one of the handler's MaxWaiting places for a request that may be held,
-// before it is decided; false when every place is taken. A place is given back when the request
-// is not held after all, or when its hold ends.
-func (h *Handler) takeWaitingPlace() bool {
-	for {
-		n := h.waiting.Load()
-		if n >= int64(h.MaxWaiting) {
-			return false
-		}
-		if h.waiting.CompareAndSwap(n, n+1) {
-			return true
-		}
-	}
-}
-
-// leaveWaiting gives back the waiting place of a request that took one (*placed), once.
-func (h *Handler) leaveWaiting(placed *bool) {
-	if *placed {
-		*placed = false
-		h.waiting.Add(-1)
-	}
 }
 
 // hold holds the request for delay, its turn, on a timer; or until its client goes away, which
@@ -450,7 +429,7 @@ func (h *Handler) count(reqs []limiter.Request, res result) {
 }
 
 // logDenial writes the debug line of a denial: the deciding zone, its quota, the wait, how it
-// was decided (waiting_full: without max_wait, every place to wait being taken), and the client
+// was decided (waiting_full: without max_wait, no place to wait left for it), and the client
 // key only when log_key is on.
 func (h *Handler) logDenial(c *zapcore.CheckedEntry, out *outcome, d limiter.Decision, noWait bool) {
 	fields := []zap.Field{
@@ -459,7 +438,7 @@ func (h *Handler) logDenial(c *zapcore.CheckedEntry, out *outcome, d limiter.Dec
 		zap.Bool("cached", d.Cached), zap.Bool("local", out.degraded), zap.Bool("dry_run", h.DryRun),
 	}
 	if noWait {
-		// Decided without max_wait: max_waiting requests were held already.
+		// Decided without max_wait: no place left for it (max_waiting, or its share).
 		fields = append(fields, zap.Bool("waiting_full", true))
 	}
 	if h.LogKey {

@@ -7,9 +7,9 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 	_ "time/tzdata" // time_zone works where the system has no time zone database (scratch images)
 
@@ -47,6 +47,10 @@ const (
 	// connection (measured: docs/shaping.md).
 	DefaultMaxWaiting = 1000
 )
+
+// localKeys bounds the client buckets fail_mode local keeps per zone: a variable so that tests
+// can exceed it with fewer requests.
+var localKeys = limiter.DefaultLocalKeys
 
 // Values of Handler.FailMode.
 const (
@@ -176,8 +180,10 @@ type Handler struct {
 
 	// The most requests this handler holds at once for their zones' `max_wait` (shaping). A
 	// request that would have to wait while as many are held (or about to be) is decided as
-	// without max_wait: admitted if a zone admits it now, else 429, charging nothing. Each held
-	// request keeps its connection and goroutine. Default: 1000 when a zone has a max_wait.
+	// without max_wait: admitted if a zone admits it now, else 429, charging nothing. No client
+	// key of a zone (a literal key aside) holds more than a tenth of them, rounded up: so that one
+	// client cannot take them all (docs/shaping.md). Each held request keeps its connection and
+	// goroutine. Default: 1000 when a zone has a max_wait.
 	MaxWaiting int `json:"max_waiting,omitempty"`
 
 	// The zones, checked in the order given. A request must pass every zone that applies to it;
@@ -197,10 +203,9 @@ type Handler struct {
 	bareDenials bool
 	poolKey     string // the key of this handler's reference in clients; "" when it holds none
 	logger      *zap.Logger
-	// waiting counts the requests held for a max_wait, and those being decided that may be:
-	// never more than MaxWaiting (see takeWaitingPlace). A pointer: Handler is copied by value
-	// (CaddyModule).
-	waiting *atomic.Int64
+	// waiting holds the places of the requests held for a max_wait, and of those being decided
+	// that may be: never more than MaxWaiting, nor more than a client's share (waiting.go).
+	waiting *waitingRoom
 }
 
 // RedisConfig is how to connect to Redis.
@@ -408,6 +413,7 @@ type Zone struct {
 	failMode  string // FailMode, or the handler's
 	v4, v6    int    // the prefix lengths in force
 	jitter    int64  // the Retry-After jitter in force, in seconds
+	perClient bool   // a key has a placeholder: its client keys tell clients apart (waiting.go)
 
 	// Formatted once for the hot path: the quota (X-RateLimit-Limit), the quoted name and the
 	// RateLimit-Policy value, and the errors of a denial.
@@ -454,7 +460,6 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("registering metrics: %w", err)
 	}
 	h.degradedHeader = h.Headers != HeadersOff && (h.DegradedHeader == nil || *h.DegradedHeader)
-	h.waiting = new(atomic.Int64)
 	needLocal := h.FailMode == FailLocal
 	for _, z := range h.Zones {
 		if err := z.provision(ctx, h.logger); err != nil {
@@ -476,6 +481,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 		z.jitter = int64(time.Duration(jitter) / time.Second)
 	}
+	h.waiting = newWaitingRoom(h.MaxWaiting)
 	h.keySecret = nil
 	if h.KeySecret != "" {
 		ks, err := resolveKeySecret(h.KeySecret)
@@ -498,7 +504,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		h.bareDenials = srv.Errors == nil || len(srv.Errors.Routes) == 0
 	}
 	if needLocal {
-		h.local = limiter.NewLocal(limiter.DefaultLocalKeys)
+		h.local = limiter.NewLocal(localKeys)
 	}
 	opts := limiter.Options{KeyPrefix: h.KeyPrefix}
 	if h.DenyCache == nil || *h.DenyCache {
@@ -524,6 +530,7 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger) error {
 	if len(z.Key) == 0 {
 		z.Key = []string{DefaultKey}
 	}
+	z.perClient = slices.ContainsFunc(z.Key, func(k string) bool { return strings.Contains(k, "{") })
 	if z.Algorithm == "" {
 		z.Algorithm = limiter.TokenBucket.String()
 	}

@@ -46,27 +46,37 @@ func holdArg(reqs []Request, cluster bool) string {
 	return string(b)
 }
 
-// recorded reports whether r's charge is recorded for settlement in a record key of its own
-// (decide.lua): a fixed window or sliding window counter zone with a Hold.
-func recorded(r Request) bool {
-	return r.Hold > 0 && (r.Zone.Algorithm == FixedWindow || r.Zone.Algorithm == SlidingWindowCounter)
+// recorded reports whether r's charge is recorded for its settlement in keys of its own
+// (decide.lua): a fixed window or sliding window counter zone with a Hold, or in a Redis Cluster
+// decision of zones in several hash slots (crossSlot), which releases what it charged when a slot
+// denies. A count has no holds: the record is what ties a settlement to its charge, so that it
+// changes the count only while the charge is in it (see settle.lua).
+func recorded(r Request, crossSlot bool) bool {
+	return (r.Hold > 0 || crossSlot) && (r.Zone.Algorithm == FixedWindow || r.Zone.Algorithm == SlidingWindowCounter)
 }
 
 // recordKey returns the Redis key in which the decision of nonce records the charge of a fixed
-// window or sliding window counter zone whose state key is stateKey, until it is settled after
-// the response: `<state key>:<nonce>`, in the state key's hash slot.
+// window or sliding window counter zone whose state key is stateKey, until it is settled:
+// `<state key>:<nonce>`, in the state key's hash slot.
 func recordKey(stateKey, nonce string) string { return stateKey + ":" + nonce }
 
+// genKey returns the Redis key of the generation of a window counter's count whose state key is
+// stateKey: `<state key>:gen`, in its hash slot. A record holds the generation it was made in;
+// Reset deletes the key with the state, so that a settlement after a reset finds its charge is
+// no longer in the count (see decide.lua).
+func genKey(stateKey string) string { return stateKey + ":gen" }
+
 // withRecords returns keys (the state keys of reqs, one decide.lua call's with args) followed by
-// the record key of each zone whose charge is recorded (recorded), in order: the call's KEYS.
-func withRecords(keys []string, reqs []Request, args []any) []string {
+// the record key and the generation key of each zone whose charge is recorded (recorded; the
+// call is one slot's of a decision across slots when crossSlot), in order: the call's KEYS.
+func withRecords(keys []string, reqs []Request, args []any, crossSlot bool) []string {
 	out := keys
 	for i, r := range reqs {
-		if recorded(r) {
+		if recorded(r, crossSlot) {
 			if len(out) == len(keys) {
-				out = append(make([]string, 0, len(keys)+len(reqs)), keys...)
+				out = append(make([]string, 0, len(keys)+2*len(reqs)), keys...)
 			}
-			out = append(out, recordKey(keys[i], args[1].(string)))
+			out = append(out, recordKey(keys[i], args[1].(string)), genKey(keys[i]))
 		}
 	}
 	return out
@@ -110,8 +120,13 @@ func newHeld(reqs []Request, keys []string, args []any, idx []int) *Held {
 	if len(p.keys) == 0 {
 		return nil
 	}
-	p.keys = append(p.keys, keys[n:]...) // every record key is a held zone's
-	p.nonce = args[1]
+	nonce := args[1].(string)
+	for j, i := range p.idx { // the held zones' records, in order
+		if recorded(reqs[i], false) {
+			p.keys = append(p.keys, recordKey(p.keys[j], nonce), genKey(p.keys[j]))
+		}
+	}
+	p.nonce = nonce
 	return &Held{parts: []heldPart{p}}
 }
 
@@ -127,18 +142,24 @@ func (h *Held) merge(other *Held) *Held {
 	return h
 }
 
-// withoutHeld returns c (a decide.lua call of the zones idx of reqs) without its zones that have
-// a Hold: what the Redis Cluster two-phase decision commits at once.
+// withoutHeld returns c (one slot's decide.lua call of a decision across slots, of the zones idx
+// of reqs) without its zones that have a Hold: what the Redis Cluster two-phase decision commits
+// at once (a token bucket's hold, a window counter's record).
 func withoutHeld(c *call, reqs []Request, idx []int) *call {
-	out := &call{args: append([]any{}, c.args[:4]...)} // no record key: no zone with a Hold
+	out := &call{args: append([]any{}, c.args[:4]...)}
+	var records []string
 	for j, i := range idx {
 		if reqs[i].Hold > 0 {
 			continue
 		}
 		out.keys = append(out.keys, c.keys[j])
 		out.args = append(out.args, c.args[4+4*j:8+4*j]...)
+		if recorded(reqs[i], true) {
+			records = append(records, recordKey(c.keys[j], c.args[1].(string)), genKey(c.keys[j]))
+		}
 	}
 	out.args[3] = len(out.keys)
+	out.keys = append(out.keys, records...)
 	return out
 }
 

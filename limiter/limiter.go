@@ -15,24 +15,17 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-
-	"github.com/rate-limit-redis/caddy-rate-limit-redis/lua"
 )
 
 // ErrBadResponse is wrapped by the error Allow returns when Redis replies with a value of the
 // wrong shape or type; errors.Is(err, ErrBadResponse) tells it from a Redis or network error.
 var ErrBadResponse = errors.New("bad response from redis")
 
-var (
-	decideScript = redis.NewScript(lua.Decide)
-	settleScript = redis.NewScript(lua.Settle)
-)
-
-// Client is what a Limiter needs of a go-redis client: scripts, pipelines, and the plain
-// commands of State and Reset. *redis.Client (standalone, or Sentinel's failover client),
+// Client is what a Limiter needs of a go-redis client: single commands (a script call),
+// pipelines, and the plain commands of State and Reset. *redis.Client (standalone, or Sentinel's failover client),
 // *redis.ClusterClient and redis.UniversalClient have it.
 type Client interface {
-	redis.Scripter
+	Processor
 	Pipeliner
 	Commander
 }
@@ -224,9 +217,9 @@ func (l *Limiter) Denied(reqs []Request) (Decision, bool) {
 //
 // On Redis Cluster (Options.Cluster), zones whose keys fall in different hash slots are decided
 // by one script call per slot, all under way at once (one round trip each), with
-// their token bucket charges taken as holds; then settle.lua commits every slot when all
-// admitted (a second round trip), or releases the slots that admitted when one denied or failed.
-// A hold is exact both ways (see settle.lua). Between the hold and its release other requests see
+// their token bucket charges taken as holds and their window counter charges recorded; then
+// settle.lua commits every slot when all admitted (a second round trip), or releases the slots
+// that admitted when one denied or failed. A hold or record is exact both ways (see settle.lua). Between the hold and its release other requests see
 // the hold, so a release can deny too much for a round trip, never admit too much; a settle that
 // fails leaves the hold, which counts as a charge after 5s (the error is not returned: the
 // decision stands). A slot's denial stands against another slot's error (Decision.Err).
@@ -252,7 +245,7 @@ func (l *Limiter) Allow(ctx context.Context, reqs []Request) (Decision, error) {
 		allowed, zones, held, slotErr, err = l.allowSlots(ctx, reqs, keys, groups, sent)
 	} else {
 		args := l.scriptArgs(reqs, false, sent)
-		ckeys := withRecords(keys, reqs, args)
+		ckeys := withRecords(keys, reqs, args, false)
 		allowed, zones, err = l.allowOne(ctx, reqs, ckeys, args)
 		if allowed {
 			held = newHeld(reqs, ckeys, args, nil)

@@ -9,7 +9,7 @@ import (
 	"golang.org/x/time/rate"
 )
 
-// DefaultLocalKeys is the default bound of the clients a Local tracks per zone set.
+// DefaultLocalKeys is the default bound of the clients a Local tracks per zone.
 const DefaultLocalKeys = 65536
 
 // Local decides requests in process, for `fail_mode local`: while Redis is unavailable each
@@ -19,21 +19,29 @@ const DefaultLocalKeys = 65536
 // bucket of Limit tokens refilled at Limit per window (a period's nominal length): it admits the
 // same steady rate; its bursts, and a fixed window's reset, differ. A token bucket zone's MaxWait
 // shapes as in Redis: the bucket goes into debt and Decision.Delay says how long to hold the
-// request. At most maxKeys (zone, client) buckets are kept, least recently used evicted: an
-// evicted client starts again with a full bucket. Local is safe for concurrent use.
+// request.
+//
+// Each zone keeps at most maxKeys client buckets of its own, least recently used evicted: an
+// evicted client starts again with a full bucket, and clients of one zone never evict another
+// zone's. A client without a bucket has a full one, so a bucket is stored only when a request
+// is admitted (and charged) in every zone: a denied request stores nothing, and a flood of
+// denied requests with fresh keys evicts no one. Local is safe for concurrent use.
 type Local struct {
 	mu      sync.Mutex // makes a multi-zone decision all-or-nothing
 	last    time.Time  // the latest time decided at, under mu
-	buckets *lru.Cache[string, *rate.Limiter]
+	maxKeys int
+	zones   map[localZone]*lru.Cache[string, *rate.Limiter] // under mu
 }
 
-// NewLocal returns a Local keeping at most maxKeys buckets (DefaultLocalKeys when <= 0).
+// localZone names a zone's buckets in a Local.
+type localZone struct{ name, algorithm string }
+
+// NewLocal returns a Local keeping at most maxKeys buckets per zone (DefaultLocalKeys when <= 0).
 func NewLocal(maxKeys int) *Local {
 	if maxKeys <= 0 {
 		maxKeys = DefaultLocalKeys
 	}
-	c, _ := lru.New[string, *rate.Limiter](maxKeys) // errors only for a size <= 0
-	return &Local{buckets: c}
+	return &Local{maxKeys: maxKeys, zones: make(map[localZone]*lru.Cache[string, *rate.Limiter])}
 }
 
 // Allow decides reqs at time now with the semantics of Limiter.Allow (all-or-nothing; the
@@ -51,11 +59,12 @@ func (l *Local) Allow(reqs []Request, now time.Time) Decision {
 	}
 	l.last = now
 	buckets := make([]*rate.Limiter, len(reqs))
+	fresh := make([]bool, len(reqs)) // buckets[i] is new, not stored yet
 	zones := make([]zoneReply, len(reqs))
 	allowed := true
 	for i, r := range reqs {
-		b := l.bucket(r, now)
-		buckets[i] = b
+		b, isNew := l.bucket(r, now)
+		buckets[i], fresh[i] = b, isNew
 		tokens := b.TokensAt(now)
 		perSec := float64(b.Limit())
 		z := zoneReply{allowed: tokens >= float64(r.Cost)}
@@ -80,6 +89,9 @@ func (l *Local) Allow(reqs []Request, now time.Time) Decision {
 			// Cannot fail (checked above, under l.mu): the cost is at most the burst. Unlike
 			// AllowN, ReserveN takes the bucket below zero: the debt of a held request.
 			buckets[i].ReserveN(now, int(r.Cost))
+			if fresh[i] {
+				l.zones[localZone{r.Zone.Name, r.Zone.Algorithm.tag()}].Add(ClientKey(r.Key), buckets[i])
+			}
 		}
 		if zones[i].allowed {
 			// As decide.lua reports a zone that admits: after the request, charged or not (pick
@@ -96,31 +108,35 @@ func (l *Local) Allow(reqs []Request, now time.Time) Decision {
 	return pick(reqs, allowed, zones)
 }
 
-// bucket returns the bucket of r's zone and client, making a full one when there is none. A
-// bucket follows the numbers of the request at hand: when a zone's numbers come from
-// placeholders and this request's differ from the last one's (the client moved to another
-// plan), the bucket keeps its tokens, at most the new capacity, and refills at the new rate
-// from now on. (Redis's buckets store what is used, so there a raised capacity gives the
-// difference at once; in process, while Redis fails, it comes with the refill.)
-func (l *Local) bucket(r Request, now time.Time) *rate.Limiter {
+// bucket returns the bucket of r's zone and client, or a full one, not stored (isNew), when
+// there is none: Allow stores it only when it admits the request. A bucket follows the numbers
+// of the request at hand: when a zone's numbers come from placeholders and this request's
+// differ from the last one's (the client moved to another plan), the bucket keeps its tokens, at
+// most the new capacity, and refills at the new rate from now on. (Redis's buckets store what is
+// used, so there a raised capacity gives the difference at once; in process, while Redis fails,
+// it comes with the refill.)
+func (l *Local) bucket(r Request, now time.Time) (b *rate.Limiter, isNew bool) {
 	perSec := r.Zone.RefillRate
 	if r.Zone.Algorithm.windowed() {
 		perSec = float64(r.Zone.Limit) / r.Zone.PolicyWindow().Seconds()
 	}
 	burst := int(r.Zone.Quota())
-	key := r.Zone.Name + "\x00" + r.Zone.Algorithm.tag() + "\x00" + ClientKey(r.Key)
-	if b, ok := l.buckets.Get(key); ok {
+	zk := localZone{r.Zone.Name, r.Zone.Algorithm.tag()}
+	c := l.zones[zk]
+	if c == nil {
+		c, _ = lru.New[string, *rate.Limiter](l.maxKeys) // errors only for a size <= 0
+		l.zones[zk] = c
+	}
+	if b, ok := c.Get(ClientKey(r.Key)); ok {
 		if b.Limit() != rate.Limit(perSec) {
 			b.SetLimitAt(now, rate.Limit(perSec))
 		}
 		if b.Burst() != burst {
 			b.SetBurstAt(now, burst)
 		}
-		return b
+		return b, false
 	}
-	b := rate.NewLimiter(rate.Limit(perSec), burst) // starts full
-	l.buckets.Add(key, b)
-	return b
+	return rate.NewLimiter(rate.Limit(perSec), burst), true // starts full
 }
 
 // micros converts seconds to whole microseconds, rounded up and never negative.

@@ -67,6 +67,73 @@ func TestLocalBoundedKeys(t *testing.T) {
 	}
 }
 
+// TestLocalDeniedRequestsStoreNothing (issue 29, finding 4; t_local_evict.sh at a smaller
+// bound): Caddyfile.example's zones, 64 buckets per zone. Alice spends her 3 login attempts and
+// carol her 5 API requests; then one address sends 1,000 requests with fresh API keys, the
+// first 40 admitted, the rest denied by its ip zone. The denied requests store no bucket, in any
+// zone: alice's login and carol's API bucket stay spent. Control: the same without the flood.
+func TestLocalDeniedRequestsStoreNothing(t *testing.T) {
+	for _, flood := range []bool{false, true} {
+		l := limiter.NewLocal(64)
+		t0 := time.Unix(1_700_000_000, 0)
+		api, ip, login := tb("api", 5, 0.1), tb("ip", 40, 0.5), sw("login", 3, time.Minute)
+		reqs := func(key, addr string, toLogin bool) []limiter.Request {
+			r := []limiter.Request{{Zone: api, Key: key, Cost: 1}, {Zone: ip, Key: addr, Cost: 1}}
+			if toLogin {
+				r = append(r, limiter.Request{Zone: login, Key: addr, Cost: 1})
+			}
+			return r
+		}
+		for range 3 {
+			l.Allow(reqs("198.51.100.66", "198.51.100.66", true), t0)
+		}
+		for range 5 {
+			l.Allow(reqs("carol", "198.51.100.67", false), t0)
+		}
+		if flood {
+			admitted := 0
+			for i := range 1000 {
+				if l.Allow(reqs("fresh-"+strconv.Itoa(i), "198.51.100.99", false), t0).Allowed {
+					admitted++
+				}
+			}
+			if admitted != 40 {
+				t.Fatalf("the flood: %d admitted, want 40 (its ip zone's capacity)", admitted)
+			}
+		}
+		if d := l.Allow(reqs("198.51.100.66", "198.51.100.66", true), t0); d.Allowed || d.Zone != 2 {
+			t.Fatalf("flood %t: alice's 4th login attempt %+v, want denied by her spent login bucket", flood, d)
+		}
+		if d := l.Allow(reqs("carol", "198.51.100.67", false), t0); d.Allowed || d.Zone != 0 {
+			t.Fatalf("flood %t: carol's 6th API request %+v, want denied by her spent api bucket", flood, d)
+		}
+	}
+}
+
+// TestLocalZonesEvictOnlyTheirOwn: each zone has its own bound. 1,000 admitted requests with
+// fresh keys in one zone (64 buckets per zone) evict that zone's older buckets, never another
+// zone's: alice's spent login bucket stays.
+func TestLocalZonesEvictOnlyTheirOwn(t *testing.T) {
+	l := limiter.NewLocal(64)
+	t0 := time.Unix(1_700_000_000, 0)
+	api, login := tb("api", 5, 0.1), sw("login", 3, time.Minute)
+	for range 3 {
+		l.Allow([]limiter.Request{{Zone: login, Key: "alice", Cost: 1}}, t0)
+	}
+	for i := range 1000 {
+		if d := l.Allow([]limiter.Request{{Zone: api, Key: "fresh-" + strconv.Itoa(i), Cost: 1}}, t0); !d.Allowed {
+			t.Fatalf("fresh key %d denied: %+v", i, d)
+		}
+	}
+	if d := l.Allow([]limiter.Request{{Zone: login, Key: "alice", Cost: 1}}, t0); d.Allowed {
+		t.Fatalf("alice's 4th login attempt after a flood in another zone: %+v, want denied", d)
+	}
+	// The api zone's own bound still holds: its first fresh key was evicted and starts full.
+	if d := l.Allow([]limiter.Request{{Zone: api, Key: "fresh-0", Cost: 1}}, t0); !d.Allowed || d.Remaining != 4 {
+		t.Fatalf("fresh-0, evicted from its zone: %+v, want a full bucket again (4 remaining)", d)
+	}
+}
+
 func TestLocalExactUnderConcurrency(t *testing.T) {
 	l := limiter.NewLocal(0)
 	z := tb("z", 100, 1e-6)

@@ -14,19 +14,20 @@
 -- A sliding window's entries ("<nonce>:1" .. "<nonce>:<cost>") are kept on commit and removed on
 -- release; entries already expired, or gone with their key, are gone anyway.
 --
--- A fixed window's or sliding window counter's charge is in its count already. When decide.lua
--- recorded it (its record key is given, see decide.lua), the record is deleted and the count of
--- the window the charge went into is given the difference: 0 on commit, -cost on release,
--- amount - cost with "amount" (a count may so go above the limit: debt, or down to 0, never
--- below), while that window is still the current one; once it has ended, nothing (reply 2). No
--- record, no change: settled already (so a settle retried applies once), or older than its
--- hold time. Without a record key (a Redis Cluster decision of zones in several hash slots,
--- which is released at most once, right away), a release takes the cost back from the count
--- while the window it went into is the current one.
+-- A fixed window's or sliding window counter's charge is in its count already, and decide.lua
+-- recorded it (its record and generation keys are given, see decide.lua): the record is deleted
+-- and the count of the window the charge went into is given the difference: 0 on commit, -cost
+-- on release, amount - cost with "amount" (a count may so go above the limit: debt, or down to
+-- 0, never below), while that window is still the current one (once it has ended, nothing:
+-- reply 2) and the count is of the record's generation (after an admin reset, which deleted the
+-- generation with the state, nothing: reply 0). No record, no change: settled already (so a
+-- settle sent twice applies once), or older than its hold time. So a release or settlement
+-- changes a count only while its charge is in it.
 --
 -- KEYS and ARGV are those of one decision of the decide.lua call being settled, except that the
 -- mode stands in place of the hold and n is left out (n is told by the number of arguments):
--- KEYS     the state key of each zone i, then the record keys, as decide.lua took them.
+-- KEYS     the state key of each zone i, then the record and generation keys, as decide.lua
+--          took them.
 -- ARGV[1]  now, in µs since the Unix epoch, or "" to read the Redis server clock (TIME).
 -- ARGV[2]  the nonce of the decide.lua call being settled.
 -- ARGV[3]  "commit", "release" or "amount".
@@ -41,7 +42,7 @@
 --
 -- Reply: an array, per zone in order, 1 when it was settled now (its hold, window entries or
 -- record were found), 2 when its record was found but the window it was charged in has ended
--- (nothing to settle), else 0.
+-- (nothing to settle), else 0 (also when its record was found but the state was reset since).
 
 local EPSILON = 1e-9
 local MAX_US = 9007199254740992 -- decide.lua's: the longest TTL, in ms; also the largest count
@@ -147,26 +148,25 @@ for i = 1, n do
       settled[i] = 1
     end
   elseif algo == 'fw' or algo == 'sc' then
-    local cost = tonumber(ARGV[base + 3])
-    local start = window_at(algo, ARGV[base + 2])
     if KEYS[r] == key .. ':' .. nonce then
       local rec = redis.call('GET', KEYS[r])
       if rec then
         redis.call('DEL', KEYS[r])
-        local at, c = string.match(rec, '^(%d+):(%d+)$')
-        local delta = 0
-        if mode == 'amount' then delta = amount - tonumber(c) elseif not commit then delta = -tonumber(c) end
-        if tonumber(at) ~= start then
+        local start = window_at(algo, ARGV[base + 2])
+        local at, c, gen = string.match(rec, '^(%d+):(%d+):(.+)$')
+        if not at or gen ~= redis.call('GET', KEYS[r + 1]) then
+          settled[i] = 0 -- the state was reset since: the charge is no longer in the count
+        elseif tonumber(at) ~= start then
           settled[i] = 2 -- its window has ended
-        elseif add(key, algo, start, delta) then
-          settled[i] = 1
+        else
+          local delta = 0
+          if mode == 'amount' then delta = amount - tonumber(c) elseif not commit then delta = -tonumber(c) end
+          if add(key, algo, start, delta) then settled[i] = 1 end
         end
       end
-      r = r + 1
+      r = r + 2
     elseif commit then
-      settled[i] = 1
-    elseif start and add(key, algo, start, -cost) then
-      settled[i] = 1 -- released from the count of now's window, which it went into
+      settled[i] = 1 -- nothing recorded: nothing to commit
     end
   elseif not commit then
     local cost = tonumber(ARGV[base + 3])
