@@ -90,8 +90,8 @@ var (
 //			cost        <n>|<placeholder>    # tokens a request takes; default 1
 //			max_cost    <n>                  # larger costs are never admitted; default the quota (sliding_window with a placeholder cost: at most 1000)
 //			max_wait    <duration>           # token_bucket: hold a request up to this long for its turn instead of a 429; up to 1m
-//			count_status <code|Nxx>...       # charge only responses of these statuses (token_bucket, sliding_window)
-//			charge header <field> | openai_usage [total|prompt|completion]   # charge what the response reports; cost is the reservation (token_bucket)
+//			count_status <code|Nxx>...       # charge only responses of these statuses (any algorithm)
+//			charge header <field> | openai_usage [total|prompt|completion]   # charge what the response reports; cost is the reservation (not sliding_window)
 //			hold_max    <duration>           # with count_status or charge: a reservation unsettled after it counts as charged; default 10m
 //			match {                          # optional: this zone applies only to matching requests
 //				<matchers>

@@ -162,6 +162,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			c.Write(zap.String("reason", reason), zap.String("fail_mode", mode), zap.Error(err))
 		}
 		out.degraded = true
+		if mode != FailLocal {
+			// Undecided, but the zone, its client and its configured limit are known: those
+			// of the first zone whose fail_mode answers (the first closed zone of a 503).
+			i := slices.IndexFunc(reqs, func(rq limiter.Request) bool { return h.zoneOf(rq.Zone).failMode == mode })
+			out.zone, out.key, out.limit, out.identified = reqs[i].Zone.Name, shown[i], reqs[i].Zone.Quota(), true
+		}
 		switch mode {
 		case FailLocal:
 			decided = h.localZones(reqs)

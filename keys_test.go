@@ -453,7 +453,9 @@ func TestExamplesAreSafe(t *testing.T) {
 			caddyfile := string(src)
 			for _, r := range [][2]string{
 				{"\tadmin localhost:2019\n", "\tadmin off\n\tpersist_config off\n\tlog {\n\t\tlevel ERROR\n\t}\n"},
+				{"\tadmin {$ADMIN_ADDRESS:localhost:2019}\n", "\tadmin off\n\tpersist_config off\n\tlog {\n\t\tlevel ERROR\n\t}\n"},
 				{"\n:8080 {\n", fmt.Sprintf("\n:%d {\n\tbind 127.0.0.1\n", site)},
+				{"\n{$SITE_ADDRESS::8080} {\n", fmt.Sprintf("\n:%d {\n\tbind 127.0.0.1\n", site)},
 				{"\n:2020 {\n", fmt.Sprintf("\n:%d {\n\tbind 127.0.0.1\n", freeLoopbackPort(t))},
 			} {
 				caddyfile = strings.Replace(caddyfile, r[0], r[1], 1)

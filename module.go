@@ -211,12 +211,14 @@ type Handler struct {
 // RedisConfig is how to connect to Redis.
 type RedisConfig struct {
 	// Redis server addresses as host:port. Placeholders such as {env.REDIS_ADDR} are replaced
-	// when the config loads. More than one address (without `sentinel`) means Redis Cluster:
+	// when the config loads; one that is empty then (an unset variable), or an empty address,
+	// is a load error naming it. More than one address (without `sentinel`) means Redis Cluster:
 	// they are seeds, the other nodes are discovered. With `sentinel`, they are the Sentinels.
-	// Default: ["127.0.0.1:6379"].
+	// Default (only when no address is given): ["127.0.0.1:6379"].
 	Addresses []string `json:"addresses,omitempty"`
 
-	// The ACL user name. Placeholders are replaced when the config loads.
+	// The ACL user name. Placeholders are replaced when the config loads; one that is empty then
+	// is a load error, as for every string of the redis block.
 	Username string `json:"username,omitempty"`
 
 	// The password (of the ACL user, or of `requirepass`). Use a placeholder such as
@@ -495,6 +497,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := h.Redis.validate(); err != nil {
 		return err
 	}
+	if err := h.Redis.checkResolved(); err != nil {
+		return err
+	}
 	client, key, err := acquireClient(h.Redis.resolve(time.Duration(h.Timeout)))
 	if err != nil {
 		return fmt.Errorf("redis client: %w", err)
@@ -763,6 +768,54 @@ func (cfg *RedisConfig) check() (field string, err error) {
 		return "tls", fmt.Errorf("redis tls: cert and key must be given together")
 	}
 	return "", nil
+}
+
+// checkResolved reports a connection setting that was written with a placeholder that is empty
+// once the global placeholders are replaced, as resolve replaces them: `address
+// {env.REDIS_ADDR}` with REDIS_ADDR unset would otherwise dial the default address (and
+// `{env.REDIS_HOST}:6379` the local host), `password {env.REDIS_PASSWORD}` would connect without
+// AUTH, `sentinel {env.MASTER}` would make a plain client. The error names the setting and the
+// empty placeholders, never a value (so never a password). A default applies only where
+// nothing was written.
+func (cfg *RedisConfig) checkResolved() error {
+	repl := caddy.NewReplacer()
+	check := func(field, written string) error {
+		var empty []string
+		for _, name := range placeholderNames(written) {
+			if repl.ReplaceKnown("{"+name+"}", "") != "" {
+				continue
+			}
+			if v, ok := strings.CutPrefix(name, "env."); ok {
+				empty = append(empty, "{"+name+"} (environment variable "+v+" is not set, or empty)")
+			} else {
+				empty = append(empty, "{"+name+"}")
+			}
+		}
+		if len(empty) == 0 {
+			return nil
+		}
+		words := strings.Fields(field)
+		return fmt.Errorf("redis %s %s: empty placeholder %s: set it, or leave out the %s line",
+			field, written, strings.Join(empty, ", "), words[len(words)-1])
+	}
+	for _, a := range cfg.Addresses {
+		if strings.TrimSpace(a) == "" {
+			return fmt.Errorf("redis address %q is empty: give host:port, or leave out the address line for the default %s", a, DefaultAddress)
+		}
+		if err := check("address", a); err != nil {
+			return err
+		}
+	}
+	fields := [][2]string{{"username", cfg.Username}, {"password", cfg.Password}, {"sentinel", cfg.Sentinel}}
+	if t := cfg.TLS; t != nil {
+		fields = append(fields, [][2]string{{"tls ca", t.CA}, {"tls cert", t.Cert}, {"tls key", t.Key}, {"tls server_name", t.ServerName}}...)
+	}
+	for _, f := range fields {
+		if err := check(f[0], f[1]); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // isCluster reports whether cfg is a Redis Cluster: `cluster`, or more than one address
