@@ -145,7 +145,7 @@ func TestCountStatusLogin(t *testing.T) {
 					req, _ := http.NewRequest(http.MethodGet, cs.base+"/i"+strconv.Itoa(1+i%3)+"/login", nil)
 					req.Header.Set("X-Client", fresh)
 					req.Header.Set("X-Password", "wrong")
-					resp, err := http.DefaultClient.Do(req)
+					resp, err := servingClient(0).Do(req)
 					if err != nil {
 						t.Error(err)
 						return
@@ -196,7 +196,7 @@ func TestCountStatusBasicAuth(t *testing.T) {
 	login := func(password string) int {
 		req, _ := http.NewRequest(http.MethodGet, cs.base+"/", nil)
 		req.SetBasicAuth("alice", password)
-		resp, err := http.DefaultClient.Do(req)
+		resp, err := servingClient(0).Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -295,7 +295,7 @@ func TestChargeBoundUnderConcurrency(t *testing.T) {
 		wg.Go(func() {
 			req, _ := http.NewRequest(http.MethodGet, cs.base+"/i"+strconv.Itoa(1+i%3)+"/chat", nil)
 			req.Header.Set("X-API-Key", "shared")
-			resp, err := http.DefaultClient.Do(req)
+			resp, err := servingClient(0).Do(req)
 			if err != nil {
 				t.Error(err)
 				return
@@ -332,7 +332,7 @@ func TestChargeStreamsEveryChunkAtOnce(t *testing.T) {
 			charge openai_usage`, up.URL))
 	req, _ := http.NewRequest(http.MethodGet, cs.base+"/i1/chat?stream=1", nil)
 	req.Header.Set("X-API-Key", "streamer")
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := servingClient(0).Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -399,7 +399,7 @@ func TestChargeLargeBodyBoundedMemory(t *testing.T) {
 		}()
 		req, _ := http.NewRequest(http.MethodGet, cs.base+path, nil)
 		req.Header.Set("X-API-Key", key)
-		resp, err := http.DefaultClient.Do(req)
+		resp, err := servingClient(0).Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -484,7 +484,7 @@ func TestChargeClientGoneMidStream(t *testing.T) {
 			charge openai_usage`, up.URL))
 	req, _ := http.NewRequest(http.MethodGet, cs.base+"/i1/chat?stream=1", nil)
 	req.Header.Set("X-API-Key", "leaver")
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := servingClient(0).Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -558,7 +558,7 @@ func chatGzip(t *testing.T, cs *caddyServer, srv *redistest.Server, path, key st
 	req, _ := http.NewRequest(http.MethodGet, cs.base+path, nil)
 	req.Header.Set("X-API-Key", key)
 	req.Header.Set("Accept-Encoding", "gzip")
-	resp, err := (&http.Client{Transport: &http.Transport{DisableCompression: true}}).Do(req)
+	resp, err := servingClient(0).Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -616,7 +616,7 @@ func TestChargeStreamingDelay(t *testing.T) {
 	measure := func(path string) (median, worst time.Duration) {
 		req, _ := http.NewRequest(http.MethodGet, cs.base+path, nil)
 		req.Header.Set("X-API-Key", "delay")
-		resp, err := http.DefaultClient.Do(req)
+		resp, err := servingClient(0).Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
