@@ -23,7 +23,7 @@ import (
 )
 
 func init() {
-	caddy.RegisterModule(Handler{})
+	caddy.RegisterModule((*Handler)(nil))
 }
 
 // Defaults applied in Provision when a field is left empty.
@@ -425,8 +425,10 @@ type Zone struct {
 	errLimited, errUnsatisfiable, errEmptyKey error
 }
 
-// CaddyModule returns the Caddy module information.
-func (Handler) CaddyModule() caddy.ModuleInfo {
+// CaddyModule returns the Caddy module information. Its receiver is a pointer, and it is
+// registered as one: the events app asks a handler for its module ID while a request is under
+// way, and a value receiver copied the whole Handler then, racing with Cleanup's writes.
+func (*Handler) CaddyModule() caddy.ModuleInfo {
 	return caddy.ModuleInfo{
 		ID:  "http.handlers.rate_limit_redis",
 		New: func() caddy.Module { return new(Handler) },

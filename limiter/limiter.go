@@ -9,6 +9,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -321,8 +322,14 @@ func (l *Limiter) scriptArgs(reqs []Request, hold bool, ref time.Time) []any {
 	} else {
 		args[0] = ""
 	}
-	args[1] = l.instance + "." + strconv.FormatUint(l.calls.Add(1), 36)
 	args[2] = holdArg(reqs, hold)
+	args[1] = ""
+	if args[2] != "0" || slices.ContainsFunc(reqs, func(r Request) bool { return r.Zone.Algorithm == SlidingWindow }) {
+		// The nonce names what the decision adds for later: sliding window members, holds and
+		// records. A decision that adds none (token buckets and window counters charged now)
+		// needs none, and saves its two allocations.
+		args[1] = l.instance + "." + strconv.FormatUint(l.calls.Add(1), 36)
+	}
 	args[3] = len(reqs)
 	for _, r := range reqs {
 		cost := r.Cost
@@ -418,18 +425,37 @@ func decodeReply(reply any, reqs []Request) (bool, []zoneReply, error) {
 	return ints[0] == 1, zones, nil
 }
 
-// pick makes the Decision from each zone's outcome, choosing the deciding zone: when denied,
-// an unsatisfiable zone, else the denying zone that takes longest to admit; when allowed, the
-// zone with the longest delay, else the one with the least remaining share of its quota (the
-// first of equals). It writes each zone's own outcome into reqs[i].Result.
+// pick makes the Decision from each zone's outcome, choosing the deciding zone (decidingZone),
+// and writes each zone's own outcome into reqs[i].Result (zoneResults).
 func pick(reqs []Request, allowed bool, zones []zoneReply) Decision {
-	best := -1
-	for i, z := range zones {
-		if best < 0 {
-			best = i
-			continue
-		}
-		b := zones[best]
+	best := decidingZone(reqs, allowed, zones)
+	zoneResults(reqs, allowed, zones)
+	z := zones[best]
+	d := Decision{
+		Allowed:   allowed,
+		Zone:      best,
+		Limit:     reqs[best].Zone.Quota(),
+		Remaining: z.remaining,
+		Reset:     time.Duration(z.reset) * time.Microsecond,
+		Next:      time.Duration(z.next) * time.Microsecond,
+	}
+	if allowed {
+		d.Delay = time.Duration(z.retryAfter) * time.Microsecond
+	} else if unsatisfiable(reqs[best]) {
+		d.Unsatisfiable = true
+	} else {
+		d.RetryAfter = time.Duration(z.retryAfter) * time.Microsecond
+	}
+	return d
+}
+
+// decidingZone returns the index of the deciding zone: when denied, an unsatisfiable zone, else
+// the denying zone that takes longest to admit; when allowed, the zone with the longest delay,
+// else the one with the least remaining share of its quota (the first of equals).
+func decidingZone(reqs []Request, allowed bool, zones []zoneReply) int {
+	best := 0
+	for i := 1; i < len(zones); i++ {
+		z, b := zones[i], zones[best]
 		if allowed {
 			if z.retryAfter != b.retryAfter { // the longest delay
 				if z.retryAfter > b.retryAfter {
@@ -461,6 +487,11 @@ func pick(reqs []Request, allowed bool, zones []zoneReply) Decision {
 			best = i
 		}
 	}
+	return best
+}
+
+// zoneResults writes each zone's own outcome into reqs[i].Result.
+func zoneResults(reqs []Request, allowed bool, zones []zoneReply) {
 	for i, z := range zones {
 		// A zone of a Redis Cluster slot that failed has no reply: the zero zoneReply, which no
 		// reply is (an admitting zone has allowed set, a denying one a retry after > 0).
@@ -484,23 +515,6 @@ func pick(reqs []Request, allowed bool, zones []zoneReply) Decision {
 		}
 		reqs[i].Result = res
 	}
-	z := zones[best]
-	d := Decision{
-		Allowed:   allowed,
-		Zone:      best,
-		Limit:     reqs[best].Zone.Quota(),
-		Remaining: z.remaining,
-		Reset:     time.Duration(z.reset) * time.Microsecond,
-		Next:      time.Duration(z.next) * time.Microsecond,
-	}
-	if allowed {
-		d.Delay = time.Duration(z.retryAfter) * time.Microsecond
-	} else if unsatisfiable(reqs[best]) {
-		d.Unsatisfiable = true
-	} else {
-		d.RetryAfter = time.Duration(z.retryAfter) * time.Microsecond
-	}
-	return d
 }
 
 // unsatisfiable reports whether r's cost is above its zone's MaxCost: it can never be admitted.

@@ -278,6 +278,9 @@ func (m *call) split(calls []*call) {
 		}
 		return
 	}
+	if len(calls) == 1 && calls[0] == m {
+		return // a decision sent alone (mergeCalls): its reply is its own, boxed already
+	}
 	off := 0
 	for _, c := range calls {
 		w := 1 + replyWidth*c.zones()
@@ -411,5 +414,5 @@ func batchContext(batch []*call) (context.Context, context.CancelFunc) {
 			latest = d
 		}
 	}
-	return context.WithDeadline(context.Background(), latest)
+	return WithDeadline(context.Background(), latest), func() {}
 }

@@ -74,7 +74,8 @@
 -- Then per decision, in order:
 --   nonce    unique to the decision (across instances and calls): sliding window members are
 --            "<nonce>:<n>" for n = 1..cost, holds are "h:<nonce>", records "<state key>:<nonce>",
---            so settle.lua can find exactly what the decision added
+--            so settle.lua can find exactly what the decision added; "" for a decision that
+--            adds none of them (no sliding window zone, hold "0")
 --   hold     "1": take token bucket charges as holds (see settle.lua); "0": charge them; or one
 --            number per zone, comma-separated: µs that zone's token bucket charge is held at
 --            most before it counts as charged (0: charge it now), or that a window counter's
