@@ -3,6 +3,7 @@ package ratelimitredis
 import (
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -90,12 +91,19 @@ func runServeHTTP(b *testing.B, h *Handler, parallel, wantAllowed bool) {
 		}
 		return
 	}
+	// Each goroutine's requests are made before the timer starts, as in the serial case.
+	const perGoroutine = 64
+	goroutines := 64 * runtime.GOMAXPROCS(0)
+	sets := make([][]*http.Request, goroutines)
+	for g := range sets {
+		sets[g] = benchRequests(perGoroutine, g*perGoroutine)
+	}
 	var next atomic.Int64
 	b.SetParallelism(64)
 	b.ReportAllocs()
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
-		reqs := benchRequests(256, int(next.Add(256)))
+		reqs := sets[int(next.Add(1)-1)%len(sets)]
 		w := &benchWriter{h: http.Header{}}
 		i := 0
 		for pb.Next() {
