@@ -55,6 +55,9 @@
 #   Redis us/dec   Redis's CPU time over the module's rounds per request (one decision each)
 #   calls/req      script calls per request, as above (the module only)
 #   non-2xx        share of responses that were not 2xx or 3xx (0 expected on every side)
+# and below it the share of the module's rounds Redis spent waiting for a CPU (run-queue time from
+# /proc/PID/task/*/schedstat): near 0 when CPU 1 is Redis's own; over 5% is a check warning
+# (other processes ran on CPU 1, and Redis's delays may time decisions out).
 # The allocations table: allocs/op, B/op and ns/op of each benchmark (one op is one allowed
 # request through ServeHTTP; ns/op includes the Redis round trip).
 # wrk, Caddy and Redis share the machine's CPUs, so these figures are the module's cost on this
@@ -357,6 +360,10 @@ pinned_check() {
 # pinned_affinity PID: the CPU lists of all the process's threads, e.g. "0" or "0-1".
 pinned_affinity() { taskset -a -pc "$1" | awk '{ print $NF }' | sort -u | paste -sd' '; }
 
+# runq_ns PID: how long the process's threads have waited for a CPU so far, in nanoseconds (field
+# 2 of /proc/PID/task/*/schedstat): Redis's, on a CPU of its own, stays near 0.
+runq_ns() { cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{ s += $2 } END { printf "%d\n", s }'; }
+
 pinned_scenario() {
 	if [ -n "$pinned_skip" ]; then
 		say "7 pinned: skipped: $pinned_skip"
@@ -404,9 +411,9 @@ pinned_scenario() {
 
 # pinned_rounds: BENCH_ROUNDS rounds, each measuring every side in turn with the others stopped;
 # appends "<rps> <requests> <p50> <p99> <non-2xx> <socket errors> <caddy ticks> <script calls>
-# <script usec> <redis ticks>" per round to $work/pinned.SIDE.
+# <script usec> <redis ticks> <redis run-queue ns> <wall ns>" per round to $work/pinned.SIDE.
 pinned_rounds() {
-	local r side pid before after c0 r0 line
+	local r side pid before after c0 r0 q0 t0 line
 	for r in $(seq "$rounds"); do
 		for side in "${pinned_sides[@]}"; do
 			pid=${pinned_pid[$side]}
@@ -414,13 +421,15 @@ pinned_rounds() {
 			before=$(script_stats)
 			c0=$(cpu_ticks "$pid")
 			r0=$(cpu_ticks "$redis_pid")
+			q0=$(runq_ns "$redis_pid")
+			t0=$(date +%s%N)
 			run_wrk "pinned-$side-$r" bench/allowed.lua "${pinned_port[$side]}" "$threads" "$connections" "$duration"
 			line=$wrk_line
 			sleep 0.2 # let the requests still in flight when wrk stopped reach Redis
 			after=$(script_stats)
 			echo "$line $(($(cpu_ticks "$pid") - c0)) $(awk -v b="$before" -v a="$after" 'BEGIN {
 				split(b, x, " "); split(a, y, " "); print y[1] - x[1], y[2] - x[2] }') $(($(cpu_ticks "$redis_pid") - r0))" \
-				>>"$work/pinned.$side"
+				"$(($(runq_ns "$redis_pid") - q0)) $(($(date +%s%N) - t0))" >>"$work/pinned.$side"
 			kill -STOP "$pid"
 			say "$(printf '%-9s round %d/%d  %-6s %10.0f rps' pinned "$r" "$rounds" "$side" "${line%% *}")"
 		done
@@ -464,6 +473,13 @@ pinned_report() {
 		fi
 	done
 	[ -z "$anchor_skip" ] || echo "    (no anchor: $anchor_skip)"
+	f=$work/pinned.module
+	if [ -r "/proc/self/schedstat" ]; then
+		r=$(per "$(total "$f" 11)" "$(total "$f" 12)" %.3f)
+		echo "    Redis waited for a CPU $(awk -v r="$r" 'BEGIN { printf "%.1f", 100 * r }')% of the module's rounds (run queue, /proc/PID/task/*/schedstat)"
+		awk -v r="$r" 'BEGIN { exit !(r > 0.05) }' &&
+			warnings+=("7 pinned: Redis waited for a CPU $(awk -v r="$r" 'BEGIN { printf "%.0f", 100 * r }')% of the module's rounds: CPU 1 was not its own (other processes ran there)")
+	fi
 	printf '    rounds, %s rps:' "$(IFS=/; echo "${pinned_sides[*]}")"
 	for r in $(seq "$rounds"); do
 		printf '  %s' "$(for side in "${pinned_sides[@]}"; do awk -v r="$r" 'NR == r { printf "%.0f\n", $1 }' "$work/pinned.$side"; done | paste -sd/)"
