@@ -360,9 +360,10 @@ pinned_check() {
 # pinned_affinity PID: the CPU lists of all the process's threads, e.g. "0" or "0-1".
 pinned_affinity() { taskset -a -pc "$1" | awk '{ print $NF }' | sort -u | paste -sd' '; }
 
-# runq_ns PID: how long the process's threads have waited for a CPU so far, in nanoseconds (field
-# 2 of /proc/PID/task/*/schedstat): Redis's, on a CPU of its own, stays near 0.
-runq_ns() { cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{ s += $2 } END { printf "%d\n", s }'; }
+# runq_us PID: how long the process's threads have waited for a CPU so far, in microseconds (field
+# 2 of /proc/PID/task/*/schedstat, ns): Redis's, on a CPU of its own, stays near 0. (%.0f: mawk's
+# %d stops at 2^31.)
+runq_us() { cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{ s += $2 } END { printf "%.0f\n", s / 1000 }'; }
 
 pinned_scenario() {
 	if [ -n "$pinned_skip" ]; then
@@ -411,7 +412,7 @@ pinned_scenario() {
 
 # pinned_rounds: BENCH_ROUNDS rounds, each measuring every side in turn with the others stopped;
 # appends "<rps> <requests> <p50> <p99> <non-2xx> <socket errors> <caddy ticks> <script calls>
-# <script usec> <redis ticks> <redis run-queue ns> <wall ns>" per round to $work/pinned.SIDE.
+# <script usec> <redis ticks> <redis run-queue us> <wall us>" per round to $work/pinned.SIDE.
 pinned_rounds() {
 	local r side pid before after c0 r0 q0 t0 line
 	for r in $(seq "$rounds"); do
@@ -421,15 +422,15 @@ pinned_rounds() {
 			before=$(script_stats)
 			c0=$(cpu_ticks "$pid")
 			r0=$(cpu_ticks "$redis_pid")
-			q0=$(runq_ns "$redis_pid")
-			t0=$(date +%s%N)
+			q0=$(runq_us "$redis_pid")
+			t0=$(($(date +%s%N) / 1000))
 			run_wrk "pinned-$side-$r" bench/allowed.lua "${pinned_port[$side]}" "$threads" "$connections" "$duration"
 			line=$wrk_line
 			sleep 0.2 # let the requests still in flight when wrk stopped reach Redis
 			after=$(script_stats)
 			echo "$line $(($(cpu_ticks "$pid") - c0)) $(awk -v b="$before" -v a="$after" 'BEGIN {
 				split(b, x, " "); split(a, y, " "); print y[1] - x[1], y[2] - x[2] }') $(($(cpu_ticks "$redis_pid") - r0))" \
-				"$(($(runq_ns "$redis_pid") - q0)) $(($(date +%s%N) - t0))" >>"$work/pinned.$side"
+				"$(($(runq_us "$redis_pid") - q0)) $(($(date +%s%N) / 1000 - t0))" >>"$work/pinned.$side"
 			kill -STOP "$pid"
 			say "$(printf '%-9s round %d/%d  %-6s %10.0f rps' pinned "$r" "$rounds" "$side" "${line%% *}")"
 		done
