@@ -742,4 +742,4 @@ echo "machine: $(nproc) CPUs, ${cpu:-unknown CPU}, Linux $(uname -r); wrk, Caddy
 echo "load average (1/5/15 min) before: $load_before, after: $load_after (other work on the machine adds noise)"
 echo "versions: $(redis-server --version | awk '{ print $1, $2, $3 }'), $(wrk --version 2>&1 | awk 'NR == 1 { print $1, $2 }'), module at $commit"
 echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
-echo "command: BENCH_ROUNDS=$rounds BENCH_DURATION=$duration BENCH_WARMUP=$warmup BENCH_THREADS=$threads BENCH_CONNECTIONS=$connections make bench"
+echo "command: BENCH_ROUNDS=$rounds BENCH_DURATION=$duration BENCH_WARMUP=$warmup BENCH_THREADS=$threads BENCH_CONNECTIONS=$connections make bench${ANCHOR_SRC:+ ANCHOR_SRC=$ANCHOR_SRC}"
