@@ -10,13 +10,16 @@ SOURCES       := $(shell find . \( -path ./bin -o -path ./bench \) -prune -o \( 
 
 .PHONY: build run test compose-check rules-check e2e fmt adapt smoke bench fuzz
 
-## build: bin/caddy, Caddy $(CADDY_VERSION) with this module
+## build: bin/caddy, Caddy $(CADDY_VERSION) with this module (README.md "Install" gives this recipe;
+## TestReadmeInstall checks that they agree)
 build: bin/caddy
 
 bin/caddy: $(SOURCES)
-	go tool xcaddy build $(CADDY_VERSION) --output bin/caddy --with $(MODULE)@$(LOCAL_VERSION)=$(CURDIR)
+	go tool xcaddy build $(CADDY_VERSION) --output bin/caddy --with $(MODULE)@$(LOCAL_VERSION)=.
 
-## run: bin/caddy serving Caddyfile.example on :8080 against Redis on 127.0.0.1:6379
+## run: bin/caddy serving Caddyfile.example on :8080 against the Redis at $REDIS_ADDR (default
+## 127.0.0.1:6379, a throwaway one when none answers there), with $REDIS_PASSWORD and
+## $REDIS_USERNAME when set; it stops at once, saying why, when that Redis cannot be used
 run: bin/caddy
 	scripts/run.sh
 
@@ -94,6 +97,7 @@ fuzz:
 	scripts/ensure-redis.sh
 	go test -run XXX -fuzz '^FuzzUnmarshalCaddyfile$$' -fuzztime $(FUZZTIME) .
 	go test -run XXX -fuzz '^FuzzZoneNumber$$' -fuzztime $(FUZZTIME) .
+	go test -run XXX -fuzz '^FuzzUsage$$' -fuzztime $(FUZZTIME) .
 	go test -run XXX -fuzz '^FuzzClientKey$$' -fuzztime $(FUZZTIME) ./limiter
 	go test -run XXX -fuzz '^FuzzDecodeReply$$' -fuzztime $(FUZZTIME) ./limiter
 	go test -run XXX -fuzz '^FuzzAllow$$' -fuzztime $(FUZZTIME) ./limiter

@@ -24,7 +24,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
@@ -47,17 +46,10 @@ func startSites(t *testing.T, serverOptions string, sites ...string) []*caddySer
 		servers[i] = &caddyServer{t: t, base: "http://127.0.0.1:" + strconv.Itoa(port)}
 		fmt.Fprintf(&b, ":%d {\n\tbind 127.0.0.1\n%s\n}\n", port, site)
 	}
-	cfg, warnings, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(b.String()), nil)
-	if err != nil {
-		t.Fatalf("adapting: %v", err)
-	}
-	for _, w := range warnings {
-		t.Logf("adapter warning: %s", w.String())
-	}
-	if err := caddy.Load(cfg, true); err != nil {
+	t.Cleanup(func() { _ = caddy.Stop() })
+	if err := loadCaddyfile(t, b.String()); err != nil {
 		t.Fatalf("loading: %v", err)
 	}
-	t.Cleanup(func() { _ = caddy.Stop() })
 	return servers
 }
 

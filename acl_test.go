@@ -292,7 +292,7 @@ func TestRedisACL(t *testing.T) {
 			for i := range results {
 				wg.Go(func() {
 					start := time.Now()
-					resp, err := http.Get(cs.base + "/tb_wait/")
+					resp, err := servingClient(0).Get(cs.base + "/tb_wait/")
 					if err != nil {
 						results[i].status = -1
 						return
@@ -323,7 +323,7 @@ func TestRedisACL(t *testing.T) {
 		t.Run("tb_hold", func(t *testing.T) {
 			slow := make(chan int, 1)
 			go func() {
-				resp, err := http.Get(cs.base + "/tb_hold/slow")
+				resp, err := servingClient(0).Get(cs.base + "/tb_hold/slow")
 				if err != nil {
 					slow <- -1
 					return

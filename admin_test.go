@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddyconfig"
 
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
 )
@@ -43,16 +42,13 @@ func startCaddyAdmin(t *testing.T, site string) *adminCaddy {
 	return ac
 }
 
-// reload loads a new config with the same admin endpoint and site port, as `caddy reload` would.
+// reload loads a new config with the same admin endpoint and site port, as `caddy reload` would,
+// and returns once it serves alone (loadServing).
 func (ac *adminCaddy) reload(t *testing.T, site string) {
 	t.Helper()
 	caddyfile := fmt.Sprintf("{\n\tadmin %s\n\tauto_https off\n\tpersist_config off\n\tlog {\n\t\tlevel ERROR\n\t}\n}\n:%d {\n\tbind 127.0.0.1\n%s\n}\n",
 		strings.TrimPrefix(ac.admin, "http://"), ac.port, site)
-	cfg, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(caddyfile), nil)
-	if err != nil {
-		t.Fatalf("adapting: %v", err)
-	}
-	if err := caddy.Load(cfg, true); err != nil {
+	if err := loadCaddyfile(t, caddyfile); err != nil {
 		t.Fatalf("loading: %v", err)
 	}
 }
@@ -64,7 +60,7 @@ func (ac *adminCaddy) call(t *testing.T, method, path string) (int, string, http
 	if err != nil {
 		t.Fatal(err)
 	}
-	resp, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
+	resp, err := servingClient(10 * time.Second).Do(req)
 	if err != nil {
 		t.Fatalf("%s %s: %v", method, path, err)
 	}

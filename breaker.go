@@ -37,6 +37,14 @@ type breaker struct {
 	name string
 	// lastErr is the error of the latest failed decision, for the log line of the opening.
 	lastErr atomic.Pointer[error]
+	// quiet is true while the breaker is closed with no failure counted: allow then asks
+	// nothing of cb (whose Allow takes a lock and allocates) and hands out fastDone, which
+	// reports only a failure. A success would only have reset a count that is 0 already.
+	quiet atomic.Bool
+	// fastDone is allow's report function while quiet, made once.
+	fastDone func(error)
+	// allowed counts the decisions allow has let through, quiet or not.
+	allowed atomic.Uint64
 }
 
 // newBreaker returns the circuit breaker of the Redis server named name (its address). cluster
@@ -45,6 +53,8 @@ type breaker struct {
 // with its reason (go-redis errors never hold the password).
 func newBreaker(name, cluster string) *breaker {
 	b := &breaker{name: name}
+	b.quiet.Store(true)
+	b.fastDone = b.reportQuiet
 	b.cb = gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreaker.Settings{
 		Name:        name,
 		MaxRequests: 1,
@@ -87,16 +97,40 @@ func (b *breaker) Counts() gobreaker.Counts { return b.cb.Counts() }
 // an answer, the error otherwise (errNotCalled when it was not sent). The error when the breaker
 // refuses wraps gobreaker.ErrOpenState or ErrTooManyRequests and names the server.
 func (b *breaker) allow() (done func(error), err error) {
+	if b.quiet.Load() {
+		b.allowed.Add(1)
+		return b.fastDone, nil
+	}
 	report, err := b.cb.Allow()
 	if err != nil {
 		return nil, fmt.Errorf("redis %s: %w", b.name, err)
 	}
+	b.allowed.Add(1)
 	return func(err error) {
 		if err != nil && !excluded(err) {
 			b.lastErr.Store(&err)
 		}
 		report(err)
+		if err == nil && b.cb.State() == gobreaker.StateClosed && b.cb.Counts().ConsecutiveFailures == 0 {
+			b.quiet.Store(true)
+		}
 	}, nil
+}
+
+// reportQuiet reports the outcome of a decision allowed while the breaker was quiet: a failure
+// leaves the quiet state and is counted by cb as any other (cb is closed then, so its Allow
+// always permits). Decisions under way at that moment that succeed go unreported; those sent
+// after it are reported until cb is closed with no failure counted again.
+func (b *breaker) reportQuiet(err error) {
+	if err == nil || excluded(err) {
+		return
+	}
+	failed := err // a copy: taking err's own address would move it to the heap on every call
+	b.lastErr.Store(&failed)
+	b.quiet.Store(false)
+	if report, aerr := b.cb.Allow(); aerr == nil {
+		report(err)
+	}
 }
 
 // excluded reports whether a decision's error says nothing of Redis: the client went away (its

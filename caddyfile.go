@@ -88,10 +88,10 @@ var (
 //			period      hour|day|week|month  # fixed_window, instead of window: a calendar period
 //			time_zone   <IANA name>          # fixed_window with a period; default UTC
 //			cost        <n>|<placeholder>    # tokens a request takes; default 1
-//			max_cost    <n>                  # larger costs are never admitted; default the quota (sliding_window with a placeholder cost: at most 1000)
+//			max_cost    <n>                  # larger costs are never admitted, nor charged after the response; default the quota (sliding_window with a placeholder cost: at most 1000)
 //			max_wait    <duration>           # token_bucket: hold a request up to this long for its turn instead of a 429; up to 1m
-//			count_status <code|Nxx>...       # charge only responses of these statuses (token_bucket, sliding_window)
-//			charge header <field> | openai_usage [total|prompt|completion]   # charge what the response reports; cost is the reservation (token_bucket)
+//			count_status <code|Nxx>...       # charge only responses of these statuses (any algorithm)
+//			charge header <field> | openai_usage [total|prompt|completion] [missing <n>]   # charge what the response reports (at most max_cost); cost is the reservation; missing: what a 2xx without usage is charged, default max_cost (not sliding_window)
 //			hold_max    <duration>           # with count_status or charge: a reservation unsettled after it counts as charged; default 10m
 //			match {                          # optional: this zone applies only to matching requests
 //				<matchers>

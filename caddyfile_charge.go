@@ -1,8 +1,12 @@
 package ratelimitredis
 
 import (
+	"strconv"
+
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/limiter"
 )
 
 // afterSubdirective parses a zone's count_status, charge or hold_max at the cursor (already
@@ -10,7 +14,7 @@ import (
 //
 //	count_status <code|Nxx>...
 //	charge header <field>
-//	charge openai_usage [total|prompt|completion]
+//	charge openai_usage [total|prompt|completion] [missing <n>]
 //	hold_max <duration>
 func (p *zoneParser) afterSubdirective(d *caddyfile.Dispenser) error {
 	z := p.zone
@@ -30,7 +34,7 @@ func (p *zoneParser) afterSubdirective(d *caddyfile.Dispenser) error {
 	case "charge":
 		args := d.RemainingArgs()
 		if len(args) == 0 {
-			return d.Errf("charge: a source is required: header <field> or openai_usage [total|prompt|completion]")
+			return d.Errf("charge: a source is required: header <field> or openai_usage [total|prompt|completion] [missing <n>]")
 		}
 		c := &Charge{Source: args[0]}
 		switch args[0] {
@@ -40,16 +44,29 @@ func (p *zoneParser) afterSubdirective(d *caddyfile.Dispenser) error {
 			}
 			c.Header = args[1]
 		case ChargeOpenAIUsage:
-			if len(args) > 2 {
-				return d.Errf("charge openai_usage: unexpected argument %q", args[2])
-			}
-			if len(args) == 2 {
-				switch args[1] {
+			rest := args[1:]
+			if len(rest) > 0 && rest[0] != "missing" {
+				switch rest[0] {
 				case UsageTotal, UsagePrompt, UsageCompletion:
-					c.Usage = args[1]
+					c.Usage = rest[0]
 				default:
-					return d.Errf("charge openai_usage: %q must be total, prompt or completion", args[1])
+					return d.Errf("charge openai_usage: %q must be total, prompt or completion", rest[0])
 				}
+				rest = rest[1:]
+			}
+			if len(rest) > 0 && rest[0] == "missing" {
+				if len(rest) < 2 {
+					return d.Errf("charge openai_usage: missing needs the amount a response without usage is charged (missing 4000)")
+				}
+				n, err := strconv.ParseInt(rest[1], 10, 64)
+				if err != nil || n < 0 || n > limiter.MaxCapacity {
+					return d.Errf("charge openai_usage: missing %q must be an integer between 0 and %d", rest[1], int64(limiter.MaxCapacity))
+				}
+				c.Missing = &n
+				rest = rest[2:]
+			}
+			if len(rest) > 0 {
+				return d.Errf("charge openai_usage: unexpected argument %q", rest[0])
 			}
 		default:
 			return d.Errf("charge: %q must be header or openai_usage", args[0])

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -61,6 +62,14 @@ type Charge struct {
 	// openai_usage: which count to charge: `total` (total_tokens), `prompt` (prompt_tokens or
 	// input_tokens) or `completion` (completion_tokens or output_tokens). Default: `total`.
 	Usage string `json:"usage,omitempty"`
+
+	// openai_usage: what a successful (2xx) response that reports no usage we can charge is
+	// charged, in tokens (0 to 2^53): no usage object, a count that is negative or not an
+	// integer, a body in a content coding that is not read, a stream cut short. Default (absent):
+	// the zone's max_cost (its capacity or limit unless set), the most any response can be
+	// charged, so that no client gains by making its usage go unreported. At most max_cost
+	// counts: a larger amount is charged as max_cost.
+	Missing *int64 `json:"missing,omitempty"`
 }
 
 // afterResponse is a zone's count_status and charge, provisioned.
@@ -72,6 +81,9 @@ type afterResponse struct {
 	hold     time.Duration
 	charged  prometheus.Counter
 	refunded prometheus.Counter
+	missing  prometheus.Counter // charge: responses charged Charge.Missing
+	capped   prometheus.Counter // charge: amounts reported above max_cost, charged max_cost
+	warned   atomic.Int64       // Unix ns of the last warning of a missing usage
 }
 
 // provisionAfter provisions the zone's count_status, charge and hold_max; a zone with neither
@@ -105,6 +117,10 @@ func (z *Zone) provisionAfter() error {
 		initChargeMetrics()
 		a.charged = chargeMetrics.charged.WithLabelValues(z.Name)
 		a.refunded = chargeMetrics.refunded.WithLabelValues(z.Name)
+		if z.Charge != nil {
+			a.missing = chargeMetrics.missing.WithLabelValues(z.Name)
+			a.capped = chargeMetrics.capped.WithLabelValues(z.Name)
+		}
 		for _, reason := range settleFailureReasons {
 			// Exported at 0 from the load of a config that settles, so that a rate over the
 			// first failures of a reason is defined.
@@ -137,6 +153,10 @@ func (z *Zone) validateAfter() error {
 			return fmt.Errorf("zone %s: charge usage belongs to source openai_usage", z.Name)
 		case c.Source == ChargeOpenAIUsage && c.Header != "":
 			return fmt.Errorf("zone %s: charge header belongs to source header", z.Name)
+		case c.Source == ChargeHeader && c.Missing != nil:
+			return fmt.Errorf("zone %s: charge missing belongs to source openai_usage", z.Name)
+		case c.Missing != nil && (*c.Missing < 0 || *c.Missing > limiter.MaxCapacity):
+			return fmt.Errorf("zone %s: charge missing %d must be between 0 and %d", z.Name, *c.Missing, int64(limiter.MaxCapacity))
 		case c.Source == ChargeOpenAIUsage && c.Usage != UsageTotal && c.Usage != UsagePrompt && c.Usage != UsageCompletion:
 			return fmt.Errorf("zone %s: charge usage %q must be total, prompt or completion", z.Name, c.Usage)
 		case c.Source != ChargeHeader && c.Source != ChargeOpenAIUsage:
@@ -171,66 +191,105 @@ func parseStatus(s string) (lo, hi int, err error) {
 	return n, n, nil
 }
 
-// amount is what the zone charges for a response of status whose writer is cw, the request's
-// cost having been reserved: 0 when count_status does not list the status; with charge, what the
-// response reports, else the cost.
-func (a *afterResponse) amount(cost int64, status int, cw *chargeWriter) (int64, bool) {
+// amount is what the zone charges for a response of status whose writer is cw, the request rq
+// having reserved its cost: 0 when count_status does not list the status; with charge, what
+// the response reports, at most the zone's max_cost (capped), or, when it reports nothing, the
+// cost (charge header, or an unsuccessful response) or Charge.Missing (charge openai_usage, a
+// 2xx response: missing).
+func (a *afterResponse) amount(rq limiter.Request, status int, cw *chargeWriter) (n int64, missing, capped bool) {
 	if a.counting && (status < 0 || status >= len(a.statuses) || !a.statuses[status]) {
-		return 0, true
+		return 0, false, false
 	}
 	if a.charge == nil {
-		return cost, true
+		return rq.Cost, false, false
 	}
+	most := rq.Zone.MaxCostOrQuota()
+	reported := false
 	switch a.charge.Source {
 	case ChargeHeader:
 		v := cw.Header().Get(a.charge.Header)
 		if v == "" {
 			v = cw.Header().Get(http.TrailerPrefix + a.charge.Header)
 		}
-		if n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64); err == nil && n >= 0 {
-			return n, true
+		if x, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64); err == nil && x >= 0 {
+			n, reported = x, true
 		}
 	case ChargeOpenAIUsage:
-		if n, ok := cw.scan.tokens(a.charge.Usage); ok && n >= 0 {
-			return n, true
+		n, reported = cw.scan.tokens(a.charge.Usage)
+		if !reported && status >= 200 && status < 300 {
+			if a.charge.Missing != nil {
+				return min(*a.charge.Missing, most), true, false
+			}
+			return most, true, false
 		}
 	}
-	return cost, false // nothing reported: the reservation stands
+	if !reported {
+		return rq.Cost, false, false // the reservation stands
+	}
+	if n > most {
+		return most, false, true
+	}
+	return n, false, false
 }
 
 // chargeWriter sees the response of a request whose zones settle after it: its status, its
-// header, and, when a zone charges openai_usage, its body, scanned as it passes through. It
-// buffers nothing: every write goes on at once, and Flush reaches the writer below (through
-// Unwrap, with http.ResponseController).
+// header, and, when a zone charges openai_usage, its body, scanned as it passes through (and
+// decoded when compressed). It buffers nothing: every write goes on to the client first, then
+// to the scanner, and Flush reaches the writer below (through Unwrap, with
+// http.ResponseController).
 type chargeWriter struct {
 	*caddyhttp.ResponseWriterWrapper
 	status   int  // the final status written; 0 while none
 	readBody bool // a zone charges openai_usage
 	scan     *usageScanner
+	sink     io.Writer     // where the body goes to be scanned: scan, or dec
+	dec      *usageDecoder // the body's decoder when it is compressed
+	coding   string        // the body's content coding
 }
 
-// WriteHeader records the first final status, and whether the body can be scanned: JSON or an
-// event stream, not compressed.
+// WriteHeader records the first final status, and, when the body is to be read, whether it can
+// be: JSON or an event stream, in a content coding the scanner reads.
 func (cw *chargeWriter) WriteHeader(code int) {
 	if cw.status == 0 && code >= 200 {
 		cw.status = code
-		if cw.readBody && scannable(cw.Header()) {
-			cw.scan = new(usageScanner)
+		if cw.readBody {
+			cw.startScan()
 		}
 	}
 	cw.ResponseWriter.WriteHeader(code)
 }
 
-// Write scans p first (what the upstream reported counts even when the client is gone), then
-// writes it.
+// startScan sets up the scanner of the body of the header written.
+func (cw *chargeWriter) startScan() {
+	mt, _, err := mime.ParseMediaType(cw.Header().Get("Content-Type"))
+	sse := mt == "text/event-stream"
+	if err != nil || !sse && mt != "application/json" && !strings.HasSuffix(mt, "+json") {
+		return
+	}
+	coding, ok := bodyCoding(cw.Header())
+	cw.coding = coding
+	if !ok {
+		return
+	}
+	cw.scan = newUsageScanner(sse)
+	cw.sink = cw.scan
+	if coding != "identity" {
+		cw.dec = newUsageDecoder(coding, cw.scan)
+		cw.sink = cw.dec
+	}
+}
+
+// Write writes p on, then scans it (even when the client is gone: what the upstream reported
+// counts).
 func (cw *chargeWriter) Write(p []byte) (int, error) {
 	if cw.status == 0 {
 		cw.WriteHeader(http.StatusOK)
 	}
-	if cw.scan != nil {
-		cw.scan.Write(p)
+	n, err := cw.ResponseWriter.Write(p)
+	if cw.sink != nil {
+		_, _ = cw.sink.Write(p)
 	}
-	return cw.ResponseWriter.Write(p)
+	return n, err
 }
 
 // ReadFrom copies through Write when the body is scanned; else as the wrapper does.
@@ -241,17 +300,12 @@ func (cw *chargeWriter) ReadFrom(r io.Reader) (int64, error) {
 	return io.Copy(struct{ io.Writer }{cw}, r)
 }
 
-// scannable reports whether a body of header h can be scanned for usage: JSON or an event
-// stream, with no Content-Encoding (a compressed body is not parsed: the reservation stands).
-func scannable(h http.Header) bool {
-	if ce := h.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
-		return false
+// finish waits until the body written is scanned, once the response is complete.
+func (cw *chargeWriter) finish() {
+	if cw.dec != nil {
+		cw.dec.finish()
+		cw.dec, cw.sink = nil, nil
 	}
-	mt, _, err := mime.ParseMediaType(h.Get("Content-Type"))
-	if err != nil {
-		return false
-	}
-	return mt == "application/json" || strings.HasSuffix(mt, "+json") || mt == "text/event-stream"
 }
 
 // serveAndSettle passes an admitted request on with a writer that sees its response, and once
@@ -264,6 +318,10 @@ func (h *Handler) serveAndSettle(w http.ResponseWriter, r *http.Request, next ca
 		if a := h.zoneOf(rq.Zone).after; rq.Hold > 0 && a != nil && a.body {
 			cw.readBody = true
 		}
+	}
+	if cw.readBody {
+		acceptReadable(r.Header)
+		includeUsage(r)
 	}
 	var charged *int64 // {http.rate_limit_redis.charged}: the first settling zone's amount
 	repl.Map(func(key string) (any, bool) {
@@ -292,6 +350,7 @@ func (h *Handler) serveAndSettle(w http.ResponseWriter, r *http.Request, next ca
 // settleResponse settles the held zones of reqs once the response seen by cw is complete (err is
 // the handlers' error), and points *charged at what the first of them was charged.
 func (h *Handler) settleResponse(r *http.Request, cw *chargeWriter, reqs []limiter.Request, held *limiter.Held, err error, charged **int64) {
+	cw.finish()
 	status := cw.status
 	if status == 0 {
 		var he caddyhttp.HandlerError
@@ -310,7 +369,15 @@ func (h *Handler) settleResponse(r *http.Request, cw *chargeWriter, reqs []limit
 			continue
 		}
 		if a := h.zoneOf(rq.Zone).after; a != nil {
-			amounts[i], _ = a.amount(rq.Cost, status, cw)
+			var missing, capped bool
+			amounts[i], missing, capped = a.amount(rq, status, cw)
+			if missing && a.missing != nil {
+				a.missing.Inc()
+				a.warnMissing(h.logger, rq.Zone.Name, r, status, cw, amounts[i])
+			}
+			if capped && a.capped != nil {
+				a.capped.Inc()
+			}
 			if *charged == nil {
 				*charged = &amounts[i]
 			}
@@ -358,6 +425,20 @@ func (h *Handler) settle(ctx context.Context, reqs []limiter.Request, held *limi
 	}
 }
 
+// warnMissing logs, at most once a minute per zone, that the response of r, of status, written
+// through cw, reported no usage and was charged amount.
+func (a *afterResponse) warnMissing(logger *zap.Logger, zone string, r *http.Request, status int, cw *chargeWriter, amount int64) {
+	now := time.Now().UnixNano()
+	last := a.warned.Load()
+	if now-last < int64(time.Minute) || !a.warned.CompareAndSwap(last, now) {
+		return
+	}
+	if c := logger.Check(zapcore.WarnLevel, "rate limit charge: a successful response reported no usage; charged the zone's missing amount (logged at most once a minute per zone)"); c != nil {
+		c.Write(zap.String("zone", zone), zap.String("uri", r.RequestURI), zap.Int("status", status),
+			zap.String("content_type", cw.Header().Get("Content-Type")), zap.String("content_encoding", cw.coding), zap.Int64("charged", amount))
+	}
+}
+
 // settleFailureReasons are the reason label's values of settle_failures_total: failureReason's,
 // and no_hold.
 var settleFailureReasons = [...]string{"timeout", "bad_response", "oom", "redis_error", "circuit_open", "no_hold"}
@@ -373,6 +454,11 @@ var chargeMetrics struct {
 	// failures counts settlements that failed, by reason: the decision failure reasons, and
 	// no_hold (the hold was gone: settled already, older than hold_max, or reset).
 	failures *prometheus.CounterVec
+	// missing counts, by zone, the successful responses that reported no usage and were
+	// charged the zone's `missing` amount (charge openai_usage).
+	missing *prometheus.CounterVec
+	// capped counts, by zone, the amounts reported above the zone's max_cost, charged max_cost.
+	capped *prometheus.CounterVec
 }
 
 func initChargeMetrics() {
@@ -389,11 +475,19 @@ func initChargeMetrics() {
 			Namespace: "caddy", Subsystem: "rate_limit_redis", Name: "settle_failures_total",
 			Help: "Settlements after the response that failed, by reason: timeout, bad_response, oom, redis_error, circuit_open, no_hold. An unsettled hold counts as charged after hold_max.",
 		}, []string{"reason"})
+		chargeMetrics.missing = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "caddy", Subsystem: "rate_limit_redis", Name: "charge_missing_total",
+			Help: "Successful responses of a zone with charge openai_usage that reported no usage it could charge, charged the zone's missing amount, by zone.",
+		}, []string{"zone"})
+		chargeMetrics.capped = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "caddy", Subsystem: "rate_limit_redis", Name: "charge_capped_total",
+			Help: "Amounts reported by responses above the zone's max_cost, charged max_cost instead, by zone.",
+		}, []string{"zone"})
 	})
 }
 
 // chargeCollectors are the collectors registerMetrics registers.
 func chargeCollectors() []prometheus.Collector {
 	initChargeMetrics()
-	return []prometheus.Collector{chargeMetrics.charged, chargeMetrics.refunded, chargeMetrics.failures}
+	return []prometheus.Collector{chargeMetrics.charged, chargeMetrics.refunded, chargeMetrics.failures, chargeMetrics.missing, chargeMetrics.capped}
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"os"
 	"path"
 	"path/filepath"
@@ -360,18 +359,14 @@ func TestComposeCaddyfileServesMetrics(t *testing.T) {
 		caddyfile = strings.Replace(caddyfile, r[0], r[1], 1)
 	}
 	t.Setenv("REDIS_ADDR", srv.Addr)
-	cfg, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(caddyfile), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := caddy.Load(cfg, true); err != nil {
-		t.Fatal(err)
-	}
 	t.Cleanup(func() { _ = caddy.Stop() })
+	if err := loadCaddyfile(t, caddyfile); err != nil {
+		t.Fatal(err)
+	}
 
 	get := func(url string) (int, string) {
 		t.Helper()
-		resp, err := (&http.Client{Timeout: 5 * time.Second}).Get(url)
+		resp, err := servingClient(5 * time.Second).Get(url)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,7 +1,9 @@
 package ratelimitredis
 
 import (
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -10,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 )
 
 // markdownLink is a Markdown link's target: [text](target).
@@ -128,49 +131,96 @@ func TestReadmeListsEveryDocPage(t *testing.T) {
 	}
 }
 
-// TestDocCaddyfilesAdapt: every Caddyfile example of README.md and docs/*.md adapts, so an
-// example copied from the manual parses. A block that is a site's contents (it does not start
-// with a site address) is adapted inside a site; the syntax summary (rate_limit_redis
-// [<matcher>]) is not a Caddyfile.
-func TestDocCaddyfilesAdapt(t *testing.T) {
+// TestDocCaddyfilesFormatAndAdapt: every ```caddyfile block of README.md and docs/*.md, and
+// Caddyfile.example and deploy/Caddyfile, is as
+// `caddy fmt` writes it (caddyfile.Format, what `caddy fmt` runs, changes nothing) and adapts as
+// `caddy adapt` would, with no error and no warning, so an example copied from the manual
+// parses, and `caddy run` does not warn that it is not formatted. A block that is a site's
+// contents (it does not start with a site address or the global options) is adapted indented
+// inside a site. The directive's syntax summary is not a Caddyfile: it is a ```text block.
+func TestDocCaddyfilesFormatAndAdapt(t *testing.T) {
+	blocks := docBlocks(t, "caddyfile")
+	if len(blocks) < 10 {
+		t.Fatalf("found %d Caddyfile examples in README.md and docs/*.md, expected more", len(blocks))
+	}
+	for _, f := range []string{"Caddyfile.example", "deploy/Caddyfile"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		blocks = append(blocks, docBlock{where: f, text: string(b)})
+	}
+	for _, b := range blocks {
+		if formatted := string(caddyfile.Format([]byte(b.text))); formatted != b.text {
+			t.Errorf("%s: the Caddyfile example is not as `caddy fmt` writes it; it would be:\n%s", b.where, formatted)
+		}
+		src := b.text
+		if first := firstToken(src); first != "{" && !strings.ContainsAny(first, ".:") {
+			var site strings.Builder
+			site.WriteString("example.com {\n")
+			for _, line := range strings.SplitAfter(src, "\n") {
+				if strings.TrimSpace(line) != "" {
+					site.WriteString("\t")
+				}
+				site.WriteString(line)
+			}
+			site.WriteString("}\n")
+			src = site.String()
+		}
+		_, warnings, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(src), map[string]any{"filename": b.where})
+		if err != nil {
+			t.Errorf("%s: the Caddyfile example does not adapt: %v\n%s", b.where, err, src)
+		}
+		for _, w := range warnings {
+			t.Errorf("%s: adapting the Caddyfile example warns: %s\n%s", b.where, w, src)
+		}
+	}
+}
+
+// firstToken returns the first word of a Caddyfile that is not in a comment.
+func firstToken(src string) string {
+	for line := range strings.SplitSeq(src, "\n") {
+		if f := strings.Fields(line); len(f) > 0 && !strings.HasPrefix(f[0], "#") {
+			return f[0]
+		}
+	}
+	return ""
+}
+
+// docBlock is a fenced code block of the documentation.
+type docBlock struct {
+	where string // file:line of its first line
+	text  string // its lines, the list indentation of its fence removed, each ending in \n
+}
+
+// docBlocks returns the code blocks of README.md and docs/*.md fenced as ```lang.
+func docBlocks(t *testing.T, lang string) []docBlock {
+	t.Helper()
 	files, _ := filepath.Glob("docs/*.md")
 	files = append([]string{"README.md"}, files...)
-	n := 0
+	var blocks []docBlock
 	for _, f := range files {
 		b, err := os.ReadFile(f)
 		if err != nil {
 			t.Fatal(err)
 		}
-		var block []string
-		indent, start := "", 0
+		var lines []string
+		inBlock, indent, start := false, "", 0
 		for i, line := range strings.Split(string(b), "\n") {
 			trimmed := strings.TrimSpace(line)
 			switch {
-			case block == nil && trimmed == "```caddyfile":
+			case !inBlock && trimmed == "```"+lang:
 				indent = line[:len(line)-len(strings.TrimLeft(line, " \t"))]
-				block, start = []string{}, i+2
-			case block != nil && trimmed == "```":
-				n++
-				src := strings.Join(block, "\n") + "\n"
-				block = nil
-				first := strings.Fields(src)[0]
-				if strings.HasPrefix(src, "rate_limit_redis [<matcher>]") {
-					continue
-				}
-				if !strings.ContainsAny(first, ".:") {
-					src = "example.com {\n" + src + "}\n"
-				}
-				if _, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(src), map[string]any{"filename": f}); err != nil {
-					t.Errorf("%s:%d: the Caddyfile example does not adapt: %v\n%s", f, start, err, src)
-				}
-			case block != nil:
-				block = append(block, strings.TrimPrefix(line, indent))
+				inBlock, lines, start = true, nil, i+2
+			case inBlock && trimmed == "```":
+				inBlock = false
+				blocks = append(blocks, docBlock{where: fmt.Sprintf("%s:%d", f, start), text: strings.Join(lines, "\n") + "\n"})
+			case inBlock:
+				lines = append(lines, strings.TrimPrefix(line, indent))
 			}
 		}
 	}
-	if n < 10 {
-		t.Fatalf("found %d Caddyfile examples in README.md and docs/*.md, expected more", n)
-	}
+	return blocks
 }
 
 // TestDocumentedACL: the ACL docs/security.md tells operators to give the limiter is redisACL's,
@@ -193,9 +243,9 @@ func TestDocumentedACL(t *testing.T) {
 	}
 }
 
-// TestReadmeCaddyfilesAreTheReferences: the README's Caddyfile blocks (the example and the
-// syntax) are copies of those of docs/caddyfile.md, so a change to the directive updated in the
-// reference cannot leave a stale summary on the front page.
+// TestReadmeCaddyfilesAreTheReferences: the README's Caddyfile blocks (the example, and the
+// syntax summary, a ```text block) are copies of those of docs/caddyfile.md, so a change to the
+// directive updated in the reference cannot leave a stale summary on the front page.
 func TestReadmeCaddyfilesAreTheReferences(t *testing.T) {
 	readme, err := os.ReadFile("README.md")
 	if err != nil {
@@ -205,14 +255,95 @@ func TestReadmeCaddyfilesAreTheReferences(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	blocks := strings.Split(string(readme), "```caddyfile\n")[1:]
-	if len(blocks) == 0 {
-		t.Fatal("README.md has no Caddyfile block")
+	for _, lang := range []string{"caddyfile", "text"} {
+		blocks := strings.Split(string(readme), "```"+lang+"\n")[1:]
+		if len(blocks) == 0 {
+			t.Fatalf("README.md has no %s block", lang)
+		}
+		for _, b := range blocks {
+			block, _, _ := strings.Cut(b, "```\n")
+			if !strings.Contains(string(reference), "```"+lang+"\n"+block+"```\n") {
+				t.Errorf("this %s block of README.md is not in docs/caddyfile.md:\n%s", lang, block)
+			}
+		}
 	}
-	for _, b := range blocks {
-		block, _, _ := strings.Cut(b, "```\n")
-		if !strings.Contains(string(reference), "```caddyfile\n"+block+"```\n") {
-			t.Errorf("this Caddyfile block of README.md is not in docs/caddyfile.md:\n%s", block)
+}
+
+// TestReadmeInstall: the README's from-checkout build command is the recipe of `make build`
+// (which `make test` and .ci/run run), the Dockerfile builds with the same --with, and the
+// published-module form of xcaddy, which cannot work before a release, appears only in a block
+// that says so. With CADDY_BINARY (the bin/caddy `make build` wrote), it lists the modules the
+// README says it lists.
+func TestReadmeInstall(t *testing.T) {
+	makefile, err := os.ReadFile("Makefile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	vars := map[string]string{}
+	for _, m := range regexp.MustCompile(`(?m)^([A-Z_]+)\s*[?:]=\s*(\S+)\s*$`).FindAllStringSubmatch(string(makefile), -1) {
+		vars[m[1]] = m[2]
+	}
+	recipe := regexp.MustCompile(`(?m)^bin/caddy:.*\n\t(.*)$`).FindStringSubmatch(string(makefile))
+	if recipe == nil {
+		t.Fatal("Makefile has no bin/caddy rule with a recipe")
+	}
+	expand := func(s string) string {
+		return regexp.MustCompile(`\$\(([A-Z_]+)\)`).ReplaceAllStringFunc(s, func(v string) string {
+			val, ok := vars[v[2:len(v)-1]]
+			if !ok {
+				t.Fatalf("Makefile: %s is not set by an assignment", v)
+			}
+			return val
+		})
+	}
+	build := expand(recipe[1])
+
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, install, _ := strings.Cut(string(readme), "\n## Install\n")
+	install, _, _ = strings.Cut(install, "\n## ")
+	if !strings.Contains(install, "```sh\nmake build ") {
+		t.Error("README.md's Install does not begin the from-checkout build with make build")
+	}
+	found := false
+	for _, b := range docBlocks(t, "sh") {
+		for line := range strings.SplitSeq(b.text, "\n") {
+			switch {
+			case strings.HasPrefix(line, "go tool xcaddy build"):
+				found = true
+				if line != build {
+					t.Errorf("%s: the from-checkout command is not what make build runs:\n%s\nMakefile:\n%s", b.where, line, build)
+				}
+			case strings.HasPrefix(line, "xcaddy build --with "+vars["MODULE"]) && !strings.HasPrefix(b.text, "# the published-module form: it works only after a release"):
+				t.Errorf("%s: %q needs the module on the module proxy: mark its block as the published-module form", b.where, line)
+			}
+		}
+	}
+	if !found {
+		t.Error("README.md gives no `go tool xcaddy build` command")
+	}
+	dockerfile, err := os.ReadFile("Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if with := "--with \"" + vars["MODULE"] + "@" + vars["LOCAL_VERSION"] + "=/src\""; !strings.Contains(string(dockerfile), with) {
+		t.Errorf("the Dockerfile does not build with %s", with)
+	}
+
+	caddyBin := os.Getenv("CADDY_BINARY")
+	if caddyBin == "" {
+		t.Log("CADDY_BINARY is not set: bin/caddy list-modules not checked (make test sets it)")
+		return
+	}
+	out, err := exec.Command(caddyBin, "list-modules").Output()
+	if err != nil {
+		t.Fatalf("%s list-modules: %v", caddyBin, err)
+	}
+	for _, m := range []string{"http.handlers.rate_limit_redis", "admin.api.rate_limit_redis"} {
+		if !slices.Contains(strings.Split(string(out), "\n"), m) {
+			t.Errorf("%s list-modules does not list %s", caddyBin, m)
 		}
 	}
 }

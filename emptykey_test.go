@@ -201,10 +201,10 @@ func TestJSONClientIPShorthand(t *testing.T) {
     ]}]
   }}}}
 }`, logFile, port, srv.Addr)
-	if err := caddy.Load([]byte(cfg), true); err != nil {
+	t.Cleanup(func() { _ = caddy.Stop() })
+	if err := loadServing(t, []byte(cfg)); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = caddy.Stop() })
 	cs := &caddyServer{t: t, base: "http://127.0.0.1:" + strconv.Itoa(port)}
 
 	for i := 1; i <= 5; i++ {

@@ -79,10 +79,10 @@ func TestEvents(t *testing.T) {
 			}}},
 		},
 	})
-	if err := caddy.Load(cfg, true); err != nil {
+	t.Cleanup(func() { _ = caddy.Stop() })
+	if err := loadServing(t, cfg); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = caddy.Stop() })
 	cs := &caddyServer{t: t, base: "http://" + addr}
 	if got := cs.statuses(6, "/", "X-Client", "a"); got != "200 200 429 429 429 429" {
 		t.Fatalf("got %s", got)

@@ -305,3 +305,42 @@ func TestFailLocalFloodEvictsNoOne(t *testing.T) {
 		})
 	}
 }
+
+// TestFailOpenClosedPlaceholders: when Redis fails and fail_mode open or closed answers, nothing
+// is decided, but the zone, its client key and its configured limit are known, and their
+// placeholders are set: the first zone's under open, the first closed zone's for a 503 of
+// closed. remaining, reset, retry_after and waited are not set (Caddy leaves an unknown
+// placeholder as it is written), as docs/responses.md says.
+func TestFailOpenClosedPlaceholders(t *testing.T) {
+	srv := redistest.Start(t)
+	srv.Stop()
+	cs := startCaddy(t, fmt.Sprintf(`
+	rate_limit_redis {
+		redis {
+			address %s
+		}
+		zone api {
+			key {http.request.header.X-API-Key} {client_ip}
+			capacity 5
+			refill_rate 1
+		}
+		zone login {
+			match path /login
+			key {client_ip}
+			fail_mode closed
+			algorithm sliding_window
+			limit 3
+			window 1m
+		}
+	}
+	respond "zone={http.rate_limit_redis.zone} key={http.rate_limit_redis.key} limit={http.rate_limit_redis.limit} remaining={http.rate_limit_redis.remaining} reset={http.rate_limit_redis.reset} retry={http.rate_limit_redis.retry_after} waited={http.rate_limit_redis.waited} degraded={http.rate_limit_redis.degraded} allowed={http.rate_limit_redis.allowed}"
+	handle_errors {
+		respond "err zone={http.rate_limit_redis.zone} key={http.rate_limit_redis.key} limit={http.rate_limit_redis.limit} remaining={http.rate_limit_redis.remaining} degraded={http.rate_limit_redis.degraded} allowed={http.rate_limit_redis.allowed}" {err.status_code}
+	}`, srv.Addr))
+	cs.get("/", "X-API-Key", "alice").expect(t, "fail open", 200,
+		"zone=api key=alice limit=5 remaining={http.rate_limit_redis.remaining} reset={http.rate_limit_redis.reset} retry={http.rate_limit_redis.retry_after} waited={http.rate_limit_redis.waited} degraded=true allowed=true",
+		"X-RateLimit-Degraded", "true")
+	cs.get("/login").expect(t, "fail closed", 503,
+		"err zone=login key=127.0.0.1 limit=3 remaining={http.rate_limit_redis.remaining} degraded=true allowed=false",
+		"Retry-After", "1")
+}

@@ -3,9 +3,14 @@ package ratelimitredis
 import (
 	"math"
 	"math/bits"
+	"math/rand/v2"
 	"net/http"
+	"slices"
 	"strconv"
 	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/limiter"
 )
@@ -105,4 +110,79 @@ func policyWindow(quota int64, window time.Duration) (q, w int64) {
 	}
 	n, _ := bits.Div64(hi, lo, uint64(window))
 	return int64(min(n, sfMaxInteger)), 1
+}
+
+// describe makes f's decision known: it shortens the times of a request to be held by its delay
+// (the headers describe the zone when the response leaves), reports that Redis answered, counts
+// and logs a Redis Cluster slot's failure whose denial stood, fills in the outcome (the
+// placeholders), sets the rate limit headers of the deciding zone, and for a 429 that waiting
+// cures sets the Retry-After to send: the exact wait, at least 1, plus the deciding zone's
+// jitter (the deny cache and the RateLimit fields keep the exact wait).
+func (h *Handler) describe(w http.ResponseWriter, f *flight) {
+	d := &f.d
+	if d.Allowed && d.Delay > 0 && !h.DryRun {
+		d.Reset, d.Next = max(0, d.Reset-d.Delay), max(0, d.Next-d.Delay)
+	}
+	if !f.degraded && !d.Cached {
+		h.events.succeeded() // Redis answered
+	}
+	if d.Err != nil {
+		// A Redis Cluster slot failed while another denied the request: the denial stands.
+		metrics.backendFailures.WithLabelValues(failureReason(d.Err)).Inc()
+		if c := h.logger.Check(zapcore.DebugLevel, "rate limit decision failed in one hash slot; another slot's denial stands"); c != nil {
+			c.Write(zap.String("reason", failureReason(d.Err)), zap.Error(d.Err))
+		}
+	}
+	zone := f.decided[d.Zone].Zone
+	z := h.Zones[zoneIndex(h.Zones, zone)]
+	f.outcome = outcome{
+		allowed: d.Allowed, degraded: f.degraded, decided: true,
+		zone: zone.Name, key: f.shown[slices.IndexFunc(f.reqs, func(r limiter.Request) bool { return r.Zone == zone })],
+		limit: d.Limit, remaining: d.Remaining,
+		reset: seconds(d.Reset), retryAfter: seconds(d.RetryAfter), waited: ceilMs(d.Delay),
+	}
+	h.setRateLimitHeaders(w.Header(), f.reqs, z, zone, f.d, &f.outcome)
+	if !d.Allowed && !d.Unsatisfiable {
+		f.retryAfter = max(f.retryAfter, 1)
+		if z.jitter > 0 {
+			f.retryAfter += rand.Int64N(z.jitter + 1)
+		}
+	}
+}
+
+// decidingZone returns the handler's zone that decided f.
+func (h *Handler) decidingZone(f *flight) *Zone {
+	return h.Zones[zoneIndex(h.Zones, f.decided[f.d.Zone].Zone)]
+}
+
+// setRateLimitHeaders sets the response headers chosen by Headers: the legacy X-RateLimit-Limit,
+// -Remaining and -Reset (seconds until full) of the deciding zone z, decided with the parameters
+// lz (z's own, or the request's when its numbers are placeholders), and the IETF httpapi
+// ratelimit-headers draft's RateLimit-Policy and RateLimit with one item per zone of reqs whose
+// outcome is known, the deciding zone first (see setIETFFields); plus X-RateLimit-Degraded when
+// fail_mode local decided.
+func (h *Handler) setRateLimitHeaders(hdr http.Header, reqs []limiter.Request, z *Zone, lz *limiter.Zone, d limiter.Decision, out *outcome) {
+	if h.Headers == HeadersOff {
+		return
+	}
+	if h.Headers == HeadersLegacy || h.Headers == HeadersBoth {
+		// One backing array for the three values: one allocation, not three.
+		vals := []string{z.quotaOf(lz), strconv.FormatInt(d.Remaining, 10), strconv.FormatInt(out.reset, 10)}
+		hdr[hdrLimit], hdr[hdrRemaining], hdr[hdrReset] = vals[0:1:1], vals[1:2:2], vals[2:3:3]
+	}
+	if h.Headers == HeadersIETF || h.Headers == HeadersBoth {
+		h.setIETFFields(hdr, reqs, z, lz, d)
+	}
+	if out.degraded && h.degradedHeader {
+		hdr[hdrDegraded] = []string{"true"}
+	}
+}
+
+// seconds rounds d up to whole seconds.
+func seconds(d time.Duration) int64 {
+	s := int64(d / time.Second)
+	if d%time.Second > 0 {
+		s++
+	}
+	return s
 }

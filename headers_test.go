@@ -31,7 +31,7 @@ func (cs *caddyServer) do(method, path string, header ...string) response {
 	for i := 0; i+1 < len(header); i += 2 {
 		req.Header.Set(header[i], header[i+1])
 	}
-	resp, err := (&http.Client{Timeout: 5 * time.Second}).Do(req)
+	resp, err := servingClient(5 * time.Second).Do(req)
 	if err != nil {
 		cs.t.Fatalf("%s %s: %v", method, path, err)
 	}

@@ -2,6 +2,7 @@ package ratelimitredis
 
 import (
 	"fmt"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -243,6 +244,27 @@ func TestNAT64Keys(t *testing.T) {
 		// 64:ff9b::1:0:0:1 is in 64:ff9b::/64 but not the /96: keyed as any IPv6 client.
 		if got := statuses(cs, "2001:db8::2", "2001:db8::3", "64:ff9b::1:0:0:1", "64:ff9b::1:0:0:2", "64:ff9b::1:0:0:3"); got != "200 429 200 200 429" {
 			t.Fatalf("native IPv6 (%s): %s; want 200 429 200 200 429 (one bucket per /64)", want, got)
+		}
+	}
+}
+
+// TestMaybeIP: every IP address form passes the pre-check (so it is masked), and numeric user
+// ids and hexadecimal API keys do not (so they cost no parse).
+func TestMaybeIP(t *testing.T) {
+	for _, c := range []struct {
+		s    string
+		want bool
+	}{
+		{"203.0.113.7", true}, {"2001:db8::1", true}, {"::1", true}, {"::ffff:203.0.113.7", true},
+		{"fe80::1%eth0", true}, {"fe80::1%25", true},
+		{"12345", false}, {"deadbeefcafe", false}, {"DEADBEEF", false}, {"1%x", false}, {"", false}, {"a", false},
+		{"user-1", false},
+	} {
+		if got := maybeIP(c.s); got != c.want {
+			t.Errorf("maybeIP(%q) = %v, want %v", c.s, got, c.want)
+		}
+		if _, err := netip.ParseAddr(c.s); err == nil && !maybeIP(c.s) {
+			t.Errorf("%q parses as an address but maybeIP says no", c.s)
 		}
 	}
 }

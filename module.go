@@ -23,7 +23,7 @@ import (
 )
 
 func init() {
-	caddy.RegisterModule(Handler{})
+	caddy.RegisterModule((*Handler)(nil))
 }
 
 // Defaults applied in Provision when a field is left empty.
@@ -211,12 +211,14 @@ type Handler struct {
 // RedisConfig is how to connect to Redis.
 type RedisConfig struct {
 	// Redis server addresses as host:port. Placeholders such as {env.REDIS_ADDR} are replaced
-	// when the config loads. More than one address (without `sentinel`) means Redis Cluster:
+	// when the config loads; one that is empty then (an unset variable), or an empty address,
+	// is a load error naming it. More than one address (without `sentinel`) means Redis Cluster:
 	// they are seeds, the other nodes are discovered. With `sentinel`, they are the Sentinels.
-	// Default: ["127.0.0.1:6379"].
+	// Default (only when no address is given): ["127.0.0.1:6379"].
 	Addresses []string `json:"addresses,omitempty"`
 
-	// The ACL user name. Placeholders are replaced when the config loads.
+	// The ACL user name. Placeholders are replaced when the config loads; one that is empty then
+	// is a load error, as for every string of the redis block.
 	Username string `json:"username,omitempty"`
 
 	// The password (of the ACL user, or of `requirepass`). Use a placeholder such as
@@ -357,7 +359,9 @@ type Zone struct {
 	// cost, and one request's entries are written in one script call that holds Redis, so a cost
 	// chosen per request is bounded by 1000 at most (MaxSlidingWindowCost). Or a placeholder,
 	// optionally with a fallback, as for capacity; a value above the quota resolved for the same
-	// request counts as that quota (and above 1000 as 1000 where that bound applies).
+	// request counts as that quota (and above 1000 as 1000 where that bound applies). It also
+	// bounds what a zone with charge is charged after the response: a larger amount reported
+	// is charged as max_cost (counted in charge_capped_total).
 	MaxCost int64 `json:"max_cost,omitempty"`
 
 	// What happens in this zone when Redis fails: `open`, `closed` or `local`, as the handler's
@@ -421,8 +425,10 @@ type Zone struct {
 	errLimited, errUnsatisfiable, errEmptyKey error
 }
 
-// CaddyModule returns the Caddy module information.
-func (Handler) CaddyModule() caddy.ModuleInfo {
+// CaddyModule returns the Caddy module information. Its receiver is a pointer, and it is
+// registered as one: the events app asks a handler for its module ID while a request is under
+// way, and a value receiver copied the whole Handler then, racing with Cleanup's writes.
+func (*Handler) CaddyModule() caddy.ModuleInfo {
 	return caddy.ModuleInfo{
 		ID:  "http.handlers.rate_limit_redis",
 		New: func() caddy.Module { return new(Handler) },
@@ -491,6 +497,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	// Checked here, not only in Validate, because the client must not be created for a
 	// connection config that cannot work.
 	if err := h.Redis.validate(); err != nil {
+		return err
+	}
+	if err := h.Redis.checkResolved(); err != nil {
 		return err
 	}
 	client, key, err := acquireClient(h.Redis.resolve(time.Duration(h.Timeout)))
@@ -761,6 +770,54 @@ func (cfg *RedisConfig) check() (field string, err error) {
 		return "tls", fmt.Errorf("redis tls: cert and key must be given together")
 	}
 	return "", nil
+}
+
+// checkResolved reports a connection setting that was written with a placeholder that is empty
+// once the global placeholders are replaced, as resolve replaces them: `address
+// {env.REDIS_ADDR}` with REDIS_ADDR unset would otherwise dial the default address (and
+// `{env.REDIS_HOST}:6379` the local host), `password {env.REDIS_PASSWORD}` would connect without
+// AUTH, `sentinel {env.MASTER}` would make a plain client. The error names the setting and the
+// empty placeholders, never a value (so never a password). A default applies only where
+// nothing was written.
+func (cfg *RedisConfig) checkResolved() error {
+	repl := caddy.NewReplacer()
+	check := func(field, written string) error {
+		var empty []string
+		for _, name := range placeholderNames(written) {
+			if repl.ReplaceKnown("{"+name+"}", "") != "" {
+				continue
+			}
+			if v, ok := strings.CutPrefix(name, "env."); ok {
+				empty = append(empty, "{"+name+"} (environment variable "+v+" is not set, or empty)")
+			} else {
+				empty = append(empty, "{"+name+"}")
+			}
+		}
+		if len(empty) == 0 {
+			return nil
+		}
+		words := strings.Fields(field)
+		return fmt.Errorf("redis %s %s: empty placeholder %s: set it, or leave out the %s line",
+			field, written, strings.Join(empty, ", "), words[len(words)-1])
+	}
+	for _, a := range cfg.Addresses {
+		if strings.TrimSpace(a) == "" {
+			return fmt.Errorf("redis address %q is empty: give host:port, or leave out the address line for the default %s", a, DefaultAddress)
+		}
+		if err := check("address", a); err != nil {
+			return err
+		}
+	}
+	fields := [][2]string{{"username", cfg.Username}, {"password", cfg.Password}, {"sentinel", cfg.Sentinel}}
+	if t := cfg.TLS; t != nil {
+		fields = append(fields, [][2]string{{"tls ca", t.CA}, {"tls cert", t.Cert}, {"tls key", t.Key}, {"tls server_name", t.ServerName}}...)
+	}
+	for _, f := range fields {
+		if err := check(f[0], f[1]); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // isCluster reports whether cfg is a Redis Cluster: `cluster`, or more than one address

@@ -20,7 +20,10 @@ import (
 //	{http.rate_limit_redis.degraded}     true when Redis failed and fail_mode decided
 //	{http.rate_limit_redis.charged}      after the response: what the first zone with count_status or charge was charged (charge.go)
 //
-// When Redis failed under fail_mode open or closed only allowed and degraded are known.
+// When Redis failed under fail_mode open or closed, nothing was decided: allowed, degraded, and
+// the zone, key and limit of the first zone whose fail_mode answered (the first closed zone of a
+// 503, else the first zone) are set; remaining, reset, retry_after and waited are not. A 403 of
+// empty_key deny sets allowed and degraded only.
 const placeholderPrefix = "http.rate_limit_redis."
 
 // outcome is what a request's decision makes known to placeholders. It is registered with the
@@ -28,9 +31,12 @@ const placeholderPrefix = "http.rate_limit_redis."
 // actually used.
 type outcome struct {
 	allowed, degraded, decided bool
-	zone, key                  string
-	limit, remaining           int64
-	reset, retryAfter          int64 // seconds; retryAfter with jitter
+	// identified: zone, key and limit are set though nothing was decided (fail_mode open or
+	// closed).
+	identified        bool
+	zone, key         string
+	limit, remaining  int64
+	reset, retryAfter int64 // seconds; retryAfter with jitter
 	// waited is the milliseconds the request was held for a max_wait: its delay when the hold
 	// ran to its end (in dry_run, would have), the time until its client left when it did not.
 	waited int64
@@ -48,7 +54,7 @@ func (o *outcome) provide(key string) (any, bool) {
 	case "degraded":
 		return o.degraded, true
 	}
-	if !o.decided {
+	if !o.decided && !o.identified {
 		return nil, false
 	}
 	switch name {
@@ -58,6 +64,11 @@ func (o *outcome) provide(key string) (any, bool) {
 		return o.key, true
 	case "limit":
 		return o.limit, true
+	}
+	if !o.decided {
+		return nil, false
+	}
+	switch name {
 	case "remaining":
 		return o.remaining, true
 	case "reset":

@@ -35,7 +35,15 @@ const (
 	// charged twice (a sliding window's first request denied by its own entry), a settle applied
 	// twice. The failed call applies fail_mode once instead. Stale pooled connections (a Redis
 	// restart) are found by go-redis's health check when taken from the pool, not by a retry.
+	// The Redis Cluster client re-sends on a loop of its own (maxRedirects), which MaxRetries does
+	// not reach: the limiter marks every script call NoRetry, which that loop honours too (see
+	// limiter/script.go), so no script call is sent twice on any topology.
 	maxRetries = -1
+	// maxRedirects is go-redis's default: the Redis Cluster client follows up to 3 MOVED and ASK
+	// redirections of one command (resharding, failover). Those re-sends are safe: the reply says
+	// Redis did not run the call. Not -1, which would make every redirected decision fail until
+	// the slot map is reloaded, and every one during a slot's migration (ASK).
+	maxRedirects = 3
 	// dialerRetries is 1: go-redis's default of 5 dials 100ms apart outlasts any decision's
 	// timeout, and then the decision reports "context deadline exceeded" instead of why the
 	// dial failed (a bad certificate, a refused connection).
@@ -307,6 +315,7 @@ func (r resolvedRedis) options() (*redis.UniversalOptions, error) {
 		WriteTimeout:          backstopIOTimeout,
 		ContextTimeoutEnabled: true,
 		MaxRetries:            maxRetries,
+		MaxRedirects:          maxRedirects, // Redis Cluster only
 		DialerRetries:         dialerRetries,
 		PoolTimeout:           backstopIOTimeout,
 		DisableIdentity:       true, // no CLIENT SETINFO round trip on each new connection

@@ -34,17 +34,15 @@ import (
 )
 
 // loadClient sends requests to a caddyServer from any goroutine: unlike caddyServer.get it
-// returns transport errors instead of failing the test. Its 5s timeout turns a hung request into
+// returns transport errors instead of failing the test. Each request goes on the transport of
+// the config serving when it starts (servingClient); its 5s timeout turns a hung request into
 // an error.
 type loadClient struct {
-	c    *http.Client
 	base string
 }
 
 func newLoadClient(t *testing.T, cs *caddyServer) *loadClient {
-	tr := &http.Transport{MaxIdleConnsPerHost: 16}
-	t.Cleanup(tr.CloseIdleConnections)
-	return &loadClient{c: &http.Client{Transport: tr, Timeout: 5 * time.Second}, base: cs.base}
+	return &loadClient{base: cs.base}
 }
 
 func (lc *loadClient) get(path string, header ...string) (response, error) {
@@ -55,7 +53,7 @@ func (lc *loadClient) get(path string, header ...string) (response, error) {
 	for i := 0; i+1 < len(header); i += 2 {
 		req.Header.Set(header[i], header[i+1])
 	}
-	resp, err := lc.c.Do(req)
+	resp, err := servingClient(5 * time.Second).Do(req)
 	if err != nil {
 		return response{}, err
 	}

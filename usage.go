@@ -3,149 +3,323 @@ package ratelimitredis
 import (
 	"bytes"
 	"encoding/json"
+	"math"
+	"strconv"
 )
 
 // maxUsageBytes bounds the bytes of one "usage" object the scanner keeps: OpenAI's is about 300.
 const maxUsageBytes = 4096
 
-// The scanner's states.
+// maxKeyBytes bounds the bytes of a key the scanner keeps to compare with "usage" and
+// "response" (longer keys are neither): "response" with every letter escaped (\u0072...).
+const maxKeyBytes = 48
+
+// usageScanner reads the OpenAI-format usage of a response body as it streams by, holding at
+// most maxUsageBytes + maxKeyBytes whatever the body's size. It reads JSON with its strings and
+// nesting tracked, and takes a "usage" object only where an OpenAI server puts it: at the top
+// level of the document, or inside the top-level "response" object (a Responses API event). In
+// an event stream (sse) each event's data is a document of its own: the usage of a chat
+// completions stream's final chunk (stream_options.include_usage; the others carry
+// "usage": null) or the response.usage of a Responses API response.completed event. A key
+// inside a string, inside a nested object or array, or spelled otherwise is never taken; a key
+// written with escapes (`"us\u0061ge"`) is the key it decodes to, as any JSON parser reads it.
+// The last usage object found decides: see tokens.
+type usageScanner struct {
+	sse bool
+
+	// The event stream's line state (sse).
+	line    int // lineField, lineData or lineSkip
+	field   [5]byte
+	nfield  int
+	afterCR bool
+
+	// The JSON document's state.
+	depth     int
+	inStr     bool
+	esc       bool
+	obj       [3]bool // obj[d]: the container at depth d (1 or 2) is an object
+	inResp    bool    // the container at depth 2 is the top-level "response" object
+	expectKey bool    // the next string at depth 1 or 2 is a key
+	inKey     bool    // reading a key at depth 1 or 2
+	key       []byte  // its raw bytes, at most maxKeyBytes (keyLong past that)
+	keyLong   bool
+	pending   int  // what the key just read names: keyOther, keyUsage or keyResponse
+	colon     bool // after that key's ':', before its value
+	capDepth  int  // > 0: capturing the usage object that opened at this depth
+	buf       []byte
+	capLong   bool
+
+	found bool        // a usage object was seen
+	last  usageCounts // the last one's counts
+	bad   bool        // the last one is not a usage we can charge (see parseUsage)
+}
+
+// The event stream's line states.
 const (
-	usageSearch  = iota // looking for the key "usage"
-	usageColon          // after it: whitespace, then ':'
-	usageOpen           // after ':': whitespace, then '{' (null and the like are skipped)
-	usageCapture        // inside the object: kept until its closing brace
+	lineField = iota // reading the field's name
+	lineData         // in a data field's value: the document's bytes
+	lineSkip         // in another field, or a comment
 )
 
-var usageKey = []byte(`"usage"`)
+var newline = []byte{'\n'}
 
-// usageScanner finds the OpenAI-format "usage" objects in a response body as it streams by,
-// holding at most maxUsageBytes whatever the body's size, and remembers the last one: the
-// top-level usage of a chat completion or Responses API JSON body, the usage of the final chunk
-// of a chat completions stream (stream_options.include_usage; the others carry "usage": null),
-// or the response.usage of a Responses API stream's response.completed event. In JSON a quote
-// inside a string is escaped, so `"usage"` followed by ':' is always a key.
-type usageScanner struct {
-	state int
-	match int // bytes of usageKey matched so far
-	depth int // brace depth inside the captured object
-	inStr bool
-	esc   bool
-	buf   []byte
-
-	found bool
-	last  usageCounts
-}
+// What a key names.
+const (
+	keyOther = iota
+	keyUsage
+	keyResponse
+)
 
 // usageCounts are the token counts of a usage object: chat completions name them prompt_tokens
 // and completion_tokens, the Responses API input_tokens and output_tokens; both have
-// total_tokens.
+// total_tokens. -1: absent (or null).
 type usageCounts struct {
-	Total      *int64 `json:"total_tokens"`
-	Prompt     *int64 `json:"prompt_tokens"`
-	Completion *int64 `json:"completion_tokens"`
-	Input      *int64 `json:"input_tokens"`
-	Output     *int64 `json:"output_tokens"`
+	total, prompt, completion, input, output int64
 }
 
+// newUsageScanner returns a scanner for a JSON body, or for an event stream when sse.
+func newUsageScanner(sse bool) *usageScanner { return &usageScanner{sse: sse} }
+
 // Write scans p; it never fails.
-func (s *usageScanner) Write(p []byte) {
+func (s *usageScanner) Write(p []byte) (int, error) {
+	if !s.sse {
+		s.scanJSON(p)
+		return len(p), nil
+	}
 	for i := 0; i < len(p); {
-		switch s.state {
-		case usageSearch:
-			if s.match == 0 {
-				j := bytes.IndexByte(p[i:], '"')
-				if j < 0 {
-					return
-				}
-				i += j
-			}
-			c := p[i]
-			i++
-			switch {
-			case c == usageKey[s.match]:
-				s.match++
-				if s.match == len(usageKey) {
-					s.state, s.match = usageColon, 0
-				}
-			case c == '"':
-				s.match = 1
-			default:
-				s.match = 0
-			}
-		case usageColon, usageOpen:
-			c := p[i]
-			i++
-			switch {
-			case c == ' ' || c == '\t' || c == '\r' || c == '\n':
-			case c == ':' && s.state == usageColon:
-				s.state = usageOpen
-			case c == '{' && s.state == usageOpen:
-				s.state, s.depth, s.inStr, s.esc = usageCapture, 1, false, false
-				s.buf = append(s.buf[:0], '{')
-			default:
-				s.state = usageSearch
-				i-- // it may begin the next key
-			}
-		default: // usageCapture
-			c := p[i]
-			i++
-			if len(s.buf) >= maxUsageBytes {
-				s.state = usageSearch // not a usage object of ours: too big
+		c := p[i]
+		if s.afterCR {
+			s.afterCR = false
+			if c == '\n' {
+				i++
 				continue
 			}
-			s.buf = append(s.buf, c)
-			switch {
-			case s.inStr && s.esc:
-				s.esc = false
-			case s.inStr && c == '\\':
-				s.esc = true
-			case s.inStr && c == '"':
-				s.inStr = false
-			case s.inStr:
-			case c == '"':
-				s.inStr = true
-			case c == '{':
-				s.depth++
-			case c == '}':
-				s.depth--
-				if s.depth == 0 {
-					var u usageCounts
-					if json.Unmarshal(s.buf, &u) == nil && (u.Total != nil || u.Prompt != nil || u.Completion != nil || u.Input != nil || u.Output != nil) {
-						s.found, s.last = true, u
-					}
-					s.state = usageSearch
-				}
+		}
+		if s.line == lineData {
+			j := bytes.IndexAny(p[i:], "\r\n")
+			if j < 0 {
+				s.scanJSON(p[i:])
+				return len(p), nil
 			}
+			s.scanJSON(p[i : i+j])
+			s.scanJSON(newline) // data lines join with a newline: whitespace in JSON
+			i += j
+			c = p[i]
+		}
+		i++
+		if c == '\r' || c == '\n' {
+			s.afterCR = c == '\r'
+			if s.line == lineField && s.nfield == 0 {
+				s.endDocument() // a blank line ends the event
+			}
+			if s.line == lineField && s.nfield == 4 && string(s.field[:4]) == "data" {
+				s.scanJSON(newline) // "data" with no colon: an empty data line
+			}
+			s.line, s.nfield = lineField, 0
+			continue
+		}
+		if s.line != lineField {
+			continue // lineSkip
+		}
+		switch {
+		case c == ':' && s.nfield == 4 && string(s.field[:4]) == "data":
+			s.line = lineData
+		case c == ':':
+			s.line = lineSkip
+		case s.nfield < len(s.field):
+			s.field[s.nfield] = c
+			s.nfield++
+		default:
+			s.line, s.nfield = lineSkip, len(s.field) // a longer name: not data
 		}
 	}
+	return len(p), nil
+}
+
+// endDocument starts a new document: the next event's data.
+func (s *usageScanner) endDocument() {
+	s.depth, s.inStr, s.esc, s.inResp, s.expectKey, s.inKey, s.colon, s.capDepth = 0, false, false, false, false, false, false, 0
+}
+
+// scanJSON scans p, bytes of JSON: strings and nesting are tracked byte by byte; keys are read at
+// depth 1 and inside the top-level "response" object; a usage object there is kept until it
+// closes, then parsed.
+func (s *usageScanner) scanJSON(p []byte) {
+	for i := 0; i < len(p); i++ {
+		if s.inStr && !s.inKey && !s.esc && s.capDepth == 0 {
+			// Inside a string value (most of a completion's bytes): on to its end or an escape.
+			j := bytes.IndexAny(p[i:], `"\`)
+			if j < 0 {
+				return
+			}
+			i += j
+		}
+		c := p[i]
+		if s.capDepth > 0 {
+			if len(s.buf) < maxUsageBytes {
+				s.buf = append(s.buf, c)
+			} else {
+				s.capLong = true
+			}
+		}
+		if s.inStr {
+			switch {
+			case s.esc:
+				s.esc = false
+			case c == '\\':
+				s.esc = true
+			case c == '"':
+				s.inStr = false
+				if s.inKey {
+					s.inKey = false
+					s.pending = s.keyName()
+					continue
+				}
+			}
+			if s.inKey {
+				if len(s.key) < maxKeyBytes {
+					s.key = append(s.key, c)
+				} else {
+					s.keyLong = true
+				}
+			}
+			continue
+		}
+		switch c {
+		case ' ', '\t', '\r', '\n':
+			continue
+		case '"':
+			s.inStr = true
+			if s.expectKey {
+				s.expectKey, s.inKey, s.keyLong, s.key = false, true, false, s.key[:0]
+			}
+		case ':':
+			s.colon = true // the value of the key just read follows
+			continue
+		case ',':
+			s.expectKey = s.keyed()
+			s.pending = keyOther
+		case '{', '[':
+			s.depth++
+			if s.colon && c == '{' {
+				switch {
+				case s.pending == keyUsage && (s.depth == 2 || s.depth == 3 && s.inResp):
+					s.capDepth, s.capLong = s.depth, false
+					s.buf = append(s.buf[:0], '{')
+				case s.pending == keyResponse && s.depth == 2:
+					s.inResp = true
+				}
+			}
+			if s.depth <= 2 {
+				s.obj[s.depth] = c == '{'
+			}
+			s.expectKey = c == '{' && s.keyed()
+		case '}', ']':
+			if s.capDepth > 0 && s.depth == s.capDepth {
+				s.capDepth = 0
+				s.found = true
+				s.last, s.bad = parseUsage(s.buf, s.capLong)
+			}
+			if s.depth == 2 {
+				s.inResp = false
+			}
+			s.depth = max(0, s.depth-1)
+			s.expectKey = false
+		}
+		s.colon, s.pending = false, keyOther
+	}
+}
+
+// keyed reports whether the container at the current depth is one whose keys are read: the
+// top-level object, or the "response" object inside it.
+func (s *usageScanner) keyed() bool {
+	return s.depth == 1 && s.obj[1] || s.depth == 2 && s.inResp && s.obj[2]
+}
+
+// keyName is what the key just read names, decoded as JSON decodes it.
+func (s *usageScanner) keyName() int {
+	if s.keyLong {
+		return keyOther
+	}
+	k := s.key
+	if bytes.IndexByte(k, '\\') >= 0 {
+		var dec string
+		if json.Unmarshal(append(append([]byte{'"'}, k...), '"'), &dec) != nil {
+			return keyOther
+		}
+		k = []byte(dec)
+	}
+	switch string(k) {
+	case "usage":
+		return keyUsage
+	case "response":
+		return keyResponse
+	}
+	return keyOther
+}
+
+// parseUsage parses a usage object; bad when it is not one we can charge: too long, not a JSON
+// object, or a count that is present but not a non-negative integer (a negative, a fraction, an
+// exponent, a string, a number above 2^63 − 1). null is absent.
+func parseUsage(b []byte, long bool) (usageCounts, bool) {
+	u := usageCounts{-1, -1, -1, -1, -1}
+	if long {
+		return u, true
+	}
+	var raw map[string]json.RawMessage // names match exactly; of a name given twice, the last
+	if json.Unmarshal(b, &raw) != nil {
+		return u, true
+	}
+	bad := false
+	count := func(r json.RawMessage) int64 {
+		if r == nil || string(r) == "null" {
+			return -1
+		}
+		if len(r) > 1 && r[0] == '0' || r[0] < '0' || r[0] > '9' {
+			bad = true // a sign, a leading zero, a string, an object...
+			return -1
+		}
+		n, err := strconv.ParseInt(string(r), 10, 64)
+		if err != nil {
+			bad = true // a fraction, an exponent, too large
+			return -1
+		}
+		return n
+	}
+	u = usageCounts{count(raw["total_tokens"]), count(raw["prompt_tokens"]), count(raw["completion_tokens"]),
+		count(raw["input_tokens"]), count(raw["output_tokens"])}
+	return u, bad
 }
 
 // tokens returns the count the last usage object reports for which (total, prompt or
-// completion), and whether it reports one.
+// completion), and whether it reports one we can charge: false when no usage object was found,
+// when the last one is bad (see parseUsage), or when it lacks the count. total is total_tokens,
+// else the prompt (or input) and completion (or output) counts added (at most 2^63 − 1).
 func (s *usageScanner) tokens(which string) (int64, bool) {
-	if s == nil || !s.found {
+	if s == nil || !s.found || s.bad {
 		return 0, false
 	}
 	u := s.last
-	pick := func(a, b *int64) (int64, bool) {
-		switch {
-		case a != nil:
-			return *a, true
-		case b != nil:
-			return *b, true
+	pick := func(a, b int64) int64 {
+		if a >= 0 {
+			return a
 		}
-		return 0, false
+		return b
 	}
+	var n int64
 	switch which {
 	case UsagePrompt:
-		return pick(u.Prompt, u.Input)
+		n = pick(u.prompt, u.input)
 	case UsageCompletion:
-		return pick(u.Completion, u.Output)
+		n = pick(u.completion, u.output)
+	default:
+		n = u.total
+		if in, out := pick(u.prompt, u.input), pick(u.completion, u.output); n < 0 && in >= 0 && out >= 0 {
+			n = in + out
+			if n < 0 {
+				n = math.MaxInt64
+			}
+		}
 	}
-	if u.Total != nil {
-		return *u.Total, true
-	}
-	in, ok1 := pick(u.Prompt, u.Input)
-	out, ok2 := pick(u.Completion, u.Output)
-	return in + out, ok1 && ok2
+	return n, n >= 0
 }

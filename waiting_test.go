@@ -30,7 +30,7 @@ func shapedGet(ctx context.Context, cs *caddyServer, ip, key string) (status, wa
 	if key != "" {
 		req.Header.Set("X-API-Key", key)
 	}
-	resp, err := (&http.Client{Timeout: 30 * time.Second}).Do(req)
+	resp, err := servingClient(30 * time.Second).Do(req)
 	if err != nil {
 		return 0, 0
 	}

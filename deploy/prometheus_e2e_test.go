@@ -138,10 +138,12 @@ func TestPrometheusEndToEnd(t *testing.T) {
 	// Traffic, ten rounds a second until Redis decides again after the outage. A round: a new
 	// API key on / (allowed), the same client on / (zone api: 5 burst, then 1 per 10s: denied,
 	// often from the deny cache), /login without a password (basic_auth's 401, counted by zone
-	// login: 3 a minute per IP, then denied) and /search (zone search in dry_run: 10 a minute
-	// per IP, then dry_run_denied). Beside the rounds, one API key's requests to /v1/chat one
-	// after another (zone tokens: each reserves 100 and is charged the 40 reported, giving 60
-	// back; once its 1000 are spent, each is held for its turn, about 0.4s).
+	// login: 3 a minute per IP, then denied), /search (zone search in dry_run: 10 a minute per
+	// IP, then dry_run_denied) and /v1/chat without an API key (zone tokens: empty_key deny, a
+	// 403 counted in empty_key_total), and /llm/v1/chat/completions (zone llm: charge openai_usage; the
+	// stand-in reports no usage, so each is charged missing and counted in charge_missing_total). Beside the rounds, one API key's requests to /v1/chat
+	// one after another (zone tokens: each reserves 100 and is charged the 40 reported, giving
+	// 60 back; once its 1000 are spent, each is held for its turn, about 0.4s).
 	traffic := startTraffic(t, site)
 	poll(t, 60*time.Second, "Prometheus seeing decisions allowed, denied and dry_run_denied", func() (bool, string) {
 		v := prom.query(`count(count by (result) (caddy_rate_limit_redis_decisions_total{result=~"allowed|denied|dry_run_denied"} > 0))`)
@@ -260,7 +262,7 @@ func TestPrometheusEndToEnd(t *testing.T) {
 		}
 		var values []string
 		prom.get("/api/v1/label/"+m[2]+"/values", url.Values{"match[]": {m[1]}, "start": {unix(start)}, "end": {unix(end)}}, &values)
-		if want := []string{"api", "ip", "login", "search", "tokens"}; !slices.Equal(values, want) {
+		if want := []string{"api", "ip", "llm", "login", "search", "tokens"}; !slices.Equal(values, want) {
 			t.Errorf("variable %q (%s): values %v, want %v", v.Name, v.Definition, values, want)
 		}
 	}
@@ -593,6 +595,8 @@ func startTraffic(t *testing.T, site string) *trafficGen {
 				{"/"},
 				{"/login", "X-API-Key", "l" + strconv.Itoa(n)},
 				{"/search", "X-API-Key", "s" + strconv.Itoa(n)},
+				{"/v1/chat"},
+				{"/llm/v1/chat/completions", "X-API-Key", "c" + strconv.Itoa(n%4)},
 			} {
 				g.send(r[0], r[1:]...)
 			}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -46,27 +47,37 @@ func holdArg(reqs []Request, cluster bool) string {
 	return string(b)
 }
 
-// recorded reports whether r's charge is recorded for settlement in a record key of its own
-// (decide.lua): a fixed window or sliding window counter zone with a Hold.
-func recorded(r Request) bool {
-	return r.Hold > 0 && (r.Zone.Algorithm == FixedWindow || r.Zone.Algorithm == SlidingWindowCounter)
+// recorded reports whether r's charge is recorded for its settlement in keys of its own
+// (decide.lua): a fixed window or sliding window counter zone with a Hold, or in a Redis Cluster
+// decision of zones in several hash slots (crossSlot), which releases what it charged when a slot
+// denies. A count has no holds: the record is what ties a settlement to its charge, so that it
+// changes the count only while the charge is in it (see settle.lua).
+func recorded(r Request, crossSlot bool) bool {
+	return (r.Hold > 0 || crossSlot) && (r.Zone.Algorithm == FixedWindow || r.Zone.Algorithm == SlidingWindowCounter)
 }
 
 // recordKey returns the Redis key in which the decision of nonce records the charge of a fixed
-// window or sliding window counter zone whose state key is stateKey, until it is settled after
-// the response: `<state key>:<nonce>`, in the state key's hash slot.
+// window or sliding window counter zone whose state key is stateKey, until it is settled:
+// `<state key>:<nonce>`, in the state key's hash slot.
 func recordKey(stateKey, nonce string) string { return stateKey + ":" + nonce }
 
+// genKey returns the Redis key of the generation of a window counter's count whose state key is
+// stateKey: `<state key>:gen`, in its hash slot. A record holds the generation it was made in;
+// Reset deletes the key with the state, so that a settlement after a reset finds its charge is
+// no longer in the count (see decide.lua).
+func genKey(stateKey string) string { return stateKey + ":gen" }
+
 // withRecords returns keys (the state keys of reqs, one decide.lua call's with args) followed by
-// the record key of each zone whose charge is recorded (recorded), in order: the call's KEYS.
-func withRecords(keys []string, reqs []Request, args []any) []string {
+// the record key and the generation key of each zone whose charge is recorded (recorded; the
+// call is one slot's of a decision across slots when crossSlot), in order: the call's KEYS.
+func withRecords(keys []string, reqs []Request, args []any, crossSlot bool) []string {
 	out := keys
 	for i, r := range reqs {
-		if recorded(r) {
+		if recorded(r, crossSlot) {
 			if len(out) == len(keys) {
-				out = append(make([]string, 0, len(keys)+len(reqs)), keys...)
+				out = append(make([]string, 0, len(keys)+2*len(reqs)), keys...)
 			}
-			out = append(out, recordKey(keys[i], args[1].(string)))
+			out = append(out, recordKey(keys[i], args[1].(string)), genKey(keys[i]))
 		}
 	}
 	return out
@@ -74,18 +85,26 @@ func withRecords(keys []string, reqs []Request, args []any) []string {
 
 // Held is what a Decision's zones with a Hold need to be settled after the response: per
 // decide.lua call that took them (one, or one per hash slot on Redis Cluster), its keys, nonce
-// and zone arguments. It is settled once with Limiter.Settle.
+// and zone arguments, and when the decision was sent. It is settled once with Limiter.Settle.
 type Held struct {
 	parts []heldPart
+	sent  time.Time // by the Limiter's clock
 }
+
+// lateMargin is how much sooner than its Hold a settlement counts as late (its hold may have
+// been committed): the decision's clock and Redis's may differ a little, and a settlement may
+// wait in the pipeline's queue.
+const lateMargin = time.Second
 
 // heldPart is one decide.lua call's held zones.
 type heldPart struct {
 	keys  []string // the zones' state keys, then their record keys
 	nonce any
-	zones []any // 4 per zone: algorithm, quota, rate, cost, as decide.lua got them
-	idx   []int // per zone, its index in the requests given to Allow
-	call  bool  // a zone needs a call even to keep its charge: a token bucket's hold, a record
+	zones []any           // 4 per zone: algorithm, quota, rate, cost, as decide.lua got them
+	idx   []int           // per zone, its index in the requests given to Allow
+	call  bool            // a zone needs a call even to keep its charge: a token bucket's hold, a record
+	hold  []time.Duration // per zone, its Hold
+	most  []int64         // per zone, the most it may be charged: its MaxCostOrQuota
 }
 
 // newHeld returns the Held of the zones with a Hold among those decided by one decide.lua call
@@ -105,13 +124,20 @@ func newHeld(reqs []Request, keys []string, args []any, idx []int) *Held {
 		p.keys = append(p.keys, keys[j])
 		p.zones = append(p.zones, args[4+4*j:8+4*j]...)
 		p.idx = append(p.idx, i)
+		p.hold = append(p.hold, reqs[i].Hold)
+		p.most = append(p.most, reqs[i].Zone.MaxCostOrQuota())
 		p.call = p.call || args[4+4*j] != SlidingWindow.tag()
 	}
 	if len(p.keys) == 0 {
 		return nil
 	}
-	p.keys = append(p.keys, keys[n:]...) // every record key is a held zone's
-	p.nonce = args[1]
+	nonce := args[1].(string)
+	for j, i := range p.idx { // the held zones' records, in order
+		if recorded(reqs[i], false) {
+			p.keys = append(p.keys, recordKey(p.keys[j], nonce), genKey(p.keys[j]))
+		}
+	}
+	p.nonce = nonce
 	return &Held{parts: []heldPart{p}}
 }
 
@@ -127,18 +153,24 @@ func (h *Held) merge(other *Held) *Held {
 	return h
 }
 
-// withoutHeld returns c (a decide.lua call of the zones idx of reqs) without its zones that have
-// a Hold: what the Redis Cluster two-phase decision commits at once.
+// withoutHeld returns c (one slot's decide.lua call of a decision across slots, of the zones idx
+// of reqs) without its zones that have a Hold: what the Redis Cluster two-phase decision commits
+// at once (a token bucket's hold, a window counter's record).
 func withoutHeld(c *call, reqs []Request, idx []int) *call {
-	out := &call{args: append([]any{}, c.args[:4]...)} // no record key: no zone with a Hold
+	out := &call{args: append([]any{}, c.args[:4]...)}
+	var records []string
 	for j, i := range idx {
 		if reqs[i].Hold > 0 {
 			continue
 		}
 		out.keys = append(out.keys, c.keys[j])
 		out.args = append(out.args, c.args[4+4*j:8+4*j]...)
+		if recorded(reqs[i], true) {
+			records = append(records, recordKey(c.keys[j], c.args[1].(string)), genKey(c.keys[j]))
+		}
 	}
 	out.args[3] = len(out.keys)
+	out.keys = append(out.keys, records...)
 	return out
 }
 
@@ -157,12 +189,16 @@ var ErrNotHeld = errors.New("no hold to settle")
 // current one (after it, nothing: the zone is then reported not settled, and that is no error);
 // a sliding window keeps its entries when amounts[i] > 0 and gives them back when it is 0 (with
 // no Redis call when every zone is a sliding window keeping its charge). Amounts are clamped to
-// [0, MaxCapacity]. It returns, per request index, whether the zone was settled now; a zone
-// whose hold (or record) was not found is charged what its hold counted as (nothing more,
-// nothing less), and err then wraps ErrNotHeld unless Redis failed. A settle is idempotent: a
-// second one finds no hold. It is never retried: on a Redis error the hold counts as charged
-// once its Hold has passed. A zone given back some of its charge forgets this Limiter's cached
-// denials of its client (see Forget): they were decided without that capacity.
+// [0, the zone's MaxCostOrQuota]; a token bucket's debt to one capacity (see settle.lua). It
+// returns, per request index, whether the zone was settled now; a zone whose hold (or record)
+// was not found is charged what its hold counted as (nothing more, nothing less), and err then
+// wraps ErrNotHeld unless Redis failed, except a token bucket settled late (its Hold, less a
+// second, has passed since the decision was sent): its hold may have been committed as its cost
+// by another decision, so the difference (amounts[i] − cost) is applied to the bucket all the
+// same, and it counts as settled. A settle in time is idempotent: a second one finds no hold. A
+// settle is never retried: on a Redis error the hold counts as charged once its Hold has passed.
+// A zone given back some of its charge forgets this Limiter's cached denials of its client (see
+// Forget): they were decided without that capacity.
 func (l *Limiter) Settle(ctx context.Context, h *Held, amounts []int64) ([]bool, error) {
 	if h == nil {
 		return nil, nil
@@ -178,12 +214,13 @@ func (l *Limiter) Settle(ctx context.Context, h *Held, amounts []int64) ([]bool,
 	if l.now != nil {
 		now = l.now().UnixMicro()
 	}
+	elapsed := l.clock().Sub(h.sent)
 	calls := make([]*call, 0, len(h.parts))
 	parts := make([]heldPart, 0, len(h.parts))
 	for _, p := range h.parts {
 		release := false
-		for _, i := range p.idx {
-			release = release || amount(amounts, i) == 0
+		for j, i := range p.idx {
+			release = release || amount(amounts, i, p.most[j]) == 0
 		}
 		if !p.call && !release {
 			for _, i := range p.idx {
@@ -194,8 +231,13 @@ func (l *Limiter) Settle(ctx context.Context, h *Held, amounts []int64) ([]bool,
 		args := make([]any, 0, 3+len(p.zones)+len(p.idx))
 		args = append(args, now, p.nonce, "amount")
 		args = append(args, p.zones...)
-		for _, i := range p.idx {
-			args = append(args, amount(amounts, i))
+		for j, i := range p.idx {
+			a := amount(amounts, i, p.most[j])
+			if elapsed+lateMargin >= p.hold[j] {
+				args = append(args, strconv.FormatInt(a, 10)+"L")
+			} else {
+				args = append(args, a)
+			}
 		}
 		calls = append(calls, &call{keys: p.keys, args: args})
 		parts = append(parts, p)
@@ -232,7 +274,7 @@ func (l *Limiter) Settle(ctx context.Context, h *Held, amounts []int64) ([]bool,
 			switch states[j] {
 			case settledNow:
 				settled[i] = true
-				if cost, _ := p.zones[4*j+3].(int64); amount(amounts, i) < cost {
+				if cost, _ := p.zones[4*j+3].(int64); amount(amounts, i, p.most[j]) < cost {
 					l.ForgetKey(p.keys[j]) // capacity given back: a cached denial is stale
 				}
 			case notHeld:
@@ -249,12 +291,12 @@ func (l *Limiter) Settle(ctx context.Context, h *Held, amounts []int64) ([]bool,
 	return settled, nil
 }
 
-// amount is amounts[i] clamped to [0, MaxCapacity]; 0 past its end.
-func amount(amounts []int64, i int) int64 {
+// amount is amounts[i] clamped to [0, most]; 0 past its end.
+func amount(amounts []int64, i int, most int64) int64 {
 	if i >= len(amounts) {
 		return 0
 	}
-	return min(max(amounts[i], 0), MaxCapacity)
+	return min(max(amounts[i], 0), most)
 }
 
 // What settle.lua did for a zone.

@@ -59,8 +59,8 @@ func TestSettleChargesTheReportedAmount(t *testing.T) {
 
 // TestSettleReleaseAndKeep: a reservation settled to 0 gives everything back; one settled to
 // the cost keeps it; one not settled holds its tokens (no refill drains a hold) until its hold
-// time has passed, and then counts as charged when a decision finds it: a settle after that finds
-// nothing.
+// time has passed, and then counts as charged when a decision finds it: a settle after that
+// applies its difference all the same (settled to 0, the charge is given back).
 func TestSettleReleaseAndKeep(t *testing.T) {
 	srv := redistest.Start(t)
 	clk := newClock()
@@ -98,10 +98,15 @@ func TestSettleReleaseAndKeep(t *testing.T) {
 	if d := allow(t, l, req); !d.Allowed { // admission counts it as charged
 		t.Fatalf("with 1 charged and an expired hold: %+v, want allowed", d)
 	}
-	if _, err := settle(t, l, pending[1], 0); !errors.Is(err, limiter.ErrNotHeld) {
-		t.Fatalf("settle of an expired hold: %v, want ErrNotHeld", err)
+	// The response outlived its hold, which a decision committed as its cost (1): settled to 0
+	// now, it is given back all the same.
+	if got, err := settle(t, l, pending[1], 0); err != nil || !got[0] {
+		t.Fatalf("settle of an expired hold: %v, %v; want settled", got, err)
 	}
-	if ttl := srv.Do("PTTL", "rl:{bob}:login:tb").(int64); ttl < 2_390_000 { // 1.95 used: 2340 s to drain, and the hold left of 1 minute
+	if u, _ := strconv.ParseFloat(srv.Do("HGET", "rl:{bob}:login:tb", "u").(string), 64); u < 0.949 || u > 0.951 {
+		t.Fatalf("used after the late settle to 0: %v, want 0.95 (1 kept, less 61 s of refill)", u)
+	}
+	if ttl := srv.Do("PTTL", "rl:{bob}:login:tb").(int64); ttl < 2_390_000 { // 1.95 used at the last admission: 2340 s to drain, and the hold left of 1 minute
 		t.Fatalf("TTL %dms: the bucket must outlive what it holds and owes", ttl)
 	}
 }

@@ -67,8 +67,8 @@ func TestSettleWindowCounterChargesTheReportedAmount(t *testing.T) {
 				if !d.Allowed {
 					t.Fatalf("request %d denied: %+v", i+1, d)
 				}
-				if n := srv.Do("DBSIZE"); n != int64(2) {
-					t.Fatalf("request %d: %v keys, want the state and the charge's record", i+1, n)
+				if n := srv.Do("DBSIZE"); n != int64(3) {
+					t.Fatalf("request %d: %v keys, want the state, the charge's record and the count's generation", i+1, n)
 				}
 				if got, err := settle(t, l, d, 300); err != nil || len(got) != 1 || !got[0] {
 					t.Fatalf("settle %d: %v, %v", i+1, got, err)
@@ -78,8 +78,8 @@ func TestSettleWindowCounterChargesTheReportedAmount(t *testing.T) {
 			if n := count(t, srv, z, "alice"); n != 1200 {
 				t.Fatalf("count after 4 × 300: %d, want 1200 (200 in debt)", n)
 			}
-			if n := srv.Do("DBSIZE"); n != int64(1) {
-				t.Fatalf("%v keys after the settlements, want the state alone", n)
+			if n := srv.Do("DBSIZE"); n != int64(2) {
+				t.Fatalf("%v keys after the settlements, want the state and its generation", n)
 			}
 			got, err := settle(t, l, last, 300)
 			if !errors.Is(err, limiter.ErrNotHeld) || got[0] {
@@ -118,11 +118,13 @@ func TestWindowCounterCountStatus(t *testing.T) {
 				}
 				if i == 0 {
 					recs, _ := srv.Do("KEYS", state+":*").([]any)
-					if len(recs) != 1 {
-						t.Fatalf("records %v, want one", recs)
+					if len(recs) != 2 {
+						t.Fatalf("records %v, want one and the count's generation", recs)
 					}
-					if ttl := srv.Do("PTTL", recs[0]).(int64); ttl < 59_000 || ttl > 60_000 {
-						t.Fatalf("the record's TTL %dms, want the hold's minute", ttl)
+					for _, k := range recs {
+						if ttl := srv.Do("PTTL", k).(int64); ttl < 59_000 || ttl > 60_000 {
+							t.Fatalf("%s: TTL %dms, want the hold's minute", k, ttl)
+						}
 					}
 				}
 				if got, err := settle(t, l, d, 0); err != nil || !got[0] {
@@ -176,8 +178,8 @@ func TestWindowCounterSettleAfterTheWindow(t *testing.T) {
 					t.Fatalf("the previous window's count: %v, want 100", p)
 				}
 			}
-			if n := srv.Do("DBSIZE"); n != int64(1) {
-				t.Fatalf("%v keys, want the state alone", n)
+			if n := srv.Do("DBSIZE"); n != int64(2) {
+				t.Fatalf("%v keys, want the state and its generation", n)
 			}
 		})
 	}
@@ -276,8 +278,8 @@ func TestClusterWindowCountersAcrossSlots(t *testing.T) {
 		t.Fatalf("first request: %+v, want allowed with holds", d)
 	}
 	for i, n := range []*redistest.Server{c.Nodes[0], c.Nodes[1]} {
-		if keys := n.Do("DBSIZE"); keys != int64(2) {
-			t.Fatalf("node %d: %v keys after admission, want the state and the record", i, keys)
+		if keys := n.Do("DBSIZE"); keys != int64(3) {
+			t.Fatalf("node %d: %v keys after admission, want the state, the record and the generation", i, keys)
 		}
 	}
 	if h := c.Nodes[2].Do("HGET", limiter.StateKey("rl:", zb, carol), "h"); h != nil {
@@ -303,8 +305,8 @@ func TestClusterWindowCountersAcrossSlots(t *testing.T) {
 		t.Fatalf("counts after a denial: %d, %d; want 250, 0 (released)", f, s)
 	}
 	for i, n := range []*redistest.Server{c.Nodes[0], c.Nodes[1]} {
-		if keys := n.Do("DBSIZE"); keys != int64(1) {
-			t.Fatalf("node %d: %v keys after the release, want the state alone", i, keys)
+		if keys := n.Do("DBSIZE"); keys != int64(2) {
+			t.Fatalf("node %d: %v keys after the release, want the state and its generation", i, keys)
 		}
 	}
 }

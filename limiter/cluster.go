@@ -5,8 +5,6 @@ import (
 	"slices"
 	"sync"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 )
 
 // slotGroups returns, on Redis Cluster, the indexes of keys grouped by hash slot, in order of
@@ -40,9 +38,9 @@ func (l *Limiter) slotGroups(keys []string) [][]int {
 }
 
 // allowSlots decides reqs, whose keys are in several hash slots, with one decide script call
-// per slot group, all under way at once (evalEach), taking token bucket charges as holds; then it commits
-// every group when all admitted, or releases the groups that admitted when one denied or failed
-// (see settle.lua). A group's denial stands against another group's error, which is returned as
+// per slot group, all under way at once (evalEach), taking token bucket charges as holds and
+// recording window counter charges (withRecords); then it commits every group when all admitted,
+// or releases the groups that admitted when one denied or failed (see settle.lua). A group's denial stands against another group's error, which is returned as
 // slotErr; err is returned when no group denied and one failed.
 func (l *Limiter) allowSlots(ctx context.Context, reqs []Request, keys []string, groups [][]int, now time.Time) (allowed bool, zones []zoneReply, held *Held, slotErr, err error) {
 	calls := make([]*call, len(groups))
@@ -54,7 +52,7 @@ func (l *Limiter) allowSlots(ctx context.Context, reqs []Request, keys []string,
 		}
 		greqs[g] = rs
 		args := l.scriptArgs(rs, true, now)
-		calls[g] = &call{keys: withRecords(gkeys, rs, args), args: args}
+		calls[g] = &call{keys: withRecords(gkeys, rs, args, true), args: args}
 	}
 	evalEach(ctx, l.rdb, decideScript, calls)
 
@@ -98,7 +96,8 @@ func (l *Limiter) allowSlots(ctx context.Context, reqs []Request, keys []string,
 
 // settle runs settle.lua for each call, all under way at once: commit when the request was admitted,
 // else release. Its errors are dropped: a hold that is never settled counts as a charge once
-// decide.lua finds it older than 5s, which denies too much, never admits too much.
+// decide.lua finds it older than 5s, and a window counter's charge whose record is never settled
+// stays counted (the record expires after 5s), which denies too much, never admits too much.
 func (l *Limiter) settle(ctx context.Context, charged []*call, commit bool) {
 	var now any = "" // the Redis server clock
 	if l.now != nil {
@@ -110,8 +109,8 @@ func (l *Limiter) settle(ctx context.Context, charged []*call, commit bool) {
 	}
 	settles := make([]*call, 0, len(charged))
 	for _, c := range charged {
-		if commit && !slices.Contains(c.args[4:], any("tb")) {
-			continue // a sliding window keeps its entries: nothing to commit
+		if commit && !slices.Contains(c.args[4:], any("tb")) && len(c.keys) == c.zones() {
+			continue // no hold to commit, no record to delete: a sliding window keeps its entries
 		}
 		// decide.lua's arguments were now, nonce, hold, n, then the zones: settle.lua takes
 		// now, the same nonce, the mode, then the same zones and costs.
@@ -125,10 +124,10 @@ func (l *Limiter) settle(ctx context.Context, charged []*call, commit bool) {
 // trip per call, all under way at once. Not one pipeline for all: go-redis fails every command
 // of a cluster pipeline when one node times out, and a slot whose node answered must keep its
 // answer (a denial stands against another slot's failure).
-func evalEach(ctx context.Context, rdb Pipeliner, script *redis.Script, calls []*call) {
+func evalEach(ctx context.Context, rdb Pipeliner, s *script, calls []*call) {
 	var wg sync.WaitGroup
 	for _, c := range calls {
-		wg.Go(func() { evalBatch(ctx, rdb, script, []*call{c}) })
+		wg.Go(func() { evalBatch(ctx, rdb, s, []*call{c}) })
 	}
 	wg.Wait()
 }

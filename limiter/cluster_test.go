@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -276,4 +277,62 @@ func TestClusterReshardingKeepsExactCounts(t *testing.T) {
 		t.Fatalf("after the resharding, the state is not on the new owner")
 	}
 	t.Logf("%d decisions; the limits were all met after %d; slot %d moved from %s to %s", decided.Load(), after, slot, from.Addr, to.Addr)
+}
+
+// TestClusterTryAgainDuringMigration: a request of two zones of one client whose slot is being
+// migrated, one of its two keys moved already: Redis refuses the call with TRYAGAIN (it runs
+// nothing); the limiter sends it again (go-redis no longer does: see limiter/script.go) until the
+// migration has moved the other key, and the request is admitted, each zone charged once.
+func TestClusterTryAgainDuringMigration(t *testing.T) {
+	c := redistest.StartCluster(t, 3)
+	const client = "alice"
+	slot := int(c.Nodes[0].Do("CLUSTER", "KEYSLOT", client).(int64))
+	from := c.NodeOf(slot)
+	to := c.Nodes[0]
+	if to == from {
+		to = c.Nodes[1]
+	}
+	noRefill := 10 / (limiter.MaxWindow.Seconds() / 2)
+	za, zb := tb("a", 10, noRefill), tb("b", 10, noRefill)
+	l := clusterLimiter(t, c, limiter.Options{Now: newClock().Now}) // a still clock: no refill
+	both := []limiter.Request{{Zone: za, Key: client, Cost: 1}, {Zone: zb, Key: client, Cost: 1}}
+	allow(t, l, both...) // both keys exist, to be migrated one at a time
+	type result struct {
+		d   limiter.Decision
+		err error
+	}
+	done := make(chan result, 1)
+	started := false
+	c.MoveSlot(slot, from, to, 1, func() {
+		if started {
+			return
+		}
+		started = true
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			d, err := l.Allow(ctx, both)
+			done <- result{d, err}
+		}()
+		redistest.WaitFor(t, 10*time.Second, "the call refused with TRYAGAIN", func() bool { return tryAgains(from) > 0 })
+	})
+	r := <-done
+	if r.err != nil || !r.d.Allowed {
+		t.Fatalf("the request during the migration: %+v, %v; want admitted", r.d, r.err)
+	}
+	for _, z := range []*limiter.Zone{za, zb} {
+		if u := to.Do("HGET", limiter.StateKey("rl:", z, client), "u"); u != "2" {
+			t.Errorf("zone %s on the new owner: u = %v, want 2 (charged once by each request)", z.Name, u)
+		}
+	}
+}
+
+// tryAgains is how many TRYAGAIN errors s has replied, from INFO errorstats.
+func tryAgains(s *redistest.Server) int {
+	_, rest, ok := strings.Cut(s.Do("INFO", "errorstats").(string), "errorstat_TRYAGAIN:count=")
+	if !ok {
+		return 0
+	}
+	n, _ := strconv.Atoi(rest[:strings.IndexAny(rest, ",\r\n")])
+	return n
 }

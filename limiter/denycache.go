@@ -89,13 +89,13 @@ type zoneNumbers struct {
 	limit      int64
 	window     time.Duration
 	location   *time.Location
-	maxCost    int64 // maxCost(): 0 and the quota are the same
+	maxCost    int64 // MaxCostOrQuota(): 0 and the quota are the same
 }
 
 func numbersOf(z *Zone) zoneNumbers {
 	return zoneNumbers{
 		algorithm: z.Algorithm, period: z.Period, capacity: z.Capacity, refillRate: z.RefillRate,
-		limit: z.Limit, window: z.Window, location: z.Location, maxCost: z.maxCost(),
+		limit: z.Limit, window: z.Window, location: z.Location, maxCost: z.MaxCostOrQuota(),
 	}
 }
 

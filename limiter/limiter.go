@@ -9,29 +9,23 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
-
-	"github.com/rate-limit-redis/caddy-rate-limit-redis/lua"
 )
 
 // ErrBadResponse is wrapped by the error Allow returns when Redis replies with a value of the
 // wrong shape or type; errors.Is(err, ErrBadResponse) tells it from a Redis or network error.
 var ErrBadResponse = errors.New("bad response from redis")
 
-var (
-	decideScript = redis.NewScript(lua.Decide)
-	settleScript = redis.NewScript(lua.Settle)
-)
-
-// Client is what a Limiter needs of a go-redis client: scripts, pipelines, and the plain
-// commands of State and Reset. *redis.Client (standalone, or Sentinel's failover client),
+// Client is what a Limiter needs of a go-redis client: single commands (a script call),
+// pipelines, and the plain commands of State and Reset. *redis.Client (standalone, or Sentinel's failover client),
 // *redis.ClusterClient and redis.UniversalClient have it.
 type Client interface {
-	redis.Scripter
+	Processor
 	Pipeliner
 	Commander
 }
@@ -223,9 +217,9 @@ func (l *Limiter) Denied(reqs []Request) (Decision, bool) {
 //
 // On Redis Cluster (Options.Cluster), zones whose keys fall in different hash slots are decided
 // by one script call per slot, all under way at once (one round trip each), with
-// their token bucket charges taken as holds; then settle.lua commits every slot when all
-// admitted (a second round trip), or releases the slots that admitted when one denied or failed.
-// A hold is exact both ways (see settle.lua). Between the hold and its release other requests see
+// their token bucket charges taken as holds and their window counter charges recorded; then
+// settle.lua commits every slot when all admitted (a second round trip), or releases the slots
+// that admitted when one denied or failed. A hold or record is exact both ways (see settle.lua). Between the hold and its release other requests see
 // the hold, so a release can deny too much for a round trip, never admit too much; a settle that
 // fails leaves the hold, which counts as a charge after 5s (the error is not returned: the
 // decision stands). A slot's denial stands against another slot's error (Decision.Err).
@@ -251,7 +245,7 @@ func (l *Limiter) Allow(ctx context.Context, reqs []Request) (Decision, error) {
 		allowed, zones, held, slotErr, err = l.allowSlots(ctx, reqs, keys, groups, sent)
 	} else {
 		args := l.scriptArgs(reqs, false, sent)
-		ckeys := withRecords(keys, reqs, args)
+		ckeys := withRecords(keys, reqs, args, false)
 		allowed, zones, err = l.allowOne(ctx, reqs, ckeys, args)
 		if allowed {
 			held = newHeld(reqs, ckeys, args, nil)
@@ -265,6 +259,9 @@ func (l *Limiter) Allow(ctx context.Context, reqs []Request) (Decision, error) {
 		if rl := l.resets.Load(); rl != nil {
 			rl.listen() // a cached denial to forget on a reset: from now on, listen
 		}
+	}
+	if held != nil {
+		held.sent = sent
 	}
 	d := pick(reqs, allowed, zones)
 	d.Err, d.Held = slotErr, held
@@ -325,8 +322,14 @@ func (l *Limiter) scriptArgs(reqs []Request, hold bool, ref time.Time) []any {
 	} else {
 		args[0] = ""
 	}
-	args[1] = l.instance + "." + strconv.FormatUint(l.calls.Add(1), 36)
 	args[2] = holdArg(reqs, hold)
+	args[1] = ""
+	if args[2] != "0" || slices.ContainsFunc(reqs, func(r Request) bool { return r.Zone.Algorithm == SlidingWindow }) {
+		// The nonce names what the decision adds for later: sliding window members, holds and
+		// records. A decision that adds none (token buckets and window counters charged now)
+		// needs none, and saves its two allocations.
+		args[1] = l.instance + "." + strconv.FormatUint(l.calls.Add(1), 36)
+	}
 	args[3] = len(reqs)
 	for _, r := range reqs {
 		cost := r.Cost
@@ -422,18 +425,37 @@ func decodeReply(reply any, reqs []Request) (bool, []zoneReply, error) {
 	return ints[0] == 1, zones, nil
 }
 
-// pick makes the Decision from each zone's outcome, choosing the deciding zone: when denied,
-// an unsatisfiable zone, else the denying zone that takes longest to admit; when allowed, the
-// zone with the longest delay, else the one with the least remaining share of its quota (the
-// first of equals). It writes each zone's own outcome into reqs[i].Result.
+// pick makes the Decision from each zone's outcome, choosing the deciding zone (decidingZone),
+// and writes each zone's own outcome into reqs[i].Result (zoneResults).
 func pick(reqs []Request, allowed bool, zones []zoneReply) Decision {
-	best := -1
-	for i, z := range zones {
-		if best < 0 {
-			best = i
-			continue
-		}
-		b := zones[best]
+	best := decidingZone(reqs, allowed, zones)
+	zoneResults(reqs, allowed, zones)
+	z := zones[best]
+	d := Decision{
+		Allowed:   allowed,
+		Zone:      best,
+		Limit:     reqs[best].Zone.Quota(),
+		Remaining: z.remaining,
+		Reset:     time.Duration(z.reset) * time.Microsecond,
+		Next:      time.Duration(z.next) * time.Microsecond,
+	}
+	if allowed {
+		d.Delay = time.Duration(z.retryAfter) * time.Microsecond
+	} else if unsatisfiable(reqs[best]) {
+		d.Unsatisfiable = true
+	} else {
+		d.RetryAfter = time.Duration(z.retryAfter) * time.Microsecond
+	}
+	return d
+}
+
+// decidingZone returns the index of the deciding zone: when denied, an unsatisfiable zone, else
+// the denying zone that takes longest to admit; when allowed, the zone with the longest delay,
+// else the one with the least remaining share of its quota (the first of equals).
+func decidingZone(reqs []Request, allowed bool, zones []zoneReply) int {
+	best := 0
+	for i := 1; i < len(zones); i++ {
+		z, b := zones[i], zones[best]
 		if allowed {
 			if z.retryAfter != b.retryAfter { // the longest delay
 				if z.retryAfter > b.retryAfter {
@@ -465,6 +487,11 @@ func pick(reqs []Request, allowed bool, zones []zoneReply) Decision {
 			best = i
 		}
 	}
+	return best
+}
+
+// zoneResults writes each zone's own outcome into reqs[i].Result.
+func zoneResults(reqs []Request, allowed bool, zones []zoneReply) {
 	for i, z := range zones {
 		// A zone of a Redis Cluster slot that failed has no reply: the zero zoneReply, which no
 		// reply is (an admitting zone has allowed set, a denying one a retry after > 0).
@@ -488,24 +515,7 @@ func pick(reqs []Request, allowed bool, zones []zoneReply) Decision {
 		}
 		reqs[i].Result = res
 	}
-	z := zones[best]
-	d := Decision{
-		Allowed:   allowed,
-		Zone:      best,
-		Limit:     reqs[best].Zone.Quota(),
-		Remaining: z.remaining,
-		Reset:     time.Duration(z.reset) * time.Microsecond,
-		Next:      time.Duration(z.next) * time.Microsecond,
-	}
-	if allowed {
-		d.Delay = time.Duration(z.retryAfter) * time.Microsecond
-	} else if unsatisfiable(reqs[best]) {
-		d.Unsatisfiable = true
-	} else {
-		d.RetryAfter = time.Duration(z.retryAfter) * time.Microsecond
-	}
-	return d
 }
 
 // unsatisfiable reports whether r's cost is above its zone's MaxCost: it can never be admitted.
-func unsatisfiable(r Request) bool { return r.Cost > r.Zone.maxCost() }
+func unsatisfiable(r Request) bool { return r.Cost > r.Zone.MaxCostOrQuota() }

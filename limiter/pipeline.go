@@ -19,11 +19,17 @@ type Pipeliner interface {
 	Pipeline() redis.Pipeliner
 }
 
-// Batcher is what a Pipeline needs of a client: scripts, and go-redis pipelines (on Redis
-// Cluster, a batch is one script call per hash slot, all in one pipeline). *redis.Client,
-// *redis.ClusterClient and redis.UniversalClient have it.
+// Processor runs one command: *redis.Client, *redis.ClusterClient and redis.UniversalClient
+// have it.
+type Processor interface {
+	Process(ctx context.Context, cmd redis.Cmder) error
+}
+
+// Batcher is what a Pipeline needs of a client: single commands (a script call), and go-redis
+// pipelines (on Redis Cluster, a batch is one script call per hash slot, all in one pipeline).
+// *redis.Client, *redis.ClusterClient and redis.UniversalClient have it.
 type Batcher interface {
-	redis.Scripter
+	Processor
 	Pipeliner
 }
 
@@ -272,6 +278,9 @@ func (m *call) split(calls []*call) {
 		}
 		return
 	}
+	if len(calls) == 1 && calls[0] == m {
+		return // a decision sent alone (mergeCalls): its reply is its own, boxed already
+	}
 	off := 0
 	for _, c := range calls {
 		w := 1 + replyWidth*c.zones()
@@ -305,24 +314,39 @@ func bySlot(calls []*call) [][]*call {
 	return groups
 }
 
-// runScript runs script once (EVALSHA, EVAL after NOSCRIPT). A panic while reading the reply
-// (go-redis allocates whatever array length a reply declares, and panics on an absurd one) is
-// returned as ErrBadResponse.
-func runScript(ctx context.Context, rdb redis.Scripter, script *redis.Script, keys []string, args []any) (reply any, err error) {
+// runScript runs one call of s (EVALSHA; EVAL after NOSCRIPT; again after TRYAGAIN: see
+// sendAgain), never sent again once it may have run (see onceCmd). A panic while reading the
+// reply (go-redis allocates whatever array length a reply declares, and panics on an absurd one)
+// is returned as ErrBadResponse.
+func runScript(ctx context.Context, rdb Processor, s *script, keys []string, args []any) (reply any, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			reply, err = nil, fmt.Errorf("%w: reading the reply panicked: %v", ErrBadResponse, r)
 		}
 	}()
-	return script.Run(ctx, rdb, keys, args...).Result()
+	eval := false
+	for sent := 1; ; sent++ {
+		cmd := s.cmd(ctx, eval, keys, args)
+		perr := rdb.Process(ctx, cmd)
+		if reply, err = cmd.Result(); reply == nil && err == nil {
+			err = perr
+		}
+		again, asEval, wait := sendAgain(err, eval, sent)
+		if !again || (wait && !pause(ctx, sent)) {
+			return reply, err
+		}
+		eval = asEval
+	}
 }
 
-// evalBatch runs script for every call in one go-redis pipeline (a second one for
-// those that met NOSCRIPT) and sets each call's reply and err. On Redis Cluster, go-redis splits
-// a pipeline by node and sends to the nodes concurrently: one round trip per node. A panic while
-// reading replies (go-redis allocates whatever array length a reply declares, and panics on an
-// absurd one) sets every call's err to ErrBadResponse.
-func evalBatch(ctx context.Context, rdb Pipeliner, script *redis.Script, batch []*call) {
+// evalBatch runs s (settle.lua for a settlement: see call.script) for every call in one go-redis
+// pipeline, and sets each call's reply and err; the calls Redis refused without running them
+// (see sendAgain) are sent again, in a pipeline of their own. No call is sent again once it may
+// have run (see onceCmd). On Redis Cluster, go-redis splits a pipeline by node and sends to the
+// nodes concurrently: one round trip per node. A panic while reading replies (go-redis allocates
+// whatever array length a reply declares, and panics on an absurd one) sets every call's err to
+// ErrBadResponse.
+func evalBatch(ctx context.Context, rdb Pipeliner, s *script, batch []*call) {
 	defer func() {
 		if r := recover(); r != nil {
 			for _, c := range batch {
@@ -330,42 +354,42 @@ func evalBatch(ctx context.Context, rdb Pipeliner, script *redis.Script, batch [
 			}
 		}
 	}()
-	cmds := make([]*redis.Cmd, len(batch))
-	pipe := rdb.Pipeline()
-	for i, c := range batch {
-		cmds[i] = c.script(script).EvalSha(ctx, pipe, c.keys, c.args...)
+	pending := make([]int, len(batch)) // indexes in batch of the calls to send
+	for i := range pending {
+		pending[i] = i
 	}
-	// Each command carries its own error, except when setting up the connection failed with a
-	// Redis error (AUTH's WRONGPASS): go-redis then leaves the commands unset, and only Exec
-	// returns the error.
-	_, err := pipe.Exec(ctx)
-	var again []int
-	var errAgain error
-	for i, cmd := range cmds {
-		if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
-			again = append(again, i)
-		}
-	}
-	if len(again) > 0 {
+	eval := make([]bool, len(batch))
+	cmds := make([]onceCmd, len(batch))
+	for sent := 1; len(pending) > 0; sent++ {
 		pipe := rdb.Pipeline()
-		for _, i := range again {
-			cmds[i] = batch[i].script(script).Eval(ctx, pipe, batch[i].keys, batch[i].args...)
+		for _, i := range pending {
+			c := batch[i]
+			cmds[i] = c.script(s).cmd(ctx, eval[i], c.keys, c.args)
+			_ = pipe.Process(ctx, cmds[i])
 		}
-		_, errAgain = pipe.Exec(ctx)
-	}
-	for i, c := range batch {
-		c.reply, c.err = cmds[i].Result()
-		if c.reply == nil && c.err == nil {
-			c.err = err
-			if slices.Contains(again, i) {
-				c.err = errAgain
+		// Each command carries its own error, except when setting up the connection failed with
+		// a Redis error (AUTH's WRONGPASS): go-redis then leaves the commands unset, and only Exec
+		// returns the error.
+		_, err := pipe.Exec(ctx)
+		again, wait := pending[:0], false
+		for _, i := range pending {
+			c := batch[i]
+			if c.reply, c.err = cmds[i].Result(); c.reply == nil && c.err == nil {
+				c.err = err
+			}
+			if a, asEval, w := sendAgain(c.err, eval[i], sent); a {
+				again, eval[i], wait = append(again, i), asEval, wait || w
 			}
 		}
+		if wait && !pause(ctx, sent) {
+			return
+		}
+		pending = again
 	}
 }
 
 // script is settle.lua for a settlement, else dflt.
-func (c *call) script(dflt *redis.Script) *redis.Script {
+func (c *call) script(dflt *script) *script {
 	if c.settle {
 		return settleScript
 	}
@@ -390,5 +414,5 @@ func batchContext(batch []*call) (context.Context, context.CancelFunc) {
 			latest = d
 		}
 	}
-	return context.WithDeadline(context.Background(), latest)
+	return WithDeadline(context.Background(), latest), func() {}
 }

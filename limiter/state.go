@@ -302,11 +302,23 @@ func number(v any) (float64, bool) {
 // client. An instance that misses the message (not subscribed, or disconnected at that moment)
 // may deny the client from its deny cache for at most its DenyCacheMaxAge.
 //
+// A fixed window's or sliding window counter's count generation (genKey) is deleted with it, in
+// one transaction, so that the charges pending settlement, no longer in the count, are never
+// taken from the new count (see settle.lua).
+//
 // On error nothing is forgotten; the Redis key may or may not have been deleted, and calling
 // Reset again is safe. A failed publish is not an error: the reset is done.
 func (l *Limiter) Reset(ctx context.Context, z *Zone, clientKey string) (existed bool, err error) {
 	key := StateKey(l.prefix, z, clientKey)
-	n, err := l.rdb.Del(ctx, key).Result()
+	var del *redis.IntCmd
+	_, err = l.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		del = p.Del(ctx, key)
+		if z.Algorithm == FixedWindow || z.Algorithm == SlidingWindowCounter {
+			p.Del(ctx, genKey(key))
+		}
+		return nil
+	})
+	n := del.Val()
 	if err != nil {
 		return false, fmt.Errorf("redis DEL %s: %w", key, err)
 	}

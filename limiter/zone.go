@@ -156,8 +156,9 @@ type Zone struct {
 	MaxWait time.Duration
 }
 
-// maxCost is MaxCost, or the quota when it is 0.
-func (z *Zone) maxCost() int64 {
+// MaxCostOrQuota is the largest cost a request may take: MaxCost, or the quota when it is 0.
+// It also bounds what a charge settled after the response may be (Limiter.Settle).
+func (z *Zone) MaxCostOrQuota() int64 {
 	if z.MaxCost > 0 {
 		return z.MaxCost
 	}

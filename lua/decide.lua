@@ -40,34 +40,42 @@
 -- the epoch), c = its count, p = the previous window's count }. It admits a request iff
 -- p * (share of the previous window still inside the sliding window) + c + cost <= limit.
 --
--- A window counter's charge settled after the response (count_status, charge): the counters
--- have no holds. The cost is counted at admission as any other (so concurrent requests cannot
--- overshoot), and the admission writes a record of it in a key of its own, `<state key>:<nonce>`
--- in the same hash slot: a string "<window start µs>:<cost>" that expires after the zone's hold
--- time (hold_max). settle.lua deletes the record and adds the difference (what the response
--- reports less the cost; less the whole cost to give it back) to the count of the window the
--- charge went into, while that window is the current one: once it has ended nothing is given
--- back or charged (its count counts no more). A settle that finds no record changes nothing:
--- settled already (a retry), or older than its hold time (the charge stands as taken). A count
+-- A window counter's charge settled after the response (count_status, charge), or released or
+-- committed by settle.lua on Redis Cluster when a request's zones are in several hash slots (hold
+-- = 1, or a hold time): the counters have no holds. The cost is counted at admission as any other
+-- (so concurrent requests cannot overshoot), and the admission writes a record of it in a key of
+-- its own, `<state key>:<nonce>` in the same hash slot: a string
+-- "<window start µs>:<cost>:<generation>" that expires after the zone's hold time (hold_max;
+-- HOLD_MAX with hold = 1). The generation is the count's: the value of `<state key>:gen`, which
+-- the first record of a count creates (holding that record's nonce) and each record keeps alive
+-- at least as long as itself, and which an admin reset deletes together with the state.
+-- settle.lua deletes the record and adds the difference (what the response reports less the
+-- cost; less the whole cost to give it back) to the count of the window the charge went into,
+-- while that window is the current one and the count of the record's generation: once the
+-- window has ended, or the state was reset, the charge is no longer in the count, and nothing is
+-- given back or charged. A settle that finds no record changes nothing: settled already (a
+-- retry, a call sent twice), or older than its hold time (the charge stands as taken). A count
 -- may go above the limit (debt, a response that reported more than was reserved): requests are
 -- then denied until the window moves (the fixed window's end; for the sliding window counter,
--- until the estimate falls to limit - cost). Why a key of its own: the fixed window's string is
+-- until the estimate falls to limit - cost). Why keys of their own: the fixed window's string is
 -- read by the previous script with GET and an exact pattern (anything else is a count of 0, a
--- hash is WRONGTYPE), so a record inside it would break instances still running that script
--- during a rolling upgrade; the state keys keep their encodings, which both versions read and
--- write alike, and a client with no charge pending keeps its one small string.
+-- hash is WRONGTYPE), so a record (or a generation) inside it would break instances still
+-- running that script during a rolling upgrade; the state keys keep their encodings, which both
+-- versions read and write alike, and a client with no charge pending keeps its one small string.
 --
 -- KEYS     the keys of every decision, in order: a decision of n zones takes the state keys of
 --          its zones (`<prefix>{<client key>}:<zone>:<tb|sw|fw|sc>`), then the record key
---          (`<state key>:<nonce>`) of each of its fixed window and sliding window counter zones
---          whose charge is to be recorded for settlement, in zone order (so a decision takes n
---          keys or more; a record key is told from the next decision's state key by its name).
+--          (`<state key>:<nonce>`) and the generation key (`<state key>:gen`) of each of its
+--          fixed window and sliding window counter zones whose charge is to be recorded for
+--          settlement, in zone order (so a decision takes n keys or more; a record key is told
+--          from the next decision's state key by its name).
 -- ARGV[1]  now, in µs since the Unix epoch, or "" to read the Redis server clock (TIME); one
 --          time for the whole batch.
 -- Then per decision, in order:
 --   nonce    unique to the decision (across instances and calls): sliding window members are
 --            "<nonce>:<n>" for n = 1..cost, holds are "h:<nonce>", records "<state key>:<nonce>",
---            so settle.lua can find exactly what the decision added
+--            so settle.lua can find exactly what the decision added; "" for a decision that
+--            adds none of them (no sliding window zone, hold "0")
 --   hold     "1": take token bucket charges as holds (see settle.lua); "0": charge them; or one
 --            number per zone, comma-separated: µs that zone's token bucket charge is held at
 --            most before it counts as charged (0: charge it now), or that a window counter's
@@ -170,9 +178,9 @@ local function decide(nonce, hold, n, kbase, abase)
     local key = KEYS[kbase + i]
     local base = abase + 4 * (i - 1)
     local algo = ARGV[base]
-    local rkey -- a window counter's record key, when its charge is recorded
+    local rkey, gkey -- a window counter's record and generation keys, when its charge is recorded
     if (algo == 'fw' or algo == 'sc') and KEYS[r] == key .. ':' .. nonce then
-      rkey, r = KEYS[r], r + 1
+      rkey, gkey, r = KEYS[r], KEYS[r + 1], r + 2
     end
     local quota = tonumber(ARGV[base + 1])
     local rate = tonumber(ARGV[base + 2])
@@ -296,7 +304,7 @@ local function decide(nonce, hold, n, kbase, abase)
         remaining = quota - count - cost
         retry = 0
         nxt = left
-        writes[#writes + 1] = { 'fw', key, mark, count + cost, left, rec = rkey and { rkey, start, cost, holdmax[i] } }
+        writes[#writes + 1] = { 'fw', key, mark, count + cost, left, rec = rkey and { rkey, start, cost, holdmax[i], gkey } }
       else
         ok = false
         remaining = math.max(0, quota - count)
@@ -330,7 +338,7 @@ local function decide(nonce, hold, n, kbase, abase)
         ok = true
         retry = 0
         cur = cur + cost
-        writes[#writes + 1] = { 'sc', key, start, cur, prev, 2 * rate - elapsed, rec = rkey and { rkey, start, cost, holdmax[i] } }
+        writes[#writes + 1] = { 'sc', key, start, cur, prev, 2 * rate - elapsed, rec = rkey and { rkey, start, cost, holdmax[i], gkey } }
       else
         ok = false
         if cost <= quota then retry = when(quota - cost) else retry = rate end
@@ -392,9 +400,17 @@ local function decide(nonce, hold, n, kbase, abase)
           'p', string.format('%d', w[5]))
         redis.call('PEXPIRE', w[2], ms(w[6] / 1000))
       end
-      local rec = w.rec -- the charge's record, for settle.lua: key, window start, cost, hold
+      local rec = w.rec -- the charge's record, for settle.lua: key, window start, cost, hold, generation key
       if rec then
-        redis.call('SET', rec[1], string.format('%d:%d', rec[2], rec[3]), 'PX', ms((rec[4] or HOLD_MAX) / 1000))
+        local ttl = ms((rec[4] or HOLD_MAX) / 1000)
+        local gen = redis.call('GET', rec[5])
+        if gen then
+          redis.call('PEXPIRE', rec[5], ttl, 'GT') -- lives at least as long as each of its records
+        else
+          gen = nonce
+          redis.call('SET', rec[5], gen, 'PX', ttl)
+        end
+        redis.call('SET', rec[1], string.format('%d:%d:', rec[2], rec[3]) .. gen, 'PX', ttl)
       end
     else
       local key, cost, window = w[2], w[3], w[4]

@@ -10,23 +10,25 @@
 -- becomes what it would be had the request been charged at commit, or never. Only the bucket
 -- the call charged is touched: a bucket that expired or was reset (deleted) and recreated since
 -- holds no such field, and is left alone; so is one whose hold a later call already committed
--- for being older than decide.lua's HOLD_MAX. Running the same settle twice changes nothing more.
+-- for being older than decide.lua's HOLD_MAX (but see "L" below). Running the same settle twice
+-- changes nothing more, but for "L".
 -- A sliding window's entries ("<nonce>:1" .. "<nonce>:<cost>") are kept on commit and removed on
 -- release; entries already expired, or gone with their key, are gone anyway.
 --
--- A fixed window's or sliding window counter's charge is in its count already. When decide.lua
--- recorded it (its record key is given, see decide.lua), the record is deleted and the count of
--- the window the charge went into is given the difference: 0 on commit, -cost on release,
--- amount - cost with "amount" (a count may so go above the limit: debt, or down to 0, never
--- below), while that window is still the current one; once it has ended, nothing (reply 2). No
--- record, no change: settled already (so a settle retried applies once), or older than its
--- hold time. Without a record key (a Redis Cluster decision of zones in several hash slots,
--- which is released at most once, right away), a release takes the cost back from the count
--- while the window it went into is the current one.
+-- A fixed window's or sliding window counter's charge is in its count already, and decide.lua
+-- recorded it (its record and generation keys are given, see decide.lua): the record is deleted
+-- and the count of the window the charge went into is given the difference: 0 on commit, -cost
+-- on release, amount - cost with "amount" (a count may so go above the limit: debt, or down to
+-- 0, never below), while that window is still the current one (once it has ended, nothing:
+-- reply 2) and the count is of the record's generation (after an admin reset, which deleted the
+-- generation with the state, nothing: reply 0). No record, no change: settled already (so a
+-- settle sent twice applies once), or older than its hold time. So a release or settlement
+-- changes a count only while its charge is in it.
 --
 -- KEYS and ARGV are those of one decision of the decide.lua call being settled, except that the
 -- mode stands in place of the hold and n is left out (n is told by the number of arguments):
--- KEYS     the state key of each zone i, then the record keys, as decide.lua took them.
+-- KEYS     the state key of each zone i, then the record and generation keys, as decide.lua
+--          took them.
 -- ARGV[1]  now, in µs since the Unix epoch, or "" to read the Redis server clock (TIME).
 -- ARGV[2]  the nonce of the decide.lua call being settled.
 -- ARGV[3]  "commit", "release" or "amount".
@@ -34,14 +36,21 @@
 -- "sc"), quota, rate (tb: tokens/s, followed by ",<max_wait>" when shaping; sw, sc: window µs;
 -- fw: the window bounds) and cost, as given to that call.
 -- With "amount", then one more argument per zone i, at ARGV[4 + 4n + (i-1)] for n zones: what to
--- charge zone i. A token bucket commits that many tokens in place of its hold (0 releases it;
--- more than the bucket has left puts it in debt: u above capacity, which later requests wait
--- out); a sliding window keeps its entries, unless it is 0: then they are removed; a window
--- counter is charged it in place of its cost.
+-- charge zone i, an integer, followed by "L" when the response outlived the zone's hold time (so
+-- its hold may have been committed already). A token bucket commits that many tokens in place of
+-- its hold (0 releases it; more than the bucket has left puts it in debt: u above capacity, which
+-- later requests wait out, up to one capacity: u + h is never taken above 2 × capacity, so the
+-- key's TTL is at most two windows); with "L" and no hold found, the hold was committed as its
+-- cost (or the bucket was reset or has expired), and the difference, amount - cost, is added to
+-- u all the same (given back when negative): what a response is charged never depends on how
+-- long it took. Run twice, that difference would be applied twice: the caller settles once. A
+-- sliding window keeps its entries, unless it is 0: then they are removed; a window counter is
+-- charged it in place of its cost.
 --
 -- Reply: an array, per zone in order, 1 when it was settled now (its hold, window entries or
--- record were found), 2 when its record was found but the window it was charged in has ended
--- (nothing to settle), else 0.
+-- record were found; a token bucket's "L" amount, always), 2 when its record was found but the
+-- window it was charged in has ended (nothing to settle), else 0 (also when its record was found
+-- but the state was reset since).
 
 local EPSILON = 1e-9
 local MAX_US = 9007199254740992 -- decide.lua's: the longest TTL, in ms; also the largest count
@@ -109,9 +118,10 @@ for i = 1, n do
   local algo = ARGV[base]
   local quota = tonumber(ARGV[base + 1])
   local rate = tonumber(string.match(ARGV[base + 2], '^[^,]*')) -- tb: "<rate>[,<max_wait>]"
-  local amount
+  local amount, late
   if mode == 'amount' then
-    amount = tonumber(ARGV[4 + 4 * n + (i - 1)])
+    local a, l = string.match(ARGV[4 + 4 * n + (i - 1)], '^(%d+)(L?)$')
+    amount, late = tonumber(a), l == 'L'
     commit = amount > 0
   end
   settled[i] = 0
@@ -119,15 +129,31 @@ for i = 1, n do
   if algo == 'tb' then
     local v = redis.call('HMGET', key, 'u', 'ts', 'h', 'h:' .. nonce)
     local c = v[4] and tonumber(string.match(v[4], '^(%d+)@'))
-    local used, ts = tonumber(v[1]) or 0, tonumber(v[2]) or now
+    local diff -- what to add to u
     if c then
-      local held = math.max(0, (tonumber(v[3]) or 0) - c)
+      if mode == 'amount' then diff = amount elseif commit then diff = c else diff = 0 end
+    elseif late then
+      -- The hold is gone: committed as its cost by a decide.lua call that found it past its
+      -- time (or the bucket was reset, or has expired since): the amount owed is the same.
+      diff = amount - tonumber(ARGV[base + 3])
+      if not v[1] and diff <= 0 then diff = nil end -- no bucket, nothing owed
+      settled[i] = 1
+    end
+    if diff then
+      local held = math.max(0, (tonumber(v[3]) or 0) - (c or 0))
+      local used, ts = tonumber(v[1]) or 0, tonumber(v[2]) or now
       if now > ts then
         used = math.max(0, used - (now - ts) * rate / 1000000)
         ts = now
       end
-      if mode == 'amount' then used = used + amount elseif commit then used = used + c end
-      redis.call('HDEL', key, 'h:' .. nonce)
+      local before = used
+      used = math.max(0, used + diff)
+      if mode == 'amount' and diff > 0 and used + held > 2 * quota then
+        -- A charge's debt is at most one capacity (u + h <= 2 × quota): the key's TTL at most
+        -- two windows. (A commit's is a shaping hold's, bounded by its max_wait.)
+        used = math.max(before, 2 * quota - held)
+      end
+      if c then redis.call('HDEL', key, 'h:' .. nonce) end
       local fields = { 'u', string.format('%.17g', used), 'ts', string.format('%d', ts),
         't', '+' .. string.format('%.17g', quota - used - held) }
       if held > EPSILON then
@@ -147,26 +173,25 @@ for i = 1, n do
       settled[i] = 1
     end
   elseif algo == 'fw' or algo == 'sc' then
-    local cost = tonumber(ARGV[base + 3])
-    local start = window_at(algo, ARGV[base + 2])
     if KEYS[r] == key .. ':' .. nonce then
       local rec = redis.call('GET', KEYS[r])
       if rec then
         redis.call('DEL', KEYS[r])
-        local at, c = string.match(rec, '^(%d+):(%d+)$')
-        local delta = 0
-        if mode == 'amount' then delta = amount - tonumber(c) elseif not commit then delta = -tonumber(c) end
-        if tonumber(at) ~= start then
+        local start = window_at(algo, ARGV[base + 2])
+        local at, c, gen = string.match(rec, '^(%d+):(%d+):(.+)$')
+        if not at or gen ~= redis.call('GET', KEYS[r + 1]) then
+          settled[i] = 0 -- the state was reset since: the charge is no longer in the count
+        elseif tonumber(at) ~= start then
           settled[i] = 2 -- its window has ended
-        elseif add(key, algo, start, delta) then
-          settled[i] = 1
+        else
+          local delta = 0
+          if mode == 'amount' then delta = amount - tonumber(c) elseif not commit then delta = -tonumber(c) end
+          if add(key, algo, start, delta) then settled[i] = 1 end
         end
       end
-      r = r + 1
+      r = r + 2
     elseif commit then
-      settled[i] = 1
-    elseif start and add(key, algo, start, -cost) then
-      settled[i] = 1 -- released from the count of now's window, which it went into
+      settled[i] = 1 -- nothing recorded: nothing to commit
     end
   elseif not commit then
     local cost = tonumber(ARGV[base + 3])

@@ -20,7 +20,13 @@
 #   6. plans       the zone of 1 with its numbers from placeholders (a map's outputs, bench/
 #                  plans.Caddyfile) against the same site with literals (bench/plans-literal.
 #                  Caddyfile) in the places of plain and module: what placeholder numbers cost.
-#   7. pinned      "Redis on its own CPU": the load of 1 with Redis pinned alone on CPU 1 and wrk
+#   7. charge      LLM token budgets: bench/charge.Caddyfile (a zone with `charge openai_usage`)
+#                  against bench/charge-plain.Caddyfile (plain Caddy), both proxying to the same
+#                  upstream (bench/llm-upstream.Caddyfile: bin/caddy-plain answering a 5000-token
+#                  JSON completion gzip-compressed); bench/gzip.lua's 10,000 clients accept gzip.
+#                  What reading the usage from a compressed body and settling it cost (2 script
+#                  calls per request expected).
+#   8. pinned      "Redis on its own CPU": the load of 1 with Redis pinned alone on CPU 1 and wrk
 #                  and the Caddy being measured on CPU 0 (taskset; the script pins itself to CPU 0
 #                  and its children inherit it), so Redis's CPU is out of the ratio, as where
 #                  Redis runs elsewhere. Fresh Caddys, each one CPU's Go runtime: plain, the module
@@ -47,7 +53,7 @@
 #                  rounds)
 #   non-2xx        plain / module: share of responses that were not 2xx or 3xx, all rounds together;
 #                  0 expected on the allowed paths, nearly 100% for the module in the deny flood
-# The pinned table (7) has a row per side, figures over that side's rounds:
+# The pinned table (8) has a row per side, figures over that side's rounds:
 #   rps, ratio     requests per second (median) and the side's median over plain's
 #   p50/p99        as above
 #   Caddy us/req   that Caddy's CPU time (utime + stime from /proc/PID/stat, before and after each
@@ -65,7 +71,7 @@
 #
 # Settings (environment, e.g. `BENCH_ROUNDS=5 BENCH_DURATION=20s make bench`):
 #   BENCH_ROUNDS=3 BENCH_DURATION=10s BENCH_WARMUP=2s BENCH_THREADS=2 BENCH_CONNECTIONS=32
-#   ANCHOR_SRC (unset: no anchor side in 7; the Makefile builds bin/caddy-anchor from it)
+#   ANCHOR_SRC (unset: no anchor side in 8; the Makefile builds bin/caddy-anchor from it)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -114,7 +120,7 @@ bg_pids=()
 stop_pid() {
 	local pid=$1 i
 	kill "$pid" 2>/dev/null || true
-	kill -CONT "$pid" 2>/dev/null || true # a stopped Caddy (scenario 7) handles SIGTERM once continued
+	kill -CONT "$pid" 2>/dev/null || true # a stopped Caddy (scenario 8) handles SIGTERM once continued
 	for i in $(seq 50); do
 		kill -0 "$pid" 2>/dev/null || break
 		[ "$i" -eq 50 ] && kill -9 "$pid" 2>/dev/null
@@ -172,13 +178,14 @@ pick_port() {
 	die "no free port found"
 }
 
-# http_status PORT [HEADER]: the status code of GET / on 127.0.0.1:PORT, empty when none answers.
+# http_status PORT [HEADER [PATH]]: the status code of GET PATH (default /) on 127.0.0.1:PORT,
+# empty when none answers. HEADER may hold several lines, joined by CR LF.
 http_status() {
-	local port=$1 header=${2:-}
+	local port=$1 header=${2:-} path=${3:-/}
 	(
 		exec 3<>"/dev/tcp/127.0.0.1/$port" || exit 0
 		if [ -n "$header" ]; then header+=$'\r\n'; fi
-		printf 'GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n%sConnection: close\r\n\r\n' "$header" >&3
+		printf 'GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\n%sConnection: close\r\n\r\n' "$path" "$header" >&3
 		IFS=' ' read -r -t 5 _ code _ <&3 || exit 0
 		echo "$code"
 	) 2>/dev/null
@@ -329,11 +336,11 @@ scenario() {
 	stop_pid "$pid"
 }
 
-# --- scenario 7, pinned: Redis on its own CPU --------------------------------------------------
+# --- scenario 8, pinned: Redis on its own CPU --------------------------------------------------
 # Redis alone on CPU 1; this script (so wrk, redis-cli and the Caddys it starts) on CPU 0. Three
 # fresh Caddys; only the one being measured runs, the others are stopped (SIGSTOP).
 
-pinned_skip=""      # why scenario 7 does not run, when it does not
+pinned_skip=""      # why scenario 8 does not run, when it does not
 anchor_skip=""      # why it has no anchor side, when it has none
 pinned_sides=()     # plain module [anchor]
 pinned_warnings=()  # what pinned_report adds to the checks
@@ -367,7 +374,7 @@ runq_us() { cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{ s += $2 } END {
 
 pinned_scenario() {
 	if [ -n "$pinned_skip" ]; then
-		say "7 pinned: skipped: $pinned_skip"
+		say "8 pinned: skipped: $pinned_skip"
 		return 0
 	fi
 	local own_cpus redis_cpus side code
@@ -378,7 +385,7 @@ pinned_scenario() {
 	rcli flushall >/dev/null
 	pinned_sides=(plain module)
 	[ -n "$anchor_skip" ] || pinned_sides+=(anchor)
-	[ -z "$anchor_skip" ] || say "7 pinned: no anchor side: $anchor_skip"
+	[ -z "$anchor_skip" ] || say "8 pinned: no anchor side: $anchor_skip"
 	start_caddy pinned-plain bin/caddy-plain bench/plain.Caddyfile
 	pinned_pid[plain]=$caddy_pid pinned_port[plain]=$caddy_port
 	start_caddy pinned-module bin/caddy bench/allowed.Caddyfile
@@ -389,7 +396,7 @@ pinned_scenario() {
 	fi
 	for side in "${pinned_sides[@]}"; do
 		code=$(http_status "${pinned_port[$side]}" "X-Client: bench-probe")
-		[ "$code" = 200 ] || { tail -20 "$work/caddy-pinned-$side.log" >&2; die "7 pinned: $side's probe request got '$code', want 200"; }
+		[ "$code" = 200 ] || { tail -20 "$work/caddy-pinned-$side.log" >&2; die "8 pinned: $side's probe request got '$code', want 200"; }
 		kill -STOP "${pinned_pid[$side]}"
 	done
 	for side in "${pinned_sides[@]}"; do
@@ -397,10 +404,10 @@ pinned_scenario() {
 		warm "${pinned_port[$side]}" bench/allowed.lua
 		kill -STOP "${pinned_pid[$side]}"
 		[ "$(pinned_affinity "${pinned_pid[$side]}")" = 0 ] ||
-			pinned_warnings+=("7 pinned: $side Caddy runs on CPUs $(pinned_affinity "${pinned_pid[$side]}"), want 0")
+			pinned_warnings+=("8 pinned: $side Caddy runs on CPUs $(pinned_affinity "${pinned_pid[$side]}"), want 0")
 	done
 	[ "$(pinned_affinity "$redis_pid")" = 1 ] ||
-		pinned_warnings+=("7 pinned: Redis runs on CPUs $(pinned_affinity "$redis_pid"), want 1")
+		pinned_warnings+=("8 pinned: Redis runs on CPUs $(pinned_affinity "$redis_pid"), want 1")
 	pinned_rounds
 	for side in "${pinned_sides[@]}"; do
 		kill -CONT "${pinned_pid[$side]}"
@@ -437,9 +444,9 @@ pinned_rounds() {
 	done
 }
 
-# pinned_report: scenario 7's table (see the header), and its checks.
+# pinned_report: scenario 8's table (see the header), and its checks.
 pinned_report() {
-	echo "7 Redis on its own CPU: Redis alone on CPU 1; wrk and the Caddy being measured on CPU 0, the"
+	echo "8 Redis on its own CPU: Redis alone on CPU 1; wrk and the Caddy being measured on CPU 0, the"
 	echo "  other Caddys stopped; 10,000 clients, every request allowed (wrk -t$threads -c$connections, medians of $rounds rounds):"
 	if [ -n "$pinned_skip" ]; then
 		echo "    skipped: $pinned_skip"
@@ -466,11 +473,11 @@ pinned_report() {
 			"$cpu ($(ratio "$cpu" "$pcpu")x)" \
 			"$([ "$side" = module ] && us_per "$(total "$f" 10)" "$req" || echo -)" \
 			"$([ "$side" = module ] && per "$calls" "$req" || echo -)" "$(share "$non" "$req")"
-		[ "$non" -eq 0 ] || warnings+=("7 pinned: $side answered $non non-2xx responses of $req (want 0)")
-		[ "$errs" -eq 0 ] || warnings+=("7 pinned: wrk reported $errs socket errors against $side")
+		[ "$non" -eq 0 ] || warnings+=("8 pinned: $side answered $non non-2xx responses of $req (want 0)")
+		[ "$errs" -eq 0 ] || warnings+=("8 pinned: wrk reported $errs socket errors against $side")
 		if [ "$side" = module ]; then
 			awk -v c="$(per "$calls" "$req")" 'BEGIN { exit !(c > 0 && c <= 1.01) }' ||
-				warnings+=("7 pinned: $(per "$calls" "$req") script calls per request, expected at most 1")
+				warnings+=("8 pinned: $(per "$calls" "$req") script calls per request, expected at most 1")
 		fi
 	done
 	[ -z "$anchor_skip" ] || echo "    (no anchor: $anchor_skip)"
@@ -479,7 +486,7 @@ pinned_report() {
 		r=$(per "$(total "$f" 11)" "$(total "$f" 12)" %.3f)
 		echo "    Redis waited for a CPU $(awk -v r="$r" 'BEGIN { printf "%.1f", 100 * r }')% of the module's rounds (run queue, /proc/PID/task/*/schedstat)"
 		awk -v r="$r" 'BEGIN { exit !(r > 0.05) }' &&
-			warnings+=("7 pinned: Redis waited for a CPU $(awk -v r="$r" 'BEGIN { printf "%.0f", 100 * r }')% of the module's rounds: CPU 1 was not its own (other processes ran there)")
+			warnings+=("8 pinned: Redis waited for a CPU $(awk -v r="$r" 'BEGIN { printf "%.0f", 100 * r }')% of the module's rounds: CPU 1 was not its own (other processes ran there)")
 	fi
 	printf '    rounds, %s rps:' "$(IFS=/; echo "${pinned_sides[*]}")"
 	for r in $(seq "$rounds"); do
@@ -544,7 +551,7 @@ seconds() { # a wrk duration in seconds, for the estimate
 	local v=${1%[smh]}
 	case $1 in *m) echo $((v * 60)) ;; *h) echo $((v * 3600)) ;; *) echo "$v" ;; esac
 }
-estimate=$(($(seconds "$duration") * rounds * 10 + $(seconds "$warmup") * 10))
+estimate=$(($(seconds "$duration") * rounds * 12 + $(seconds "$warmup") * 12))
 pinned_check
 [ -n "$pinned_skip" ] || estimate=$((estimate + ($(seconds "$duration") * rounds + $(seconds "$warmup")) * 3))
 say "rounds=$rounds duration=$duration warmup=$warmup threads=$threads connections=$connections;" \
@@ -579,6 +586,51 @@ plans_scenario() {
 	stop_pid "$lit_pid"
 }
 plans_scenario
+
+# Scenario 7, charge: the module charging openai_usage in front of a gzip-answering JSON upstream
+# against plain Caddy in front of the same upstream, in the places of plain and module.
+charge_scenario() {
+	local up_pid pp_pid pp_port m_pid m_port saved=$plain_pid u code
+	mkdir -p "$work/llm"
+	# A completion of about 3 kB of word-like text (it compresses as prose does, about 2:1), its
+	# usage last, and its gzip for file_server's precompressed.
+	awk 'BEGIN { srand(7); printf "{\"id\":\"chatcmpl-bench\",\"object\":\"chat.completion\",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":\""
+		for (i = 0; i < 500; i++) { n = 2 + int(rand() * 7); for (j = 0; j < n; j++) printf "%c", 97 + int(rand() * 26); printf " " }
+		printf "\"},\"finish_reason\":\"stop\"}],\"usage\":{\"prompt_tokens\":1000,\"completion_tokens\":4000,\"total_tokens\":5000}}" }' \
+		>"$work/llm/chat.json"
+	gzip -k -9 "$work/llm/chat.json"
+	rcli flushall >/dev/null
+	export BENCH_ROOT=$work/llm
+	start_caddy llm-upstream bin/caddy-plain bench/llm-upstream.Caddyfile
+	up_pid=$caddy_pid
+	export BENCH_UPSTREAM=127.0.0.1:$caddy_port
+	start_caddy charge-plain bin/caddy-plain bench/charge-plain.Caddyfile
+	pp_pid=$caddy_pid
+	pp_port=$caddy_port
+	start_caddy charge bin/caddy bench/charge.Caddyfile
+	m_pid=$caddy_pid
+	m_port=$caddy_port
+	# The module must read the usage through gzip: the probe's bucket is charged 5000 (drained
+	# at 3171 tokens/s: more than 1000 for a second), not the reservation (500) nor `missing`.
+	code=$(http_status "$m_port" $'X-Client: bench-probe\r\nAccept-Encoding: gzip' /chat.json)
+	[ "$code" = 200 ] || { tail -20 "$work/caddy-charge.log" >&2; die "charge: probe request got '$code', want 200"; }
+	for _ in $(seq 20); do
+		u=$(rcli hget 'rl:{bench-probe}:llm:tb' u)
+		awk -v u="$u" 'BEGIN { exit !(u > 1000 && u <= 5000) }' && break
+		sleep 0.02
+	done
+	awk -v u="$u" 'BEGIN { exit !(u > 1000 && u <= 5000) }' ||
+		die "charge: the probe's bucket holds '$u' used tokens, want the usage of the gzip body (5000, less its refill)"
+	warm "$pp_port" bench/gzip.lua
+	warm "$m_port" bench/gzip.lua
+	plain_pid=$pp_pid
+	bench_rounds charge bench/gzip.lua "$pp_port" "$m_port" "$threads" "$connections" "$m_pid"
+	plain_pid=$saved
+	stop_pid "$m_pid"
+	stop_pid "$pp_pid"
+	stop_pid "$up_pid"
+}
+charge_scenario
 stop_pid "$plain_pid"
 pinned_scenario
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
@@ -658,7 +710,7 @@ table_row() { # SCENARIO LABEL
 		warnings+=("$s: the module answered $mnon non-2xx responses of $mreq (want 0)")
 	fi
 	[ "$errs" -eq 0 ] || warnings+=("$s: wrk reported $errs socket errors (connect/read/write/timeout)")
-	if [ "$s" = status ]; then
+	if [ "$s" = status ] || [ "$s" = charge ]; then
 		awk -v c="$cpr" 'BEGIN { exit !(c > 0 && c <= 2.01) }' ||
 			warnings+=("$s: $cpr script calls per request, expected at most 2 (a decision and a settlement)")
 	elif [ "$s" != flood ]; then
@@ -687,6 +739,7 @@ table_row allowed "1 allowed, 10k clients"
 table_row flood "2 deny flood, 1 client"
 table_row multizone "3 allowed, 3 zones"
 table_row status "5 count_status, 10k"
+table_row charge "7 charge gzip JSON"
 echo
 echo "CPU from /proc/PID/stat (utime + stime) over all rounds:"
 # shellcheck disable=SC2059 # cpu_format is the table's format
@@ -695,6 +748,7 @@ cpu_row allowed "1 allowed, 10k clients"
 cpu_row flood "2 deny flood, 1 client"
 cpu_row multizone "3 allowed, 3 zones"
 cpu_row status "5 count_status, 10k"
+cpu_row charge "7 charge gzip JSON"
 cpu_row latency "4 latency, c=1"
 echo
 lp50=$(col "$work/latency.plain" 3)
@@ -726,6 +780,7 @@ echo "    3 zones    $(rounds_line multizone)"
 echo "    status     $(rounds_line status)"
 echo "    latency    $(rounds_line latency)"
 echo "    plans      $(rounds_line plans) (literals/placeholders)"
+echo "    charge     $(rounds_line charge) (plain proxy/charging proxy)"
 echo
 pinned_report
 echo

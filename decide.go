@@ -1,0 +1,163 @@
+package ratelimitredis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/limiter"
+)
+
+// decideFlight decides f's requests (decide), and when Redis fails applies the fail_mode of
+// their zones (failed). done is true when the request has been answered: fail_mode open or
+// closed, or a client that went away; err is then ServeHTTP's. Otherwise f.d is the decision,
+// about f.decided.
+func (h *Handler) decideFlight(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, f *flight) (done bool, err error) {
+	f.d, err = h.decide(r.Context(), f.reqs)
+	if err == nil {
+		return false, nil
+	}
+	return h.failed(w, r, next, f, err)
+}
+
+// decide returns the deny cache's decision when it covers the request, else runs the decision
+// on Redis through the circuit breakers of the Redis servers it needs (see
+// sharedClient.acquire), under the handler's timeout. While a breaker is open it fails at once
+// without calling Redis.
+func (h *Handler) decide(ctx context.Context, reqs []limiter.Request) (d limiter.Decision, err error) {
+	// A remembered denial holds whatever Redis's state: no call, and no breaker to consult.
+	if d, ok := h.limiter.Denied(reqs); ok {
+		return d, nil
+	}
+	start := time.Now()
+	// A deadline with no timer of its own: the round trip's socket deadlines bound the decision
+	// (see limiter.WithDeadline), and a timer per request cost 3 allocations and a wake-up.
+	ctx = limiter.WithDeadline(ctx, start.Add(time.Duration(h.Timeout)))
+	release, err := h.client.acquire(ctx, h.KeyPrefix, reqs)
+	if err != nil {
+		return limiter.Decision{}, err
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			release(fmt.Errorf("rate limit decision panicked: %v", p))
+			panic(p)
+		}
+	}()
+	d, err = h.limiter.Allow(ctx, reqs)
+	metrics.redisDuration.Observe(time.Since(start).Seconds())
+	release(err)
+	return d, err
+}
+
+// failed applies what a decision that failed with err calls for. A client that went away is
+// not Redis failing: 499, no fail_mode, no failure counted (499 is what Caddy's reverse proxy
+// reports for a client that closed the request). Otherwise the failure is counted, reported
+// and logged, and the fail_mode of f's zones (failMode) answers: local decides f's local zones
+// in process (done false: f.d and f.decided are set, and the request goes on as decided);
+// closed refuses the request with 503; open lets it through.
+func (h *Handler) failed(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, f *flight, err error) (bool, error) {
+	if r.Context().Err() != nil {
+		return true, caddyhttp.Error(499, fmt.Errorf("client closed the request during the rate limit decision: %w", err))
+	}
+	reason := failureReason(err)
+	metrics.backendFailures.WithLabelValues(reason).Inc()
+	mode := h.failMode(f.reqs)
+	h.events.failed(reason, mode, err)
+	if c := h.logger.Check(zapcore.DebugLevel, "rate limit decision failed"); c != nil {
+		c.Write(zap.String("reason", reason), zap.String("fail_mode", mode), zap.Error(err))
+	}
+	f.degraded = true
+	if mode == FailLocal {
+		f.decided = h.localZones(f.reqs)
+		f.d = h.local.Allow(f.decided, time.Now())
+		return false, nil
+	}
+	// Undecided, but the zone, its client and its configured limit are known: those of the
+	// first zone whose fail_mode answers (the first closed zone of a 503).
+	i := slices.IndexFunc(f.reqs, func(rq limiter.Request) bool { return h.zoneOf(rq.Zone).failMode == mode })
+	f.zone, f.key, f.limit, f.identified = f.reqs[i].Zone.Name, f.shown[i], f.reqs[i].Zone.Quota(), true
+	if mode == FailClosed {
+		// The closed zones refuse the request; the others are not consulted (nor charged in
+		// process), as the zones that did not deny a denied request.
+		h.countMode(f.reqs, FailClosed, resultFailClosed)
+		if h.DryRun {
+			// Reported as the 503 it would have been ({http.rate_limit_redis.allowed} is false),
+			// with no header: the 503 would carry only Retry-After.
+			return true, next.ServeHTTP(w, r)
+		}
+		w.Header()[hdrRetryAfter] = []string{"1"}
+		return true, caddyhttp.Error(http.StatusServiceUnavailable, fmt.Errorf("rate limiter unavailable (fail_mode closed): %w", err))
+	}
+	h.count(f.reqs, resultFailOpen)
+	f.allowed = true
+	if h.degradedHeader {
+		w.Header()[hdrDegraded] = []string{"true"}
+	}
+	h.leaveWaiting(&f.placed, f.reqs)
+	return true, next.ServeHTTP(w, r)
+}
+
+// failMode returns the fail_mode that applies to reqs when Redis fails: closed when any of
+// their zones is closed, else local when any is local, else open.
+func (h *Handler) failMode(reqs []limiter.Request) string {
+	mode := FailOpen
+	for _, rq := range reqs {
+		switch h.zoneOf(rq.Zone).failMode {
+		case FailClosed:
+			return FailClosed
+		case FailLocal:
+			mode = FailLocal
+		}
+	}
+	return mode
+}
+
+// localZones returns the requests of reqs whose zone's fail_mode is local: those the
+// in-process limiter decides when Redis fails.
+func (h *Handler) localZones(reqs []limiter.Request) []limiter.Request {
+	n := 0
+	for _, rq := range reqs {
+		if h.zoneOf(rq.Zone).failMode == FailLocal {
+			n++
+		}
+	}
+	if n == len(reqs) {
+		return reqs
+	}
+	local := make([]limiter.Request, 0, n)
+	for _, rq := range reqs {
+		if h.zoneOf(rq.Zone).failMode == FailLocal {
+			local = append(local, rq)
+		}
+	}
+	return local
+}
+
+// failureReason classifies a decision error: circuit_open, timeout, bad_response, oom (Redis
+// over `maxmemory` refused the script, which writes) or redis_error.
+func failureReason(err error) string {
+	switch {
+	case isBreakerOpen(err):
+		return "circuit_open"
+	case errors.Is(err, context.DeadlineExceeded):
+		return "timeout"
+	case errors.Is(err, limiter.ErrBadResponse):
+		return "bad_response"
+	case redis.HasErrorPrefix(err, "OOM"):
+		return "oom"
+	}
+	var ne interface{ Timeout() bool }
+	if errors.As(err, &ne) && ne.Timeout() {
+		return "timeout"
+	}
+	return "redis_error"
+}

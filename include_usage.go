@@ -1,0 +1,120 @@
+package ratelimitredis
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"mime"
+	"net/http"
+	"strconv"
+)
+
+// maxIncludeUsageBody bounds the request body read to ask a streaming chat completion for its
+// usage: 1 MiB, a text chat of over 200,000 tokens. A larger body goes on unchanged.
+const maxIncludeUsageBody = 1 << 20
+
+// includeUsage asks a streaming chat completion for its usage, as LLM gateways do: when r's
+// body is a JSON object with "messages" and "stream": true (the last of each, as the upstream
+// reads duplicates) and without "stream_options": {"include_usage": true}, it sets that, so the
+// stream ends with a chunk carrying the usage (`"choices": []`) that the zone charges. Anything
+// else (not a POST of JSON, a compressed body, a body over maxIncludeUsageBody, one that does not
+// parse, another API) goes on byte for byte as it came; a stream without usage is then charged
+// the zone's missing amount.
+func includeUsage(r *http.Request) {
+	if r.Method != http.MethodPost || r.Body == nil || r.Body == http.NoBody || r.Header.Get("Content-Encoding") != "" {
+		return
+	}
+	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
+		return
+	}
+	if r.ContentLength > maxIncludeUsageBody {
+		return
+	}
+	body := r.Body
+	read, err := io.ReadAll(io.LimitReader(body, maxIncludeUsageBody+1))
+	if err != nil || len(read) > maxIncludeUsageBody {
+		// Unchanged: what was read, then the rest (or the read's error again).
+		r.Body = readCloser{io.MultiReader(bytes.NewReader(read), body), body}
+		return
+	}
+	out, ok := withIncludeUsage(read)
+	if !ok {
+		out = read
+	}
+	r.Body = readCloser{bytes.NewReader(out), body}
+	r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(out)), nil }
+	if ok {
+		r.ContentLength = int64(len(out))
+		if r.Header.Get("Content-Length") != "" {
+			r.Header.Set("Content-Length", strconv.Itoa(len(out)))
+		}
+	}
+}
+
+// readCloser reads from Reader and closes Closer.
+type readCloser struct {
+	io.Reader
+	io.Closer
+}
+
+// withIncludeUsage returns body, a chat completions request, with "stream_options":
+// {"include_usage": true}, and true; false when it is not a streaming chat completions request
+// (a JSON object with "messages" and "stream": true) or already asks for the usage, or when it
+// does not parse. Only what must change changes: a "stream_options" member is added at the
+// start of the object, or the last one's object gets "include_usage": true (or replaces its
+// null).
+func withIncludeUsage(body []byte) ([]byte, bool) {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return nil, false
+	}
+	stream, messages := false, false
+	var opts json.RawMessage // the last stream_options
+	var optsEnd int64
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return nil, false
+		}
+		key, _ := t.(string)
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			return nil, false
+		}
+		switch key {
+		case "stream":
+			stream = string(v) == "true"
+		case "messages":
+			messages = true
+		case "stream_options":
+			opts, optsEnd = v, dec.InputOffset()
+		}
+	}
+	if t, err := dec.Token(); err != nil || t != json.Delim('}') {
+		return nil, false
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, false // more after the object
+	}
+	if !stream || !messages {
+		return nil, false
+	}
+	add := []byte(`{"include_usage":true}`)
+	if opts == nil {
+		i := bytes.IndexByte(body, '{') + 1
+		return append(append(append(append([]byte{}, body[:i]...), `"stream_options":`...), add...), append([]byte{','}, body[i:]...)...), true
+	}
+	if string(opts) != "null" {
+		var m map[string]json.RawMessage
+		if json.Unmarshal(opts, &m) != nil {
+			return nil, false // not an object: the upstream's to refuse
+		}
+		if string(m["include_usage"]) == "true" {
+			return nil, false
+		}
+		m["include_usage"] = json.RawMessage("true")
+		add, _ = json.Marshal(m)
+	}
+	start := optsEnd - int64(len(opts))
+	return append(append(append([]byte{}, body[:start]...), add...), body[optsEnd:]...), true
+}

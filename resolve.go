@@ -1,0 +1,185 @@
+package ratelimitredis
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/limiter"
+)
+
+// resolveError is why a request could not be resolved into limiter requests: it is answered
+// before any decision, and nothing is charged or counted in decisions_total.
+type resolveError struct {
+	zone *Zone
+	// kind says which answer it gets (see unresolved).
+	kind resolveKind
+	err  error
+}
+
+func (e *resolveError) Error() string { return e.err.Error() }
+func (e *resolveError) Unwrap() error { return e.err }
+
+type resolveKind uint8
+
+const (
+	resolveMatcher  resolveKind = iota // a zone's matcher failed: 500
+	resolveNumbers                     // a number from a placeholder is unusable: 500
+	resolveCost                        // the cost placeholder is not a positive integer: 400
+	resolveEmptyKey                    // every key candidate is empty and empty_key is deny: 403
+)
+
+// resolve appends to reqs, for every zone of h that applies to r in order, the limiter request
+// (the zone's numbers, client key and cost), and to shown its client key as placeholders show
+// it; shaping is true when one of them may be held (max_wait). A zone whose key is empty and
+// whose empty_key is skip is left out. The error is a *resolveError.
+func (h *Handler) resolve(r *http.Request, repl *caddy.Replacer, reqs []limiter.Request, shown []string) (_ []limiter.Request, _ []string, shaping bool, _ error) {
+	var lastShown, lastKey string // the previous zone's, when keyed is true
+	keyed := false
+	var masked maskMemo // the previous IP candidate masked: zones usually share their key
+	for _, z := range h.Zones {
+		if len(z.matcherSets) > 0 {
+			match, err := z.matcherSets.AnyMatchWithError(r)
+			if err != nil {
+				return nil, nil, false, &resolveError{z, resolveMatcher, fmt.Errorf("zone %s: matching: %w", z.Name, err)}
+			}
+			if !match {
+				continue
+			}
+		}
+		key := z.clientKey(repl, &masked)
+		if key == "" {
+			z.emptyKeys.Inc()
+			switch z.EmptyKey {
+			case EmptyKeySkip:
+				continue
+			case EmptyKeyDeny:
+				return nil, nil, false, &resolveError{z, resolveEmptyKey, errors.New("empty client key")}
+			}
+		}
+		lz, err := z.numbers(repl)
+		if err != nil {
+			return nil, nil, false, &resolveError{z, resolveNumbers, err}
+		}
+		cost, err := z.cost(repl)
+		if err != nil {
+			return nil, nil, false, &resolveError{z, resolveCost, fmt.Errorf("zone %s: %w", z.Name, err)}
+		}
+		shown = append(shown, key)
+		if h.keySecret != nil {
+			if !keyed || key != lastShown {
+				lastShown, lastKey, keyed = key, h.keySecret.Key(key), true
+			}
+			key = lastKey
+		}
+		rq := limiter.Request{Zone: lz, Key: key, Cost: cost}
+		if z.after != nil {
+			rq.Hold = z.after.hold // settled after the response: charge.go
+		}
+		reqs = append(reqs, rq)
+		shaping = shaping || lz.MaxWait > 0
+	}
+	return reqs, shown, shaping, nil
+}
+
+// unresolved answers a request that resolve refused with err (a *resolveError).
+//   - A matcher's failure is a 500.
+//   - A number from a placeholder that is empty without a fallback, does not parse or is out of
+//     range: the server's configuration (or what feeds the placeholder) is wrong, not the
+//     client. 500; logged here at error level, as Caddy logs a handler's error at debug level
+//     only when the server has handle_errors routes. dry_run passes the request on.
+//   - A bad cost is a 400; dry_run passes the request on.
+//   - An empty key in an empty_key deny zone: denyEmptyKey.
+func (h *Handler) unresolved(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer, err error) error {
+	var re *resolveError
+	if !errors.As(err, &re) {
+		return caddyhttp.Error(http.StatusInternalServerError, err)
+	}
+	switch re.kind {
+	case resolveEmptyKey:
+		return h.denyEmptyKey(w, r, next, re.zone, repl)
+	case resolveNumbers:
+		if c := h.logger.Check(zapcore.ErrorLevel, "a zone number from a placeholder is unusable"); c != nil {
+			c.Write(zap.String("zone", re.zone.Name), zap.Bool("dry_run", h.DryRun), zap.Error(re.err))
+		}
+		if h.DryRun {
+			return next.ServeHTTP(w, r)
+		}
+		return caddyhttp.Error(http.StatusInternalServerError, re.err)
+	case resolveCost:
+		if h.DryRun {
+			if c := h.logger.Check(zapcore.DebugLevel, "bad request cost; dry_run lets it through"); c != nil {
+				c.Write(zap.Error(re.err))
+			}
+			return next.ServeHTTP(w, r)
+		}
+		return caddyhttp.Error(http.StatusBadRequest, re.err)
+	}
+	return caddyhttp.Error(http.StatusInternalServerError, re.err)
+}
+
+// denyEmptyKey rejects a request whose key placeholders are all empty in zone z, whose
+// empty_key is deny: 403 with no body (or, in dry_run, passed on), before any decision, so no
+// zone is charged or counted in decisions_total ({http.rate_limit_redis.allowed} is false).
+func (h *Handler) denyEmptyKey(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, z *Zone, repl *caddy.Replacer) error {
+	new(outcome).publish(repl)
+	if c := h.logger.Check(zapcore.DebugLevel, "empty client key denied"); c != nil {
+		c.Write(zap.String("zone", z.Name), zap.Bool("dry_run", h.DryRun))
+	}
+	if h.DryRun {
+		return next.ServeHTTP(w, r)
+	}
+	if h.bareDenials {
+		w.WriteHeader(http.StatusForbidden)
+		return nil
+	}
+	return caddyhttp.HandlerError{StatusCode: http.StatusForbidden, Err: z.errEmptyKey}
+}
+
+// clientKey resolves the zone's key placeholders: the first that is not empty wins, and the
+// client key says which it was (limiter.CandidateKey: the first candidate's value as it is, the
+// n-th's as "<n>=value"), so that no value of one candidate can name another's state. A value
+// that is an IP address is first masked to the zone's prefix length (maskIP); memo holds the
+// last one masked. All empty gives "": the zone's empty_key decides (shared: the limiter counts
+// it under the zone's one shared key).
+func (z *Zone) clientKey(repl *caddy.Replacer, memo *maskMemo) string {
+	for i, k := range z.Key {
+		if v := repl.ReplaceAll(k, ""); v != "" {
+			return limiter.CandidateKey(i+1, memo.mask(v, z.v4, z.v6))
+		}
+	}
+	return ""
+}
+
+// limiterKey returns the key the limiter gets for a client key as the placeholder shows it: the
+// same, or with key_secret its keyed digest.
+func (h *Handler) limiterKey(shown string) string {
+	if h.keySecret == nil {
+		return shown
+	}
+	return h.keySecret.Key(shown)
+}
+
+// cost resolves the request's cost: the literal, or the placeholder's value; empty counts as 1.
+// Anything but a positive integer is errCost.
+func (z *Zone) cost(repl *caddy.Replacer) (int64, error) {
+	if z.fixedCost > 0 {
+		return z.fixedCost, nil
+	}
+	v := repl.ReplaceAll(z.Cost, "")
+	if v == "" {
+		return 1, nil
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < 1 {
+		return 0, errCost
+	}
+	return n, nil
+}
