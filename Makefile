@@ -64,12 +64,31 @@ adapt: bin/caddy
 	bin/caddy adapt --config Caddyfile.example --adapter caddyfile --pretty
 
 ## bench: plain Caddy vs Caddy with the module under wrk, alternating rounds; prints a table
-## (settings: BENCH_ROUNDS, BENCH_DURATION, BENCH_WARMUP, BENCH_THREADS, BENCH_CONNECTIONS)
+## (settings: BENCH_ROUNDS, BENCH_DURATION, BENCH_WARMUP, BENCH_THREADS, BENCH_CONNECTIONS).
+## With ANCHOR_SRC=<a clone of github.com/mholt/caddy-ratelimit> the pinned scenario also
+## measures that in-memory limiter (bin/caddy-anchor); without it, that side is skipped.
 bench: bin/caddy bin/caddy-plain
-	scripts/bench.sh
+	@if [ -z "$(ANCHOR_SRC)" ]; then \
+		echo "bench: no ANCHOR_SRC: the pinned scenario skips the in-memory anchor (make bench ANCHOR_SRC=<clone of github.com/mholt/caddy-ratelimit>)"; \
+	elif [ ! -f "$(ANCHOR_SRC)/go.mod" ]; then \
+		echo "bench: ANCHOR_SRC=$(ANCHOR_SRC) has no go.mod: the pinned scenario skips the in-memory anchor"; \
+	else $(MAKE) --no-print-directory bin/caddy-anchor; fi
+	ANCHOR_SRC="$(ANCHOR_SRC)" scripts/bench.sh
 
 bin/caddy-plain: go.mod
 	go tool xcaddy build $(CADDY_VERSION) --output bin/caddy-plain
+
+# The in-memory anchor of `make bench`: Caddy with mholt/caddy-ratelimit built from the clone at
+# ANCHOR_SRC (nothing is downloaded but Go modules from the module proxy; xcaddy needs an
+# explicit version for a local module, as for bin/caddy). CI never builds it.
+ANCHOR_SRC     ?=
+ANCHOR_MODULE  := github.com/mholt/caddy-ratelimit
+ANCHOR_SOURCES := $(if $(ANCHOR_SRC),$(shell find $(ANCHOR_SRC) -name '*.go' ! -name '*_test.go' -o -name go.mod -o -name go.sum 2>/dev/null))
+bin/caddy-anchor: go.mod $(ANCHOR_SOURCES)
+	@[ -n "$(ANCHOR_SRC)" ] && [ -f "$(ANCHOR_SRC)/go.mod" ] || \
+		{ echo "bin/caddy-anchor: set ANCHOR_SRC to a clone of https://$(ANCHOR_MODULE)"; exit 1; }
+	go tool xcaddy build $(CADDY_VERSION) --output bin/caddy-anchor \
+		--with $(ANCHOR_MODULE)@$(LOCAL_VERSION)=$(abspath $(ANCHOR_SRC))
 
 ## fuzz: each fuzz target for FUZZTIME (default 30s); `make test` runs their seed corpora
 ## (testdata/fuzz, limiter/testdata/fuzz). New failing inputs are written there: keep them.

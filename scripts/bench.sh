@@ -26,6 +26,19 @@
 #                  JSON completion gzip-compressed); bench/gzip.lua's 10,000 clients accept gzip.
 #                  What reading the usage from a compressed body and settling it cost (2 script
 #                  calls per request expected).
+#   8. pinned      "Redis on its own CPU": the load of 1 with Redis pinned alone on CPU 1 and wrk
+#                  and the Caddy being measured on CPU 0 (taskset; the script pins itself to CPU 0
+#                  and its children inherit it), so Redis's CPU is out of the ratio, as where
+#                  Redis runs elsewhere. Fresh Caddys, each one CPU's Go runtime: plain, the module
+#                  (bench/allowed.Caddyfile) and, when ANCHOR_SRC names a clone of
+#                  github.com/mholt/caddy-ratelimit (`make bench ANCHOR_SRC=...` builds
+#                  bin/caddy-anchor from it), the in-memory anchor (bench/anchor.Caddyfile: the
+#                  same zone in process memory, no network). The Caddys not being measured are
+#                  stopped (SIGSTOP); the sides alternate within each round (plain, module,
+#                  anchor). Skipped, saying so, when CPUs 0 and 1 are not both available.
+#   allocs         the Go benchmarks BenchmarkServeHTTPAllowed1Zone, ...1ZoneParallel and
+#                  ...3Zones (go test -bench -benchmem -benchtime 20000x, a real redis-server):
+#                  allocations per allowed request, run after the load (they are not pinned).
 # Plain and module runs alternate (plain, module, plain, module, ...) for BENCH_ROUNDS rounds so
 # that machine noise hits both alike; every figure is the median of the rounds.
 #
@@ -40,11 +53,25 @@
 #                  rounds)
 #   non-2xx        plain / module: share of responses that were not 2xx or 3xx, all rounds together;
 #                  0 expected on the allowed paths, nearly 100% for the module in the deny flood
+# The pinned table (8) has a row per side, figures over that side's rounds:
+#   rps, ratio     requests per second (median) and the side's median over plain's
+#   p50/p99        as above
+#   Caddy us/req   that Caddy's CPU time (utime + stime from /proc/PID/stat, before and after each
+#                  round) over the requests it served; in parentheses its multiple of plain's
+#   Redis us/dec   Redis's CPU time over the module's rounds per request (one decision each)
+#   calls/req      script calls per request, as above (the module only)
+#   non-2xx        share of responses that were not 2xx or 3xx (0 expected on every side)
+# and below it the share of the module's rounds Redis spent waiting for a CPU (run-queue time from
+# /proc/PID/task/*/schedstat): near 0 when CPU 1 is Redis's own; over 5% is a check warning
+# (other processes ran on CPU 1, and Redis's delays may time decisions out).
+# The allocations table: allocs/op, B/op and ns/op of each benchmark (one op is one allowed
+# request through ServeHTTP; ns/op includes the Redis round trip).
 # wrk, Caddy and Redis share the machine's CPUs, so these figures are the module's cost on this
 # machine under this load, not the capacity of a deployment.
 #
 # Settings (environment, e.g. `BENCH_ROUNDS=5 BENCH_DURATION=20s make bench`):
 #   BENCH_ROUNDS=3 BENCH_DURATION=10s BENCH_WARMUP=2s BENCH_THREADS=2 BENCH_CONNECTIONS=32
+#   ANCHOR_SRC (unset: no anchor side in 8; the Makefile builds bin/caddy-anchor from it)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -93,6 +120,7 @@ bg_pids=()
 stop_pid() {
 	local pid=$1 i
 	kill "$pid" 2>/dev/null || true
+	kill -CONT "$pid" 2>/dev/null || true # a stopped Caddy (scenario 8) handles SIGTERM once continued
 	for i in $(seq 50); do
 		kill -0 "$pid" 2>/dev/null || break
 		[ "$i" -eq 50 ] && kill -9 "$pid" 2>/dev/null
@@ -308,6 +336,215 @@ scenario() {
 	stop_pid "$pid"
 }
 
+# --- scenario 8, pinned: Redis on its own CPU --------------------------------------------------
+# Redis alone on CPU 1; this script (so wrk, redis-cli and the Caddys it starts) on CPU 0. Three
+# fresh Caddys; only the one being measured runs, the others are stopped (SIGSTOP).
+
+pinned_skip=""      # why scenario 8 does not run, when it does not
+anchor_skip=""      # why it has no anchor side, when it has none
+pinned_sides=()     # plain module [anchor]
+pinned_warnings=()  # what pinned_report adds to the checks
+declare -A pinned_pid pinned_port
+
+pinned_check() {
+	if ! command -v taskset >/dev/null 2>&1; then
+		pinned_skip="taskset is not installed (Debian package util-linux)"
+	elif ! taskset -c 0 true 2>/dev/null || ! taskset -c 1 true 2>/dev/null; then
+		pinned_skip="it needs CPUs 0 and 1; this machine has $(nproc --all) CPU(s) and taskset cannot use both"
+	fi
+	local how="make bench ANCHOR_SRC=<path to a clone of github.com/mholt/caddy-ratelimit>"
+	if [ -z "${ANCHOR_SRC:-}" ]; then
+		anchor_skip="ANCHOR_SRC is not set (to measure it: $how)"
+	elif [ ! -f "$ANCHOR_SRC/go.mod" ]; then
+		anchor_skip="ANCHOR_SRC=$ANCHOR_SRC has no go.mod (to measure it: $how)"
+	elif [ ! -x bin/caddy-anchor ]; then
+		anchor_skip="bin/caddy-anchor is missing ($how builds it)"
+	elif [ "$(bin/caddy-anchor version | awk '{ print $1 }')" != "$plain_version" ]; then
+		anchor_skip="bin/caddy-anchor is not Caddy $plain_version (remove it and run $how)"
+	fi
+}
+
+# pinned_affinity PID: the CPU lists of all the process's threads, e.g. "0" or "0-1".
+pinned_affinity() { taskset -a -pc "$1" | awk '{ print $NF }' | sort -u | paste -sd' '; }
+
+# runq_us PID: how long the process's threads have waited for a CPU so far, in microseconds (field
+# 2 of /proc/PID/task/*/schedstat, ns): Redis's, on a CPU of its own, stays near 0. (%.0f: mawk's
+# %d stops at 2^31.)
+runq_us() { cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{ s += $2 } END { printf "%.0f\n", s / 1000 }'; }
+
+pinned_scenario() {
+	if [ -n "$pinned_skip" ]; then
+		say "8 pinned: skipped: $pinned_skip"
+		return 0
+	fi
+	local own_cpus redis_cpus side code
+	own_cpus=$(taskset -pc $$ | awk '{ print $NF }')
+	redis_cpus=$(taskset -pc "$redis_pid" | awk '{ print $NF }')
+	taskset -a -pc 1 "$redis_pid" >/dev/null
+	taskset -pc 0 $$ >/dev/null
+	rcli flushall >/dev/null
+	pinned_sides=(plain module)
+	[ -n "$anchor_skip" ] || pinned_sides+=(anchor)
+	[ -z "$anchor_skip" ] || say "8 pinned: no anchor side: $anchor_skip"
+	start_caddy pinned-plain bin/caddy-plain bench/plain.Caddyfile
+	pinned_pid[plain]=$caddy_pid pinned_port[plain]=$caddy_port
+	start_caddy pinned-module bin/caddy bench/allowed.Caddyfile
+	pinned_pid[module]=$caddy_pid pinned_port[module]=$caddy_port
+	if [ -z "$anchor_skip" ]; then
+		start_caddy pinned-anchor bin/caddy-anchor bench/anchor.Caddyfile
+		pinned_pid[anchor]=$caddy_pid pinned_port[anchor]=$caddy_port
+	fi
+	for side in "${pinned_sides[@]}"; do
+		code=$(http_status "${pinned_port[$side]}" "X-Client: bench-probe")
+		[ "$code" = 200 ] || { tail -20 "$work/caddy-pinned-$side.log" >&2; die "8 pinned: $side's probe request got '$code', want 200"; }
+		kill -STOP "${pinned_pid[$side]}"
+	done
+	for side in "${pinned_sides[@]}"; do
+		kill -CONT "${pinned_pid[$side]}"
+		warm "${pinned_port[$side]}" bench/allowed.lua
+		kill -STOP "${pinned_pid[$side]}"
+		[ "$(pinned_affinity "${pinned_pid[$side]}")" = 0 ] ||
+			pinned_warnings+=("8 pinned: $side Caddy runs on CPUs $(pinned_affinity "${pinned_pid[$side]}"), want 0")
+	done
+	[ "$(pinned_affinity "$redis_pid")" = 1 ] ||
+		pinned_warnings+=("8 pinned: Redis runs on CPUs $(pinned_affinity "$redis_pid"), want 1")
+	pinned_rounds
+	for side in "${pinned_sides[@]}"; do
+		kill -CONT "${pinned_pid[$side]}"
+		stop_pid "${pinned_pid[$side]}"
+	done
+	taskset -pc "$own_cpus" $$ >/dev/null
+	taskset -a -pc "$redis_cpus" "$redis_pid" >/dev/null
+}
+
+# pinned_rounds: BENCH_ROUNDS rounds, each measuring every side in turn with the others stopped;
+# appends "<rps> <requests> <p50> <p99> <non-2xx> <socket errors> <caddy ticks> <script calls>
+# <script usec> <redis ticks> <redis run-queue us> <wall us>" per round to $work/pinned.SIDE.
+pinned_rounds() {
+	local r side pid before after c0 r0 q0 t0 line
+	for r in $(seq "$rounds"); do
+		for side in "${pinned_sides[@]}"; do
+			pid=${pinned_pid[$side]}
+			kill -CONT "$pid"
+			before=$(script_stats)
+			c0=$(cpu_ticks "$pid")
+			r0=$(cpu_ticks "$redis_pid")
+			q0=$(runq_us "$redis_pid")
+			t0=$(($(date +%s%N) / 1000))
+			run_wrk "pinned-$side-$r" bench/allowed.lua "${pinned_port[$side]}" "$threads" "$connections" "$duration"
+			line=$wrk_line
+			sleep 0.2 # let the requests still in flight when wrk stopped reach Redis
+			after=$(script_stats)
+			echo "$line $(($(cpu_ticks "$pid") - c0)) $(awk -v b="$before" -v a="$after" 'BEGIN {
+				split(b, x, " "); split(a, y, " "); print y[1] - x[1], y[2] - x[2] }') $(($(cpu_ticks "$redis_pid") - r0))" \
+				"$(($(runq_us "$redis_pid") - q0)) $(($(date +%s%N) / 1000 - t0))" >>"$work/pinned.$side"
+			kill -STOP "$pid"
+			say "$(printf '%-9s round %d/%d  %-6s %10.0f rps' pinned "$r" "$rounds" "$side" "${line%% *}")"
+		done
+	done
+}
+
+# pinned_report: scenario 8's table (see the header), and its checks.
+pinned_report() {
+	echo "8 Redis on its own CPU: Redis alone on CPU 1; wrk and the Caddy being measured on CPU 0, the"
+	echo "  other Caddys stopped; 10,000 clients, every request allowed (wrk -t$threads -c$connections, medians of $rounds rounds):"
+	if [ -n "$pinned_skip" ]; then
+		echo "    skipped: $pinned_skip"
+		return 0
+	fi
+	local format='%-20s %10s %6s %17s %16s %13s %10s %8s\n' side f prps pcpu rps req cpu calls non errs r
+	warnings+=(${pinned_warnings[@]+"${pinned_warnings[@]}"})
+	# shellcheck disable=SC2059 # format is the table's format
+	printf "    $format" side rps ratio p50/p99 "Caddy us/req" "Redis us/dec" calls/req non-2xx
+	f=$work/pinned.plain
+	prps=$(col "$f" 1)
+	pcpu=$(us_per "$(total "$f" 7)" "$(total "$f" 2)")
+	for side in "${pinned_sides[@]}"; do
+		f=$work/pinned.$side
+		rps=$(col "$f" 1)
+		req=$(total "$f" 2)
+		cpu=$(us_per "$(total "$f" 7)" "$req")
+		calls=$(total "$f" 8)
+		non=$(total "$f" 5)
+		errs=$(total "$f" 6)
+		# shellcheck disable=SC2059
+		printf "    $format" "$(pinned_label "$side")" "$(printf '%.0f' "$rps")" "$(ratio "$rps" "$prps")" \
+			"$(dur "$(col "$f" 3)")/$(dur "$(col "$f" 4)")" \
+			"$cpu ($(ratio "$cpu" "$pcpu")x)" \
+			"$([ "$side" = module ] && us_per "$(total "$f" 10)" "$req" || echo -)" \
+			"$([ "$side" = module ] && per "$calls" "$req" || echo -)" "$(share "$non" "$req")"
+		[ "$non" -eq 0 ] || warnings+=("8 pinned: $side answered $non non-2xx responses of $req (want 0)")
+		[ "$errs" -eq 0 ] || warnings+=("8 pinned: wrk reported $errs socket errors against $side")
+		if [ "$side" = module ]; then
+			awk -v c="$(per "$calls" "$req")" 'BEGIN { exit !(c > 0 && c <= 1.01) }' ||
+				warnings+=("8 pinned: $(per "$calls" "$req") script calls per request, expected at most 1")
+		fi
+	done
+	[ -z "$anchor_skip" ] || echo "    (no anchor: $anchor_skip)"
+	f=$work/pinned.module
+	if [ -r "/proc/self/schedstat" ]; then
+		r=$(per "$(total "$f" 11)" "$(total "$f" 12)" %.3f)
+		echo "    Redis waited for a CPU $(awk -v r="$r" 'BEGIN { printf "%.1f", 100 * r }')% of the module's rounds (run queue, /proc/PID/task/*/schedstat)"
+		awk -v r="$r" 'BEGIN { exit !(r > 0.05) }' &&
+			warnings+=("8 pinned: Redis waited for a CPU $(awk -v r="$r" 'BEGIN { printf "%.0f", 100 * r }')% of the module's rounds: CPU 1 was not its own (other processes ran there)")
+	fi
+	printf '    rounds, %s rps:' "$(IFS=/; echo "${pinned_sides[*]}")"
+	for r in $(seq "$rounds"); do
+		printf '  %s' "$(for side in "${pinned_sides[@]}"; do awk -v r="$r" 'NR == r { printf "%.0f\n", $1 }' "$work/pinned.$side"; done | paste -sd/)"
+	done
+	echo
+}
+
+pinned_label() {
+	case $1 in
+	plain) echo "plain Caddy" ;;
+	module) echo "module (Redis)" ;;
+	anchor) echo "anchor (in memory)" ;;
+	esac
+}
+
+# --- allocations per allowed request: the Go benchmarks ----------------------------------------
+
+alloc_benchmarks_re='ServeHTTPAllowed1Zone$|ServeHTTPAllowed1ZoneParallel$|ServeHTTPAllowed3Zones$'
+alloc_benchmarks_names=(ServeHTTPAllowed1Zone ServeHTTPAllowed1ZoneParallel ServeHTTPAllowed3Zones)
+alloc_skip=""
+
+alloc_benchmarks() {
+	if ! command -v go >/dev/null 2>&1; then
+		alloc_skip="go is not on PATH"
+		return 0
+	fi
+	say "allocs: go test -run XXX -bench '$alloc_benchmarks_re' -benchmem -benchtime 20000x ."
+	if ! run_waited "$work/allocs.txt" go test -run XXX -bench "$alloc_benchmarks_re" -benchmem -benchtime 20000x .; then
+		tail -20 "$work/allocs.txt" >&2
+		alloc_skip="go test failed (its output is above)"
+	fi
+}
+
+alloc_report() {
+	echo "allocations per allowed request (go test -run XXX -bench '$alloc_benchmarks_re' -benchmem -benchtime 20000x .):"
+	if [ -n "$alloc_skip" ]; then
+		echo "    not measured: $alloc_skip"
+		warnings+=("allocs: not measured: $alloc_skip")
+		return 0
+	fi
+	local name line a b n
+	printf '    %-32s %10s %10s %12s\n' benchmark allocs/op B/op ns/op
+	for name in "${alloc_benchmarks_names[@]}"; do
+		# "BenchmarkX-2   20000   85000 ns/op   3400 B/op   40 allocs/op"
+		line=$(awk -v n="Benchmark$name" '$1 == n || index($1, n "-") == 1 {
+			for (i = 2; i < NF; i++) v[$(i + 1)] = $i
+			print v["allocs/op"], v["B/op"], v["ns/op"]; exit }' "$work/allocs.txt")
+		if [ -z "$line" ]; then
+			printf '    %-32s %10s\n' "$name" "missing"
+			warnings+=("allocs: Benchmark$name is not in this tree's handler_bench_test.go")
+			continue
+		fi
+		read -r a b n <<<"$line"
+		printf '    %-32s %10s %10s %12s\n' "$name" "$a" "$b" "$n"
+	done
+}
+
 # --- the run ---------------------------------------------------------------------------------
 
 seconds() { # a wrk duration in seconds, for the estimate
@@ -315,6 +552,8 @@ seconds() { # a wrk duration in seconds, for the estimate
 	case $1 in *m) echo $((v * 60)) ;; *h) echo $((v * 3600)) ;; *) echo "$v" ;; esac
 }
 estimate=$(($(seconds "$duration") * rounds * 12 + $(seconds "$warmup") * 12))
+pinned_check
+[ -n "$pinned_skip" ] || estimate=$((estimate + ($(seconds "$duration") * rounds + $(seconds "$warmup")) * 3))
 say "rounds=$rounds duration=$duration warmup=$warmup threads=$threads connections=$connections;" \
 	"about $(((estimate + 59) / 60)) min"
 
@@ -393,7 +632,9 @@ charge_scenario() {
 }
 charge_scenario
 stop_pid "$plain_pid"
+pinned_scenario
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
+alloc_benchmarks
 
 # --- the report ------------------------------------------------------------------------------
 
@@ -541,6 +782,10 @@ echo "    latency    $(rounds_line latency)"
 echo "    plans      $(rounds_line plans) (literals/placeholders)"
 echo "    charge     $(rounds_line charge) (plain proxy/charging proxy)"
 echo
+pinned_report
+echo
+alloc_report
+echo
 if [ "${#warnings[@]}" -gt 0 ]; then
 	echo "CHECK:"
 	printf '    %s\n' "${warnings[@]}"
@@ -552,4 +797,4 @@ echo "machine: $(nproc) CPUs, ${cpu:-unknown CPU}, Linux $(uname -r); wrk, Caddy
 echo "load average (1/5/15 min) before: $load_before, after: $load_after (other work on the machine adds noise)"
 echo "versions: $(redis-server --version | awk '{ print $1, $2, $3 }'), $(wrk --version 2>&1 | awk 'NR == 1 { print $1, $2 }'), module at $commit"
 echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
-echo "command: BENCH_ROUNDS=$rounds BENCH_DURATION=$duration BENCH_WARMUP=$warmup BENCH_THREADS=$threads BENCH_CONNECTIONS=$connections make bench"
+echo "command: BENCH_ROUNDS=$rounds BENCH_DURATION=$duration BENCH_WARMUP=$warmup BENCH_THREADS=$threads BENCH_CONNECTIONS=$connections make bench${ANCHOR_SRC:+ ANCHOR_SRC=$ANCHOR_SRC}"
