@@ -505,7 +505,7 @@ pinned_label() {
 
 # --- allocations per allowed request: the Go benchmarks ----------------------------------------
 
-alloc_benchmarks_re='ServeHTTPAllowed1Zone$|ServeHTTPAllowed1ZoneParallel$|ServeHTTPAllowed3Zones$'
+alloc_benchmarks_re='ServeHTTPAllowed1Zone$|ServeHTTPAllowed1ZoneParallel$|ServeHTTPAllowed3Zones$|ServeHTTPAllowed3ZonesParallel$'
 alloc_benchmarks_names=(ServeHTTPAllowed1Zone ServeHTTPAllowed1ZoneParallel ServeHTTPAllowed3Zones)
 alloc_skip=""
 
