@@ -114,6 +114,7 @@
 
 local EPSILON = 1e-9 -- float slack, so that refill arithmetic never loses a whole token
 local HOLD_MAX = 5000000 -- µs a hold may wait for settle.lua before it counts as a charge
+local max, min, ceil, floor, sformat, byte = math.max, math.min, math.ceil, math.floor, string.format, string.byte
 
 local now
 if ARGV[1] == '' then
@@ -134,25 +135,36 @@ local MAX_US = 9007199254740992
 -- figure, so that a float too large for a 1µs step to change it still ends; at most MAX_US.
 local function wait(tokens, want, rate)
   if tokens + EPSILON >= want then return 0 end
-  local us = math.ceil((want - tokens) * 1000000 / rate)
+  local us = ceil((want - tokens) * 1000000 / rate)
   for _ = 1, 64 do
     if us >= MAX_US or tokens + us * rate / 1000000 + EPSILON >= want then break end
-    us = us + math.max(1, math.ceil(us * 2.2e-16))
+    us = us + max(1, ceil(us * 2.2e-16))
   end
-  return math.min(us, MAX_US)
+  if us > MAX_US then return MAX_US end
+  return us
 end
 
 -- A TTL in ms, as the integer string PEXPIRE and SET PX take (at least 1, at most MAX_US).
+local MS = {} -- per batch: each TTL's text, formatted once
 local function ms(x)
-  return string.format('%d', math.min(math.max(1, math.ceil(x)), MAX_US))
+  x = ceil(x)
+  if not (x >= 1) then x = 1 elseif x > MAX_US then x = MAX_US end -- NaN: 1
+  local s = MS[x]
+  if not s then s = string.format('%d', x); MS[x] = s end
+  return s
 end
 
 -- A float as stored (u; t with plus): '%.17g', which every script version reads back exactly;
--- a nonzero integer (the same text) by the much cheaper '%d'.
+-- a nonzero integer (the same text) by the much cheaper '%d', once per batch.
+local INT, PLUS = {}, {}
 local function g17(x, plus)
-  local int = x % 1 == 0 and x ~= 0 and x > -MAX_US and x < MAX_US
-  if plus then return string.format(int and '+%d' or '+%.17g', x) end
-  return string.format(int and '%d' or '%.17g', x)
+  if x % 1 == 0 and x ~= 0 and x > -MAX_US and x < MAX_US then
+    local memo = plus and PLUS or INT
+    local s = memo[x]
+    if not s then s = string.format(plus and '+%d' or '%d', x); memo[x] = s end
+    return s
+  end
+  return string.format(plus and '+%.17g' or '%.17g', x)
 end
 
 -- A fixed window's start as stored with its count: seconds since the Unix epoch, with the µs
@@ -443,7 +455,6 @@ end
 -- written by this script version (t with its '+'). It leaves the same state and appends the
 -- same reply (at out[o + 1 ..]) as decide would, and returns the new length of out; or false,
 -- having written nothing, when the decision is not such a case (decide then runs it).
-local max, min, ceil, floor, sformat, byte = math.max, math.min, math.ceil, math.floor, string.format, string.byte
 local call = redis.call
 local NOW = sformat('%d', now) -- ts as decide writes it when the bucket drained until now
 local NUM = {} -- tonumber of the batch's arguments, each string converted once
