@@ -22,7 +22,7 @@ const holdMaxDefault = 5_000_000 // µs
 func holdArg(reqs []Request, cluster bool) string {
 	own := false
 	for _, r := range reqs {
-		own = own || r.Hold > 0
+		own = own || r.Hold > 0 || r.ask > 0
 	}
 	switch {
 	case !own && cluster:
@@ -39,6 +39,8 @@ func holdArg(reqs []Request, cluster bool) string {
 		switch {
 		case r.Hold > 0:
 			us = max(r.Hold.Microseconds(), 1)
+		case r.ask > 0:
+			us = leaseHold(r.Zone) // a grant: held until it is returned
 		case cluster:
 			us = holdMaxDefault
 		}

@@ -61,6 +61,10 @@ type Request struct {
 	// records it (in the key `<state key>:<nonce>`) for the settlement. A hold not settled
 	// within Hold counts as charged. 0: charged now.
 	Hold time.Duration
+
+	// ask, when > 0, asks decide.lua for a grant of about that many tokens (a lease zone's hot
+	// client: allowLeased), sent as the cost "<cost>,<ask>".
+	ask int64
 }
 
 // maxWait is how long r may be held: its zone's MaxWait (token bucket only), unless NoWait.
@@ -158,6 +162,10 @@ type Options struct {
 	// call per slot, all sent in one pipeline, and the slots that admitted are released when
 	// another denied (see Allow).
 	Cluster bool
+	// Leases enables the leases of the zones that have one (Zone.Lease): without it they are
+	// decided exactly. LeaseMetrics, when set, receives their events.
+	Leases       bool
+	LeaseMetrics LeaseMetrics
 	// PipelineFor, when set, chooses the Pipeline of each decision whose keys are all in one
 	// hash slot, by its first key; a nil result means Pipeline. On Redis Cluster it gives each
 	// node a pipeline of its own, so that a stalled node holds up only its own decisions (a
@@ -176,6 +184,7 @@ type Limiter struct {
 	instance string                        // random per Limiter, so sliding window members of instances differ
 	calls    atomic.Uint64                 // per-call part of the nonce
 	resets   atomic.Pointer[ResetListener] // set by ResetListener.Add
+	leases   *leaseTable                   // nil: Options.Leases off
 
 	batchFor func(ctx context.Context, key string) *Pipeline // Options.PipelineFor
 }
@@ -189,6 +198,9 @@ func New(rdb Client, opts Options) *Limiter {
 		l.denials = newDenyCache(opts.DenyCacheKeys, opts.DenyCacheMaxAge)
 	}
 	l.batch, l.batchFor = opts.Pipeline, opts.PipelineFor
+	if opts.Leases {
+		l.leases = newLeaseTable(opts.LeaseMetrics)
+	}
 	return l
 }
 
@@ -226,11 +238,17 @@ func (l *Limiter) Denied(reqs []Request) (Decision, bool) {
 //
 // The clock of a remembered denial starts when the call is sent, not when its reply arrives.
 //
+// A request with a lease zone (Zone.Lease, with Options.Leases) is decided by allowLeased: its
+// zones with a grant in hand are charged from it, with no Redis call for them.
+//
 // The error wraps the Redis or network error (context.DeadlineExceeded when ctx expires first),
 // or ErrBadResponse when the reply has the wrong shape. The Decision is then the zero value.
 func (l *Limiter) Allow(ctx context.Context, reqs []Request) (Decision, error) {
 	if len(reqs) == 0 {
 		return Decision{Allowed: true, Zone: -1}, nil
+	}
+	if l.leases != nil && leasing(reqs) {
+		return l.allowLeased(ctx, reqs)
 	}
 	sent := l.clock()
 	keys := make([]string, len(reqs))
@@ -254,11 +272,8 @@ func (l *Limiter) Allow(ctx context.Context, reqs []Request) (Decision, error) {
 	if err != nil {
 		return Decision{}, err
 	}
-	if !allowed && l.denials != nil {
-		l.denials.record(reqs, zones, sent)
-		if rl := l.resets.Load(); rl != nil {
-			rl.listen() // a cached denial to forget on a reset: from now on, listen
-		}
+	if !allowed {
+		l.remember(reqs, zones, sent)
 	}
 	if held != nil {
 		held.sent = sent
@@ -266,6 +281,18 @@ func (l *Limiter) Allow(ctx context.Context, reqs []Request) (Decision, error) {
 	d := pick(reqs, allowed, zones)
 	d.Err, d.Held = slotErr, held
 	return d, nil
+}
+
+// remember records in the deny cache, when it is on, the denial of reqs (zones from the reply
+// to the call sent at sent).
+func (l *Limiter) remember(reqs []Request, zones []zoneReply, sent time.Time) {
+	if l.denials == nil {
+		return
+	}
+	l.denials.record(reqs, zones, sent)
+	if rl := l.resets.Load(); rl != nil {
+		rl.listen() // a cached denial to forget on a reset: from now on, listen
+	}
 }
 
 // allowOne decides reqs, whose keys are all in one hash slot or on one server, with one call of
@@ -347,7 +374,11 @@ func (l *Limiter) scriptArgs(reqs []Request, hold bool, ref time.Time) []any {
 				// go-redis formats a float64 argument so ('f', -1): the same number either way.
 				rate = strconv.FormatFloat(r.Zone.RefillRate, 'f', -1, 64) + "," + strconv.FormatInt(w.Microseconds(), 10)
 			}
-			args = append(args, "tb", r.Zone.Capacity, rate, cost)
+			var c any = cost
+			if r.ask > 0 {
+				c = strconv.FormatInt(cost, 10) + "," + strconv.FormatInt(r.ask, 10) // a grant: see leaseTable.plan
+			}
+			args = append(args, "tb", r.Zone.Capacity, rate, c)
 		}
 	}
 	return args
@@ -378,51 +409,74 @@ type zoneReply struct {
 	remaining int64
 	// retryAfter is, when allowed, the delay: how long to hold the request (0 but with MaxWait).
 	retryAfter, reset, next int64 // µs
+	// granted is the tokens a grant took (a zone that asked one: Request.ask), its cost included.
+	granted int64
 }
 
-// replyWidth is the number of integers per zone in decide.lua's reply.
+// replyWidth is the number of integers per zone in decide.lua's reply; a zone that asked for a
+// grant has one more: the tokens granted.
 const replyWidth = 5
 
+// width is the number of integers of r's zone in decide.lua's reply.
+func (r *Request) width() int {
+	if r.ask > 0 {
+		return replyWidth + 1
+	}
+	return replyWidth
+}
+
 // decodeReply checks and decodes the script's reply for reqs: an array of 1 + 5n integers (n
-// zones), the first 0 or 1, then per zone allowed (0 or 1), remaining, retry after (µs; when the
-// zone admits the request, its delay), reset (µs) and next (µs), none negative, and no delay
-// longer than the zone may hold the request (maxWait: none without MaxWait). Any other shape,
-// type or value is an error wrapping ErrBadResponse: a request is never held past its MaxWait,
-// whatever Redis replies.
+// zones, and one more per zone that asked for a grant), the first 0 or 1, then per zone allowed
+// (0 or 1), remaining, retry after (µs; when the zone admits the request, its delay), reset (µs)
+// and next (µs), and for a zone that asked for a grant the tokens granted, none negative, and no
+// delay longer than the zone may hold the request (maxWait: none without MaxWait). Any other
+// shape, type or value is an error wrapping ErrBadResponse: a request is never held past its
+// MaxWait, whatever Redis replies.
 func decodeReply(reply any, reqs []Request) (bool, []zoneReply, error) {
-	n := len(reqs)
 	arr, ok := reply.([]any)
 	if !ok {
 		return false, nil, fmt.Errorf("%w: got %T, want an array", ErrBadResponse, reply)
 	}
-	if len(arr) != 1+replyWidth*n {
-		return false, nil, fmt.Errorf("%w: got %d values, want %d", ErrBadResponse, len(arr), 1+replyWidth*n)
+	want := 1
+	for i := range reqs {
+		want += reqs[i].width()
 	}
-	var ints [1 + replyWidth]int64 // the decision's allowed, then one zone's values at a time
-	zones := make([]zoneReply, n)
-	for i, v := range arr {
-		x, ok := v.(int64)
-		if !ok {
-			return false, nil, fmt.Errorf("%w: value %d is %T, want an integer", ErrBadResponse, i, v)
-		}
-		if x < 0 || ((i == 0 || i%replyWidth == 1) && x > 1) {
-			return false, nil, fmt.Errorf("%w: value %d is %d, out of range", ErrBadResponse, i, x)
-		}
-		if i == 0 {
-			ints[0] = x
-			continue
-		}
-		ints[1+(i-1)%replyWidth] = x
-		if (i-1)%replyWidth == replyWidth-1 {
-			z := (i - 1) / replyWidth
-			zones[z] = zoneReply{allowed: ints[1] == 1, remaining: ints[2], retryAfter: ints[3], reset: ints[4], next: ints[5]}
-			if zones[z].allowed && zones[z].retryAfter > reqs[z].maxWait().Microseconds() {
-				return false, nil, fmt.Errorf("%w: zone %d admits with a delay of %dµs, beyond its max_wait of %v",
-					ErrBadResponse, z, zones[z].retryAfter, reqs[z].maxWait())
+	if len(arr) != want {
+		return false, nil, fmt.Errorf("%w: got %d values, want %d", ErrBadResponse, len(arr), want)
+	}
+	first, err := replyInt(arr, 0, true)
+	if err != nil {
+		return false, nil, err
+	}
+	zones := make([]zoneReply, len(reqs))
+	off := 1
+	for z := range reqs {
+		var v [replyWidth + 1]int64 // one zone's values
+		for k := range reqs[z].width() {
+			if v[k], err = replyInt(arr, off+k, k == 0); err != nil {
+				return false, nil, err
 			}
 		}
+		off += reqs[z].width()
+		zones[z] = zoneReply{allowed: v[0] == 1, remaining: v[1], retryAfter: v[2], reset: v[3], next: v[4], granted: v[5]}
+		if zones[z].allowed && zones[z].retryAfter > reqs[z].maxWait().Microseconds() {
+			return false, nil, fmt.Errorf("%w: zone %d admits with a delay of %dµs, beyond its max_wait of %v",
+				ErrBadResponse, z, zones[z].retryAfter, reqs[z].maxWait())
+		}
 	}
-	return ints[0] == 1, zones, nil
+	return first == 1, zones, nil
+}
+
+// replyInt returns arr[i], which must be an integer >= 0, and at most 1 when flag.
+func replyInt(arr []any, i int, flag bool) (int64, error) {
+	x, ok := arr[i].(int64)
+	if !ok {
+		return 0, fmt.Errorf("%w: value %d is %T, want an integer", ErrBadResponse, i, arr[i])
+	}
+	if x < 0 || (flag && x > 1) {
+		return 0, fmt.Errorf("%w: value %d is %d, out of range", ErrBadResponse, i, x)
+	}
+	return x, nil
 }
 
 // pick makes the Decision from each zone's outcome, choosing the deciding zone (decidingZone),

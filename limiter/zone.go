@@ -154,6 +154,10 @@ type Zone struct {
 	// request that would have to wait longer is denied as without MaxWait, charging nothing. 0:
 	// never hold, deny at once.
 	MaxWait time.Duration
+	// Lease, when set (token bucket only, without MaxWait), leases the zone's tokens to the
+	// instance in grants that it spends in process (see Lease). nil: every request decided in
+	// Redis.
+	Lease *Lease
 }
 
 // MaxCostOrQuota is the largest cost a request may take: MaxCost, or the quota when it is 0.
@@ -229,7 +233,7 @@ func (z *Zone) Validate() error {
 	if z.MaxCost < 0 || z.MaxCost > z.Quota() {
 		return fmt.Errorf("zone %s: max_cost %d must be between 1 and the zone's quota %d", z.Name, z.MaxCost, z.Quota())
 	}
-	return nil
+	return z.validateLease()
 }
 
 // errMaxWaitWindowed is why a zone of window algorithm a cannot have a max_wait: a window gives

@@ -89,7 +89,8 @@
 --              longest the request may be held (µs, integer > 0); sw, sc: window (µs, integer > 0);
 --              fw: "b0,b1,b2,b3" (µs): the windows [b0,b1), [b1,b2), [b2,b3) around the
 --              instance's clock, of which the one holding now is used
---   cost       tokens or window slots this request takes (integer >= 1)
+--   cost       tokens or window slots this request takes (integer >= 1); tb: or "<cost>,<ask>"
+--              to ask for a lease's grant of about ask tokens (see Leases below)
 --
 -- Reply: an array of integers, per decision in order: { allowed, then per zone i: allowed_i,
 -- remaining_i, retry_after_i, reset_i, next_i } (1 + 5n integers for a decision of n zones),
@@ -106,6 +107,15 @@
 --                  next token, the oldest window entry leaving, the fixed window's end, the
 --                  counter's estimate falling by one); 0 when it is full; 1 when
 --                  only holds deny the request (a release may come at any moment)
+--
+-- Leases (token bucket): a zone whose cost is "<cost>,<ask>" (ask >= cost) asks for a grant.
+-- When it admits the request, it charges a hold of g tokens instead of cost (its hold time is
+-- the zone's, in the hold argument), g = lease_grant(tokens, cost, ask): never more than ask,
+-- never more than half the tokens the bucket holds, never less than cost. So near the limit
+-- grants shrink to one request's cost, and a denial is decided on Redis's count exactly as
+-- without leases. The zone's reply has a sixth integer: g (0 when denied), and its remaining is
+-- what is left once g is taken. settle.lua "amount" later commits what the instance spent of g
+-- and gives back the rest.
 --
 -- Expiry: every admitting write sets a TTL (a bucket expires when u has drained to 0, a window
 -- when its newest entry leaves it); a denial lengthens a TTL that the parameters in force need
@@ -175,6 +185,12 @@ local function window_mark(start)
   return string.format('%.6f', start / 1000000)
 end
 
+-- lease_grant is the size of a lease's grant (see Leases above) for a bucket holding tokens >=
+-- cost.
+local function lease_grant(tokens, cost, ask)
+  return math.max(cost, math.min(ask, math.floor(tokens / 2 + EPSILON)))
+end
+
 -- decide runs one decision: n zones, whose state keys are KEYS[kbase + 1 .. kbase + n] (their
 -- record keys following) and whose arguments start at ARGV[abase]. It returns the decision's
 -- reply (see above) and the number of keys it took.
@@ -205,6 +221,12 @@ local function decide(nonce, hold, n, kbase, abase)
     local quota = tonumber(ARGV[base + 1])
     local rate = tonumber(ARGV[base + 2])
     local cost = tonumber(ARGV[base + 3])
+    local ask -- a lease's grant asked (see Leases above); nil: none
+    if cost == nil then
+      local c, a = string.match(ARGV[base + 3], '^(%d+),(%d+)$')
+      cost, ask = tonumber(c), tonumber(a)
+    end
+    local granted = 0
     local ok, remaining, retry, reset, nxt
 
     if algo == 'tb' then
@@ -254,8 +276,10 @@ local function decide(nonce, hold, n, kbase, abase)
       if delay == 0 or (delay <= max_wait and cost <= quota) then
         ok = true
         retry = delay
-        tokens = tokens - cost
-        writes[#writes + 1] = { 'tb', key, used, ts, quota, rate, cost, held, holds, holdmax[i], hwait }
+        granted = cost
+        if ask and delay == 0 then granted = lease_grant(tokens, cost, ask) end
+        tokens = tokens - granted
+        writes[#writes + 1] = { 'tb', key, used, ts, quota, rate, granted, held, holds, holdmax[i], hwait }
       else
         ok = false
         retry = delay
@@ -375,6 +399,7 @@ local function decide(nonce, hold, n, kbase, abase)
     reply[#reply + 1] = retry
     reply[#reply + 1] = reset
     reply[#reply + 1] = nxt
+    if ask then reply[#reply + 1] = ok and granted or 0 end
   end
 
   local nkeys = r - kbase - 1

@@ -1,0 +1,378 @@
+package limiter_test
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/limiter"
+)
+
+// leaseZone is a token bucket zone of capacity tokens that refills 1 token an hour (nothing,
+// over a test), leasing up to max tokens per grant for ttl.
+func leaseZone(capacity, max int64, ttl time.Duration) *limiter.Zone {
+	return &limiter.Zone{Name: "api", Algorithm: limiter.TokenBucket, Capacity: capacity, RefillRate: 1.0 / 3600,
+		Lease: &limiter.Lease{Max: max, TTL: ttl}}
+}
+
+// leaseInstance is one instance's limiter against srv: a client and pipeline of its own, as a
+// Caddy process has.
+func leaseInstance(t *testing.T, srv *redistest.Server, timeout time.Duration) *limiter.Limiter {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1, ContextTimeoutEnabled: true,
+		ReadTimeout: timeout, WriteTimeout: timeout, DialTimeout: timeout})
+	t.Cleanup(func() { _ = c.Close() })
+	p := limiter.NewPipeline(c, 1)
+	t.Cleanup(p.Close)
+	l := limiter.New(c, limiter.Options{KeyPrefix: "rl:", Pipeline: p, Leases: true})
+	t.Cleanup(func() { _ = l.ReturnLeases(context.Background()) })
+	return l
+}
+
+// decideOne is the handler's way: from a grant in hand, else Allow. It reports whether the
+// request was admitted, and whether from a grant.
+func decideOne(ctx context.Context, l *limiter.Limiter, z *limiter.Zone, key string) (allowed, local bool, err error) {
+	reqs := []limiter.Request{{Zone: z, Key: key, Cost: 1}}
+	if d, ok := l.Leased(reqs); ok {
+		return d.Allowed, true, nil
+	}
+	d, err := l.Allow(ctx, reqs)
+	return d.Allowed, false, err
+}
+
+// burst sends n concurrent requests of key to each limiter, and returns how many were admitted.
+func burst(t *testing.T, ls []*limiter.Limiter, z *limiter.Zone, key string, n int) int64 {
+	t.Helper()
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	for _, l := range ls {
+		for range n {
+			wg.Go(func() {
+				ok, _, err := decideOne(context.Background(), l, z, key)
+				if err != nil {
+					t.Errorf("decision: %v", err)
+				}
+				if ok {
+					admitted.Add(1)
+				}
+			})
+		}
+	}
+	wg.Wait()
+	return admitted.Load()
+}
+
+// bucketSettled waits until the client's bucket holds no hold (every grant returned, or
+// committed), and returns its whole tokens left.
+func bucketSettled(t *testing.T, srv *redistest.Server, z *limiter.Zone, key string) int64 {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if srv.Do("HEXISTS", limiter.StateKey("rl:", z, key), "h").(int64) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the bucket still has holds: %v", srv.Do("HGETALL", limiter.StateKey("rl:", z, key)))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	st, err := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:"}).State(context.Background(), z, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st.Remaining
+}
+
+// TestLeaseBurstThreeInstances is issue 32's: three instances, one client, capacity 300, no
+// refill to speak of, lease { max 50 ttl 1s }. A burst of 1,200 concurrent requests admits at
+// most 300; once its grants have ended and been returned, the next bursts admit the rest:
+// exactly 300 in all, and every unit not admitted is back in Redis.
+func TestLeaseBurstThreeInstances(t *testing.T) {
+	srv := redistest.Start(t)
+	z := leaseZone(300, 50, time.Second)
+	ls := []*limiter.Limiter{leaseInstance(t, srv, time.Second), leaseInstance(t, srv, time.Second), leaseInstance(t, srv, time.Second)}
+	total := burst(t, ls, z, "alice", 400)
+	if total > 300 {
+		t.Fatalf("the first burst admitted %d, more than the capacity of 300", total)
+	}
+	// Returned after their TTL: what was not admitted is in Redis again.
+	if left := bucketSettled(t, srv, z, "alice"); total+left != 300 {
+		t.Fatalf("after the first burst: %d admitted and %d left in Redis, want 300 in all", total, left)
+	}
+	t.Logf("first burst: %d admitted", total)
+	for i := 2; total < 300 && i <= 4; i++ {
+		n := burst(t, ls, z, "alice", 400)
+		total += n
+		left := bucketSettled(t, srv, z, "alice")
+		t.Logf("burst %d: %d admitted, %d left", i, n, left)
+		if total+left != 300 {
+			t.Fatalf("after burst %d: %d admitted and %d left in Redis, want 300 in all", i, total, left)
+		}
+	}
+	if total != 300 {
+		t.Fatalf("admitted %d in all, want exactly 300", total)
+	}
+	if n := burst(t, ls, z, "alice", 100); n != 0 {
+		t.Fatalf("a burst on an empty bucket admitted %d", n)
+	}
+}
+
+// leaseCounts records a Limiter's lease events.
+type leaseCounts struct {
+	mu                        sync.Mutex
+	grants                    []int64
+	local, returned, stranded atomic.Int64
+}
+
+func (c *leaseCounts) Granted(_ string, units int64) {
+	c.mu.Lock()
+	c.grants = append(c.grants, units)
+	c.mu.Unlock()
+}
+func (c *leaseCounts) Local(string)                   { c.local.Add(1) }
+func (c *leaseCounts) Returned(_ string, units int64) { c.returned.Add(units) }
+func (c *leaseCounts) Stranded(_ string, d int64)     { c.stranded.Add(d) }
+
+// countedInstance is leaseInstance with its lease events recorded.
+func countedInstance(t *testing.T, srv *redistest.Server) (*limiter.Limiter, *leaseCounts, *redis.Client) {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1, ContextTimeoutEnabled: true,
+		ReadTimeout: 200 * time.Millisecond, WriteTimeout: 200 * time.Millisecond, DialTimeout: 200 * time.Millisecond})
+	t.Cleanup(func() { _ = c.Close() })
+	p := limiter.NewPipeline(c, 1)
+	t.Cleanup(p.Close)
+	counts := new(leaseCounts)
+	l := limiter.New(c, limiter.Options{KeyPrefix: "rl:", Pipeline: p, Leases: true, LeaseMetrics: counts})
+	t.Cleanup(func() { _ = l.ReturnLeases(context.Background()) })
+	return l, counts, c
+}
+
+// drain sends requests of key to l one at a time until one is denied (or fails), and returns
+// how many were admitted and how many of those from a grant.
+func drain(t *testing.T, l *limiter.Limiter, z *limiter.Zone, key string) (admitted, local int) {
+	t.Helper()
+	for {
+		ok, fromGrant, err := decideOne(context.Background(), l, z, key)
+		if err != nil {
+			t.Fatalf("decision: %v", err)
+		}
+		if !ok {
+			if fromGrant {
+				t.Fatal("a grant denied a request: denials are Redis's")
+			}
+			return admitted, local
+		}
+		admitted++
+		if fromGrant {
+			local++
+		}
+	}
+}
+
+// TestLeaseGrantsShrinkNearTheLimit: one hot instance draining a bucket of 10 with grants of up
+// to 50 is granted at most half of what Redis has left each time (one request's cost when that
+// is less), admits exactly 10, and its denial comes from Redis's count (Allow, remaining 0), not
+// from a grant.
+func TestLeaseGrantsShrinkNearTheLimit(t *testing.T) {
+	srv := redistest.Start(t)
+	z := leaseZone(10, 50, 10*time.Second)
+	l, counts, _ := countedInstance(t, srv)
+	admitted, local := drain(t, l, z, "alice")
+	if admitted != 10 || local == 0 {
+		t.Fatalf("admitted %d (%d from grants), want exactly 10, some from grants", admitted, local)
+	}
+	d, err := l.Allow(context.Background(), []limiter.Request{{Zone: z, Key: "alice", Cost: 1}})
+	if err != nil || d.Allowed || d.Cached || d.Remaining != 0 {
+		t.Fatalf("Allow on the drained bucket: %+v, %v; want Redis's denial with 0 remaining", d, err)
+	}
+	left := int64(10)
+	counts.mu.Lock()
+	defer counts.mu.Unlock()
+	for _, g := range counts.grants {
+		// A grant is asked after the exact requests that showed the rate: left is at most what
+		// Redis had when it granted.
+		if g > max(1, left/2) {
+			t.Errorf("grants %v: %d granted with at most %d left in Redis, more than half", counts.grants, g, left)
+		}
+		left -= g
+	}
+	if len(counts.grants) < 3 {
+		t.Errorf("grants %v: want them to shrink over at least 3 grants", counts.grants)
+	}
+}
+
+// TestLeaseDenialIsRedisCount: another instance's grant holds tokens in Redis, so a second
+// instance is denied when Redis's count (grants included) has no room, and never before; once
+// the grant ends, its unspent tokens are returned, and the second instance gets exactly them.
+func TestLeaseDenialIsRedisCount(t *testing.T) {
+	srv := redistest.Start(t)
+	z := leaseZone(40, 8, 500*time.Millisecond)
+	a, ca, _ := countedInstance(t, srv)
+	b, _, _ := countedInstance(t, srv)
+	for range 3 { // a hot client on a: it is granted tokens it will not spend
+		if ok, _, err := decideOne(context.Background(), a, z, "alice"); !ok || err != nil {
+			t.Fatalf("a: %v, %v", ok, err)
+		}
+	}
+	ca.mu.Lock()
+	granted := append([]int64(nil), ca.grants...)
+	ca.mu.Unlock()
+	if len(granted) == 0 {
+		t.Fatal("a hot client was granted nothing")
+	}
+	held := ca.stranded.Load() // a's grant, unspent
+	nb, _ := drain(t, b, z, "alice")
+	if int64(nb) != 40-3-held {
+		t.Fatalf("b admitted %d with %d held by a's grant: want %d, Redis's count exactly", nb, held, 40-3-held)
+	}
+	// a's grant ends and is returned: b gets exactly what a did not spend.
+	if left := bucketSettled(t, srv, z, "alice"); left != held {
+		t.Fatalf("after a's grant ended, %d left in Redis, want its %d unspent tokens", left, held)
+	}
+	if ca.returned.Load() != held {
+		t.Fatalf("returned_units %d, want %d", ca.returned.Load(), held)
+	}
+	nb2, _ := drain(t, b, z, "alice")
+	if int64(nb2) != held {
+		t.Fatalf("b admitted %d more, want the %d returned", nb2, held)
+	}
+}
+
+// TestLeaseReturnLeases: retiring a Limiter (a reload's Cleanup) gives its grants' unspent
+// tokens back to Redis at once, not after their TTL.
+func TestLeaseReturnLeases(t *testing.T) {
+	srv := redistest.Start(t)
+	z := leaseZone(100, 50, time.Minute)
+	a, ca, _ := countedInstance(t, srv)
+	for range 5 {
+		if ok, _, err := decideOne(context.Background(), a, z, "alice"); !ok || err != nil {
+			t.Fatalf("a: %v, %v", ok, err)
+		}
+	}
+	if ca.stranded.Load() == 0 {
+		t.Fatal("no grant in hand")
+	}
+	if err := a.ReturnLeases(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	key := limiter.StateKey("rl:", z, "alice")
+	if h := srv.Do("HGET", key, "h"); h != nil {
+		t.Fatalf("holds left after ReturnLeases: %v", srv.Do("HGETALL", key))
+	}
+	st, err := a.State(context.Background(), z, "alice")
+	if err != nil || st.Remaining != 95 {
+		t.Fatalf("after ReturnLeases: %d left (%v), want 95: only the 5 admitted spent", st.Remaining, err)
+	}
+	if ok, fromGrant, err := decideOne(context.Background(), a, z, "alice"); !ok || fromGrant || err != nil {
+		t.Fatalf("a retired Limiter: %v from a grant %v, %v; want decided in Redis", ok, fromGrant, err)
+	}
+}
+
+// TestLeaseResetDropsGrants: an admin reset on one instance makes the others drop their grants
+// of the key (the reset broadcast): the client then gets the capacity once, never a grant from
+// before the reset on top of it.
+func TestLeaseResetDropsGrants(t *testing.T) {
+	srv := redistest.Start(t)
+	z := leaseZone(30, 10, time.Minute)
+	a, ca, ac := countedInstance(t, srv)
+	b, _, _ := countedInstance(t, srv)
+	rl := limiter.NewResetListener(ac)
+	t.Cleanup(func() { _ = rl.Close() })
+	rl.Add(a)
+	for range 4 {
+		if ok, _, err := decideOne(context.Background(), a, z, "alice"); !ok || err != nil {
+			t.Fatalf("a: %v, %v", ok, err)
+		}
+	}
+	if ca.stranded.Load() == 0 {
+		t.Fatal("no grant in hand")
+	}
+	// The subscription is made in the background: reset until a hears it.
+	deadline := time.Now().Add(5 * time.Second)
+	for ca.stranded.Load() != 0 {
+		if _, err := b.Reset(context.Background(), z, "alice"); err != nil {
+			t.Fatal(err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("a kept its grant after the reset")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	na, _ := drain(t, a, z, "alice")
+	nb, _ := drain(t, b, z, "alice")
+	if na+nb > 30 {
+		t.Fatalf("after the reset a admitted %d and b %d: more than the capacity of 30", na, nb)
+	}
+	if left := bucketSettled(t, srv, z, "alice"); int64(na+nb)+left != 30 {
+		t.Fatalf("after the reset: %d admitted, %d left: want 30 in all", na+nb, left)
+	}
+}
+
+// TestLeaseRedisStalled: while Redis is stopped (SIGSTOP), a grant in hand is spent until it
+// ends, and not beyond: then the decision fails (and the handler's fail_mode applies). After
+// a restart that lost Redis's state, the client is admitted at most the capacity plus the grant
+// in hand (the bound of a state loss: N × max per key).
+func TestLeaseRedisStalled(t *testing.T) {
+	srv := redistest.Start(t)
+	z := leaseZone(1000, 20, 2*time.Second)
+	a, ca, _ := countedInstance(t, srv)
+	spent := 0
+	for ca.stranded.Load() < 10 {
+		if ok, _, err := decideOne(context.Background(), a, z, "alice"); !ok || err != nil {
+			t.Fatalf("a: %v, %v", ok, err)
+		}
+		if spent++; spent > 100 {
+			t.Fatal("no grant with 10 tokens left")
+		}
+	}
+	inHand := ca.stranded.Load()
+	srv.Pause()
+	local, failed := int64(0), false
+	for !failed {
+		ok, fromGrant, err := decideOne(context.Background(), a, z, "alice")
+		switch {
+		case err != nil:
+			failed = true
+		case !ok || !fromGrant:
+			t.Fatalf("with Redis stopped: admitted %v from a grant %v", ok, fromGrant)
+		default:
+			local++
+		}
+	}
+	srv.Resume()
+	if local != inHand {
+		t.Fatalf("with Redis stopped, %d admitted from the grant, want its %d tokens, then failures", local, inHand)
+	}
+	// A restart loses the state while a new grant is in hand.
+	for ca.stranded.Load() < 10 {
+		if ok, _, err := decideOne(context.Background(), a, z, "alice"); err != nil {
+			t.Logf("after resume: %v", err) // a connection broken by the stall
+		} else if !ok {
+			t.Fatal("denied")
+		}
+	}
+	inHand = ca.stranded.Load()
+	srv.Restart()
+	after := int64(0)
+	for {
+		ok, _, err := decideOne(context.Background(), a, z, "alice")
+		if err != nil {
+			continue // the restart broke the pool's connections: go-redis dials again
+		}
+		if !ok {
+			break
+		}
+		after++
+	}
+	if after > 1000+inHand {
+		t.Fatalf("after a restart that lost the state, %d admitted: more than the capacity and the %d in hand", after, inHand)
+	}
+	if after < 1000 {
+		t.Fatalf("after the restart, %d admitted, want the capacity of 1000 at least", after)
+	}
+}
