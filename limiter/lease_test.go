@@ -348,18 +348,38 @@ func TestLeaseRedisStalled(t *testing.T) {
 	if local != inHand {
 		t.Fatalf("with Redis stopped, %d admitted from the grant, want its %d tokens, then failures", local, inHand)
 	}
+	// A grant of more than it will spend: stopped, it is spent until its TTL ends, not beyond.
+	deadline := time.Now().Add(10 * time.Second)
+	for ca.stranded.Load() < 10 {
+		if ok, _, err := decideOne(context.Background(), a, z, "alice"); err == nil && !ok {
+			t.Fatal("denied")
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no new grant after Redis resumed")
+		}
+	}
+	srv.Pause()
+	if ok, fromGrant, err := decideOne(context.Background(), a, z, "alice"); !ok || !fromGrant || err != nil {
+		t.Fatalf("with Redis stopped and a grant in hand: %v from the grant %v, %v", ok, fromGrant, err)
+	}
+	time.Sleep(z.Lease.TTL) // the grant's end
+	if ok, fromGrant, err := decideOne(context.Background(), a, z, "alice"); ok || fromGrant || err == nil {
+		t.Fatalf("with Redis stopped and the grant's TTL over: %v from the grant %v, %v; want the failure", ok, fromGrant, err)
+	}
+	srv.Resume()
 	// A restart loses the state while a new grant is in hand.
 	for ca.stranded.Load() < 10 {
-		if ok, _, err := decideOne(context.Background(), a, z, "alice"); err != nil {
-			t.Logf("after resume: %v", err) // a connection broken by the stall
-		} else if !ok {
+		if ok, _, err := decideOne(context.Background(), a, z, "alice"); err == nil && !ok {
 			t.Fatal("denied")
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no new grant after Redis resumed")
 		}
 	}
 	inHand = ca.stranded.Load()
 	srv.Restart()
 	after := int64(0)
-	for {
+	for time.Now().Before(deadline.Add(10 * time.Second)) {
 		ok, _, err := decideOne(context.Background(), a, z, "alice")
 		if err != nil {
 			continue // the restart broke the pool's connections: go-redis dials again
