@@ -38,6 +38,10 @@ func (h *Handler) decide(ctx context.Context, reqs []limiter.Request) (d limiter
 	if d, ok := h.limiter.Denied(reqs); ok {
 		return d, nil
 	}
+	// Tokens granted to this instance ahead (lease): spent with no call, Redis up or not.
+	if d, ok := h.limiter.Leased(reqs); ok {
+		return d, nil
+	}
 	start := time.Now()
 	// A deadline with no timer of its own: the round trip's socket deadlines bound the decision
 	// (see limiter.WithDeadline), and a timer per request cost 3 allocations and a wake-up.

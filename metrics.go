@@ -129,7 +129,7 @@ func registerMetrics(reg prometheus.Registerer) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range append([]prometheus.Collector{metrics.backendFailures, metrics.denyCacheHits, metrics.decisions, metrics.redisDuration, metrics.emptyKeys, metrics.delays, metrics.waiting}, chargeCollectors()...) {
+	for _, c := range append([]prometheus.Collector{metrics.backendFailures, metrics.denyCacheHits, metrics.decisions, metrics.redisDuration, metrics.emptyKeys, metrics.delays, metrics.waiting}, append(chargeCollectors(), leaseCollectors()...)...) {
 		if err := reg.Register(c); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
 			return err
 		}

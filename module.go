@@ -5,6 +5,7 @@ package ratelimitredis
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -394,6 +395,11 @@ type Zone struct {
 	// (token_bucket, fixed_window and sliding_window_counter; not sliding_window). See Charge.
 	Charge *Charge `json:"charge,omitempty"`
 
+	// token_bucket: lease the tokens of this instance's hot clients from Redis in grants spent in
+	// process (see Lease). Not with max_wait, count_status or charge. Default: none, every
+	// request decided in Redis.
+	Lease *Lease `json:"lease,omitempty"`
+
 	// With count_status or charge: how long a reservation waits for its response; an
 	// unsettled one (an instance that crashed) counts as charged after it. Default: 10m.
 	HoldMax caddy.Duration `json:"hold_max,omitempty"`
@@ -526,6 +532,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.Clock == ClockLocal {
 		opts.Now = time.Now
 	}
+	if slices.ContainsFunc(h.Zones, func(z *Zone) bool { return z.Lease != nil }) {
+		opts.Leases, opts.LeaseMetrics = true, promLease{}
+	}
 	h.limiter = limiter.New(client.rdb, opts)
 	client.resets.Add(h.limiter)
 	h.events = newEvents(ctx, client.addrs)
@@ -561,6 +570,7 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger) error {
 	z.lz = limiter.Zone{
 		Name: z.Name, Algorithm: algo, Capacity: z.Capacity, RefillRate: z.RefillRate,
 		Limit: z.Limit, Window: time.Duration(z.Window), MaxCost: z.MaxCost, MaxWait: time.Duration(z.MaxWait),
+		Lease: z.Lease.limiterLease(),
 	}
 	if z.Period != "" {
 		if z.lz.Period, err = limiter.ParsePeriod(z.Period); err != nil {
@@ -662,6 +672,9 @@ func (h *Handler) Validate() error {
 			return err
 		}
 		if err := z.validateAfter(); err != nil {
+			return err
+		}
+		if err := z.validateLease(); err != nil {
 			return err
 		}
 		switch z.FailMode {
@@ -826,11 +839,16 @@ func (cfg *RedisConfig) isCluster() bool {
 	return cfg.Cluster || (cfg.Sentinel == "" && len(cfg.Addresses) > 1)
 }
 
-// Cleanup drops this handler's reference to the shared Redis client; the last one closes it.
+// Cleanup returns the unspent tokens of the handler's lease grants to Redis (within the
+// handler's timeout, or a second when that is shorter), and drops this handler's reference to
+// the shared Redis client; the last one closes it.
 func (h *Handler) Cleanup() error {
 	unregister(h)
 	if h.client != nil && h.limiter != nil {
 		h.client.resets.Remove(h.limiter)
+		ctx, cancel := context.WithTimeout(context.Background(), max(time.Duration(h.Timeout), time.Second))
+		_ = h.limiter.ReturnLeases(ctx) // a grant not returned counts as spent after its ttl and 1s
+		cancel()
 	}
 	if h.poolKey == "" {
 		return nil
