@@ -150,6 +150,22 @@ func BenchmarkServeHTTPDenyCached(b *testing.B) {
 	runServeHTTP(b, h, false, false)
 }
 
+// BenchmarkServeHTTPLeased: 10 hot clients of a lease zone far under their limit (issue 32),
+// almost every request admitted from a grant with no Redis call.
+func BenchmarkServeHTTPLeased(b *testing.B) {
+	z := allowedZone("a")
+	z.Lease = &Lease{Max: 200, TTL: caddy.Duration(250 * time.Millisecond)}
+	h := benchHandler(b, &Handler{Zones: []*Zone{z}})
+	reqs := benchRequests(10, 0)
+	w := &benchWriter{h: http.Header{}}
+	i := 0
+	b.ReportAllocs()
+	for b.Loop() {
+		serveBench(b, h, w, reqs[i%len(reqs)], true)
+		i++
+	}
+}
+
 // TestBenchRequestsResolveTheirKeys: the benchmarks' requests resolve their zone's key to their
 // own client, as in Caddy (the earlier benchmark's replacer had no HTTP placeholders: every
 // request shared the empty key's bucket).
