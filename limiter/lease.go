@@ -267,10 +267,10 @@ func (l *Limiter) Leased(reqs []Request) (Decision, bool) {
 // leasePlan is how allowLeased decides each zone of a request: from a grant in hand (local), by
 // asking Redis for a grant (asks), or exactly in Redis.
 type leasePlan struct {
-	local []*grant     // per zone: the grant its cost was taken from; nil: Redis decides it
-	zones []zoneReply  // per zone decided locally: its reply, as the grant estimates it
-	asks  []int64      // per zone: the grant asked, > 0; 0: none
-	n     int          // zones decided locally
+	local []*grant    // per zone: the grant its cost was taken from; nil: Redis decides it
+	zones []zoneReply // per zone decided locally: its reply, as the grant estimates it
+	asks  []int64     // per zone: the grant asked, > 0; 0: none
+	n     int         // zones decided locally
 }
 
 // plan takes from the grants in hand the costs of reqs' lease zones that have one, and, when
