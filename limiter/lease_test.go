@@ -2,6 +2,7 @@ package limiter_test
 
 import (
 	"context"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -394,5 +395,31 @@ func TestLeaseRedisStalled(t *testing.T) {
 	}
 	if after < 1000 {
 		t.Fatalf("after the restart, %d admitted, want the capacity of 1000 at least", after)
+	}
+}
+
+// TestLeaseRareClientsNeverLease: 10,000 clients of a lease zone sending a request each (the
+// allowed scenario's load) are decided exactly as without lease: one script call each, no grant.
+func TestLeaseRareClientsNeverLease(t *testing.T) {
+	srv := redistest.Start(t)
+	z := leaseZone(1000, 200, 250*time.Millisecond)
+	l, counts, _ := countedInstance(t, srv)
+	if _, _, err := decideOne(context.Background(), l, z, "warm-up"); err != nil { // loads the script
+		t.Fatal(err)
+	}
+	calls := srv.ScriptCalls()
+	for i := range 10_000 {
+		ok, fromGrant, err := decideOne(context.Background(), l, z, "client"+strconv.Itoa(i))
+		if !ok || fromGrant || err != nil {
+			t.Fatalf("client %d: %v from a grant %v, %v", i, ok, fromGrant, err)
+		}
+	}
+	if n := srv.ScriptCalls() - calls; n != 10_000 {
+		t.Fatalf("%d script calls for 10,000 rare clients, want one each", n)
+	}
+	counts.mu.Lock()
+	defer counts.mu.Unlock()
+	if len(counts.grants) != 0 || counts.local.Load() != 0 {
+		t.Fatalf("rare clients were granted %v and admitted %d from grants", counts.grants, counts.local.Load())
 	}
 }
