@@ -166,6 +166,14 @@ func BenchmarkServeHTTPLeased(b *testing.B) {
 	}
 }
 
+// BenchmarkServeHTTPLeaseRare: the allowed path of BenchmarkServeHTTPAllowed1Zone with a lease
+// on the zone: 10,000 clients, none hot enough for a grant (issue 32: no worse than without).
+func BenchmarkServeHTTPLeaseRare(b *testing.B) {
+	z := allowedZone("a")
+	z.Lease = &Lease{Max: 200, TTL: caddy.Duration(250 * time.Millisecond)}
+	runServeHTTP(b, benchHandler(b, &Handler{Zones: []*Zone{z}}), false, true)
+}
+
 // TestBenchRequestsResolveTheirKeys: the benchmarks' requests resolve their zone's key to their
 // own client, as in Caddy (the earlier benchmark's replacer had no HTTP placeholders: every
 // request shared the empty key's bucket).

@@ -275,9 +275,10 @@ type leasePlan struct {
 
 // plan takes from the grants in hand the costs of reqs' lease zones that have one, and, when
 // grants may be asked (mayAsk), chooses the zones that ask for one: those whose client is hot
-// enough (ask) and has no grant asked already, while the table has room. t.mu is taken.
+// enough (ask) and has no grant asked already, while the table has room. A plan with neither
+// (a rare client's) has nil slices: nothing allocated. t.mu is taken.
 func (t *leaseTable) plan(reqs []Request, now time.Time, mayAsk bool) leasePlan {
-	p := leasePlan{local: make([]*grant, len(reqs)), zones: make([]zoneReply, len(reqs)), asks: make([]int64, len(reqs))}
+	var p leasePlan
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for i := range reqs {
@@ -289,6 +290,7 @@ func (t *leaseTable) plan(reqs []Request, now time.Time, mayAsk bool) leasePlan 
 		perTTL := t.observe(k, r, now)
 		if g := t.live(k, r, now); g != nil {
 			t.spend(k, g, r.Cost)
+			p.make(len(reqs))
 			p.local[i], p.zones[i], p.n = g, g.served(r.Zone), p.n+1
 			continue
 		}
@@ -300,10 +302,18 @@ func (t *leaseTable) plan(reqs []Request, now time.Time, mayAsk bool) leasePlan 
 				t.end(k, g) // too little left, expired or of other numbers: returned
 			}
 			t.asking[k] = struct{}{}
+			p.make(len(reqs))
 			p.asks[i] = a
 		}
 	}
 	return p
+}
+
+// make gives p its slices for n zones, once.
+func (p *leasePlan) make(n int) {
+	if p.local == nil {
+		p.local, p.zones, p.asks = make([]*grant, n), make([]zoneReply, n), make([]int64, n)
+	}
 }
 
 // allowLeased is Allow for a request with a lease zone: the zones with a grant in hand are
@@ -313,11 +323,11 @@ func (t *leaseTable) plan(reqs []Request, now time.Time, mayAsk bool) leasePlan 
 // Cluster, a request whose zones are in several hash slots asks for no grant.
 func (l *Limiter) allowLeased(ctx context.Context, reqs []Request) (Decision, error) {
 	sent := l.clock()
-	keys := make([]string, len(reqs))
-	for i, r := range reqs {
-		keys[i] = StateKey(l.prefix, r.Zone, r.Key)
-	}
+	keys := stateKeys(l.prefix, reqs)
 	p := l.leases.plan(reqs, sent, l.slotGroups(keys) == nil && len(reqs) <= maxBatch)
+	if p.local == nil {
+		return l.allow(ctx, reqs, sent, keys) // no grant in hand nor asked: as without lease
+	}
 	if p.n == len(reqs) {
 		return pick(reqs, true, p.zones), nil
 	}

@@ -250,10 +250,14 @@ func (l *Limiter) Allow(ctx context.Context, reqs []Request) (Decision, error) {
 	if l.leases != nil && leasing(reqs) {
 		return l.allowLeased(ctx, reqs)
 	}
-	sent := l.clock()
-	keys := make([]string, len(reqs))
-	for i, r := range reqs {
-		keys[i] = StateKey(l.prefix, r.Zone, r.Key)
+	return l.allow(ctx, reqs, l.clock(), nil)
+}
+
+// allow is Allow's decision in Redis of reqs, sent at sent; keys are their state keys (nil:
+// computed here).
+func (l *Limiter) allow(ctx context.Context, reqs []Request, sent time.Time, keys []string) (Decision, error) {
+	if keys == nil {
+		keys = stateKeys(l.prefix, reqs)
 	}
 	var allowed bool
 	var zones []zoneReply
@@ -281,6 +285,15 @@ func (l *Limiter) Allow(ctx context.Context, reqs []Request) (Decision, error) {
 	d := pick(reqs, allowed, zones)
 	d.Err, d.Held = slotErr, held
 	return d, nil
+}
+
+// stateKeys returns the state key of each of reqs.
+func stateKeys(prefix string, reqs []Request) []string {
+	keys := make([]string, len(reqs))
+	for i, r := range reqs {
+		keys[i] = StateKey(prefix, r.Zone, r.Key)
+	}
+	return keys
 }
 
 // remember records in the deny cache, when it is on, the denial of reqs (zones from the reply
