@@ -236,28 +236,30 @@ func (l *Limiter) Leased(reqs []Request) (Decision, bool) {
 		return Decision{}, false
 	}
 	for i := range reqs {
-		if reqs[i].Zone.Lease == nil {
+		r := &reqs[i]
+		if r.Zone.Lease == nil || unsatisfiable(*r) || r.Hold > 0 || r.maxWait() > 0 {
 			return Decision{}, false
 		}
 	}
 	now := l.clock()
-	var buf [4]*grant
-	gs := buf[:0]
+	var kbuf [4]denyKey
+	var gbuf [4]*grant
+	ks, gs := kbuf[:0], gbuf[:0]
 	t.mu.Lock()
 	for i := range reqs {
-		g := t.live(keyOf(reqs[i]), &reqs[i], now)
+		k := keyOf(reqs[i])
+		g := t.live(k, &reqs[i], now)
 		if g == nil || t.closed {
 			t.mu.Unlock()
 			return Decision{}, false
 		}
-		gs = append(gs, g)
+		ks, gs = append(ks, k), append(gs, g)
 	}
 	var zbuf [4]zoneReply
 	zones := zbuf[:0]
 	for i, g := range gs {
-		k := keyOf(reqs[i])
-		t.observe(k, &reqs[i], now)
-		t.spend(k, g, reqs[i].Cost)
+		t.observe(ks[i], &reqs[i], now)
+		t.spend(ks[i], g, reqs[i].Cost)
 		zones = append(zones, g.served(reqs[i].Zone))
 	}
 	t.mu.Unlock()
