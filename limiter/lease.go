@@ -386,7 +386,13 @@ func (l *Limiter) decideLeased(ctx context.Context, reqs, sub []Request, keys []
 	if held = newHeld(reqs, ckeys, args, idx); held != nil {
 		held.sent = sent
 	}
-	l.leases.install(reqs, sub, idx, p, keys, args, zones, sent)
+	if late := l.leases.install(reqs, sub, idx, p, keys, args, zones, sent); len(late) > 0 {
+		go func() { // granted while the Limiter was being retired: its sweeper is gone
+			ctx, cancel := context.WithTimeout(context.Background(), leaseReturnMargin)
+			defer cancel()
+			_ = l.returnGrants(ctx, late)
+		}()
+	}
 	if rl := l.resets.Load(); rl != nil {
 		rl.listen() // a grant to drop on a reset: from now on, listen
 	}
@@ -411,8 +417,8 @@ func (t *leaseTable) undo(reqs []Request, p leasePlan) {
 
 // install records the grants Redis made for the zones of reqs that asked (p.asks): sub are the
 // requests sent, idx their indexes in reqs, keys and args the decide.lua call's, zones its
-// reply. A zone granted nothing more than its cost gets no grant. t.mu is taken.
-func (t *leaseTable) install(reqs, sub []Request, idx []int, p leasePlan, keys []string, args []any, zones []zoneReply, sent time.Time) {
+// reply. It returns the grants made after ReturnLeases, to be returned at once. t.mu is taken.
+func (t *leaseTable) install(reqs, sub []Request, idx []int, p leasePlan, keys []string, args []any, zones []zoneReply, sent time.Time) (late []*grant) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for j, i := range idx {
@@ -433,7 +439,8 @@ func (t *leaseTable) install(reqs, sub []Request, idx []int, p leasePlan, keys [
 		// The client's figures: Redis's remaining less this request, not less the whole grant.
 		zones[j].remaining = g.left(r.Zone.Capacity)
 		if t.closed {
-			t.ended = append(t.ended, g)
+			g.ended = true
+			late = append(late, g)
 			continue
 		}
 		t.m[k] = g
@@ -441,6 +448,7 @@ func (t *leaseTable) install(reqs, sub []Request, idx []int, p leasePlan, keys [
 			t.metrics.Stranded(k.zone, units-r.Cost)
 		}
 	}
+	return late
 }
 
 // drop forgets the grant of the client (as ClientKey gives it) in the zone named zone without
