@@ -218,8 +218,9 @@ func (g *grant) served(z *Zone) zoneReply {
 	left := g.left(z.Capacity)
 	zr := zoneReply{allowed: true, remaining: left}
 	if left < z.Capacity {
-		zr.reset = int64(float64(z.Capacity-left)/z.RefillRate*1e6) + 1
-		zr.next = min(zr.reset, int64(1e6/z.RefillRate)+1)
+		const most = 1 << 53 // µs, as decide.lua's MAX_US
+		zr.reset = int64(min(float64(z.Capacity-left)/z.RefillRate*1e6, most)) + 1
+		zr.next = min(zr.reset, int64(min(1e6/z.RefillRate, most))+1)
 	}
 	return zr
 }

@@ -423,3 +423,50 @@ func TestLeaseRareClientsNeverLease(t *testing.T) {
 		t.Fatalf("rare clients were granted %v and admitted %d from grants", counts.grants, counts.local.Load())
 	}
 }
+
+// TestLeaseOnCluster: on Redis Cluster a lease zone alone is granted and spent as on one server;
+// a request of a lease zone with a grant in hand and a zone of another hash slot stays
+// all-or-nothing: when the other zone denies, the unit taken from the grant is given back.
+func TestLeaseOnCluster(t *testing.T) {
+	cc := oneNodeCluster(t)
+	p := limiter.NewPipeline(cc, 1)
+	t.Cleanup(p.Close)
+	l := limiter.New(cc, limiter.Options{KeyPrefix: "rl:", Pipeline: p, Cluster: true, Leases: true})
+	t.Cleanup(func() { _ = l.ReturnLeases(context.Background()) })
+	z := leaseZone(50, 10, 10*time.Second)
+	admitted, local := drain(t, l, z, "alice")
+	if admitted != 50 || local == 0 {
+		t.Fatalf("one zone on a cluster: admitted %d (%d from grants), want exactly 50, some from grants", admitted, local)
+	}
+	org := &limiter.Zone{Name: "org", Algorithm: limiter.TokenBucket, Capacity: 3, RefillRate: 1.0 / 3600}
+	z2 := leaseZone(1000, 10, 10*time.Second)
+	z2.Name = "api2"
+	for range 20 { // bob is hot: a grant of 10 in hand
+		if ok, _, err := decideOne(context.Background(), l, z2, "bob"); !ok || err != nil {
+			t.Fatalf("bob: %v, %v", ok, err)
+		}
+	}
+	n := 0
+	for ; n < 100; n++ {
+		reqs := []limiter.Request{{Zone: z2, Key: "bob", Cost: 1}, {Zone: org, Key: "org1", Cost: 1}}
+		d, err := l.Allow(context.Background(), reqs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !d.Allowed {
+			break
+		}
+	}
+	if n != 3 {
+		t.Fatalf("two zones: %d admitted, want the org's 3", n)
+	}
+	// The denied request's unit taken from bob's grant was given back: returned, bob's bucket
+	// has been charged exactly the 23 admitted.
+	if err := l.ReturnLeases(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	st, err := l.State(context.Background(), z2, "bob")
+	if err != nil || st.Remaining != 1000-23 {
+		t.Fatalf("the lease zone has %d left (%v), want 977: charged only for the 23 admitted", st.Remaining, err)
+	}
+}
