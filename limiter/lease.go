@@ -51,14 +51,21 @@ const (
 // errLeaseMaxWait is why a zone with a max_wait cannot lease.
 const errLeaseMaxWait = "lease and max_wait exclude each other: a held request's turn is decided by the bucket's debt in Redis, which a grant spent in process does not see"
 
+// errLeaseAlgorithm is why a zone of algorithm a cannot lease.
+func errLeaseAlgorithm(a Algorithm) string {
+	return fmt.Sprintf("lease applies to algorithms token_bucket and fixed_window only, not %s: "+
+		"a grant of a sliding window would need entries scored ahead, and one of a sliding window counter "+
+		"would be weighed down with the window it was counted in; neither is built", a)
+}
+
 // validateLease checks z.Lease against z's algorithm and numbers.
 func (z *Zone) validateLease() error {
 	le := z.Lease
 	switch {
 	case le == nil:
 		return nil
-	case z.Algorithm != TokenBucket:
-		return fmt.Errorf("zone %s: lease applies to algorithm token_bucket only, not %s", z.Name, z.Algorithm)
+	case z.Algorithm != TokenBucket && z.Algorithm != FixedWindow:
+		return fmt.Errorf("zone %s: %s", z.Name, errLeaseAlgorithm(z.Algorithm))
 	case z.MaxWait > 0:
 		return fmt.Errorf("zone %s: %s", z.Name, errLeaseMaxWait)
 	case le.Max < 1 || le.Max > MaxCapacity:
@@ -85,13 +92,14 @@ type LeaseMetrics interface {
 // grant is the tokens one decide.lua call leased to this instance for one zone and client.
 type grant struct {
 	name      string      // the zone's
-	key       string      // the zone's state key
+	keys      []string    // settle.lua's: the zone's state key (a fixed window's record and generation keys after it)
 	nonce     string      // the hold's: "h:<nonce>"
-	zone      []any       // settle.lua's zone arguments: "tb", capacity, rate, units
+	zone      []any       // settle.lua's zone arguments: algorithm, quota, rate or bounds, units
 	n         zoneNumbers // the zone's numbers: a request under others is not served from it
 	units     int64       // granted
 	spent     int64       // spent locally, the grant request's own cost included
-	expires   time.Time   // by the Limiter's clock
+	expires   time.Time   // by the Limiter's clock; a fixed window's: at the latest its window's end
+	end       time.Time   // a fixed window's end, by the Limiter's clock; zero for a token bucket
 	remaining int64       // Redis's whole tokens left once it had granted units
 	ended     bool        // no longer spent from: returned, or to be
 }
@@ -212,12 +220,17 @@ func (t *leaseTable) giveBack(k denyKey, g *grant, cost int64) {
 	}
 }
 
-// served is the zone reply of a request admitted from g: Redis's figures at grant time less
-// what was spent since (an estimate), with reset and next as the zone's refill gives them.
-func (g *grant) served(z *Zone) zoneReply {
-	left := g.left(z.Capacity)
+// served is the zone reply of a request admitted from g at now: Redis's figures at grant time
+// less what was spent since (an estimate), with reset and next as the zone's refill gives them
+// (a token bucket), or its window's end (a fixed window).
+func (g *grant) served(z *Zone, now time.Time) zoneReply {
+	left := g.left(z.Quota())
 	zr := zoneReply{allowed: true, remaining: left}
-	if left < z.Capacity {
+	switch {
+	case !g.end.IsZero():
+		zr.reset = max(1, g.end.Sub(now).Microseconds())
+		zr.next = zr.reset
+	case left < z.Capacity:
 		const most = 1 << 53 // µs, as decide.lua's MAX_US
 		zr.reset = int64(min(float64(z.Capacity-left)/z.RefillRate*1e6, most)) + 1
 		zr.next = min(zr.reset, int64(min(1e6/z.RefillRate, most))+1)
@@ -261,7 +274,7 @@ func (l *Limiter) Leased(reqs []Request) (Decision, bool) {
 	for i, g := range gs {
 		t.observe(ks[i], &reqs[i], now)
 		t.spend(ks[i], g, reqs[i].Cost)
-		zones = append(zones, g.served(reqs[i].Zone))
+		zones = append(zones, g.served(reqs[i].Zone, now))
 	}
 	t.mu.Unlock()
 	return pick(reqs, true, zones), true
@@ -294,7 +307,7 @@ func (t *leaseTable) plan(reqs []Request, now time.Time, mayAsk bool) leasePlan 
 		if g := t.live(k, r, now); g != nil {
 			t.spend(k, g, r.Cost)
 			p.make(len(reqs))
-			p.local[i], p.zones[i], p.n = g, g.served(r.Zone), p.n+1
+			p.local[i], p.zones[i], p.n = g, g.served(r.Zone, now), p.n+1
 			continue
 		}
 		if _, ok := t.asking[k]; ok || !mayAsk || len(t.m)+len(t.asking) >= leaseKeys {
@@ -432,13 +445,9 @@ func (t *leaseTable) install(reqs, sub []Request, idx []int, p leasePlan, keys [
 		if t.metrics != nil {
 			t.metrics.Granted(k.zone, units)
 		}
-		g := &grant{
-			name: k.zone, key: keys[j], nonce: args[1].(string), units: units, spent: r.Cost, n: numbersOf(r.Zone),
-			zone:    []any{"tb", r.Zone.Capacity, r.Zone.RefillRate, units},
-			expires: sent.Add(r.Zone.Lease.TTL), remaining: zones[j].remaining,
-		}
+		g := newGrant(k.zone, r, keys[j], args, j, zones[j], sent)
 		// The client's figures: Redis's remaining less this request, not less the whole grant.
-		zones[j].remaining = g.left(r.Zone.Capacity)
+		zones[j].remaining = g.left(r.Zone.Quota())
 		if t.closed {
 			g.ended = true
 			late = append(late, g)
@@ -450,6 +459,27 @@ func (t *leaseTable) install(reqs, sub []Request, idx []int, p leasePlan, keys [
 		}
 	}
 	return late
+}
+
+// newGrant is the grant of the j-th zone of a decide.lua call with args, whose state key is key,
+// sent at sent, and zr its reply (granted). A fixed window's grant ends at the latest at its
+// window's end: the reply's reset, counted from when the call was sent (before Redis's now), so
+// that none of it is spent in the next window, whose count does not hold it.
+func newGrant(zone string, r *Request, key string, args []any, j int, zr zoneReply, sent time.Time) *grant {
+	nonce := args[1].(string)
+	g := &grant{
+		name: zone, keys: []string{key}, nonce: nonce, units: zr.granted, spent: r.Cost, n: numbersOf(r.Zone),
+		zone:    []any{args[4+4*j], args[5+4*j], args[6+4*j], zr.granted},
+		expires: sent.Add(r.Zone.Lease.TTL), remaining: zr.remaining,
+	}
+	if r.Zone.Algorithm == FixedWindow {
+		g.keys = append(g.keys, recordKey(key, nonce), genKey(key))
+		g.end = sent.Add(time.Duration(zr.reset) * time.Microsecond)
+		if g.end.Before(g.expires) {
+			g.expires = g.end
+		}
+	}
+	return g
 }
 
 // drop forgets the grant of the client (as ClientKey gives it) in the zone named zone without
@@ -517,12 +547,12 @@ func (l *Limiter) returnGrants(ctx context.Context, gs []*grant) error {
 	errs := make(chan error, len(gs))
 	for _, g := range gs {
 		go func() {
-			keys := []string{g.key}
+			keys := g.keys
 			args := append([]any{now, g.nonce, "amount"}, g.zone...)
 			args = append(args, strconv.FormatInt(g.spent, 10))
 			var reply any
 			var err error
-			if b := l.pipelineFor(ctx, g.key); b != nil {
+			if b := l.pipelineFor(ctx, g.keys[0]); b != nil {
 				reply, err = b.runSettle(ctx, keys, args)
 			} else {
 				reply, err = runScript(ctx, l.rdb, settleScript, keys, args)
@@ -576,7 +606,8 @@ func (l *Limiter) pipelineFor(ctx context.Context, key string) *Pipeline {
 	return l.batch
 }
 
-// leaseHold is decide.lua's hold time of a grant for zone z, in µs: TTL + leaseReturnMargin.
+// leaseHold is decide.lua's hold time of a grant for zone z (a token bucket's hold, a fixed
+// window's record), in µs: TTL + leaseReturnMargin.
 func leaseHold(z *Zone) int64 { return (z.Lease.TTL + leaseReturnMargin).Microseconds() }
 
 // leasing reports whether a zone of reqs leases.

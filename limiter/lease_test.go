@@ -2,6 +2,7 @@ package limiter_test
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -89,37 +90,77 @@ func bucketSettled(t *testing.T, srv *redistest.Server, z *limiter.Zone, key str
 	return st.Remaining
 }
 
+// warmUp sends n requests of key to each limiter one at a time (so that each sees the client's
+// rate and holds a grant), and returns how many were admitted.
+func warmUp(t *testing.T, ls []*limiter.Limiter, z *limiter.Zone, key string, n int) int64 {
+	t.Helper()
+	admitted := int64(0)
+	for _, l := range ls {
+		for range n {
+			ok, _, err := decideOne(context.Background(), l, z, key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ok {
+				admitted++
+			}
+		}
+	}
+	return admitted
+}
+
+// burstsToTheLimit runs issue 32's bursts against ls: a warm-up that gives each instance a grant,
+// (warm requests per instance, one at a time) that gives each instance a grant, a burst of 400
+// concurrent requests per instance that admits no more than limit, and, once its grants have
+// ended and been returned (every unit not admitted back in Redis: left), the next bursts, until
+// exactly limit have been admitted in all. After a warm-up, some must come from grants (a cold
+// burst's requests mostly arrive before its first grant).
+func burstsToTheLimit(t *testing.T, ls []*limiter.Limiter, z *limiter.Zone, limit int64, counts *leaseCounts, warm int, left func() int64) {
+	t.Helper()
+	total := warmUp(t, ls, z, "alice", warm)
+	for i := 1; total < limit && i <= 10; i++ {
+		n := burst(t, ls, z, "alice", 400)
+		total += n
+		if total > limit {
+			t.Fatalf("burst %d: %d admitted in all, more than the limit of %d", i, total, limit)
+		}
+		l := left()
+		t.Logf("burst %d: %d admitted, %d left once its grants were returned", i, n, l)
+		if total+l != limit {
+			t.Fatalf("after burst %d: %d admitted and %d left in Redis, want %d in all", i, total, l, limit)
+		}
+		// What a burst leaves was stranded in grants when the last requests were denied: at most
+		// one grant of max per instance.
+		if most := int64(len(ls)) * z.Lease.Max; l > most {
+			t.Fatalf("after burst %d: %d left, more than the %d the instances' grants can hold", i, l, most)
+		}
+	}
+	counts.mu.Lock()
+	defer counts.mu.Unlock()
+	if total != limit || (warm > 0 && counts.local.Load() == 0) {
+		t.Fatalf("admitted %d in all (%d from grants %v), want exactly %d, some from grants after a warm-up", total, counts.local.Load(), counts.grants, limit)
+	}
+	t.Logf("%d admitted from grants; grants %v", counts.local.Load(), counts.grants)
+}
+
 // TestLeaseBurstThreeInstances is issue 32's: three instances, one client, capacity 300, no
 // refill to speak of, lease { max 50 ttl 1s }. A burst of 1,200 concurrent requests admits at
 // most 300; once its grants have ended and been returned, the next bursts admit the rest:
-// exactly 300 in all, and every unit not admitted is back in Redis.
+// exactly 300 in all, and every unit not admitted is back in Redis. Cold (the burst is the
+// client's first traffic: its grants grow during the burst) and warm (each instance holds a
+// grant when the burst comes).
 func TestLeaseBurstThreeInstances(t *testing.T) {
-	srv := redistest.Start(t)
-	z := leaseZone(300, 50, time.Second)
-	ls := []*limiter.Limiter{leaseInstance(t, srv, time.Second), leaseInstance(t, srv, time.Second), leaseInstance(t, srv, time.Second)}
-	total := burst(t, ls, z, "alice", 400)
-	if total > 300 {
-		t.Fatalf("the first burst admitted %d, more than the capacity of 300", total)
-	}
-	// Returned after their TTL: what was not admitted is in Redis again.
-	if left := bucketSettled(t, srv, z, "alice"); total+left != 300 {
-		t.Fatalf("after the first burst: %d admitted and %d left in Redis, want 300 in all", total, left)
-	}
-	t.Logf("first burst: %d admitted", total)
-	for i := 2; total < 300 && i <= 4; i++ {
-		n := burst(t, ls, z, "alice", 400)
-		total += n
-		left := bucketSettled(t, srv, z, "alice")
-		t.Logf("burst %d: %d admitted, %d left", i, n, left)
-		if total+left != 300 {
-			t.Fatalf("after burst %d: %d admitted and %d left in Redis, want 300 in all", i, total, left)
-		}
-	}
-	if total != 300 {
-		t.Fatalf("admitted %d in all, want exactly 300", total)
-	}
-	if n := burst(t, ls, z, "alice", 100); n != 0 {
-		t.Fatalf("a burst on an empty bucket admitted %d", n)
+	for _, warm := range []int{0, 10} {
+		t.Run(fmt.Sprintf("warm-up %d", warm), func(t *testing.T) {
+			srv := redistest.Start(t)
+			z := leaseZone(300, 50, time.Second)
+			counts := new(leaseCounts)
+			ls := []*limiter.Limiter{fwInstance(t, srv, nil, counts), fwInstance(t, srv, nil, counts), fwInstance(t, srv, nil, counts)}
+			burstsToTheLimit(t, ls, z, 300, counts, warm, func() int64 { return bucketSettled(t, srv, z, "alice") })
+			if n := burst(t, ls, z, "alice", 100); n != 0 {
+				t.Fatalf("a burst on an empty bucket admitted %d", n)
+			}
+		})
 	}
 }
 
@@ -468,5 +509,82 @@ func TestLeaseOnCluster(t *testing.T) {
 	st, err := l.State(context.Background(), z2, "bob")
 	if err != nil || st.Remaining != 1000-23 {
 		t.Fatalf("the lease zone has %d left (%v), want 977: charged only for the 23 admitted", st.Remaining, err)
+	}
+}
+
+// windowClock is a clock that runs as the real one from at, for `clock local` Limiters.
+func windowClock(at time.Time) func() time.Time {
+	start := time.Now()
+	return func() time.Time { return at.Add(time.Since(start)) }
+}
+
+// fwInstance is a Limiter on its own client and pipeline, on clock now.
+func fwInstance(t *testing.T, srv *redistest.Server, now func() time.Time, m limiter.LeaseMetrics) *limiter.Limiter {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1})
+	t.Cleanup(func() { _ = c.Close() })
+	p := limiter.NewPipeline(c, 1)
+	t.Cleanup(p.Close)
+	l := limiter.New(c, limiter.Options{KeyPrefix: "rl:", Pipeline: p, Leases: true, LeaseMetrics: m, Now: now})
+	t.Cleanup(func() { _ = l.ReturnLeases(context.Background()) })
+	return l
+}
+
+// fwLeft waits until the client's window has no grant record pending (every grant returned) and
+// returns the window's slots left.
+func fwLeft(t *testing.T, srv *redistest.Server, l *limiter.Limiter, z *limiter.Zone, key string) int64 {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	pattern := limiter.StateKey("rl:", z, key) + ":*.*" // records: <state key>:<nonce>
+	for len(srv.Do("KEYS", pattern).([]any)) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("grant records left: %v", srv.Do("KEYS", pattern))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	st, err := l.State(context.Background(), z, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st.Remaining
+}
+
+// TestLeaseFixedWindowBurst: the three-instance bursts on a fixed window of 300 per hour, in
+// the middle of the window.
+func TestLeaseFixedWindowBurst(t *testing.T) {
+	srv := redistest.Start(t)
+	now := windowClock(time.Now().Truncate(time.Hour).Add(30 * time.Minute))
+	z := &limiter.Zone{Name: "api", Algorithm: limiter.FixedWindow, Limit: 300, Window: time.Hour, Lease: &limiter.Lease{Max: 50, TTL: time.Second}}
+	counts := new(leaseCounts)
+	ls := []*limiter.Limiter{fwInstance(t, srv, now, counts), fwInstance(t, srv, now, counts), fwInstance(t, srv, now, counts)}
+	burstsToTheLimit(t, ls, z, 300, counts, 10, func() int64 { return fwLeft(t, srv, ls[0], z, "alice") })
+}
+
+// TestLeaseFixedWindowGrantEndsWithItsWindow: a grant made 300ms before its window ends is not
+// spent after it: the next window's requests are decided on the next window's count, which
+// admits exactly its limit.
+func TestLeaseFixedWindowGrantEndsWithItsWindow(t *testing.T) {
+	srv := redistest.Start(t)
+	now := windowClock(time.Now().Truncate(time.Hour).Add(time.Hour - 300*time.Millisecond))
+	z := &limiter.Zone{Name: "api", Algorithm: limiter.FixedWindow, Limit: 100, Window: time.Hour, Lease: &limiter.Lease{Max: 40, TTL: time.Minute}}
+	counts := new(leaseCounts)
+	l := fwInstance(t, srv, now, counts)
+	for range 5 {
+		if ok, _, err := decideOne(context.Background(), l, z, "alice"); !ok || err != nil {
+			t.Fatalf("%v, %v", ok, err)
+		}
+	}
+	if counts.stranded.Load() == 0 {
+		t.Fatal("no grant in hand")
+	}
+	for !now().After(now().Truncate(time.Hour)) || now().Sub(now().Truncate(time.Hour)) > time.Minute {
+		time.Sleep(10 * time.Millisecond) // the window's end
+	}
+	if _, fromGrant, err := decideOne(context.Background(), l, z, "alice"); fromGrant || err != nil {
+		t.Fatalf("after its window's end, a request was admitted from the grant of the window before (%v)", err)
+	}
+	n, _ := drain(t, l, z, "alice")
+	if n+1 != 100 {
+		t.Fatalf("the next window admitted %d, want exactly its limit of 100", n+1)
 	}
 }

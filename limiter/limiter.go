@@ -380,7 +380,11 @@ func (l *Limiter) scriptArgs(reqs []Request, hold bool, ref time.Time) []any {
 		case SlidingWindow, SlidingWindowCounter:
 			args = append(args, r.Zone.Algorithm.tag(), r.Zone.Limit, r.Zone.Window.Microseconds(), cost)
 		case FixedWindow:
-			args = append(args, "fw", r.Zone.Limit, windowBounds(r.Zone, ref), cost)
+			var c any = cost
+			if r.ask > 0 {
+				c = strconv.FormatInt(cost, 10) + "," + strconv.FormatInt(r.ask, 10) // a grant: see leaseTable.plan
+			}
+			args = append(args, "fw", r.Zone.Limit, windowBounds(r.Zone, ref), c)
 		default:
 			var rate any = r.Zone.RefillRate
 			if w := r.maxWait(); w > 0 {

@@ -108,14 +108,16 @@
 --                  counter's estimate falling by one); 0 when it is full; 1 when
 --                  only holds deny the request (a release may come at any moment)
 --
--- Leases (token bucket): a zone whose cost is "<cost>,<ask>" (ask >= cost) asks for a grant.
--- When it admits the request, it charges a hold of g tokens instead of cost (its hold time is
--- the zone's, in the hold argument), g = lease_grant(tokens, cost, ask): never more than ask,
--- never more than half the tokens the bucket holds, never less than cost. So near the limit
--- grants shrink to one request's cost, and a denial is decided on Redis's count exactly as
--- without leases. The zone's reply has a sixth integer: g (0 when denied), and its remaining is
--- what is left once g is taken. settle.lua "amount" later commits what the instance spent of g
--- and gives back the rest.
+-- Leases (token bucket, fixed window): a zone whose cost is "<cost>,<ask>" (ask >= cost) asks
+-- for a grant. When it admits the request, it charges g units instead of cost, g =
+-- lease_grant(left, cost, ask): never more than ask, never more than half of what the zone has
+-- left, never less than cost. A token bucket charges them as a hold (its hold time is the
+-- zone's, in the hold argument); a fixed window counts them, recorded for settlement (record and
+-- generation keys given, as for a charge settled after the response). So near the limit grants
+-- shrink to one request's cost, and a denial is decided on Redis's count exactly as without
+-- leases. The zone's reply has a sixth integer: g (0 when denied), and its remaining is what is
+-- left once g is taken. settle.lua "amount" later charges what the instance spent of g and
+-- gives back the rest (a fixed window's, while its window lasts).
 --
 -- Expiry: every admitting write sets a TTL (a bucket expires when u has drained to 0, a window
 -- when its newest entry leaves it); a denial lengthens a TTL that the parameters in force need
@@ -345,10 +347,12 @@ local function decide(nonce, hold, n, kbase, abase)
       reset = left
       if count + cost <= quota then
         ok = true
-        remaining = quota - count - cost
+        granted = cost
+        if ask then granted = lease_grant(quota - count, cost, ask) end -- a lease (see Leases)
+        remaining = quota - count - granted
         retry = 0
         nxt = left
-        writes[#writes + 1] = { 'fw', key, mark, count + cost, left, rec = rkey and { rkey, start, cost, holdmax[i], gkey } }
+        writes[#writes + 1] = { 'fw', key, mark, count + granted, left, rec = rkey and { rkey, start, granted, holdmax[i], gkey } }
       else
         ok = false
         remaining = math.max(0, quota - count)
