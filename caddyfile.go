@@ -93,9 +93,9 @@ var (
 //			count_status <code|Nxx>...       # charge only responses of these statuses (any algorithm)
 //			charge header <field> | openai_usage [total|prompt|completion] [missing <n>]   # charge what the response reports (at most max_cost); cost is the reservation; missing: what a 2xx without usage is charged, default max_cost (not sliding_window)
 //			hold_max    <duration>           # with count_status or charge: a reservation unsettled after it counts as charged; default 10m
-//			lease {                          # token_bucket: hot clients' tokens granted from Redis ahead, spent in process (not with max_wait, count_status, charge)
-//				max <n>                      # the most tokens one grant takes
-//				ttl <duration>               # a grant's lifetime, 10ms to 1m; its unspent tokens go back when it ends
+//			lease {                          # token_bucket, fixed_window: hot clients' units granted from Redis ahead, spent in process (not with max_wait, count_status, charge)
+//				max <n>                      # the most units one grant takes
+//				ttl <duration>               # a grant's lifetime, 10ms to 1m (a fixed window's: at most to its end); its unspent units go back when it ends
 //			}
 //			match {                          # optional: this zone applies only to matching requests
 //				<matchers>

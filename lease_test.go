@@ -40,15 +40,15 @@ func TestLeaseCaddyfile(t *testing.T) {
 }
 
 // TestLeaseRefusedAtLoad: lease is refused where it cannot hold its bounds: with max_wait,
-// count_status or charge, and on an algorithm other than token_bucket.
+// count_status or charge, and on the sliding window algorithms.
 func TestLeaseRefusedAtLoad(t *testing.T) {
 	const lease = `"lease":{"max":10,"ttl":"1s"}`
 	for name, tc := range map[string]struct{ zone, want string }{
 		"max_wait":       {`"capacity":10,"refill_rate":1,"max_wait":"1s",` + lease, "zone a: lease and max_wait exclude each other"},
 		"count_status":   {`"capacity":10,"refill_rate":1,"count_status":["2xx"],` + lease, "zone a: lease excludes count_status and charge"},
 		"charge":         {`"capacity":10,"refill_rate":1,"charge":{"source":"header","header":"X-Used"},` + lease, "zone a: lease excludes count_status and charge"},
-		"sliding_window": {`"algorithm":"sliding_window","limit":10,"window":"1s",` + lease, "zone a: lease applies to algorithm token_bucket only, not sliding_window"},
-		"fixed_window":   {`"algorithm":"fixed_window","limit":10,"window":"1s",` + lease, "zone a: lease applies to algorithm token_bucket only, not fixed_window"},
+		"sliding_window": {`"algorithm":"sliding_window","limit":10,"window":"1s",` + lease, "zone a: lease applies to algorithms token_bucket and fixed_window only, not sliding_window"},
+		"counter":        {`"algorithm":"sliding_window_counter","limit":10,"window":"1s",` + lease, "zone a: lease applies to algorithms token_bucket and fixed_window only, not sliding_window_counter"},
 		"ttl":            {`"capacity":10,"refill_rate":1,"lease":{"max":10,"ttl":"2m"}`, "zone a: lease ttl 2m0s must be between 10ms and 1m0s"},
 	} {
 		t.Run(name, func(t *testing.T) {

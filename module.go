@@ -395,9 +395,9 @@ type Zone struct {
 	// (token_bucket, fixed_window and sliding_window_counter; not sliding_window). See Charge.
 	Charge *Charge `json:"charge,omitempty"`
 
-	// token_bucket: lease the tokens of this instance's hot clients from Redis in grants spent in
-	// process (see Lease). Not with max_wait, count_status or charge. Default: none, every
-	// request decided in Redis.
+	// token_bucket and fixed_window: lease the tokens (window slots) of this instance's hot
+	// clients from Redis in grants spent in process (see Lease). Not with max_wait, count_status
+	// or charge. Default: none, every request decided in Redis.
 	Lease *Lease `json:"lease,omitempty"`
 
 	// With count_status or charge: how long a reservation waits for its response; an

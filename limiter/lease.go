@@ -9,10 +9,12 @@ import (
 	"time"
 )
 
-// Lease is a token bucket zone's leasing: its hot clients' tokens are taken from Redis in
-// grants before they are spent, and spent in process. A grant is a hold of decide.lua (see
-// there) whose size the script chooses, at most Max; this instance spends it locally until it is
-// spent or TTL has passed, then settle.lua commits what was spent and gives back the rest. Redis
+// Lease is a token bucket or fixed window zone's leasing: its hot clients' tokens (window slots)
+// are taken from Redis in grants before they are spent, and spent in process. A grant is a
+// charge of decide.lua whose size the script chooses, at most Max: a token bucket's hold, a
+// fixed window's count with a record (see decide.lua); this instance spends it locally until it
+// is spent or TTL has passed (a fixed window's, at the latest when its window ends), then
+// settle.lua charges what was spent and gives back the rest. Redis
 // has charged every unit an instance admits before it admits it, so leasing never admits more
 // than the exact decision would; what it costs is capacity stranded in other instances' grants:
 // see docs/decisions.md ("Leases").

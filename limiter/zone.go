@@ -154,9 +154,9 @@ type Zone struct {
 	// request that would have to wait longer is denied as without MaxWait, charging nothing. 0:
 	// never hold, deny at once.
 	MaxWait time.Duration
-	// Lease, when set (token bucket only, without MaxWait), leases the zone's tokens to the
-	// instance in grants that it spends in process (see Lease). nil: every request decided in
-	// Redis.
+	// Lease, when set (token bucket without MaxWait, or fixed window), leases the zone's tokens
+	// or window slots to the instance in grants that it spends in process (see Lease). nil:
+	// every request decided in Redis.
 	Lease *Lease
 }
 

@@ -89,7 +89,7 @@
 --              longest the request may be held (µs, integer > 0); sw, sc: window (µs, integer > 0);
 --              fw: "b0,b1,b2,b3" (µs): the windows [b0,b1), [b1,b2), [b2,b3) around the
 --              instance's clock, of which the one holding now is used
---   cost       tokens or window slots this request takes (integer >= 1); tb: or "<cost>,<ask>"
+--   cost       tokens or window slots this request takes (integer >= 1); tb, fw: or "<cost>,<ask>"
 --              to ask for a lease's grant of about ask tokens (see Leases below)
 --
 -- Reply: an array of integers, per decision in order: { allowed, then per zone i: allowed_i,
