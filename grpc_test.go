@@ -296,9 +296,11 @@ func TestGRPCRetryHonoursPushback(t *testing.T) {
 		t.Fatalf("the upstream had %d calls, want 2", len(calls))
 	}
 	const tolerance = 10 * time.Millisecond
-	if waited := calls[1].Sub(denied[0].at); waited < time.Duration(pushback)*time.Millisecond-tolerance {
+	waited := calls[1].Sub(denied[0].at)
+	if waited < time.Duration(pushback)*time.Millisecond-tolerance {
 		t.Fatalf("the retry came %v after the denial, before its pushback of %dms", waited, pushback)
 	}
+	t.Logf("pushback %dms; the retry reached the upstream %v after the client received it", pushback, waited)
 }
 
 // TestGRPCUnsatisfiableAsksNoRetry: a call whose cost exceeds the zone's quota, which waiting
