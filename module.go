@@ -119,6 +119,16 @@ type Handler struct {
 	// {http.rate_limit_redis.degraded} placeholder is set either way. Default: true.
 	DegradedHeader *bool `json:"degraded_header,omitempty"`
 
+	// Whether a refused gRPC call (HTTP/2, content-type application/grpc) gets the response gRPC
+	// clients understand instead of the 429 or 503: gRPC's Trailers-Only response, HTTP 200 with
+	// `grpc-status: 8` (RESOURCE_EXHAUSTED) for a denial, `14` (UNAVAILABLE) for fail_mode
+	// closed, a `grpc-message` naming the zone, and `grpc-retry-pushback-ms` (the Retry-After
+	// wait in milliseconds; -1, do not retry, when waiting cannot cure the denial). It is
+	// written by the handler, never through handle_errors, whose routes would answer it with a
+	// status or body a gRPC client cannot read; off sends gRPC calls the 429 or 503 through
+	// Caddy's error path like any request. Default: true.
+	GRPCStatus *bool `json:"grpc_status,omitempty"`
+
 	// Decide and report (headers, placeholders) as usual, but never reject a request.
 	DryRun bool `json:"dry_run,omitempty"`
 
@@ -201,8 +211,10 @@ type Handler struct {
 	// by the handler instead of going through Caddy's error path (about 11% of throughput on a
 	// deny flood, for the same response).
 	bareDenials bool
-	poolKey     string // the key of this handler's reference in clients; "" when it holds none
-	logger      *zap.Logger
+	// grpcStatus: refused gRPC calls get a gRPC status (grpc_status not off; grpc.go).
+	grpcStatus bool
+	poolKey    string // the key of this handler's reference in clients; "" when it holds none
+	logger     *zap.Logger
 	// waiting holds the places of the requests held for a max_wait, and of those being decided
 	// that may be: never more than MaxWaiting, nor more than a client's share (waiting.go).
 	waiting *waitingRoom
@@ -464,6 +476,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("registering metrics: %w", err)
 	}
 	h.degradedHeader = h.Headers != HeadersOff && (h.DegradedHeader == nil || *h.DegradedHeader)
+	h.grpcStatus = h.GRPCStatus == nil || *h.GRPCStatus
 	needLocal := h.FailMode == FailLocal
 	for _, z := range h.Zones {
 		if err := z.provision(ctx, h.logger); err != nil {
