@@ -575,6 +575,7 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger) error {
 	if z.MaxCost == 0 && algo == limiter.SlidingWindow && hasPlaceholder(z.Cost) && len(z.dyn) == 0 {
 		z.lz.MaxCost = min(z.Limit, MaxSlidingWindowCost) // with placeholder numbers: per request
 	}
+	z.lz.Prepare()                    // after every number of lz is set
 	z.quotedName = `"` + z.Name + `"` // zone names are [A-Za-z0-9_.-]: nothing to escape
 	if len(z.dyn) == 0 {              // else formatted per request: quotaOf, policyOf
 		z.quota = strconv.FormatInt(z.lz.Quota(), 10)

@@ -338,16 +338,18 @@ func (l *Limiter) scriptArgs(reqs []Request, hold bool, ref time.Time) []any {
 		}
 		switch r.Zone.Algorithm {
 		case SlidingWindow, SlidingWindowCounter:
-			args = append(args, r.Zone.Algorithm.tag(), r.Zone.Limit, r.Zone.Window.Microseconds(), cost)
+			limit, window := r.Zone.windowArgs()
+			args = append(args, r.Zone.Algorithm.tag(), limit, window, cost)
 		case FixedWindow:
-			args = append(args, "fw", r.Zone.Limit, windowBounds(r.Zone, ref), cost)
+			limit, _ := r.Zone.windowArgs()
+			args = append(args, "fw", limit, windowBounds(r.Zone, ref), cost)
 		default:
-			var rate any = r.Zone.RefillRate
+			capacity, rate := r.Zone.bucketArgs()
 			if w := r.maxWait(); w > 0 {
 				// go-redis formats a float64 argument so ('f', -1): the same number either way.
 				rate = strconv.FormatFloat(r.Zone.RefillRate, 'f', -1, 64) + "," + strconv.FormatInt(w.Microseconds(), 10)
 			}
-			args = append(args, "tb", r.Zone.Capacity, rate, cost)
+			args = append(args, "tb", capacity, rate, cost)
 		}
 	}
 	return args
