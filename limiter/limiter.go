@@ -271,20 +271,21 @@ func (l *Limiter) Allow(ctx context.Context, reqs []Request) (Decision, error) {
 // allowOne decides reqs, whose keys are all in one hash slot or on one server, with one call of
 // the decide script.
 func (l *Limiter) allowOne(ctx context.Context, reqs []Request, keys []string, args []any) (bool, []zoneReply, error) {
-	var reply any
-	var err error
 	batch := l.batch
 	if l.batchFor != nil {
 		if b := l.batchFor(ctx, keys[0]); b != nil {
 			batch = b
 		}
 	}
-	if batch != nil {
-		reply, err = batch.run(ctx, keys, args)
-	} else {
-		reply, err = l.run(ctx, keys, args)
+	if batch == nil {
+		reply, err := l.run(ctx, keys, args)
+		return decodeResult(reply, err, reqs)
 	}
-	return decodeResult(reply, err, reqs)
+	arr, err := batch.run(ctx, keys, args)
+	if err != nil {
+		return decodeResult(nil, err, reqs)
+	}
+	return decodeReply(arr, reqs)
 }
 
 // decodeResult decodes the reply of a decide script call for reqs, or wraps its error.
@@ -296,7 +297,11 @@ func decodeResult(reply any, err error, reqs []Request) (bool, []zoneReply, erro
 	if err != nil {
 		return false, nil, fmt.Errorf("redis decide script: %w", err)
 	}
-	return decodeReply(reply, reqs)
+	arr, ok := reply.([]any)
+	if !ok {
+		return false, nil, fmt.Errorf("%w: got %T, want an array", ErrBadResponse, reply)
+	}
+	return decodeReply(arr, reqs)
 }
 
 // run is one round trip of the decide script: runScript.
@@ -391,12 +396,8 @@ const replyWidth = 5
 // longer than the zone may hold the request (maxWait: none without MaxWait). Any other shape,
 // type or value is an error wrapping ErrBadResponse: a request is never held past its MaxWait,
 // whatever Redis replies.
-func decodeReply(reply any, reqs []Request) (bool, []zoneReply, error) {
+func decodeReply(arr []any, reqs []Request) (bool, []zoneReply, error) {
 	n := len(reqs)
-	arr, ok := reply.([]any)
-	if !ok {
-		return false, nil, fmt.Errorf("%w: got %T, want an array", ErrBadResponse, reply)
-	}
 	if len(arr) != 1+replyWidth*n {
 		return false, nil, fmt.Errorf("%w: got %d values, want %d", ErrBadResponse, len(arr), 1+replyWidth*n)
 	}
