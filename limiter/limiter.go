@@ -246,7 +246,8 @@ func (l *Limiter) Allow(ctx context.Context, reqs []Request) (Decision, error) {
 	} else {
 		args := l.scriptArgs(reqs, false, sent)
 		ckeys := withRecords(keys, reqs, args, false)
-		allowed, zones, err = l.allowOne(ctx, reqs, ckeys, args)
+		var into [2]zoneReply // on the stack: the zones of most decisions
+		allowed, zones, err = l.allowOne(ctx, reqs, ckeys, args, into[:0])
 		if allowed {
 			held = newHeld(reqs, ckeys, args, nil)
 		}
@@ -270,7 +271,7 @@ func (l *Limiter) Allow(ctx context.Context, reqs []Request) (Decision, error) {
 
 // allowOne decides reqs, whose keys are all in one hash slot or on one server, with one call of
 // the decide script.
-func (l *Limiter) allowOne(ctx context.Context, reqs []Request, keys []string, args []any) (bool, []zoneReply, error) {
+func (l *Limiter) allowOne(ctx context.Context, reqs []Request, keys []string, args []any, into []zoneReply) (bool, []zoneReply, error) {
 	batch := l.batch
 	if l.batchFor != nil {
 		if b := l.batchFor(ctx, keys[0]); b != nil {
@@ -285,7 +286,7 @@ func (l *Limiter) allowOne(ctx context.Context, reqs []Request, keys []string, a
 	if err != nil {
 		return decodeResult(nil, err, reqs)
 	}
-	return decodeReply(arr, reqs)
+	return decodeReply(arr, reqs, into)
 }
 
 // decodeResult decodes the reply of a decide script call for reqs, or wraps its error.
@@ -301,7 +302,7 @@ func decodeResult(reply any, err error, reqs []Request) (bool, []zoneReply, erro
 	if !ok {
 		return false, nil, fmt.Errorf("%w: got %T, want an array", ErrBadResponse, reply)
 	}
-	return decodeReply(arr, reqs)
+	return decodeReply(arr, reqs, nil)
 }
 
 // run is one round trip of the decide script: runScript.
@@ -395,14 +396,18 @@ const replyWidth = 5
 // zone admits the request, its delay), reset (µs) and next (µs), none negative, and no delay
 // longer than the zone may hold the request (maxWait: none without MaxWait). Any other shape,
 // type or value is an error wrapping ErrBadResponse: a request is never held past its MaxWait,
-// whatever Redis replies.
-func decodeReply(arr []any, reqs []Request) (bool, []zoneReply, error) {
+// whatever Redis replies. The zones are decoded into into's array when it has room for them.
+func decodeReply(arr []any, reqs []Request, into []zoneReply) (bool, []zoneReply, error) {
 	n := len(reqs)
 	if len(arr) != 1+replyWidth*n {
 		return false, nil, fmt.Errorf("%w: got %d values, want %d", ErrBadResponse, len(arr), 1+replyWidth*n)
 	}
 	var ints [1 + replyWidth]int64 // the decision's allowed, then one zone's values at a time
-	zones := make([]zoneReply, n)
+	zones := into[:0]
+	if cap(zones) < n {
+		zones = make([]zoneReply, 0, n)
+	}
+	zones = zones[:n]
 	for i, v := range arr {
 		x, ok := v.(int64)
 		if !ok {
