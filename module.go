@@ -430,6 +430,9 @@ type Zone struct {
 	v4, v6    int    // the prefix lengths in force
 	jitter    int64  // the Retry-After jitter in force, in seconds
 	perClient bool   // a key has a placeholder: its client keys tell clients apart (waiting.go)
+	// keyNames are, per entry of Key, the placeholder's name when the entry is exactly one
+	// placeholder (looked up directly, no string building: clientKey), else "".
+	keyNames []string
 
 	// Formatted once for the hot path: the quota (X-RateLimit-Limit), the quoted name and the
 	// RateLimit-Policy value, and the errors of a denial.
@@ -561,6 +564,10 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger) error {
 		z.EmptyKey = EmptyKeyShared
 	}
 	z.checkPlaceholders(logger)
+	z.keyNames = make([]string, len(z.Key))
+	for i, k := range z.Key {
+		z.keyNames[i] = singlePlaceholder(k)
+	}
 	algo, err := limiter.ParseAlgorithm(z.Algorithm)
 	if err != nil {
 		return fmt.Errorf("zone %s: %w", z.Name, err)
@@ -588,6 +595,7 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger) error {
 	if z.MaxCost == 0 && algo == limiter.SlidingWindow && hasPlaceholder(z.Cost) && len(z.dyn) == 0 {
 		z.lz.MaxCost = min(z.Limit, MaxSlidingWindowCost) // with placeholder numbers: per request
 	}
+	z.lz.Prepare()                    // after every number of lz is set
 	z.quotedName = `"` + z.Name + `"` // zone names are [A-Za-z0-9_.-]: nothing to escape
 	if len(z.dyn) == 0 {              // else formatted per request: quotaOf, policyOf
 		z.quota = strconv.FormatInt(z.lz.Quota(), 10)
