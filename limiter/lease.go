@@ -395,7 +395,7 @@ func (l *Limiter) decideLeased(ctx context.Context, reqs, sub []Request, keys []
 	}
 	args := l.scriptArgs(sub, false, sent)
 	ckeys := withRecords(keys, sub, args, false)
-	allowed, zones, err = l.allowOne(ctx, sub, ckeys, args)
+	allowed, zones, err = l.allowOne(ctx, sub, ckeys, args, nil)
 	if err != nil || !allowed {
 		return allowed, zones, nil, nil, err
 	}

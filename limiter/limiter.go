@@ -268,7 +268,8 @@ func (l *Limiter) allow(ctx context.Context, reqs []Request, sent time.Time, key
 	} else {
 		args := l.scriptArgs(reqs, false, sent)
 		ckeys := withRecords(keys, reqs, args, false)
-		allowed, zones, err = l.allowOne(ctx, reqs, ckeys, args)
+		var into [2]zoneReply // on the stack: the zones of most decisions
+		allowed, zones, err = l.allowOne(ctx, reqs, ckeys, args, into[:0])
 		if allowed {
 			held = newHeld(reqs, ckeys, args, nil)
 		}
@@ -310,21 +311,22 @@ func (l *Limiter) remember(reqs []Request, zones []zoneReply, sent time.Time) {
 
 // allowOne decides reqs, whose keys are all in one hash slot or on one server, with one call of
 // the decide script.
-func (l *Limiter) allowOne(ctx context.Context, reqs []Request, keys []string, args []any) (bool, []zoneReply, error) {
-	var reply any
-	var err error
+func (l *Limiter) allowOne(ctx context.Context, reqs []Request, keys []string, args []any, into []zoneReply) (bool, []zoneReply, error) {
 	batch := l.batch
 	if l.batchFor != nil {
 		if b := l.batchFor(ctx, keys[0]); b != nil {
 			batch = b
 		}
 	}
-	if batch != nil {
-		reply, err = batch.run(ctx, keys, args)
-	} else {
-		reply, err = l.run(ctx, keys, args)
+	if batch == nil {
+		reply, err := l.run(ctx, keys, args)
+		return decodeResult(reply, err, reqs)
 	}
-	return decodeResult(reply, err, reqs)
+	arr, err := batch.run(ctx, keys, args)
+	if err != nil {
+		return decodeResult(nil, err, reqs)
+	}
+	return decodeReply(arr, reqs, into)
 }
 
 // decodeResult decodes the reply of a decide script call for reqs, or wraps its error.
@@ -336,7 +338,11 @@ func decodeResult(reply any, err error, reqs []Request) (bool, []zoneReply, erro
 	if err != nil {
 		return false, nil, fmt.Errorf("redis decide script: %w", err)
 	}
-	return decodeReply(reply, reqs)
+	arr, ok := reply.([]any)
+	if !ok {
+		return false, nil, fmt.Errorf("%w: got %T, want an array", ErrBadResponse, reply)
+	}
+	return decodeReply(arr, reqs, nil)
 }
 
 // run is one round trip of the decide script: runScript.
@@ -378,24 +384,18 @@ func (l *Limiter) scriptArgs(reqs []Request, hold bool, ref time.Time) []any {
 		}
 		switch r.Zone.Algorithm {
 		case SlidingWindow, SlidingWindowCounter:
-			args = append(args, r.Zone.Algorithm.tag(), r.Zone.Limit, r.Zone.Window.Microseconds(), cost)
+			limit, window := r.Zone.windowArgs()
+			args = append(args, r.Zone.Algorithm.tag(), limit, window, cost)
 		case FixedWindow:
-			var c any = cost
-			if r.ask > 0 {
-				c = strconv.FormatInt(cost, 10) + "," + strconv.FormatInt(r.ask, 10) // a grant: see leaseTable.plan
-			}
-			args = append(args, "fw", r.Zone.Limit, windowBounds(r.Zone, ref), c)
+			limit, _ := r.Zone.windowArgs()
+			args = append(args, "fw", limit, windowBounds(r.Zone, ref), r.costArg(cost))
 		default:
-			var rate any = r.Zone.RefillRate
+			capacity, rate := r.Zone.bucketArgs()
 			if w := r.maxWait(); w > 0 {
 				// go-redis formats a float64 argument so ('f', -1): the same number either way.
 				rate = strconv.FormatFloat(r.Zone.RefillRate, 'f', -1, 64) + "," + strconv.FormatInt(w.Microseconds(), 10)
 			}
-			var c any = cost
-			if r.ask > 0 {
-				c = strconv.FormatInt(cost, 10) + "," + strconv.FormatInt(r.ask, 10) // a grant: see leaseTable.plan
-			}
-			args = append(args, "tb", r.Zone.Capacity, rate, c)
+			args = append(args, "tb", capacity, rate, r.costArg(cost))
 		}
 	}
 	return args
@@ -434,6 +434,15 @@ type zoneReply struct {
 // grant has one more: the tokens granted.
 const replyWidth = 5
 
+// costArg is decide.lua's cost argument for r, whose cost as sent is cost: cost, or
+// "<cost>,<ask>" for a zone that asks for a grant (see leaseTable.plan).
+func (r *Request) costArg(cost int64) any {
+	if r.ask > 0 {
+		return strconv.FormatInt(cost, 10) + "," + strconv.FormatInt(r.ask, 10)
+	}
+	return cost
+}
+
 // width is the number of integers of r's zone in decide.lua's reply.
 func (r *Request) width() int {
 	if r.ask > 0 {
@@ -448,13 +457,10 @@ func (r *Request) width() int {
 // and next (µs), and for a zone that asked for a grant the tokens granted, none negative, and no
 // delay longer than the zone may hold the request (maxWait: none without MaxWait). Any other
 // shape, type or value is an error wrapping ErrBadResponse: a request is never held past its
-// MaxWait, whatever Redis replies.
-func decodeReply(reply any, reqs []Request) (bool, []zoneReply, error) {
-	arr, ok := reply.([]any)
-	if !ok {
-		return false, nil, fmt.Errorf("%w: got %T, want an array", ErrBadResponse, reply)
-	}
-	want := 1
+// MaxWait, whatever Redis replies. The zones are decoded into into's array when it has room for
+// them.
+func decodeReply(arr []any, reqs []Request, into []zoneReply) (bool, []zoneReply, error) {
+	n, want := len(reqs), 1
 	for i := range reqs {
 		want += reqs[i].width()
 	}
@@ -465,7 +471,11 @@ func decodeReply(reply any, reqs []Request) (bool, []zoneReply, error) {
 	if err != nil {
 		return false, nil, err
 	}
-	zones := make([]zoneReply, len(reqs))
+	zones := into[:0]
+	if cap(zones) < n {
+		zones = make([]zoneReply, 0, n)
+	}
+	zones = zones[:n]
 	off := 1
 	for z := range reqs {
 		var v [replyWidth + 1]int64 // one zone's values
