@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"hash/maphash"
+	"math"
 	"strconv"
 	"sync"
 	"time"
@@ -168,14 +169,15 @@ func (t *leaseTable) observe(k denyKey, r *Request, now time.Time) int64 {
 }
 
 // ask returns how many tokens to ask a grant of for r, whose client sends perTTL units per TTL
-// here: about leaseHeadroom × that, between r's cost and the zone's Max; 0 (no grant: decided
-// exactly) when that is less than two requests' worth.
-func ask(r *Request, perTTL int64) int64 {
+// here: about leaseHeadroom × that, between r's cost and the zone's Max (and 2^31 − 1); 0 (no
+// grant: decided exactly) when that is less than two requests' worth.
+func ask(r *Request, perTTL int64) int32 {
 	want := leaseHeadroom * float64(perTTL)
-	if want < 2*float64(r.Cost) || r.Zone.Lease.Max < 2*r.Cost {
+	most := min(r.Zone.Lease.Max, math.MaxInt32)
+	if want < 2*float64(r.Cost) || most < 2*r.Cost {
 		return 0
 	}
-	return min(int64(want), r.Zone.Lease.Max)
+	return int32(min(int64(want), most))
 }
 
 // live returns k's grant when r can be served from it at now: same numbers, not ended, not
@@ -287,7 +289,7 @@ func (l *Limiter) Leased(reqs []Request) (Decision, bool) {
 type leasePlan struct {
 	local []*grant    // per zone: the grant its cost was taken from; nil: Redis decides it
 	zones []zoneReply // per zone decided locally: its reply, as the grant estimates it
-	asks  []int64     // per zone: the grant asked, > 0; 0: none
+	asks  []int32     // per zone: the grant asked, > 0; 0: none
 	n     int         // zones decided locally
 }
 
@@ -330,7 +332,7 @@ func (t *leaseTable) plan(reqs []Request, now time.Time, mayAsk bool) leasePlan 
 // make gives p its slices for n zones, once.
 func (p *leasePlan) make(n int) {
 	if p.local == nil {
-		p.local, p.zones, p.asks = make([]*grant, n), make([]zoneReply, n), make([]int64, n)
+		p.local, p.zones, p.asks = make([]*grant, n), make([]zoneReply, n), make([]int32, n)
 	}
 }
 

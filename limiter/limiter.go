@@ -55,16 +55,16 @@ type Request struct {
 	// held. The handler sets it when it already holds as many requests as it may. A denial
 	// decided so is not remembered in the deny cache: with room to wait, the answer may differ.
 	NoWait bool
+	// ask, when > 0, asks decide.lua for a grant of about that many tokens (a lease zone's hot
+	// client: allowLeased), sent as the cost "<cost>,<ask>". An int32 beside NoWait, in the
+	// padding before Hold: a Request is no larger for it (the handler keeps four per request).
+	ask int32
 	// Hold, when > 0, makes the zone's charge a hold to be settled after the response with
 	// Limiter.Settle (Decision.Held): a token bucket reserves Cost, a sliding window adds its
 	// entries as usual, a fixed window or sliding window counter counts Cost as usual and
 	// records it (in the key `<state key>:<nonce>`) for the settlement. A hold not settled
 	// within Hold counts as charged. 0: charged now.
 	Hold time.Duration
-
-	// ask, when > 0, asks decide.lua for a grant of about that many tokens (a lease zone's hot
-	// client: allowLeased), sent as the cost "<cost>,<ask>".
-	ask int64
 }
 
 // maxWait is how long r may be held: its zone's MaxWait (token bucket only), unless NoWait.
@@ -438,7 +438,7 @@ const replyWidth = 5
 // "<cost>,<ask>" for a zone that asks for a grant (see leaseTable.plan).
 func (r *Request) costArg(cost int64) any {
 	if r.ask > 0 {
-		return strconv.FormatInt(cost, 10) + "," + strconv.FormatInt(r.ask, 10)
+		return strconv.FormatInt(cost, 10) + "," + strconv.FormatInt(int64(r.ask), 10)
 	}
 	return cost
 }
