@@ -80,7 +80,8 @@ func (z *Zone) validateLease() error {
 }
 
 // LeaseMetrics receives a Limiter's lease events (Options.LeaseMetrics), by zone name. Its
-// methods are called with no lock held, and must be safe for concurrent use.
+// methods must be safe for concurrent use, quick, and must not call the Limiter: most are called
+// with its grant table locked.
 type LeaseMetrics interface {
 	// Granted is one grant of units tokens.
 	Granted(zone string, units int64)
