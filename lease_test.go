@@ -126,3 +126,37 @@ func TestEndToEndLease(t *testing.T) {
 		t.Fatalf("after the reload: %s, want exactly the 70 left", got)
 	}
 }
+
+// TestAdminResetDropsLease: an admin reset while a grant is live drops it: the client then gets
+// its capacity once, never the rest of a grant from before the reset on top of it.
+func TestAdminResetDropsLease(t *testing.T) {
+	srv := redistest.Start(t)
+	ac := startCaddyAdmin(t, fmt.Sprintf(`
+	rate_limit_redis {
+		redis {
+			address %s
+		}
+		timeout 2s
+		zone api {
+			key {http.request.header.X-Client}
+			capacity 50
+			refill_rate 1/1h
+			lease {
+				max 20
+				ttl 1m
+			}
+		}
+	}
+	respond "ok"`, srv.Addr))
+	local := testutil.ToFloat64(leaseMetrics.local.WithLabelValues("api"))
+	if got := ac.statuses(10, "/", "X-Client", "alice"); got != strings.TrimSpace(strings.Repeat("200 ", 10)) {
+		t.Fatalf("before the reset: %s", got)
+	}
+	if testutil.ToFloat64(leaseMetrics.local.WithLabelValues("api")) == local || testutil.ToFloat64(leaseMetrics.stranded.WithLabelValues("api")) <= 0 {
+		t.Fatal("no grant in hand before the reset")
+	}
+	adminJSON[[]resetResult](t, ac, "DELETE", "/rate_limit_redis/state?zone=api&key=alice", 200)
+	if got := ac.statuses(51, "/", "X-Client", "alice"); got != strings.TrimSpace(strings.Repeat("200 ", 50))+" 429" {
+		t.Fatalf("after the reset: %s, want exactly the capacity of 50", got)
+	}
+}
