@@ -59,7 +59,9 @@ type Request struct {
 	// Limiter.Settle (Decision.Held): a token bucket reserves Cost, a sliding window adds its
 	// entries as usual, a fixed window or sliding window counter counts Cost as usual and
 	// records it (in the key `<state key>:<nonce>`) for the settlement. A hold not settled
-	// within Hold counts as charged. 0: charged now.
+	// within Hold counts as charged. 0: charged now. A concurrency zone needs one: it is its
+	// slot's lease (the slot is free Hold after it was taken or last refreshed, see Refresh),
+	// and Allow returns an error without it.
 	Hold time.Duration
 }
 
@@ -176,6 +178,7 @@ type Limiter struct {
 	instance string                        // random per Limiter, so sliding window members of instances differ
 	calls    atomic.Uint64                 // per-call part of the nonce
 	resets   atomic.Pointer[ResetListener] // set by ResetListener.Add
+	live     liveSlots                     // the concurrency slots in flight, kept alive by Refresh
 
 	batchFor func(ctx context.Context, key string) *Pipeline // Options.PipelineFor
 }
@@ -236,6 +239,9 @@ func (l *Limiter) Allow(ctx context.Context, reqs []Request) (Decision, error) {
 	keys := make([]string, len(reqs))
 	for i, r := range reqs {
 		keys[i] = StateKey(l.prefix, r.Zone, r.Key)
+		if r.Zone.Algorithm == Concurrency && r.Hold <= 0 {
+			return Decision{}, errNoLease
+		}
 	}
 	var allowed bool
 	var zones []zoneReply
@@ -262,6 +268,7 @@ func (l *Limiter) Allow(ctx context.Context, reqs []Request) (Decision, error) {
 	}
 	if held != nil {
 		held.sent = sent
+		l.track(held, sent)
 	}
 	d := pick(reqs, allowed, zones)
 	d.Err, d.Held = slotErr, held
@@ -341,6 +348,8 @@ func (l *Limiter) scriptArgs(reqs []Request, hold bool, ref time.Time) []any {
 			args = append(args, r.Zone.Algorithm.tag(), r.Zone.Limit, r.Zone.Window.Microseconds(), cost)
 		case FixedWindow:
 			args = append(args, "fw", r.Zone.Limit, windowBounds(r.Zone, ref), cost)
+		case Concurrency:
+			args = append(args, "cc", r.Zone.Limit, "0", cost)
 		default:
 			var rate any = r.Zone.RefillRate
 			if w := r.maxWait(); w > 0 {
