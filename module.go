@@ -190,9 +190,11 @@ type Handler struct {
 	// if any zone denies, no zone is charged. At least one zone is required.
 	Zones []*Zone `json:"zones,omitempty"`
 
-	limiter   *limiter.Limiter
-	local     *limiter.Local     // when a zone's fail_mode is local
-	keySecret *limiter.KeySecret // key_secret resolved; nil without it
+	limiter *limiter.Limiter
+	local   *limiter.Local // when a zone's fail_mode is local
+	// stopRefresh, closed by Cleanup, stops the refresher of concurrency slots (concurrency.go).
+	stopRefresh chan struct{}
+	keySecret   *limiter.KeySecret // key_secret resolved; nil without it
 	// degradedHeader: X-RateLimit-Degraded is sent (headers on, degraded_header not off).
 	degradedHeader bool
 	client         *sharedClient
@@ -528,6 +530,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	h.limiter = limiter.New(client.rdb, opts)
 	client.resets.Add(h.limiter)
+	h.startRefresher()
 	h.events = newEvents(ctx, client.addrs)
 	register(h) // for the admin API
 	return nil
@@ -829,6 +832,10 @@ func (cfg *RedisConfig) isCluster() bool {
 // Cleanup drops this handler's reference to the shared Redis client; the last one closes it.
 func (h *Handler) Cleanup() error {
 	unregister(h)
+	if h.stopRefresh != nil {
+		close(h.stopRefresh) // the refresher ends once the slots in flight are given back
+		h.stopRefresh = nil
+	}
 	if h.client != nil && h.limiter != nil {
 		h.client.resets.Remove(h.limiter)
 	}

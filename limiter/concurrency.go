@@ -70,6 +70,15 @@ func (l *Limiter) untrack(h *Held) {
 	l.live.mu.Unlock()
 }
 
+// Drop stops keeping the concurrency slots of h alive, when its settlement will not be sent (a
+// circuit breaker is open): they free themselves at their deadline, at most their lease after
+// their last refresh.
+func (l *Limiter) Drop(h *Held) {
+	if h != nil {
+		l.untrack(h)
+	}
+}
+
 // LiveSlots returns the number of decisions whose concurrency slots this Limiter keeps alive: the
 // admitted requests of concurrency zones not settled yet.
 func (l *Limiter) LiveSlots() int {

@@ -1,0 +1,462 @@
+package ratelimitredis
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/limiter"
+)
+
+// slotZone is the issue's concurrency zone: one client per Authorization header.
+func slotZone(name string, limit int64, hold time.Duration) *Zone {
+	return &Zone{Name: name, Key: []string{"{http.request.header.Authorization}"}, Algorithm: concurrencyName,
+		Limit: limit, HoldMax: caddy.Duration(hold)}
+}
+
+// slotInstance is one "Caddy instance" of a test: a handler of its own (its own Limiter,
+// refresher and in-process state), provisioned as Caddy would, served over HTTP on a loopback
+// port with next behind it. A HandlerError (the 429) is written as its status.
+func slotInstance(t *testing.T, h *Handler, next caddyhttp.HandlerFunc) (*Handler, *httptest.Server) {
+	t.Helper()
+	h = provisioned(t, h)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		repl := caddyhttp.NewTestReplacer(r)
+		r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, repl))
+		defer func() {
+			if p := recover(); p != nil && p != http.ErrAbortHandler {
+				w.WriteHeader(http.StatusBadGateway) // the test's "panicking upstream"
+			}
+		}()
+		if err := h.ServeHTTP(w, r, next); err != nil {
+			var he caddyhttp.HandlerError
+			if errors.As(err, &he) && he.StatusCode != 0 {
+				w.WriteHeader(he.StatusCode)
+			} else {
+				w.WriteHeader(http.StatusInternalServerError)
+			}
+		}
+	}))
+	t.Cleanup(srv.Close)
+	return h, srv
+}
+
+// liveSlots is the number of slots of the client's key whose deadline is after Redis's now.
+func liveSlots(t *testing.T, srv *redistest.Server, key string) int64 {
+	t.Helper()
+	tm := srv.Client().Time(context.Background()).Val()
+	return srv.Do("ZCOUNT", key, fmt.Sprintf("(%d", tm.UnixMicro()), "+inf").(int64)
+}
+
+func slotKey(name string) string {
+	return limiter.StateKey(DefaultKeyPrefix, &limiter.Zone{Name: name, Algorithm: limiter.Concurrency}, "Bearer k")
+}
+
+func getAuth(t *testing.T, url string) (*http.Response, error) {
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer k")
+	return http.DefaultClient.Do(req)
+}
+
+// TestConcurrencyThreeInstances is the issue's first check: three instances, one client,
+// limit 5, 30 concurrent requests to an upstream that takes 1.5 s and counts its concurrent
+// requests: exactly 5 × 200 and 25 × 429 (with Retry-After 1 and the RateLimit fields), the
+// upstream never serves more than 5 at once, and once they finish 5 more pass at once.
+func TestConcurrencyThreeInstances(t *testing.T) {
+	srv := redistest.Start(t)
+	var cur, most atomic.Int64
+	upstream := func(w http.ResponseWriter, r *http.Request) error {
+		n := cur.Add(1)
+		defer cur.Add(-1)
+		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+		}
+		time.Sleep(1500 * time.Millisecond)
+		_, err := io.WriteString(w, "done")
+		return err
+	}
+	var urls []string
+	for range 3 {
+		_, s := slotInstance(t, &Handler{Redis: &RedisConfig{Addresses: []string{srv.Addr}}, Headers: HeadersBoth,
+			Zones: []*Zone{slotZone("completions", 5, 10*time.Minute)}}, upstream)
+		urls = append(urls, s.URL)
+	}
+	burst := func(n int) (codes map[int]int, denial http.Header) {
+		var mu sync.Mutex
+		codes = map[int]int{}
+		var wg sync.WaitGroup
+		for i := range n {
+			wg.Go(func() {
+				resp, err := getAuth(t, urls[i%3]+"/v1/chat/completions")
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				mu.Lock()
+				codes[resp.StatusCode]++
+				if resp.StatusCode == 429 {
+					denial = resp.Header
+				}
+				mu.Unlock()
+			})
+		}
+		wg.Wait()
+		return codes, denial
+	}
+	codes, denial := burst(30)
+	if codes[200] != 5 || codes[429] != 25 || most.Load() != 5 {
+		t.Fatalf("30 concurrent requests: %v, upstream's most at once %d; want 5 × 200, 25 × 429, 5", codes, most.Load())
+	}
+	for h, want := range map[string]string{"Retry-After": "1", "X-RateLimit-Limit": "5", "X-RateLimit-Remaining": "0",
+		"X-RateLimit-Reset": "1", "RateLimit-Policy": `"completions";q=5`, "RateLimit": `"completions";r=0;t=1`} {
+		if got := denial.Get(h); got != want {
+			t.Errorf("denial's %s: %q, want %q", h, got, want)
+		}
+	}
+	if n := liveSlots(t, srv, slotKey("completions")); n != 0 {
+		t.Fatalf("slots after every response: %d, want 0", n)
+	}
+	most.Store(0)
+	codes, _ = burst(5)
+	if codes[200] != 5 || most.Load() != 5 {
+		t.Fatalf("5 more after they finished: %v, upstream's most at once %d; want 5 × 200 at once", codes, most.Load())
+	}
+}
+
+// TestConcurrencySlotGivenBackOnEveryEnd: the slot is given back, and the in-flight gauge falls
+// back to 0, when the response ends normally, when the upstream fails, when a handler panics,
+// and when the client goes away mid-stream; each time the next request is admitted.
+func TestConcurrencySlotGivenBackOnEveryEnd(t *testing.T) {
+	srv := redistest.Start(t)
+	var mode atomic.Value
+	started := make(chan struct{}, 1)
+	h, s := slotInstance(t, &Handler{Redis: &RedisConfig{Addresses: []string{srv.Addr}},
+		Zones: []*Zone{slotZone("ends", 1, time.Minute)}}, func(w http.ResponseWriter, r *http.Request) error {
+		switch mode.Load() {
+		case "error":
+			return caddyhttp.Error(http.StatusBadGateway, errors.New("upstream failed"))
+		case "panic":
+			panic("upstream handler panicked")
+		case "gone":
+			w.WriteHeader(200)
+			http.NewResponseController(w).Flush()
+			started <- struct{}{}
+			<-r.Context().Done()
+			panic(http.ErrAbortHandler) // as reverse_proxy does for a client gone mid-stream
+		}
+		_, err := io.WriteString(w, "ok")
+		return err
+	})
+	gauge := h.Zones[0].after.inFlight
+	key := slotKey("ends")
+	for _, m := range []string{"ok", "error", "panic", "gone"} {
+		mode.Store(m)
+		if m == "gone" {
+			ctx, cancel := context.WithCancel(context.Background())
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, s.URL, nil)
+			req.Header.Set("Authorization", "Bearer k")
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				if resp, err := http.DefaultClient.Do(req); err == nil {
+					_, _ = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+				}
+			}()
+			<-started
+			if n := liveSlots(t, srv, key); n != 1 || testutil.ToFloat64(gauge) != 1 {
+				t.Fatalf("mid-stream: %d slots, gauge %v; want 1, 1", n, testutil.ToFloat64(gauge))
+			}
+			cancel()
+			<-done
+		} else {
+			resp, err := getAuth(t, s.URL)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+		}
+		redistest.WaitFor(t, time.Second, m+": the slot given back", func() bool {
+			return liveSlots(t, srv, key) == 0 && testutil.ToFloat64(gauge) == 0
+		})
+		mode.Store("ok")
+		resp, err := getAuth(t, s.URL)
+		if err != nil || resp.StatusCode != 200 {
+			t.Fatalf("after %s: %v %v, want 200", m, resp, err)
+		}
+		resp.Body.Close()
+	}
+	if h.limiter.LiveSlots() != 0 {
+		t.Fatalf("slots still refreshed: %d", h.limiter.LiveSlots())
+	}
+}
+
+// TestConcurrencyLongStreamKeepsSlot is the issue's third check: a 60 s SSE stream through one
+// instance with hold_max 10s keeps its slot for the whole stream (another instance denies the
+// client's second request throughout, and the slot's deadline stays ahead), and the slot is
+// free within 1 s of the stream's end. Parallel: it lasts a minute.
+func TestConcurrencyLongStreamKeepsSlot(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	const stream = 60 * time.Second
+	cfg := func() *Handler {
+		return &Handler{Redis: &RedisConfig{Addresses: []string{srv.Addr}}, Zones: []*Zone{slotZone("sse", 1, 10*time.Second)}}
+	}
+	_, a := slotInstance(t, cfg(), func(w http.ResponseWriter, r *http.Request) error {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(200)
+		end := time.Now().Add(stream)
+		for i := 0; time.Now().Before(end); i++ {
+			if _, err := fmt.Fprintf(w, "data: %d\n\n", i); err != nil {
+				return err
+			}
+			if err := http.NewResponseController(w).Flush(); err != nil {
+				return err
+			}
+			time.Sleep(time.Second)
+		}
+		_, err := io.WriteString(w, "data: [DONE]\n\n")
+		return err
+	})
+	_, b := slotInstance(t, cfg(), func(w http.ResponseWriter, r *http.Request) error {
+		_, err := io.WriteString(w, "ok")
+		return err
+	})
+	resp, err := getAuth(t, a.URL)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("stream: %v %v", resp, err)
+	}
+	defer resp.Body.Close()
+	ended := make(chan time.Time, 1)
+	go func() {
+		sc := bufio.NewScanner(resp.Body)
+		for sc.Scan() {
+			if sc.Text() == "data: [DONE]" {
+				break
+			}
+		}
+		_, _ = io.Copy(io.Discard, resp.Body) // the end of the body: the response is complete
+		ended <- time.Now()
+	}()
+	key := slotKey("sse")
+	probes := 0
+	for {
+		select {
+		case end := <-ended:
+			if probes < 25 {
+				t.Fatalf("only %d probes during the stream", probes)
+			}
+			redistest.WaitFor(t, time.Second, "the slot free after the stream", func() bool {
+				p, err := getAuth(t, b.URL)
+				if err != nil {
+					t.Fatal(err)
+				}
+				p.Body.Close()
+				return p.StatusCode == 200
+			})
+			t.Logf("slot free %v after the stream's end; %d probes denied during it", time.Since(end), probes)
+			return
+		case <-time.After(2 * time.Second):
+		}
+		p, err := getAuth(t, b.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Body.Close()
+		score := srv.Do("ZRANGE", key, 0, -1, "WITHSCORES").([]any)
+		if p.StatusCode != 429 || len(score) != 2 || liveSlots(t, srv, key) != 1 {
+			t.Fatalf("probe %d during the stream: %d, slots %v; want 429 and the stream's slot live", probes, p.StatusCode, score)
+		}
+		probes++
+	}
+}
+
+// TestConcurrencyFailModeLocal: while Redis is unreachable, fail_mode local holds a semaphore of
+// limit per client in process: 2 requests in flight pass, the 3rd is denied, and a slot given
+// back admits the next.
+func TestConcurrencyFailModeLocal(t *testing.T) {
+	release := make(chan struct{})
+	arrived := make(chan struct{}, 4)
+	h, s := slotInstance(t, &Handler{Redis: &RedisConfig{Addresses: []string{"127.0.0.1:1"}}, FailMode: FailLocal,
+		Zones: []*Zone{slotZone("local", 2, time.Minute)}}, func(w http.ResponseWriter, r *http.Request) error {
+		arrived <- struct{}{}
+		<-release
+		return nil
+	})
+	var wg sync.WaitGroup
+	codes := make(chan int, 2)
+	for range 2 {
+		wg.Go(func() {
+			resp, err := getAuth(t, s.URL)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			resp.Body.Close()
+			codes <- resp.StatusCode
+		})
+	}
+	<-arrived
+	<-arrived
+	if g := testutil.ToFloat64(h.Zones[0].after.inFlight); g != 2 {
+		t.Fatalf("in-flight gauge: %v, want 2", g)
+	}
+	resp, err := getAuth(t, s.URL)
+	if err != nil || resp.StatusCode != 429 || resp.Header.Get("X-RateLimit-Degraded") != "true" {
+		t.Fatalf("third request: %v %v, want a degraded 429", resp, err)
+	}
+	resp.Body.Close()
+	close(release)
+	wg.Wait()
+	if c1, c2 := <-codes, <-codes; c1 != 200 || c2 != 200 {
+		t.Fatalf("the two in flight: %d %d", c1, c2)
+	}
+	if g := testutil.ToFloat64(h.Zones[0].after.inFlight); g != 0 {
+		t.Fatalf("in-flight gauge after: %v, want 0", g)
+	}
+	resp, err = getAuth(t, s.URL)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("after the release: %v %v", resp, err)
+	}
+	resp.Body.Close()
+}
+
+// TestConcurrencyDryRun: with dry_run, a request beyond the limit passes (reported as denied:
+// Remaining 0), and takes no slot; the admitted one's slot is given back as usual.
+func TestConcurrencyDryRun(t *testing.T) {
+	srv := redistest.Start(t)
+	release := make(chan struct{})
+	arrived := make(chan struct{}, 2)
+	_, s := slotInstance(t, &Handler{Redis: &RedisConfig{Addresses: []string{srv.Addr}}, DryRun: true,
+		Zones: []*Zone{slotZone("dry", 1, time.Minute)}}, func(w http.ResponseWriter, r *http.Request) error {
+		if r.URL.Path == "/slow" {
+			arrived <- struct{}{}
+			<-release
+		}
+		return nil
+	})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if resp, err := getAuth(t, s.URL+"/slow"); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	<-arrived
+	resp, err := getAuth(t, s.URL)
+	if err != nil || resp.StatusCode != 200 || resp.Header.Get("X-RateLimit-Remaining") != "0" {
+		t.Fatalf("second request in dry_run: %v %v, want 200 with Remaining 0", resp, err)
+	}
+	resp.Body.Close()
+	if n := liveSlots(t, srv, slotKey("dry")); n != 1 {
+		t.Fatalf("slots: %d, want 1 (the dry-run denial takes none)", n)
+	}
+	close(release)
+	<-done
+	redistest.WaitFor(t, time.Second, "the slot given back", func() bool { return liveSlots(t, srv, slotKey("dry")) == 0 })
+}
+
+// TestConcurrencyWithOtherZones: a request of a concurrency zone and a token bucket zone is
+// decided all-or-nothing: a bucket's denial takes no slot, and a concurrency denial charges no
+// token.
+func TestConcurrencyWithOtherZones(t *testing.T) {
+	srv := redistest.Start(t)
+	release := make(chan struct{})
+	arrived := make(chan struct{}, 1)
+	_, s := slotInstance(t, &Handler{Redis: &RedisConfig{Addresses: []string{srv.Addr}}, Zones: []*Zone{
+		slotZone("conc", 1, time.Minute),
+		{Name: "bucket", Key: []string{"{http.request.header.Authorization}"}, Capacity: 2, RefillRate: 1.0 / 3600},
+	}}, func(w http.ResponseWriter, r *http.Request) error {
+		if r.URL.Path == "/slow" {
+			arrived <- struct{}{}
+			<-release
+		}
+		return nil
+	})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if resp, err := getAuth(t, s.URL+"/slow"); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	<-arrived
+	resp, _ := getAuth(t, s.URL)
+	resp.Body.Close()
+	if resp.StatusCode != 429 || resp.Header.Get("X-RateLimit-Limit") != "1" {
+		t.Fatalf("second request in flight: %d %v, want 429 by the concurrency zone", resp.StatusCode, resp.Header)
+	}
+	close(release)
+	<-done
+	resp, _ = getAuth(t, s.URL) // the bucket's second and last token
+	resp.Body.Close()
+	if resp.StatusCode != 200 || resp.Header.Get("X-RateLimit-Remaining") != "0" {
+		t.Fatalf("third request: %d %v, want 200 with the bucket empty (the denial took no token)", resp.StatusCode, resp.Header)
+	}
+	resp, _ = getAuth(t, s.URL)
+	resp.Body.Close()
+	if resp.StatusCode != 429 || liveSlots(t, srv, slotKey("conc")) != 0 {
+		t.Fatalf("fourth request: %d, slots %d; want 429 by the bucket and no slot taken", resp.StatusCode, liveSlots(t, srv, slotKey("conc")))
+	}
+}
+
+// TestConcurrencyZoneConfig: the Caddyfile takes algorithm concurrency with a limit and a
+// hold_max, and refuses what does not apply, each with a clear error; JSON's checks agree.
+func TestConcurrencyZoneConfig(t *testing.T) {
+	for _, tc := range []struct{ body, want string }{
+		{"algorithm concurrency\n limit 5\n hold_max 10m", ""},
+		{"algorithm concurrency\n limit 5", ""},
+		{"algorithm concurrency\n limit 5\n max_wait 1s", "max_wait does not apply to algorithm concurrency"},
+		{"algorithm concurrency\n limit 5\n window 1m", "window belongs to algorithm sliding_window, not concurrency"},
+		{"algorithm concurrency\n limit 5\n cost 2", "cost does not apply to algorithm concurrency"},
+		{"algorithm concurrency\n limit 5\n max_cost 2", "max_cost does not apply to algorithm concurrency"},
+		{"algorithm concurrency\n limit 5\n count_status 5xx", "count_status does not apply to algorithm concurrency"},
+		{"algorithm concurrency", "limit is required for algorithm concurrency"},
+		{"algorithm concurrency\n limit 100001", "out of range (1 to 100000 requests in flight)"},
+	} {
+		var h Handler
+		err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser("rate_limit_redis {\n zone c {\n " + tc.body + "\n }\n}"))
+		if (tc.want == "") != (err == nil) || err != nil && !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: %v, want %q", tc.body, err, tc.want)
+		}
+	}
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	for _, tc := range []struct {
+		z    *Zone
+		want string
+	}{
+		{&Zone{Name: "c", Algorithm: concurrencyName, Limit: 5, HoldMax: caddy.Duration(time.Millisecond)}, "hold_max must be between 1s and 1d"},
+		{&Zone{Name: "c", Algorithm: concurrencyName, Limit: 5, Cost: "2"}, "cost and max_cost do not apply"},
+		{&Zone{Name: "c", Algorithm: concurrencyName, Limit: 5, MaxWait: caddy.Duration(time.Second)}, "max_wait does not apply"},
+	} {
+		h := &Handler{Redis: &RedisConfig{Addresses: []string{"127.0.0.1:1"}}, Zones: []*Zone{tc.z}}
+		err := h.Provision(ctx)
+		if err == nil {
+			err = h.Validate()
+		}
+		_ = h.Cleanup()
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%+v: %v, want %q", tc.z, err, tc.want)
+		}
+	}
+}
