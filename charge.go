@@ -81,7 +81,7 @@ type afterResponse struct {
 	hold     time.Duration
 	charged  prometheus.Counter
 	refunded prometheus.Counter
-	inFlight prometheus.Gauge // concurrency: the zone's slots this instance holds; nil otherwise
+	inFlight prometheus.Gauge   // concurrency: the zone's slots this instance holds; nil otherwise
 	missing  prometheus.Counter // charge: responses charged Charge.Missing
 	capped   prometheus.Counter // charge: amounts reported above max_cost, charged max_cost
 	warned   atomic.Int64       // Unix ns of the last warning of a missing usage
