@@ -6,11 +6,16 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -283,7 +288,7 @@ func TestConcurrencyLongStreamKeepsSlot(t *testing.T) {
 		}
 		p.Body.Close()
 		score := srv.Do("ZRANGE", key, 0, -1, "WITHSCORES").([]any)
-		if p.StatusCode != 429 || len(score) != 2 || liveSlots(t, srv, key) != 1 {
+		if p.StatusCode != 429 || len(score) != 1 || liveSlots(t, srv, key) != 1 {
 			t.Fatalf("probe %d during the stream: %d, slots %v; want 429 and the stream's slot live", probes, p.StatusCode, score)
 		}
 		probes++
@@ -459,4 +464,129 @@ func TestConcurrencyZoneConfig(t *testing.T) {
 			t.Errorf("%+v: %v, want %q", tc.z, err, tc.want)
 		}
 	}
+}
+
+// TestConcurrencySlotsOfKilledInstance is the issue's second check, with a separate Caddy
+// process (CADDY_BINARY, which `make test` sets; skipped without it): an instance holding a
+// client's 5 slots keeps them past hold_max (3 s) while it lives, as its refresher moves them
+// on; killed with SIGKILL, it gives none back, and the slots are free on the other instance
+// within hold_max + 2 s.
+func TestConcurrencySlotsOfKilledInstance(t *testing.T) {
+	caddyBin := os.Getenv("CADDY_BINARY")
+	if caddyBin == "" {
+		t.Skip("CADDY_BINARY is not set: run `make test`, which builds bin/caddy from this checkout and sets it")
+	}
+	srv := redistest.Start(t)
+	const hold = 3 * time.Second
+	block := make(chan struct{})
+	t.Cleanup(func() { close(block) })
+	arrived := make(chan struct{}, 10)
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		arrived <- struct{}{}
+		select {
+		case <-block:
+		case <-r.Context().Done():
+		}
+	}))
+	t.Cleanup(upstream.Close)
+	port := freeLoopbackPort(t)
+	dir := t.TempDir()
+	caddyfile := fmt.Sprintf(`{
+	admin off
+	auto_https off
+	persist_config off
+}
+:%d {
+	bind 127.0.0.1
+	rate_limit_redis {
+		redis {
+			address %s
+		}
+		zone completions {
+			key {http.request.header.Authorization}
+			algorithm concurrency
+			limit 5
+			hold_max %s
+		}
+	}
+	reverse_proxy %s
+}
+`, port, srv.Addr, hold, strings.TrimPrefix(upstream.URL, "http://"))
+	if err := os.WriteFile(filepath.Join(dir, "Caddyfile"), []byte(caddyfile), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(caddyBin, "run", "--config", filepath.Join(dir, "Caddyfile"), "--adapter", "caddyfile")
+	cmd.Env = append(os.Environ(), "XDG_CONFIG_HOME="+dir, "XDG_DATA_HOME="+dir)
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &lockedWriter{w: &out}, &lockedWriter{w: &out}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	t.Cleanup(func() { _ = cmd.Process.Kill(); <-exited })
+	base := fmt.Sprintf("http://127.0.0.1:%d", port)
+	redistest.WaitFor(t, 30*time.Second, "the Caddy process to serve", func() bool {
+		c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	})
+	client := &http.Client{Transport: &http.Transport{}}
+	for range 5 {
+		go func() {
+			req, _ := http.NewRequest(http.MethodGet, base+"/v1/chat/completions", nil)
+			req.Header.Set("Authorization", "Bearer k")
+			if resp, err := client.Do(req); err == nil {
+				resp.Body.Close()
+			}
+		}()
+	}
+	for range 5 {
+		select {
+		case <-arrived:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("the 5 requests did not reach the upstream; Caddy's output:\n%s", out.String())
+		}
+	}
+	key := slotKey("completions")
+	_, b := slotInstance(t, &Handler{Redis: &RedisConfig{Addresses: []string{srv.Addr}},
+		Zones: []*Zone{slotZone("completions", 5, hold)}}, func(w http.ResponseWriter, r *http.Request) error { return nil })
+	// Alive, the instance keeps its slots past hold_max.
+	time.Sleep(hold + time.Second)
+	if n := liveSlots(t, srv, key); n != 5 {
+		t.Fatalf("slots %v after hold_max with the instance alive: %d, want 5 (refreshed)", hold+time.Second, n)
+	}
+	if resp, err := getAuth(t, b.URL); err != nil || resp.StatusCode != 429 {
+		t.Fatalf("the other instance while 5 are in flight: %v %v, want 429", resp, err)
+	} else {
+		resp.Body.Close()
+	}
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	<-exited
+	redistest.WaitFor(t, hold+2*time.Second, "the killed instance's slots free on the other instance", func() bool {
+		resp, err := getAuth(t, b.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode == 200 && liveSlots(t, srv, key) == 0
+	})
+	t.Logf("slots free %v after SIGKILL (hold_max %v)", time.Since(killed), hold)
+}
+
+// lockedWriter serialises writes to w (a process's stdout and stderr).
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
