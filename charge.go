@@ -139,7 +139,7 @@ func (z *Zone) provisionAfter() error {
 func (z *Zone) validateAfter() error {
 	if z.after == nil {
 		if z.HoldMax != 0 {
-			return fmt.Errorf("zone %s: hold_max applies to a zone with count_status or charge", z.Name)
+			return fmt.Errorf("zone %s: hold_max applies to a zone with count_status or charge, or of algorithm concurrency", z.Name)
 		}
 		return nil
 	}

@@ -590,3 +590,62 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	defer l.mu.Unlock()
 	return l.w.Write(p)
 }
+
+// TestConcurrencyAdminStateAndReset: the admin API's state of a concurrency zone lists the
+// client's slots in flight with their deadlines (hold_max ahead), and a reset frees them: the
+// client's next request is admitted while the others still run.
+func TestConcurrencyAdminStateAndReset(t *testing.T) {
+	srv := redistest.Start(t)
+	release := make(chan struct{})
+	arrived := make(chan struct{}, 4)
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow" {
+			arrived <- struct{}{}
+			<-release
+		}
+		_, _ = io.WriteString(w, "ok")
+	}))
+	t.Cleanup(upstream.Close)
+	ac := startCaddyAdmin(t, fmt.Sprintf(`
+	rate_limit_redis {
+		redis {
+			address %s
+		}
+		zone completions {
+			key {http.request.header.Authorization}
+			algorithm concurrency
+			limit 2
+		}
+	}
+	reverse_proxy %s`, srv.Addr, strings.TrimPrefix(upstream.URL, "http://")))
+	var wg sync.WaitGroup
+	t.Cleanup(wg.Wait)
+	for range 2 {
+		wg.Go(func() { ac.get("/slow", "Authorization", "Bearer k") })
+	}
+	<-arrived
+	<-arrived
+	ac.get("/fast", "Authorization", "Bearer k").expect(t, "a third request", 429, "")
+	st := adminJSON[[]clientState](t, ac, "GET", "/rate_limit_redis/state?zone=completions&key=Bearer%20k", 200)
+	if len(st) != 1 || st[0].Algorithm != "concurrency" || st[0].Count == nil || *st[0].Count != 2 || len(st[0].Slots) != 2 ||
+		st[0].Remaining != 0 || st[0].RetryAfterMs != 1000 || st[0].Limit != 2 {
+		t.Fatalf("state with 2 in flight: %+v", st)
+	}
+	for _, s := range st[0].Slots {
+		d, err := time.Parse(time.RFC3339Nano, s.Deadline)
+		if left := time.Until(d); err != nil || left < 9*time.Minute || left > 10*time.Minute || s.ID == "" {
+			t.Fatalf("slot %+v: deadline %v ahead (%v), want hold_max's 10m", s, left, err)
+		}
+	}
+	reset := adminJSON[[]resetResult](t, ac, "DELETE", "/rate_limit_redis/state?zone=completions&key=Bearer%20k", 200)
+	if len(reset) != 1 || !reset[0].Deleted {
+		t.Fatalf("reset: %+v", reset)
+	}
+	ac.get("/fast", "Authorization", "Bearer k").expect(t, "after the reset", 200, "ok", "X-RateLimit-Remaining", "1")
+	close(release)
+	wg.Wait()
+	st = adminJSON[[]clientState](t, ac, "GET", "/rate_limit_redis/state?zone=completions&key=Bearer%20k", 200)
+	if len(st) != 1 || *st[0].Count != 0 || len(st[0].Slots) != 0 || st[0].Remaining != 2 {
+		t.Fatalf("state once every request ended: %+v", st)
+	}
+}
