@@ -105,7 +105,7 @@ type zoneInfo struct {
 	Capacity int64 `json:"capacity,omitempty"`
 	// token_bucket: tokens added per second.
 	RefillRate float64 `json:"refill_rate,omitempty"`
-	// sliding_window: requests admitted per window.
+	// sliding_window: requests admitted per window; concurrency: requests in flight at once.
 	Limit int64 `json:"limit,omitempty"`
 	// sliding_window: the window length, in milliseconds.
 	WindowMs int64 `json:"window_ms,omitempty"`

@@ -132,7 +132,7 @@ func TestConcurrencyThreeInstances(t *testing.T) {
 		t.Fatalf("30 concurrent requests: %v, upstream's most at once %d; want 5 × 200, 25 × 429, 5", codes, most.Load())
 	}
 	for h, want := range map[string]string{"Retry-After": "1", "X-RateLimit-Limit": "5", "X-RateLimit-Remaining": "0",
-		"X-RateLimit-Reset": "1", "RateLimit-Policy": `"completions";q=5`, "RateLimit": `"completions";r=0;t=1`} {
+		"X-RateLimit-Reset": "1", "RateLimit-Policy": `"completions";q=5;qu="concurrent-requests"`, "RateLimit": `"completions";r=0;t=1`} {
 		if got := denial.Get(h); got != want {
 			t.Errorf("denial's %s: %q, want %q", h, got, want)
 		}

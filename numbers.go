@@ -457,11 +457,14 @@ func (z *Zone) unmarshalNumber(f numField, raw []byte, target any) error {
 }
 
 // policyValue is the RateLimit-Policy item of a zone decided with lz:
-// `"<zone>";q=<quota>;w=<window s>`; a concurrency zone's `"<zone>";q=<limit>`.
+// `"<zone>";q=<quota>;w=<window s>`; a concurrency zone's
+// `"<zone>";q=<limit>;qu="concurrent-requests"` (draft-ietf-httpapi-ratelimit-headers: the quota
+// unit of a limit of concurrent requests).
 func policyValue(quotedName string, lz *limiter.Zone) string {
 	if lz.Algorithm == limiter.Concurrency {
-		// Requests in flight at once: a quota over no window, so no w (optional in the draft).
-		return quotedName + ";q=" + strconv.FormatInt(min(lz.Quota(), sfMaxInteger), 10)
+		// Requests in flight at once: the draft's quota unit concurrent-requests, over no
+		// window (w is optional, and must not be 0).
+		return quotedName + ";q=" + strconv.FormatInt(min(lz.Quota(), sfMaxInteger), 10) + `;qu="concurrent-requests"`
 	}
 	q, w := policyWindow(lz.Quota(), lz.PolicyWindow())
 	return quotedName + ";q=" + strconv.FormatInt(q, 10) + ";w=" + strconv.FormatInt(w, 10)
