@@ -197,7 +197,8 @@ func TestConcurrencyMemoryBound(t *testing.T) {
 
 // TestConcurrencyCluster: on Redis Cluster, a request whose concurrency zone and token bucket
 // zone are in different hash slots takes its slot (not a 5 s hold: its lease), which Settle
-// gives back; a denial by the other slot releases the slot at once.
+// gives back; a denial by the other slot releases the slot at once; Refresh moves on the slots
+// of clients on different nodes.
 func TestConcurrencyCluster(t *testing.T) {
 	c := redistest.StartCluster(t, 3)
 	perNode := clientsOn(t, c, 1)
@@ -230,6 +231,26 @@ func TestConcurrencyCluster(t *testing.T) {
 	}
 	if n, err := l.Refresh(context.Background()); err != nil || n != 0 {
 		t.Fatalf("refresh: %d %v", n, err)
+	}
+
+	// One refresh moves the slots of clients on two nodes on, in one pipeline.
+	clk := &clock{t: time.Now()}
+	lc := clusterLimiter(t, c, limiter.Options{Now: clk.Now})
+	z2 := cc("conc2", 1)
+	for _, k := range []string{alice, bob} {
+		if d := allow(t, lc, limiter.Request{Zone: z2, Key: k, Cost: 1, Hold: 3 * time.Second}); !d.Allowed {
+			t.Fatalf("%s: %+v", k, d)
+		}
+	}
+	clk.Advance(time.Second)
+	if n, err := lc.Refresh(context.Background()); err != nil || n != 2 {
+		t.Fatalf("refresh across nodes: moved %d, %v; want 2", n, err)
+	}
+	for _, k := range []string{alice, bob} {
+		s := c.Client().ZRangeWithScores(context.Background(), limiter.StateKey("rl:", z2, k), 0, -1).Val()
+		if len(s) != 1 || int64(s[0].Score) != clk.Now().Add(3*time.Second).UnixMicro() {
+			t.Fatalf("%s's slot after the refresh: %v, want its deadline at now + 3s", k, s)
+		}
 	}
 }
 
