@@ -649,3 +649,37 @@ func TestConcurrencyAdminStateAndReset(t *testing.T) {
 		t.Fatalf("state once every request ended: %+v", st)
 	}
 }
+
+// TestConcurrencySlotOfHeldRequest: a request held for its turn by another zone's max_wait holds
+// its slot while it waits, and gives it back when its client leaves meanwhile.
+func TestConcurrencySlotOfHeldRequest(t *testing.T) {
+	srv := redistest.Start(t)
+	h, s := slotInstance(t, &Handler{Redis: &RedisConfig{Addresses: []string{srv.Addr}}, Zones: []*Zone{
+		slotZone("conc", 2, time.Minute),
+		{Name: "shaped", Key: []string{"{http.request.header.Authorization}"}, Capacity: 1, RefillRate: 0.2, MaxWait: caddy.Duration(10 * time.Second)},
+	}}, func(w http.ResponseWriter, r *http.Request) error { return nil })
+	resp, err := getAuth(t, s.URL) // takes the bucket's token
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("first: %v %v", resp, err)
+	}
+	resp.Body.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, s.URL, nil)
+	req.Header.Set("Authorization", "Bearer k")
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	gauge := h.Zones[0].after.inFlight
+	redistest.WaitFor(t, 2*time.Second, "the held request's slot", func() bool {
+		return liveSlots(t, srv, slotKey("conc")) == 1 && testutil.ToFloat64(gauge) == 1
+	})
+	cancel()
+	<-done
+	redistest.WaitFor(t, time.Second, "the slot given back", func() bool {
+		return liveSlots(t, srv, slotKey("conc")) == 0 && testutil.ToFloat64(gauge) == 0
+	})
+}
