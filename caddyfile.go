@@ -65,6 +65,7 @@ var (
 //		fail_mode  open|closed|local         # what happens when Redis fails; default open
 //		headers    legacy|ietf|both|off      # which rate limit headers to send; default legacy
 //		degraded_header on|off               # X-RateLimit-Degraded while Redis fails; default on
+//		grpc_status on|off                   # refused gRPC calls get grpc-status 8 or 14 instead of 429 or 503; default on
 //		clock      redis|local               # whose clock the scripts use; default redis
 //		dry_run                              # decide and report, never reject
 //		deny_cache off | {                   # the local cache of denials is on by default
@@ -173,6 +174,8 @@ func (h *Handler) subdirective(d *caddyfile.Dispenser) error {
 		return stringArg(d, &h.Headers, oneOf(HeadersLegacy, HeadersIETF, HeadersBoth, HeadersOff))
 	case "degraded_header":
 		return onOffArg(d, &h.DegradedHeader)
+	case "grpc_status":
+		return onOffArg(d, &h.GRPCStatus)
 	case "clock":
 		return stringArg(d, &h.Clock, oneOf(ClockRedis, ClockLocal))
 	case "dry_run":

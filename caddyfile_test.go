@@ -313,6 +313,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 			input: `rate_limit_redis {
 				fail_mode       open
 				degraded_header off
+				grpc_status     off
 				zone login {
 					match path /login
 					key       {http.request.header.X-User}
@@ -338,7 +339,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 				}
 			}`,
 			want: &Handler{
-				FailMode: "open", DegradedHeader: new(false),
+				FailMode: "open", DegradedHeader: new(false), GRPCStatus: new(false),
 				Zones: []*Zone{
 					{
 						Name: "login", Key: []string{"{http.request.header.X-User}"}, EmptyKey: "deny", FailMode: "closed",
@@ -353,6 +354,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 			name: "degraded_header on, and empty_key in the shorthand",
 			input: `rate_limit_redis {
 				degraded_header on
+				grpc_status on
 				fail_mode closed
 				key       {http.request.header.X-API-Key}
 				empty_key deny
@@ -360,7 +362,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 				refill_rate 1
 			}`,
 			want: &Handler{
-				DegradedHeader: new(true), FailMode: "closed",
+				DegradedHeader: new(true), GRPCStatus: new(true), FailMode: "closed",
 				Zones: []*Zone{{Name: DefaultZoneName, Key: []string{"{http.request.header.X-API-Key}"}, EmptyKey: "deny", Capacity: 5, RefillRate: 1}},
 			},
 		},
@@ -665,6 +667,16 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 			`unrecognized subdirective "degraded_header", at Testfile:3`},
 		{"degraded_header in redis", "rate_limit_redis {\n\tredis {\n\t\tdegraded_header off\n\t}\n}",
 			`unrecognized subdirective "degraded_header", at Testfile:3`},
+
+		// grpc_status
+		{"grpc_status missing", "rate_limit_redis {\n\tgrpc_status\n}",
+			`wrong argument count or unexpected line ending after 'grpc_status', at Testfile:2`},
+		{"grpc_status bad", "rate_limit_redis {\n\tgrpc_status 8\n}",
+			`grpc_status: "8" must be on or off, at Testfile:2`},
+		{"grpc_status repeated", "rate_limit_redis {\n\tgrpc_status off\n\tgrpc_status on\n}",
+			`duplicate subdirective "grpc_status", at Testfile:3`},
+		{"grpc_status in a zone", "rate_limit_redis {\n\tzone a {\n\t\tgrpc_status off\n\t}\n}",
+			`unrecognized subdirective "grpc_status", at Testfile:3`},
 
 		// a zone's fail_mode
 		{"zone fail_mode missing", "rate_limit_redis {\n\tzone a {\n\t\tfail_mode\n\t}\n}",

@@ -63,7 +63,8 @@ func (h *Handler) decide(ctx context.Context, reqs []limiter.Request) (d limiter
 // reports for a client that closed the request). Otherwise the failure is counted, reported
 // and logged, and the fail_mode of f's zones (failMode) answers: local decides f's local zones
 // in process (done false: f.d and f.decided are set, and the request goes on as decided);
-// closed refuses the request with 503; open lets it through.
+// closed refuses the request with 503 (a gRPC call with grpc-status UNAVAILABLE); open lets it
+// through.
 func (h *Handler) failed(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, f *flight, err error) (bool, error) {
 	if r.Context().Err() != nil {
 		return true, caddyhttp.Error(499, fmt.Errorf("client closed the request during the rate limit decision: %w", err))
@@ -95,6 +96,11 @@ func (h *Handler) failed(w http.ResponseWriter, r *http.Request, next caddyhttp.
 			return true, next.ServeHTTP(w, r)
 		}
 		w.Header()[hdrRetryAfter] = []string{"1"}
+		if h.grpcStatus && isGRPC(r) {
+			// UNAVAILABLE, after the second of Retry-After; Redis's error stays in the log.
+			writeGRPCRefusal(w, grpcUnavailable, "zone "+f.zone+": rate limiter unavailable (fail_mode closed)", "1000")
+			return true, nil
+		}
 		return true, caddyhttp.Error(http.StatusServiceUnavailable, fmt.Errorf("rate limiter unavailable (fail_mode closed): %w", err))
 	}
 	h.count(f.reqs, resultFailOpen)

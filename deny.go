@@ -14,7 +14,8 @@ import (
 
 // deny answers a denied request: only the deciding zone counts it (the others were not
 // charged), it is logged at debug level and reported as an event, and it is refused with 429
-// and Retry-After (none when waiting can never cure it: the cost exceeds the zone's quota). In
+// and Retry-After (none when waiting can never cure it: the cost exceeds the zone's quota), or,
+// a gRPC call, with grpc-status RESOURCE_EXHAUSTED and the wait as grpc-retry-pushback-ms. In
 // dry_run it is passed on instead, decided, charged, counted, headed and reported exactly as
 // enforced, without Retry-After: it belongs to a rejection, and a client that honours it on any
 // response would slow down, which dry_run must not cause.
@@ -44,6 +45,11 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, next caddyhttp.Ha
 		err = z.errUnsatisfiableOf(f.decided[d.Zone].Zone)
 	} else {
 		w.Header()[hdrRetryAfter] = []string{strconv.FormatInt(f.retryAfter, 10)}
+	}
+	if h.grpcStatus && isGRPC(r) {
+		// RESOURCE_EXHAUSTED, written here: handle_errors cannot shape a gRPC response (grpc.go).
+		writeGRPCRefusal(w, grpcResourceExhausted, err.Error(), grpcPushback(ceilMs(d.RetryAfter), f.retryAfter, d.Unsatisfiable))
+		return nil
 	}
 	if h.bareDenials {
 		// No handle_errors to shape it: the response Caddy's error path would write, cheaper.

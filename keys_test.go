@@ -513,3 +513,28 @@ func TestExamplesAreSafe(t *testing.T) {
 		})
 	}
 }
+
+// TestKeyPlaceholderLookedUpAsReplaceAll checks that a key entry made of one placeholder, looked
+// up directly (keyNames), resolves exactly as Caddy's ReplaceAll would resolve it: strings,
+// numbers, booleans, unknown and empty placeholders, and entries that are not one placeholder.
+func TestKeyPlaceholderLookedUpAsReplaceAll(t *testing.T) {
+	repl := caddy.NewReplacer()
+	repl.Set("v.str", "alice")
+	repl.Set("v.int", 42)
+	repl.Set("v.bool", true)
+	repl.Set("v.empty", "")
+	repl.Set("v.ip", "203.0.113.7")
+	entries := []string{"{v.str}", "{v.int}", "{v.bool}", "{v.empty}", "{v.unknown}", "{v.ip}",
+		"user-{v.str}", "{v.str}{v.int}", `\{v.str}`, "literal"}
+	for _, k := range entries {
+		compiled := &Zone{Key: []string{k}, keyNames: []string{singlePlaceholder(k)}, v4: 32, v6: 64}
+		replaced := &Zone{Key: []string{k}, v4: 32, v6: 64}
+		got, want := compiled.clientKey(repl, &maskMemo{}), replaced.clientKey(repl, &maskMemo{})
+		if got != want {
+			t.Errorf("key %q: looked up %q, ReplaceAll %q", k, got, want)
+		}
+	}
+	if singlePlaceholder("{v.str}") != "v.str" || singlePlaceholder("user-{v.str}") != "" {
+		t.Fatal("singlePlaceholder does not tell one placeholder from the rest: the test checks nothing")
+	}
+}

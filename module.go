@@ -119,6 +119,16 @@ type Handler struct {
 	// {http.rate_limit_redis.degraded} placeholder is set either way. Default: true.
 	DegradedHeader *bool `json:"degraded_header,omitempty"`
 
+	// Whether a refused gRPC call (HTTP/2, content-type application/grpc) gets the response gRPC
+	// clients understand instead of the 429 or 503: gRPC's Trailers-Only response, HTTP 200 with
+	// `grpc-status: 8` (RESOURCE_EXHAUSTED) for a denial, `14` (UNAVAILABLE) for fail_mode
+	// closed, a `grpc-message` naming the zone, and `grpc-retry-pushback-ms` (the Retry-After
+	// wait in milliseconds; -1, do not retry, when waiting cannot cure the denial). It is
+	// written by the handler, never through handle_errors, whose routes would answer it with a
+	// status or body a gRPC client cannot read; off sends gRPC calls the 429 or 503 through
+	// Caddy's error path like any request. Default: true.
+	GRPCStatus *bool `json:"grpc_status,omitempty"`
+
 	// Decide and report (headers, placeholders) as usual, but never reject a request.
 	DryRun bool `json:"dry_run,omitempty"`
 
@@ -203,8 +213,10 @@ type Handler struct {
 	// by the handler instead of going through Caddy's error path (about 11% of throughput on a
 	// deny flood, for the same response).
 	bareDenials bool
-	poolKey     string // the key of this handler's reference in clients; "" when it holds none
-	logger      *zap.Logger
+	// grpcStatus: refused gRPC calls get a gRPC status (grpc_status not off; grpc.go).
+	grpcStatus bool
+	poolKey    string // the key of this handler's reference in clients; "" when it holds none
+	logger     *zap.Logger
 	// waiting holds the places of the requests held for a max_wait, and of those being decided
 	// that may be: never more than MaxWaiting, nor more than a client's share (waiting.go).
 	waiting *waitingRoom
@@ -426,6 +438,9 @@ type Zone struct {
 	v4, v6    int    // the prefix lengths in force
 	jitter    int64  // the Retry-After jitter in force, in seconds
 	perClient bool   // a key has a placeholder: its client keys tell clients apart (waiting.go)
+	// keyNames are, per entry of Key, the placeholder's name when the entry is exactly one
+	// placeholder (looked up directly, no string building: clientKey), else "".
+	keyNames []string
 
 	// Formatted once for the hot path: the quota (X-RateLimit-Limit), the quoted name and the
 	// RateLimit-Policy value, and the errors of a denial.
@@ -472,6 +487,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("registering metrics: %w", err)
 	}
 	h.degradedHeader = h.Headers != HeadersOff && (h.DegradedHeader == nil || *h.DegradedHeader)
+	h.grpcStatus = h.GRPCStatus == nil || *h.GRPCStatus
 	needLocal := h.FailMode == FailLocal
 	for _, z := range h.Zones {
 		if err := z.provision(ctx, h.logger); err != nil {
@@ -557,6 +573,10 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger) error {
 		z.EmptyKey = EmptyKeyShared
 	}
 	z.checkPlaceholders(logger)
+	z.keyNames = make([]string, len(z.Key))
+	for i, k := range z.Key {
+		z.keyNames[i] = singlePlaceholder(k)
+	}
 	algo, err := limiter.ParseAlgorithm(z.Algorithm)
 	if err != nil {
 		return fmt.Errorf("zone %s: %w", z.Name, err)
@@ -584,6 +604,7 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger) error {
 	if z.MaxCost == 0 && algo == limiter.SlidingWindow && hasPlaceholder(z.Cost) && len(z.dyn) == 0 {
 		z.lz.MaxCost = min(z.Limit, MaxSlidingWindowCost) // with placeholder numbers: per request
 	}
+	z.lz.Prepare()                    // after every number of lz is set
 	z.quotedName = `"` + z.Name + `"` // zone names are [A-Za-z0-9_.-]: nothing to escape
 	if len(z.dyn) == 0 {              // else formatted per request: quotaOf, policyOf
 		z.quota = strconv.FormatInt(z.lz.Quota(), 10)

@@ -151,7 +151,13 @@ func (h *Handler) denyEmptyKey(w http.ResponseWriter, r *http.Request, next cadd
 // it under the zone's one shared key).
 func (z *Zone) clientKey(repl *caddy.Replacer, memo *maskMemo) string {
 	for i, k := range z.Key {
-		if v := repl.ReplaceAll(k, ""); v != "" {
+		var v string
+		if i < len(z.keyNames) && z.keyNames[i] != "" {
+			v, _ = repl.GetString(z.keyNames[i])
+		} else {
+			v = repl.ReplaceAll(k, "")
+		}
+		if v != "" {
 			return limiter.CandidateKey(i+1, memo.mask(v, z.v4, z.v6))
 		}
 	}

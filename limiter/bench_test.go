@@ -53,7 +53,7 @@ func BenchmarkDecodeReply3Zones(b *testing.B) {
 	reply := []any{int64(1), int64(1), int64(99), int64(0), int64(100000), int64(100000), int64(1), int64(98), int64(0), int64(200000), int64(100000),
 		int64(1), int64(4), int64(0), int64(60000000), int64(12000000)}
 	for b.Loop() {
-		allowed, zones, err := decodeReply(reply, reqs)
+		allowed, zones, err := decodeReply(reply, reqs, nil)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -80,7 +80,7 @@ func TestDecodeReplyDelays(t *testing.T) {
 }
 
 func decodeAndPick(reqs []Request, reply any) (Decision, error) {
-	allowed, zones, err := decodeReply(reply, reqs)
+	allowed, zones, err := decodeResult(reply, nil, reqs)
 	if err != nil {
 		return Decision{}, err
 	}

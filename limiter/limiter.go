@@ -252,7 +252,8 @@ func (l *Limiter) Allow(ctx context.Context, reqs []Request) (Decision, error) {
 	} else {
 		args := l.scriptArgs(reqs, false, sent)
 		ckeys := withRecords(keys, reqs, args, false)
-		allowed, zones, err = l.allowOne(ctx, reqs, ckeys, args)
+		var into [2]zoneReply // on the stack: the zones of most decisions
+		allowed, zones, err = l.allowOne(ctx, reqs, ckeys, args, into[:0])
 		if allowed {
 			held = newHeld(reqs, ckeys, args, nil)
 		}
@@ -277,21 +278,22 @@ func (l *Limiter) Allow(ctx context.Context, reqs []Request) (Decision, error) {
 
 // allowOne decides reqs, whose keys are all in one hash slot or on one server, with one call of
 // the decide script.
-func (l *Limiter) allowOne(ctx context.Context, reqs []Request, keys []string, args []any) (bool, []zoneReply, error) {
-	var reply any
-	var err error
+func (l *Limiter) allowOne(ctx context.Context, reqs []Request, keys []string, args []any, into []zoneReply) (bool, []zoneReply, error) {
 	batch := l.batch
 	if l.batchFor != nil {
 		if b := l.batchFor(ctx, keys[0]); b != nil {
 			batch = b
 		}
 	}
-	if batch != nil {
-		reply, err = batch.run(ctx, keys, args)
-	} else {
-		reply, err = l.run(ctx, keys, args)
+	if batch == nil {
+		reply, err := l.run(ctx, keys, args)
+		return decodeResult(reply, err, reqs)
 	}
-	return decodeResult(reply, err, reqs)
+	arr, err := batch.run(ctx, keys, args)
+	if err != nil {
+		return decodeResult(nil, err, reqs)
+	}
+	return decodeReply(arr, reqs, into)
 }
 
 // decodeResult decodes the reply of a decide script call for reqs, or wraps its error.
@@ -303,7 +305,11 @@ func decodeResult(reply any, err error, reqs []Request) (bool, []zoneReply, erro
 	if err != nil {
 		return false, nil, fmt.Errorf("redis decide script: %w", err)
 	}
-	return decodeReply(reply, reqs)
+	arr, ok := reply.([]any)
+	if !ok {
+		return false, nil, fmt.Errorf("%w: got %T, want an array", ErrBadResponse, reply)
+	}
+	return decodeReply(arr, reqs, nil)
 }
 
 // run is one round trip of the decide script: runScript.
@@ -345,18 +351,21 @@ func (l *Limiter) scriptArgs(reqs []Request, hold bool, ref time.Time) []any {
 		}
 		switch r.Zone.Algorithm {
 		case SlidingWindow, SlidingWindowCounter:
-			args = append(args, r.Zone.Algorithm.tag(), r.Zone.Limit, r.Zone.Window.Microseconds(), cost)
+			limit, window := r.Zone.windowArgs()
+			args = append(args, r.Zone.Algorithm.tag(), limit, window, cost)
 		case FixedWindow:
-			args = append(args, "fw", r.Zone.Limit, windowBounds(r.Zone, ref), cost)
+			limit, _ := r.Zone.windowArgs()
+			args = append(args, "fw", limit, windowBounds(r.Zone, ref), cost)
 		case Concurrency:
-			args = append(args, "cc", r.Zone.Limit, "0", cost)
+			limit, _ := r.Zone.windowArgs()
+			args = append(args, "cc", limit, "0", cost)
 		default:
-			var rate any = r.Zone.RefillRate
+			capacity, rate := r.Zone.bucketArgs()
 			if w := r.maxWait(); w > 0 {
 				// go-redis formats a float64 argument so ('f', -1): the same number either way.
 				rate = strconv.FormatFloat(r.Zone.RefillRate, 'f', -1, 64) + "," + strconv.FormatInt(w.Microseconds(), 10)
 			}
-			args = append(args, "tb", r.Zone.Capacity, rate, cost)
+			args = append(args, "tb", capacity, rate, cost)
 		}
 	}
 	return args
@@ -397,18 +406,18 @@ const replyWidth = 5
 // zone admits the request, its delay), reset (µs) and next (µs), none negative, and no delay
 // longer than the zone may hold the request (maxWait: none without MaxWait). Any other shape,
 // type or value is an error wrapping ErrBadResponse: a request is never held past its MaxWait,
-// whatever Redis replies.
-func decodeReply(reply any, reqs []Request) (bool, []zoneReply, error) {
+// whatever Redis replies. The zones are decoded into into's array when it has room for them.
+func decodeReply(arr []any, reqs []Request, into []zoneReply) (bool, []zoneReply, error) {
 	n := len(reqs)
-	arr, ok := reply.([]any)
-	if !ok {
-		return false, nil, fmt.Errorf("%w: got %T, want an array", ErrBadResponse, reply)
-	}
 	if len(arr) != 1+replyWidth*n {
 		return false, nil, fmt.Errorf("%w: got %d values, want %d", ErrBadResponse, len(arr), 1+replyWidth*n)
 	}
 	var ints [1 + replyWidth]int64 // the decision's allowed, then one zone's values at a time
-	zones := make([]zoneReply, n)
+	zones := into[:0]
+	if cap(zones) < n {
+		zones = make([]zoneReply, 0, n)
+	}
+	zones = zones[:n]
 	for i, v := range arr {
 		x, ok := v.(int64)
 		if !ok {

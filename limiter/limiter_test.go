@@ -502,3 +502,48 @@ func TestBatchesAreExact(t *testing.T) {
 		})
 	}
 }
+
+// TestPipelineRepliesReachTheirCallers checks that a decision gets its own reply when the
+// pipeline's calls are used again (they are pooled) while others time out and are abandoned:
+// every decision is the first of its own key and cost, so its Remaining names the cost it was
+// decided for; a reply meant for another caller would show another's cost.
+func TestPipelineRepliesReachTheirCallers(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 8, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = rdb.Close() })
+	p := limiter.NewPipeline(rdb, 2)
+	t.Cleanup(p.Close)
+	l := limiter.New(rdb, limiter.Options{KeyPrefix: "rl:", Pipeline: p})
+	z := tb("bucket", 100, 1)
+	var answered, abandoned atomic.Int64
+	var wg sync.WaitGroup
+	for g := range 16 {
+		wg.Go(func() {
+			for i := range 150 {
+				cost := int64(1 + (g*7+i)%99)
+				ctx, cancel := context.Background(), context.CancelFunc(func() {})
+				if i%3 == 0 { // a third give up almost at once, mid-flight or before
+					ctx, cancel = context.WithTimeout(ctx, time.Duration(i%5)*50*time.Microsecond)
+				}
+				d, err := l.Allow(ctx, []limiter.Request{{Zone: z, Key: fmt.Sprintf("g%d-%d", g, i), Cost: cost}})
+				cancel()
+				switch {
+				case err != nil && i%3 == 0:
+					abandoned.Add(1)
+				case err != nil:
+					t.Errorf("decision %d-%d: %v", g, i, err)
+				case !d.Allowed || d.Remaining != 100-cost:
+					t.Errorf("decision %d-%d of cost %d: allowed %v, remaining %d, want allowed with %d: another call's reply",
+						g, i, cost, d.Allowed, d.Remaining, 100-cost)
+				default:
+					answered.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	t.Logf("%d answered, %d abandoned", answered.Load(), abandoned.Load())
+	if abandoned.Load() == 0 {
+		t.Fatal("no decision was abandoned: the test did not exercise abandoned calls")
+	}
+}

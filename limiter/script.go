@@ -39,11 +39,15 @@ import (
 // NOSCRIPT).
 type script struct {
 	src, sha string
+	// srcArg and shaArg are src and sha boxed once as command arguments: a string converted to
+	// an interface allocates.
+	srcArg, shaArg any
 }
 
 func newScript(src string) *script {
 	h := sha1.Sum([]byte(src))
-	return &script{src: src, sha: hex.EncodeToString(h[:])}
+	sha := hex.EncodeToString(h[:])
+	return &script{src: src, sha: sha, srcArg: src, shaArg: sha}
 }
 
 var (
@@ -64,9 +68,9 @@ func (c onceCmd) Clone() redis.Cmder { return onceCmd{c.Cmd.Clone().(*redis.Cmd)
 func (s *script) cmd(ctx context.Context, eval bool, keys []string, args []any) onceCmd {
 	a := make([]any, 0, 3+len(keys)+len(args))
 	if eval {
-		a = append(a, "eval", s.src, len(keys))
+		a = append(a, "eval", s.srcArg, len(keys))
 	} else {
-		a = append(a, "evalsha", s.sha, len(keys))
+		a = append(a, "evalsha", s.shaArg, len(keys))
 	}
 	for _, k := range keys {
 		a = append(a, k)

@@ -165,6 +165,47 @@ type Zone struct {
 	// request that would have to wait longer is denied as without MaxWait, charging nothing. 0:
 	// never hold, deny at once.
 	MaxWait time.Duration
+
+	// boxed are the zone's numbers as script arguments, boxed once by Prepare.
+	boxed *zoneArgs
+}
+
+// zoneArgs are a zone's numbers boxed as script arguments (an int64 or float64 converted to an
+// interface allocates), and the numbers they were boxed from.
+type zoneArgs struct {
+	capacity, limit, windowUs int64
+	rate                      float64
+	capacityArg, limitArg     any
+	windowArg, rateArg        any
+}
+
+// Prepare boxes the zone's numbers as script arguments once, so that a decision does not
+// allocate them (two allocations per zone and decision). Call it after the zone's fields are
+// set and before the zone is shared; it is optional. A copy of a prepared zone whose numbers
+// were changed afterwards boxes its own per decision.
+func (z *Zone) Prepare() {
+	w := z.Window.Microseconds()
+	z.boxed = &zoneArgs{
+		capacity: z.Capacity, limit: z.Limit, windowUs: w, rate: z.RefillRate,
+		capacityArg: z.Capacity, limitArg: z.Limit, windowArg: w, rateArg: z.RefillRate,
+	}
+}
+
+// bucketArgs are the token bucket's capacity (tokens) and refill rate (tokens/s) as script
+// arguments.
+func (z *Zone) bucketArgs() (capacity, rate any) {
+	if b := z.boxed; b != nil && b.capacity == z.Capacity && b.rate == z.RefillRate {
+		return b.capacityArg, b.rateArg
+	}
+	return z.Capacity, z.RefillRate
+}
+
+// windowArgs are a window algorithm's limit (requests) and window (µs) as script arguments.
+func (z *Zone) windowArgs() (limit, windowUs any) {
+	if b := z.boxed; b != nil && b.limit == z.Limit && b.windowUs == z.Window.Microseconds() {
+		return b.limitArg, b.windowArg
+	}
+	return z.Limit, z.Window.Microseconds()
 }
 
 // MaxCostOrQuota is the largest cost a request may take: MaxCost, or the quota when it is 0.
