@@ -23,6 +23,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/limiter"
@@ -682,4 +683,48 @@ func TestConcurrencySlotOfHeldRequest(t *testing.T) {
 	redistest.WaitFor(t, time.Second, "the slot given back", func() bool {
 		return liveSlots(t, srv, slotKey("conc")) == 0 && testutil.ToFloat64(gauge) == 0
 	})
+}
+
+// TestRedisACLConcurrency: a user with exactly the documented ACL's first line takes a slot,
+// refreshes it (refresh.lua) and gives it back, and its admin line reads the slots (State,
+// InFlight) and resets them; Redis refuses nothing.
+func TestRedisACLConcurrency(t *testing.T) {
+	srv := redistest.Start(t)
+	setUsers(t, srv, "limiter", grantLimiter)
+	setUsers(t, srv, "admin", grantLimiter, grantAdmin)
+	ctx := context.Background()
+	now := time.Now()
+	clock := func() time.Time { return now }
+	for _, user := range []string{"limiter", "admin"} {
+		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: user, Password: "s3cret"})
+		t.Cleanup(func() { _ = rdb.Close() })
+		l := limiter.New(rdb, limiter.Options{KeyPrefix: "rl:", Now: clock})
+		z := &limiter.Zone{Name: "c" + user, Algorithm: limiter.Concurrency, Limit: 1}
+		d, err := l.Allow(ctx, []limiter.Request{{Zone: z, Key: "alice", Cost: 1, Hold: 3 * time.Second}})
+		if err != nil || !d.Allowed {
+			t.Fatalf("%s: allow: %+v %v", user, d, err)
+		}
+		now = now.Add(time.Second)
+		if n, err := l.Refresh(ctx); err != nil || n != 1 {
+			t.Fatalf("%s: refresh: %d %v", user, n, err)
+		}
+		if user == "admin" {
+			if s, err := l.State(ctx, z, "alice"); err != nil || s.Count != 1 {
+				t.Fatalf("state: %+v %v", s, err)
+			}
+			if slots, err := l.InFlight(ctx, z, "alice"); err != nil || len(slots) != 1 {
+				t.Fatalf("in flight: %v %v", slots, err)
+			}
+			if existed, err := l.Reset(ctx, z, "alice"); err != nil || !existed {
+				t.Fatalf("reset: %v %v", existed, err)
+			}
+			continue
+		}
+		if _, err := l.Settle(ctx, d.Held, nil); err != nil {
+			t.Fatalf("settle: %v", err)
+		}
+	}
+	if log := srv.Do("ACL", "LOG"); fmt.Sprint(log) != "[]" {
+		t.Fatalf("ACL LOG: %v", log)
+	}
 }
