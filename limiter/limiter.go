@@ -83,7 +83,8 @@ type Result struct {
 	// request was admitted, else as they are (a denied request charged no zone).
 	Remaining int64
 	// Next is how long until the zone has at least one more whole token or window slot than
-	// Remaining; 0 when it is full.
+	// Remaining; 0 when it is full. A concurrency zone cannot tell (a slot comes back when a
+	// request ends): 1µs while any of the client's slots is taken, 0 when none is; Reset alike.
 	Next time.Duration
 	// Reset is how long until the zone is back to its full quota. For a zone that would have
 	// admitted a request that another zone denied, and is not full, it is an upper bound: the

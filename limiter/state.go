@@ -45,7 +45,8 @@ type State struct {
 	// Count (window algorithms) is the slots taken: by entries inside the sliding window
 	// ending at Now (sliding window log; entries older than the window, not yet removed by a
 	// decision, are not counted), in the fixed window holding Now (fixed window), in the current
-	// fixed window (sliding window counter).
+	// fixed window (sliding window counter); for a concurrency zone, the client's requests in
+	// flight at Now (slots whose deadline is after Now; Limiter.InFlight lists them).
 	Count int64
 	// Estimate (sliding window counter only) is the count the zone compares with its limit:
 	// Count plus the previous window's count weighted by its share still inside the window.

@@ -145,7 +145,8 @@ type Zone struct {
 	// RefillRate is the token bucket refill rate in tokens/s (> 0).
 	RefillRate float64
 	// Limit is the requests per Window (or Period) of the window algorithms (1 to MaxLimit; a
-	// fixed window or sliding window counter up to MaxCapacity: their memory does not grow with it).
+	// fixed window or sliding window counter up to MaxCapacity: their memory does not grow with it),
+	// or a concurrency zone's requests of a client in flight at once (1 to MaxConcurrency).
 	Limit int64
 	// Window is the window's length (MinWindow to MaxWindow). A fixed window zone has a Window or
 	// a Period, not both.
