@@ -707,6 +707,9 @@ func (p *zoneParser) finishConcurrency(algorithm string) error {
 			return errAt(tok, "%s does not apply to algorithm %s: a slot is given back when its response is complete, whatever it was", name, concurrencyName)
 		}
 	}
+	if tok, ok := p.seen["hold_max"]; ok && time.Duration(p.zone.HoldMax) < MinSlotLease {
+		return errAt(tok, "hold_max %s: a %s zone's slots are refreshed every third of it; at least %s", time.Duration(p.zone.HoldMax), concurrencyName, MinSlotLease)
+	}
 	return nil
 }
 

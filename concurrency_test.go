@@ -438,6 +438,7 @@ func TestConcurrencyZoneConfig(t *testing.T) {
 		{"algorithm concurrency\n limit 5\n count_status 5xx", "count_status does not apply to algorithm concurrency"},
 		{"algorithm concurrency", "limit is required for algorithm concurrency"},
 		{"algorithm concurrency\n limit 100001", "out of range (1 to 100000 requests in flight)"},
+		{"algorithm concurrency\n limit 5\n hold_max 500ms", "hold_max 500ms: a concurrency zone's slots are refreshed every third of it; at least 1s"},
 	} {
 		var h Handler
 		err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser("rate_limit_redis {\n zone c {\n " + tc.body + "\n }\n}"))
