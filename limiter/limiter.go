@@ -59,7 +59,9 @@ type Request struct {
 	// Limiter.Settle (Decision.Held): a token bucket reserves Cost, a sliding window adds its
 	// entries as usual, a fixed window or sliding window counter counts Cost as usual and
 	// records it (in the key `<state key>:<nonce>`) for the settlement. A hold not settled
-	// within Hold counts as charged. 0: charged now.
+	// within Hold counts as charged. 0: charged now. A concurrency zone needs one: it is its
+	// slot's lease (the slot is free Hold after it was taken or last refreshed, see Refresh),
+	// and Allow returns an error without it.
 	Hold time.Duration
 }
 
@@ -81,7 +83,8 @@ type Result struct {
 	// request was admitted, else as they are (a denied request charged no zone).
 	Remaining int64
 	// Next is how long until the zone has at least one more whole token or window slot than
-	// Remaining; 0 when it is full.
+	// Remaining; 0 when it is full. A concurrency zone cannot tell (a slot comes back when a
+	// request ends): 1µs while any of the client's slots is taken, 0 when none is; Reset alike.
 	Next time.Duration
 	// Reset is how long until the zone is back to its full quota. For a zone that would have
 	// admitted a request that another zone denied, and is not full, it is an upper bound: the
@@ -176,6 +179,7 @@ type Limiter struct {
 	instance string                        // random per Limiter, so sliding window members of instances differ
 	calls    atomic.Uint64                 // per-call part of the nonce
 	resets   atomic.Pointer[ResetListener] // set by ResetListener.Add
+	live     liveSlots                     // the concurrency slots in flight, kept alive by Refresh
 
 	batchFor func(ctx context.Context, key string) *Pipeline // Options.PipelineFor
 }
@@ -236,6 +240,9 @@ func (l *Limiter) Allow(ctx context.Context, reqs []Request) (Decision, error) {
 	keys := make([]string, len(reqs))
 	for i, r := range reqs {
 		keys[i] = StateKey(l.prefix, r.Zone, r.Key)
+		if r.Zone.Algorithm == Concurrency && r.Hold <= 0 {
+			return Decision{}, errNoLease
+		}
 	}
 	var allowed bool
 	var zones []zoneReply
@@ -263,6 +270,7 @@ func (l *Limiter) Allow(ctx context.Context, reqs []Request) (Decision, error) {
 	}
 	if held != nil {
 		held.sent = sent
+		l.track(held, sent)
 	}
 	d := pick(reqs, allowed, zones)
 	d.Err, d.Held = slotErr, held
@@ -349,6 +357,9 @@ func (l *Limiter) scriptArgs(reqs []Request, hold bool, ref time.Time) []any {
 		case FixedWindow:
 			limit, _ := r.Zone.windowArgs()
 			args = append(args, "fw", limit, windowBounds(r.Zone, ref), cost)
+		case Concurrency:
+			limit, _ := r.Zone.windowArgs()
+			args = append(args, "cc", limit, "0", cost)
 		default:
 			capacity, rate := r.Zone.bucketArgs()
 			if w := r.maxWait(); w > 0 {
