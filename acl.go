@@ -48,6 +48,7 @@ var redisUses = []redisUse{
 	{"lua/decide.lua", grantLimiter, []string{"time", "hmget", "hgetall", "zcount", "zrangebyscore", "zrange", "get",
 		"pexpire", "hdel", "hset", "set", "zremrangebyscore", "zadd"}},
 	{"lua/settle.lua", grantLimiter, []string{"time", "get", "del", "set", "hmget", "hset", "hdel", "pexpire", "zrem"}},
+	{"lua/refresh.lua", grantLimiter, []string{"time", "zremrangebyscore", "zadd", "zrange", "pexpire"}},
 	// limiter.ResetListener: SUBSCRIBE to <prefix>reset, and go-redis's health check of the
 	// subscription, a PING after 3s without a message.
 	{"limiter.ResetListener: the reset broadcast", grantLimiter, []string{"subscribe", "ping"}},

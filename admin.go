@@ -105,7 +105,7 @@ type zoneInfo struct {
 	Capacity int64 `json:"capacity,omitempty"`
 	// token_bucket: tokens added per second.
 	RefillRate float64 `json:"refill_rate,omitempty"`
-	// sliding_window: requests admitted per window.
+	// sliding_window: requests admitted per window; concurrency: requests in flight at once.
 	Limit int64 `json:"limit,omitempty"`
 	// sliding_window: the window length, in milliseconds.
 	WindowMs int64 `json:"window_ms,omitempty"`
@@ -123,6 +123,14 @@ type zoneInfo struct {
 	// The handler's Redis addresses (placeholders replaced) and database.
 	Redis []string `json:"redis"`
 	DB    int      `json:"db,omitempty"`
+}
+
+// slotState is a concurrency zone's slot in flight, in GET /rate_limit_redis/state.
+type slotState struct {
+	// The slot's id: the nonce of the decision that took it (instance and call).
+	ID string `json:"id"`
+	// When the slot frees itself unless refreshed or given back first, in RFC 3339 (UTC).
+	Deadline string `json:"deadline"`
 }
 
 // clientState is one entry of GET /rate_limit_redis/state.
@@ -160,6 +168,10 @@ type clientState struct {
 	// sliding_window_counter: the estimate compared with the limit (count plus the previous
 	// window's count weighted by its share still inside the sliding window).
 	Estimate *float64 `json:"estimate,omitempty"`
+	// concurrency: the client's requests in flight (count is their number), each slot with its
+	// deadline, soonest first: when it frees itself unless its instance refreshes it first
+	// (hold_max after it was taken or last refreshed) or gives it back.
+	Slots []slotState `json:"slots,omitempty"`
 	// fixed_window: the window holding now, [start, end), in RFC 3339 (UTC).
 	WindowStart string `json:"window_start,omitempty"`
 	WindowEnd   string `json:"window_end,omitempty"`
@@ -329,6 +341,15 @@ func readState(ctx context.Context, w http.ResponseWriter, ts []target, key stri
 		case limiter.FixedWindow:
 			cs.Count = &s.Count
 			cs.WindowStart, cs.WindowEnd = s.WindowStart.UTC().Format(time.RFC3339Nano), s.WindowEnd.UTC().Format(time.RFC3339Nano)
+		case limiter.Concurrency:
+			cs.Count = &s.Count
+			slots, err := t.h.limiter.InFlight(ctx, lz, lk)
+			if err != nil {
+				return redisError(err)
+			}
+			for _, sl := range slots {
+				cs.Slots = append(cs.Slots, slotState{ID: sl.ID, Deadline: sl.Deadline.UTC().Format(time.RFC3339Nano)})
+			}
 		default:
 			cs.Count = &s.Count
 		}

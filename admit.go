@@ -32,6 +32,9 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 	} else {
 		h.count(f.reqs, res)
 	}
+	if d.Held != nil {
+		slotsTaken(h, f.reqs) // given back by the settlement, on every way out
+	}
 	if d.Delay > 0 && !h.DryRun {
 		h.holdWaiting(&f.placed, f.reqs)
 		if err := h.hold(r.Context(), d.Delay, &f.outcome); err != nil {
@@ -47,6 +50,9 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 	h.leaveWaiting(&f.placed, f.reqs)
 	if d.Held != nil {
 		return h.serveAndSettle(w, r, next, f.reqs, f.d, f.repl)
+	}
+	if f.degraded && hasSlots(f.decided) {
+		return h.serveLocalSlots(w, r, next, f.decided)
 	}
 	return next.ServeHTTP(w, r)
 }

@@ -36,6 +36,7 @@ var (
 	slidingWindowName        = limiter.SlidingWindow.String()
 	fixedWindowName          = limiter.FixedWindow.String()
 	slidingWindowCounterName = limiter.SlidingWindowCounter.String()
+	concurrencyName          = limiter.Concurrency.String()
 )
 
 // UnmarshalCaddyfile sets up the handler from Caddyfile tokens. Syntax:
@@ -80,10 +81,10 @@ var (
 //			key         <value>...           # placeholders; the first that is not empty wins (the n-th's key is n=value); default {client_ip}
 //			empty_key   shared|skip|deny     # when every key placeholder is empty; default shared
 //			fail_mode   open|closed|local    # this zone's, when Redis fails; default the handler's
-//			algorithm   token_bucket|sliding_window|fixed_window|sliding_window_counter   # default token_bucket
+//			algorithm   token_bucket|sliding_window|fixed_window|sliding_window_counter|concurrency   # default token_bucket
 //			capacity    <n>                  # token_bucket: burst size, > 0
 //			refill_rate <n>[/<duration>]     # token_bucket: tokens per second, or per the duration (100/1m); > 0
-//			limit       <n>                  # the window algorithms: requests per window, > 0
+//			limit       <n>                  # the window algorithms: requests per window, > 0; concurrency: requests in flight at once
 //			window      <duration>           # sliding_window, sliding_window_counter, fixed_window: > 0
 //			                                 # each of these four and max_cost: or <placeholder> [<fallback>]
 //			period      hour|day|week|month  # fixed_window, instead of window: a calendar period
@@ -94,6 +95,7 @@ var (
 //			count_status <code|Nxx>...       # charge only responses of these statuses (any algorithm)
 //			charge header <field> | openai_usage [total|prompt|completion] [missing <n>]   # charge what the response reports (at most max_cost); cost is the reservation; missing: what a 2xx without usage is charged, default max_cost (not sliding_window)
 //			hold_max    <duration>           # with count_status or charge: a reservation unsettled after it counts as charged; default 10m
+//			                                 # concurrency: a slot's lease, refreshed while its request runs; a dead instance's slots free after it
 //			lease {                          # token_bucket, fixed_window: hot clients' units granted from Redis ahead, spent in process (not with max_wait, count_status, charge)
 //				max <n>                      # the most units one grant takes
 //				ttl <duration>               # a grant's lifetime, 10ms to 1m (a fixed window's: at most to its end); its unspent units go back when it ends
@@ -493,7 +495,7 @@ func (p *zoneParser) subdirective(d *caddyfile.Dispenser) error {
 	case "empty_key":
 		return stringArg(d, &z.EmptyKey, oneOf(EmptyKeyShared, EmptyKeySkip, EmptyKeyDeny))
 	case "algorithm":
-		return stringArg(d, &z.Algorithm, oneOf(tokenBucketName, slidingWindowName, fixedWindowName, slidingWindowCounterName))
+		return stringArg(d, &z.Algorithm, oneOf(tokenBucketName, slidingWindowName, fixedWindowName, slidingWindowCounterName, concurrencyName))
 	case "capacity", "refill_rate", "limit", "window", "max_cost":
 		return p.number(d)
 	case "period":
@@ -645,6 +647,9 @@ func (p *zoneParser) finishParameters(algorithm, hint string) error {
 	if tok, ok := p.seen["limit"]; ok && z.Limit > limiter.MaxLimit && (algorithm == slidingWindowName || algorithm == tokenBucketName) {
 		return errAt(tok, "limit: %q is out of range (1 to %d)", strconv.FormatInt(z.Limit, 10), limiter.MaxLimit)
 	}
+	if tok, ok := p.seen["limit"]; ok && z.Limit > limiter.MaxConcurrency && algorithm == concurrencyName {
+		return errAt(tok, "limit: %q is out of range (1 to %d requests in flight)", strconv.FormatInt(z.Limit, 10), limiter.MaxConcurrency)
+	}
 	// Each subdirective of an algorithm's parameters, and the algorithm it belongs to in the
 	// error when another algorithm is used.
 	owner := map[string]string{"capacity": tokenBucketName, "refill_rate": tokenBucketName,
@@ -659,6 +664,10 @@ func (p *zoneParser) finishParameters(algorithm, hint string) error {
 		allowed["period"], allowed["time_zone"] = true, true
 		own = []string{"limit"}
 	}
+	if algorithm == concurrencyName {
+		allowed = map[string]bool{"limit": true}
+		own = []string{"limit"}
+	}
 	for _, name := range []string{"capacity", "refill_rate", "limit", "window", "period", "time_zone"} {
 		if tok, ok := p.seen[name]; ok && !allowed[name] {
 			return errAt(tok, "%s belongs to algorithm %s, not %s%s", name, owner[name], algorithm, hint)
@@ -669,6 +678,9 @@ func (p *zoneParser) finishParameters(algorithm, hint string) error {
 			return errAt(p.start, "zone %q: %s is required for algorithm %s", z.Name, name, algorithm)
 		}
 	}
+	if err := p.finishConcurrency(algorithm); err != nil {
+		return err
+	}
 	if tok, ok := p.seen["max_wait"]; ok && algorithm != tokenBucketName {
 		// A token bucket's debt is an exact queue; a window's quota comes back in steps.
 		return errAt(tok, "max_wait applies to algorithm %s only, not %s: a window gives its quota back in steps, "+
@@ -676,6 +688,33 @@ func (p *zoneParser) finishParameters(algorithm, hint string) error {
 	}
 	if algorithm == fixedWindowName {
 		return p.finishFixedWindow()
+	}
+	return nil
+}
+
+// finishConcurrency refuses in a concurrency zone what does not apply to it: max_wait (no queue
+// waits for a slot, for now), cost and max_cost (a request takes one slot), count_status and
+// charge (a slot is given back when its response ends, whatever it was).
+func (p *zoneParser) finishConcurrency(algorithm string) error {
+	if algorithm != concurrencyName {
+		return nil
+	}
+	if tok, ok := p.seen["max_wait"]; ok {
+		return errAt(tok, "max_wait does not apply to algorithm %s: a request is admitted while one of its client's slots is free, "+
+			"else denied (429); no queue waits for a slot", concurrencyName)
+	}
+	for _, name := range []string{"cost", "max_cost"} {
+		if tok, ok := p.seen[name]; ok {
+			return errAt(tok, "%s does not apply to algorithm %s: a request takes one slot while it runs", name, concurrencyName)
+		}
+	}
+	for _, name := range []string{"count_status", "charge"} {
+		if tok, ok := p.seen[name]; ok {
+			return errAt(tok, "%s does not apply to algorithm %s: a slot is given back when its response is complete, whatever it was", name, concurrencyName)
+		}
+	}
+	if tok, ok := p.seen["hold_max"]; ok && time.Duration(p.zone.HoldMax) < MinSlotLease {
+		return errAt(tok, "hold_max %s: a %s zone's slots are refreshed every third of it; at least %s", time.Duration(p.zone.HoldMax), concurrencyName, MinSlotLease)
 	}
 	return nil
 }

@@ -98,8 +98,8 @@ func (p *zoneParser) finishAfter(algorithm string) error {
 		tok = ctok
 	}
 	if z.Charge == nil && !counting {
-		if tok, ok := p.seen["hold_max"]; ok {
-			return errAt(tok, "hold_max applies to a zone with count_status or charge")
+		if tok, ok := p.seen["hold_max"]; ok && algorithm != concurrencyName {
+			return errAt(tok, "hold_max applies to a zone with count_status or charge, or of algorithm concurrency")
 		}
 		return nil
 	}

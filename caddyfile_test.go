@@ -844,7 +844,7 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 		{"algorithm repeated", "rate_limit_redis {\n\tzone a {\n\t\talgorithm token_bucket\n\t\talgorithm token_bucket\n\t}\n}",
 			`duplicate subdirective "algorithm", at Testfile:4`},
 		{"algorithm bad", "rate_limit_redis {\n\tzone a {\n\t\talgorithm leaky_bucket\n\t}\n}",
-			`algorithm: "leaky_bucket" must be token_bucket, sliding_window, fixed_window or sliding_window_counter, at Testfile:3`},
+			`algorithm: "leaky_bucket" must be token_bucket, sliding_window, fixed_window, sliding_window_counter or concurrency, at Testfile:3`},
 
 		// capacity
 		{"capacity missing", "rate_limit_redis {\n\tzone a {\n\t\tcapacity\n\t}\n}",

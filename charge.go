@@ -81,6 +81,7 @@ type afterResponse struct {
 	hold     time.Duration
 	charged  prometheus.Counter
 	refunded prometheus.Counter
+	inFlight prometheus.Gauge   // concurrency: the zone's slots this instance holds; nil otherwise
 	missing  prometheus.Counter // charge: responses charged Charge.Missing
 	capped   prometheus.Counter // charge: amounts reported above max_cost, charged max_cost
 	warned   atomic.Int64       // Unix ns of the last warning of a missing usage
@@ -90,6 +91,9 @@ type afterResponse struct {
 // of the first two has z.after nil.
 func (z *Zone) provisionAfter() error {
 	z.after = nil
+	if z.lz.Algorithm == limiter.Concurrency {
+		return z.provisionSlots()
+	}
 	if len(z.CountStatus) == 0 && z.Charge == nil {
 		return nil
 	}
@@ -135,12 +139,15 @@ func (z *Zone) provisionAfter() error {
 func (z *Zone) validateAfter() error {
 	if z.after == nil {
 		if z.HoldMax != 0 {
-			return fmt.Errorf("zone %s: hold_max applies to a zone with count_status or charge", z.Name)
+			return fmt.Errorf("zone %s: hold_max applies to a zone with count_status or charge, or of algorithm concurrency", z.Name)
 		}
 		return nil
 	}
 	if z.HoldMax < 0 || time.Duration(z.HoldMax) > MaxHoldMax {
 		return fmt.Errorf("zone %s: hold_max must be between 1ns and %s", z.Name, formatDuration(MaxHoldMax))
+	}
+	if z.lz.Algorithm == limiter.Concurrency {
+		return z.validateSlots()
 	}
 	if err := afterAlgorithmError(z.lz.Algorithm.String(), z.Charge != nil); err != "" {
 		return fmt.Errorf("zone %s: %s", z.Name, err)
@@ -400,7 +407,10 @@ func (h *Handler) settle(ctx context.Context, reqs []limiter.Request, held *limi
 		} else {
 			release(err)
 		}
+	} else {
+		h.limiter.Drop(held) // not settled: its slots free themselves at their deadline
 	}
+	slotsDone(h, reqs)
 	for i, rq := range reqs {
 		if i >= len(settled) || !settled[i] {
 			continue

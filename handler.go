@@ -69,6 +69,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if done, err := h.decideFlight(w, r, next, f); done {
 		return err
 	}
+	if f.d.Held != nil {
+		// Whatever happens to the request, its concurrency slots are not refreshed past it
+		// (settled, they are untracked already).
+		defer h.limiter.Drop(f.d.Held)
+	}
 	h.describe(w, f)
 	if f.d.Allowed {
 		return h.admit(w, r, next, f)

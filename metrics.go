@@ -35,6 +35,9 @@ var metrics struct {
 	delays *prometheus.HistogramVec
 	// waiting is the requests held for a max_wait now, in every handler of the process.
 	waiting prometheus.Gauge
+	// inFlight is, by concurrency zone, the requests of this instance holding a slot now
+	// (concurrency.go).
+	inFlight *prometheus.GaugeVec
 }
 
 // result is the result label of decisions_total.
@@ -119,6 +122,12 @@ func initMetrics() {
 			Name:      "waiting",
 			Help:      "Requests held now for their turn (max_wait), in every handler of this instance.",
 		})
+		metrics.inFlight = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "caddy",
+			Subsystem: "rate_limit_redis",
+			Name:      "in_flight",
+			Help:      "Requests of this instance holding a slot of a concurrency zone now (in Redis, or in process under fail_mode local), by zone.",
+		}, []string{"zone"})
 	})
 }
 
@@ -129,7 +138,7 @@ func registerMetrics(reg prometheus.Registerer) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range append([]prometheus.Collector{metrics.backendFailures, metrics.denyCacheHits, metrics.decisions, metrics.redisDuration, metrics.emptyKeys, metrics.delays, metrics.waiting}, append(chargeCollectors(), leaseCollectors()...)...) {
+	for _, c := range append([]prometheus.Collector{metrics.backendFailures, metrics.denyCacheHits, metrics.decisions, metrics.redisDuration, metrics.emptyKeys, metrics.delays, metrics.waiting, metrics.inFlight}, append(chargeCollectors(), leaseCollectors()...)...) {
 		if err := reg.Register(c); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
 			return err
 		}

@@ -201,9 +201,11 @@ type Handler struct {
 	// if any zone denies, no zone is charged. At least one zone is required.
 	Zones []*Zone `json:"zones,omitempty"`
 
-	limiter   *limiter.Limiter
-	local     *limiter.Local     // when a zone's fail_mode is local
-	keySecret *limiter.KeySecret // key_secret resolved; nil without it
+	limiter *limiter.Limiter
+	local   *limiter.Local // when a zone's fail_mode is local
+	// stopRefresh, closed by Cleanup, stops the refresher of concurrency slots (concurrency.go).
+	stopRefresh chan struct{}
+	keySecret   *limiter.KeySecret // key_secret resolved; nil without it
 	// degradedHeader: X-RateLimit-Degraded is sent (headers on, degraded_header not off).
 	degradedHeader bool
 	client         *sharedClient
@@ -308,8 +310,9 @@ type Zone struct {
 	EmptyKey string `json:"empty_key,omitempty"`
 
 	// `token_bucket`, `sliding_window` (the exact sliding window log), `fixed_window` (a counter
-	// per window or calendar period) or `sliding_window_counter` (constant memory, approximate).
-	// Default: `token_bucket`.
+	// per window or calendar period), `sliding_window_counter` (constant memory, approximate) or
+	// `concurrency` (at most `limit` requests of a client in flight at once, across all
+	// instances; see docs/decisions.md). Default: `token_bucket`.
 	Algorithm string `json:"algorithm,omitempty"`
 
 	// token_bucket: the bucket size (burst), in tokens; 1 to 2^53. Like refill_rate, limit,
@@ -329,7 +332,9 @@ type Zone struct {
 
 	// sliding_window, fixed_window, sliding_window_counter: requests admitted per window; 1 to
 	// 1,000,000 for sliding_window (one Redis entry per request), to 2^53 for the others (one
-	// counter per client). Or a placeholder, optionally with a fallback, as for capacity.
+	// counter per client). concurrency: requests of a client in flight at once, 1 to 100,000 (one
+	// Redis entry per request in flight). Or a placeholder, optionally with a fallback, as for
+	// capacity.
 	Limit int64 `json:"limit,omitempty"`
 
 	// sliding_window, fixed_window, sliding_window_counter: the window length, as a duration
@@ -413,7 +418,10 @@ type Zone struct {
 	Lease *Lease `json:"lease,omitempty"`
 
 	// With count_status or charge: how long a reservation waits for its response; an
-	// unsettled one (an instance that crashed) counts as charged after it. Default: 10m.
+	// unsettled one (an instance that crashed) counts as charged after it. concurrency: a
+	// slot's lease (1s to 1d): the instance refreshes the slots of its requests in flight every
+	// third of it, and the slots of an instance that died free themselves at most hold_max after
+	// it died. Default: 10m.
 	HoldMax caddy.Duration `json:"hold_max,omitempty"`
 
 	after *afterResponse // count_status and charge, provisioned; nil without them
@@ -553,6 +561,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	h.limiter = limiter.New(client.rdb, opts)
 	client.resets.Add(h.limiter)
+	h.startRefresher()
 	h.events = newEvents(ctx, client.addrs)
 	register(h) // for the admin API
 	return nil
@@ -865,6 +874,10 @@ func (cfg *RedisConfig) isCluster() bool {
 // the shared Redis client; the last one closes it.
 func (h *Handler) Cleanup() error {
 	unregister(h)
+	if h.stopRefresh != nil {
+		close(h.stopRefresh) // the refresher ends once the slots in flight are given back
+		h.stopRefresh = nil
+	}
 	if h.client != nil && h.limiter != nil {
 		h.client.resets.Remove(h.limiter)
 		ctx, cancel := context.WithTimeout(context.Background(), max(time.Duration(h.Timeout), time.Second))

@@ -181,6 +181,9 @@ func maxInt(f numField, algo limiter.Algorithm) int64 {
 	if f == numLimit && algo == limiter.SlidingWindow {
 		return limiter.MaxLimit
 	}
+	if f == numLimit && algo == limiter.Concurrency {
+		return limiter.MaxConcurrency
+	}
 	return limiter.MaxCapacity
 }
 
@@ -320,6 +323,10 @@ func (z *Zone) finishNumbers(lz *limiter.Zone) error {
 				z.Name, lz.Capacity, lz.RefillRate, fill, formatDuration(limiter.MaxWindow))
 		}
 	}
+	if lz.Algorithm == limiter.Concurrency {
+		lz.MaxCost = 0 // one slot per request
+		return nil
+	}
 	q := lz.Quota()
 	mc := lz.MaxCost
 	if mc == 0 || mc > q {
@@ -450,8 +457,15 @@ func (z *Zone) unmarshalNumber(f numField, raw []byte, target any) error {
 }
 
 // policyValue is the RateLimit-Policy item of a zone decided with lz:
-// `"<zone>";q=<quota>;w=<window s>`.
+// `"<zone>";q=<quota>;w=<window s>`; a concurrency zone's
+// `"<zone>";q=<limit>;qu="concurrent-requests"` (draft-ietf-httpapi-ratelimit-headers: the quota
+// unit of a limit of concurrent requests).
 func policyValue(quotedName string, lz *limiter.Zone) string {
+	if lz.Algorithm == limiter.Concurrency {
+		// Requests in flight at once: the draft's quota unit concurrent-requests, over no
+		// window (w is optional, and must not be 0).
+		return quotedName + ";q=" + strconv.FormatInt(min(lz.Quota(), sfMaxInteger), 10) + `;qu="concurrent-requests"`
+	}
 	q, w := policyWindow(lz.Quota(), lz.PolicyWindow())
 	return quotedName + ";q=" + strconv.FormatInt(q, 10) + ";w=" + strconv.FormatInt(w, 10)
 }

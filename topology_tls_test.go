@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -56,9 +57,12 @@ func TestTLSAndACL(t *testing.T) {
 		{"wrong CA", &RedisConfig{Addresses: []string{srv.TLSAddr}, Username: "limiter", Password: password,
 			TLS: &TLSConfig{CA: srv.OtherCA, Cert: srv.ClientCert, Key: srv.ClientKey}},
 			"tls: failed to verify certificate: x509: certificate signed by unknown authority"},
+		// TLS 1.3: the client's handshake is done before the server checks its certificate, so the
+		// client sends its first command, and the server's alert ("certificate required") races
+		// the reset of a socket closed with that command unread: the client reports either.
 		{"no client certificate", &RedisConfig{Addresses: []string{srv.TLSAddr}, Username: "limiter", Password: password,
 			TLS: &TLSConfig{CA: srv.CA}},
-			"certificate required"},
+			"certificate required|connection reset by peer"},
 		{"wrong password", &RedisConfig{Addresses: []string{srv.TLSAddr}, Username: "limiter", Password: password + "x", TLS: tlsOK()},
 			"WRONGPASS invalid username-password pair or user is disabled"},
 		{"plain to the TLS port", &RedisConfig{Addresses: []string{srv.TLSAddr}, Username: "limiter", Password: password},
@@ -74,7 +78,7 @@ func TestTLSAndACL(t *testing.T) {
 			if !errors.As(err, &he) || he.StatusCode != 503 || next {
 				t.Fatalf("got err %v, next %t; want 503 (fail_mode closed)", err, next)
 			}
-			if !strings.Contains(err.Error(), tc.want) {
+			if !slices.ContainsFunc(strings.Split(tc.want, "|"), func(w string) bool { return strings.Contains(err.Error(), w) }) {
 				t.Fatalf("error %q does not say %q", err, tc.want)
 			}
 			if strings.Contains(err.Error(), password) {

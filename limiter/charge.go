@@ -200,11 +200,13 @@ var ErrNotHeld = errors.New("no hold to settle")
 // same, and it counts as settled. A settle in time is idempotent: a second one finds no hold. A
 // settle is never retried: on a Redis error the hold counts as charged once its Hold has passed.
 // A zone given back some of its charge forgets this Limiter's cached denials of its client (see
-// Forget): they were decided without that capacity.
+// Forget): they were decided without that capacity. A concurrency zone's slot is given back
+// whatever amounts[i] says, and is no longer refreshed (Refresh).
 func (l *Limiter) Settle(ctx context.Context, h *Held, amounts []int64) ([]bool, error) {
 	if h == nil {
 		return nil, nil
 	}
+	l.untrack(h) // a concurrency slot is being given back: no more refreshes
 	n := 0
 	for _, p := range h.parts {
 		for _, i := range p.idx {

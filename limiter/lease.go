@@ -56,6 +56,10 @@ const errLeaseMaxWait = "lease and max_wait exclude each other: a held request's
 
 // errLeaseAlgorithm is why a zone of algorithm a cannot lease.
 func errLeaseAlgorithm(a Algorithm) string {
+	if a == Concurrency {
+		return "lease applies to algorithms token_bucket and fixed_window only, not concurrency: " +
+			"a slot is taken for a request's whole run, so there is nothing to spend ahead"
+	}
 	return fmt.Sprintf("lease applies to algorithms token_bucket and fixed_window only, not %s: "+
 		"a grant of a sliding window would need entries scored ahead, and one of a sliding window counter "+
 		"would be weighed down with the window it was counted in; neither is built", a)
@@ -393,6 +397,7 @@ func (l *Limiter) decideLeased(ctx context.Context, reqs, sub []Request, keys []
 					part.idx[j] = idx[i]
 				}
 			}
+			l.track(held, sent)
 		}
 		return allowed, zones, held, slotErr, err
 	}
@@ -404,6 +409,7 @@ func (l *Limiter) decideLeased(ctx context.Context, reqs, sub []Request, keys []
 	}
 	if held = newHeld(reqs, ckeys, args, idx); held != nil {
 		held.sent = sent
+		l.track(held, sent) // a concurrency zone's slot, kept alive while its request runs
 	}
 	if late := l.leases.install(reqs, sub, idx, p, keys, args, zones, sent); len(late) > 0 {
 		go func() { // granted while the Limiter was being retired: its sweeper is gone

@@ -63,7 +63,9 @@ type Request struct {
 	// Limiter.Settle (Decision.Held): a token bucket reserves Cost, a sliding window adds its
 	// entries as usual, a fixed window or sliding window counter counts Cost as usual and
 	// records it (in the key `<state key>:<nonce>`) for the settlement. A hold not settled
-	// within Hold counts as charged. 0: charged now.
+	// within Hold counts as charged. 0: charged now. A concurrency zone needs one: it is its
+	// slot's lease (the slot is free Hold after it was taken or last refreshed, see Refresh),
+	// and Allow returns an error without it.
 	Hold time.Duration
 }
 
@@ -85,7 +87,8 @@ type Result struct {
 	// request was admitted, else as they are (a denied request charged no zone).
 	Remaining int64
 	// Next is how long until the zone has at least one more whole token or window slot than
-	// Remaining; 0 when it is full.
+	// Remaining; 0 when it is full. A concurrency zone cannot tell (a slot comes back when a
+	// request ends): 1µs while any of the client's slots is taken, 0 when none is; Reset alike.
 	Next time.Duration
 	// Reset is how long until the zone is back to its full quota. For a zone that would have
 	// admitted a request that another zone denied, and is not full, it is an upper bound: the
@@ -185,6 +188,7 @@ type Limiter struct {
 	calls    atomic.Uint64                 // per-call part of the nonce
 	resets   atomic.Pointer[ResetListener] // set by ResetListener.Add
 	leases   *leaseTable                   // nil: Options.Leases off
+	live     liveSlots                     // the concurrency slots in flight, kept alive by Refresh
 
 	batchFor func(ctx context.Context, key string) *Pipeline // Options.PipelineFor
 }
@@ -247,6 +251,11 @@ func (l *Limiter) Allow(ctx context.Context, reqs []Request) (Decision, error) {
 	if len(reqs) == 0 {
 		return Decision{Allowed: true, Zone: -1}, nil
 	}
+	for i := range reqs {
+		if reqs[i].Zone.Algorithm == Concurrency && reqs[i].Hold <= 0 {
+			return Decision{}, errNoLease
+		}
+	}
 	if l.leases != nil && leasing(reqs) {
 		return l.allowLeased(ctx, reqs)
 	}
@@ -282,6 +291,7 @@ func (l *Limiter) allow(ctx context.Context, reqs []Request, sent time.Time, key
 	}
 	if held != nil {
 		held.sent = sent
+		l.track(held, sent)
 	}
 	d := pick(reqs, allowed, zones)
 	d.Err, d.Held = slotErr, held
@@ -389,6 +399,9 @@ func (l *Limiter) scriptArgs(reqs []Request, hold bool, ref time.Time) []any {
 		case FixedWindow:
 			limit, _ := r.Zone.windowArgs()
 			args = append(args, "fw", limit, windowBounds(r.Zone, ref), r.costArg(cost))
+		case Concurrency:
+			limit, _ := r.Zone.windowArgs()
+			args = append(args, "cc", limit, "0", cost)
 		default:
 			capacity, rate := r.Zone.bucketArgs()
 			if w := r.maxWait(); w > 0 {

@@ -14,7 +14,8 @@ const DefaultLocalKeys = 65536
 
 // Local decides requests in process, for `fail_mode local`: while Redis is unavailable each
 // instance enforces every zone on its own, so the global limit becomes a per-instance one.
-// Every zone is a token bucket (golang.org/x/time/rate): a token bucket zone with its own
+// A concurrency zone is a semaphore of Limit per client (Release gives its slot back). Every
+// other zone is a token bucket (golang.org/x/time/rate): a token bucket zone with its own
 // capacity and refill rate, a window zone (sliding window log or counter, fixed window) as a
 // bucket of Limit tokens refilled at Limit per window (a period's nominal length): it admits the
 // same steady rate; its bursts, and a fixed window's reset, differ. A token bucket zone's MaxWait
@@ -31,6 +32,7 @@ type Local struct {
 	last    time.Time  // the latest time decided at, under mu
 	maxKeys int
 	zones   map[localZone]*lru.Cache[string, *rate.Limiter] // under mu
+	slots   map[localZone]map[string]int64                  // concurrency zones: requests in flight per client, under mu
 }
 
 // localZone names a zone's buckets in a Local.
@@ -63,6 +65,11 @@ func (l *Local) Allow(reqs []Request, now time.Time) Decision {
 	zones := make([]zoneReply, len(reqs))
 	allowed := true
 	for i, r := range reqs {
+		if r.Zone.Algorithm == Concurrency {
+			zones[i] = l.slotReply(r)
+			allowed = allowed && zones[i].allowed
+			continue
+		}
 		b, isNew := l.bucket(r, now)
 		buckets[i], fresh[i] = b, isNew
 		tokens := b.TokensAt(now)
@@ -84,6 +91,12 @@ func (l *Local) Allow(reqs []Request, now time.Time) Decision {
 		zones[i] = z
 	}
 	for i, r := range reqs {
+		if r.Zone.Algorithm == Concurrency {
+			if allowed {
+				l.slots[localZone{r.Zone.Name, r.Zone.Algorithm.tag()}][ClientKey(r.Key)]++
+			}
+			continue
+		}
 		tokens := buckets[i].TokensAt(now)
 		if allowed {
 			// Cannot fail (checked above, under l.mu): the cost is at most the burst. Unlike
@@ -106,6 +119,50 @@ func (l *Local) Allow(reqs []Request, now time.Time) Decision {
 		}
 	}
 	return pick(reqs, allowed, zones)
+}
+
+// slotReply decides r in its concurrency zone as decide.lua does, on this instance's requests in
+// flight: admitted iff fewer than the limit are; a denial's retry after is 1 s, its reset and next
+// 1 µs (a slot may come back at any moment). At most maxKeys clients of a zone are in flight at
+// once: a request of another client is denied while they are (the map stays bounded).
+func (l *Local) slotReply(r Request) zoneReply {
+	zk := localZone{r.Zone.Name, r.Zone.Algorithm.tag()}
+	if l.slots == nil {
+		l.slots = make(map[localZone]map[string]int64)
+	}
+	m := l.slots[zk]
+	if m == nil {
+		m = make(map[string]int64)
+		l.slots[zk] = m
+	}
+	n, ok := m[ClientKey(r.Key)]
+	if n+r.Cost <= r.Zone.Limit && (ok || len(m) < l.maxKeys) {
+		return zoneReply{allowed: true, remaining: r.Zone.Limit - n - r.Cost, reset: 1, next: 1}
+	}
+	z := zoneReply{remaining: max(0, r.Zone.Limit-n), retryAfter: 1_000_000}
+	if n > 0 {
+		z.reset, z.next = 1, 1
+	}
+	return z
+}
+
+// Release gives back the concurrency slots that reqs took when Allow admitted them: once each
+// request's response is complete. Zones of other algorithms are left alone.
+func (l *Local) Release(reqs []Request) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, r := range reqs {
+		if r.Zone.Algorithm != Concurrency {
+			continue
+		}
+		m := l.slots[localZone{r.Zone.Name, r.Zone.Algorithm.tag()}]
+		k := ClientKey(r.Key)
+		if m[k] <= 1 {
+			delete(m, k)
+		} else {
+			m[k]--
+		}
+	}
 }
 
 // bucket returns the bucket of r's zone and client, or a full one, not stored (isNew), when

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -44,7 +45,8 @@ type State struct {
 	// Count (window algorithms) is the slots taken: by entries inside the sliding window
 	// ending at Now (sliding window log; entries older than the window, not yet removed by a
 	// decision, are not counted), in the fixed window holding Now (fixed window), in the current
-	// fixed window (sliding window counter).
+	// fixed window (sliding window counter); for a concurrency zone, the client's requests in
+	// flight at Now (slots whose deadline is after Now; Limiter.InFlight lists them).
 	Count int64
 	// Estimate (sliding window counter only) is the count the zone compares with its limit:
 	// Count plus the previous window's count weighted by its share still inside the window.
@@ -85,6 +87,8 @@ func (l *Limiter) State(ctx context.Context, z *Zone, clientKey string) (State, 
 	switch z.Algorithm {
 	case SlidingWindow:
 		err = l.windowState(ctx, z, now, &s)
+	case Concurrency:
+		err = l.slotState(ctx, z, now, &s)
 	case FixedWindow, SlidingWindowCounter:
 		err = l.counterState(ctx, z, now, &s)
 	default:
@@ -193,6 +197,64 @@ func (l *Limiter) windowState(ctx context.Context, z *Zone, now int64, s *State)
 		s.RetryAfter = time.Duration(max(1, int64(e[0].Score)+z.Window.Microseconds()-now)) * time.Microsecond
 	}
 	return nil
+}
+
+// Slot is a concurrency zone's slot in flight: the request's decision nonce and its deadline.
+type Slot struct {
+	ID       string
+	Deadline time.Time
+}
+
+// slotState counts a concurrency zone's slots whose deadline is after now: what decide.lua
+// counts as taken. Limiter.InFlight lists them.
+func (l *Limiter) slotState(ctx context.Context, z *Zone, now int64, s *State) error {
+	var count *redis.IntCmd
+	var ttl *redis.DurationCmd
+	if _, err := l.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		count = p.ZCount(ctx, s.Key, "("+strconv.FormatInt(now, 10), "+inf")
+		ttl = p.PTTL(ctx, s.Key)
+		return nil
+	}); err != nil {
+		return fmt.Errorf("redis read of %s: %w", s.Key, err)
+	}
+	if err := s.setTTL(ttl.Val()); err != nil {
+		return err
+	}
+	s.Count = count.Val()
+	s.Remaining = max(0, z.Limit-s.Count)
+	if s.Remaining < 1 {
+		s.RetryAfter = time.Second // decide.lua's: a slot comes back when a response ends
+	}
+	return nil
+}
+
+// InFlight lists the client's slots in concurrency zone z (clientKey raw, as for State) whose
+// deadline is after now (the Redis server's TIME, or the Limiter's clock): the requests in
+// flight, with the time each frees itself unless refreshed or given back first, soonest first.
+// It changes nothing.
+func (l *Limiter) InFlight(ctx context.Context, z *Zone, clientKey string) ([]Slot, error) {
+	key := StateKey(l.prefix, z, clientKey)
+	var now time.Time
+	var err error
+	if l.now != nil {
+		now = l.now()
+	} else if now, err = l.rdb.Time(ctx).Result(); err != nil {
+		return nil, fmt.Errorf("redis TIME: %w", err)
+	}
+	var slots *redis.ZSliceCmd
+	if _, err := l.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		// ZREVRANGEBYSCORE, as windowState reads: the admin API's grant has it.
+		slots = p.ZRevRangeByScoreWithScores(ctx, key, &redis.ZRangeBy{Min: "(" + strconv.FormatInt(now.UnixMicro(), 10), Max: "+inf"})
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("redis read of %s: %w", key, err)
+	}
+	var out []Slot
+	for _, e := range slices.Backward(slots.Val()) {
+		id, _ := e.Member.(string)
+		out = append(out, Slot{ID: id, Deadline: time.UnixMicro(int64(e.Score))})
+	}
+	return out, nil
 }
 
 // counterState reads a fixed window's or sliding window counter's hash and counts it at now as

@@ -30,6 +30,14 @@ const (
 	// requests were spread evenly: when they were not, the sliding window ending now can hold up
 	// to 2 × Limit admitted requests (never more than Limit in one fixed window).
 	SlidingWindowCounter
+	// Concurrency limits the requests of a client in flight at once: a request is admitted iff
+	// fewer than Limit of the client's requests hold a slot. Its slot is a member of a sorted set
+	// scored by its deadline, taken at admission (Request.Hold is its lease, required) and given
+	// back by Limiter.Settle once the response is complete; a slot whose deadline has passed is
+	// free. Limiter.Refresh moves the deadlines of the slots still in flight on, so that a long
+	// response keeps its slot and an instance that died holds none beyond the lease. A request
+	// takes one slot: its cost is 1.
+	Concurrency
 )
 
 // Period is a fixed window zone's calendar period.
@@ -79,6 +87,8 @@ const (
 	MinWindow        = time.Millisecond
 	MaxWindow        = 366 * 24 * time.Hour
 	MaxZoneNameBytes = 64
+	// MaxConcurrency bounds a concurrency zone's Limit: one sorted set entry per slot in flight.
+	MaxConcurrency = 100_000
 	// MaxMaxWait bounds a token bucket zone's MaxWait: a request held longer would outlast the
 	// timeouts of most clients and proxies, and is better told to come back (429, Retry-After).
 	MaxMaxWait = time.Minute
@@ -90,17 +100,18 @@ var algorithms = [...]struct{ name, tag string }{
 	SlidingWindow:        {"sliding_window", "sw"},
 	FixedWindow:          {"fixed_window", "fw"},
 	SlidingWindowCounter: {"sliding_window_counter", "sc"},
+	Concurrency:          {"concurrency", "cc"},
 }
 
 // ParseAlgorithm returns the algorithm named s: "token_bucket", "sliding_window",
-// "fixed_window" or "sliding_window_counter".
+// "fixed_window", "sliding_window_counter" or "concurrency".
 func ParseAlgorithm(s string) (Algorithm, error) {
 	for a, v := range algorithms {
 		if a > 0 && v.name == s {
 			return Algorithm(a), nil
 		}
 	}
-	return 0, fmt.Errorf("algorithm %q must be token_bucket, sliding_window, fixed_window or sliding_window_counter", s)
+	return 0, fmt.Errorf("algorithm %q must be token_bucket, sliding_window, fixed_window, sliding_window_counter or concurrency", s)
 }
 
 // String returns the algorithm's configuration name.
@@ -120,8 +131,8 @@ func (a Algorithm) tag() string {
 	return "tb"
 }
 
-// windowed reports whether a counts requests in windows of Limit (every algorithm but the token
-// bucket).
+// windowed reports whether a's quota is Limit (every algorithm but the token bucket: the window
+// algorithms count requests in windows of Limit, concurrency the requests in flight).
 func (a Algorithm) windowed() bool { return a != TokenBucket }
 
 // Zone is one rate limit's parameters. Only the fields of its Algorithm are used.
@@ -134,7 +145,8 @@ type Zone struct {
 	// RefillRate is the token bucket refill rate in tokens/s (> 0).
 	RefillRate float64
 	// Limit is the requests per Window (or Period) of the window algorithms (1 to MaxLimit; a
-	// fixed window or sliding window counter up to MaxCapacity: their memory does not grow with it).
+	// fixed window or sliding window counter up to MaxCapacity: their memory does not grow with it),
+	// or a concurrency zone's requests of a client in flight at once (1 to MaxConcurrency).
 	Limit int64
 	// Window is the window's length (MinWindow to MaxWindow). A fixed window zone has a Window or
 	// a Period, not both.
@@ -204,6 +216,9 @@ func (z *Zone) windowArgs() (limit, windowUs any) {
 // MaxCostOrQuota is the largest cost a request may take: MaxCost, or the quota when it is 0.
 // It also bounds what a charge settled after the response may be (Limiter.Settle).
 func (z *Zone) MaxCostOrQuota() int64 {
+	if z.Algorithm == Concurrency {
+		return 1 // one slot per request
+	}
 	if z.MaxCost > 0 {
 		return z.MaxCost
 	}
@@ -268,6 +283,10 @@ func (z *Zone) Validate() error {
 		if z.MaxWait != 0 {
 			return fmt.Errorf("zone %s: %s", z.Name, errMaxWaitWindowed(z.Algorithm))
 		}
+	case Concurrency:
+		if err := z.validateConcurrency(); err != nil {
+			return err
+		}
 	default:
 		return fmt.Errorf("zone %s: unknown algorithm %v", z.Name, z.Algorithm)
 	}
@@ -275,6 +294,24 @@ func (z *Zone) Validate() error {
 		return fmt.Errorf("zone %s: max_cost %d must be between 1 and the zone's quota %d", z.Name, z.MaxCost, z.Quota())
 	}
 	return z.validateLease()
+}
+
+// validateConcurrency checks a concurrency zone: a Limit, and none of the parameters of time.
+func (z *Zone) validateConcurrency() error {
+	switch {
+	case z.Limit < 1 || z.Limit > MaxConcurrency:
+		return fmt.Errorf("zone %s: limit %d must be between 1 and %d", z.Name, z.Limit, MaxConcurrency)
+	case z.Capacity != 0 || z.RefillRate != 0:
+		return fmt.Errorf("zone %s: capacity and refill_rate belong to algorithm token_bucket, not concurrency", z.Name)
+	case z.Window != 0 || z.Period != NoPeriod || z.Location != nil:
+		return fmt.Errorf("zone %s: a concurrency zone has no window or period: a slot is held as long as its request", z.Name)
+	case z.MaxWait != 0:
+		return fmt.Errorf("zone %s: max_wait does not apply to algorithm concurrency: a request is admitted while a slot is free, "+
+			"else denied; no queue waits for a slot", z.Name)
+	case z.MaxCost > 1:
+		return fmt.Errorf("zone %s: max_cost %d: a request takes one slot of a concurrency zone", z.Name, z.MaxCost)
+	}
+	return nil
 }
 
 // errMaxWaitWindowed is why a zone of window algorithm a cannot have a max_wait: a window gives

@@ -40,6 +40,8 @@
 -- the epoch), c = its count, p = the previous window's count }. It admits a request iff
 -- p * (share of the previous window still inside the sliding window) + c + cost <= limit.
 --
+-- Concurrency zone: see the block "Concurrency" below (cc_decide, cc_take).
+--
 -- A window counter's charge settled after the response (count_status, charge), or released or
 -- committed by settle.lua on Redis Cluster when a request's zones are in several hash slots (hold
 -- = 1, or a hold time): the counters have no holds. The cost is counted at admission as any other
@@ -82,13 +84,13 @@
 --            record lives
 --   n        the number of zones
 --   and 4 arguments per zone:
---   algorithm  "tb" (token bucket), "sw" (sliding window log), "fw" (fixed window) or "sc"
---              (sliding window counter)
---   quota      tb: capacity (tokens); sw, fw, sc: limit (requests per window)
+--   algorithm  "tb" (token bucket), "sw" (sliding window log), "fw" (fixed window), "sc"
+--              (sliding window counter) or "cc" (concurrency)
+--   quota      tb: capacity (tokens); sw, fw, sc: limit (requests per window); cc: limit (slots)
 --   rate       tb: refill rate (tokens/s, float > 0), or "<rate>,<max_wait>" to shape: the
 --              longest the request may be held (µs, integer > 0); sw, sc: window (µs, integer > 0);
 --              fw: "b0,b1,b2,b3" (µs): the windows [b0,b1), [b1,b2), [b2,b3) around the
---              instance's clock, of which the one holding now is used
+--              instance's clock, of which the one holding now is used; cc: "0" (unused)
 --   cost       tokens or window slots this request takes (integer >= 1); tb, fw: or "<cost>,<ask>"
 --              to ask for a lease's grant of about ask tokens (see Leases below)
 --
@@ -193,6 +195,43 @@ local function lease_grant(tokens, cost, ask)
   return math.max(cost, math.min(ask, math.floor(tokens / 2 + EPSILON)))
 end
 
+-- Concurrency ------------------------------------------------------------------------------
+-- A concurrency zone's state is a sorted set of the slots of the client's requests in flight:
+-- member "<nonce>" (the decision's), score its deadline (µs). A slot whose deadline is at or
+-- before now is free (its instance died, or lost Redis, without giving it back). A request is
+-- admitted iff fewer than limit slots are live; its slot's deadline is now + its lease (the
+-- zone's hold time: hold_max). settle.lua removes the slot (ZREM) once the response is complete;
+-- refresh.lua moves the deadlines of slots still in flight on. The admission removes the slots
+-- past their deadline, so the set never holds more than limit members after a write, and the
+-- key expires a second after its last deadline. Reply: remaining the free slots (after this
+-- request when admitted); a denial's retry after 1 s (a slot comes back when a response ends,
+-- which no clock tells: the client is told to try again in a second); reset and next 1 µs while
+-- a slot is taken (a slot may come back at any moment: nothing for a deny cache to keep), 0
+-- when none is.
+
+-- cc_decide decides a concurrency zone: returns ok, remaining, retry, reset, next, and the write
+-- to make when every zone admits (nil when it denies).
+local function cc_decide(key, quota, cost, nonce, lease)
+  local live = redis.call('ZCOUNT', key, '(' .. string.format('%d', now), '+inf')
+  if live + cost <= quota then
+    return true, quota - live - cost, 0, 1, 1, { 'cc', key, nonce, now + lease }
+  end
+  local taken = 0
+  if live > 0 then taken = 1 end
+  return false, math.max(0, quota - live), 1000000, taken, taken, nil
+end
+
+-- cc_take takes the slot of write w = { 'cc', key, nonce, deadline }: the slots past their
+-- deadline go, the new one is added, and the key lives a second past the latest deadline.
+local function cc_take(w)
+  local key = w[2]
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', now))
+  redis.call('ZADD', key, string.format('%d', w[4]), w[3])
+  local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+  redis.call('PEXPIRE', key, ms((tonumber(last[2]) - now) / 1000 + 1000))
+end
+-- End of concurrency ------------------------------------------------------------------------
+
 -- decide runs one decision: n zones, whose state keys are KEYS[kbase + 1 .. kbase + n] (their
 -- record keys following) and whose arguments start at ARGV[abase]. It returns the decision's
 -- reply (see above) and the number of keys it took.
@@ -231,7 +270,11 @@ local function decide(nonce, hold, n, kbase, abase)
     local granted = 0
     local ok, remaining, retry, reset, nxt
 
-    if algo == 'tb' then
+    if algo == 'cc' then
+      local w
+      ok, remaining, retry, reset, nxt, w = cc_decide(key, quota, cost, nonce, holdmax[i] or HOLD_MAX)
+      if w then writes[#writes + 1] = w end
+    elseif algo == 'tb' then
       local max_wait = 0
       if rate == nil then -- "<rate>,<max_wait>"
         local r, w = string.match(ARGV[base + 2], '^([^,]+),(%d+)$')
@@ -439,6 +482,8 @@ local function decide(nonce, hold, n, kbase, abase)
       local ttl = math.ceil(used / rate * 1000)
       if held > 0 then ttl = ttl + math.ceil(math.max(hwait, HOLD_MAX) / 1000) + 1000 end
       redis.call('PEXPIRE', key, ms(ttl))
+    elseif w[1] == 'cc' then
+      cc_take(w)
     elseif w[1] == 'fw' or w[1] == 'sc' then
       if w[1] == 'fw' then
         -- Kept a second past the window's end, so that a clock a little behind still finds it.

@@ -1,5 +1,5 @@
 // Package lua holds the Redis Lua scripts of the limiter, embedded at build time. Each script
-// opens with a comment stating its KEYS, ARGV and reply. Both begin with a `#!lua` shebang
+// opens with a comment stating its KEYS, ARGV and reply. Each begins with a `#!lua` shebang
 // (Redis 7 script flags), so Redis 7.0 or later is required.
 package lua
 
@@ -17,3 +17,9 @@ var Decide string
 //
 //go:embed settle.lua
 var Settle string
+
+// Refresh is refresh.lua: it moves on the deadlines of a client's concurrency slots still in
+// flight, and adds none back that are gone.
+//
+//go:embed refresh.lua
+var Refresh string

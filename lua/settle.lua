@@ -25,6 +25,10 @@
 -- settle sent twice applies once), or older than its hold time. So a release or settlement
 -- changes a count only while its charge is in it.
 --
+-- A concurrency zone's slot ("<nonce>" in its sorted set, see decide.lua) is given back on
+-- release and with "amount", whatever the amount (a slot is held while its request runs, then
+-- freed); a commit keeps it. See cc_settle below.
+--
 -- KEYS and ARGV are those of one decision of the decide.lua call being settled, except that the
 -- mode stands in place of the hold and n is left out (n is told by the number of arguments):
 -- KEYS     the state key of each zone i, then the record and generation keys, as decide.lua
@@ -32,8 +36,8 @@
 -- ARGV[1]  now, in µs since the Unix epoch, or "" to read the Redis server clock (TIME).
 -- ARGV[2]  the nonce of the decide.lua call being settled.
 -- ARGV[3]  "commit", "release" or "amount".
--- Then 4 arguments per zone i, starting at ARGV[4 + 4*(i-1)]: algorithm ("tb", "sw", "fw" or
--- "sc"), quota, rate (tb: tokens/s, followed by ",<max_wait>" when shaping; sw, sc: window µs;
+-- Then 4 arguments per zone i, starting at ARGV[4 + 4*(i-1)]: algorithm ("tb", "sw", "fw", "sc"
+-- or "cc"), quota, rate (tb: tokens/s, followed by ",<max_wait>" when shaping; sw, sc: window µs;
 -- fw: the window bounds) and cost, as given to that call.
 -- With "amount", then one more argument per zone i, at ARGV[4 + 4n + (i-1)] for n zones: what to
 -- charge zone i, an integer, followed by "L" when the response outlived the zone's hold time (so
@@ -112,6 +116,14 @@ local function add(key, algo, start, delta)
   return true
 end
 
+-- Concurrency: cc_settle gives back (ZREM) the slot of the decision, unless commit; 1 when it
+-- was found (or kept), else 0 (freed already, past its deadline and removed, or reset).
+local function cc_settle(key)
+  if mode == 'commit' then return 1 end
+  return redis.call('ZREM', key, nonce)
+end
+-- End of concurrency
+
 for i = 1, n do
   local key = KEYS[i]
   local base = 4 + 4 * (i - 1)
@@ -126,7 +138,9 @@ for i = 1, n do
   end
   settled[i] = 0
 
-  if algo == 'tb' then
+  if algo == 'cc' then
+    settled[i] = cc_settle(key)
+  elseif algo == 'tb' then
     local v = redis.call('HMGET', key, 'u', 'ts', 'h', 'h:' .. nonce)
     local c = v[4] and tonumber(string.match(v[4], '^(%d+)@'))
     local diff -- what to add to u

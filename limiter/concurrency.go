@@ -1,0 +1,158 @@
+package limiter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/lua"
+)
+
+// Concurrency zones: a slot per request in flight, taken by decide.lua at admission with a
+// deadline of now + its lease (Request.Hold), given back by settle.lua (Limiter.Settle) once the
+// response is complete, and kept alive while the request runs by refresh.lua (Limiter.Refresh).
+// See decide.lua's "Concurrency" block.
+
+var refreshScript = newScript(lua.Refresh)
+
+// errNoLease is returned by Allow for a concurrency zone's Request without a Hold: its slot
+// would have no deadline.
+var errNoLease = errors.New("a concurrency zone's request needs a Hold: its slot's lease")
+
+// RefreshEvery is how often a slot of lease is given a new deadline while its request runs: a
+// third of its lease, so that two refreshes in a row may fail (or be late) before it expires.
+func RefreshEvery(lease time.Duration) time.Duration { return lease / 3 }
+
+// liveSlots are a Limiter's concurrency slots in flight, by the Held of their decision, each
+// with the time (the Limiter's clock) its deadline was last set.
+type liveSlots struct {
+	mu sync.Mutex
+	m  map[*Held]time.Time
+}
+
+// slotLeases returns, per concurrency zone of h, its state key and lease; nil when h has none.
+func (h *Held) slotLeases(yield func(key, nonce string, lease time.Duration)) {
+	for _, p := range h.parts {
+		for j := range p.idx {
+			if p.zones[4*j] == Concurrency.tag() {
+				yield(p.keys[j], p.nonce.(string), p.hold[j])
+			}
+		}
+	}
+}
+
+// hasSlots reports whether h holds a concurrency slot.
+func (h *Held) hasSlots() bool {
+	found := false
+	h.slotLeases(func(string, string, time.Duration) { found = true })
+	return found
+}
+
+// track adds the slots of h (a decision just admitted, at sent) to those Refresh keeps alive.
+func (l *Limiter) track(h *Held, sent time.Time) {
+	if h == nil || !h.hasSlots() {
+		return
+	}
+	l.live.mu.Lock()
+	if l.live.m == nil {
+		l.live.m = make(map[*Held]time.Time)
+	}
+	l.live.m[h] = sent
+	l.live.mu.Unlock()
+}
+
+// untrack removes the slots of h from those Refresh keeps alive: they are being given back.
+func (l *Limiter) untrack(h *Held) {
+	l.live.mu.Lock()
+	delete(l.live.m, h)
+	l.live.mu.Unlock()
+}
+
+// Drop stops keeping the concurrency slots of h alive, when its settlement will not be sent (a
+// circuit breaker is open): they free themselves at their deadline, at most their lease after
+// their last refresh.
+func (l *Limiter) Drop(h *Held) {
+	if h != nil {
+		l.untrack(h)
+	}
+}
+
+// LiveSlots returns the number of decisions whose concurrency slots this Limiter keeps alive: the
+// admitted requests of concurrency zones not settled yet.
+func (l *Limiter) LiveSlots() int {
+	l.live.mu.Lock()
+	defer l.live.mu.Unlock()
+	return len(l.live.m)
+}
+
+// Refresh gives the concurrency slots this Limiter holds whose deadline was set at least
+// RefreshEvery(lease) ago a new deadline, now + lease, with one refresh.lua call per state key,
+// all in one pipeline (one round trip; one per node on Redis Cluster). A slot that is gone
+// (given back, expired, or reset by the admin API) is not taken again. Callers run it on a
+// ticker shorter than a third of the shortest lease; a slot whose refreshes fail keeps the
+// deadline it had, so it frees itself at most its lease after its last refresh that succeeded.
+// It returns the number of slots moved on, and the Redis errors joined.
+func (l *Limiter) Refresh(ctx context.Context) (int, error) {
+	now := l.clock()
+	type group struct {
+		key   string
+		lease time.Duration
+	}
+	members := map[group][]any{}
+	var due []*Held
+	l.live.mu.Lock()
+	for h, last := range l.live.m {
+		isDue := false
+		h.slotLeases(func(key, nonce string, lease time.Duration) {
+			if now.Sub(last) >= RefreshEvery(lease) {
+				g := group{key, lease}
+				members[g] = append(members[g], nonce)
+				isDue = true
+			}
+		})
+		if isDue {
+			due = append(due, h)
+		}
+	}
+	l.live.mu.Unlock()
+	if len(members) == 0 {
+		return 0, nil
+	}
+	var ref any = "" // the Redis server clock
+	if l.now != nil {
+		ref = now.UnixMicro()
+	}
+	calls := make([]*call, 0, len(members))
+	for g, m := range members {
+		args := append([]any{ref, max(g.lease.Microseconds(), 1)}, m...)
+		calls = append(calls, &call{keys: []string{g.key}, args: args})
+	}
+	evalBatch(ctx, l.rdb, refreshScript, calls)
+	moved, failed := 0, false
+	var errs []error
+	for _, c := range calls {
+		n, ok := c.reply.(int64)
+		switch {
+		case c.err != nil:
+			errs = append(errs, fmt.Errorf("redis refresh of %s: %w", c.keys[0], c.err))
+			failed = true
+		case !ok:
+			errs = append(errs, fmt.Errorf("%w: refresh got %T, want an integer", ErrBadResponse, c.reply))
+			failed = true
+		default:
+			moved += int(n)
+		}
+	}
+	if !failed {
+		l.live.mu.Lock()
+		for _, h := range due {
+			if _, ok := l.live.m[h]; ok {
+				l.live.m[h] = now
+			}
+		}
+		l.live.mu.Unlock()
+	}
+	return moved, errors.Join(errs...)
+}
