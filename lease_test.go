@@ -49,6 +49,7 @@ func TestLeaseRefusedAtLoad(t *testing.T) {
 		"charge":         {`"capacity":10,"refill_rate":1,"charge":{"source":"header","header":"X-Used"},` + lease, "zone a: lease excludes count_status and charge"},
 		"sliding_window": {`"algorithm":"sliding_window","limit":10,"window":"1s",` + lease, "zone a: lease applies to algorithms token_bucket and fixed_window only, not sliding_window"},
 		"counter":        {`"algorithm":"sliding_window_counter","limit":10,"window":"1s",` + lease, "zone a: lease applies to algorithms token_bucket and fixed_window only, not sliding_window_counter"},
+		"concurrency":    {`"algorithm":"concurrency","limit":10,` + lease, "zone a: lease applies to algorithms token_bucket and fixed_window only, not concurrency"},
 		"ttl":            {`"capacity":10,"refill_rate":1,"lease":{"max":10,"ttl":"2m"}`, "zone a: lease ttl 2m0s must be between 10ms and 1m0s"},
 	} {
 		t.Run(name, func(t *testing.T) {
