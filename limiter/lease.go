@@ -452,7 +452,7 @@ func (t *leaseTable) install(reqs, sub []Request, idx []int, p leasePlan, keys [
 		}
 		k, r := keyOf(reqs[i]), &sub[j]
 		delete(t.asking, k)
-		units := zones[j].granted
+		units := int64(zones[j].granted)
 		if t.metrics != nil {
 			t.metrics.Granted(k.zone, units)
 		}
@@ -479,8 +479,8 @@ func (t *leaseTable) install(reqs, sub []Request, idx []int, p leasePlan, keys [
 func newGrant(zone string, r *Request, key string, args []any, j int, zr zoneReply, sent time.Time) *grant {
 	nonce := args[1].(string)
 	g := &grant{
-		name: zone, keys: []string{key}, nonce: nonce, units: zr.granted, spent: r.Cost, n: numbersOf(r.Zone),
-		zone:    []any{args[4+4*j], args[5+4*j], args[6+4*j], zr.granted},
+		name: zone, keys: []string{key}, nonce: nonce, units: int64(zr.granted), spent: r.Cost, n: numbersOf(r.Zone),
+		zone:    []any{args[4+4*j], args[5+4*j], args[6+4*j], int64(zr.granted)},
 		expires: sent.Add(r.Zone.Lease.TTL), remaining: zr.remaining,
 	}
 	if r.Zone.Algorithm == FixedWindow {

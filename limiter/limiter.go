@@ -435,12 +435,13 @@ func windowBounds(z *Zone, ref time.Time) string {
 
 // zoneReply is one zone's part of the script's reply.
 type zoneReply struct {
-	allowed   bool
+	allowed bool
+	// granted is the tokens a grant took (a zone that asked one: Request.ask, so at most 2^31 −
+	// 1), its cost included; an int32 in allowed's padding, so that a zoneReply is no larger.
+	granted   int32
 	remaining int64
 	// retryAfter is, when allowed, the delay: how long to hold the request (0 but with MaxWait).
 	retryAfter, reset, next int64 // µs
-	// granted is the tokens a grant took (a zone that asked one: Request.ask), its cost included.
-	granted int64
 }
 
 // replyWidth is the number of integers per zone in decide.lua's reply; a zone that asked for a
@@ -498,7 +499,10 @@ func decodeReply(arr []any, reqs []Request, into []zoneReply) (bool, []zoneReply
 			}
 		}
 		off += reqs[z].width()
-		zones[z] = zoneReply{allowed: v[0] == 1, remaining: v[1], retryAfter: v[2], reset: v[3], next: v[4], granted: v[5]}
+		if v[5] > int64(reqs[z].ask) {
+			return false, nil, fmt.Errorf("%w: zone %d granted %d, more than the %d asked", ErrBadResponse, z, v[5], reqs[z].ask)
+		}
+		zones[z] = zoneReply{allowed: v[0] == 1, remaining: v[1], retryAfter: v[2], reset: v[3], next: v[4], granted: int32(v[5])}
 		if zones[z].allowed && zones[z].retryAfter > reqs[z].maxWait().Microseconds() {
 			return false, nil, fmt.Errorf("%w: zone %d admits with a delay of %dµs, beyond its max_wait of %v",
 				ErrBadResponse, z, zones[z].retryAfter, reqs[z].maxWait())
