@@ -257,7 +257,17 @@ func (l *Limiter) Allow(ctx context.Context, reqs []Request) (Decision, error) {
 		}
 	}
 	if l.leases != nil && leasing(reqs) {
-		return l.allowLeased(ctx, reqs)
+		d, err := l.allowLeased(ctx, reqs)
+		if err == nil && !d.Allowed {
+			// Redis had no room because grants hold it: one may have reached this instance while
+			// the request was on its way (a burst sends many before the first grant is back).
+			// Its units are charged in Redis already: spending them here is exact, and leaves
+			// fewer stranded when the burst ends.
+			if ld, ok := l.Leased(reqs); ok {
+				return ld, nil
+			}
+		}
+		return d, err
 	}
 	return l.allow(ctx, reqs, l.clock(), nil)
 }
