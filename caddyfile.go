@@ -96,6 +96,10 @@ var (
 //			charge header <field> | openai_usage [total|prompt|completion] [missing <n>]   # charge what the response reports (at most max_cost); cost is the reservation; missing: what a 2xx without usage is charged, default max_cost (not sliding_window)
 //			hold_max    <duration>           # with count_status or charge: a reservation unsettled after it counts as charged; default 10m
 //			                                 # concurrency: a slot's lease, refreshed while its request runs; a dead instance's slots free after it
+//			lease {                          # token_bucket, fixed_window: hot clients' units granted from Redis ahead, spent in process (not with max_wait, count_status, charge)
+//				max <n>                      # the most units one grant takes
+//				ttl <duration>               # a grant's lifetime, 10ms to 1m (a fixed window's: at most to its end); its unspent units go back when it ends
+//			}
 //			match {                          # optional: this zone applies only to matching requests
 //				<matchers>
 //			}
@@ -455,7 +459,7 @@ func parseZone(d *caddyfile.Dispenser, names map[string]bool) (*Zone, error) {
 func isZoneSubdirective(name string) bool {
 	switch name {
 	case "key", "empty_key", "algorithm", "capacity", "refill_rate", "limit", "window", "period", "time_zone", "cost", "max_cost", "max_wait", "match",
-		"count_status", "charge", "hold_max":
+		"count_status", "charge", "hold_max", "lease":
 		return true
 	}
 	return false
@@ -506,6 +510,8 @@ func (p *zoneParser) subdirective(d *caddyfile.Dispenser) error {
 		return parseMatch(d, &z.MatcherSetsRaw)
 	case "count_status", "charge", "hold_max":
 		return p.afterSubdirective(d)
+	case "lease":
+		return p.parseLease(d)
 	case "fail_mode", "ipv4_prefix", "ipv6_prefix", "jitter":
 		return parseOverride(d, overrides{&z.FailMode, &z.IPv4Prefix, &z.IPv6Prefix, func(j caddy.Duration) { z.Jitter = &j }})
 	}

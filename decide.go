@@ -29,11 +29,17 @@ func (h *Handler) decideFlight(w http.ResponseWriter, r *http.Request, next cadd
 	return h.failed(w, r, next, f, err)
 }
 
-// decide returns the deny cache's decision when it covers the request, else runs the decision
+// decide admits the request from this instance's lease grants when they cover it, returns the
+// deny cache's decision when it covers the request, else runs the decision
 // on Redis through the circuit breakers of the Redis servers it needs (see
 // sharedClient.acquire), under the handler's timeout. While a breaker is open it fails at once
 // without calling Redis.
 func (h *Handler) decide(ctx context.Context, reqs []limiter.Request) (d limiter.Decision, err error) {
+	// Tokens granted to this instance ahead (lease), charged in Redis already: spent with no
+	// call and no breaker to consult, Redis up or not.
+	if d, ok := h.limiter.Leased(reqs); ok {
+		return d, nil
+	}
 	// A remembered denial holds whatever Redis's state: no call, and no breaker to consult.
 	if d, ok := h.limiter.Denied(reqs); ok {
 		return d, nil

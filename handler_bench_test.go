@@ -150,6 +150,30 @@ func BenchmarkServeHTTPDenyCached(b *testing.B) {
 	runServeHTTP(b, h, false, false)
 }
 
+// BenchmarkServeHTTPLeased: 10 hot clients of a lease zone far under their limit (issue 32),
+// almost every request admitted from a grant with no Redis call.
+func BenchmarkServeHTTPLeased(b *testing.B) {
+	z := allowedZone("a")
+	z.Lease = &Lease{Max: 200, TTL: caddy.Duration(250 * time.Millisecond)}
+	h := benchHandler(b, &Handler{Zones: []*Zone{z}})
+	reqs := benchRequests(10, 0)
+	w := &benchWriter{h: http.Header{}}
+	i := 0
+	b.ReportAllocs()
+	for b.Loop() {
+		serveBench(b, h, w, reqs[i%len(reqs)], true)
+		i++
+	}
+}
+
+// BenchmarkServeHTTPLeaseRare: the allowed path of BenchmarkServeHTTPAllowed1Zone with a lease
+// on the zone: 10,000 clients, none hot enough for a grant (issue 32: no worse than without).
+func BenchmarkServeHTTPLeaseRare(b *testing.B) {
+	z := allowedZone("a")
+	z.Lease = &Lease{Max: 200, TTL: caddy.Duration(250 * time.Millisecond)}
+	runServeHTTP(b, benchHandler(b, &Handler{Zones: []*Zone{z}}), false, true)
+}
+
 // TestBenchRequestsResolveTheirKeys: the benchmarks' requests resolve their zone's key to their
 // own client, as in Caddy (the earlier benchmark's replacer had no HTTP placeholders: every
 // request shared the empty key's bucket).

@@ -138,7 +138,7 @@ func registerMetrics(reg prometheus.Registerer) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range append([]prometheus.Collector{metrics.backendFailures, metrics.denyCacheHits, metrics.decisions, metrics.redisDuration, metrics.emptyKeys, metrics.delays, metrics.waiting, metrics.inFlight}, chargeCollectors()...) {
+	for _, c := range append([]prometheus.Collector{metrics.backendFailures, metrics.denyCacheHits, metrics.decisions, metrics.redisDuration, metrics.emptyKeys, metrics.delays, metrics.waiting, metrics.inFlight}, append(chargeCollectors(), leaseCollectors()...)...) {
 		if err := reg.Register(c); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
 			return err
 		}

@@ -5,6 +5,7 @@ package ratelimitredis
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -411,6 +412,11 @@ type Zone struct {
 	// (token_bucket, fixed_window and sliding_window_counter; not sliding_window). See Charge.
 	Charge *Charge `json:"charge,omitempty"`
 
+	// token_bucket and fixed_window: lease the tokens (window slots) of this instance's hot
+	// clients from Redis in grants spent in process (see Lease). Not with max_wait, count_status
+	// or charge. Default: none, every request decided in Redis.
+	Lease *Lease `json:"lease,omitempty"`
+
 	// With count_status or charge: how long a reservation waits for its response; an
 	// unsettled one (an instance that crashed) counts as charged after it. concurrency: a
 	// slot's lease (1s to 1d): the instance refreshes the slots of its requests in flight every
@@ -550,6 +556,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.Clock == ClockLocal {
 		opts.Now = time.Now
 	}
+	if slices.ContainsFunc(h.Zones, func(z *Zone) bool { return z.Lease != nil }) {
+		opts.Leases, opts.LeaseMetrics = true, promLease{}
+	}
 	h.limiter = limiter.New(client.rdb, opts)
 	client.resets.Add(h.limiter)
 	h.startRefresher()
@@ -590,6 +599,7 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger) error {
 	z.lz = limiter.Zone{
 		Name: z.Name, Algorithm: algo, Capacity: z.Capacity, RefillRate: z.RefillRate,
 		Limit: z.Limit, Window: time.Duration(z.Window), MaxCost: z.MaxCost, MaxWait: time.Duration(z.MaxWait),
+		Lease: z.Lease.limiterLease(),
 	}
 	if z.Period != "" {
 		if z.lz.Period, err = limiter.ParsePeriod(z.Period); err != nil {
@@ -692,6 +702,9 @@ func (h *Handler) Validate() error {
 			return err
 		}
 		if err := z.validateAfter(); err != nil {
+			return err
+		}
+		if err := z.validateLease(); err != nil {
 			return err
 		}
 		switch z.FailMode {
@@ -856,7 +869,9 @@ func (cfg *RedisConfig) isCluster() bool {
 	return cfg.Cluster || (cfg.Sentinel == "" && len(cfg.Addresses) > 1)
 }
 
-// Cleanup drops this handler's reference to the shared Redis client; the last one closes it.
+// Cleanup returns the unspent tokens of the handler's lease grants to Redis (within the
+// handler's timeout, or a second when that is shorter), and drops this handler's reference to
+// the shared Redis client; the last one closes it.
 func (h *Handler) Cleanup() error {
 	unregister(h)
 	if h.stopRefresh != nil {
@@ -865,6 +880,9 @@ func (h *Handler) Cleanup() error {
 	}
 	if h.client != nil && h.limiter != nil {
 		h.client.resets.Remove(h.limiter)
+		ctx, cancel := context.WithTimeout(context.Background(), max(time.Duration(h.Timeout), time.Second))
+		_ = h.limiter.ReturnLeases(ctx) // a grant not returned counts as spent after its ttl and 1s
+		cancel()
 	}
 	if h.poolKey == "" {
 		return nil

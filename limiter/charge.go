@@ -22,7 +22,7 @@ const holdMaxDefault = 5_000_000 // µs
 func holdArg(reqs []Request, cluster bool) string {
 	own := false
 	for _, r := range reqs {
-		own = own || r.Hold > 0
+		own = own || r.Hold > 0 || r.ask > 0
 	}
 	switch {
 	case !own && cluster:
@@ -39,6 +39,8 @@ func holdArg(reqs []Request, cluster bool) string {
 		switch {
 		case r.Hold > 0:
 			us = max(r.Hold.Microseconds(), 1)
+		case r.ask > 0:
+			us = leaseHold(r.Zone) // a grant: held until it is returned
 		case cluster:
 			us = holdMaxDefault
 		}
@@ -50,10 +52,10 @@ func holdArg(reqs []Request, cluster bool) string {
 // recorded reports whether r's charge is recorded for its settlement in keys of its own
 // (decide.lua): a fixed window or sliding window counter zone with a Hold, or in a Redis Cluster
 // decision of zones in several hash slots (crossSlot), which releases what it charged when a slot
-// denies. A count has no holds: the record is what ties a settlement to its charge, so that it
+// denies, or a fixed window's lease grant (Request.ask), returned by settle.lua. A count has no holds: the record is what ties a settlement to its charge, so that it
 // changes the count only while the charge is in it (see settle.lua).
 func recorded(r Request, crossSlot bool) bool {
-	return (r.Hold > 0 || crossSlot) && (r.Zone.Algorithm == FixedWindow || r.Zone.Algorithm == SlidingWindowCounter)
+	return (r.Hold > 0 || crossSlot || r.ask > 0) && (r.Zone.Algorithm == FixedWindow || r.Zone.Algorithm == SlidingWindowCounter)
 }
 
 // recordKey returns the Redis key in which the decision of nonce records the charge of a fixed

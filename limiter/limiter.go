@@ -55,6 +55,10 @@ type Request struct {
 	// held. The handler sets it when it already holds as many requests as it may. A denial
 	// decided so is not remembered in the deny cache: with room to wait, the answer may differ.
 	NoWait bool
+	// ask, when > 0, asks decide.lua for a grant of about that many tokens (a lease zone's hot
+	// client: allowLeased), sent as the cost "<cost>,<ask>". An int32 beside NoWait, in the
+	// padding before Hold: a Request is no larger for it (the handler keeps four per request).
+	ask int32
 	// Hold, when > 0, makes the zone's charge a hold to be settled after the response with
 	// Limiter.Settle (Decision.Held): a token bucket reserves Cost, a sliding window adds its
 	// entries as usual, a fixed window or sliding window counter counts Cost as usual and
@@ -161,6 +165,10 @@ type Options struct {
 	// call per slot, all sent in one pipeline, and the slots that admitted are released when
 	// another denied (see Allow).
 	Cluster bool
+	// Leases enables the leases of the zones that have one (Zone.Lease): without it they are
+	// decided exactly. LeaseMetrics, when set, receives their events.
+	Leases       bool
+	LeaseMetrics LeaseMetrics
 	// PipelineFor, when set, chooses the Pipeline of each decision whose keys are all in one
 	// hash slot, by its first key; a nil result means Pipeline. On Redis Cluster it gives each
 	// node a pipeline of its own, so that a stalled node holds up only its own decisions (a
@@ -179,6 +187,7 @@ type Limiter struct {
 	instance string                        // random per Limiter, so sliding window members of instances differ
 	calls    atomic.Uint64                 // per-call part of the nonce
 	resets   atomic.Pointer[ResetListener] // set by ResetListener.Add
+	leases   *leaseTable                   // nil: Options.Leases off
 	live     liveSlots                     // the concurrency slots in flight, kept alive by Refresh
 
 	batchFor func(ctx context.Context, key string) *Pipeline // Options.PipelineFor
@@ -193,6 +202,9 @@ func New(rdb Client, opts Options) *Limiter {
 		l.denials = newDenyCache(opts.DenyCacheKeys, opts.DenyCacheMaxAge)
 	}
 	l.batch, l.batchFor = opts.Pipeline, opts.PipelineFor
+	if opts.Leases {
+		l.leases = newLeaseTable(opts.LeaseMetrics)
+	}
 	return l
 }
 
@@ -230,19 +242,41 @@ func (l *Limiter) Denied(reqs []Request) (Decision, bool) {
 //
 // The clock of a remembered denial starts when the call is sent, not when its reply arrives.
 //
+// A request with a lease zone (Zone.Lease, with Options.Leases) is decided by allowLeased: its
+// zones with a grant in hand are charged from it, with no Redis call for them.
+//
 // The error wraps the Redis or network error (context.DeadlineExceeded when ctx expires first),
 // or ErrBadResponse when the reply has the wrong shape. The Decision is then the zero value.
 func (l *Limiter) Allow(ctx context.Context, reqs []Request) (Decision, error) {
 	if len(reqs) == 0 {
 		return Decision{Allowed: true, Zone: -1}, nil
 	}
-	sent := l.clock()
-	keys := make([]string, len(reqs))
-	for i, r := range reqs {
-		keys[i] = StateKey(l.prefix, r.Zone, r.Key)
-		if r.Zone.Algorithm == Concurrency && r.Hold <= 0 {
+	for i := range reqs {
+		if reqs[i].Zone.Algorithm == Concurrency && reqs[i].Hold <= 0 {
 			return Decision{}, errNoLease
 		}
+	}
+	if l.leases != nil && leasing(reqs) {
+		d, err := l.allowLeased(ctx, reqs)
+		if err == nil && !d.Allowed {
+			// Redis had no room because grants hold it: one may have reached this instance while
+			// the request was on its way (a burst sends many before the first grant is back).
+			// Its units are charged in Redis already: spending them here is exact, and leaves
+			// fewer stranded when the burst ends.
+			if ld, ok := l.Leased(reqs); ok {
+				return ld, nil
+			}
+		}
+		return d, err
+	}
+	return l.allow(ctx, reqs, l.clock(), nil)
+}
+
+// allow is Allow's decision in Redis of reqs, sent at sent; keys are their state keys (nil:
+// computed here).
+func (l *Limiter) allow(ctx context.Context, reqs []Request, sent time.Time, keys []string) (Decision, error) {
+	if keys == nil {
+		keys = stateKeys(l.prefix, reqs)
 	}
 	var allowed bool
 	var zones []zoneReply
@@ -262,11 +296,8 @@ func (l *Limiter) Allow(ctx context.Context, reqs []Request) (Decision, error) {
 	if err != nil {
 		return Decision{}, err
 	}
-	if !allowed && l.denials != nil {
-		l.denials.record(reqs, zones, sent)
-		if rl := l.resets.Load(); rl != nil {
-			rl.listen() // a cached denial to forget on a reset: from now on, listen
-		}
+	if !allowed {
+		l.remember(reqs, zones, sent)
 	}
 	if held != nil {
 		held.sent = sent
@@ -275,6 +306,27 @@ func (l *Limiter) Allow(ctx context.Context, reqs []Request) (Decision, error) {
 	d := pick(reqs, allowed, zones)
 	d.Err, d.Held = slotErr, held
 	return d, nil
+}
+
+// stateKeys returns the state key of each of reqs.
+func stateKeys(prefix string, reqs []Request) []string {
+	keys := make([]string, len(reqs))
+	for i, r := range reqs {
+		keys[i] = StateKey(prefix, r.Zone, r.Key)
+	}
+	return keys
+}
+
+// remember records in the deny cache, when it is on, the denial of reqs (zones from the reply
+// to the call sent at sent).
+func (l *Limiter) remember(reqs []Request, zones []zoneReply, sent time.Time) {
+	if l.denials == nil {
+		return
+	}
+	l.denials.record(reqs, zones, sent)
+	if rl := l.resets.Load(); rl != nil {
+		rl.listen() // a cached denial to forget on a reset: from now on, listen
+	}
 }
 
 // allowOne decides reqs, whose keys are all in one hash slot or on one server, with one call of
@@ -356,7 +408,7 @@ func (l *Limiter) scriptArgs(reqs []Request, hold bool, ref time.Time) []any {
 			args = append(args, r.Zone.Algorithm.tag(), limit, window, cost)
 		case FixedWindow:
 			limit, _ := r.Zone.windowArgs()
-			args = append(args, "fw", limit, windowBounds(r.Zone, ref), cost)
+			args = append(args, "fw", limit, windowBounds(r.Zone, ref), r.costArg(cost))
 		case Concurrency:
 			limit, _ := r.Zone.windowArgs()
 			args = append(args, "cc", limit, "0", cost)
@@ -366,7 +418,7 @@ func (l *Limiter) scriptArgs(reqs []Request, hold bool, ref time.Time) []any {
 				// go-redis formats a float64 argument so ('f', -1): the same number either way.
 				rate = strconv.FormatFloat(r.Zone.RefillRate, 'f', -1, 64) + "," + strconv.FormatInt(w.Microseconds(), 10)
 			}
-			args = append(args, "tb", capacity, rate, cost)
+			args = append(args, "tb", capacity, rate, r.costArg(cost))
 		}
 	}
 	return args
@@ -393,55 +445,92 @@ func windowBounds(z *Zone, ref time.Time) string {
 
 // zoneReply is one zone's part of the script's reply.
 type zoneReply struct {
-	allowed   bool
+	allowed bool
+	// granted is the tokens a grant took (a zone that asked one: Request.ask, so at most 2^31 −
+	// 1), its cost included; an int32 in allowed's padding, so that a zoneReply is no larger.
+	granted   int32
 	remaining int64
 	// retryAfter is, when allowed, the delay: how long to hold the request (0 but with MaxWait).
 	retryAfter, reset, next int64 // µs
 }
 
-// replyWidth is the number of integers per zone in decide.lua's reply.
+// replyWidth is the number of integers per zone in decide.lua's reply; a zone that asked for a
+// grant has one more: the tokens granted.
 const replyWidth = 5
 
-// decodeReply checks and decodes the script's reply for reqs: an array of 1 + 5n integers (n
-// zones), the first 0 or 1, then per zone allowed (0 or 1), remaining, retry after (µs; when the
-// zone admits the request, its delay), reset (µs) and next (µs), none negative, and no delay
-// longer than the zone may hold the request (maxWait: none without MaxWait). Any other shape,
-// type or value is an error wrapping ErrBadResponse: a request is never held past its MaxWait,
-// whatever Redis replies. The zones are decoded into into's array when it has room for them.
-func decodeReply(arr []any, reqs []Request, into []zoneReply) (bool, []zoneReply, error) {
-	n := len(reqs)
-	if len(arr) != 1+replyWidth*n {
-		return false, nil, fmt.Errorf("%w: got %d values, want %d", ErrBadResponse, len(arr), 1+replyWidth*n)
+// costArg is decide.lua's cost argument for r, whose cost as sent is cost: cost, or
+// "<cost>,<ask>" for a zone that asks for a grant (see leaseTable.plan).
+func (r *Request) costArg(cost int64) any {
+	if r.ask > 0 {
+		return strconv.FormatInt(cost, 10) + "," + strconv.FormatInt(int64(r.ask), 10)
 	}
-	var ints [1 + replyWidth]int64 // the decision's allowed, then one zone's values at a time
+	return cost
+}
+
+// width is the number of integers of r's zone in decide.lua's reply.
+func (r *Request) width() int {
+	if r.ask > 0 {
+		return replyWidth + 1
+	}
+	return replyWidth
+}
+
+// decodeReply checks and decodes the script's reply for reqs: an array of 1 + 5n integers (n
+// zones, and one more per zone that asked for a grant), the first 0 or 1, then per zone allowed
+// (0 or 1), remaining, retry after (µs; when the zone admits the request, its delay), reset (µs)
+// and next (µs), and for a zone that asked for a grant the tokens granted, none negative, and no
+// delay longer than the zone may hold the request (maxWait: none without MaxWait). Any other
+// shape, type or value is an error wrapping ErrBadResponse: a request is never held past its
+// MaxWait, whatever Redis replies. The zones are decoded into into's array when it has room for
+// them.
+func decodeReply(arr []any, reqs []Request, into []zoneReply) (bool, []zoneReply, error) {
+	n, want := len(reqs), 1
+	for i := range reqs {
+		want += reqs[i].width()
+	}
+	if len(arr) != want {
+		return false, nil, fmt.Errorf("%w: got %d values, want %d", ErrBadResponse, len(arr), want)
+	}
+	first, err := replyInt(arr, 0, true)
+	if err != nil {
+		return false, nil, err
+	}
 	zones := into[:0]
 	if cap(zones) < n {
 		zones = make([]zoneReply, 0, n)
 	}
 	zones = zones[:n]
-	for i, v := range arr {
-		x, ok := v.(int64)
-		if !ok {
-			return false, nil, fmt.Errorf("%w: value %d is %T, want an integer", ErrBadResponse, i, v)
-		}
-		if x < 0 || ((i == 0 || i%replyWidth == 1) && x > 1) {
-			return false, nil, fmt.Errorf("%w: value %d is %d, out of range", ErrBadResponse, i, x)
-		}
-		if i == 0 {
-			ints[0] = x
-			continue
-		}
-		ints[1+(i-1)%replyWidth] = x
-		if (i-1)%replyWidth == replyWidth-1 {
-			z := (i - 1) / replyWidth
-			zones[z] = zoneReply{allowed: ints[1] == 1, remaining: ints[2], retryAfter: ints[3], reset: ints[4], next: ints[5]}
-			if zones[z].allowed && zones[z].retryAfter > reqs[z].maxWait().Microseconds() {
-				return false, nil, fmt.Errorf("%w: zone %d admits with a delay of %dµs, beyond its max_wait of %v",
-					ErrBadResponse, z, zones[z].retryAfter, reqs[z].maxWait())
+	off := 1
+	for z := range reqs {
+		var v [replyWidth + 1]int64 // one zone's values
+		for k := range reqs[z].width() {
+			if v[k], err = replyInt(arr, off+k, k == 0); err != nil {
+				return false, nil, err
 			}
 		}
+		off += reqs[z].width()
+		if v[5] > int64(reqs[z].ask) {
+			return false, nil, fmt.Errorf("%w: zone %d granted %d, more than the %d asked", ErrBadResponse, z, v[5], reqs[z].ask)
+		}
+		zones[z] = zoneReply{allowed: v[0] == 1, remaining: v[1], retryAfter: v[2], reset: v[3], next: v[4], granted: int32(v[5])}
+		if zones[z].allowed && zones[z].retryAfter > reqs[z].maxWait().Microseconds() {
+			return false, nil, fmt.Errorf("%w: zone %d admits with a delay of %dµs, beyond its max_wait of %v",
+				ErrBadResponse, z, zones[z].retryAfter, reqs[z].maxWait())
+		}
 	}
-	return ints[0] == 1, zones, nil
+	return first == 1, zones, nil
+}
+
+// replyInt returns arr[i], which must be an integer >= 0, and at most 1 when flag.
+func replyInt(arr []any, i int, flag bool) (int64, error) {
+	x, ok := arr[i].(int64)
+	if !ok {
+		return 0, fmt.Errorf("%w: value %d is %T, want an integer", ErrBadResponse, i, arr[i])
+	}
+	if x < 0 || (flag && x > 1) {
+		return 0, fmt.Errorf("%w: value %d is %d, out of range", ErrBadResponse, i, x)
+	}
+	return x, nil
 }
 
 // pick makes the Decision from each zone's outcome, choosing the deciding zone (decidingZone),

@@ -306,7 +306,7 @@ func (m *call) split(calls []*call) {
 	arr, ok := m.reply.([]any)
 	want := 0
 	for _, c := range calls {
-		want += 1 + replyWidth*c.zones()
+		want += c.replyLen()
 	}
 	if !ok || len(arr) != want {
 		err := fmt.Errorf("%w: a batch of %d decisions got %T of %d values, want %d", ErrBadResponse, len(calls), m.reply, len(arr), want)
@@ -317,7 +317,7 @@ func (m *call) split(calls []*call) {
 	}
 	off := 0
 	for _, c := range calls {
-		w := 1 + replyWidth*c.zones()
+		w := c.replyLen()
 		c.arr, c.err = arr[off:off+w:off+w], nil
 		off += w
 	}
@@ -326,6 +326,18 @@ func (m *call) split(calls []*call) {
 // zones is the number of zones a decide.lua call decides: 4 arguments each after now, nonce,
 // hold and n.
 func (c *call) zones() int { return (len(c.args) - 4) / 4 }
+
+// replyLen is the length of a decide.lua call's reply: 1 + 5 per zone, and one more per zone
+// that asked for a grant (its cost sent as the string "<cost>,<ask>": Request.ask).
+func (c *call) replyLen() int {
+	n := 1 + replyWidth*c.zones()
+	for j := 7; j < len(c.args); j += 4 {
+		if _, ok := c.args[j].(string); ok {
+			n++
+		}
+	}
+	return n
+}
 
 // bySlot groups calls by the hash slot of their keys (each call's keys share one), in order of
 // first appearance, keeping each group's calls in order.

@@ -396,24 +396,33 @@ func (l *Limiter) Reset(ctx context.Context, z *Zone, clientKey string) (existed
 func ResetChannel(prefix string) string { return prefix + "reset" }
 
 // Forget removes this Limiter's cached denials of the client in the zone named as z, whatever
-// their numbers and cost, so that its next request is decided by Redis. It never contacts
-// Redis.
+// their numbers and cost, and drops its grant of them unreturned (its hold went with the
+// state: see Lease), so that its next request is decided by Redis. It never contacts Redis.
 func (l *Limiter) Forget(z *Zone, clientKey string) {
 	if l.denials != nil {
 		l.denials.forget(z.Name, ClientKey(clientKey))
 	}
+	if l.leases != nil {
+		l.leases.drop(z.Name, ClientKey(clientKey))
+	}
 }
 
 // ForgetKey removes this Limiter's cached denials of the state key key (as Reset publishes it):
-// the zone of that name and the client of that key, whatever the cost. A key of another prefix,
-// or not of StateKey's form, is ignored. It never contacts Redis.
+// the zone of that name and the client of that key, whatever the cost, and drops its grant of
+// them as Forget does. A key of another prefix, or not of StateKey's form, is ignored. It never
+// contacts Redis.
 func (l *Limiter) ForgetKey(key string) {
-	if l.denials == nil {
+	if l.denials == nil && l.leases == nil {
 		return
 	}
 	client, zone, ok := parseStateKey(l.prefix, key)
 	if !ok {
 		return
 	}
-	l.denials.forget(zone, client)
+	if l.denials != nil {
+		l.denials.forget(zone, client)
+	}
+	if l.leases != nil {
+		l.leases.drop(zone, client)
+	}
 }

@@ -166,6 +166,10 @@ type Zone struct {
 	// request that would have to wait longer is denied as without MaxWait, charging nothing. 0:
 	// never hold, deny at once.
 	MaxWait time.Duration
+	// Lease, when set (token bucket without MaxWait, or fixed window), leases the zone's tokens
+	// or window slots to the instance in grants that it spends in process (see Lease). nil:
+	// every request decided in Redis.
+	Lease *Lease
 
 	// boxed are the zone's numbers as script arguments, boxed once by Prepare.
 	boxed *zoneArgs
@@ -289,7 +293,7 @@ func (z *Zone) Validate() error {
 	if z.MaxCost < 0 || z.MaxCost > z.Quota() {
 		return fmt.Errorf("zone %s: max_cost %d must be between 1 and the zone's quota %d", z.Name, z.MaxCost, z.Quota())
 	}
-	return nil
+	return z.validateLease()
 }
 
 // validateConcurrency checks a concurrency zone: a Limit, and none of the parameters of time.

@@ -91,7 +91,8 @@
 --              longest the request may be held (µs, integer > 0); sw, sc: window (µs, integer > 0);
 --              fw: "b0,b1,b2,b3" (µs): the windows [b0,b1), [b1,b2), [b2,b3) around the
 --              instance's clock, of which the one holding now is used; cc: "0" (unused)
---   cost       tokens or window slots this request takes (integer >= 1)
+--   cost       tokens or window slots this request takes (integer >= 1); tb, fw: or "<cost>,<ask>"
+--              to ask for a lease's grant of about ask tokens (see Leases below)
 --
 -- Reply: an array of integers, per decision in order: { allowed, then per zone i: allowed_i,
 -- remaining_i, retry_after_i, reset_i, next_i } (1 + 5n integers for a decision of n zones),
@@ -108,6 +109,17 @@
 --                  next token, the oldest window entry leaving, the fixed window's end, the
 --                  counter's estimate falling by one); 0 when it is full; 1 when
 --                  only holds deny the request (a release may come at any moment)
+--
+-- Leases (token bucket, fixed window): a zone whose cost is "<cost>,<ask>" (ask >= cost) asks
+-- for a grant. When it admits the request, it charges g units instead of cost, g =
+-- lease_grant(left, cost, ask): never more than ask, never more than half of what the zone has
+-- left, never less than cost. A token bucket charges them as a hold (its hold time is the
+-- zone's, in the hold argument); a fixed window counts them, recorded for settlement (record and
+-- generation keys given, as for a charge settled after the response). So near the limit grants
+-- shrink to one request's cost, and a denial is decided on Redis's count exactly as without
+-- leases. The zone's reply has a sixth integer: g (0 when denied), and its remaining is what is
+-- left once g is taken. settle.lua "amount" later charges what the instance spent of g and
+-- gives back the rest (a fixed window's, while its window lasts).
 --
 -- Expiry: every admitting write sets a TTL (a bucket expires when u has drained to 0, a window
 -- when its newest entry leaves it); a denial lengthens a TTL that the parameters in force need
@@ -177,6 +189,12 @@ local function window_mark(start)
   return string.format('%.6f', start / 1000000)
 end
 
+-- lease_grant is the size of a lease's grant (see Leases above) for a bucket holding tokens >=
+-- cost.
+local function lease_grant(tokens, cost, ask)
+  return math.max(cost, math.min(ask, math.floor(tokens / 2 + EPSILON)))
+end
+
 -- Concurrency ------------------------------------------------------------------------------
 -- A concurrency zone's state is a sorted set of the slots of the client's requests in flight:
 -- member "<nonce>" (the decision's), score its deadline (µs). A slot whose deadline is at or
@@ -244,6 +262,12 @@ local function decide(nonce, hold, n, kbase, abase)
     local quota = tonumber(ARGV[base + 1])
     local rate = tonumber(ARGV[base + 2])
     local cost = tonumber(ARGV[base + 3])
+    local ask -- a lease's grant asked (see Leases above); nil: none
+    if cost == nil then
+      local c, a = string.match(ARGV[base + 3], '^(%d+),(%d+)$')
+      cost, ask = tonumber(c), tonumber(a)
+    end
+    local granted = 0
     local ok, remaining, retry, reset, nxt
 
     if algo == 'cc' then
@@ -297,8 +321,10 @@ local function decide(nonce, hold, n, kbase, abase)
       if delay == 0 or (delay <= max_wait and cost <= quota) then
         ok = true
         retry = delay
-        tokens = tokens - cost
-        writes[#writes + 1] = { 'tb', key, used, ts, quota, rate, cost, held, holds, holdmax[i], hwait }
+        granted = cost
+        if ask and delay == 0 then granted = lease_grant(tokens, cost, ask) end
+        tokens = tokens - granted
+        writes[#writes + 1] = { 'tb', key, used, ts, quota, rate, granted, held, holds, holdmax[i], hwait }
       else
         ok = false
         retry = delay
@@ -364,10 +390,12 @@ local function decide(nonce, hold, n, kbase, abase)
       reset = left
       if count + cost <= quota then
         ok = true
-        remaining = quota - count - cost
+        granted = cost
+        if ask then granted = lease_grant(quota - count, cost, ask) end -- a lease (see Leases)
+        remaining = quota - count - granted
         retry = 0
         nxt = left
-        writes[#writes + 1] = { 'fw', key, mark, count + cost, left, rec = rkey and { rkey, start, cost, holdmax[i], gkey } }
+        writes[#writes + 1] = { 'fw', key, mark, count + granted, left, rec = rkey and { rkey, start, granted, holdmax[i], gkey } }
       else
         ok = false
         remaining = math.max(0, quota - count)
@@ -418,6 +446,7 @@ local function decide(nonce, hold, n, kbase, abase)
     reply[#reply + 1] = retry
     reply[#reply + 1] = reset
     reply[#reply + 1] = nxt
+    if ask then reply[#reply + 1] = ok and granted or 0 end
   end
 
   local nkeys = r - kbase - 1

@@ -1,0 +1,632 @@
+package limiter
+
+import (
+	"context"
+	"fmt"
+	"hash/maphash"
+	"math"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// Lease is a token bucket or fixed window zone's leasing: its hot clients' tokens (window slots)
+// are taken from Redis in grants before they are spent, and spent in process. A grant is a
+// charge of decide.lua whose size the script chooses, at most Max: a token bucket's hold, a
+// fixed window's count with a record (see decide.lua); this instance spends it locally until it
+// is spent or TTL has passed (a fixed window's, at the latest when its window ends), then
+// settle.lua charges what was spent and gives back the rest. Redis
+// has charged every unit an instance admits before it admits it, so leasing never admits more
+// than the exact decision would; what it costs is capacity stranded in other instances' grants:
+// see docs/decisions.md ("Leases").
+type Lease struct {
+	// Max is the most tokens one grant takes (>= 1).
+	Max int64
+	// TTL is a grant's lifetime (MinLeaseTTL to MaxLeaseTTL): its unused tokens go back to
+	// Redis when it ends, and an instance that never returns them (it crashed) has them counted
+	// as spent TTL + leaseReturnMargin after the grant.
+	TTL time.Duration
+}
+
+// Bounds of a Lease.
+const (
+	MinLeaseTTL = 10 * time.Millisecond
+	MaxLeaseTTL = time.Minute
+)
+
+const (
+	// leaseKeys bounds the (zone, client) pairs holding a grant at once per Limiter: beyond it,
+	// requests are decided exactly, as without a lease.
+	leaseKeys = 16384
+	// rateSlots is the size of the table that observes each client's request rate (rateSlot):
+	// clients hashed to one slot share it, the last one seen taking it over.
+	rateSlots = 8192
+	// leaseReturnMargin is how much longer than its TTL a grant's hold lives in Redis, so that
+	// its return (a sweep away, one round trip) finds it: a return that comes later finds the
+	// hold committed as wholly spent, which strands its unused tokens until they refill.
+	leaseReturnMargin = time.Second
+	// leaseSweep is how often ended grants are collected and returned.
+	leaseSweep = 25 * time.Millisecond
+	// leaseHeadroom is how much more than its observed rate × TTL a client is granted.
+	leaseHeadroom = 1.25
+)
+
+// errLeaseMaxWait is why a zone with a max_wait cannot lease.
+const errLeaseMaxWait = "lease and max_wait exclude each other: a held request's turn is decided by the bucket's debt in Redis, which a grant spent in process does not see"
+
+// errLeaseAlgorithm is why a zone of algorithm a cannot lease.
+func errLeaseAlgorithm(a Algorithm) string {
+	if a == Concurrency {
+		return "lease applies to algorithms token_bucket and fixed_window only, not concurrency: " +
+			"a slot is taken for a request's whole run, so there is nothing to spend ahead"
+	}
+	return fmt.Sprintf("lease applies to algorithms token_bucket and fixed_window only, not %s: "+
+		"a grant of a sliding window would need entries scored ahead, and one of a sliding window counter "+
+		"would be weighed down with the window it was counted in; neither is built", a)
+}
+
+// validateLease checks z.Lease against z's algorithm and numbers.
+func (z *Zone) validateLease() error {
+	le := z.Lease
+	switch {
+	case le == nil:
+		return nil
+	case z.Algorithm != TokenBucket && z.Algorithm != FixedWindow:
+		return fmt.Errorf("zone %s: %s", z.Name, errLeaseAlgorithm(z.Algorithm))
+	case z.MaxWait > 0:
+		return fmt.Errorf("zone %s: %s", z.Name, errLeaseMaxWait)
+	case le.Max < 1 || le.Max > MaxCapacity:
+		return fmt.Errorf("zone %s: lease max %d must be between 1 and 2^53", z.Name, le.Max)
+	case le.TTL < MinLeaseTTL || le.TTL > MaxLeaseTTL:
+		return fmt.Errorf("zone %s: lease ttl %v must be between %v and %v", z.Name, le.TTL, MinLeaseTTL, MaxLeaseTTL)
+	}
+	return nil
+}
+
+// LeaseMetrics receives a Limiter's lease events (Options.LeaseMetrics), by zone name. Its
+// methods must be safe for concurrent use, quick, and must not call the Limiter: most are called
+// with its grant table locked.
+type LeaseMetrics interface {
+	// Granted is one grant of units tokens.
+	Granted(zone string, units int64)
+	// Local is one zone's admission decided in process, from a grant.
+	Local(zone string)
+	// Returned is units unspent tokens given back to Redis by a grant's settlement.
+	Returned(zone string, units int64)
+	// Stranded adds delta to the tokens granted to this instance and not yet spent.
+	Stranded(zone string, delta int64)
+}
+
+// grant is the tokens one decide.lua call leased to this instance for one zone and client.
+type grant struct {
+	name      string      // the zone's
+	keys      []string    // settle.lua's: the zone's state key (a fixed window's record and generation keys after it)
+	nonce     string      // the hold's: "h:<nonce>"
+	zone      []any       // settle.lua's zone arguments: algorithm, quota, rate or bounds, units
+	n         zoneNumbers // the zone's numbers: a request under others is not served from it
+	units     int64       // granted
+	spent     int64       // spent locally, the grant request's own cost included
+	expires   time.Time   // by the Limiter's clock; a fixed window's: at the latest its window's end
+	end       time.Time   // a fixed window's end, by the Limiter's clock; zero for a token bucket
+	remaining int64       // Redis's whole tokens left once it had granted units
+	ended     bool        // no longer spent from: returned, or to be
+}
+
+// left is what the client has, by this grant's estimate: Redis's remaining at grant time, less
+// what this instance spent of it since.
+func (g *grant) left(quota int64) int64 { return min(quota, max(0, g.remaining+g.units-g.spent)) }
+
+// rateSlot counts a client's units over consecutive TTL-long periods, so that a grant can be
+// sized to the rate observed on this instance.
+type rateSlot struct {
+	h         uint64 // the client's hash; another's takes the slot over from zero
+	start     int64  // the current period's start, ns by the Limiter's clock
+	prev, cur int64  // units of the previous and the current period
+}
+
+// leaseTable holds one Limiter's grants, per (zone, client), and the rates of the clients of
+// its lease zones. Only a client sending at least two requests' worth per TTL ever has a
+// grant, so the table holds the hot clients; it is bounded by leaseKeys.
+type leaseTable struct {
+	mu      sync.Mutex
+	m       map[denyKey]*grant
+	asking  map[denyKey]struct{} // a grant asked and not answered: one at a time per client
+	rates   []rateSlot
+	seed    maphash.Seed
+	ended   []*grant // ended, to be returned by the sweeper
+	closed  bool     // ReturnLeases ran: no more grants, no local decisions
+	metrics LeaseMetrics
+	sweep   sync.Once
+	stop    chan struct{}
+}
+
+func newLeaseTable(m LeaseMetrics) *leaseTable {
+	return &leaseTable{
+		m: make(map[denyKey]*grant), asking: make(map[denyKey]struct{}),
+		rates: make([]rateSlot, rateSlots), seed: maphash.MakeSeed(), metrics: m, stop: make(chan struct{}),
+	}
+}
+
+// observe counts r's cost at now in its client's rate slot and returns the units the client
+// sends per TTL: the larger of the previous period's and the current one's. t.mu is held.
+func (t *leaseTable) observe(k denyKey, r *Request, now time.Time) int64 {
+	var mh maphash.Hash
+	mh.SetSeed(t.seed)
+	mh.WriteString(k.zone)
+	mh.WriteByte(0)
+	mh.WriteString(k.client)
+	h := mh.Sum64()
+	s := &t.rates[h%rateSlots]
+	ns, ttl := now.UnixNano(), int64(r.Zone.Lease.TTL)
+	if s.h != h {
+		*s = rateSlot{h: h, start: ns}
+	}
+	if el := ns - s.start; el >= ttl {
+		if el < 2*ttl {
+			s.prev = s.cur
+		} else {
+			s.prev = 0
+		}
+		s.cur, s.start = 0, s.start+el/ttl*ttl
+	}
+	s.cur += r.Cost
+	return max(s.prev, s.cur)
+}
+
+// ask returns how many tokens to ask a grant of for r, whose client sends perTTL units per TTL
+// here: about leaseHeadroom × that, between r's cost and the zone's Max (and 2^31 − 1); 0 (no
+// grant: decided exactly) when that is less than two requests' worth.
+func ask(r *Request, perTTL int64) int32 {
+	want := leaseHeadroom * float64(perTTL)
+	most := min(r.Zone.Lease.Max, math.MaxInt32)
+	if want < 2*float64(r.Cost) || most < 2*r.Cost {
+		return 0
+	}
+	return int32(min(int64(want), most))
+}
+
+// live returns k's grant when r can be served from it at now: same numbers, not ended, not
+// expired, with its cost left. t.mu is held.
+func (t *leaseTable) live(k denyKey, r *Request, now time.Time) *grant {
+	g := t.m[k]
+	if g == nil || g.ended || !now.Before(g.expires) || g.units-g.spent < r.Cost || g.n != numbersOf(r.Zone) {
+		return nil
+	}
+	return g
+}
+
+// end stops k's grant g from being spent, and queues its return. t.mu is held.
+func (t *leaseTable) end(k denyKey, g *grant) {
+	if g.ended {
+		return
+	}
+	g.ended = true
+	delete(t.m, k)
+	t.ended = append(t.ended, g)
+	if t.metrics != nil {
+		t.metrics.Stranded(k.zone, -(g.units - g.spent))
+	}
+}
+
+// spend takes cost from g. t.mu is held.
+func (t *leaseTable) spend(k denyKey, g *grant, cost int64) {
+	g.spent += cost
+	if t.metrics != nil {
+		t.metrics.Stranded(k.zone, -cost)
+		t.metrics.Local(k.zone)
+	}
+}
+
+// giveBack returns cost to g, spent from it for a request that another zone denied. t.mu is
+// held. A grant ended meanwhile keeps it spent: its return is under way.
+func (t *leaseTable) giveBack(k denyKey, g *grant, cost int64) {
+	if g.ended {
+		return
+	}
+	g.spent -= cost
+	if t.metrics != nil {
+		t.metrics.Stranded(k.zone, cost)
+	}
+}
+
+// served is the zone reply of a request admitted from g at now: Redis's figures at grant time
+// less what was spent since (an estimate), with reset and next as the zone's refill gives them
+// (a token bucket), or its window's end (a fixed window).
+func (g *grant) served(z *Zone, now time.Time) zoneReply {
+	left := g.left(z.Quota())
+	zr := zoneReply{allowed: true, remaining: left}
+	switch {
+	case !g.end.IsZero():
+		zr.reset = max(1, g.end.Sub(now).Microseconds())
+		zr.next = zr.reset
+	case left < z.Capacity:
+		const most = 1 << 53 // µs, as decide.lua's MAX_US
+		zr.reset = int64(min(float64(z.Capacity-left)/z.RefillRate*1e6, most)) + 1
+		zr.next = min(zr.reset, int64(min(1e6/z.RefillRate, most))+1)
+	}
+	return zr
+}
+
+// Leased admits reqs from this instance's grants, with no Redis call, when every zone of reqs
+// leases (Zone.Lease) and has a live grant for the request's client with its cost left; each
+// zone's Result and the Decision's figures are the grant's estimate (Redis's remaining at grant
+// time, less what this instance spent since). Otherwise it changes nothing and returns false;
+// the request then goes to Allow. It may be asked while Redis is unavailable: a grant in hand
+// is spent until it ends.
+func (l *Limiter) Leased(reqs []Request) (Decision, bool) {
+	t := l.leases
+	if t == nil || len(reqs) == 0 {
+		return Decision{}, false
+	}
+	for i := range reqs {
+		r := &reqs[i]
+		if r.Zone.Lease == nil || unsatisfiable(*r) || r.Hold > 0 || r.maxWait() > 0 {
+			return Decision{}, false
+		}
+	}
+	now := l.clock()
+	var kbuf [4]denyKey
+	var gbuf [4]*grant
+	ks, gs := kbuf[:0], gbuf[:0]
+	t.mu.Lock()
+	for i := range reqs {
+		k := keyOf(reqs[i])
+		g := t.live(k, &reqs[i], now)
+		if g == nil || t.closed {
+			t.mu.Unlock()
+			return Decision{}, false
+		}
+		ks, gs = append(ks, k), append(gs, g)
+	}
+	var zbuf [4]zoneReply
+	zones := zbuf[:0]
+	for i, g := range gs {
+		t.observe(ks[i], &reqs[i], now)
+		t.spend(ks[i], g, reqs[i].Cost)
+		zones = append(zones, g.served(reqs[i].Zone, now))
+	}
+	t.mu.Unlock()
+	return pick(reqs, true, zones), true
+}
+
+// leasePlan is how allowLeased decides each zone of a request: from a grant in hand (local), by
+// asking Redis for a grant (asks), or exactly in Redis.
+type leasePlan struct {
+	local []*grant    // per zone: the grant its cost was taken from; nil: Redis decides it
+	zones []zoneReply // per zone decided locally: its reply, as the grant estimates it
+	asks  []int32     // per zone: the grant asked, > 0; 0: none
+	n     int         // zones decided locally
+}
+
+// plan takes from the grants in hand the costs of reqs' lease zones that have one, and, when
+// grants may be asked (mayAsk), chooses the zones that ask for one: those whose client is hot
+// enough (ask) and has no grant asked already, while the table has room. A plan with neither
+// (a rare client's) has nil slices: nothing allocated. t.mu is taken.
+func (t *leaseTable) plan(reqs []Request, now time.Time, mayAsk bool) leasePlan {
+	var p leasePlan
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for i := range reqs {
+		r := &reqs[i]
+		if r.Zone.Lease == nil || t.closed || unsatisfiable(*r) || r.Hold > 0 || r.maxWait() > 0 {
+			continue
+		}
+		k := keyOf(*r)
+		perTTL := t.observe(k, r, now)
+		if g := t.live(k, r, now); g != nil {
+			t.spend(k, g, r.Cost)
+			p.make(len(reqs))
+			p.local[i], p.zones[i], p.n = g, g.served(r.Zone, now), p.n+1
+			continue
+		}
+		if _, ok := t.asking[k]; ok || !mayAsk || len(t.m)+len(t.asking) >= leaseKeys {
+			continue
+		}
+		if a := ask(r, perTTL); a > 0 {
+			if g := t.m[k]; g != nil {
+				t.end(k, g) // too little left, expired or of other numbers: returned
+			}
+			t.asking[k] = struct{}{}
+			p.make(len(reqs))
+			p.asks[i] = a
+		}
+	}
+	return p
+}
+
+// make gives p its slices for n zones, once.
+func (p *leasePlan) make(n int) {
+	if p.local == nil {
+		p.local, p.zones, p.asks = make([]*grant, n), make([]zoneReply, n), make([]int32, n)
+	}
+}
+
+// allowLeased is Allow for a request with a lease zone: the zones with a grant in hand are
+// charged from it (plan), the others are decided by Redis, those of hot clients asking for a
+// grant (decide.lua grants it as a hold, charged at once); when Redis denies or fails, the
+// costs taken from grants are given back, so the decision stays all-or-nothing. On Redis
+// Cluster, a request whose zones are in several hash slots asks for no grant.
+func (l *Limiter) allowLeased(ctx context.Context, reqs []Request) (Decision, error) {
+	sent := l.clock()
+	keys := stateKeys(l.prefix, reqs)
+	p := l.leases.plan(reqs, sent, l.slotGroups(keys) == nil && len(reqs) <= maxBatch)
+	if p.local == nil {
+		return l.allow(ctx, reqs, sent, keys) // no grant in hand nor asked: as without lease
+	}
+	if p.n == len(reqs) {
+		return pick(reqs, true, p.zones), nil
+	}
+	sub, skeys, idx := make([]Request, 0, len(reqs)-p.n), make([]string, 0, len(reqs)-p.n), make([]int, 0, len(reqs)-p.n)
+	for i := range reqs {
+		if p.local[i] == nil {
+			r := reqs[i]
+			r.ask = p.asks[i]
+			sub, skeys, idx = append(sub, r), append(skeys, keys[i]), append(idx, i)
+		}
+	}
+	allowed, zs, held, slotErr, err := l.decideLeased(ctx, reqs, sub, skeys, idx, p, sent)
+	if err != nil || !allowed {
+		l.leases.undo(reqs, p)
+	}
+	if err != nil {
+		return Decision{}, err
+	}
+	if !allowed {
+		l.remember(sub, zs, sent)
+	}
+	for j, i := range idx {
+		p.zones[i] = zs[j]
+	}
+	d := pick(reqs, allowed, p.zones)
+	d.Err, d.Held = slotErr, held
+	return d, nil
+}
+
+// decideLeased decides sub (the zones of reqs at idx that no grant in hand served) in Redis,
+// with one decide.lua call that asks for the grants of p, and records the grants made
+// (install); or, across Redis Cluster hash slots (p asks none), as Allow does. held's indexes
+// are those of reqs.
+func (l *Limiter) decideLeased(ctx context.Context, reqs, sub []Request, keys []string, idx []int, p leasePlan, sent time.Time) (
+	allowed bool, zones []zoneReply, held *Held, slotErr, err error) {
+	if groups := l.slotGroups(keys); groups != nil {
+		allowed, zones, held, slotErr, err = l.allowSlots(ctx, sub, keys, groups, sent)
+		if held != nil {
+			held.sent = sent
+			for _, part := range held.parts {
+				for j, i := range part.idx {
+					part.idx[j] = idx[i]
+				}
+			}
+			l.track(held, sent)
+		}
+		return allowed, zones, held, slotErr, err
+	}
+	args := l.scriptArgs(sub, false, sent)
+	ckeys := withRecords(keys, sub, args, false)
+	allowed, zones, err = l.allowOne(ctx, sub, ckeys, args, nil)
+	if err != nil || !allowed {
+		return allowed, zones, nil, nil, err
+	}
+	if held = newHeld(reqs, ckeys, args, idx); held != nil {
+		held.sent = sent
+		l.track(held, sent) // a concurrency zone's slot, kept alive while its request runs
+	}
+	if late := l.leases.install(reqs, sub, idx, p, keys, args, zones, sent); len(late) > 0 {
+		go func() { // granted while the Limiter was being retired: its sweeper is gone
+			ctx, cancel := context.WithTimeout(context.Background(), leaseReturnMargin)
+			defer cancel()
+			_ = l.returnGrants(ctx, late)
+		}()
+	}
+	if rl := l.resets.Load(); rl != nil {
+		rl.listen() // a grant to drop on a reset: from now on, listen
+	}
+	l.startSweeper()
+	return allowed, zones, held, nil, nil
+}
+
+// undo gives back the costs plan took locally and drops its asks: the request was denied, or
+// Redis failed. t.mu is taken.
+func (t *leaseTable) undo(reqs []Request, p leasePlan) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for i, g := range p.local {
+		if g != nil {
+			t.giveBack(keyOf(reqs[i]), g, reqs[i].Cost)
+		}
+		if p.asks[i] > 0 {
+			delete(t.asking, keyOf(reqs[i]))
+		}
+	}
+}
+
+// install records the grants Redis made for the zones of reqs that asked (p.asks): sub are the
+// requests sent, idx their indexes in reqs, keys and args the decide.lua call's, zones its
+// reply. It returns the grants made after ReturnLeases, to be returned at once. t.mu is taken.
+func (t *leaseTable) install(reqs, sub []Request, idx []int, p leasePlan, keys []string, args []any, zones []zoneReply, sent time.Time) (late []*grant) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for j, i := range idx {
+		if p.asks[i] == 0 {
+			continue
+		}
+		k, r := keyOf(reqs[i]), &sub[j]
+		delete(t.asking, k)
+		units := int64(zones[j].granted)
+		if t.metrics != nil {
+			t.metrics.Granted(k.zone, units)
+		}
+		g := newGrant(k.zone, r, keys[j], args, j, zones[j], sent)
+		// The client's figures: Redis's remaining less this request, not less the whole grant.
+		zones[j].remaining = g.left(r.Zone.Quota())
+		if t.closed {
+			g.ended = true
+			late = append(late, g)
+			continue
+		}
+		t.m[k] = g
+		if t.metrics != nil {
+			t.metrics.Stranded(k.zone, units-r.Cost)
+		}
+	}
+	return late
+}
+
+// newGrant is the grant of the j-th zone of a decide.lua call with args, whose state key is key,
+// sent at sent, and zr its reply (granted). A fixed window's grant ends at the latest at its
+// window's end: the reply's reset, counted from when the call was sent (before Redis's now), so
+// that none of it is spent in the next window, whose count does not hold it.
+func newGrant(zone string, r *Request, key string, args []any, j int, zr zoneReply, sent time.Time) *grant {
+	nonce := args[1].(string)
+	g := &grant{
+		name: zone, keys: []string{key}, nonce: nonce, units: int64(zr.granted), spent: r.Cost, n: numbersOf(r.Zone),
+		zone:    []any{args[4+4*j], args[5+4*j], args[6+4*j], int64(zr.granted)},
+		expires: sent.Add(r.Zone.Lease.TTL), remaining: zr.remaining,
+	}
+	if r.Zone.Algorithm == FixedWindow {
+		g.keys = append(g.keys, recordKey(key, nonce), genKey(key))
+		g.end = sent.Add(time.Duration(zr.reset) * time.Microsecond)
+		if g.end.Before(g.expires) {
+			g.expires = g.end
+		}
+	}
+	return g
+}
+
+// drop forgets the grant of the client (as ClientKey gives it) in the zone named zone without
+// returning it: its state was reset, and its hold with it.
+func (t *leaseTable) drop(zone, client string) {
+	k := denyKey{zone: zone, client: client}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if g := t.m[k]; g != nil {
+		g.ended = true
+		delete(t.m, k)
+		if t.metrics != nil {
+			t.metrics.Stranded(zone, -(g.units - g.spent))
+		}
+	}
+}
+
+// collect ends the grants expired at now (every grant when all) and takes the ended ones to
+// return. t.mu is taken.
+func (t *leaseTable) collect(now time.Time, all bool) []*grant {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for k, g := range t.m {
+		if all || !now.Before(g.expires) {
+			t.end(k, g)
+		}
+	}
+	out := t.ended
+	t.ended = nil
+	return out
+}
+
+// startSweeper starts, once, the goroutine that returns ended grants every leaseSweep.
+func (l *Limiter) startSweeper() {
+	t := l.leases
+	t.sweep.Do(func() {
+		go func() {
+			tick := time.NewTicker(leaseSweep)
+			defer tick.Stop()
+			for {
+				select {
+				case <-t.stop:
+					return
+				case <-tick.C:
+					if gs := t.collect(l.clock(), false); len(gs) > 0 {
+						ctx, cancel := context.WithTimeout(context.Background(), leaseReturnMargin)
+						l.returnGrants(ctx, gs)
+						cancel()
+					}
+				}
+			}
+		}()
+	})
+}
+
+// returnGrants settles each grant with settle.lua ("amount": its spent tokens are committed,
+// the rest given back), all under way at once on the decisions' pipeline, so that under load
+// they ride the decisions' round trips. It returns the first error. A grant whose hold is gone
+// (reset, expired, committed for being late) gives nothing back.
+func (l *Limiter) returnGrants(ctx context.Context, gs []*grant) error {
+	var now any = "" // the Redis server clock
+	if l.now != nil {
+		now = l.now().UnixMicro()
+	}
+	errs := make(chan error, len(gs))
+	for _, g := range gs {
+		go func() {
+			keys := g.keys
+			args := append([]any{now, g.nonce, "amount"}, g.zone...)
+			args = append(args, strconv.FormatInt(g.spent, 10))
+			var reply any
+			var err error
+			if b := l.pipelineFor(ctx, g.keys[0]); b != nil {
+				reply, err = b.runSettle(ctx, keys, args)
+			} else {
+				reply, err = runScript(ctx, l.rdb, settleScript, keys, args)
+			}
+			states, err := decodeSettled(reply, err, 1)
+			if err == nil && states[0] == settledNow && l.leases.metrics != nil {
+				l.leases.metrics.Returned(g.name, g.units-g.spent)
+			}
+			errs <- err
+		}()
+	}
+	var first error
+	for range gs {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// ReturnLeases ends every grant of this Limiter and gives their unspent tokens back to Redis
+// before it returns (or ctx ends), and stops its sweeper: from then on its lease zones are
+// decided exactly. Call it when the Limiter is retired (a config reload). A grant whose return
+// fails counts as spent once its hold has lived TTL + 1s.
+func (l *Limiter) ReturnLeases(ctx context.Context) error {
+	t := l.leases
+	if t == nil {
+		return nil
+	}
+	t.mu.Lock()
+	already := t.closed
+	t.closed = true
+	t.mu.Unlock()
+	if !already {
+		close(t.stop)
+	}
+	if gs := t.collect(l.clock(), true); len(gs) > 0 {
+		return l.returnGrants(ctx, gs)
+	}
+	return nil
+}
+
+// pipelineFor is the pipeline that carries the calls of key: PipelineFor's, else Pipeline (nil:
+// none, a round trip per call).
+func (l *Limiter) pipelineFor(ctx context.Context, key string) *Pipeline {
+	if l.batchFor != nil {
+		if b := l.batchFor(ctx, key); b != nil {
+			return b
+		}
+	}
+	return l.batch
+}
+
+// leaseHold is decide.lua's hold time of a grant for zone z (a token bucket's hold, a fixed
+// window's record), in µs: TTL + leaseReturnMargin.
+func leaseHold(z *Zone) int64 { return (z.Lease.TTL + leaseReturnMargin).Microseconds() }
+
+// leasing reports whether a zone of reqs leases.
+func leasing(reqs []Request) bool {
+	for i := range reqs {
+		if reqs[i].Zone.Lease != nil {
+			return true
+		}
+	}
+	return false
+}
