@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"strconv"
 	"sync"
 	"testing"
@@ -55,12 +54,7 @@ func TestEvents(t *testing.T) {
 	received.counts, received.data = map[string]int{}, nil
 	received.Unlock()
 	srv := redistest.Start(t)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
+	addr := "127.0.0.1:" + strconv.Itoa(freeLoopbackPort(t))
 	cfg, _ := json.Marshal(map[string]any{
 		"admin":   map[string]any{"disabled": true},
 		"logging": map[string]any{"logs": map[string]any{"default": map[string]any{"level": "ERROR"}}},
