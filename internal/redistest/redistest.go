@@ -214,6 +214,23 @@ func (s *Server) Do(args ...any) any {
 	return v
 }
 
+// Time is the server's clock, TIME, to the microsecond: the clock the scripts read by default.
+// Read before a request is sent and after its reply, it bounds when Redis decided the request,
+// whatever this process's clock says.
+func (s *Server) Time() time.Time {
+	s.t.Helper()
+	v, ok := s.Do("TIME").([]any)
+	if !ok || len(v) != 2 {
+		s.t.Fatalf("redis TIME replied %#v", v)
+	}
+	sec, err1 := strconv.ParseInt(fmt.Sprint(v[0]), 10, 64)
+	usec, err2 := strconv.ParseInt(fmt.Sprint(v[1]), 10, 64)
+	if err1 != nil || err2 != nil {
+		s.t.Fatalf("redis TIME replied %#v", v)
+	}
+	return time.UnixMicro(sec*1000000 + usec)
+}
+
 // WaitFor polls cond every 10ms until it is true, failing the test with what when it is still
 // false after d: a deadline, never a sleep that hopes.
 func WaitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
