@@ -26,6 +26,9 @@ func TestDryRunExactlyAsEnforced(t *testing.T) {
 			}
 			key_prefix %s:
 			headers both%s
+			deny_cache {
+				max_age 1h # the cached denials below must not expire on a slow machine
+			}
 			zone %s_api {
 				key {http.request.header.X-Client}
 				capacity 3

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"strconv"
 	"sync"
 	"testing"
@@ -55,12 +54,7 @@ func TestEvents(t *testing.T) {
 	received.counts, received.data = map[string]int{}, nil
 	received.Unlock()
 	srv := redistest.Start(t)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
+	addr := "127.0.0.1:" + strconv.Itoa(freeLoopbackPort(t))
 	cfg, _ := json.Marshal(map[string]any{
 		"admin":   map[string]any{"disabled": true},
 		"logging": map[string]any{"logs": map[string]any{"default": map[string]any{"level": "ERROR"}}},
@@ -72,7 +66,9 @@ func TestEvents(t *testing.T) {
 			"http": map[string]any{"servers": map[string]any{"s": map[string]any{
 				"listen": []string{addr},
 				"routes": []any{map[string]any{"handle": []any{
-					map[string]any{"handler": "rate_limit_redis", "redis": map[string]any{"addresses": []string{srv.Addr}},
+					// timeout: a loaded machine must not make a decision fail open (100ms by default: a
+					// third request once got 200).
+					map[string]any{"handler": "rate_limit_redis", "redis": map[string]any{"addresses": []string{srv.Addr}}, "timeout": "10s",
 						"zones": []any{map[string]any{"name": "api", "capacity": 2, "refill_rate": 0.001, "key": []string{"{http.request.header.X-Client}"}}}},
 					map[string]any{"handler": "static_response", "body": "ok"},
 				}}},

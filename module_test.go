@@ -18,6 +18,7 @@ import (
 	_ "github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
 
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/freeport"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
 )
 
@@ -29,15 +30,11 @@ type caddyServer struct {
 	base string // http://127.0.0.1:port
 }
 
-// freeLoopbackPort returns a loopback TCP port that was free a moment ago.
+// freeLoopbackPort returns a loopback TCP port that was free a moment ago, never one it (or
+// redistest) returned before in this process: the sites of one test get distinct ports.
 func freeLoopbackPort(t *testing.T) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return freeport.Must(t)
 }
 
 func startCaddy(t *testing.T, site string) *caddyServer {

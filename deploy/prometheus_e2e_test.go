@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -25,6 +24,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/freeport"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
 )
 
@@ -752,15 +752,11 @@ func writeFile(t *testing.T, file, content string) {
 	}
 }
 
-// freePort returns a loopback TCP port that was free a moment ago.
+// freePort returns a loopback TCP port that was free a moment ago, never one returned before
+// in this process: the three ports of the test are distinct.
 func freePort(t *testing.T) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return freeport.Must(t)
 }
 
 func get(u string) (int, string, error) {

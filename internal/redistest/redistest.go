@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/freeport"
 )
 
 // startDeadline bounds how long a server may take to answer PING after it is started.
@@ -78,15 +80,12 @@ func startServer(t testing.TB, password string, extra []string) *Server {
 	return nil
 }
 
-// freePort asks the kernel for a free loopback TCP port. Another process may take it before
-// redis-server binds it; Start then tries again with another.
+// freePort is a free loopback TCP port no other freePort or freeport.Get of this process
+// returned (a node's port and its cluster bus port, picked one after the other, once came out
+// equal in kind). Another process may take it before redis-server binds it; Start then tries
+// again with another.
 func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return freeport.Get()
 }
 
 func (s *Server) start() error {
@@ -213,6 +212,23 @@ func (s *Server) Do(args ...any) any {
 		s.t.Fatalf("redis %v: %v", args, err)
 	}
 	return v
+}
+
+// Time is the server's clock, TIME, to the microsecond: the clock the scripts read by default.
+// Read before a request is sent and after its reply, it bounds when Redis decided the request,
+// whatever this process's clock says.
+func (s *Server) Time() time.Time {
+	s.t.Helper()
+	v, ok := s.Do("TIME").([]any)
+	if !ok || len(v) != 2 {
+		s.t.Fatalf("redis TIME replied %#v", v)
+	}
+	sec, err1 := strconv.ParseInt(fmt.Sprint(v[0]), 10, 64)
+	usec, err2 := strconv.ParseInt(fmt.Sprint(v[1]), 10, 64)
+	if err1 != nil || err2 != nil {
+		s.t.Fatalf("redis TIME replied %#v", v)
+	}
+	return time.UnixMicro(sec*1000000 + usec)
 }
 
 // WaitFor polls cond every 10ms until it is true, failing the test with what when it is still
