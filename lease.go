@@ -123,14 +123,48 @@ func leaseCollectors() []prometheus.Collector {
 	return []prometheus.Collector{leaseMetrics.grants, leaseMetrics.local, leaseMetrics.returned, leaseMetrics.stranded}
 }
 
-// promLease is the limiter.LeaseMetrics of the lease metrics.
-type promLease struct{}
+// promLease is the limiter.LeaseMetrics of the lease metrics: each lease zone's series,
+// looked up once (newPromLease) instead of by label on every request admitted from a grant.
+type promLease map[string]*leaseSeries
 
-func (promLease) Granted(zone string, _ int64) { leaseMetrics.grants.WithLabelValues(zone).Inc() }
-func (promLease) Local(zone string)            { leaseMetrics.local.WithLabelValues(zone).Inc() }
-func (promLease) Returned(zone string, units int64) {
-	leaseMetrics.returned.WithLabelValues(zone).Add(float64(units))
+// leaseSeries are one zone's lease metrics.
+type leaseSeries struct {
+	grants, local, returned prometheus.Counter
+	stranded                prometheus.Gauge
 }
-func (promLease) Stranded(zone string, delta int64) {
-	leaseMetrics.stranded.WithLabelValues(zone).Add(float64(delta))
+
+// newPromLease returns the lease metrics of zones' lease zones.
+func newPromLease(zones []*Zone) promLease {
+	initLeaseMetrics()
+	m := promLease{}
+	for _, z := range zones {
+		if z.Lease != nil {
+			m[z.Name] = seriesOf(z.Name)
+		}
+	}
+	return m
 }
+
+// seriesOf returns zone's lease series.
+func seriesOf(zone string) *leaseSeries {
+	return &leaseSeries{
+		grants:   leaseMetrics.grants.WithLabelValues(zone),
+		local:    leaseMetrics.local.WithLabelValues(zone),
+		returned: leaseMetrics.returned.WithLabelValues(zone),
+		stranded: leaseMetrics.stranded.WithLabelValues(zone),
+	}
+}
+
+// series returns zone's series; a zone unknown to m (never: only lease zones take grants) gets
+// them by label.
+func (m promLease) series(zone string) *leaseSeries {
+	if s := m[zone]; s != nil {
+		return s
+	}
+	return seriesOf(zone)
+}
+
+func (m promLease) Granted(zone string, _ int64)      { m.series(zone).grants.Inc() }
+func (m promLease) Local(zone string)                 { m.series(zone).local.Inc() }
+func (m promLease) Returned(zone string, units int64) { m.series(zone).returned.Add(float64(units)) }
+func (m promLease) Stranded(zone string, delta int64) { m.series(zone).stranded.Add(float64(delta)) }

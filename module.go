@@ -557,7 +557,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		opts.Now = time.Now
 	}
 	if slices.ContainsFunc(h.Zones, func(z *Zone) bool { return z.Lease != nil }) {
-		opts.Leases, opts.LeaseMetrics = true, promLease{}
+		opts.Leases, opts.LeaseMetrics = true, newPromLease(h.Zones)
 	}
 	h.limiter = limiter.New(client.rdb, opts)
 	client.resets.Add(h.limiter)
