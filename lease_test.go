@@ -1,13 +1,11 @@
 package ratelimitredis
 
 import (
-	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
@@ -52,28 +50,7 @@ func TestLeaseRefusedAtLoad(t *testing.T) {
 		"concurrency":    {`"algorithm":"concurrency","limit":10,` + lease, "zone a: lease applies to algorithms token_bucket and fixed_window only, not concurrency"},
 		"ttl":            {`"capacity":10,"refill_rate":1,"lease":{"max":10,"ttl":"2m"}`, "zone a: lease ttl 2m0s must be between 10ms and 1m0s"},
 	} {
-		t.Run(name, func(t *testing.T) {
-			var handler map[string]any
-			if err := json.Unmarshal([]byte(`{"zones":[{"name":"a",`+tc.zone+`}]}`), &handler); err != nil {
-				t.Fatal(err)
-			}
-			handler["handler"] = "rate_limit_redis"
-			cfg, _ := json.Marshal(map[string]any{
-				"admin": map[string]any{"disabled": true},
-				"apps": map[string]any{"http": map[string]any{"servers": map[string]any{"s": map[string]any{
-					"listen": []string{"127.0.0.1:0"},
-					"routes": []any{map[string]any{"handle": []any{handler}}},
-				}}}},
-			})
-			err := caddy.Load(cfg, true)
-			if err == nil {
-				_ = caddy.Stop()
-				t.Fatalf("config loaded; want error %q", tc.want)
-			}
-			if !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("error %q does not say %q", err, tc.want)
-			}
-		})
+		t.Run(name, func(t *testing.T) { wantLoadError(t, `{"zones":[{"name":"a",`+tc.zone+`}]}`, tc.want) })
 	}
 }
 

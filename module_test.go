@@ -518,6 +518,19 @@ func TestEndToEndHostileKeys(t *testing.T) {
 	}
 }
 
+// wantLoadError loads a config whose one route is the rate_limit_redis handler handlerJSON (its
+// JSON without "handler") and fails t unless loading fails with an error that says want.
+func wantLoadError(t *testing.T, handlerJSON, want string) {
+	t.Helper()
+	err := loadHandlerJSON(t, handlerJSON)
+	if err == nil {
+		t.Fatalf("config loaded; want error %q", want)
+	}
+	if !strings.Contains(err.Error(), want) {
+		t.Fatalf("error %q does not say %q", err, want)
+	}
+}
+
 func TestConfigErrorsAtLoad(t *testing.T) {
 	for name, tc := range map[string]struct{ json, want string }{
 		"no zone":        {`{}`, "at least one zone is required"},
@@ -533,27 +546,6 @@ func TestConfigErrorsAtLoad(t *testing.T) {
 		"zone fail mode": {`{"zones":[{"name":"a","capacity":1,"refill_rate":1,"fail_mode":"maybe"}]}`, `zone a: fail_mode "maybe" must be open, closed or local`},
 		"empty key":      {`{"zones":[{"name":"a","capacity":1,"refill_rate":1,"empty_key":"drop"}]}`, `zone a: empty_key "drop" must be shared, skip or deny`},
 	} {
-		t.Run(name, func(t *testing.T) {
-			var handler map[string]any
-			if err := json.Unmarshal([]byte(tc.json), &handler); err != nil {
-				t.Fatal(err)
-			}
-			handler["handler"] = "rate_limit_redis"
-			cfg, _ := json.Marshal(map[string]any{
-				"admin": map[string]any{"disabled": true},
-				"apps": map[string]any{"http": map[string]any{"servers": map[string]any{"s": map[string]any{
-					"listen": []string{"127.0.0.1:0"},
-					"routes": []any{map[string]any{"handle": []any{handler}}},
-				}}}},
-			})
-			err := caddy.Load(cfg, true)
-			if err == nil {
-				_ = caddy.Stop()
-				t.Fatalf("config loaded; want error %q", tc.want)
-			}
-			if !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("error %q does not say %q", err, tc.want)
-			}
-		})
+		t.Run(name, func(t *testing.T) { wantLoadError(t, tc.json, tc.want) })
 	}
 }
