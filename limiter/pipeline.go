@@ -47,13 +47,13 @@ type call struct {
 	err   error
 }
 
-// calls are the calls of Pipeline.run and runSettle, with their done channels, used again once
+// callPool holds the calls of Pipeline.run and runSettle, with their done channels, used again once
 // answered: two allocations fewer per decision.
-var calls = sync.Pool{New: func() any { return &call{done: make(chan struct{}, 1)} }}
+var callPool = sync.Pool{New: func() any { return &call{done: make(chan struct{}, 1)} }}
 
 // newCall returns a call of keys and args from the pool.
 func newCall(keys []string, args []any, settle bool) *call {
-	c := calls.Get().(*call)
+	c := callPool.Get().(*call)
 	c.keys, c.args, c.settle = keys, args, settle
 	return c
 }
@@ -61,7 +61,7 @@ func newCall(keys []string, args []any, settle bool) *call {
 // release puts an answered call back in the pool.
 func (c *call) release() {
 	c.keys, c.args, c.ctx, c.reply, c.arr, c.err = nil, nil, nil, nil, nil, nil
-	calls.Put(c)
+	callPool.Put(c)
 }
 
 // answer tells c's waiter that c is answered. The waiter may use c again at once: nothing may
