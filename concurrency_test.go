@@ -73,13 +73,46 @@ func slotKey(name string) string {
 	return limiter.StateKey(DefaultKeyPrefix, &limiter.Zone{Name: name, Algorithm: limiter.Concurrency}, "Bearer k")
 }
 
+// getAuth sends a GET of the test's client ("Authorization: Bearer k") on a connection of its
+// own: never a kept-alive one that a server of an earlier test, on the same port, closed.
 func getAuth(t *testing.T, url string) (*http.Response, error) {
 	req, err := http.NewRequest(http.MethodGet, url, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	req.Header.Set("Authorization", "Bearer k")
+	req.Close = true
 	return http.DefaultClient.Do(req)
+}
+
+// slowGate is the next handler of a test that keeps requests in flight: a request to /slow is
+// held until release is closed; the others pass at once.
+type slowGate struct{ arrived, release chan struct{} }
+
+func newSlowGate() *slowGate {
+	return &slowGate{arrived: make(chan struct{}, 4), release: make(chan struct{})}
+}
+
+func (g *slowGate) next(w http.ResponseWriter, r *http.Request) error {
+	if r.URL.Path == "/slow" {
+		g.arrived <- struct{}{}
+		<-g.release
+	}
+	return nil
+}
+
+// holdOne sends one request to base's /slow and returns once the gate holds it; done is closed
+// when its response has come, after release.
+func (g *slowGate) holdOne(t *testing.T, base string) (done chan struct{}) {
+	done = make(chan struct{})
+	go func() {
+		defer close(done)
+		if resp, err := getAuth(t, base+"/slow"); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	<-g.arrived
+	return done
 }
 
 // TestConcurrencyThreeInstances is the first check: three instances, one client,
@@ -180,6 +213,7 @@ func TestConcurrencySlotGivenBackOnEveryEnd(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, s.URL, nil)
 			req.Header.Set("Authorization", "Bearer k")
+			req.Close = true // a connection of its own (see getAuth)
 			done := make(chan struct{})
 			go func() {
 				defer close(done)
@@ -350,24 +384,10 @@ func TestConcurrencyFailModeLocal(t *testing.T) {
 // Remaining 0), and takes no slot; the admitted one's slot is given back as usual.
 func TestConcurrencyDryRun(t *testing.T) {
 	srv := redistest.Start(t)
-	release := make(chan struct{})
-	arrived := make(chan struct{}, 2)
+	g := newSlowGate()
 	_, s := slotInstance(t, &Handler{Redis: &RedisConfig{Addresses: []string{srv.Addr}}, DryRun: true,
-		Zones: []*Zone{slotZone("dry", 1, time.Minute)}}, func(w http.ResponseWriter, r *http.Request) error {
-		if r.URL.Path == "/slow" {
-			arrived <- struct{}{}
-			<-release
-		}
-		return nil
-	})
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if resp, err := getAuth(t, s.URL+"/slow"); err == nil {
-			resp.Body.Close()
-		}
-	}()
-	<-arrived
+		Zones: []*Zone{slotZone("dry", 1, time.Minute)}}, g.next)
+	done := g.holdOne(t, s.URL)
 	resp, err := getAuth(t, s.URL)
 	if err != nil || resp.StatusCode != 200 || resp.Header.Get("X-RateLimit-Remaining") != "0" {
 		t.Fatalf("second request in dry_run: %v %v, want 200 with Remaining 0", resp, err)
@@ -376,7 +396,7 @@ func TestConcurrencyDryRun(t *testing.T) {
 	if n := liveSlots(t, srv, slotKey("dry")); n != 1 {
 		t.Fatalf("slots: %d, want 1 (the dry-run denial takes none)", n)
 	}
-	close(release)
+	close(g.release)
 	<-done
 	redistest.WaitFor(t, time.Second, "the slot given back", func() bool { return liveSlots(t, srv, slotKey("dry")) == 0 })
 }
@@ -386,32 +406,18 @@ func TestConcurrencyDryRun(t *testing.T) {
 // token.
 func TestConcurrencyWithOtherZones(t *testing.T) {
 	srv := redistest.Start(t)
-	release := make(chan struct{})
-	arrived := make(chan struct{}, 1)
+	g := newSlowGate()
 	_, s := slotInstance(t, &Handler{Redis: &RedisConfig{Addresses: []string{srv.Addr}}, Zones: []*Zone{
 		slotZone("conc", 1, time.Minute),
 		{Name: "bucket", Key: []string{"{http.request.header.Authorization}"}, Capacity: 2, RefillRate: 1.0 / 3600},
-	}}, func(w http.ResponseWriter, r *http.Request) error {
-		if r.URL.Path == "/slow" {
-			arrived <- struct{}{}
-			<-release
-		}
-		return nil
-	})
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if resp, err := getAuth(t, s.URL+"/slow"); err == nil {
-			resp.Body.Close()
-		}
-	}()
-	<-arrived
+	}}, g.next)
+	done := g.holdOne(t, s.URL)
 	resp, _ := getAuth(t, s.URL)
 	resp.Body.Close()
 	if resp.StatusCode != 429 || resp.Header.Get("X-RateLimit-Limit") != "1" {
 		t.Fatalf("second request in flight: %d %v, want 429 by the concurrency zone", resp.StatusCode, resp.Header)
 	}
-	close(release)
+	close(g.release)
 	<-done
 	resp, _ = getAuth(t, s.URL) // the bucket's second and last token
 	resp.Body.Close()
@@ -668,6 +674,7 @@ func TestConcurrencySlotOfHeldRequest(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, s.URL, nil)
 	req.Header.Set("Authorization", "Bearer k")
+	req.Close = true // a connection of its own (see getAuth)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
