@@ -182,7 +182,7 @@ func TestBenchRequestsResolveTheirKeys(t *testing.T) {
 	z.v4, z.v6 = 32, 64
 	for i, r := range benchRequests(3, 7) {
 		repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
-		if got, want := z.clientKey(repl, &maskMemo{}), strconv.Itoa(7+i); got != want {
+		if got, want := z.clientKey(r, repl, &maskMemo{}), strconv.Itoa(7+i); got != want {
 			t.Fatalf("request %d: key %q, want %q", i, got, want)
 		}
 	}

@@ -5,6 +5,7 @@ package ratelimitredis
 // key_secret replaces every client key by a keyed digest.
 
 import (
+	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
@@ -515,24 +516,46 @@ func TestExamplesAreSafe(t *testing.T) {
 }
 
 // TestKeyPlaceholderLookedUpAsReplaceAll checks that a key entry made of one placeholder, looked
-// up directly (keyNames), resolves exactly as Caddy's ReplaceAll would resolve it: strings,
-// numbers, booleans, unknown and empty placeholders, and entries that are not one placeholder.
+// up directly (keySources), resolves exactly as Caddy's ReplaceAll resolves it with Caddy's own
+// HTTP placeholders: static strings, numbers, booleans, unknown and empty placeholders; request
+// header fields (missing, empty, repeated, a name not in canonical case, a field changed in place
+// by a handler before this one); variables (client_ip, a number, missing); and entries that are
+// not one placeholder.
 func TestKeyPlaceholderLookedUpAsReplaceAll(t *testing.T) {
-	repl := caddy.NewReplacer()
+	r := httptest.NewRequest(http.MethodGet, "/", nil)
+	r.Header.Set("X-Api-Key", "k1")
+	r.Header.Add("X-Multi", "a")
+	r.Header.Add("X-Multi", "b")
+	r.Header["X-Empty"] = []string{""}
+	vars := map[string]any{"client_ip": "203.0.113.7", "n": 42}
+	r = r.WithContext(context.WithValue(r.Context(), caddyhttp.VarsCtxKey, vars))
+	repl := caddyhttp.NewTestReplacer(r)
 	repl.Set("v.str", "alice")
 	repl.Set("v.int", 42)
 	repl.Set("v.bool", true)
 	repl.Set("v.empty", "")
 	repl.Set("v.ip", "203.0.113.7")
+	r.Header.Set("X-Changed", "later") // as request_header does, after the replacer was made
 	entries := []string{"{v.str}", "{v.int}", "{v.bool}", "{v.empty}", "{v.unknown}", "{v.ip}",
-		"user-{v.str}", "{v.str}{v.int}", `\{v.str}`, "literal"}
+		"user-{v.str}", "{v.str}{v.int}", `\{v.str}`, "literal",
+		"{http.request.header.X-Api-Key}", "{http.request.header.x-api-key}", "{http.request.header.X-Multi}",
+		"{http.request.header.X-Empty}", "{http.request.header.X-Missing}", "{http.request.header.X-Changed}",
+		"{http.request.header.}", "key-{http.request.header.X-Api-Key}",
+		"{http.vars.client_ip}", "{http.vars.n}", "{http.vars.missing}", "{http.vars.}"}
+	direct := 0
 	for _, k := range entries {
-		compiled := &Zone{Key: []string{k}, keyNames: []string{singlePlaceholder(k)}, v4: 32, v6: 64}
+		compiled := &Zone{Key: []string{k}, keySources: []keySource{compileKey(k)}, v4: 32, v6: 64}
 		replaced := &Zone{Key: []string{k}, v4: 32, v6: 64}
-		got, want := compiled.clientKey(repl, &maskMemo{}), replaced.clientKey(repl, &maskMemo{})
+		got, want := compiled.clientKey(r, repl, &maskMemo{}), replaced.clientKey(r, repl, &maskMemo{})
 		if got != want {
 			t.Errorf("key %q: looked up %q, ReplaceAll %q", k, got, want)
 		}
+		if src := compileKey(k); src.header != "" || src.vars != "" {
+			direct++
+		}
+	}
+	if direct != 9 {
+		t.Fatalf("%d entries read from the request directly, want 9: the test checks less than it says", direct)
 	}
 	if singlePlaceholder("{v.str}") != "v.str" || singlePlaceholder("user-{v.str}") != "" {
 		t.Fatal("singlePlaceholder does not tell one placeholder from the rest: the test checks nothing")

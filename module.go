@@ -444,9 +444,9 @@ type Zone struct {
 	v4, v6    int    // the prefix lengths in force
 	jitter    int64  // the Retry-After jitter in force, in seconds
 	perClient bool   // a key has a placeholder: its client keys tell clients apart (waiting.go)
-	// keyNames are, per entry of Key, the placeholder's name when the entry is exactly one
-	// placeholder (looked up directly, no string building: clientKey), else "".
-	keyNames []string
+	// keySources are, per entry of Key, how the entry is read (compileKey): an entry that is
+	// exactly one placeholder is looked up directly, with no string building (clientKey).
+	keySources []keySource
 
 	// Formatted once for the hot path: the quota (X-RateLimit-Limit), the quoted name and the
 	// RateLimit-Policy value, and the errors of a denial.
@@ -582,9 +582,9 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger) error {
 		z.EmptyKey = EmptyKeyShared
 	}
 	z.checkPlaceholders(logger)
-	z.keyNames = make([]string, len(z.Key))
+	z.keySources = make([]keySource, len(z.Key))
 	for i, k := range z.Key {
-		z.keyNames[i] = singlePlaceholder(k)
+		z.keySources[i] = compileKey(k)
 	}
 	algo, err := limiter.ParseAlgorithm(z.Algorithm)
 	if err != nil {
