@@ -75,6 +75,8 @@
 # Settings (environment, e.g. `BENCH_ROUNDS=5 BENCH_DURATION=20s make bench`):
 #   BENCH_ROUNDS=3 BENCH_DURATION=10s BENCH_WARMUP=2s BENCH_THREADS=2 BENCH_CONNECTIONS=32
 #   ANCHOR_SRC (unset: no anchor side in 8; the Makefile builds bin/caddy-anchor from it)
+#   BENCH_LOGS (unset: /tmp/rate-limit-bench-logs.<PID>) where the Caddy log of a side that answered
+#                  non-2xx is kept, named in its check warning
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -151,6 +153,15 @@ run_waited() {
 	wait "$pid" || rc=$?
 	forget_pid "$pid"
 	return "$rc"
+}
+
+# keep_log NAME: copies Caddy NAME's log out of $work (removed on exit) into a directory that stays
+# (BENCH_LOGS, else /tmp/rate-limit-bench-logs.<this script's PID>), and prints the copy's path: a
+# side that answered non-2xx keeps its log, where Caddy wrote each 5xx's error (a decision that
+# failed: "rate limiter unavailable (fail_mode closed): <why>").
+kept_logs=${BENCH_LOGS:-/tmp/rate-limit-bench-logs.$$}
+keep_log() {
+	mkdir -p "$kept_logs" && cp "$work/caddy-$1.log" "$kept_logs/" && echo "$kept_logs/caddy-$1.log"
 }
 
 cleanup() {
@@ -479,7 +490,7 @@ pinned_report() {
 			"$cpu ($(ratio "$cpu" "$pcpu")x)" \
 			"$([ "$side" = module ] || [ "$side" = lease ] && us_per "$(total "$f" 10)" "$req" || echo -)" \
 			"$([ "$side" = module ] || [ "$side" = lease ] && per "$calls" "$req" || echo -)" "$(share "$non" "$req")"
-		[ "$non" -eq 0 ] || warnings+=("8 pinned: $side answered $non non-2xx responses of $req (want 0)")
+		[ "$non" -eq 0 ] || warnings+=("8 pinned: $side answered $non non-2xx responses of $req (want 0); its Caddy log: $(keep_log "pinned-$side")")
 		[ "$errs" -eq 0 ] || warnings+=("8 pinned: wrk reported $errs socket errors against $side")
 		if [ "$side" = module ]; then
 			awk -v c="$(per "$calls" "$req")" 'BEGIN { exit !(c > 0 && c <= 1.01) }' ||
@@ -720,7 +731,7 @@ table_row() { # SCENARIO LABEL
 		awk -v n="$mnon" -v r="$mreq" 'BEGIN { exit !(n >= 0.99 * r) }' ||
 			warnings+=("$s: only $mnon of $mreq module responses were non-2xx (want nearly all)")
 	elif [ "$mnon" -ne 0 ]; then
-		warnings+=("$s: the module answered $mnon non-2xx responses of $mreq (want 0)")
+		warnings+=("$s: the module answered $mnon non-2xx responses of $mreq (want 0); its Caddy log: $(keep_log "$s")")
 	fi
 	[ "$errs" -eq 0 ] || warnings+=("$s: wrk reported $errs socket errors (connect/read/write/timeout)")
 	if [ "$s" = status ] || [ "$s" = charge ]; then
