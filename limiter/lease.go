@@ -252,8 +252,13 @@ func (g *grant) served(z *Zone, now time.Time) zoneReply {
 // zone's Result and the Decision's figures are the grant's estimate (Redis's remaining at grant
 // time, less what this instance spent since). Otherwise it changes nothing and returns false;
 // the request then goes to Allow. It may be asked while Redis is unavailable: a grant in hand
-// is spent until it ends.
-func (l *Limiter) Leased(reqs []Request) (Decision, bool) {
+// is spent until it ends. The request counts in its client's observed rate (the size of its next
+// grants).
+func (l *Limiter) Leased(reqs []Request) (Decision, bool) { return l.leased(reqs, true) }
+
+// leased is Leased; observe false leaves the client's observed rate alone, for a request that
+// Allow counted in it already (planning its decision in Redis, which denied it).
+func (l *Limiter) leased(reqs []Request, observe bool) (Decision, bool) {
 	t := l.leases
 	if t == nil || len(reqs) == 0 {
 		return Decision{}, false
@@ -281,7 +286,9 @@ func (l *Limiter) Leased(reqs []Request) (Decision, bool) {
 	var zbuf [4]zoneReply
 	zones := zbuf[:0]
 	for i, g := range gs {
-		t.observe(ks[i], &reqs[i], now)
+		if observe {
+			t.observe(ks[i], &reqs[i], now)
+		}
 		t.spend(ks[i], g, reqs[i].Cost)
 		zones = append(zones, g.served(reqs[i].Zone, now))
 	}

@@ -262,8 +262,9 @@ func (l *Limiter) Allow(ctx context.Context, reqs []Request) (Decision, error) {
 			// Redis had no room because grants hold it: one may have reached this instance while
 			// the request was on its way (a burst sends many before the first grant is back).
 			// Its units are charged in Redis already: spending them here is exact, and leaves
-			// fewer stranded when the burst ends.
-			if ld, ok := l.Leased(reqs); ok {
+			// fewer stranded when the burst ends. It counts once in its client's observed rate:
+			// allowLeased's plan counted it.
+			if ld, ok := l.leased(reqs, false); ok {
 				return ld, nil
 			}
 		}
