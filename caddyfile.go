@@ -95,7 +95,7 @@ var (
 //			count_status <code|Nxx>...       # charge only responses of these statuses (any algorithm)
 //			charge header <field> | openai_usage [total|prompt|completion] [missing <n>]   # charge what the response reports (at most max_cost); cost is the reservation; missing: what a 2xx without usage is charged, default max_cost (not sliding_window)
 //			hold_max    <duration>           # with count_status or charge: a reservation unsettled after it counts as charged; default 10m
-//			                                 # concurrency: a slot's lease, refreshed while its request runs; a dead instance's slots free after it
+//			                                 # concurrency: how long a slot is held, refreshed while its request runs; a dead instance's slots free after it
 //			lease {                          # token_bucket, fixed_window: hot clients' units granted from Redis ahead, spent in process (not with max_wait, count_status, charge)
 //				max <n>                      # the most units one grant takes
 //				ttl <duration>               # a grant's lifetime, 10ms to 1m (a fixed window's: at most to its end); its unspent units go back when it ends
@@ -713,8 +713,8 @@ func (p *zoneParser) finishConcurrency(algorithm string) error {
 			return errAt(tok, "%s does not apply to algorithm %s: a slot is given back when its response is complete, whatever it was", name, concurrencyName)
 		}
 	}
-	if tok, ok := p.seen["hold_max"]; ok && time.Duration(p.zone.HoldMax) < MinSlotLease {
-		return errAt(tok, "hold_max %s: a %s zone's slots are refreshed every third of it; at least %s", time.Duration(p.zone.HoldMax), concurrencyName, MinSlotLease)
+	if tok, ok := p.seen["hold_max"]; ok && time.Duration(p.zone.HoldMax) < MinSlotHold {
+		return errAt(tok, "hold_max %s: a %s zone's slots are refreshed every third of it; at least %s", time.Duration(p.zone.HoldMax), concurrencyName, MinSlotHold)
 	}
 	return nil
 }

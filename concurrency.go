@@ -15,7 +15,7 @@ import (
 )
 
 // Concurrency zones (algorithm concurrency): a request takes one of its client's `limit` slots
-// at admission, as a hold of the zone (its lease: hold_max), and gives it back through the
+// at admission, as a hold of the zone for hold_max, and gives it back through the
 // settlement of charge.go once its response is complete: after the last byte, when the client
 // goes away, on an upstream error, or when a handler panics (serveAndSettle). While it runs, the
 // handler's refresher (refreshSlots) gives its slot a new deadline every third of hold_max, so
@@ -23,11 +23,11 @@ import (
 // fail_mode local, a semaphore per client in process (limiter.Local) stands in for Redis. See
 // docs/decisions.md.
 
-// MinSlotLease bounds a concurrency zone's hold_max from below: its slots are refreshed every
+// MinSlotHold bounds a concurrency zone's hold_max from below: its slots are refreshed every
 // third of it, on a ticker of a sixth.
-const MinSlotLease = time.Second
+const MinSlotHold = time.Second
 
-// provisionSlots provisions a concurrency zone's slot lease (hold_max, default DefaultHoldMax)
+// provisionSlots provisions a concurrency zone's slot hold time (hold_max, default DefaultHoldMax)
 // and its in-flight gauge.
 func (z *Zone) provisionSlots() error {
 	a := &afterResponse{hold: time.Duration(z.HoldMax)}
@@ -46,12 +46,12 @@ func (z *Zone) provisionSlots() error {
 	return nil
 }
 
-// validateSlots checks a concurrency zone: a hold_max of MinSlotLease to MaxHoldMax, and none of
+// validateSlots checks a concurrency zone: a hold_max of MinSlotHold to MaxHoldMax, and none of
 // what does not apply to it (the Caddyfile parser says the same: finishConcurrency).
 func (z *Zone) validateSlots() error {
 	switch {
-	case z.HoldMax != 0 && (time.Duration(z.HoldMax) < MinSlotLease || time.Duration(z.HoldMax) > MaxHoldMax):
-		return fmt.Errorf("zone %s: hold_max must be between %s and %s for algorithm concurrency", z.Name, MinSlotLease, formatDuration(MaxHoldMax))
+	case z.HoldMax != 0 && (time.Duration(z.HoldMax) < MinSlotHold || time.Duration(z.HoldMax) > MaxHoldMax):
+		return fmt.Errorf("zone %s: hold_max must be between %s and %s for algorithm concurrency", z.Name, MinSlotHold, formatDuration(MaxHoldMax))
 	case len(z.CountStatus) > 0 || z.Charge != nil:
 		return fmt.Errorf("zone %s: count_status and charge do not apply to algorithm concurrency: a slot is given back when its response is complete", z.Name)
 	case z.Cost != DefaultCost || z.MaxCost != 0:
@@ -101,23 +101,23 @@ func (h *Handler) serveLocalSlots(w http.ResponseWriter, r *http.Request, next c
 // startRefresher starts the goroutine that keeps the handler's concurrency slots alive
 // (refreshSlots), when a zone is a concurrency zone; Cleanup stops it.
 func (h *Handler) startRefresher() {
-	lease := time.Duration(0)
+	hold := time.Duration(0)
 	for _, z := range h.Zones {
-		if z.lz.Algorithm == limiter.Concurrency && z.after != nil && (lease == 0 || z.after.hold < lease) {
-			lease = z.after.hold
+		if z.lz.Algorithm == limiter.Concurrency && z.after != nil && (hold == 0 || z.after.hold < hold) {
+			hold = z.after.hold
 		}
 	}
-	if lease == 0 {
+	if hold == 0 {
 		return
 	}
 	h.stopRefresh = make(chan struct{})
-	go h.refreshSlots(h.limiter, min(limiter.RefreshEvery(lease)/2, time.Second), h.stopRefresh)
+	go h.refreshSlots(h.limiter, min(limiter.RefreshEvery(hold)/2, time.Second), h.stopRefresh)
 }
 
 // refreshSlots runs l.Refresh every tick (at most half the shortest RefreshEvery), until stop is
 // closed and no slot is left in flight: a request still running when the config is reloaded
 // keeps its slot. A failed refresh is retried on the next tick, and logged at most once a
-// minute: a slot survives refreshes failing for half its lease.
+// minute: a slot survives refreshes failing for half its hold time.
 func (h *Handler) refreshSlots(l *limiter.Limiter, tick time.Duration, stop <-chan struct{}) {
 	t := time.NewTicker(tick)
 	defer t.Stop()

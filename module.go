@@ -418,8 +418,8 @@ type Zone struct {
 	Lease *Lease `json:"lease,omitempty"`
 
 	// With count_status or charge: how long a reservation waits for its response; an
-	// unsettled one (an instance that crashed) counts as charged after it. concurrency: a
-	// slot's lease (1s to 1d): the instance refreshes the slots of its requests in flight every
+	// unsettled one (an instance that crashed) counts as charged after it. concurrency: how
+	// long a slot is held without a refresh (1s to 1d): the instance refreshes the slots of its requests in flight every
 	// third of it, and the slots of an instance that died free themselves at most hold_max after
 	// it died. Default: 10m.
 	HoldMax caddy.Duration `json:"hold_max,omitempty"`

@@ -11,19 +11,19 @@ import (
 )
 
 // Concurrency zones: a slot per request in flight, taken by decide.lua at admission with a
-// deadline of now + its lease (Request.Hold), given back by settle.lua (Limiter.Settle) once the
+// deadline of now + its hold time (Request.Hold: the zone's hold_max), given back by settle.lua (Limiter.Settle) once the
 // response is complete, and kept alive while the request runs by refresh.lua (Limiter.Refresh).
 // See decide.lua's "Concurrency" block.
 
 var refreshScript = newScript(lua.Refresh)
 
-// errNoLease is returned by Allow for a concurrency zone's Request without a Hold: its slot
+// errNoHold is returned by Allow for a concurrency zone's Request without a Hold: its slot
 // would have no deadline.
-var errNoLease = errors.New("a concurrency zone's request needs a Hold: its slot's lease")
+var errNoHold = errors.New("a concurrency zone's request needs a Hold: how long its slot is held without a refresh")
 
-// RefreshEvery is how often a slot of lease is given a new deadline while its request runs: a
-// third of its lease, so that two refreshes in a row may fail (or be late) before it expires.
-func RefreshEvery(lease time.Duration) time.Duration { return lease / 3 }
+// RefreshEvery is how often a slot held for hold is given a new deadline while its request runs: a
+// third of hold, so that two refreshes in a row may fail (or be late) before it expires.
+func RefreshEvery(hold time.Duration) time.Duration { return hold / 3 }
 
 // liveSlots are a Limiter's concurrency slots in flight, by the Held of their decision, each
 // with the time (the Limiter's clock) its deadline was last set.
@@ -32,8 +32,9 @@ type liveSlots struct {
 	m  map[*Held]time.Time
 }
 
-// slotLeases returns, per concurrency zone of h, its state key and lease; nil when h has none.
-func (h *Held) slotLeases(yield func(key, nonce string, lease time.Duration)) {
+// slotHolds yields, per concurrency zone of h, its state key, the nonce of its slot and how long
+// the slot is held without a refresh; nothing when h holds no slot.
+func (h *Held) slotHolds(yield func(key, nonce string, hold time.Duration)) {
 	for _, p := range h.parts {
 		for j := range p.idx {
 			if p.zones[4*j] == Concurrency.tag() {
@@ -46,7 +47,7 @@ func (h *Held) slotLeases(yield func(key, nonce string, lease time.Duration)) {
 // hasSlots reports whether h holds a concurrency slot.
 func (h *Held) hasSlots() bool {
 	found := false
-	h.slotLeases(func(string, string, time.Duration) { found = true })
+	h.slotHolds(func(string, string, time.Duration) { found = true })
 	return found
 }
 
@@ -71,7 +72,7 @@ func (l *Limiter) untrack(h *Held) {
 }
 
 // Drop stops keeping the concurrency slots of h alive, when its settlement will not be sent (a
-// circuit breaker is open): they free themselves at their deadline, at most their lease after
+// circuit breaker is open): they free themselves at their deadline, at most their hold time after
 // their last refresh.
 func (l *Limiter) Drop(h *Held) {
 	if h != nil {
@@ -88,26 +89,26 @@ func (l *Limiter) LiveSlots() int {
 }
 
 // Refresh gives the concurrency slots this Limiter holds whose deadline was set at least
-// RefreshEvery(lease) ago a new deadline, now + lease, with one refresh.lua call per state key,
+// RefreshEvery(hold) ago a new deadline, now + hold, with one refresh.lua call per state key,
 // all in one pipeline (one round trip; one per node on Redis Cluster). A slot that is gone
 // (given back, expired, or reset by the admin API) is not taken again. Callers run it on a
-// ticker shorter than a third of the shortest lease; a slot whose refreshes fail keeps the
-// deadline it had, so it frees itself at most its lease after its last refresh that succeeded.
+// ticker shorter than a third of the shortest hold; a slot whose refreshes fail keeps the
+// deadline it had, so it frees itself at most its hold time after its last refresh that succeeded.
 // It returns the number of slots moved on, and the Redis errors joined.
 func (l *Limiter) Refresh(ctx context.Context) (int, error) {
 	now := l.clock()
 	type group struct {
-		key   string
-		lease time.Duration
+		key  string
+		hold time.Duration
 	}
 	members := map[group][]any{}
 	var due []*Held
 	l.live.mu.Lock()
 	for h, last := range l.live.m {
 		isDue := false
-		h.slotLeases(func(key, nonce string, lease time.Duration) {
-			if now.Sub(last) >= RefreshEvery(lease) {
-				g := group{key, lease}
+		h.slotHolds(func(key, nonce string, hold time.Duration) {
+			if now.Sub(last) >= RefreshEvery(hold) {
+				g := group{key, hold}
 				members[g] = append(members[g], nonce)
 				isDue = true
 			}
@@ -126,7 +127,7 @@ func (l *Limiter) Refresh(ctx context.Context) (int, error) {
 	}
 	calls := make([]*call, 0, len(members))
 	for g, m := range members {
-		args := append([]any{ref, max(g.lease.Microseconds(), 1)}, m...)
+		args := append([]any{ref, max(g.hold.Microseconds(), 1)}, m...)
 		calls = append(calls, &call{keys: []string{g.key}, args: args})
 	}
 	evalBatch(ctx, l.rdb, refreshScript, calls)

@@ -66,7 +66,7 @@ func TestConcurrencyAdmitsLimitInFlight(t *testing.T) {
 		t.Fatalf("a second settle: %v, want ErrNotHeld", err)
 	}
 	if _, err := l.Allow(context.Background(), []limiter.Request{{Zone: z, Key: "alice", Cost: 1}}); err == nil {
-		t.Fatal("a request without a Hold (its lease) was decided")
+		t.Fatal("a request without a Hold (its hold time) was decided")
 	}
 }
 
@@ -99,17 +99,17 @@ func TestConcurrencyAllOrNothing(t *testing.T) {
 	}
 }
 
-// TestConcurrencyLeaseAndRefresh, on a settable clock: a slot not refreshed is free its lease
+// TestConcurrencyHoldAndRefresh, on a settable clock: a slot not refreshed is free its hold time
 // after it was taken (an instance that died); a slot refreshed by Refresh every third of its
-// lease is kept for 10 leases and more, freed at once by its settlement, and never taken again
+// hold time is kept for 10 hold times and more, freed at once by its settlement, and never taken again
 // by a refresh; a refresh that comes after a slot's deadline does not revive it.
-func TestConcurrencyLeaseAndRefresh(t *testing.T) {
+func TestConcurrencyHoldAndRefresh(t *testing.T) {
 	srv := redistest.Start(t)
 	clk := newClock()
 	ctx := context.Background()
-	lease := 9 * time.Second
+	hold := 9 * time.Second
 	z := cc("conc", 1)
-	req := limiter.Request{Zone: z, Key: "alice", Cost: 1, Hold: lease}
+	req := limiter.Request{Zone: z, Key: "alice", Cost: 1, Hold: hold}
 	key := limiter.StateKey("rl:", z, "alice")
 
 	dead := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:", Now: clk.Now}) // never refreshes nor settles
@@ -117,7 +117,7 @@ func TestConcurrencyLeaseAndRefresh(t *testing.T) {
 	if d := allow(t, dead, req); !d.Allowed {
 		t.Fatalf("dead instance's request: %+v", d)
 	}
-	clk.Advance(lease - time.Microsecond)
+	clk.Advance(hold - time.Microsecond)
 	if d := allow(t, l, req); d.Allowed {
 		t.Fatalf("just before the dead slot's deadline: %+v, want denied", d)
 	}
@@ -126,19 +126,19 @@ func TestConcurrencyLeaseAndRefresh(t *testing.T) {
 	if !live.Allowed {
 		t.Fatalf("at the dead slot's deadline: %+v, want allowed", live)
 	}
-	if pttl := srv.Do("PTTL", key).(int64); pttl < lease.Milliseconds() || pttl > lease.Milliseconds()+1000 {
-		t.Fatalf("key TTL %dms, want the lease and a second at most", pttl)
+	if pttl := srv.Do("PTTL", key).(int64); pttl < hold.Milliseconds() || pttl > hold.Milliseconds()+1000 {
+		t.Fatalf("key TTL %dms, want the hold time and a second at most", pttl)
 	}
 	if n, err := l.Refresh(ctx); n != 0 || err != nil {
-		t.Fatalf("refresh before a third of the lease: %d, %v; want nothing due", n, err)
+		t.Fatalf("refresh before a third of the hold time: %d, %v; want nothing due", n, err)
 	}
-	for i := range 30 { // 30 × 3s = 10 leases
-		clk.Advance(lease / 3)
+	for i := range 30 { // 30 × 3s = 10 hold times
+		clk.Advance(hold / 3)
 		if n, err := l.Refresh(ctx); n != 1 || err != nil {
 			t.Fatalf("refresh %d: moved %d, %v; want 1", i, n, err)
 		}
 		if d := allow(t, dead, req); d.Allowed {
-			t.Fatalf("after %v: %+v, want the refreshed slot still taken", time.Duration(i+1)*lease/3, d)
+			t.Fatalf("after %v: %+v, want the refreshed slot still taken", time.Duration(i+1)*hold/3, d)
 		}
 	}
 	settleAll(t, l, live)
@@ -149,9 +149,9 @@ func TestConcurrencyLeaseAndRefresh(t *testing.T) {
 		t.Fatalf("slots after the settle: %v", srv.Do("ZRANGE", key, 0, -1))
 	}
 
-	// A refresh that comes late (the instance lost Redis for a whole lease) takes nothing back.
+	// A refresh that comes late (the instance lost Redis for a whole hold time) takes nothing back.
 	late := allow(t, l, req)
-	clk.Advance(lease)
+	clk.Advance(hold)
 	other := allow(t, dead, req) // the slot was free: another request took it
 	if !late.Allowed || !other.Allowed {
 		t.Fatalf("late: %+v, other: %+v", late, other)
@@ -196,7 +196,7 @@ func TestConcurrencyMemoryBound(t *testing.T) {
 }
 
 // TestConcurrencyCluster: on Redis Cluster, a request whose concurrency zone and token bucket
-// zone are in different hash slots takes its slot (not a 5 s hold: its lease), which Settle
+// zone are in different hash slots takes its slot (not a 5 s hold: its hold_max), which Settle
 // gives back; a denial by the other slot releases the slot at once; Refresh moves on the slots
 // of clients on different nodes.
 func TestConcurrencyCluster(t *testing.T) {

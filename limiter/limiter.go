@@ -64,7 +64,7 @@ type Request struct {
 	// entries as usual, a fixed window or sliding window counter counts Cost as usual and
 	// records it (in the key `<state key>:<nonce>`) for the settlement. A hold not settled
 	// within Hold counts as charged. 0: charged now. A concurrency zone needs one: it is its
-	// slot's lease (the slot is free Hold after it was taken or last refreshed, see Refresh),
+	// slot's hold time (the slot is free Hold after it was taken or last refreshed, see Refresh),
 	// and Allow returns an error without it.
 	Hold time.Duration
 }
@@ -253,7 +253,7 @@ func (l *Limiter) Allow(ctx context.Context, reqs []Request) (Decision, error) {
 	}
 	for i := range reqs {
 		if reqs[i].Zone.Algorithm == Concurrency && reqs[i].Hold <= 0 {
-			return Decision{}, errNoLease
+			return Decision{}, errNoHold
 		}
 	}
 	if l.leases != nil && leasing(reqs) {

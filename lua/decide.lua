@@ -199,8 +199,8 @@ end
 -- A concurrency zone's state is a sorted set of the slots of the client's requests in flight:
 -- member "<nonce>" (the decision's), score its deadline (µs). A slot whose deadline is at or
 -- before now is free (its instance died, or lost Redis, without giving it back). A request is
--- admitted iff fewer than limit slots are live; its slot's deadline is now + its lease (the
--- zone's hold time: hold_max). settle.lua removes the slot (ZREM) once the response is complete;
+-- admitted iff fewer than limit slots are live; its slot's deadline is now + its hold time (the
+-- zone's hold_max). settle.lua removes the slot (ZREM) once the response is complete;
 -- refresh.lua moves the deadlines of slots still in flight on. The admission removes the slots
 -- past their deadline, so the set never holds more than limit members after a write, and the
 -- key expires a second after its last deadline. Reply: remaining the free slots (after this

@@ -1,6 +1,6 @@
 #!lua
 -- refresh.lua: move on the deadlines of a client's concurrency slots still in flight (see
--- decide.lua, "Concurrency"), so that a response that lasts longer than its lease keeps its
+-- decide.lua, "Concurrency"), so that a response that lasts longer than its hold_max keeps its
 -- slot. An instance sends it for its live slots well before their deadlines (Limiter.Refresh);
 -- an instance that died sends none, and its slots free themselves at their deadlines.
 --
