@@ -27,7 +27,9 @@ import (
 // ns/op includes the Redis round trip; allocs/op are the handler's and go-redis's. The Parallel
 // variants run 64 goroutines per CPU, whose decisions share round trips (batches) as under load;
 // the others decide one request at a time (a round trip each). The requests, their replacers and
-// the response writer are made before the timer starts: what is counted is the module's work.
+// the response writer are made with the timer stopped: what is counted is the module's work. A
+// serial benchmark serves each request once (benchSource); a parallel one cycles through its
+// 64 × 64 × GOMAXPROCS requests, each replacer gaining one set of placeholders per pass.
 
 // benchClients is how many client keys the benchmarks spread their requests over.
 const benchClients = 10_000
@@ -47,16 +49,41 @@ func benchHandler(b *testing.B, h *Handler) *Handler {
 
 // benchRequests returns n requests of distinct clients (X-Client 0..n-1, from client 0 at
 // offset), each with Caddy's HTTP replacer in its context.
-func benchRequests(n, offset int) []*http.Request {
+func benchRequests(n, offset int) []*http.Request { return clientRequests(n, offset, benchClients) }
+
+// clientRequests returns n requests whose X-Client is (offset+i) mod clients, each with Caddy's
+// HTTP replacer in its context.
+func clientRequests(n, offset, clients int) []*http.Request {
 	reqs := make([]*http.Request, n)
 	for i := range reqs {
 		r := httptest.NewRequest(http.MethodGet, "/", nil)
-		r.Header.Set("X-Client", strconv.Itoa((offset+i)%benchClients))
+		r.Header.Set("X-Client", strconv.Itoa((offset+i)%clients))
 		r.Header.Set("Accept-Encoding", "gzip")
 		caddyhttp.NewTestReplacer(r)
 		reqs[i] = r
 	}
 	return reqs
+}
+
+// benchSource hands a serial benchmark its requests, each served once: serving a request adds the
+// handler's placeholders to its replacer, as Caddy does once per request, so a request served
+// again and again would grow its replacer without bound and time that growth (and the garbage it
+// keeps alive) instead of the module. Every batch of requests is made with the timer stopped.
+type benchSource struct {
+	b       *testing.B
+	clients int
+	reqs    []*http.Request
+	i       int
+}
+
+func (s *benchSource) next() *http.Request {
+	if s.i == len(s.reqs) {
+		s.b.StopTimer()
+		s.reqs, s.i = clientRequests(benchClients, 0, s.clients), 0
+		s.b.StartTimer()
+	}
+	s.i++
+	return s.reqs[s.i-1]
 }
 
 // benchWriter is a ResponseWriter whose header map is reused: Caddy's own response writer
@@ -81,14 +108,7 @@ func serveBench(b *testing.B, h *Handler, w *benchWriter, r *http.Request, wantA
 // runServeHTTP runs the benchmark serially, or with 64 goroutines per CPU when parallel.
 func runServeHTTP(b *testing.B, h *Handler, parallel, wantAllowed bool) {
 	if !parallel {
-		reqs := benchRequests(benchClients, 0)
-		w := &benchWriter{h: http.Header{}}
-		i := 0
-		b.ReportAllocs()
-		for b.Loop() {
-			serveBench(b, h, w, reqs[i%len(reqs)], wantAllowed)
-			i++
-		}
+		serveSerial(b, h, benchClients, wantAllowed)
 		return
 	}
 	// Each goroutine's requests are made before the timer starts, as in the serial case.
@@ -155,14 +175,18 @@ func BenchmarkServeHTTPDenyCached(b *testing.B) {
 func BenchmarkServeHTTPLeased(b *testing.B) {
 	z := allowedZone("a")
 	z.Lease = &Lease{Max: 200, TTL: caddy.Duration(250 * time.Millisecond)}
-	h := benchHandler(b, &Handler{Zones: []*Zone{z}})
-	reqs := benchRequests(10, 0)
+	serveSerial(b, benchHandler(b, &Handler{Zones: []*Zone{z}}), 10, true)
+}
+
+// serveSerial serves requests of the given number of clients through h one at a time, each
+// request once (benchSource).
+func serveSerial(b *testing.B, h *Handler, clients int, wantAllowed bool) {
+	src := &benchSource{b: b, clients: clients}
+	src.reqs = clientRequests(benchClients, 0, clients)
 	w := &benchWriter{h: http.Header{}}
-	i := 0
 	b.ReportAllocs()
 	for b.Loop() {
-		serveBench(b, h, w, reqs[i%len(reqs)], true)
-		i++
+		serveBench(b, h, w, src.next(), wantAllowed)
 	}
 }
 
