@@ -419,9 +419,9 @@ type Zone struct {
 
 	// With count_status or charge: how long a reservation waits for its response; an
 	// unsettled one (an instance that crashed) counts as charged after it. concurrency: how
-	// long a slot is held without a refresh (1s to 1d): the instance refreshes the slots of its requests in flight every
-	// third of it, and the slots of an instance that died free themselves at most hold_max after
-	// it died. Default: 10m.
+	// long a slot is held without a refresh (1s to 1d): the instance refreshes the slots of its
+	// requests in flight every third of it, and the slots of an instance that died free
+	// themselves at most hold_max after it died. Default: 10m.
 	HoldMax caddy.Duration `json:"hold_max,omitempty"`
 
 	after *afterResponse // count_status and charge, provisioned; nil without them

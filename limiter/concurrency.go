@@ -11,8 +11,9 @@ import (
 )
 
 // Concurrency zones: a slot per request in flight, taken by decide.lua at admission with a
-// deadline of now + its hold time (Request.Hold: the zone's hold_max), given back by settle.lua (Limiter.Settle) once the
-// response is complete, and kept alive while the request runs by refresh.lua (Limiter.Refresh).
+// deadline of now + its hold time (Request.Hold: the zone's hold_max), given back by settle.lua
+// (Limiter.Settle) once the response is complete, and kept alive while the request runs by
+// refresh.lua (Limiter.Refresh).
 // See decide.lua's "Concurrency" block.
 
 var refreshScript = newScript(lua.Refresh)

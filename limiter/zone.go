@@ -32,11 +32,11 @@ const (
 	SlidingWindowCounter
 	// Concurrency limits the requests of a client in flight at once: a request is admitted iff
 	// fewer than Limit of the client's requests hold a slot. Its slot is a member of a sorted set
-	// scored by its deadline, taken at admission (Request.Hold is how long it is held, required) and given
-	// back by Limiter.Settle once the response is complete; a slot whose deadline has passed is
-	// free. Limiter.Refresh moves the deadlines of the slots still in flight on, so that a long
-	// response keeps its slot and an instance that died holds none beyond its hold time. A request
-	// takes one slot: its cost is 1.
+	// scored by its deadline, taken at admission (Request.Hold is how long it is held, required)
+	// and given back by Limiter.Settle once the response is complete; a slot whose deadline has
+	// passed is free. Limiter.Refresh moves the deadlines of the slots still in flight on, so that
+	// a long response keeps its slot and an instance that died holds none beyond its hold time. A
+	// request takes one slot: its cost is 1.
 	Concurrency
 )
 
