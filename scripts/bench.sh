@@ -160,8 +160,13 @@ run_waited() {
 # side that answered non-2xx keeps its log, where Caddy wrote each 5xx's error (a decision that
 # failed: "rate limiter unavailable (fail_mode closed): <why>").
 kept_logs=${BENCH_LOGS:-/tmp/rate-limit-bench-logs.$$}
+# It never fails (set -e): a log it cannot copy is reported as not kept.
 keep_log() {
-	mkdir -p "$kept_logs" && cp "$work/caddy-$1.log" "$kept_logs/" && echo "$kept_logs/caddy-$1.log"
+	if mkdir -p "$kept_logs" && cp "$work/caddy-$1.log" "$kept_logs/" 2>/dev/null; then
+		echo "$kept_logs/caddy-$1.log"
+	else
+		echo "(not kept: $work/caddy-$1.log could not be copied to $kept_logs)"
+	fi
 }
 
 cleanup() {
