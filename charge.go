@@ -125,14 +125,18 @@ func (z *Zone) provisionAfter() error {
 			a.missing = chargeMetrics.missing.WithLabelValues(z.Name)
 			a.capped = chargeMetrics.capped.WithLabelValues(z.Name)
 		}
-		for _, reason := range settleFailureReasons {
-			// Exported at 0 from the load of a config that settles, so that a rate over the
-			// first failures of a reason is defined.
-			chargeMetrics.failures.WithLabelValues(reason)
-		}
+		exportSettleFailures()
 	}
 	z.after = a
 	return nil
+}
+
+// exportSettleFailures exports the settlement failures at 0 for every reason from the load of a
+// config that settles, so that a rate over the first failures of a reason is defined.
+func exportSettleFailures() {
+	for _, reason := range settleFailureReasons {
+		chargeMetrics.failures.WithLabelValues(reason)
+	}
 }
 
 // validateAfter checks count_status, charge and hold_max against the zone's algorithm.

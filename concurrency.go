@@ -38,9 +38,7 @@ func (z *Zone) provisionSlots() error {
 		initMetrics()
 		initChargeMetrics()
 		a.inFlight = metrics.inFlight.WithLabelValues(z.Name)
-		for _, reason := range settleFailureReasons {
-			chargeMetrics.failures.WithLabelValues(reason)
-		}
+		exportSettleFailures()
 	}
 	z.after = a
 	return nil
