@@ -3,7 +3,6 @@ package ratelimitredis
 import (
 	"context"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"strconv"
@@ -167,24 +166,8 @@ func healthCheck(t *testing.T, c healthpb.HealthClient, key string, md ...string
 // plainGet sends an HTTP/1.1 GET to addr as client key, with the other headers given.
 func plainGet(t *testing.T, addr, key string, header ...string) response {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodGet, "http://"+addr+"/", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("X-Client", key)
-	for i := 0; i+1 < len(header); i += 2 {
-		req.Header.Set(header[i], header[i+1])
-	}
-	resp, err := servingClient(5 * time.Second).Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return response{status: resp.StatusCode, header: resp.Header, body: string(b)}
+	cs := &caddyServer{t: t, base: "http://" + addr}
+	return cs.get("/", append([]string{"X-Client", key}, header...)...)
 }
 
 // TestGRPCDenialIsResourceExhausted: a grpc-go client whose call is denied, through Caddy's

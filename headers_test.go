@@ -36,7 +36,10 @@ func (cs *caddyServer) do(method, path string, header ...string) response {
 		cs.t.Fatalf("%s %s: %v", method, path, err)
 	}
 	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		cs.t.Fatalf("%s %s: reading the body: %v", method, path, err)
+	}
 	return response{status: resp.StatusCode, header: resp.Header, body: string(b)}
 }
 

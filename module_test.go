@@ -265,20 +265,7 @@ type response struct {
 
 func (cs *caddyServer) get(path string, header ...string) response {
 	cs.t.Helper()
-	req, err := http.NewRequest(http.MethodGet, cs.base+path, nil)
-	if err != nil {
-		cs.t.Fatal(err)
-	}
-	for i := 0; i+1 < len(header); i += 2 {
-		req.Header.Set(header[i], header[i+1])
-	}
-	resp, err := servingClient(5 * time.Second).Do(req)
-	if err != nil {
-		cs.t.Fatalf("GET %s: %v", path, err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return response{status: resp.StatusCode, header: resp.Header, body: string(b)}
+	return cs.do(http.MethodGet, path, header...)
 }
 
 // expect checks status, body and the named headers exactly (an empty value means absent).
