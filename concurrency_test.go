@@ -85,6 +85,24 @@ func getAuth(t *testing.T, url string) (*http.Response, error) {
 	return http.DefaultClient.Do(req)
 }
 
+// getAuthLeaving sends getAuth's request in the background, reading its response to the end;
+// cancel makes its client go away, and done is closed once the request has returned.
+func getAuthLeaving(url string) (cancel context.CancelFunc, done <-chan struct{}) {
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	req.Header.Set("Authorization", "Bearer k")
+	req.Close = true // a connection of its own (see getAuth)
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+	}()
+	return cancel, finished
+}
+
 // slowGate is the next handler of a test that keeps requests in flight: a request to /slow is
 // held until release is closed; the others pass at once.
 type slowGate struct{ arrived, release chan struct{} }
@@ -210,18 +228,7 @@ func TestConcurrencySlotGivenBackOnEveryEnd(t *testing.T) {
 	for _, m := range []string{"ok", "error", "panic", "gone"} {
 		mode.Store(m)
 		if m == "gone" {
-			ctx, cancel := context.WithCancel(context.Background())
-			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, s.URL, nil)
-			req.Header.Set("Authorization", "Bearer k")
-			req.Close = true // a connection of its own (see getAuth)
-			done := make(chan struct{})
-			go func() {
-				defer close(done)
-				if resp, err := http.DefaultClient.Do(req); err == nil {
-					_, _ = io.Copy(io.Discard, resp.Body)
-					resp.Body.Close()
-				}
-			}()
+			cancel, done := getAuthLeaving(s.URL)
 			<-started
 			if n := liveSlots(t, srv, key); n != 1 || testutil.ToFloat64(gauge) != 1 {
 				t.Fatalf("mid-stream: %d slots, gauge %v; want 1, 1", n, testutil.ToFloat64(gauge))
@@ -671,17 +678,7 @@ func TestConcurrencySlotOfHeldRequest(t *testing.T) {
 		t.Fatalf("first: %v %v", resp, err)
 	}
 	resp.Body.Close()
-	ctx, cancel := context.WithCancel(context.Background())
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, s.URL, nil)
-	req.Header.Set("Authorization", "Bearer k")
-	req.Close = true // a connection of its own (see getAuth)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if resp, err := http.DefaultClient.Do(req); err == nil {
-			resp.Body.Close()
-		}
-	}()
+	cancel, done := getAuthLeaving(s.URL)
 	gauge := h.Zones[0].after.inFlight
 	redistest.WaitFor(t, 2*time.Second, "the held request's slot", func() bool {
 		return liveSlots(t, srv, slotKey("conc")) == 1 && testutil.ToFloat64(gauge) == 1
