@@ -49,6 +49,9 @@ const (
 	leaseSweep = 25 * time.Millisecond
 	// leaseHeadroom is how much more than its observed rate × TTL a client is granted.
 	leaseHeadroom = 1.25
+	// leaseLow is the share of a grant (of its units, or of a token bucket's TTL) left when its
+	// successor is asked for (renew): a quarter.
+	leaseLow = 4
 )
 
 // errLeaseMaxWait is why a zone with a max_wait cannot lease.
@@ -130,6 +133,7 @@ type rateSlot struct {
 type leaseTable struct {
 	mu      sync.Mutex
 	m       map[denyKey]*grant
+	next    map[denyKey]*grant   // a grant's successor, asked before it ran out (renew), not yet spent from
 	asking  map[denyKey]struct{} // a grant asked and not answered: one at a time per client
 	rates   []rateSlot
 	seed    maphash.Seed
@@ -142,7 +146,7 @@ type leaseTable struct {
 
 func newLeaseTable(m LeaseMetrics) *leaseTable {
 	return &leaseTable{
-		m: make(map[denyKey]*grant), asking: make(map[denyKey]struct{}),
+		m: make(map[denyKey]*grant), next: make(map[denyKey]*grant), asking: make(map[denyKey]struct{}),
 		rates: make([]rateSlot, rateSlots), seed: maphash.MakeSeed(), metrics: m, stop: make(chan struct{}),
 	}
 }
@@ -150,12 +154,7 @@ func newLeaseTable(m LeaseMetrics) *leaseTable {
 // observe counts r's cost at now in its client's rate slot and returns the units the client
 // sends per TTL: the larger of the previous period's and the current one's. t.mu is held.
 func (t *leaseTable) observe(k denyKey, r *Request, now time.Time) int64 {
-	var mh maphash.Hash
-	mh.SetSeed(t.seed)
-	mh.WriteString(k.zone)
-	mh.WriteByte(0)
-	mh.WriteString(k.client)
-	h := mh.Sum64()
+	h := maphash.Comparable(t.seed, k)
 	s := &t.rates[h%rateSlots]
 	ns, ttl := now.UnixNano(), int64(r.Zone.Lease.TTL)
 	if s.h != h {
@@ -186,22 +185,73 @@ func ask(r *Request, perTTL int64) int32 {
 }
 
 // live returns k's grant when r can be served from it at now: same numbers, not ended, not
-// expired, with its cost left. t.mu is held.
+// expired, with its cost left. When k's grant cannot serve r and a successor is in hand (renew),
+// the grant ends and the successor takes its place. t.mu is held.
 func (t *leaseTable) live(k denyKey, r *Request, now time.Time) *grant {
 	g := t.m[k]
-	if g == nil || g.ended || !now.Before(g.expires) || g.units-g.spent < r.Cost || g.n != numbersOf(r.Zone) {
-		return nil
+	if !g.serves(r, now) {
+		n := t.next[k]
+		if n == nil {
+			return nil
+		}
+		if g != nil {
+			t.end(k, g)
+		}
+		delete(t.next, k)
+		t.m[k] = n
+		if g = n; !g.serves(r, now) {
+			return nil
+		}
 	}
 	return g
 }
 
-// end stops k's grant g from being spent, and queues its return. t.mu is held.
+// serves reports whether r can be served from g at now: same numbers, not ended, not expired,
+// with its cost left.
+func (g *grant) serves(r *Request, now time.Time) bool {
+	return g != nil && !g.ended && now.Before(g.expires) && g.units-g.spent >= r.Cost && g.n == numbersOf(r.Zone)
+}
+
+// renew returns the size of the successor to ask for g, k's grant, which r was just served
+// from at now, its client sending perTTL units per TTL here; 0: none. A grant asks for its
+// successor when a quarter of its units is left, or (a token bucket's) of its TTL, so that the
+// successor is in hand before the grant runs out, and r's client's next requests wait for no
+// round trip. The successor is sized as a grant (ask) less what g has left, so that the units
+// this instance holds for k stay within Max. There is none near the limit (Redis had less than
+// twice the ask left after granting g), where grants shrink and the last units are decided one
+// at a time. When it returns more than 0, k is marked as asking. t.mu is held.
+func (t *leaseTable) renew(k denyKey, g *grant, r *Request, perTTL int64, now time.Time) int32 {
+	left := g.units - g.spent
+	byTTL := g.end.IsZero() || g.expires.Before(g.end) // a fixed window's grant may end with its window instead
+	low := leaseLow*left <= g.units || byTTL && leaseLow*g.expires.Sub(now) <= r.Zone.Lease.TTL
+	if !low || t.closed || t.next[k] != nil {
+		return 0
+	}
+	if _, ok := t.asking[k]; ok {
+		return 0
+	}
+	a := int64(ask(r, perTTL))
+	a = min(a, r.Zone.Lease.Max-left)
+	if a < 2*r.Cost || g.remaining < 2*a {
+		return 0
+	}
+	t.asking[k] = struct{}{}
+	return int32(a)
+}
+
+// end stops k's grant g (or g, k's successor) from being spent, and queues its return. t.mu is
+// held.
 func (t *leaseTable) end(k denyKey, g *grant) {
 	if g.ended {
 		return
 	}
 	g.ended = true
-	delete(t.m, k)
+	if t.m[k] == g {
+		delete(t.m, k)
+	}
+	if t.next[k] == g {
+		delete(t.next, k)
+	}
 	t.ended = append(t.ended, g)
 	if t.metrics != nil {
 		t.metrics.Stranded(k.zone, -(g.units - g.spent))
@@ -285,15 +335,63 @@ func (l *Limiter) leased(reqs []Request, observe bool) (Decision, bool) {
 	}
 	var zbuf [4]zoneReply
 	zones := zbuf[:0]
+	var renewals []Request
 	for i, g := range gs {
-		if observe {
-			t.observe(ks[i], &reqs[i], now)
-		}
 		t.spend(ks[i], g, reqs[i].Cost)
 		zones = append(zones, g.served(reqs[i].Zone, now))
+		if observe {
+			if a := t.renew(ks[i], g, &reqs[i], t.observe(ks[i], &reqs[i], now), now); a > 0 {
+				renewals = append(renewals, reqs[i])
+				renewals[len(renewals)-1].ask = a
+			}
+		}
 	}
 	t.mu.Unlock()
+	for _, r := range renewals {
+		go l.renewGrant(r)
+	}
 	return pick(reqs, true, zones), true
+}
+
+// renewGrant asks Redis, in the background, for the successor of the grant of r's zone and
+// client (renew: r.ask units), and keeps it for when the grant runs out (leaseTable.next). Its
+// round trip is bounded by Options.CallTimeout (and the zone's TTL, the successor's lifetime). A denial or an error leaves
+// no successor: the client's requests then ask for a grant as without one.
+func (l *Limiter) renewGrant(r Request) {
+	t := l.leases
+	k := keyOf(r)
+	sent := l.clock()
+	ctx := WithDeadline(context.Background(), time.Now().Add(min(l.callTime, r.Zone.Lease.TTL)))
+	sub := []Request{r}
+	keys := stateKeys(l.prefix, sub)
+	args := l.scriptArgs(sub, false, sent)
+	allowed, zones, err := l.allowOne(ctx, sub, withRecords(keys, sub, args, false), args, nil)
+	t.mu.Lock()
+	_, asked := t.asking[k] // not when a reset dropped the client's grants meanwhile
+	delete(t.asking, k)
+	if err != nil || !allowed || !asked {
+		t.mu.Unlock()
+		return
+	}
+	units := int64(zones[0].granted)
+	if t.metrics != nil {
+		t.metrics.Granted(k.zone, units)
+		t.metrics.Stranded(k.zone, units)
+	}
+	g := newGrant(k.zone, &sub[0], keys[0], args, 0, zones[0], sent)
+	g.spent = 0 // no request was served from it
+	if t.closed {
+		t.end(k, g)
+		late := t.ended
+		t.ended = nil
+		t.mu.Unlock()
+		ctx, cancel := context.WithTimeout(context.Background(), l.callTime)
+		defer cancel()
+		_ = l.returnGrants(ctx, late) // granted while the Limiter was being retired: its sweeper is gone
+		return
+	}
+	t.next[k] = g
+	t.mu.Unlock()
 }
 
 // leasePlan is how allowLeased decides each zone of a request: from a grant in hand (local), by
@@ -303,6 +401,7 @@ type leasePlan struct {
 	zones []zoneReply // per zone decided locally: its reply, as the grant estimates it
 	asks  []int32     // per zone: the grant asked, > 0; 0: none
 	n     int         // zones decided locally
+	renew []Request   // zones decided locally whose grant's successor to ask for (Request.ask)
 }
 
 // plan takes from the grants in hand the costs of reqs' lease zones that have one, and, when
@@ -324,6 +423,10 @@ func (t *leaseTable) plan(reqs []Request, now time.Time, mayAsk bool) leasePlan 
 			t.spend(k, g, r.Cost)
 			p.make(len(reqs))
 			p.local[i], p.zones[i], p.n = g, g.served(r.Zone, now), p.n+1
+			if a := t.renew(k, g, r, perTTL, now); a > 0 {
+				p.renew = append(p.renew, *r)
+				p.renew[len(p.renew)-1].ask = a
+			}
 			continue
 		}
 		if _, ok := t.asking[k]; ok || !mayAsk || len(t.m)+len(t.asking) >= leaseKeys {
@@ -357,6 +460,9 @@ func (l *Limiter) allowLeased(ctx context.Context, reqs []Request) (Decision, er
 	sent := l.clock()
 	keys := stateKeys(l.prefix, reqs)
 	p := l.leases.plan(reqs, sent, l.slotGroups(keys) == nil && len(reqs) <= maxBatch)
+	for _, r := range p.renew {
+		go l.renewGrant(r)
+	}
 	if p.local == nil {
 		return l.allow(ctx, reqs, sent, keys) // no grant in hand nor asked: as without lease
 	}
@@ -420,7 +526,7 @@ func (l *Limiter) decideLeased(ctx context.Context, reqs, sub []Request, keys []
 	}
 	if late := l.leases.install(reqs, sub, idx, p, keys, args, zones, sent); len(late) > 0 {
 		go func() { // granted while the Limiter was being retired: its sweeper is gone
-			ctx, cancel := context.WithTimeout(context.Background(), leaseReturnMargin)
+			ctx, cancel := context.WithTimeout(context.Background(), l.callTime)
 			defer cancel()
 			_ = l.returnGrants(ctx, late)
 		}()
@@ -458,6 +564,7 @@ func (t *leaseTable) install(reqs, sub []Request, idx []int, p leasePlan, keys [
 			continue
 		}
 		k, r := keyOf(reqs[i]), &sub[j]
+		_, asked := t.asking[k]
 		delete(t.asking, k)
 		units := int64(zones[j].granted)
 		if t.metrics != nil {
@@ -466,6 +573,9 @@ func (t *leaseTable) install(reqs, sub []Request, idx []int, p leasePlan, keys [
 		g := newGrant(k.zone, r, keys[j], args, j, zones[j], sent)
 		// The client's figures: Redis's remaining less this request, not less the whole grant.
 		zones[j].remaining = g.left(r.Zone.Quota())
+		if !asked {
+			continue // a reset dropped the client's grants while this one was under way (drop)
+		}
 		if t.closed {
 			g.ended = true
 			late = append(late, g)
@@ -500,29 +610,36 @@ func newGrant(zone string, r *Request, key string, args []any, j int, zr zoneRep
 	return g
 }
 
-// drop forgets the grant of the client (as ClientKey gives it) in the zone named zone without
-// returning it: its state was reset, and its hold with it.
+// drop forgets the grant and successor of the client (as ClientKey gives it) in the zone named
+// zone without returning them, and any grant asked for it: its state was reset, and its holds
+// with it.
 func (t *leaseTable) drop(zone, client string) {
 	k := denyKey{zone: zone, client: client}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if g := t.m[k]; g != nil {
-		g.ended = true
-		delete(t.m, k)
-		if t.metrics != nil {
-			t.metrics.Stranded(zone, -(g.units - g.spent))
+	delete(t.asking, k) // a grant under way may be from before the reset: it is not kept (install, renewGrant)
+	for _, g := range []*grant{t.m[k], t.next[k]} {
+		if g != nil {
+			g.ended = true
+			if t.metrics != nil {
+				t.metrics.Stranded(zone, -(g.units - g.spent))
+			}
 		}
 	}
+	delete(t.m, k)
+	delete(t.next, k)
 }
 
-// collect ends the grants expired at now (every grant when all) and takes the ended ones to
-// return. t.mu is taken.
+// collect ends the grants and successors expired at now (every one when all) and takes the
+// ended ones to return. t.mu is taken.
 func (t *leaseTable) collect(now time.Time, all bool) []*grant {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	for k, g := range t.m {
-		if all || !now.Before(g.expires) {
-			t.end(k, g)
+	for _, m := range []map[denyKey]*grant{t.m, t.next} {
+		for k, g := range m {
+			if all || !now.Before(g.expires) {
+				t.end(k, g)
+			}
 		}
 	}
 	out := t.ended
@@ -543,7 +660,7 @@ func (l *Limiter) startSweeper() {
 					return
 				case <-tick.C:
 					if gs := t.collect(l.clock(), false); len(gs) > 0 {
-						ctx, cancel := context.WithTimeout(context.Background(), leaseReturnMargin)
+						ctx, cancel := context.WithTimeout(context.Background(), l.callTime)
 						l.returnGrants(ctx, gs)
 						cancel()
 					}

@@ -47,6 +47,19 @@ func decideOne(ctx context.Context, l *limiter.Limiter, z *limiter.Zone, key str
 	return d.Allowed, false, err
 }
 
+// asksAnswered waits until l has no grant asked and unanswered, such as a successor asked in
+// the background (a grant renewed before it runs out): then its lease figures stand still.
+func asksAnswered(t *testing.T, l *limiter.Limiter) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for l.LeaseAsks() > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d grants asked and still unanswered", l.LeaseAsks())
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 // burst sends n concurrent requests of key to each limiter, and returns how many were admitted.
 func burst(t *testing.T, ls []*limiter.Limiter, z *limiter.Zone, key string, n int) int64 {
 	t.Helper()
@@ -261,6 +274,7 @@ func TestLeaseDenialIsRedisCount(t *testing.T) {
 			t.Fatalf("a: %v, %v", ok, err)
 		}
 	}
+	asksAnswered(t, a)
 	ca.mu.Lock()
 	granted := append([]int64(nil), ca.grants...)
 	ca.mu.Unlock()
@@ -282,6 +296,47 @@ func TestLeaseDenialIsRedisCount(t *testing.T) {
 	nb2, _ := drain(t, b, z, "alice")
 	if int64(nb2) != held {
 		t.Fatalf("b admitted %d more, want the %d returned", nb2, held)
+	}
+}
+
+// TestLeaseRenewedBeforeItRunsOut: a hot client's grant asks for its successor before it runs
+// out, so that once the client has a grant, every one of its requests is admitted in process,
+// none waiting for Redis; the units this instance holds for it (the grant's left and the
+// successor's) never exceed max; and Redis has charged exactly what was admitted once they are
+// returned.
+func TestLeaseRenewedBeforeItRunsOut(t *testing.T) {
+	srv := redistest.Start(t)
+	z := leaseZone(100000, 20, 10*time.Second)
+	l, counts, _ := countedInstance(t, srv)
+	admitted, exact := 0, 0
+	for range 300 {
+		ok, fromGrant, err := decideOne(context.Background(), l, z, "alice")
+		if !ok || err != nil {
+			t.Fatalf("request %d: %v, %v", admitted+1, ok, err)
+		}
+		admitted++
+		if !fromGrant {
+			if counts.local.Load() > 0 {
+				t.Fatalf("request %d was decided in Redis after %d from grants: its grant ran out before its successor came", admitted, counts.local.Load())
+			}
+			exact++
+		}
+		asksAnswered(t, l) // the successor asked, if any, is in hand before the next request
+		if held := counts.stranded.Load(); held > z.Lease.Max {
+			t.Fatalf("after request %d: %d units held, more than max %d", admitted, held, z.Lease.Max)
+		}
+	}
+	counts.mu.Lock()
+	grants := len(counts.grants)
+	counts.mu.Unlock()
+	if exact > 3 || grants < 300/20 {
+		t.Fatalf("%d requests decided in Redis and %d grants, want the first few and at least 15", exact, grants)
+	}
+	if err := l.ReturnLeases(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if left := bucketSettled(t, srv, z, "alice"); left != 100000-int64(admitted) {
+		t.Fatalf("%d left in Redis after %d admitted and the grants returned, want %d", left, admitted, 100000-admitted)
 	}
 }
 
@@ -331,6 +386,7 @@ func TestLeaseResetDropsGrants(t *testing.T) {
 			t.Fatalf("a: %v, %v", ok, err)
 		}
 	}
+	asksAnswered(t, a)
 	if ca.stranded.Load() == 0 {
 		t.Fatal("no grant in hand")
 	}
@@ -372,6 +428,7 @@ func TestLeaseRedisStalled(t *testing.T) {
 			t.Fatal("no grant with 10 tokens left")
 		}
 	}
+	asksAnswered(t, a)
 	inHand := ca.stranded.Load()
 	srv.Pause()
 	local, failed := int64(0), false
@@ -400,6 +457,7 @@ func TestLeaseRedisStalled(t *testing.T) {
 			t.Fatal("no new grant after Redis resumed")
 		}
 	}
+	asksAnswered(t, a)
 	srv.Pause()
 	if ok, fromGrant, err := decideOne(context.Background(), a, z, "alice"); !ok || !fromGrant || err != nil {
 		t.Fatalf("with Redis stopped and a grant in hand: %v from the grant %v, %v", ok, fromGrant, err)
@@ -418,6 +476,7 @@ func TestLeaseRedisStalled(t *testing.T) {
 			t.Fatal("no new grant after Redis resumed")
 		}
 	}
+	asksAnswered(t, a)
 	inHand = ca.stranded.Load()
 	srv.Restart()
 	after := int64(0)
@@ -574,6 +633,7 @@ func TestLeaseFixedWindowGrantEndsWithItsWindow(t *testing.T) {
 			t.Fatalf("%v, %v", ok, err)
 		}
 	}
+	asksAnswered(t, l)
 	if counts.stranded.Load() == 0 {
 		t.Fatal("no grant in hand")
 	}

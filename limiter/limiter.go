@@ -4,6 +4,7 @@
 package limiter
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -169,12 +170,20 @@ type Options struct {
 	// decided exactly. LeaseMetrics, when set, receives their events.
 	Leases       bool
 	LeaseMetrics LeaseMetrics
+	// CallTimeout bounds the calls a Limiter makes on its own rather than for a request: a lease
+	// grant's successor asked ahead (renew) and the return of ended grants. They share round
+	// trips with decisions, whose replies wait for the latest deadline of their batch, so it
+	// should be no longer than the decisions' own timeout. 0: DefaultCallTimeout.
+	CallTimeout time.Duration
 	// PipelineFor, when set, chooses the Pipeline of each decision whose keys are all in one
 	// hash slot, by its first key; a nil result means Pipeline. On Redis Cluster it gives each
 	// node a pipeline of its own, so that a stalled node holds up only its own decisions (a
 	// go-redis cluster pipeline waits for every node it sends to).
 	PipelineFor func(ctx context.Context, key string) *Pipeline
 }
+
+// DefaultCallTimeout is Options.CallTimeout's default: the handler's default decision timeout.
+const DefaultCallTimeout = 100 * time.Millisecond
 
 // Limiter runs decisions on a Redis server, or on a Redis Cluster. It is safe for concurrent use.
 type Limiter struct {
@@ -188,6 +197,7 @@ type Limiter struct {
 	calls    atomic.Uint64                 // per-call part of the nonce
 	resets   atomic.Pointer[ResetListener] // set by ResetListener.Add
 	leases   *leaseTable                   // nil: Options.Leases off
+	callTime time.Duration                 // Options.CallTimeout
 	live     liveSlots                     // the concurrency slots in flight, kept alive by Refresh
 
 	batchFor func(ctx context.Context, key string) *Pipeline // Options.PipelineFor
@@ -197,7 +207,8 @@ type Limiter struct {
 func New(rdb Client, opts Options) *Limiter {
 	var b [8]byte
 	_, _ = rand.Read(b[:]) // crypto/rand.Read never returns an error
-	l := &Limiter{rdb: rdb, prefix: opts.KeyPrefix, cluster: opts.Cluster, now: opts.Now, instance: hex.EncodeToString(b[:])}
+	l := &Limiter{rdb: rdb, prefix: opts.KeyPrefix, cluster: opts.Cluster, now: opts.Now, instance: hex.EncodeToString(b[:]),
+		callTime: cmp.Or(opts.CallTimeout, DefaultCallTimeout)}
 	if opts.DenyCacheKeys > 0 {
 		l.denials = newDenyCache(opts.DenyCacheKeys, opts.DenyCacheMaxAge)
 	}
