@@ -113,6 +113,7 @@ type grant struct {
 	end       time.Time   // a fixed window's end, by the Limiter's clock; zero for a token bucket
 	remaining int64       // Redis's whole tokens left once it had granted units
 	ended     bool        // no longer spent from: returned, or to be
+	done      chan struct{} // closed once returned: a grant whose answer came while a reset of its client was under way (asking)
 }
 
 // left is what the client has, by this grant's estimate: Redis's remaining at grant time, less
@@ -127,6 +128,24 @@ type rateSlot struct {
 	prev, cur int64  // units of the previous and the current period
 }
 
+// asking is a grant asked for a client and not answered yet.
+type asking struct {
+	// dropped is set by a reset of the client meanwhile (drop): whether Redis made the grant
+	// before the reset deleted its hold or after, it is returned, not kept.
+	dropped bool
+	done    chan struct{} // closed once the answer is kept, or returned when dropped
+}
+
+// ask marks k as asking for a grant. t.mu is held.
+func (t *leaseTable) markAsking(k denyKey) { t.asking[k] = &asking{done: make(chan struct{})} }
+
+// answered takes k's mark of asking off and returns it (nil: none). t.mu is held.
+func (t *leaseTable) answered(k denyKey) *asking {
+	a := t.asking[k]
+	delete(t.asking, k)
+	return a
+}
+
 // leaseTable holds one Limiter's grants, per (zone, client), and the rates of the clients of
 // its lease zones. Only a client sending at least two requests' worth per TTL ever has a
 // grant, so the table holds the hot clients; it is bounded by leaseKeys.
@@ -134,7 +153,7 @@ type leaseTable struct {
 	mu      sync.Mutex
 	m       map[denyKey]*grant
 	next    map[denyKey]*grant   // a grant's successor, asked before it ran out (renew), not yet spent from
-	asking  map[denyKey]struct{} // a grant asked and not answered: one at a time per client
+	asking  map[denyKey]*asking // a grant asked and not answered: one at a time per client
 	rates   []rateSlot
 	seed    maphash.Seed
 	ended   []*grant // ended, to be returned by the sweeper
@@ -146,7 +165,7 @@ type leaseTable struct {
 
 func newLeaseTable(m LeaseMetrics) *leaseTable {
 	return &leaseTable{
-		m: make(map[denyKey]*grant), next: make(map[denyKey]*grant), asking: make(map[denyKey]struct{}),
+		m: make(map[denyKey]*grant), next: make(map[denyKey]*grant), asking: make(map[denyKey]*asking),
 		rates: make([]rateSlot, rateSlots), seed: maphash.MakeSeed(), metrics: m, stop: make(chan struct{}),
 	}
 }
@@ -235,7 +254,7 @@ func (t *leaseTable) renew(k denyKey, g *grant, r *Request, perTTL int64, now ti
 	if a < 2*r.Cost || g.remaining < 2*a {
 		return 0
 	}
-	t.asking[k] = struct{}{}
+	t.markAsking(k)
 	return int32(a)
 }
 
@@ -367,31 +386,33 @@ func (l *Limiter) renewGrant(r Request) {
 	args := l.scriptArgs(sub, false, sent)
 	allowed, zones, err := l.allowOne(ctx, sub, withRecords(keys, sub, args, false), args, nil)
 	t.mu.Lock()
-	_, asked := t.asking[k] // not when a reset dropped the client's grants meanwhile
-	delete(t.asking, k)
-	if err != nil || !allowed || !asked {
+	a := t.answered(k)
+	if err != nil || !allowed {
 		t.mu.Unlock()
+		close(a.done)
 		return
-	}
-	units := int64(zones[0].granted)
-	if t.metrics != nil {
-		t.metrics.Granted(k.zone, units)
-		t.metrics.Stranded(k.zone, units)
 	}
 	g := newGrant(k.zone, &sub[0], keys[0], args, 0, zones[0], sent)
 	g.spent = 0 // no request was served from it
-	if t.closed {
-		t.end(k, g)
-		late := t.ended
-		t.ended = nil
+	if t.metrics != nil {
+		t.metrics.Granted(k.zone, g.units)
+	}
+	if !t.closed && !a.dropped {
+		t.next[k] = g
+		if t.metrics != nil {
+			t.metrics.Stranded(k.zone, g.units)
+		}
 		t.mu.Unlock()
-		ctx, cancel := context.WithTimeout(context.Background(), l.callTime)
-		defer cancel()
-		_ = l.returnGrants(ctx, late) // granted while the Limiter was being retired: its sweeper is gone
+		close(a.done)
 		return
 	}
-	t.next[k] = g
+	// Granted while the Limiter was being retired (its sweeper is gone), or while a reset of
+	// the client was under way: returned at once.
+	g.ended, g.done = true, a.done
 	t.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), l.callTime)
+	defer cancel()
+	_ = l.returnGrants(ctx, []*grant{g})
 }
 
 // leasePlan is how allowLeased decides each zone of a request: from a grant in hand (local), by
@@ -436,7 +457,7 @@ func (t *leaseTable) plan(reqs []Request, now time.Time, mayAsk bool) leasePlan 
 			if g := t.m[k]; g != nil {
 				t.end(k, g) // too little left, expired or of other numbers: returned
 			}
-			t.asking[k] = struct{}{}
+			t.markAsking(k)
 			p.make(len(reqs))
 			p.asks[i] = a
 		}
@@ -548,7 +569,7 @@ func (t *leaseTable) undo(reqs []Request, p leasePlan) {
 			t.giveBack(keyOf(reqs[i]), g, reqs[i].Cost)
 		}
 		if p.asks[i] > 0 {
-			delete(t.asking, keyOf(reqs[i]))
+			close(t.answered(keyOf(reqs[i])).done)
 		}
 	}
 }
@@ -564,8 +585,7 @@ func (t *leaseTable) install(reqs, sub []Request, idx []int, p leasePlan, keys [
 			continue
 		}
 		k, r := keyOf(reqs[i]), &sub[j]
-		_, asked := t.asking[k]
-		delete(t.asking, k)
+		a := t.answered(k)
 		units := int64(zones[j].granted)
 		if t.metrics != nil {
 			t.metrics.Granted(k.zone, units)
@@ -573,14 +593,12 @@ func (t *leaseTable) install(reqs, sub []Request, idx []int, p leasePlan, keys [
 		g := newGrant(k.zone, r, keys[j], args, j, zones[j], sent)
 		// The client's figures: Redis's remaining less this request, not less the whole grant.
 		zones[j].remaining = g.left(r.Zone.Quota())
-		if !asked {
-			continue // a reset dropped the client's grants while this one was under way (drop)
-		}
-		if t.closed {
-			g.ended = true
+		if t.closed || a.dropped { // retired, or a reset of the client under way (drop)
+			g.ended, g.done = true, a.done
 			late = append(late, g)
 			continue
 		}
+		close(a.done)
 		t.m[k] = g
 		if t.metrics != nil {
 			t.metrics.Stranded(k.zone, units-r.Cost)
@@ -611,13 +629,25 @@ func newGrant(zone string, r *Request, key string, args []any, j int, zr zoneRep
 }
 
 // drop forgets the grant and successor of the client (as ClientKey gives it) in the zone named
-// zone without returning them, and any grant asked for it: its state was reset, and its holds
-// with it.
-func (t *leaseTable) drop(zone, client string) {
+// zone without returning them: its state was reset, and its holds with it. A grant asked for
+// the client and not answered yet may have been made before the reset or after it: it is not
+// kept but returned (a hold the reset deleted gives nothing back), and drop waits for that, at
+// most wait, so that once it returns Redis holds nothing of this instance's for the client.
+func (t *leaseTable) drop(zone, client string, wait time.Duration) {
 	k := denyKey{zone: zone, client: client}
 	t.mu.Lock()
+	if a := t.asking[k]; a != nil {
+		a.dropped = true
+		defer func() {
+			tm := time.NewTimer(wait)
+			defer tm.Stop()
+			select {
+			case <-a.done:
+			case <-tm.C:
+			}
+		}()
+	}
 	defer t.mu.Unlock()
-	delete(t.asking, k) // a grant under way may be from before the reset: it is not kept (install, renewGrant)
 	for _, g := range []*grant{t.m[k], t.next[k]} {
 		if g != nil {
 			g.ended = true
@@ -695,6 +725,9 @@ func (l *Limiter) returnGrants(ctx context.Context, gs []*grant) error {
 			states, err := decodeSettled(reply, err, 1)
 			if err == nil && states[0] == settledNow && l.leases.metrics != nil {
 				l.leases.metrics.Returned(g.name, g.units-g.spent)
+			}
+			if g.done != nil {
+				close(g.done)
 			}
 			errs <- err
 		}()

@@ -351,6 +351,7 @@ func TestLeaseReturnLeases(t *testing.T) {
 			t.Fatalf("a: %v, %v", ok, err)
 		}
 	}
+	asksAnswered(t, a)
 	if ca.stranded.Load() == 0 {
 		t.Fatal("no grant in hand")
 	}

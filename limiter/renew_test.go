@@ -98,13 +98,13 @@ func TestLeaseSuccessor(t *testing.T) {
 	}
 
 	tab, g, next = newGrants()
-	tab.asking[k] = struct{}{}
-	tab.drop(k.zone, k.client)
+	tab.markAsking(k)
+	tab.drop(k.zone, k.client, 0)
 	if !g.ended || !next.ended || tab.m[k] != nil || tab.next[k] != nil || len(tab.ended) != 0 {
 		t.Fatal("a reset left a grant or its successor in hand, or queued one for a return")
 	}
-	if _, ok := tab.asking[k]; ok {
-		t.Fatal("a reset left a grant asked before it to be kept")
+	if a := tab.asking[k]; a == nil || !a.dropped {
+		t.Fatal("a reset left a grant asked before it to be kept, or let another be asked before its answer")
 	}
 
 	tab, g, next = newGrants()

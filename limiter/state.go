@@ -403,7 +403,7 @@ func (l *Limiter) Forget(z *Zone, clientKey string) {
 		l.denials.forget(z.Name, ClientKey(clientKey))
 	}
 	if l.leases != nil {
-		l.leases.drop(z.Name, ClientKey(clientKey))
+		l.leases.drop(z.Name, ClientKey(clientKey), 2*l.callTime)
 	}
 }
 
@@ -423,6 +423,6 @@ func (l *Limiter) ForgetKey(key string) {
 		l.denials.forget(zone, client)
 	}
 	if l.leases != nil {
-		l.leases.drop(zone, client)
+		l.leases.drop(zone, client, 2*l.callTime)
 	}
 }
