@@ -102,17 +102,17 @@ type LeaseMetrics interface {
 
 // grant is the tokens one decide.lua call leased to this instance for one zone and client.
 type grant struct {
-	name      string      // the zone's
-	keys      []string    // settle.lua's: the zone's state key (a fixed window's record and generation keys after it)
-	nonce     string      // the hold's: "h:<nonce>"
-	zone      []any       // settle.lua's zone arguments: algorithm, quota, rate or bounds, units
-	n         zoneNumbers // the zone's numbers: a request under others is not served from it
-	units     int64       // granted
-	spent     int64       // spent locally, the grant request's own cost included
-	expires   time.Time   // by the Limiter's clock; a fixed window's: at the latest its window's end
-	end       time.Time   // a fixed window's end, by the Limiter's clock; zero for a token bucket
-	remaining int64       // Redis's whole tokens left once it had granted units
-	ended     bool        // no longer spent from: returned, or to be
+	name      string        // the zone's
+	keys      []string      // settle.lua's: the zone's state key (a fixed window's record and generation keys after it)
+	nonce     string        // the hold's: "h:<nonce>"
+	zone      []any         // settle.lua's zone arguments: algorithm, quota, rate or bounds, units
+	n         zoneNumbers   // the zone's numbers: a request under others is not served from it
+	units     int64         // granted
+	spent     int64         // spent locally, the grant request's own cost included
+	expires   time.Time     // by the Limiter's clock; a fixed window's: at the latest its window's end
+	end       time.Time     // a fixed window's end, by the Limiter's clock; zero for a token bucket
+	remaining int64         // Redis's whole tokens left once it had granted units
+	ended     bool          // no longer spent from: returned, or to be
 	done      chan struct{} // closed once returned: a grant whose answer came while a reset of its client was under way (asking)
 }
 
@@ -152,7 +152,7 @@ func (t *leaseTable) answered(k denyKey) *asking {
 type leaseTable struct {
 	mu      sync.Mutex
 	m       map[denyKey]*grant
-	next    map[denyKey]*grant   // a grant's successor, asked before it ran out (renew), not yet spent from
+	next    map[denyKey]*grant  // a grant's successor, asked before it ran out (renew), not yet spent from
 	asking  map[denyKey]*asking // a grant asked and not answered: one at a time per client
 	rates   []rateSlot
 	seed    maphash.Seed
