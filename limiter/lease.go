@@ -136,7 +136,7 @@ type asking struct {
 	done    chan struct{} // closed once the answer is kept, or returned when dropped
 }
 
-// ask marks k as asking for a grant. t.mu is held.
+// markAsking marks k as asking for a grant. t.mu is held.
 func (t *leaseTable) markAsking(k denyKey) { t.asking[k] = &asking{done: make(chan struct{})} }
 
 // answered takes k's mark of asking off and returns it (nil: none). t.mu is held.
