@@ -113,6 +113,7 @@ type grant struct {
 	end       time.Time     // a fixed window's end, by the Limiter's clock; zero for a token bucket
 	remaining int64         // Redis's whole tokens left once it had granted units
 	ended     bool          // no longer spent from: returned, or to be
+	noRenew   bool          // its successor was denied, or failed: not asked again (renew)
 	done      chan struct{} // closed once returned: a grant whose answer came while a reset of its client was under way (asking)
 }
 
@@ -235,7 +236,7 @@ func (g *grant) serves(r *Request, now time.Time) bool {
 // from at now, its client sending perTTL units per TTL here; 0: none. A grant asks for its
 // successor when a quarter of its units is left, or (a token bucket's) of its TTL, so that the
 // successor is in hand before the grant runs out, and r's client's next requests wait for no
-// round trip. The successor is sized as a grant (ask) less what g has left, so that the units
+// round trip. A grant whose successor was denied or failed asks for none again. The successor is sized as a grant (ask) less what g has left, so that the units
 // this instance holds for k stay within Max. There is none near the limit (Redis had less than
 // twice the ask left after granting g), where grants shrink and the last units are decided one
 // at a time. When it returns more than 0, k is marked as asking. t.mu is held.
@@ -243,7 +244,7 @@ func (t *leaseTable) renew(k denyKey, g *grant, r *Request, perTTL int64, now ti
 	left := g.units - g.spent
 	byTTL := g.end.IsZero() || g.expires.Before(g.end) // a fixed window's grant may end with its window instead
 	low := leaseLow*left <= g.units || byTTL && leaseLow*g.expires.Sub(now) <= r.Zone.Lease.TTL
-	if !low || t.closed || t.next[k] != nil {
+	if !low || g.noRenew || t.closed || t.next[k] != nil {
 		return 0
 	}
 	if _, ok := t.asking[k]; ok {
@@ -388,6 +389,11 @@ func (l *Limiter) renewGrant(r Request) {
 	t.mu.Lock()
 	a := t.answered(k)
 	if err != nil || !allowed {
+		if g := t.m[k]; g != nil {
+			// Not again for this grant: near the limit, or Redis failing (a call per request
+			// while the grant lasts, past the handler's circuit breaker).
+			g.noRenew = true
+		}
 		t.mu.Unlock()
 		close(a.done)
 		return

@@ -340,6 +340,42 @@ func TestLeaseRenewedBeforeItRunsOut(t *testing.T) {
 	}
 }
 
+// TestLeaseRenewalFailsOnce: with Redis stopped, a grant whose successor's call failed asks for
+// none again while it lasts: its client's requests are still admitted from it, with no call
+// each past the handler's circuit breaker.
+func TestLeaseRenewalFailsOnce(t *testing.T) {
+	srv := redistest.Start(t)
+	z := leaseZone(100000, 40, 10*time.Second)
+	l, counts, _ := countedInstance(t, srv)
+	for i := 0; counts.stranded.Load() < 30; i++ { // a grant of about 40 in hand
+		if ok, _, err := decideOne(context.Background(), l, z, "alice"); !ok || err != nil || i > 200 {
+			t.Fatalf("request %d: %v, %v (%d in hand)", i, ok, err, counts.stranded.Load())
+		}
+		asksAnswered(t, l)
+	}
+	srv.Pause()
+	defer srv.Resume()
+	spend := func() {
+		t.Helper()
+		if ok, fromGrant, err := decideOne(context.Background(), l, z, "alice"); !ok || !fromGrant || err != nil {
+			t.Fatalf("with Redis stopped: admitted %v from a grant %v, %v", ok, fromGrant, err)
+		}
+	}
+	for i := 0; l.LeaseAsks() == 0; i++ {
+		if i > 60 {
+			t.Fatal("no successor asked while a grant of at most 40 was spent")
+		}
+		spend()
+	}
+	asksAnswered(t, l) // the call fails at its timeout
+	for counts.stranded.Load() > 0 {
+		spend()
+		if n := l.LeaseAsks(); n != 0 {
+			t.Fatalf("a grant whose successor failed asked for one again (%d under way)", n)
+		}
+	}
+}
+
 // TestLeaseReturnLeases: retiring a Limiter (a reload's Cleanup) gives its grants' unspent
 // tokens back to Redis at once, not after their TTL.
 func TestLeaseReturnLeases(t *testing.T) {

@@ -22,24 +22,26 @@ func TestLeaseRenewWhen(t *testing.T) {
 		remain int64         // Redis's remaining at grant time
 		perTTL int64
 		want   int32
+		failed bool // its successor was denied, or failed
 	}{
-		{"more than a quarter of its units and TTL left", tb, 100, 74, time.Second, false, 1e5, 400, 0},
-		{"a quarter of its units left", tb, 100, 75, time.Second, false, 1e5, 400, 75},
-		{"sized by the client's rate", tb, 40, 30, time.Second, false, 1e5, 8, 10},
-		{"a quarter of its TTL left", tb, 40, 0, 250 * time.Millisecond, false, 1e5, 400, 60},
-		{"Max held already", tb, 100, 0, 250 * time.Millisecond, false, 1e5, 400, 0},
-		{"near the limit", tb, 100, 80, time.Second, false, 100, 400, 0},
-		{"a client too slow to lease", tb, 10, 9, time.Second, false, 1e5, 1, 0},
-		{"a fixed window's grant, units low", fw, 100, 80, time.Second, false, 1e5, 400, 80},
-		{"a fixed window's grant ending with its window", fw, 40, 0, 100 * time.Millisecond, true, 1e5, 400, 0},
-		{"a fixed window's grant ending before its window", fw, 40, 0, 100 * time.Millisecond, false, 1e5, 400, 60},
+		{"more than a quarter of its units and TTL left", tb, 100, 74, time.Second, false, 1e5, 400, 0, false},
+		{"a quarter of its units left", tb, 100, 75, time.Second, false, 1e5, 400, 75, false},
+		{"a quarter of its units left, its successor denied or failed", tb, 100, 75, time.Second, false, 1e5, 400, 0, true},
+		{"sized by the client's rate", tb, 40, 30, time.Second, false, 1e5, 8, 10, false},
+		{"a quarter of its TTL left", tb, 40, 0, 250 * time.Millisecond, false, 1e5, 400, 60, false},
+		{"Max held already", tb, 100, 0, 250 * time.Millisecond, false, 1e5, 400, 0, false},
+		{"near the limit", tb, 100, 80, time.Second, false, 100, 400, 0, false},
+		{"a client too slow to lease", tb, 10, 9, time.Second, false, 1e5, 1, 0, false},
+		{"a fixed window's grant, units low", fw, 100, 80, time.Second, false, 1e5, 400, 80, false},
+		{"a fixed window's grant ending with its window", fw, 40, 0, 100 * time.Millisecond, true, 1e5, 400, 0, false},
+		{"a fixed window's grant ending before its window", fw, 40, 0, 100 * time.Millisecond, false, 1e5, 400, 60, false},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			tab := newLeaseTable(nil)
 			r := &Request{Zone: c.z, Key: "alice", Cost: 1}
 			k := keyOf(*r)
-			g := &grant{units: c.units, spent: c.spent, expires: now.Add(c.life), remaining: c.remain, n: numbersOf(c.z)}
+			g := &grant{units: c.units, spent: c.spent, expires: now.Add(c.life), remaining: c.remain, n: numbersOf(c.z), noRenew: c.failed}
 			switch {
 			case c.end:
 				g.end = g.expires
