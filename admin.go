@@ -369,7 +369,7 @@ func resetState(ctx context.Context, w http.ResponseWriter, ts []target, key str
 		redisKey := limiter.StateKey(t.h.KeyPrefix, &t.z.lz, lk)
 		id := t.redisID + "|" + redisKey
 		if seen[id] {
-			t.h.limiter.Forget(&t.z.lz, lk) // deleted already: only this handler's deny cache is left
+			t.h.limiter.Forget(&t.z.lz, lk) // deleted already: only this handler's deny cache and grants are left
 			continue
 		}
 		seen[id] = true

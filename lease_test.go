@@ -82,11 +82,16 @@ func TestEndToEndLease(t *testing.T) {
 	if got := cs.statuses(30, "/", "X-Key", "k"); got != strings.TrimSpace(strings.Repeat("200 ", 30)) {
 		t.Fatalf("30 requests under a capacity of 100: %s", got)
 	}
-	if n := srv.ScriptCalls() - calls; n > 10 {
-		t.Fatalf("30 requests of a hot client made %d script calls", n)
+	// Most from grants: the first requests show the client's rate, then grants (each renewed
+	// before it runs out, and returned once spent) serve the rest, growing with the rate.
+	if n := testutil.ToFloat64(leaseMetrics.local.WithLabelValues("api")) - local; n < 20 {
+		t.Fatalf("30 requests of a hot client: %v admitted from grants, want at least 20", n)
 	}
-	if testutil.ToFloat64(leaseMetrics.local.WithLabelValues("api")) == local || testutil.ToFloat64(leaseMetrics.grants.WithLabelValues("api")) == grants {
-		t.Fatal("no grant, or no request admitted from one")
+	if n := srv.ScriptCalls() - calls; n > 15 {
+		t.Fatalf("30 requests of a hot client made %d script calls (decisions, grants and their returns)", n)
+	}
+	if testutil.ToFloat64(leaseMetrics.grants.WithLabelValues("api")) == grants {
+		t.Fatal("no grant")
 	}
 	key := limiter.StateKey("rl:", &limiter.Zone{Name: "api", Algorithm: limiter.TokenBucket}, "k")
 	if srv.Do("HGET", key, "h") == nil {

@@ -262,8 +262,16 @@ func (t *leaseTable) renew(k denyKey, g *grant, r *Request, perTTL int64, now ti
 // end stops k's grant g (or g, k's successor) from being spent, and queues its return. t.mu is
 // held.
 func (t *leaseTable) end(k denyKey, g *grant) {
+	if t.retire(k, g) {
+		t.ended = append(t.ended, g)
+	}
+}
+
+// retire stops k's grant g (or g, k's successor) from being spent; false when it was already.
+// t.mu is held.
+func (t *leaseTable) retire(k denyKey, g *grant) bool {
 	if g.ended {
-		return
+		return false
 	}
 	g.ended = true
 	if t.m[k] == g {
@@ -272,10 +280,10 @@ func (t *leaseTable) end(k denyKey, g *grant) {
 	if t.next[k] == g {
 		delete(t.next, k)
 	}
-	t.ended = append(t.ended, g)
 	if t.metrics != nil {
 		t.metrics.Stranded(k.zone, -(g.units - g.spent))
 	}
+	return true
 }
 
 // spend takes cost from g. t.mu is held.
@@ -634,36 +642,35 @@ func newGrant(zone string, r *Request, key string, args []any, j int, zr zoneRep
 	return g
 }
 
-// drop forgets the grant and successor of the client (as ClientKey gives it) in the zone named
-// zone without returning them: its state was reset, and its holds with it. A grant asked for
-// the client and not answered yet may have been made before the reset or after it: it is not
-// kept but returned (a hold the reset deleted gives nothing back), and drop waits for that, at
-// most wait, so that once it returns Redis holds nothing of this instance's for the client.
-func (t *leaseTable) drop(zone, client string, wait time.Duration) {
+// drop ends the grant and successor of the client (as ClientKey gives it) in the zone named
+// zone, whose state was reset, and returns them to be returned to Redis: a hold the reset
+// deleted gives nothing back, and one made on the new state after the delete (a grant asked
+// before the reset and answered after it) gives back what it holds, so that returning is exact
+// either way. A grant asked for the client and not answered yet is returned when its answer
+// comes (renewGrant, install), and drop waits for that, at most wait.
+func (t *leaseTable) drop(zone, client string, wait time.Duration) []*grant {
 	k := denyKey{zone: zone, client: client}
 	t.mu.Lock()
-	if a := t.asking[k]; a != nil {
-		a.dropped = true
-		defer func() {
-			tm := time.NewTimer(wait)
-			defer tm.Stop()
-			select {
-			case <-a.done:
-			case <-tm.C:
-			}
-		}()
-	}
-	defer t.mu.Unlock()
+	var gs []*grant
 	for _, g := range []*grant{t.m[k], t.next[k]} {
-		if g != nil {
-			g.ended = true
-			if t.metrics != nil {
-				t.metrics.Stranded(zone, -(g.units - g.spent))
-			}
+		if g != nil && t.retire(k, g) {
+			gs = append(gs, g)
 		}
 	}
-	delete(t.m, k)
-	delete(t.next, k)
+	a := t.asking[k]
+	if a != nil {
+		a.dropped = true
+	}
+	t.mu.Unlock()
+	if a != nil {
+		tm := time.NewTimer(wait)
+		defer tm.Stop()
+		select {
+		case <-a.done:
+		case <-tm.C:
+		}
+	}
+	return gs
 }
 
 // collect ends the grants and successors expired at now (every one when all) and takes the

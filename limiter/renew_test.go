@@ -63,8 +63,8 @@ func TestLeaseRenewWhen(t *testing.T) {
 }
 
 // TestLeaseSuccessor: a successor in hand takes its grant's place once the grant cannot serve a
-// request (spent, expired): the grant ends and is queued for its return. A reset drops both, and
-// a sweep returns a successor that expired unused.
+// request (spent, expired): the grant ends and is queued for its return. A reset ends both and
+// gives them to its caller to return, and a sweep returns a successor that expired unused.
 func TestLeaseSuccessor(t *testing.T) {
 	now := time.Unix(1_800_000_000, 0)
 	z := &Zone{Name: "api", Algorithm: TokenBucket, Capacity: 1e6, RefillRate: 1, Lease: &Lease{Max: 100, TTL: time.Second}}
@@ -101,9 +101,12 @@ func TestLeaseSuccessor(t *testing.T) {
 
 	tab, g, next = newGrants()
 	tab.markAsking(k)
-	tab.drop(k.zone, k.client, 0)
+	gs := tab.drop(k.zone, k.client, 0)
 	if !g.ended || !next.ended || tab.m[k] != nil || tab.next[k] != nil || len(tab.ended) != 0 {
-		t.Fatal("a reset left a grant or its successor in hand, or queued one for a return")
+		t.Fatal("a reset left a grant or its successor in hand, or queued one for the sweeper")
+	}
+	if len(gs) != 2 || gs[0] != g || gs[1] != next {
+		t.Fatalf("a reset gave %v to return, want the grant and its successor", gs)
 	}
 	if a := tab.asking[k]; a == nil || !a.dropped {
 		t.Fatal("a reset left a grant asked before it to be kept, or let another be asked before its answer")

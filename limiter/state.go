@@ -396,21 +396,28 @@ func (l *Limiter) Reset(ctx context.Context, z *Zone, clientKey string) (existed
 func ResetChannel(prefix string) string { return prefix + "reset" }
 
 // Forget removes this Limiter's cached denials of the client in the zone named as z, whatever
-// their numbers and cost, and drops its grant of them unreturned (its hold went with the
-// state: see Lease), so that its next request is decided by Redis. It never contacts Redis.
+// their numbers and cost, and ends its lease grants of them (see Lease), so that its next
+// request is decided by Redis. The grants are returned before it returns (within
+// Options.CallTimeout; a grant asked and not answered yet, within twice that): a hold the reset
+// deleted gives nothing back, one Redis made on the new state gives back what it holds. Without
+// grants it never contacts Redis.
 func (l *Limiter) Forget(z *Zone, clientKey string) {
 	if l.denials != nil {
 		l.denials.forget(z.Name, ClientKey(clientKey))
 	}
 	if l.leases != nil {
-		l.leases.drop(z.Name, ClientKey(clientKey), 2*l.callTime)
+		if gs := l.leases.drop(z.Name, ClientKey(clientKey), 2*l.callTime); len(gs) > 0 {
+			ctx, cancel := context.WithTimeout(context.Background(), l.callTime)
+			defer cancel()
+			_ = l.returnGrants(ctx, gs)
+		}
 	}
 }
 
 // ForgetKey removes this Limiter's cached denials of the state key key (as Reset publishes it):
-// the zone of that name and the client of that key, whatever the cost, and drops its grant of
-// them as Forget does. A key of another prefix, or not of StateKey's form, is ignored. It never
-// contacts Redis.
+// the zone of that name and the client of that key, whatever the cost, and ends its grants of
+// them as Forget does, returning them in the background. A key of another prefix, or not of
+// StateKey's form, is ignored. Without grants it never contacts Redis.
 func (l *Limiter) ForgetKey(key string) {
 	if l.denials == nil && l.leases == nil {
 		return
@@ -423,6 +430,12 @@ func (l *Limiter) ForgetKey(key string) {
 		l.denials.forget(zone, client)
 	}
 	if l.leases != nil {
-		l.leases.drop(zone, client, 2*l.callTime)
+		if gs := l.leases.drop(zone, client, 2*l.callTime); len(gs) > 0 {
+			go func() {
+				ctx, cancel := context.WithTimeout(context.Background(), l.callTime)
+				defer cancel()
+				_ = l.returnGrants(ctx, gs)
+			}()
+		}
 	}
 }
