@@ -236,10 +236,11 @@ func (g *grant) serves(r *Request, now time.Time) bool {
 // from at now, its client sending perTTL units per TTL here; 0: none. A grant asks for its
 // successor when a quarter of its units is left, or (a token bucket's) of its TTL, so that the
 // successor is in hand before the grant runs out, and r's client's next requests wait for no
-// round trip. A grant whose successor was denied or failed asks for none again. The successor is sized as a grant (ask) less what g has left, so that the units
+// round trip. The successor is sized as a grant (ask) less what g has left, so that the units
 // this instance holds for k stay within Max. There is none near the limit (Redis had less than
 // twice the ask left after granting g), where grants shrink and the last units are decided one
-// at a time. When it returns more than 0, k is marked as asking. t.mu is held.
+// at a time, and none again for a grant whose successor was denied or failed. When it returns
+// more than 0, k is marked as asking. t.mu is held.
 func (t *leaseTable) renew(k denyKey, g *grant, r *Request, perTTL int64, now time.Time) int32 {
 	left := g.units - g.spent
 	byTTL := g.end.IsZero() || g.expires.Before(g.end) // a fixed window's grant may end with its window instead
@@ -383,8 +384,10 @@ func (l *Limiter) leased(reqs []Request, observe bool) (Decision, bool) {
 
 // renewGrant asks Redis, in the background, for the successor of the grant of r's zone and
 // client (renew: r.ask units), and keeps it for when the grant runs out (leaseTable.next). Its
-// round trip is bounded by Options.CallTimeout (and the zone's TTL, the successor's lifetime). A denial or an error leaves
-// no successor: the client's requests then ask for a grant as without one.
+// round trip is bounded by Options.CallTimeout (and the zone's TTL, the successor's lifetime).
+// A denial or an error leaves no successor: the client's requests then ask for a grant as
+// without one. A successor answered after ReturnLeases, or during a reset of the client, is
+// returned at once.
 func (l *Limiter) renewGrant(r Request) {
 	t := l.leases
 	k := keyOf(r)
@@ -560,7 +563,7 @@ func (l *Limiter) decideLeased(ctx context.Context, reqs, sub []Request, keys []
 		l.track(held, sent) // a concurrency zone's slot, kept alive while its request runs
 	}
 	if late := l.leases.install(reqs, sub, idx, p, keys, args, zones, sent); len(late) > 0 {
-		go func() { // granted while the Limiter was being retired: its sweeper is gone
+		go func() { // granted while the Limiter was being retired (its sweeper is gone), or during a reset
 			ctx, cancel := context.WithTimeout(context.Background(), l.callTime)
 			defer cancel()
 			_ = l.returnGrants(ctx, late)
