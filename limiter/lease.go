@@ -427,9 +427,7 @@ func (l *Limiter) renewGrant(r Request) {
 	// the client was under way: returned at once.
 	g.ended, g.done = true, a.done
 	t.mu.Unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), l.callTime)
-	defer cancel()
-	_ = l.returnGrants(ctx, []*grant{g})
+	l.returnWithin([]*grant{g})
 }
 
 // leasePlan is how allowLeased decides each zone of a request: from a grant in hand (local), by
@@ -563,11 +561,7 @@ func (l *Limiter) decideLeased(ctx context.Context, reqs, sub []Request, keys []
 		l.track(held, sent) // a concurrency zone's slot, kept alive while its request runs
 	}
 	if late := l.leases.install(reqs, sub, idx, p, keys, args, zones, sent); len(late) > 0 {
-		go func() { // granted while the Limiter was being retired (its sweeper is gone), or during a reset
-			ctx, cancel := context.WithTimeout(context.Background(), l.callTime)
-			defer cancel()
-			_ = l.returnGrants(ctx, late)
-		}()
+		go l.returnWithin(late) // granted while the Limiter was being retired (its sweeper is gone), or during a reset
 	}
 	if rl := l.resets.Load(); rl != nil {
 		rl.listen() // a grant to drop on a reset: from now on, listen
@@ -706,9 +700,7 @@ func (l *Limiter) startSweeper() {
 					return
 				case <-tick.C:
 					if gs := t.collect(l.clock(), false); len(gs) > 0 {
-						ctx, cancel := context.WithTimeout(context.Background(), l.callTime)
-						l.returnGrants(ctx, gs)
-						cancel()
+						l.returnWithin(gs)
 					}
 				}
 			}
@@ -755,6 +747,14 @@ func (l *Limiter) returnGrants(ctx context.Context, gs []*grant) error {
 		}
 	}
 	return first
+}
+
+// returnWithin returns gs (returnGrants) within Options.CallTimeout, leaving out the error: a
+// grant that fails to return counts as spent once its hold has lived TTL + 1s.
+func (l *Limiter) returnWithin(gs []*grant) {
+	ctx, cancel := context.WithTimeout(context.Background(), l.callTime)
+	defer cancel()
+	_ = l.returnGrants(ctx, gs)
 }
 
 // ReturnLeases ends every grant of this Limiter and gives their unspent tokens back to Redis

@@ -407,9 +407,7 @@ func (l *Limiter) Forget(z *Zone, clientKey string) {
 	}
 	if l.leases != nil {
 		if gs := l.leases.drop(z.Name, ClientKey(clientKey), 2*l.callTime); len(gs) > 0 {
-			ctx, cancel := context.WithTimeout(context.Background(), l.callTime)
-			defer cancel()
-			_ = l.returnGrants(ctx, gs)
+			l.returnWithin(gs)
 		}
 	}
 }
@@ -431,11 +429,7 @@ func (l *Limiter) ForgetKey(key string) {
 	}
 	if l.leases != nil {
 		if gs := l.leases.drop(zone, client, 2*l.callTime); len(gs) > 0 {
-			go func() {
-				ctx, cancel := context.WithTimeout(context.Background(), l.callTime)
-				defer cancel()
-				_ = l.returnGrants(ctx, gs)
-			}()
+			go l.returnWithin(gs)
 		}
 	}
 }
