@@ -49,8 +49,8 @@ const (
 	leaseSweep = 25 * time.Millisecond
 	// leaseHeadroom is how much more than its observed rate × TTL a client is granted.
 	leaseHeadroom = 1.25
-	// leaseLow is the share of a grant (of its units, or of a token bucket's TTL) left when its
-	// successor is asked for (renew): a quarter.
+	// leaseLow is the share of a grant (of its units, or of its TTL unless its window ends it
+	// first) left when its successor is asked for (renew): a quarter.
 	leaseLow = 4
 )
 
@@ -234,9 +234,9 @@ func (g *grant) serves(r *Request, now time.Time) bool {
 
 // renew returns the size of the successor to ask for g, k's grant, which r was just served
 // from at now, its client sending perTTL units per TTL here; 0: none. A grant asks for its
-// successor when a quarter of its units is left, or (a token bucket's) of its TTL, so that the
-// successor is in hand before the grant runs out, and r's client's next requests wait for no
-// round trip. The successor is sized as a grant (ask) less what g has left, so that the units
+// successor when a quarter of its units is left, or of its TTL (unless it ends with its fixed
+// window first), so that the successor is in hand before the grant runs out, and r's client's
+// next requests wait for no round trip. The successor is sized as a grant (ask) less what g has left, so that the units
 // this instance holds for k stay within Max. There is none near the limit (Redis had less than
 // twice the ask left after granting g), where grants shrink and the last units are decided one
 // at a time, and none again for a grant whose successor was denied or failed. When it returns
