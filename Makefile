@@ -23,13 +23,15 @@ bin/caddy: $(SOURCES)
 run: bin/caddy
 	scripts/run.sh
 
-## test: gofmt check, go vet, the alerting rules' unit tests, and every test with the race
-## detector against real redis-server, the Prometheus end-to-end test (deploy/) with bin/caddy
+## test: gofmt check, go vet, staticcheck (a Go tool of go.mod), the alerting rules' unit tests,
+## and every test with the race detector against real redis-server, the Prometheus end-to-end
+## test (deploy/) with bin/caddy
 test: compose-check rules-check bin/caddy
 	scripts/ensure-redis.sh
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 		if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
 	go vet ./...
+	go tool staticcheck ./...
 	CADDY_BINARY=$(CURDIR)/bin/caddy go test -race -count=1 ./...
 
 ## rules-check: promtool checks the alerting rules (deploy/prometheus) and runs their unit tests

@@ -238,7 +238,7 @@ func TestDocumentedACL(t *testing.T) {
 		}
 	}
 	if want := redisACL("limiter", "password", "rl:"); !slices.Equal(documented, want) {
-		t.Errorf("docs/security.md gives the ACL\n%s\nwant, derived from redisUses (acl.go):\n%s",
+		t.Errorf("docs/security.md gives the ACL\n%s\nwant, derived from redisUses (acl_test.go):\n%s",
 			strings.Join(documented, "\n"), strings.Join(want, "\n"))
 	}
 }

@@ -162,8 +162,10 @@ func TestWaitingRoomShare(t *testing.T) {
 	w := newWaitingRoom(20)
 	k := []waitingKey{{"z", "alice"}}
 	a, b := placeDeciding, placeDeciding
-	if !w.enter(context.Background(), k) || !w.enter(context.Background(), k) {
-		t.Fatal("alice's first two requests get no place")
+	for i := range 2 {
+		if !w.enter(context.Background(), k) {
+			t.Fatalf("alice's request %d gets no place", i+1)
+		}
 	}
 	third := make(chan bool, 1)
 	go func() { third <- w.enter(context.Background(), k) }()

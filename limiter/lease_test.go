@@ -22,20 +22,6 @@ func leaseZone(capacity, max int64, ttl time.Duration) *limiter.Zone {
 		Lease: &limiter.Lease{Max: max, TTL: ttl}}
 }
 
-// leaseInstance is one instance's limiter against srv: a client and pipeline of its own, as a
-// Caddy process has.
-func leaseInstance(t *testing.T, srv *redistest.Server, timeout time.Duration) *limiter.Limiter {
-	t.Helper()
-	c := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1, ContextTimeoutEnabled: true,
-		ReadTimeout: timeout, WriteTimeout: timeout, DialTimeout: timeout})
-	t.Cleanup(func() { _ = c.Close() })
-	p := limiter.NewPipeline(c, 1)
-	t.Cleanup(p.Close)
-	l := limiter.New(c, limiter.Options{KeyPrefix: "rl:", Pipeline: p, Leases: true})
-	t.Cleanup(func() { _ = l.ReturnLeases(context.Background()) })
-	return l
-}
-
 // decideOne is the handler's way: from a grant in hand, else Allow. It reports whether the
 // request was admitted, and whether from a grant.
 func decideOne(ctx context.Context, l *limiter.Limiter, z *limiter.Zone, key string) (allowed, local bool, err error) {

@@ -3,6 +3,7 @@ package redistest
 import (
 	"context"
 	"fmt"
+	"net"
 	"strconv"
 	"strings"
 	"testing"
@@ -149,9 +150,9 @@ func (c *Cluster) inconsistency() string {
 		cl := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1})
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		info, err := cl.ClusterInfo(ctx).Result()
-		var slots []redis.ClusterSlot
+		var shards []redis.ClusterShard
 		if err == nil {
-			slots, err = cl.ClusterSlots(ctx).Result()
+			shards, err = cl.ClusterShards(ctx).Result()
 		}
 		cancel()
 		_ = cl.Close()
@@ -164,7 +165,7 @@ func (c *Cluster) inconsistency() string {
 		if !strings.Contains(info, "cluster_known_nodes:"+strconv.Itoa(len(c.Nodes))+"\r") {
 			return fmt.Sprintf("node %s does not know every node yet", s.Addr)
 		}
-		m := slotMap(slots)
+		m := slotMap(shards)
 		if i == 0 {
 			first = m
 		} else if m != first {
@@ -174,14 +175,23 @@ func (c *Cluster) inconsistency() string {
 	return ""
 }
 
-// slotMap renders a CLUSTER SLOTS reply as "lo-hi=addr" ranges, sorted by lo.
-func slotMap(slots []redis.ClusterSlot) string {
-	byStart := make(map[int]string, len(slots))
-	for _, s := range slots {
-		byStart[s.Start] = fmt.Sprintf("%d-%d=%s", s.Start, s.End, s.Nodes[0].Addr)
+// slotMap renders a CLUSTER SHARDS reply as "lo-hi=addr" ranges (addr: the primary of the
+// range's shard), sorted by lo.
+func slotMap(shards []redis.ClusterShard) string {
+	byStart := make(map[int64]string)
+	for _, sh := range shards {
+		primary := "none"
+		for _, n := range sh.Nodes {
+			if n.Role == "master" {
+				primary = net.JoinHostPort(n.IP, strconv.FormatInt(n.Port, 10))
+			}
+		}
+		for _, r := range sh.Slots {
+			byStart[r.Start] = fmt.Sprintf("%d-%d=%s", r.Start, r.End, primary)
+		}
 	}
 	var b strings.Builder
-	for lo := 0; lo < clusterSlots; lo++ {
+	for lo := int64(0); lo < clusterSlots; lo++ {
 		if r, ok := byStart[lo]; ok {
 			b.WriteString(r)
 			b.WriteByte(' ')
