@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -118,12 +117,12 @@ func (z *Zone) provisionAfter() error {
 		a.body = c.Source == ChargeOpenAIUsage
 	}
 	if limiter.ValidZoneName(z.Name) {
-		initChargeMetrics()
-		a.charged = chargeMetrics.charged.WithLabelValues(z.Name)
-		a.refunded = chargeMetrics.refunded.WithLabelValues(z.Name)
+		initMetrics()
+		a.charged = metrics.charged.WithLabelValues(z.Name)
+		a.refunded = metrics.refunded.WithLabelValues(z.Name)
 		if z.Charge != nil {
-			a.missing = chargeMetrics.missing.WithLabelValues(z.Name)
-			a.capped = chargeMetrics.capped.WithLabelValues(z.Name)
+			a.missing = metrics.chargeMissing.WithLabelValues(z.Name)
+			a.capped = metrics.chargeCapped.WithLabelValues(z.Name)
 		}
 		exportSettleFailures()
 	}
@@ -135,7 +134,7 @@ func (z *Zone) provisionAfter() error {
 // config that settles, so that a rate over the first failures of a reason is defined.
 func exportSettleFailures() {
 	for _, reason := range settleFailureReasons {
-		chargeMetrics.failures.WithLabelValues(reason)
+		metrics.settleFailures.WithLabelValues(reason)
 	}
 }
 
@@ -433,7 +432,7 @@ func (h *Handler) settle(ctx context.Context, reqs []limiter.Request, held *limi
 	if !errors.Is(err, limiter.ErrNotHeld) {
 		reason = failureReason(err)
 	}
-	chargeMetrics.failures.WithLabelValues(reason).Inc()
+	metrics.settleFailures.WithLabelValues(reason).Inc()
 	if c := h.logger.Check(zapcore.WarnLevel, "rate limit settlement failed; an unsettled hold counts as charged after hold_max"); c != nil {
 		c.Write(zap.String("reason", reason), zap.Error(err))
 	}
@@ -456,52 +455,3 @@ func (a *afterResponse) warnMissing(logger *zap.Logger, zone string, r *http.Req
 // settleFailureReasons are the reason label's values of settle_failures_total: failureReason's,
 // and no_hold.
 var settleFailureReasons = [...]string{"timeout", "bad_response", "oom", "redis_error", "circuit_open", "no_hold"}
-
-// chargeMetrics are the metrics of charging after the response (see metrics.go for how metrics
-// live across reloads).
-var chargeMetrics struct {
-	once sync.Once
-	// charged counts, by zone, what settlements charged (tokens or window slots).
-	charged *prometheus.CounterVec
-	// refunded counts, by zone, what settlements gave back of the reservations.
-	refunded *prometheus.CounterVec
-	// failures counts settlements that failed, by reason: the decision failure reasons, and
-	// no_hold (the hold was gone: settled already, older than hold_max, or reset).
-	failures *prometheus.CounterVec
-	// missing counts, by zone, the successful responses that reported no usage and were
-	// charged the zone's `missing` amount (charge openai_usage).
-	missing *prometheus.CounterVec
-	// capped counts, by zone, the amounts reported above the zone's max_cost, charged max_cost.
-	capped *prometheus.CounterVec
-}
-
-func initChargeMetrics() {
-	chargeMetrics.once.Do(func() {
-		chargeMetrics.charged = prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "caddy", Subsystem: "rate_limit_redis", Name: "charged_total",
-			Help: "Tokens (or window slots) charged by settlements after the response, by zone: the amounts reported, or the reservations when nothing was reported.",
-		}, []string{"zone"})
-		chargeMetrics.refunded = prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "caddy", Subsystem: "rate_limit_redis", Name: "refunded_total",
-			Help: "Tokens (or window slots) of reservations given back by settlements after the response, by zone (count_status not listed, or less reported than reserved).",
-		}, []string{"zone"})
-		chargeMetrics.failures = prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "caddy", Subsystem: "rate_limit_redis", Name: "settle_failures_total",
-			Help: "Settlements after the response that failed, by reason: timeout, bad_response, oom, redis_error, circuit_open, no_hold. An unsettled hold counts as charged after hold_max.",
-		}, []string{"reason"})
-		chargeMetrics.missing = prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "caddy", Subsystem: "rate_limit_redis", Name: "charge_missing_total",
-			Help: "Successful responses of a zone with charge openai_usage that reported no usage it could charge, charged the zone's missing amount, by zone.",
-		}, []string{"zone"})
-		chargeMetrics.capped = prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "caddy", Subsystem: "rate_limit_redis", Name: "charge_capped_total",
-			Help: "Amounts reported by responses above the zone's max_cost, charged max_cost instead, by zone.",
-		}, []string{"zone"})
-	})
-}
-
-// chargeCollectors are the collectors registerMetrics registers.
-func chargeCollectors() []prometheus.Collector {
-	initChargeMetrics()
-	return []prometheus.Collector{chargeMetrics.charged, chargeMetrics.refunded, chargeMetrics.failures, chargeMetrics.missing, chargeMetrics.capped}
-}

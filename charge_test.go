@@ -227,14 +227,14 @@ func TestChargeOpenAIUsage(t *testing.T) {
 			charge openai_usage total`, up.URL))
 	for _, path := range []string{"/i1/chat", "/i2/chat?stream=1"} {
 		key := "key-" + path
-		charged := testutil.ToFloat64(chargeMetrics.charged.WithLabelValues("default"))
+		charged := testutil.ToFloat64(metrics.charged.WithLabelValues("default"))
 		for i := range 4 {
 			r := cs.get(path, "X-API-Key", key)
 			if r.status != 200 || !strings.Contains(r.body, `"total_tokens":300`) {
 				t.Fatalf("%s: request %d: %d %q", path, i+1, r.status, r.body)
 			}
 		}
-		if got := testutil.ToFloat64(chargeMetrics.charged.WithLabelValues("default")) - charged; got != 1200 {
+		if got := testutil.ToFloat64(metrics.charged.WithLabelValues("default")) - charged; got != 1200 {
 			t.Fatalf("%s: charged_total grew by %v, want 1200", path, got)
 		}
 		r := cs.get(strings.Replace(path, "/i1/", "/i3/", 1), "X-API-Key", key)

@@ -427,7 +427,7 @@ func TestChargeAmountCapped(t *testing.T) {
 	srv := redistest.Start(t)
 	up := startOpenAI(t)
 	cs := startCaddy(t, openAIZone(srv.Addr, up.URL, "charge openai_usage total"))
-	before := testutil.ToFloat64(chargeMetrics.capped.WithLabelValues("tokens"))
+	before := testutil.ToFloat64(metrics.chargeCapped.WithLabelValues("tokens"))
 	if r := cs.send("/v1/echo", "huge", []byte(`{"usage":{"total_tokens":9223372036854775807}}`)); r.status != 200 {
 		t.Fatalf("%d %q", r.status, r.body)
 	}
@@ -435,7 +435,7 @@ func TestChargeAmountCapped(t *testing.T) {
 	if ttl := srv.Do("PTTL", "rl:{huge}:tokens:tb").(int64); ttl > 48*3600*1000 {
 		t.Fatalf("TTL %d ms, want at most two windows (172,800,000 ms)", ttl)
 	}
-	if got := testutil.ToFloat64(chargeMetrics.capped.WithLabelValues("tokens")) - before; got != 1 {
+	if got := testutil.ToFloat64(metrics.chargeCapped.WithLabelValues("tokens")) - before; got != 1 {
 		t.Fatalf("charge_capped_total grew by %v, want 1", got)
 	}
 	r := cs.send("/v1/chat/completions", "huge", []byte(`{"messages":[]}`))
@@ -453,7 +453,7 @@ func TestChargeLateResponse(t *testing.T) {
 	up := startOpenAI(t)
 	up.gate = make(chan struct{})
 	cs := startCaddy(t, strings.Replace(openAIZone(srv.Addr, up.URL, "charge openai_usage total"), "hold_max 30m", "hold_max 1s", 1))
-	noHold := testutil.ToFloat64(chargeMetrics.failures.WithLabelValues("no_hold"))
+	noHold := testutil.ToFloat64(metrics.settleFailures.WithLabelValues("no_hold"))
 	slow := make(chan rawResponse, 1)
 	go func() {
 		slow <- cs.send("/v1/chat/completions", "late", []byte(`{"messages":[],"stream":true,"stream_options":{"include_usage":true}}`))
@@ -483,7 +483,7 @@ func TestChargeLateResponse(t *testing.T) {
 	if u := tokensUsed(t, srv, "late"); u > want || u < want-20 {
 		t.Fatalf("charged %v after %d other requests, want %v", u, others, want)
 	}
-	if got := testutil.ToFloat64(chargeMetrics.failures.WithLabelValues("no_hold")) - noHold; got != 0 {
+	if got := testutil.ToFloat64(metrics.settleFailures.WithLabelValues("no_hold")) - noHold; got != 0 {
 		t.Fatalf("settle_failures_total{reason=no_hold} grew by %v, want 0", got)
 	}
 }
@@ -521,7 +521,7 @@ func TestChargeMissing(t *testing.T) {
 			t.Fatalf("charge_missing_total{zone=%q} not exported at load: %v", z, exported)
 		}
 	}
-	before := testutil.ToFloat64(chargeMetrics.missing.WithLabelValues("mdefault"))
+	before := testutil.ToFloat64(metrics.chargeMissing.WithLabelValues("mdefault"))
 	respond := func(client string, status int, body string) {
 		t.Helper()
 		r := clientRequest(client)
@@ -553,7 +553,7 @@ func TestChargeMissing(t *testing.T) {
 			t.Errorf("zone %s, client %s: charged %v, want %v", tc.zone, tc.client, u, tc.want)
 		}
 	}
-	if got := testutil.ToFloat64(chargeMetrics.missing.WithLabelValues("mdefault")) - before; got != 2 {
+	if got := testutil.ToFloat64(metrics.chargeMissing.WithLabelValues("mdefault")) - before; got != 2 {
 		t.Errorf("charge_missing_total{zone=mdefault} grew by %v, want 2", got)
 	}
 	perZone := map[string]int{}

@@ -36,7 +36,6 @@ func (z *Zone) provisionSlots() error {
 	}
 	if limiter.ValidZoneName(z.Name) {
 		initMetrics()
-		initChargeMetrics()
 		a.inFlight = metrics.inFlight.WithLabelValues(z.Name)
 		exportSettleFailures()
 	}

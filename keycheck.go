@@ -152,3 +152,9 @@ func knownRequestPlaceholder(rest string) bool {
 	}
 	return false
 }
+
+// hasPlaceholder reports whether s holds something of the form {…}.
+func hasPlaceholder(s string) bool {
+	open := strings.IndexByte(s, '{')
+	return open >= 0 && strings.IndexByte(s[open:], '}') > 1
+}

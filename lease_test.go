@@ -76,21 +76,21 @@ func TestEndToEndLease(t *testing.T) {
 	}
 	respond "ok"`, srv.Addr)
 	cs := startCaddy(t, site)
-	local := testutil.ToFloat64(leaseMetrics.local.WithLabelValues("api"))
-	grants := testutil.ToFloat64(leaseMetrics.grants.WithLabelValues("api"))
+	local := testutil.ToFloat64(metrics.leaseLocal.WithLabelValues("api"))
+	grants := testutil.ToFloat64(metrics.leaseGrants.WithLabelValues("api"))
 	calls := srv.ScriptCalls()
 	if got := cs.statuses(30, "/", "X-Key", "k"); got != strings.TrimSpace(strings.Repeat("200 ", 30)) {
 		t.Fatalf("30 requests under a capacity of 100: %s", got)
 	}
 	// Most from grants: the first requests show the client's rate, then grants (each renewed
 	// before it runs out, and returned once spent) serve the rest, growing with the rate.
-	if n := testutil.ToFloat64(leaseMetrics.local.WithLabelValues("api")) - local; n < 20 {
+	if n := testutil.ToFloat64(metrics.leaseLocal.WithLabelValues("api")) - local; n < 20 {
 		t.Fatalf("30 requests of a hot client: %v admitted from grants, want at least 20", n)
 	}
 	if n := srv.ScriptCalls() - calls; n > 15 {
 		t.Fatalf("30 requests of a hot client made %d script calls (decisions, grants and their returns)", n)
 	}
-	if testutil.ToFloat64(leaseMetrics.grants.WithLabelValues("api")) == grants {
+	if testutil.ToFloat64(metrics.leaseGrants.WithLabelValues("api")) == grants {
 		t.Fatal("no grant")
 	}
 	key := limiter.StateKey("rl:", &limiter.Zone{Name: "api", Algorithm: limiter.TokenBucket}, "k")
@@ -131,15 +131,15 @@ func TestAdminResetDropsLease(t *testing.T) {
 		}
 	}
 	respond "ok"`, srv.Addr))
-	local := testutil.ToFloat64(leaseMetrics.local.WithLabelValues("api"))
+	local := testutil.ToFloat64(metrics.leaseLocal.WithLabelValues("api"))
 	if got := ac.statuses(10, "/", "X-Client", "alice"); got != strings.TrimSpace(strings.Repeat("200 ", 10)) {
 		t.Fatalf("before the reset: %s", got)
 	}
-	if testutil.ToFloat64(leaseMetrics.local.WithLabelValues("api")) == local {
+	if testutil.ToFloat64(metrics.leaseLocal.WithLabelValues("api")) == local {
 		t.Fatal("no request admitted from a grant before the reset")
 	}
 	// A grant in hand: the client's last grant, or its successor once that is answered.
-	for deadline := time.Now().Add(5 * time.Second); testutil.ToFloat64(leaseMetrics.stranded.WithLabelValues("api")) <= 0; {
+	for deadline := time.Now().Add(5 * time.Second); testutil.ToFloat64(metrics.leaseStranded.WithLabelValues("api")) <= 0; {
 		if time.Now().After(deadline) {
 			t.Fatal("no grant in hand before the reset")
 		}

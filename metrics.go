@@ -12,9 +12,11 @@ import (
 // empty registry (caddy.Context.GetMetricsRegistry), and its admin /metrics endpoint and
 // `metrics` handler serve the registry of the config they belong to. Collectors made per config
 // would start again from zero on each reload; these keep counting. No metric has a per-client
-// label: the zone label's values are the configured zone names.
+// label: the zone label's values are the configured zone names. initMetrics makes them all, once.
 var metrics struct {
 	once sync.Once
+	// all are every collector below, in the order made: what registerMetrics registers.
+	all []prometheus.Collector
 	// backendFailures counts failed decisions by reason: timeout, bad_response, oom, redis_error,
 	// circuit_open.
 	backendFailures *prometheus.CounterVec
@@ -38,6 +40,25 @@ var metrics struct {
 	// inFlight is, by concurrency zone, the requests of this instance holding a slot now
 	// (concurrency.go).
 	inFlight *prometheus.GaugeVec
+
+	// Charging after the response (charge.go).
+	// charged counts, by zone, what settlements charged (tokens or window slots).
+	charged *prometheus.CounterVec
+	// refunded counts, by zone, what settlements gave back of the reservations.
+	refunded *prometheus.CounterVec
+	// settleFailures counts settlements that failed, by reason: the decision failure reasons,
+	// and no_hold (the hold was gone: settled already, older than hold_max, or reset).
+	settleFailures *prometheus.CounterVec
+	// chargeMissing counts, by zone, the successful responses that reported no usage and were
+	// charged the zone's `missing` amount (charge openai_usage).
+	chargeMissing *prometheus.CounterVec
+	// chargeCapped counts, by zone, the amounts reported above the zone's max_cost, charged
+	// max_cost.
+	chargeCapped *prometheus.CounterVec
+
+	// Leases (docs/operations.md), by zone; promLease reports a Limiter's lease events into them.
+	leaseGrants, leaseLocal, leaseReturned *prometheus.CounterVec
+	leaseStranded                          *prometheus.GaugeVec
 }
 
 // result is the result label of decisions_total.
@@ -78,57 +99,74 @@ func newDecisionCounters(zone string) *decisionCounters {
 
 func initMetrics() {
 	metrics.once.Do(func() {
-		metrics.backendFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "caddy",
-			Subsystem: "rate_limit_redis",
-			Name:      "backend_failures_total",
-			Help:      "Rate limit decisions that Redis did not answer, by reason: timeout, bad_response, oom, redis_error, circuit_open.",
-		}, []string{"reason"})
-		metrics.denyCacheHits = prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: "caddy",
-			Subsystem: "rate_limit_redis",
-			Name:      "deny_cache_hits_total",
-			Help:      "Requests denied from the in-process deny cache, without a Redis call.",
-		})
-		metrics.decisions = prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "caddy",
-			Subsystem: "rate_limit_redis",
-			Name:      "decisions_total",
-			Help:      "Rate limit decisions by zone and result: allowed, delayed, denied, dry_run_denied, fail_open, fail_closed, local, local_denied. An admitted request counts in every zone that applied, a denied one in the denying zone only.",
-		}, []string{"zone", "result"})
-		metrics.redisDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
-			Namespace: "caddy",
-			Subsystem: "rate_limit_redis",
-			Name:      "redis_duration_seconds",
-			Help:      "Seconds each decision's Redis call took, whether Redis answered or not.",
-			Buckets:   []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1},
-		})
-		metrics.emptyKeys = prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "caddy",
-			Subsystem: "rate_limit_redis",
-			Name:      "empty_key_total",
-			Help:      "Requests a zone applied to whose key placeholders were all empty, by zone; the zone's empty_key decided what they did: shared, skip or deny.",
-		}, []string{"zone"})
-		metrics.delays = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Namespace: "caddy",
-			Subsystem: "rate_limit_redis",
-			Name:      "delay_seconds",
-			Help:      "Seconds each request admitted to wait for its turn (max_wait) was to be held, by the zone that held it longest.",
-			Buckets:   []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
-		}, []string{"zone"})
-		metrics.waiting = prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: "caddy",
-			Subsystem: "rate_limit_redis",
-			Name:      "waiting",
-			Help:      "Requests held now for their turn (max_wait), in every handler of this instance.",
-		})
-		metrics.inFlight = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: "caddy",
-			Subsystem: "rate_limit_redis",
-			Name:      "in_flight",
-			Help:      "Requests of this instance holding a slot of a concurrency zone now (in Redis, or in process under fail_mode local), by zone.",
-		}, []string{"zone"})
+		m := &metrics
+		m.backendFailures = newCounterVec("backend_failures_total",
+			"Rate limit decisions that Redis did not answer, by reason: timeout, bad_response, oom, redis_error, circuit_open.", "reason")
+		m.denyCacheHits = collect(prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: namespace, Subsystem: subsystem, Name: "deny_cache_hits_total",
+			Help: "Requests denied from the in-process deny cache, without a Redis call.",
+		}))
+		m.decisions = newCounterVec("decisions_total",
+			"Rate limit decisions by zone and result: allowed, delayed, denied, dry_run_denied, fail_open, fail_closed, local, local_denied. An admitted request counts in every zone that applied, a denied one in the denying zone only.",
+			"zone", "result")
+		m.redisDuration = collect(prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: namespace, Subsystem: subsystem, Name: "redis_duration_seconds",
+			Help:    "Seconds each decision's Redis call took, whether Redis answered or not.",
+			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1},
+		}))
+		m.emptyKeys = newCounterVec("empty_key_total",
+			"Requests a zone applied to whose key placeholders were all empty, by zone; the zone's empty_key decided what they did: shared, skip or deny.", "zone")
+		m.delays = collect(prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: namespace, Subsystem: subsystem, Name: "delay_seconds",
+			Help:    "Seconds each request admitted to wait for its turn (max_wait) was to be held, by the zone that held it longest.",
+			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
+		}, []string{"zone"}))
+		m.waiting = collect(prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: namespace, Subsystem: subsystem, Name: "waiting",
+			Help: "Requests held now for their turn (max_wait), in every handler of this instance.",
+		}))
+		m.inFlight = newGaugeVec("in_flight",
+			"Requests of this instance holding a slot of a concurrency zone now (in Redis, or in process under fail_mode local), by zone.")
+
+		m.charged = newCounterVec("charged_total",
+			"Tokens (or window slots) charged by settlements after the response, by zone: the amounts reported, or the reservations when nothing was reported.", "zone")
+		m.refunded = newCounterVec("refunded_total",
+			"Tokens (or window slots) of reservations given back by settlements after the response, by zone (count_status not listed, or less reported than reserved).", "zone")
+		m.settleFailures = newCounterVec("settle_failures_total",
+			"Settlements after the response that failed, by reason: timeout, bad_response, oom, redis_error, circuit_open, no_hold. An unsettled hold counts as charged after hold_max.", "reason")
+		m.chargeMissing = newCounterVec("charge_missing_total",
+			"Successful responses of a zone with charge openai_usage that reported no usage it could charge, charged the zone's missing amount, by zone.", "zone")
+		m.chargeCapped = newCounterVec("charge_capped_total",
+			"Amounts reported by responses above the zone's max_cost, charged max_cost instead, by zone.", "zone")
+
+		m.leaseGrants = newCounterVec("lease_grants_total", "Grants of tokens this instance took from Redis for a lease zone's hot clients, by zone.", "zone")
+		m.leaseLocal = newCounterVec("lease_local_decisions_total", "Requests a lease zone admitted in process from a grant, with no Redis call for that zone, by zone.", "zone")
+		m.leaseReturned = newCounterVec("lease_returned_units_total", "Tokens granted and not spent that this instance gave back to Redis when their grant ended, by zone.", "zone")
+		m.leaseStranded = newGaugeVec("lease_stranded_units",
+			"Tokens granted to this instance and not yet spent, by zone: charged in Redis, unavailable to the other instances.")
 	})
+}
+
+// The namespace and subsystem of every metric: caddy_rate_limit_redis_<name>.
+const (
+	namespace = "caddy"
+	subsystem = "rate_limit_redis"
+)
+
+// collect adds c to metrics.all and returns it.
+func collect[C prometheus.Collector](c C) C {
+	metrics.all = append(metrics.all, c)
+	return c
+}
+
+// newCounterVec makes the counter caddy_rate_limit_redis_<name> with labels.
+func newCounterVec(name, help string, labels ...string) *prometheus.CounterVec {
+	return collect(prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Subsystem: subsystem, Name: name, Help: help}, labels))
+}
+
+// newGaugeVec makes the gauge caddy_rate_limit_redis_<name> by zone.
+func newGaugeVec(name, help string) *prometheus.GaugeVec {
+	return collect(prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: namespace, Subsystem: subsystem, Name: name, Help: help}, []string{"zone"}))
 }
 
 // registerMetrics registers the metrics into a config's registry; registering them again
@@ -138,10 +176,56 @@ func registerMetrics(reg prometheus.Registerer) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range append([]prometheus.Collector{metrics.backendFailures, metrics.denyCacheHits, metrics.decisions, metrics.redisDuration, metrics.emptyKeys, metrics.delays, metrics.waiting, metrics.inFlight}, append(chargeCollectors(), leaseCollectors()...)...) {
+	for _, c := range metrics.all {
 		if err := reg.Register(c); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
 			return err
 		}
 	}
 	return nil
 }
+
+// promLease is the limiter.LeaseMetrics of the lease metrics: each lease zone's series,
+// looked up once (newPromLease) instead of by label on every request admitted from a grant.
+type promLease map[string]*leaseSeries
+
+// leaseSeries are one zone's lease metrics.
+type leaseSeries struct {
+	grants, local, returned prometheus.Counter
+	stranded                prometheus.Gauge
+}
+
+// newPromLease returns the lease metrics of zones' lease zones.
+func newPromLease(zones []*Zone) promLease {
+	initMetrics()
+	m := promLease{}
+	for _, z := range zones {
+		if z.Lease != nil {
+			m[z.Name] = seriesOf(z.Name)
+		}
+	}
+	return m
+}
+
+// seriesOf returns zone's lease series.
+func seriesOf(zone string) *leaseSeries {
+	return &leaseSeries{
+		grants:   metrics.leaseGrants.WithLabelValues(zone),
+		local:    metrics.leaseLocal.WithLabelValues(zone),
+		returned: metrics.leaseReturned.WithLabelValues(zone),
+		stranded: metrics.leaseStranded.WithLabelValues(zone),
+	}
+}
+
+// series returns zone's series; a zone unknown to m (never: only lease zones take grants) gets
+// them by label.
+func (m promLease) series(zone string) *leaseSeries {
+	if s := m[zone]; s != nil {
+		return s
+	}
+	return seriesOf(zone)
+}
+
+func (m promLease) Granted(zone string, _ int64)      { m.series(zone).grants.Inc() }
+func (m promLease) Local(zone string)                 { m.series(zone).local.Inc() }
+func (m promLease) Returned(zone string, units int64) { m.series(zone).returned.Add(float64(units)) }
+func (m promLease) Stranded(zone string, delta int64) { m.series(zone).stranded.Add(float64(delta)) }

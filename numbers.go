@@ -20,6 +20,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -503,4 +504,42 @@ func (z *Zone) errUnsatisfiableOf(lz *limiter.Zone) error {
 		return z.errUnsatisfiable
 	}
 	return unsatisfiableError(z.Name, lz)
+}
+
+// parseRefillRate parses `<n>[/<duration>]` into tokens per second. Its errors quote at most 32
+// bytes of s (quoteBounded).
+func parseRefillRate(s string) (float64, error) {
+	num, per, hasPer := strings.Cut(s, "/")
+	n, err := strconv.ParseFloat(num, 64)
+	if err != nil || math.IsNaN(n) || math.IsInf(n, 0) {
+		return 0, fmt.Errorf("%s is not a number of tokens, optionally per a duration (10, 100/1m)", quoteBounded(s))
+	}
+	if n <= 0 {
+		return 0, fmt.Errorf("%s must be > 0", quoteBounded(s))
+	}
+	if !hasPer {
+		return n, nil
+	}
+	dur, err := caddy.ParseDuration(per)
+	if err != nil {
+		return 0, fmt.Errorf("%s: %s is not a duration", quoteBounded(s), quoteBounded(per))
+	}
+	if dur <= 0 {
+		return 0, fmt.Errorf("%s: the duration must be > 0", quoteBounded(s))
+	}
+	rate := n / dur.Seconds()
+	if rate <= 0 || math.IsInf(rate, 0) {
+		return 0, fmt.Errorf("%s is out of range", quoteBounded(s))
+	}
+	return rate, nil
+}
+
+// formatDuration formats whole days as caddy.ParseDuration writes them (366d), else as
+// time.Duration does.
+func formatDuration(dur time.Duration) string {
+	const day = 24 * time.Hour
+	if dur >= day && dur%day == 0 {
+		return strconv.FormatInt(int64(dur/day), 10) + "d"
+	}
+	return dur.String()
 }

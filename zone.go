@@ -1,0 +1,281 @@
+package ratelimitredis
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/limiter"
+)
+
+// Values of Zone.EmptyKey: what a request whose key placeholders are all empty does in a zone.
+const (
+	EmptyKeyShared = "shared" // counted under one key shared by all such requests of the zone
+	EmptyKeySkip   = "skip"   // the zone does not apply to it
+	EmptyKeyDeny   = "deny"   // rejected with 403
+)
+
+// Zone is one rate limit: which requests it applies to, how it keys them and its algorithm's
+// parameters.
+type Zone struct {
+	// The zone's name: 1 to 64 characters of [A-Za-z0-9_.-], unique within the handler. It is part
+	// of every Redis key of the zone, so two handlers with a zone of the same name and key prefix
+	// share its state.
+	Name string `json:"name,omitempty"`
+
+	// Placeholders resolved per request to find the client key; the first that is not empty wins.
+	// The client key says which candidate won: the first candidate's value as it is, candidate
+	// n's (n ≥ 2) as `<n>=value` (so `2=203.0.113.7`), so that a value of one candidate can never
+	// name another candidate's state (an API key header equal to an IP address). The
+	// {http.rate_limit_redis.key} placeholder and the admin API use that form. When all are
+	// empty, `empty_key` decides. Caddyfile shorthands ({client_ip}, {header.X-API-Key}, …) are
+	// expanded as the Caddyfile adapter expands them, with a warning: in JSON, write the full
+	// placeholder ({http.vars.client_ip}). Default:
+	// ["{http.vars.client_ip}"].
+	Key []string `json:"key,omitempty"`
+
+	// What a request whose key placeholders are all empty does in this zone: `shared` counts it
+	// under one key of the zone shared by every such request (one client can then exhaust it for
+	// all the others); `skip` leaves the zone out for it, as when the zone's match does not
+	// apply (nginx's limit_req does the same), so the zone does not limit it at all; `deny`
+	// rejects it with 403 and no body (handle_errors can shape it), charging no zone.
+	// Default: `shared`.
+	EmptyKey string `json:"empty_key,omitempty"`
+
+	// `token_bucket`, `sliding_window` (the exact sliding window log), `fixed_window` (a counter
+	// per window or calendar period), `sliding_window_counter` (constant memory, approximate) or
+	// `concurrency` (at most `limit` requests of a client in flight at once, across all
+	// instances; see docs/decisions.md). Default: `token_bucket`.
+	Algorithm string `json:"algorithm,omitempty"`
+
+	// token_bucket: the bucket size (burst), in tokens; 1 to 2^53. Like refill_rate, limit,
+	// window and max_cost, it may instead come from a placeholder resolved per request (plans and
+	// tiers): in JSON a string holding the placeholder and, optionally after a space, a literal
+	// fallback used when the placeholder is empty: "{http.vars.plan_capacity} 100". A literal may
+	// also be given as a string in the Caddyfile's syntax ("100"; refill_rate "100/1m"). A
+	// placeholder's value has the Caddyfile's syntax and range; one that is empty without a
+	// fallback, does not parse or is out of range rejects the request with 500 and an error
+	// naming the zone, the number and why (logged at error level); nothing is charged.
+	Capacity int64 `json:"capacity,omitempty"`
+
+	// token_bucket: tokens added per second (a float; 100 per minute is 1.6667). Must be > 0. Or
+	// a placeholder, optionally with a fallback, as for capacity: "{http.vars.plan_rate} 10"; its
+	// value is written as in the Caddyfile, tokens per second or per a duration ("100/1m").
+	RefillRate float64 `json:"refill_rate,omitempty"`
+
+	// sliding_window, fixed_window, sliding_window_counter: requests admitted per window; 1 to
+	// 1,000,000 for sliding_window (one Redis entry per request), to 2^53 for the others (one
+	// counter per client). concurrency: requests of a client in flight at once, 1 to 100,000 (one
+	// Redis entry per request in flight). Or a placeholder, optionally with a fallback, as for
+	// capacity.
+	Limit int64 `json:"limit,omitempty"`
+
+	// sliding_window, fixed_window, sliding_window_counter: the window length, as a duration
+	// (JSON: nanoseconds or a duration string); 1ms to 366 days. A fixed_window's windows of a
+	// duration are aligned to the Unix epoch (a 1h window starts on the hour, UTC). Or a
+	// placeholder, optionally with a fallback, as for capacity: "{http.vars.plan_window} 1h"; its
+	// value is a duration string ("1h", "1d").
+	Window caddy.Duration `json:"window,omitempty"`
+
+	// fixed_window, instead of window: a calendar period, `hour`, `day`, `week` (from Monday) or
+	// `month`, starting at its start in `time_zone`. The count starts again at 0 when the period
+	// does; X-RateLimit-Reset and Retry-After say when.
+	Period string `json:"period,omitempty"`
+
+	// fixed_window with a period: the IANA time zone of the calendar (Europe/Paris), from Go's
+	// time zone database (the system's, or the one built into Caddy); a day there is 23 or 25
+	// hours long on a daylight saving change. Default: UTC.
+	TimeZone string `json:"time_zone,omitempty"`
+
+	// Tokens (or window slots) one request takes: a positive integer, or a placeholder resolved
+	// per request. A placeholder that resolves empty counts as 1; one that is not a positive integer
+	// rejects the request with 400. Default: "1".
+	Cost string `json:"cost,omitempty"`
+
+	// token_bucket: shape instead of rejecting, as a duration (JSON: nanoseconds or a duration
+	// string). A request the bucket cannot serve now but would within max_wait is admitted at
+	// once, its tokens reserved in Redis (the bucket owes at most max_wait × refill_rate tokens),
+	// and held before the next handler until its turn: until the bucket would have held its
+	// cost. A request that would have to wait longer is rejected (429) as without max_wait,
+	// charging nothing. Held requests come out at the refill rate across all instances. A
+	// client that disconnects while held ends its wait at once (499); its tokens stay spent. Up
+	// to 1m. Not for the window algorithms: they give their quota back in steps, so a held
+	// request would have no exact turn. Default: 0, reject at once.
+	MaxWait caddy.Duration `json:"max_wait,omitempty"`
+
+	// The largest cost a request may take: a request whose cost (a placeholder's value) is larger
+	// is denied with 429 and no Retry-After, as a cost above the quota is, and charges nothing.
+	// 1 to the quota. Default: the quota; for a sliding_window zone whose cost is a placeholder,
+	// the quota or 1000, whichever is smaller: a sliding window log stores one entry per unit of
+	// cost, and one request's entries are written in one script call that holds Redis, so a cost
+	// chosen per request is bounded by 1000 at most (MaxSlidingWindowCost). Or a placeholder,
+	// optionally with a fallback, as for capacity; a value above the quota resolved for the same
+	// request counts as that quota (and above 1000 as 1000 where that bound applies). It also
+	// bounds what a zone with charge is charged after the response: a larger amount reported
+	// is charged as max_cost (counted in charge_capped_total).
+	MaxCost int64 `json:"max_cost,omitempty"`
+
+	// What happens in this zone when Redis fails: `open`, `closed` or `local`, as the handler's
+	// `fail_mode`, which is the default. When the zones of a request have different modes and
+	// Redis fails, closed wins over local, and local over open: a closed zone answers 503; else
+	// the local zones are enforced in process and the open zones let the request through.
+	FailMode string `json:"fail_mode,omitempty"`
+
+	// The zone applies only to requests matching one of these matcher sets (as in a route's
+	// `match`). Default: every request.
+	MatcherSetsRaw caddyhttp.RawMatcherSets `json:"match,omitempty" caddy:"namespace=http.matchers"`
+
+	// This zone's IPv4 prefix length (1 to 32), instead of the handler's ipv4_prefix.
+	IPv4Prefix int `json:"ipv4_prefix,omitempty"`
+
+	// This zone's IPv6 prefix length (1 to 128), instead of the handler's ipv6_prefix.
+	IPv6Prefix int `json:"ipv6_prefix,omitempty"`
+
+	// This zone's Retry-After jitter, instead of the handler's: used when the zone decides a
+	// denial. 0 turns jitter off for the zone.
+	Jitter *caddy.Duration `json:"jitter,omitempty"`
+
+	// Charge after the response only the requests whose status is listed: codes (401) or
+	// classes (4xx). A request is admitted only if the zone has room for its cost, which it
+	// holds while the request runs; the others get it back (a window counter's, while the
+	// window it was charged in lasts). Every algorithm.
+	CountStatus []string `json:"count_status,omitempty"`
+
+	// Charge what the response reports in place of the cost, which becomes a reservation
+	// (token_bucket, fixed_window and sliding_window_counter; not sliding_window). See Charge.
+	Charge *Charge `json:"charge,omitempty"`
+
+	// token_bucket and fixed_window: lease the tokens (window slots) of this instance's hot
+	// clients from Redis in grants spent in process (see Lease). Not with max_wait, count_status
+	// or charge. Default: none, every request decided in Redis.
+	Lease *Lease `json:"lease,omitempty"`
+
+	// With count_status or charge: how long a reservation waits for its response; an
+	// unsettled one (an instance that crashed) counts as charged after it. concurrency: how
+	// long a slot is held without a refresh (1s to 1d): the instance refreshes the slots of its
+	// requests in flight every third of it, and the slots of an instance that died free
+	// themselves at most hold_max after it died. Default: 10m.
+	HoldMax caddy.Duration `json:"hold_max,omitempty"`
+
+	after *afterResponse // count_status and charge, provisioned; nil without them
+	// exprs holds each number given by a placeholder as configured: the placeholder and,
+	// optionally after a space, the literal fallback ("{plan_capacity} 100"); "" for a literal.
+	// Set by the Caddyfile parser and UnmarshalJSON, written back by MarshalJSON (numbers.go).
+	exprs [numFields]string
+	// dyn are the numbers resolved per request, as provisioned from exprs; empty when every
+	// number is a literal, and the zone's requests then use lz itself.
+	dyn         []dynNumber
+	matcherSets caddyhttp.MatcherSets
+	// lz is the zone's limiter parameters: the literals, and each placeholder number's
+	// fallback (0 without one), which ServeHTTP copies and completes per request (numbers.go).
+	lz        limiter.Zone
+	fixedCost int64               // > 0 when Cost is a literal integer
+	decisions *decisionCounters   // the zone's series of decisions_total
+	delays    prometheus.Observer // the zone's series of delay_seconds; nil without max_wait
+	emptyKeys prometheus.Counter
+	failMode  string // FailMode, or the handler's
+	v4, v6    int    // the prefix lengths in force
+	jitter    int64  // the Retry-After jitter in force, in seconds
+	perClient bool   // a key has a placeholder: its client keys tell clients apart (waiting.go)
+	// keySources are, per entry of Key, how the entry is read (compileKey): an entry that is
+	// exactly one placeholder is looked up directly, with no string building (clientKey).
+	keySources []keySource
+
+	// Formatted once for the hot path: the quota (X-RateLimit-Limit), the quoted name and the
+	// RateLimit-Policy value, and the errors of a denial.
+	quota, quotedName, policy                 string
+	errLimited, errUnsatisfiable, errEmptyKey error
+}
+
+func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger) error {
+	if len(z.Key) == 0 {
+		z.Key = []string{DefaultKey}
+	}
+	z.perClient = slices.ContainsFunc(z.Key, func(k string) bool { return strings.Contains(k, "{") })
+	if z.Algorithm == "" {
+		z.Algorithm = limiter.TokenBucket.String()
+	}
+	if z.Cost == "" {
+		z.Cost = DefaultCost
+	}
+	if z.EmptyKey == "" {
+		z.EmptyKey = EmptyKeyShared
+	}
+	z.checkPlaceholders(logger)
+	z.keySources = make([]keySource, len(z.Key))
+	for i, k := range z.Key {
+		z.keySources[i] = compileKey(k)
+	}
+	algo, err := limiter.ParseAlgorithm(z.Algorithm)
+	if err != nil {
+		return fmt.Errorf("zone %s: %w", z.Name, err)
+	}
+	err = z.provisionNumbers(algo, func(field, value string) string {
+		return z.checkPlaceholder(logger, field, value, zap.String("when_empty", "the fallback, else 500"))
+	})
+	if err != nil {
+		return err
+	}
+	z.lz = limiter.Zone{
+		Name: z.Name, Algorithm: algo, Capacity: z.Capacity, RefillRate: z.RefillRate,
+		Limit: z.Limit, Window: time.Duration(z.Window), MaxCost: z.MaxCost, MaxWait: time.Duration(z.MaxWait),
+		Lease: z.Lease.limiterLease(),
+	}
+	if z.Period != "" {
+		if z.lz.Period, err = limiter.ParsePeriod(z.Period); err != nil {
+			return fmt.Errorf("zone %s: %w", z.Name, err)
+		}
+	}
+	if z.TimeZone != "" {
+		if z.lz.Location, err = time.LoadLocation(z.TimeZone); err != nil {
+			return fmt.Errorf("zone %s: time_zone %q is not a time zone of the IANA database: %w", z.Name, z.TimeZone, err)
+		}
+	}
+	if z.MaxCost == 0 && algo == limiter.SlidingWindow && hasPlaceholder(z.Cost) && len(z.dyn) == 0 {
+		z.lz.MaxCost = min(z.Limit, MaxSlidingWindowCost) // with placeholder numbers: per request
+	}
+	z.lz.Prepare()                    // after every number of lz is set
+	z.quotedName = `"` + z.Name + `"` // zone names are [A-Za-z0-9_.-]: nothing to escape
+	if len(z.dyn) == 0 {              // else formatted per request: quotaOf, policyOf
+		z.quota = strconv.FormatInt(z.lz.Quota(), 10)
+		z.policy = policyValue(z.quotedName, &z.lz)
+	}
+	z.errLimited = fmt.Errorf("zone %s: rate limit exceeded", z.Name)
+	z.errUnsatisfiable = unsatisfiableError(z.Name, &z.lz)
+	z.errEmptyKey = fmt.Errorf("zone %s: every key placeholder is empty (empty_key deny)", z.Name)
+	if limiter.ValidZoneName(z.Name) { // else Validate rejects it: no metric series for a name that never serves
+		z.decisions = newDecisionCounters(z.Name)
+		z.emptyKeys = metrics.emptyKeys.WithLabelValues(z.Name)
+		if z.MaxWait > 0 {
+			z.delays = metrics.delays.WithLabelValues(z.Name)
+		}
+	}
+	if !hasPlaceholder(z.Cost) { // as the Caddyfile parser decides
+		n, err := strconv.ParseInt(z.Cost, 10, 64)
+		if err != nil || n < 1 {
+			return fmt.Errorf("zone %s: cost %q must be a positive integer or a placeholder", z.Name, z.Cost)
+		}
+		z.fixedCost = n
+	}
+	if err := z.provisionAfter(); err != nil {
+		return err
+	}
+	if z.MatcherSetsRaw != nil {
+		mods, err := ctx.LoadModule(z, "MatcherSetsRaw")
+		if err != nil {
+			return fmt.Errorf("zone %s: loading matchers: %w", z.Name, err)
+		}
+		if err := z.matcherSets.FromInterface(mods); err != nil {
+			return fmt.Errorf("zone %s: %w", z.Name, err)
+		}
+	}
+	return nil
+}
