@@ -220,7 +220,7 @@ func (a *AdminAPI) handleZones(w http.ResponseWriter, r *http.Request) error {
 	for _, t := range targets("") {
 		zi := zoneInfo{
 			Name: t.z.Name, Algorithm: t.z.Algorithm, KeyPrefix: t.h.KeyPrefix, Redis: t.redis, DB: t.h.Redis.DB,
-			Capacity: t.z.Capacity, RefillRate: t.z.RefillRate, Limit: t.z.Limit, WindowMs: time.Duration(t.z.Window).Milliseconds(),
+			Capacity: t.z.lz.Capacity, RefillRate: t.z.lz.RefillRate, Limit: t.z.lz.Limit, WindowMs: t.z.lz.Window.Milliseconds(),
 			Period: t.z.Period, TimeZone: t.z.TimeZone, MaxWaitMs: ceilMs(time.Duration(t.z.MaxWait)),
 		}
 		for _, dn := range t.z.dyn {

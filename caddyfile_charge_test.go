@@ -19,23 +19,23 @@ func TestUnmarshalCaddyfileCharge(t *testing.T) {
 		want  *Zone
 	}{
 		{"count_status", "rate_limit_redis {\n\tzone login {\n\t\talgorithm sliding_window\n\t\tlimit 5\n\t\twindow 15m\n\t\tcount_status 401 403 5xx\n\t}\n}",
-			&Zone{Name: "login", Algorithm: "sliding_window", Limit: 5, Window: caddy.Duration(15 * time.Minute), CountStatus: []string{"401", "403", "5xx"}}},
+			&Zone{Name: "login", Algorithm: "sliding_window", Limit: NumberOf(5), Window: NumberOf(caddy.Duration(15 * time.Minute)), CountStatus: []string{"401", "403", "5xx"}}},
 		{"charge header", "rate_limit_redis {\n\tcapacity 1000\n\trefill_rate 1000/1h\n\tcost 100\n\tcharge header X-Tokens-Used\n\thold_max 30m\n}",
-			&Zone{Name: "default", Capacity: 1000, RefillRate: 1000.0 / 3600, Cost: "100", Charge: &Charge{Source: "header", Header: "X-Tokens-Used"}, HoldMax: caddy.Duration(30 * time.Minute)}},
+			&Zone{Name: "default", Capacity: NumberOf(1000), RefillRate: NumberOf(1000.0 / 3600), Cost: "100", Charge: &Charge{Source: "header", Header: "X-Tokens-Used"}, HoldMax: caddy.Duration(30 * time.Minute)}},
 		{"charge openai_usage", "rate_limit_redis {\n\tcapacity 1000\n\trefill_rate 1\n\tcharge openai_usage\n}",
-			&Zone{Name: "default", Capacity: 1000, RefillRate: 1, Charge: &Charge{Source: "openai_usage"}}},
+			&Zone{Name: "default", Capacity: NumberOf(1000), RefillRate: NumberOf(1), Charge: &Charge{Source: "openai_usage"}}},
 		{"charge openai_usage completion with count_status", "rate_limit_redis {\n\tcapacity 1000\n\trefill_rate 1\n\tcharge openai_usage completion\n\tcount_status 2xx\n}",
-			&Zone{Name: "default", Capacity: 1000, RefillRate: 1, Charge: &Charge{Source: "openai_usage", Usage: "completion"}, CountStatus: []string{"2xx"}}},
+			&Zone{Name: "default", Capacity: NumberOf(1000), RefillRate: NumberOf(1), Charge: &Charge{Source: "openai_usage", Usage: "completion"}, CountStatus: []string{"2xx"}}},
 		{"charge openai_usage missing", "rate_limit_redis {\n\tcapacity 1000\n\trefill_rate 1\n\tcharge openai_usage missing 0\n}",
-			&Zone{Name: "default", Capacity: 1000, RefillRate: 1, Charge: &Charge{Source: "openai_usage", Missing: new(int64(0))}}},
+			&Zone{Name: "default", Capacity: NumberOf(1000), RefillRate: NumberOf(1), Charge: &Charge{Source: "openai_usage", Missing: new(int64(0))}}},
 		{"charge openai_usage prompt missing", "rate_limit_redis {\n\tcapacity 1000\n\trefill_rate 1\n\tcharge openai_usage prompt missing 800\n}",
-			&Zone{Name: "default", Capacity: 1000, RefillRate: 1, Charge: &Charge{Source: "openai_usage", Usage: "prompt", Missing: new(int64(800))}}},
+			&Zone{Name: "default", Capacity: NumberOf(1000), RefillRate: NumberOf(1), Charge: &Charge{Source: "openai_usage", Usage: "prompt", Missing: new(int64(800))}}},
 		{"count_status fixed_window", "rate_limit_redis {\n\tzone z {\n\t\talgorithm fixed_window\n\t\tlimit 10\n\t\tperiod day\n\t\tcount_status 401\n\t}\n}",
-			&Zone{Name: "z", Algorithm: "fixed_window", Limit: 10, Period: "day", CountStatus: []string{"401"}}},
+			&Zone{Name: "z", Algorithm: "fixed_window", Limit: NumberOf(10), Period: "day", CountStatus: []string{"401"}}},
 		{"charge fixed_window", "rate_limit_redis {\n\tzone z {\n\t\talgorithm fixed_window\n\t\tlimit 100000\n\t\twindow 1d\n\t\tcost 100\n\t\tcharge openai_usage\n\t}\n}",
-			&Zone{Name: "z", Algorithm: "fixed_window", Limit: 100000, Window: caddy.Duration(24 * time.Hour), Cost: "100", Charge: &Charge{Source: "openai_usage"}}},
+			&Zone{Name: "z", Algorithm: "fixed_window", Limit: NumberOf(100000), Window: NumberOf(caddy.Duration(24 * time.Hour)), Cost: "100", Charge: &Charge{Source: "openai_usage"}}},
 		{"charge sliding_window_counter", "rate_limit_redis {\n\tzone z {\n\t\talgorithm sliding_window_counter\n\t\tlimit 10\n\t\twindow 1m\n\t\tcharge header X\n\t\tcount_status 2xx\n\t}\n}",
-			&Zone{Name: "z", Algorithm: "sliding_window_counter", Limit: 10, Window: caddy.Duration(time.Minute), Charge: &Charge{Source: "header", Header: "X"}, CountStatus: []string{"2xx"}}},
+			&Zone{Name: "z", Algorithm: "sliding_window_counter", Limit: NumberOf(10), Window: NumberOf(caddy.Duration(time.Minute)), Charge: &Charge{Source: "header", Header: "X"}, CountStatus: []string{"2xx"}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var h Handler

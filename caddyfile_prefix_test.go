@@ -41,8 +41,8 @@ func TestUnmarshalCaddyfilePrefixesAndJitter(t *testing.T) {
 			want: &Handler{
 				IPv4Prefix: 24, IPv6Prefix: 56, Jitter: caddy.Duration(5 * time.Second),
 				Zones: []*Zone{
-					{Name: "a", Capacity: 5, RefillRate: 1},
-					{Name: "b", Capacity: 5, RefillRate: 1, IPv4Prefix: 32, IPv6Prefix: 128, Jitter: new(caddy.Duration(0))},
+					{Name: "a", Capacity: NumberOf(5), RefillRate: NumberOf(1)},
+					{Name: "b", Capacity: NumberOf(5), RefillRate: NumberOf(1), IPv4Prefix: 32, IPv6Prefix: 128, Jitter: new(caddy.Duration(0))},
 				},
 			},
 		},
@@ -56,7 +56,7 @@ func TestUnmarshalCaddyfilePrefixesAndJitter(t *testing.T) {
 			}`,
 			want: &Handler{
 				IPv6Prefix: 48, Jitter: caddy.Duration(time.Minute),
-				Zones: []*Zone{{Name: "default", Capacity: 5, RefillRate: 1}},
+				Zones: []*Zone{{Name: "default", Capacity: NumberOf(5), RefillRate: NumberOf(1)}},
 			},
 		},
 		{
@@ -76,7 +76,7 @@ func TestUnmarshalCaddyfilePrefixesAndJitter(t *testing.T) {
 			want: &Handler{
 				IPv4Prefix: 1, IPv6Prefix: 1,
 				Zones: []*Zone{{
-					Name: "a", Algorithm: "sliding_window", Limit: 1, Window: caddy.Duration(time.Second),
+					Name: "a", Algorithm: "sliding_window", Limit: NumberOf(1), Window: NumberOf(caddy.Duration(time.Second)),
 					IPv4Prefix: 32, IPv6Prefix: 128, Jitter: new(caddy.Duration(time.Second)),
 				}},
 			},

@@ -49,10 +49,10 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 			want: &Handler{
 				Redis: &RedisConfig{Addresses: []string{"{env.REDIS_ADDR}"}},
 				Zones: []*Zone{
-					{Name: "api", Key: []string{"{http.request.header.X-API-Key}", "{client_ip}"}, Capacity: 100, RefillRate: 10},
+					{Name: "api", Key: []string{"{http.request.header.X-API-Key}", "{client_ip}"}, Capacity: NumberOf(100), RefillRate: NumberOf(10)},
 					{
-						Name: "login", Key: []string{"{client_ip}"}, Algorithm: "sliding_window", Limit: 5,
-						Window: caddy.Duration(time.Minute), MatcherSetsRaw: matchSets("path", `["/login"]`),
+						Name: "login", Key: []string{"{client_ip}"}, Algorithm: "sliding_window", Limit: NumberOf(5),
+						Window: NumberOf(caddy.Duration(time.Minute)), MatcherSetsRaw: matchSets("path", `["/login"]`),
 					},
 				},
 			},
@@ -94,7 +94,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 				DryRun:    true,
 				DenyCache: new(false),
 				LogKey:    true,
-				Zones:     []*Zone{{Name: "z", Capacity: 5, RefillRate: 1}},
+				Zones:     []*Zone{{Name: "z", Capacity: NumberOf(5), RefillRate: NumberOf(1)}},
 			},
 		},
 		{
@@ -109,7 +109,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 			}`,
 			want: &Handler{
 				KeySecret: "sixteen bytes ok",
-				Zones:     []*Zone{{Name: "z", Key: []string{"{http.request.header.X-API-Key}", "{client_ip}"}, Capacity: 5, RefillRate: 1}},
+				Zones:     []*Zone{{Name: "z", Key: []string{"{http.request.header.X-API-Key}", "{client_ip}"}, Capacity: NumberOf(5), RefillRate: NumberOf(1)}},
 			},
 		},
 		{
@@ -121,7 +121,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 			}`,
 			want: &Handler{
 				KeySecret: "{env.RATE_LIMIT_KEY_SECRET}",
-				Zones:     []*Zone{{Name: "default", Capacity: 5, RefillRate: 1}},
+				Zones:     []*Zone{{Name: "default", Capacity: NumberOf(5), RefillRate: NumberOf(1)}},
 			},
 		},
 		{
@@ -138,7 +138,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 			}`,
 			want: &Handler{
 				FailMode: "open", Headers: "both", Clock: "redis", DenyCache: new(true),
-				Zones: []*Zone{{Name: "z", Capacity: 5, RefillRate: 1}},
+				Zones: []*Zone{{Name: "z", Capacity: NumberOf(5), RefillRate: NumberOf(1)}},
 			},
 		},
 		{
@@ -151,7 +151,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 					refill_rate 1
 				}
 			}`,
-			want: &Handler{Redis: &RedisConfig{}, Headers: "legacy", Zones: []*Zone{{Name: "a", Capacity: 5, RefillRate: 1}}},
+			want: &Handler{Redis: &RedisConfig{}, Headers: "legacy", Zones: []*Zone{{Name: "a", Capacity: NumberOf(5), RefillRate: NumberOf(1)}}},
 		},
 		{
 			name: "cluster from several addresses, with tls",
@@ -175,7 +175,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 				Redis: &RedisConfig{Addresses: []string{"n1:6379", "n2:6379", "n3:6379"}, TLS: &TLSConfig{
 					CA: "/etc/redis/ca.pem", Cert: "/etc/redis/client.pem", Key: "/etc/redis/client.key", ServerName: "redis.internal",
 				}},
-				Zones: []*Zone{{Name: "z", Capacity: 5, RefillRate: 1}},
+				Zones: []*Zone{{Name: "z", Capacity: NumberOf(5), RefillRate: NumberOf(1)}},
 			},
 		},
 		{
@@ -192,7 +192,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 			}`,
 			want: &Handler{
 				Redis: &RedisConfig{Addresses: []string{"seed:6379"}, Cluster: true},
-				Zones: []*Zone{{Name: "z", Capacity: 5, RefillRate: 1}},
+				Zones: []*Zone{{Name: "z", Capacity: NumberOf(5), RefillRate: NumberOf(1)}},
 			},
 		},
 		{
@@ -216,7 +216,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 					Addresses: []string{"s1:26379", "s2:26379", "s3:26379"}, Sentinel: "mymaster", DB: 2,
 					TLS: &TLSConfig{InsecureSkipVerify: true},
 				},
-				Zones: []*Zone{{Name: "z", Capacity: 5, RefillRate: 1}},
+				Zones: []*Zone{{Name: "z", Capacity: NumberOf(5), RefillRate: NumberOf(1)}},
 			},
 		},
 		{
@@ -229,7 +229,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 			}`,
 			want: &Handler{Zones: []*Zone{{
 				Name: DefaultZoneName, Key: []string{"{http.request.header.X-API-Key}", "{client_ip}"},
-				Capacity: 100, RefillRate: 100.0 / 60, Cost: "{http.request.header.X-Cost}",
+				Capacity: NumberOf(100), RefillRate: NumberOf(100.0 / 60), Cost: "{http.request.header.X-Cost}",
 			}}},
 		},
 		{
@@ -249,7 +249,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 				Timeout: caddy.Duration(time.Second),
 				DryRun:  true,
 				Zones: []*Zone{{
-					Name: DefaultZoneName, Algorithm: "sliding_window", Limit: 10, Window: caddy.Duration(24 * time.Hour),
+					Name: DefaultZoneName, Algorithm: "sliding_window", Limit: NumberOf(10), Window: NumberOf(caddy.Duration(24 * time.Hour)),
 					MatcherSetsRaw: matchSets("path", `["/api/*"]`, "method", `["POST"]`),
 				}},
 			},
@@ -278,10 +278,10 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 				}
 			}`,
 			want: &Handler{Zones: []*Zone{
-				{Name: "a", Algorithm: "token_bucket", Capacity: 10, RefillRate: 100.0 / 60, Cost: "5"},
-				{Name: "b", Capacity: 1, RefillRate: 0.5},
-				{Name: "c", Capacity: 1 << 53, RefillRate: 1e12, Cost: "9007199254740992"},
-				{Name: "d.e-f_9", Capacity: 10, RefillRate: 2},
+				{Name: "a", Algorithm: "token_bucket", Capacity: NumberOf(10), RefillRate: NumberOf(100.0 / 60), Cost: "5"},
+				{Name: "b", Capacity: NumberOf(1), RefillRate: NumberOf(0.5)},
+				{Name: "c", Capacity: NumberOf(1 << 53), RefillRate: NumberOf(1e12), Cost: "9007199254740992"},
+				{Name: "d.e-f_9", Capacity: NumberOf(10), RefillRate: NumberOf(2)},
 			}},
 		},
 		{
@@ -302,10 +302,10 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 			}`,
 			want: &Handler{Zones: []*Zone{
 				{
-					Name: "a", Algorithm: "sliding_window", Limit: 1_000_000, Window: caddy.Duration(366 * 24 * time.Hour),
+					Name: "a", Algorithm: "sliding_window", Limit: NumberOf(1_000_000), Window: NumberOf(caddy.Duration(366 * 24 * time.Hour)),
 					Cost: "1000000", MatcherSetsRaw: matchSets("not", `[{"path":["/health"]}]`),
 				},
-				{Name: "b", Algorithm: "sliding_window", Limit: 1, Window: caddy.Duration(time.Millisecond)},
+				{Name: "b", Algorithm: "sliding_window", Limit: NumberOf(1), Window: NumberOf(caddy.Duration(time.Millisecond))},
 			}},
 		},
 		{
@@ -343,10 +343,10 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 				Zones: []*Zone{
 					{
 						Name: "login", Key: []string{"{http.request.header.X-User}"}, EmptyKey: "deny", FailMode: "closed",
-						Algorithm: "sliding_window", Limit: 5, Window: caddy.Duration(time.Minute), MatcherSetsRaw: matchSets("path", `["/login"]`),
+						Algorithm: "sliding_window", Limit: NumberOf(5), Window: NumberOf(caddy.Duration(time.Minute)), MatcherSetsRaw: matchSets("path", `["/login"]`),
 					},
-					{Name: "api", Key: []string{"{http.request.header.X-API-Key}"}, EmptyKey: "skip", FailMode: "local", Capacity: 100, RefillRate: 10},
-					{Name: "anon", Key: []string{"{http.request.header.X-API-Key}"}, EmptyKey: "shared", FailMode: "open", Capacity: 10, RefillRate: 1},
+					{Name: "api", Key: []string{"{http.request.header.X-API-Key}"}, EmptyKey: "skip", FailMode: "local", Capacity: NumberOf(100), RefillRate: NumberOf(10)},
+					{Name: "anon", Key: []string{"{http.request.header.X-API-Key}"}, EmptyKey: "shared", FailMode: "open", Capacity: NumberOf(10), RefillRate: NumberOf(1)},
 				},
 			},
 		},
@@ -363,7 +363,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 			}`,
 			want: &Handler{
 				DegradedHeader: new(true), GRPCStatus: new(true), FailMode: "closed",
-				Zones: []*Zone{{Name: DefaultZoneName, Key: []string{"{http.request.header.X-API-Key}"}, EmptyKey: "deny", Capacity: 5, RefillRate: 1}},
+				Zones: []*Zone{{Name: DefaultZoneName, Key: []string{"{http.request.header.X-API-Key}"}, EmptyKey: "deny", Capacity: NumberOf(5), RefillRate: NumberOf(1)}},
 			},
 		},
 		{
@@ -383,8 +383,8 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 				}
 			}`,
 			want: &Handler{MaxWaiting: 50, Zones: []*Zone{
-				{Name: "api", Capacity: 10, RefillRate: 10, MaxWait: caddy.Duration(2 * time.Second)},
-				{Name: "login", Algorithm: "token_bucket", Capacity: 5, RefillRate: 1.0 / 60, MaxWait: caddy.Duration(time.Minute)},
+				{Name: "api", Capacity: NumberOf(10), RefillRate: NumberOf(10), MaxWait: caddy.Duration(2 * time.Second)},
+				{Name: "login", Algorithm: "token_bucket", Capacity: NumberOf(5), RefillRate: NumberOf(1.0 / 60), MaxWait: caddy.Duration(time.Minute)},
 			}},
 		},
 		{
@@ -394,7 +394,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 				refill_rate 10
 				max_wait    250ms
 			}`,
-			want: &Handler{Zones: []*Zone{{Name: DefaultZoneName, Capacity: 10, RefillRate: 10, MaxWait: caddy.Duration(250 * time.Millisecond)}}},
+			want: &Handler{Zones: []*Zone{{Name: DefaultZoneName, Capacity: NumberOf(10), RefillRate: NumberOf(10), MaxWait: caddy.Duration(250 * time.Millisecond)}}},
 		},
 		{
 			name: "a matcher written twice in a match block is one matcher",
@@ -409,7 +409,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 				}
 			}`,
 			want: &Handler{Zones: []*Zone{
-				{Name: "a", Capacity: 1, RefillRate: 1, MatcherSetsRaw: matchSets("path", `["/a","/b"]`)},
+				{Name: "a", Capacity: NumberOf(1), RefillRate: NumberOf(1), MatcherSetsRaw: matchSets("path", `["/a","/b"]`)},
 			}},
 		},
 	} {

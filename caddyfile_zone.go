@@ -123,6 +123,8 @@ type zoneParser struct {
 	start caddyfile.Token
 	seen  seenSubdirectives
 	cost  int64 // the cost when it is an integer literal
+	// vals are the numbers' literals, or their fallbacks; 0 without one.
+	vals [numFields]numValue
 }
 
 func newZoneParser(start caddyfile.Token, name string) *zoneParser {
@@ -234,8 +236,8 @@ func parseMatch(d *caddyfile.Dispenser, field *caddyhttp.RawMatcherSets) error {
 
 // number parses the number subdirective at the cursor (capacity, refill_rate, limit, window,
 // max_cost): a literal, or a placeholder resolved per request and optionally a literal fallback
-// for when it is empty. The literal or the fallback goes into the zone's field, the
-// placeholder's text into z.exprs, as JSON has them.
+// for when it is empty. A literal goes into the zone's field as a JSON number, so that `caddy
+// adapt` prints it as one; a placeholder as the string written.
 func (p *zoneParser) number(d *caddyfile.Dispenser) error {
 	name := d.Val()
 	f, _ := numFieldNamed(name)
@@ -249,10 +251,9 @@ func (p *zoneParser) number(d *caddyfile.Dispenser) error {
 		return d.Errf("%s: %v", name, err)
 	}
 	if expr != "" {
-		p.zone.exprs[f] = strings.Join(strings.Fields(text), " ")
+		*p.zone.number(f) = NumberText(text)
 	}
 	if literal == "" {
-		p.zone.setNumber(f, numValue{})
 		return nil
 	}
 	// A counter (fixed_window, sliding_window_counter) takes a limit up to 2^53, a sliding window
@@ -264,7 +265,10 @@ func (p *zoneParser) number(d *caddyfile.Dispenser) error {
 	if err != nil {
 		return d.Errf("%s: %v", name, err)
 	}
-	p.zone.setNumber(f, v)
+	p.vals[f] = v
+	if expr == "" {
+		*p.zone.number(f) = literalNumber(f, v)
+	}
 	return nil
 }
 
@@ -293,11 +297,12 @@ func (p *zoneParser) finish() error {
 // hint follows the algorithm's name in an error.
 func (p *zoneParser) finishParameters(algorithm, hint string) error {
 	z := p.zone
-	if tok, ok := p.seen["limit"]; ok && z.Limit > limiter.MaxLimit && (algorithm == slidingWindowName || algorithm == tokenBucketName) {
-		return errAt(tok, "limit: %q is out of range (1 to %d)", strconv.FormatInt(z.Limit, 10), limiter.MaxLimit)
+	limit := p.vals[numLimit].n
+	if tok, ok := p.seen["limit"]; ok && limit > limiter.MaxLimit && (algorithm == slidingWindowName || algorithm == tokenBucketName) {
+		return errAt(tok, "limit: %q is out of range (1 to %d)", strconv.FormatInt(limit, 10), limiter.MaxLimit)
 	}
-	if tok, ok := p.seen["limit"]; ok && z.Limit > limiter.MaxConcurrency && algorithm == concurrencyName {
-		return errAt(tok, "limit: %q is out of range (1 to %d requests in flight)", strconv.FormatInt(z.Limit, 10), limiter.MaxConcurrency)
+	if tok, ok := p.seen["limit"]; ok && limit > limiter.MaxConcurrency && algorithm == concurrencyName {
+		return errAt(tok, "limit: %q is out of range (1 to %d requests in flight)", strconv.FormatInt(limit, 10), limiter.MaxConcurrency)
 	}
 	// Each subdirective of an algorithm's parameters, and the algorithm it belongs to in the
 	// error when another algorithm is used.
@@ -397,33 +402,35 @@ func (p *zoneParser) finishFixedWindow() error {
 // (Zone.probe).
 func (p *zoneParser) finishCost(algorithm string) error {
 	z := p.zone
-	quotaName, quota, quotaField := "capacity", z.Capacity, numCapacity
+	quotaName, quota, quotaField := "capacity", p.vals[numCapacity].n, numCapacity
 	if algorithm != tokenBucketName {
-		quotaName, quota, quotaField = "limit", z.Limit, numLimit
+		quotaName, quota, quotaField = "limit", p.vals[numLimit].n, numLimit
 	}
-	quotaDynamic, maxCostDynamic := z.dynamic(quotaField), z.dynamic(numMaxCost)
+	quotaDynamic, _ := z.number(quotaField).placeholder()
+	maxCostDynamic, _ := z.MaxCost.placeholder()
+	maxCost := p.vals[numMaxCost].n
 	if p.cost > quota && !quotaDynamic {
 		return errAt(p.seen["cost"], "cost %d is larger than %s %d: no request could ever be admitted",
 			p.cost, quotaName, quota)
 	}
 	if tok, ok := p.seen["max_cost"]; ok && !maxCostDynamic {
-		if z.MaxCost > quota && !quotaDynamic {
-			return errAt(tok, "max_cost %d is larger than %s %d", z.MaxCost, quotaName, quota)
+		if maxCost > quota && !quotaDynamic {
+			return errAt(tok, "max_cost %d is larger than %s %d", maxCost, quotaName, quota)
 		}
-		if p.cost > z.MaxCost {
-			return errAt(p.seen["cost"], "cost %d is larger than max_cost %d: no request could ever be admitted", p.cost, z.MaxCost)
+		if p.cost > maxCost {
+			return errAt(p.seen["cost"], "cost %d is larger than max_cost %d: no request could ever be admitted", p.cost, maxCost)
 		}
-		if algorithm == slidingWindowName && hasPlaceholder(z.Cost) && z.MaxCost > MaxSlidingWindowCost {
+		if algorithm == slidingWindowName && hasPlaceholder(z.Cost) && maxCost > MaxSlidingWindowCost {
 			return errAt(tok, "max_cost %d: a %s zone stores one entry per unit of cost, so a cost from a placeholder "+
-				"(chosen per request) is bounded by max_cost %d at most; use %s for larger costs", z.MaxCost, slidingWindowName, MaxSlidingWindowCost, tokenBucketName)
+				"(chosen per request) is bounded by max_cost %d at most; use %s for larger costs", maxCost, slidingWindowName, MaxSlidingWindowCost, tokenBucketName)
 		}
 	}
-	if algorithm == tokenBucketName && !z.dynamicNoFallback(numRefillRate) {
-		capacity := z.Capacity
-		if z.dynamicNoFallback(numCapacity) {
+	if algorithm == tokenBucketName && !z.RefillRate.noFallback() {
+		capacity := p.vals[numCapacity].n
+		if z.Capacity.noFallback() {
 			capacity = 1 // the least it can be: a slower refill fails for every capacity
 		}
-		if fill := float64(capacity) / z.RefillRate; fill > limiter.MaxWindow.Seconds() {
+		if fill := float64(capacity) / p.vals[numRefillRate].rate; fill > limiter.MaxWindow.Seconds() {
 			return errAt(p.seen["refill_rate"], "zone %q: an empty bucket takes %.0fs to refill (capacity / refill_rate); at most %s is supported",
 				z.Name, fill, formatDuration(limiter.MaxWindow))
 		}

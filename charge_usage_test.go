@@ -496,8 +496,8 @@ func TestChargeMissing(t *testing.T) {
 	srv := redistest.Start(t)
 	seven := int64(700)
 	zone := func(name string, maxCost int64, missing *int64) *Zone {
-		return &Zone{Name: name, Key: []string{"{http.request.header.X-Client}"}, Capacity: 10000, RefillRate: 10000.0 / 3600,
-			Cost: "100", MaxCost: maxCost, Charge: &Charge{Source: ChargeOpenAIUsage, Missing: missing}}
+		return &Zone{Name: name, Key: []string{"{http.request.header.X-Client}"}, Capacity: NumberOf(10000), RefillRate: NumberOf(10000.0 / 3600),
+			Cost: "100", MaxCost: NumberOf(maxCost), Charge: &Charge{Source: ChargeOpenAIUsage, Missing: missing}}
 	}
 	h := provisioned(t, &Handler{Redis: &RedisConfig{Addresses: []string{srv.Addr}},
 		Zones: []*Zone{zone("mdefault", 0, nil), zone("mmaxcost", 2000, nil), zone("mset", 0, &seven)}})

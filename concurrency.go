@@ -51,7 +51,7 @@ func (z *Zone) validateSlots() error {
 		return fmt.Errorf("zone %s: hold_max must be between %s and %s for algorithm concurrency", z.Name, MinSlotHold, formatDuration(MaxHoldMax))
 	case len(z.CountStatus) > 0 || z.Charge != nil:
 		return fmt.Errorf("zone %s: count_status and charge do not apply to algorithm concurrency: a slot is given back when its response is complete", z.Name)
-	case z.Cost != DefaultCost || z.MaxCost != 0:
+	case z.Cost != DefaultCost || !z.MaxCost.IsZero():
 		return fmt.Errorf("zone %s: cost and max_cost do not apply to algorithm concurrency: a request takes one slot while it runs", z.Name)
 	}
 	return nil

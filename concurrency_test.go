@@ -32,7 +32,7 @@ import (
 // slotZone is the concurrency zone: one client per Authorization header.
 func slotZone(name string, limit int64, hold time.Duration) *Zone {
 	return &Zone{Name: name, Key: []string{"{http.request.header.Authorization}"}, Algorithm: concurrencyName,
-		Limit: limit, HoldMax: caddy.Duration(hold)}
+		Limit: NumberOf(limit), HoldMax: caddy.Duration(hold)}
 }
 
 // slotInstance is one "Caddy instance" of a test: a handler of its own (its own Limiter,
@@ -416,7 +416,7 @@ func TestConcurrencyWithOtherZones(t *testing.T) {
 	g := newSlowGate()
 	_, s := slotInstance(t, &Handler{Redis: &RedisConfig{Addresses: []string{srv.Addr}}, Zones: []*Zone{
 		slotZone("conc", 1, time.Minute),
-		{Name: "bucket", Key: []string{"{http.request.header.Authorization}"}, Capacity: 2, RefillRate: 1.0 / 3600},
+		{Name: "bucket", Key: []string{"{http.request.header.Authorization}"}, Capacity: NumberOf(2), RefillRate: NumberOf(1.0 / 3600)},
 	}}, g.next)
 	done := g.holdOne(t, s.URL)
 	resp, _ := getAuth(t, s.URL)
@@ -465,9 +465,9 @@ func TestConcurrencyZoneConfig(t *testing.T) {
 		z    *Zone
 		want string
 	}{
-		{&Zone{Name: "c", Algorithm: concurrencyName, Limit: 5, HoldMax: caddy.Duration(time.Millisecond)}, "hold_max must be between 1s and 1d"},
-		{&Zone{Name: "c", Algorithm: concurrencyName, Limit: 5, Cost: "2"}, "cost and max_cost do not apply"},
-		{&Zone{Name: "c", Algorithm: concurrencyName, Limit: 5, MaxWait: caddy.Duration(time.Second)}, "max_wait does not apply"},
+		{&Zone{Name: "c", Algorithm: concurrencyName, Limit: NumberOf(5), HoldMax: caddy.Duration(time.Millisecond)}, "hold_max must be between 1s and 1d"},
+		{&Zone{Name: "c", Algorithm: concurrencyName, Limit: NumberOf(5), Cost: "2"}, "cost and max_cost do not apply"},
+		{&Zone{Name: "c", Algorithm: concurrencyName, Limit: NumberOf(5), MaxWait: caddy.Duration(time.Second)}, "max_wait does not apply"},
 	} {
 		h := &Handler{Redis: &RedisConfig{Addresses: []string{"127.0.0.1:1"}}, Zones: []*Zone{tc.z}}
 		err := h.Provision(ctx)
@@ -671,7 +671,7 @@ func TestConcurrencySlotOfHeldRequest(t *testing.T) {
 	srv := redistest.Start(t)
 	h, s := slotInstance(t, &Handler{Redis: &RedisConfig{Addresses: []string{srv.Addr}}, Zones: []*Zone{
 		slotZone("conc", 2, time.Minute),
-		{Name: "shaped", Key: []string{"{http.request.header.Authorization}"}, Capacity: 1, RefillRate: 0.2, MaxWait: caddy.Duration(10 * time.Second)},
+		{Name: "shaped", Key: []string{"{http.request.header.Authorization}"}, Capacity: NumberOf(1), RefillRate: NumberOf(0.2), MaxWait: caddy.Duration(10 * time.Second)},
 	}}, func(w http.ResponseWriter, r *http.Request) error { return nil })
 	resp, err := getAuth(t, s.URL) // takes the bucket's token
 	if err != nil || resp.StatusCode != 200 {

@@ -139,8 +139,8 @@ func TestEmptyKeyDenyDryRun(t *testing.T) {
 		Redis:  &RedisConfig{Addresses: []string{srv.Addr}},
 		DryRun: true,
 		Zones: []*Zone{
-			{Name: "ek_dry_ip", Capacity: 5, RefillRate: 1, Key: []string{"{http.request.remote.host}"}},
-			{Name: "ek_dry_user", Capacity: 5, RefillRate: 1, Key: []string{"{http.request.header.X-User}"}, EmptyKey: EmptyKeyDeny},
+			{Name: "ek_dry_ip", Capacity: NumberOf(5), RefillRate: NumberOf(1), Key: []string{"{http.request.remote.host}"}},
+			{Name: "ek_dry_user", Capacity: NumberOf(5), RefillRate: NumberOf(1), Key: []string{"{http.request.header.X-User}"}, EmptyKey: EmptyKeyDeny},
 		},
 	})
 	repl := caddy.NewReplacer()

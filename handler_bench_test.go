@@ -134,12 +134,12 @@ func runServeHTTP(b *testing.B, h *Handler, parallel, wantAllowed bool) {
 }
 
 func allowedZone(name string) *Zone {
-	return &Zone{Name: name, Key: []string{"{http.request.header.X-Client}"}, Capacity: 1 << 40, RefillRate: 1 << 40}
+	return &Zone{Name: name, Key: []string{"{http.request.header.X-Client}"}, Capacity: NumberOf(1 << 40), RefillRate: NumberOf(1 << 40)}
 }
 
 func threeZones() []*Zone {
 	return []*Zone{allowedZone("a"), allowedZone("b"),
-		{Name: "c", Key: []string{"{http.request.header.X-Client}"}, Algorithm: "sliding_window", Limit: 1_000_000, Window: caddy.Duration(time.Second)},
+		{Name: "c", Key: []string{"{http.request.header.X-Client}"}, Algorithm: "sliding_window", Limit: NumberOf(1_000_000), Window: NumberOf(caddy.Duration(time.Second))},
 	}
 }
 
@@ -166,7 +166,7 @@ func BenchmarkServeHTTPAllowedKeySecret(b *testing.B) {
 // BenchmarkServeHTTPDenyCached: one client far over its limit, every request denied from the
 // deny cache after the first.
 func BenchmarkServeHTTPDenyCached(b *testing.B) {
-	h := benchHandler(b, &Handler{Zones: []*Zone{{Name: "a", Key: []string{"flood"}, Capacity: 1, RefillRate: 0.001}}})
+	h := benchHandler(b, &Handler{Zones: []*Zone{{Name: "a", Key: []string{"flood"}, Capacity: NumberOf(1), RefillRate: NumberOf(0.001)}}})
 	runServeHTTP(b, h, false, false)
 }
 

@@ -47,7 +47,7 @@ func TestClientGoneIsNotARedisFailure(t *testing.T) {
 	h := provisioned(t, &Handler{
 		Redis:    &RedisConfig{Addresses: []string{srv.Addr}},
 		FailMode: FailOpen,
-		Zones:    []*Zone{{Name: "z", Capacity: 5, RefillRate: 1}},
+		Zones:    []*Zone{{Name: "z", Capacity: NumberOf(5), RefillRate: NumberOf(1)}},
 	})
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()

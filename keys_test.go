@@ -275,7 +275,7 @@ func TestKeySecretNeverShows(t *testing.T) {
 
 	var errs []error
 	for _, keySecret := range []string{"{env.RL_TEST_KEY_SECRET}", second} {
-		zones := func() []*Zone { return []*Zone{{Name: "ks", Capacity: 5, RefillRate: 1}} }
+		zones := func() []*Zone { return []*Zone{{Name: "ks", Capacity: NumberOf(5), RefillRate: NumberOf(1)}} }
 		// Provision fails: a TLS CA file that does not exist.
 		errs = append(errs, provisionErr(t, &Handler{KeySecret: keySecret, Zones: zones(),
 			Redis: &RedisConfig{Addresses: []string{srv.Addr}, TLS: &TLSConfig{CA: "/nonexistent/ca.pem"}}}))
@@ -304,7 +304,7 @@ func TestKeySecretNeverShows(t *testing.T) {
 	// Secrets too short, from the environment and literal.
 	t.Setenv("RL_TEST_SHORT_SECRET", second[:limiter.MinKeySecretBytes-1])
 	for _, keySecret := range []string{"{env.RL_TEST_SHORT_SECRET}", second[:limiter.MinKeySecretBytes-1]} {
-		err := provisionErr(t, &Handler{KeySecret: keySecret, Zones: []*Zone{{Name: "ks", Capacity: 5, RefillRate: 1}}})
+		err := provisionErr(t, &Handler{KeySecret: keySecret, Zones: []*Zone{{Name: "ks", Capacity: NumberOf(5), RefillRate: NumberOf(1)}}})
 		if !errors.Is(err, errKeySecretShort) {
 			t.Fatalf("a short key_secret: %v, want %v", err, errKeySecretShort)
 		}
@@ -360,7 +360,7 @@ func TestKeySecretConfigErrors(t *testing.T) {
 		"braces left by escape": {`\{0123456789abcdef}`, errKeySecretPlaceholder.Error()},
 	} {
 		t.Run(name, func(t *testing.T) {
-			err := provisionErr(t, &Handler{KeySecret: tc.secret, Zones: []*Zone{{Name: "a", Capacity: 1, RefillRate: 1}}})
+			err := provisionErr(t, &Handler{KeySecret: tc.secret, Zones: []*Zone{{Name: "a", Capacity: NumberOf(1), RefillRate: NumberOf(1)}}})
 			if err == nil || err.Error() != tc.want {
 				t.Fatalf("error %v, want %q", err, tc.want)
 			}

@@ -244,7 +244,7 @@ func TestPasswordNeverShows(t *testing.T) {
 		redisCfg := func() *RedisConfig {
 			return &RedisConfig{Addresses: []string{srv.Addr}, Password: password, PoolSize: 3}
 		}
-		zones := func() []*Zone { return []*Zone{{Name: "pw", Capacity: 5, RefillRate: 1}} }
+		zones := func() []*Zone { return []*Zone{{Name: "pw", Capacity: NumberOf(5), RefillRate: NumberOf(1)}} }
 		// Provision fails: a TLS CA file that does not exist.
 		h := &Handler{Redis: redisCfg(), Zones: zones()}
 		h.Redis.TLS = &TLSConfig{CA: "/nonexistent/ca.pem"}

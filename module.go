@@ -372,7 +372,7 @@ func (h *Handler) Validate() error {
 		// Zone.finishNumbers does); one of literals as it is.
 		lz := z.lz
 		if len(z.dyn) > 0 {
-			lz = z.probe()
+			lz = z.probe(z.lz)
 		}
 		if err := lz.Validate(); err != nil {
 			return err
@@ -403,13 +403,14 @@ func (h *Handler) Validate() error {
 		}
 		// A quota or max_cost from a placeholder bounds the cost per request (see
 		// Zone.finishNumbers), as the Caddyfile parser's checks say.
-		if z.fixedCost > lz.Quota() && !z.quotaDynamic(lz.Algorithm) {
+		maxCostPlaceholder, _ := z.MaxCost.placeholder()
+		if z.fixedCost > lz.Quota() && !z.quotaPlaceholder(lz.Algorithm) {
 			return fmt.Errorf("zone %s: cost %d is larger than the zone's quota %d: no request could ever be admitted", z.Name, z.fixedCost, lz.Quota())
 		}
-		if z.MaxCost > 0 && z.fixedCost > z.MaxCost && !z.dynamic(numMaxCost) {
-			return fmt.Errorf("zone %s: cost %d is larger than max_cost %d: no request could ever be admitted", z.Name, z.fixedCost, z.MaxCost)
+		if z.lz.MaxCost > 0 && z.fixedCost > z.lz.MaxCost && !maxCostPlaceholder {
+			return fmt.Errorf("zone %s: cost %d is larger than max_cost %d: no request could ever be admitted", z.Name, z.fixedCost, z.lz.MaxCost)
 		}
-		if lz.Algorithm == limiter.SlidingWindow && z.fixedCost == 0 && lz.MaxCost > MaxSlidingWindowCost && !z.dynamic(numMaxCost) {
+		if lz.Algorithm == limiter.SlidingWindow && z.fixedCost == 0 && lz.MaxCost > MaxSlidingWindowCost && !maxCostPlaceholder {
 			return fmt.Errorf("zone %s: max_cost %d: a sliding_window zone stores one entry per unit of cost, so a cost from a placeholder is bounded by max_cost %d at most; use token_bucket for larger costs",
 				z.Name, lz.MaxCost, MaxSlidingWindowCost)
 		}

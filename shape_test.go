@@ -10,7 +10,7 @@ import (
 // requestPathFiles are the files of a request's way through ServeHTTP, in the order of its
 // stages (see ServeHTTP), with what they call on the way.
 var requestPathFiles = []string{"handler.go", "resolve.go", "decide.go", "headers.go", "admit.go", "deny.go",
-	"charge.go", "waiting.go", "placeholders.go", "numbers.go", "ipprefix.go", "breaker.go",
+	"charge.go", "waiting.go", "placeholders.go", "number.go", "ipprefix.go", "breaker.go",
 	"limiter/limiter.go", "limiter/pipeline.go", "limiter/script.go", "limiter/deadline.go", "limiter/lease.go"}
 
 // TestRequestPathFunctionsAreShort: every function of the request path can be taken in at a

@@ -37,7 +37,7 @@ const metricDelay = "caddy_rate_limit_redis_delay_seconds"
 // shapingZone is the zone: capacity 10, refill 10/s, max_wait 2s, one client per
 // X-Client header.
 func shapingZone(name string) *Zone {
-	return &Zone{Name: name, Key: []string{"{http.request.header.X-Client}"}, Capacity: 10, RefillRate: 10, MaxWait: caddy.Duration(2 * time.Second)}
+	return &Zone{Name: name, Key: []string{"{http.request.header.X-Client}"}, Capacity: NumberOf(10), RefillRate: NumberOf(10), MaxWait: caddy.Duration(2 * time.Second)}
 }
 
 // clientRequest is a GET / of the client named in X-Client.
@@ -263,7 +263,7 @@ func TestShapingThreeInstances(t *testing.T) {
 func TestShapingClientLeaves(t *testing.T) {
 	srv := redistest.Start(t)
 	h := provisioned(t, &Handler{Redis: &RedisConfig{Addresses: []string{srv.Addr}}, Zones: []*Zone{{
-		Name: "shapegone", Key: []string{"{http.request.header.X-Client}"}, Capacity: 1, RefillRate: 1, MaxWait: caddy.Duration(30 * time.Second),
+		Name: "shapegone", Key: []string{"{http.request.header.X-Client}"}, Capacity: NumberOf(1), RefillRate: NumberOf(1), MaxWait: caddy.Duration(30 * time.Second),
 	}}})
 	serveTimed(h, clientRequest("alice")) // the token
 	var worst time.Duration
@@ -447,7 +447,7 @@ func TestShapingFailLocal(t *testing.T) {
 	h := provisioned(t, &Handler{
 		Redis:    &RedisConfig{Addresses: []string{"127.0.0.1:" + strconv.Itoa(freeLoopbackPort(t))}},
 		FailMode: FailLocal,
-		Zones: []*Zone{{Name: "shapelocal", Key: []string{"{http.request.header.X-Client}"}, Capacity: 2, RefillRate: 10,
+		Zones: []*Zone{{Name: "shapelocal", Key: []string{"{http.request.header.X-Client}"}, Capacity: NumberOf(2), RefillRate: NumberOf(10),
 			MaxWait: caddy.Duration(300 * time.Millisecond)}},
 	})
 	results := make([]timed, 6)
@@ -535,18 +535,18 @@ func TestShapingConfig(t *testing.T) {
 	if h := provisioned(t, &Handler{Redis: redisCfg, Zones: []*Zone{shapingZone("z")}}); h.MaxWaiting != DefaultMaxWaiting {
 		t.Fatalf("max_waiting %d, want the default %d", h.MaxWaiting, DefaultMaxWaiting)
 	}
-	if h := provisioned(t, &Handler{Redis: redisCfg, Zones: []*Zone{{Name: "z", Capacity: 1, RefillRate: 1}}}); h.MaxWaiting != 0 {
+	if h := provisioned(t, &Handler{Redis: redisCfg, Zones: []*Zone{{Name: "z", Capacity: NumberOf(1), RefillRate: NumberOf(1)}}}); h.MaxWaiting != 0 {
 		t.Fatalf("max_waiting %d without max_wait, want 0 (nothing in the JSON)", h.MaxWaiting)
 	}
 	for _, tc := range []struct {
 		h    *Handler
 		want string
 	}{
-		{&Handler{Zones: []*Zone{{Name: "w", Algorithm: "sliding_window", Limit: 5, Window: caddy.Duration(time.Minute), MaxWait: caddy.Duration(time.Second)}}},
+		{&Handler{Zones: []*Zone{{Name: "w", Algorithm: "sliding_window", Limit: NumberOf(5), Window: NumberOf(caddy.Duration(time.Minute)), MaxWait: caddy.Duration(time.Second)}}},
 			"zone w: max_wait applies to algorithm token_bucket only, not sliding_window: a window gives its quota back in steps, so a held request would have no exact turn; shape with a token_bucket zone"},
-		{&Handler{Zones: []*Zone{{Name: "a", Capacity: 1, RefillRate: 1, MaxWait: caddy.Duration(2 * time.Minute)}}},
+		{&Handler{Zones: []*Zone{{Name: "a", Capacity: NumberOf(1), RefillRate: NumberOf(1), MaxWait: caddy.Duration(2 * time.Minute)}}},
 			"zone a: max_wait 2m0s must be between 0 and 1m0s"},
-		{&Handler{MaxWaiting: -1, Zones: []*Zone{{Name: "a", Capacity: 1, RefillRate: 1}}}, "max_waiting -1 must be >= 1"},
+		{&Handler{MaxWaiting: -1, Zones: []*Zone{{Name: "a", Capacity: NumberOf(1), RefillRate: NumberOf(1)}}}, "max_waiting -1 must be >= 1"},
 	} {
 		tc.h.Redis = redisCfg
 		ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
@@ -597,7 +597,7 @@ func TestShapingCostPerHeldRequest(t *testing.T) {
 	// 20s of debt first (1000 tokens at 50/s), so that all n requests are held at once, for 20
 	// to 26s: dry_run charges a request it would hold without holding it.
 	dry := provisioned(t, &Handler{Redis: &RedisConfig{Addresses: []string{srv.Addr}}, Timeout: caddy.Duration(10 * time.Second), DryRun: true, Zones: []*Zone{{
-		Name: "shapecost", Key: []string{"all"}, Capacity: 1000, RefillRate: 50,
+		Name: "shapecost", Key: []string{"all"}, Capacity: NumberOf(1000), RefillRate: NumberOf(50),
 		MaxWait: caddy.Duration(time.Minute), Cost: "{http.request.header.X-Cost}",
 	}}})
 	for range 2 {

@@ -31,7 +31,7 @@ func TestSentinelFailover(t *testing.T) {
 		Redis:    &RedisConfig{Addresses: ss.Addrs(), Sentinel: ss.Master},
 		FailMode: FailClosed,
 		Timeout:  caddy.Duration(200 * time.Millisecond),
-		Zones:    []*Zone{{Name: "z", Capacity: capacity, RefillRate: capacity / (limiter.MaxWindow.Seconds() / 2)}},
+		Zones:    []*Zone{{Name: "z", Capacity: NumberOf(capacity), RefillRate: NumberOf(capacity / (limiter.MaxWindow.Seconds() / 2))}},
 	})
 	// serve's requests carry no client IP: all count under the zone's key for an empty client key.
 	key := limiter.StateKey(DefaultKeyPrefix, &h.Zones[0].lz, "")

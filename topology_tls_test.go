@@ -23,7 +23,7 @@ func TestTLSAndACL(t *testing.T) {
 	// An ACL user with the rules of docs/security.md: the limiter's keys and the scripts' commands only (the
 	// default user stays open, for the test's own plain connection).
 	srv := redistest.StartTLS(t, append([]string{"--user", "limiter", "on", ">" + password}, aclRules()...)...)
-	zone := func() []*Zone { return []*Zone{{Name: "z", Capacity: 2, RefillRate: 0.001}} }
+	zone := func() []*Zone { return []*Zone{{Name: "z", Capacity: NumberOf(2), RefillRate: NumberOf(0.001)}} }
 	tlsOK := func() *TLSConfig {
 		return &TLSConfig{CA: srv.CA, Cert: srv.ClientCert, Key: srv.ClientKey}
 	}
@@ -32,7 +32,7 @@ func TestTLSAndACL(t *testing.T) {
 		for _, algo := range []string{"token_bucket", "sliding_window"} {
 			z := zone()
 			if algo == "sliding_window" {
-				z = []*Zone{{Name: "w", Algorithm: algo, Limit: 2, Window: caddy.Duration(time.Hour)}}
+				z = []*Zone{{Name: "w", Algorithm: algo, Limit: NumberOf(2), Window: NumberOf(caddy.Duration(time.Hour))}}
 			}
 			h := provisioned(t, &Handler{
 				Redis:    &RedisConfig{Addresses: []string{srv.TLSAddr}, Username: "limiter", Password: password, TLS: tlsOK()},

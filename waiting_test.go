@@ -134,7 +134,7 @@ func TestShapingFairShare(t *testing.T) {
 func TestShapingFairShareLiteralKey(t *testing.T) {
 	srv := redistest.Start(t)
 	h := provisioned(t, &Handler{Redis: &RedisConfig{Addresses: []string{srv.Addr}}, MaxWaiting: 20, Zones: []*Zone{{
-		Name: "shapesite", Key: []string{"site"}, Capacity: 1, RefillRate: 1, MaxWait: caddy.Duration(10 * time.Second),
+		Name: "shapesite", Key: []string{"site"}, Capacity: NumberOf(1), RefillRate: NumberOf(1), MaxWait: caddy.Duration(10 * time.Second),
 	}}})
 	serveTimed(h, clientRequest("a")) // the token
 	ctx, cancel := context.WithCancel(context.Background())

@@ -64,26 +64,26 @@ type Zone struct {
 	// placeholder's value has the Caddyfile's syntax and range; one that is empty without a
 	// fallback, does not parse or is out of range rejects the request with 500 and an error
 	// naming the zone, the number and why (logged at error level); nothing is charged.
-	Capacity int64 `json:"capacity,omitempty"`
+	Capacity Number `json:"capacity,omitzero"`
 
 	// token_bucket: tokens added per second (a float; 100 per minute is 1.6667). Must be > 0. Or
 	// a placeholder, optionally with a fallback, as for capacity: "{http.vars.plan_rate} 10"; its
 	// value is written as in the Caddyfile, tokens per second or per a duration ("100/1m").
-	RefillRate float64 `json:"refill_rate,omitempty"`
+	RefillRate Number `json:"refill_rate,omitzero"`
 
 	// sliding_window, fixed_window, sliding_window_counter: requests admitted per window; 1 to
 	// 1,000,000 for sliding_window (one Redis entry per request), to 2^53 for the others (one
 	// counter per client). concurrency: requests of a client in flight at once, 1 to 100,000 (one
 	// Redis entry per request in flight). Or a placeholder, optionally with a fallback, as for
 	// capacity.
-	Limit int64 `json:"limit,omitempty"`
+	Limit Number `json:"limit,omitzero"`
 
 	// sliding_window, fixed_window, sliding_window_counter: the window length, as a duration
 	// (JSON: nanoseconds or a duration string); 1ms to 366 days. A fixed_window's windows of a
 	// duration are aligned to the Unix epoch (a 1h window starts on the hour, UTC). Or a
 	// placeholder, optionally with a fallback, as for capacity: "{http.vars.plan_window} 1h"; its
 	// value is a duration string ("1h", "1d").
-	Window caddy.Duration `json:"window,omitempty"`
+	Window Number `json:"window,omitzero"`
 
 	// fixed_window, instead of window: a calendar period, `hour`, `day`, `week` (from Monday) or
 	// `month`, starting at its start in `time_zone`. The count starts again at 0 when the period
@@ -121,7 +121,7 @@ type Zone struct {
 	// request counts as that quota (and above 1000 as 1000 where that bound applies). It also
 	// bounds what a zone with charge is charged after the response: a larger amount reported
 	// is charged as max_cost (counted in charge_capped_total).
-	MaxCost int64 `json:"max_cost,omitempty"`
+	MaxCost Number `json:"max_cost,omitzero"`
 
 	// What happens in this zone when Redis fails: `open`, `closed` or `local`, as the handler's
 	// `fail_mode`, which is the default. When the zones of a request have different modes and
@@ -166,16 +166,12 @@ type Zone struct {
 	HoldMax caddy.Duration `json:"hold_max,omitempty"`
 
 	after *afterResponse // count_status and charge, provisioned; nil without them
-	// exprs holds each number given by a placeholder as configured: the placeholder and,
-	// optionally after a space, the literal fallback ("{plan_capacity} 100"); "" for a literal.
-	// Set by the Caddyfile parser and UnmarshalJSON, written back by MarshalJSON (numbers.go).
-	exprs [numFields]string
-	// dyn are the numbers resolved per request, as provisioned from exprs; empty when every
-	// number is a literal, and the zone's requests then use lz itself.
+	// dyn are the numbers resolved per request, as provisioned: those given by a placeholder;
+	// empty when every number is a literal, and the zone's requests then use lz itself.
 	dyn         []dynNumber
 	matcherSets caddyhttp.MatcherSets
 	// lz is the zone's limiter parameters: the literals, and each placeholder number's
-	// fallback (0 without one), which ServeHTTP copies and completes per request (numbers.go).
+	// fallback (0 without one), which ServeHTTP copies and completes per request (number.go).
 	lz        limiter.Zone
 	fixedCost int64               // > 0 when Cost is a literal integer
 	decisions *decisionCounters   // the zone's series of decisions_total
@@ -218,16 +214,12 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger) error {
 	if err != nil {
 		return fmt.Errorf("zone %s: %w", z.Name, err)
 	}
-	err = z.provisionNumbers(algo, func(field, value string) string {
+	z.lz = limiter.Zone{Name: z.Name, Algorithm: algo, MaxWait: time.Duration(z.MaxWait), Lease: z.Lease.limiterLease()}
+	z.dyn, err = z.parseNumbers(&z.lz, func(field, value string) string {
 		return z.checkPlaceholder(logger, field, value, zap.String("when_empty", "the fallback, else 500"))
 	})
 	if err != nil {
 		return err
-	}
-	z.lz = limiter.Zone{
-		Name: z.Name, Algorithm: algo, Capacity: z.Capacity, RefillRate: z.RefillRate,
-		Limit: z.Limit, Window: time.Duration(z.Window), MaxCost: z.MaxCost, MaxWait: time.Duration(z.MaxWait),
-		Lease: z.Lease.limiterLease(),
 	}
 	if z.Period != "" {
 		if z.lz.Period, err = limiter.ParsePeriod(z.Period); err != nil {
@@ -239,8 +231,8 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger) error {
 			return fmt.Errorf("zone %s: time_zone %q is not a time zone of the IANA database: %w", z.Name, z.TimeZone, err)
 		}
 	}
-	if z.MaxCost == 0 && algo == limiter.SlidingWindow && hasPlaceholder(z.Cost) && len(z.dyn) == 0 {
-		z.lz.MaxCost = min(z.Limit, MaxSlidingWindowCost) // with placeholder numbers: per request
+	if z.MaxCost.IsZero() && algo == limiter.SlidingWindow && hasPlaceholder(z.Cost) && len(z.dyn) == 0 {
+		z.lz.MaxCost = min(z.lz.Limit, MaxSlidingWindowCost) // with placeholder numbers: per request
 	}
 	z.lz.Prepare()                    // after every number of lz is set
 	z.quotedName = `"` + z.Name + `"` // zone names are [A-Za-z0-9_.-]: nothing to escape

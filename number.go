@@ -2,18 +2,13 @@ package ratelimitredis
 
 // Zone numbers from placeholders (plans and tiers): a zone's capacity, refill_rate, limit,
 // window and max_cost may each be a placeholder resolved per request, with an optional literal
-// fallback, instead of a literal.
-//
-// Representation. The exported fields (Capacity, RefillRate, Limit, Window, MaxCost) keep their
-// types, so that a config of literal numbers reads, marshals and is built in Go as before; a
-// number given by a placeholder is kept in Zone.exprs as written ("{plan_capacity} 100": the
-// placeholder expression, then the fallback), and its exported field holds the fallback (0: none)
-// once provisioned. In JSON such a number is a string, the Caddyfile's arguments joined by a
-// space; a number stays a JSON number, so `caddy adapt` prints literal zones exactly as before.
+// fallback, instead of a literal. Each is a Number, which holds the number as configured; the
+// zone's provision parses it (its field and algorithm give its grammar and range) into the
+// zone's limiter.Zone, and each placeholder into a dynNumber.
 //
 // Cost. A zone whose numbers are all literal takes nothing of this per request: ServeHTTP uses
-// its provisioned limiter.Zone as before (Zone.dyn is empty). A zone with placeholder numbers
-// gets one limiter.Zone copy per request, with the resolved numbers written in.
+// its provisioned limiter.Zone (Zone.dyn is empty). A zone with placeholder numbers gets one
+// limiter.Zone copy per request, with the resolved numbers written in.
 
 import (
 	"bytes"
@@ -21,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"reflect"
 	"strconv"
 	"strings"
 	"time"
@@ -54,6 +50,128 @@ func numFieldNamed(name string) (numField, bool) {
 		}
 	}
 	return 0, false
+}
+
+// Number is a zone number: capacity, refill_rate, limit, window or max_cost. It is a literal, or
+// a placeholder resolved per request (plans and tiers) with an optional literal fallback for
+// when the placeholder is empty. In JSON it is a number (a window's in nanoseconds), or a string:
+// a literal in the Caddyfile's syntax ("100", "100/1m", "1h"), or the placeholder and,
+// optionally after a space, the fallback ("{http.vars.plan_capacity} 100"). Like
+// caddy.Duration, one type takes every form; unlike it, a Number is parsed when its zone is
+// provisioned or validated, where its field, and so its grammar and range, are known. The zero
+// Number is a number not given.
+type Number struct {
+	text   string // as configured: a JSON number's text, or a string's words joined by a space
+	quoted bool   // given as a JSON string
+}
+
+// NumberOf returns the Number of the literal v: a count (capacity, limit, max_cost), tokens per
+// second (refill_rate), or a duration (window: a time.Duration or caddy.Duration). 0 is a
+// number not given, as in JSON.
+func NumberOf[T ~int | ~int64 | ~float64](v T) Number {
+	if v == 0 {
+		return Number{}
+	}
+	if reflect.TypeFor[T]().Kind() != reflect.Float64 {
+		return Number{text: strconv.FormatInt(int64(v), 10)}
+	}
+	b, err := json.Marshal(float64(v))
+	if err != nil { // NaN or an infinity: no JSON number; a string that fails to parse
+		return Number{text: strconv.FormatFloat(float64(v), 'g', -1, 64), quoted: true}
+	}
+	return Number{text: string(b)}
+}
+
+// NumberText returns the Number of text as the Caddyfile's arguments give it, and JSON as a
+// string: a literal in the Caddyfile's syntax ("100/1m"), or a placeholder and, optionally after
+// a space, a literal fallback ("{http.vars.plan_capacity} 100").
+func NumberText(text string) Number {
+	return Number{text: strings.Join(strings.Fields(text), " "), quoted: true}
+}
+
+// IsZero reports whether n was not given.
+func (n Number) IsZero() bool { return n == Number{} }
+
+// MarshalJSON writes n as it was given: a JSON number, or a string.
+func (n Number) MarshalJSON() ([]byte, error) {
+	switch {
+	case n.quoted:
+		return json.Marshal(n.text)
+	case n.text == "":
+		return []byte("null"), nil
+	}
+	return []byte(n.text), nil
+}
+
+// UnmarshalJSON reads a JSON number or string as it is; null and 0 are a number not given, as
+// for the JSON numbers of Caddy's modules (omitempty). It is parsed when the zone is provisioned.
+func (n *Number) UnmarshalJSON(b []byte) error {
+	b = bytes.TrimSpace(b)
+	switch {
+	case bytes.Equal(b, []byte("null")):
+		*n = Number{}
+	case len(b) > 0 && b[0] == '"':
+		var text string
+		if err := json.Unmarshal(b, &text); err != nil {
+			return err
+		}
+		*n = NumberText(text)
+	case len(b) > 0 && (b[0] == '-' || b[0] >= '0' && b[0] <= '9'):
+		*n = Number{text: string(b)}
+		if f, err := strconv.ParseFloat(n.text, 64); err == nil && f == 0 {
+			*n = Number{}
+		}
+	default:
+		kind := map[byte]string{'t': "bool", 'f': "bool", '{': "object", '[': "array"}[b[0]]
+		return &json.UnmarshalTypeError{Value: kind, Type: reflect.TypeFor[Number]()}
+	}
+	return nil
+}
+
+// literalNumber is the Number of the value v of field f, as JSON has it: a number.
+func literalNumber(f numField, v numValue) Number {
+	switch f {
+	case numRefillRate:
+		return NumberOf(v.rate)
+	case numWindow:
+		return NumberOf(v.dur)
+	}
+	return NumberOf(v.n)
+}
+
+// placeholder reports whether n comes from a placeholder; fallback whether it has a fallback
+// then.
+func (n Number) placeholder() (placeholder, fallback bool) {
+	if !n.quoted {
+		return false, false
+	}
+	expr, literal, err := splitNumberExpr(n.text)
+	return err == nil && expr != "", err == nil && expr != "" && literal != ""
+}
+
+// noFallback reports whether n comes from a placeholder without a fallback.
+func (n Number) noFallback() bool {
+	p, f := n.placeholder()
+	return p && !f
+}
+
+// parse parses n as the number f of a zone of algorithm algo: its value (a literal's, or a
+// placeholder's fallback; zero without one) and, for a placeholder, its expression as written.
+// Its errors name neither the zone nor the field.
+func (n Number) parse(f numField, algo limiter.Algorithm) (v numValue, expr string, err error) {
+	if !n.quoted {
+		v, err = parseJSONNumber(f, n.text, maxInt(f, algo))
+		return v, "", err
+	}
+	expr, literal, err := splitNumberExpr(n.text)
+	if err != nil || literal == "" {
+		return numValue{}, expr, err
+	}
+	v, err = parseNumber(f, literal, maxInt(f, algo))
+	if err != nil && expr != "" {
+		err = fmt.Errorf("fallback %w", err)
+	}
+	return v, expr, err
 }
 
 // MaxNumberBytes bounds the text of a zone number read per request (a placeholder's value, an
@@ -94,10 +212,7 @@ func parseNumber(f numField, s string, maxInt int64) (numValue, error) {
 		if err != nil {
 			return numValue{}, fmt.Errorf("%s is not a duration", quoteBounded(s))
 		}
-		if dur < limiter.MinWindow || dur > limiter.MaxWindow {
-			return numValue{}, fmt.Errorf("%s is out of range (%s to %s)", quoteBounded(s), formatDuration(limiter.MinWindow), formatDuration(limiter.MaxWindow))
-		}
-		return numValue{dur: dur}, nil
+		return windowValue(dur, quoteBounded(s))
 	}
 	n, err := strconv.ParseInt(s, 10, 64)
 	if err != nil && !errors.Is(err, strconv.ErrRange) {
@@ -107,6 +222,27 @@ func parseNumber(f numField, s string, maxInt int64) (numValue, error) {
 		return numValue{}, fmt.Errorf("%s is out of range (1 to %d)", quoteBounded(s), maxInt)
 	}
 	return numValue{n: n}, nil
+}
+
+// parseJSONNumber parses s, the text of a JSON number, as the number f: as parseNumber parses a
+// literal, except that a window is a whole number of nanoseconds, as caddy.Duration reads one.
+func parseJSONNumber(f numField, s string, maxInt int64) (numValue, error) {
+	if f != numWindow {
+		return parseNumber(f, s, maxInt)
+	}
+	ns, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		return numValue{}, fmt.Errorf("%s is not a duration in nanoseconds", quoteBounded(s))
+	}
+	return windowValue(time.Duration(ns), strconv.Quote(formatDuration(time.Duration(ns))))
+}
+
+// windowValue is the window dur, or an error when it is out of range, showing it as shown.
+func windowValue(dur time.Duration, shown string) (numValue, error) {
+	if dur < limiter.MinWindow || dur > limiter.MaxWindow {
+		return numValue{}, fmt.Errorf("%s is out of range (%s to %s)", shown, formatDuration(limiter.MinWindow), formatDuration(limiter.MaxWindow))
+	}
+	return numValue{dur: dur}, nil
 }
 
 // quoteBounded quotes s, or its first 32 bytes and an ellipsis when it is longer, so that an
@@ -188,22 +324,6 @@ func maxInt(f numField, algo limiter.Algorithm) int64 {
 	return limiter.MaxCapacity
 }
 
-// setNumber writes v, a value of field f, into the zone's exported field.
-func (z *Zone) setNumber(f numField, v numValue) {
-	switch f {
-	case numCapacity:
-		z.Capacity = v.n
-	case numRefillRate:
-		z.RefillRate = v.rate
-	case numLimit:
-		z.Limit = v.n
-	case numWindow:
-		z.Window = caddy.Duration(v.dur)
-	case numMaxCost:
-		z.MaxCost = v.n
-	}
-}
-
 // setLimiterNumber writes v, a value of field f, into lz.
 func setLimiterNumber(lz *limiter.Zone, f numField, v numValue) {
 	switch f {
@@ -220,58 +340,51 @@ func setLimiterNumber(lz *limiter.Zone, f numField, v numValue) {
 	}
 }
 
-// dynamic reports whether the zone's number f comes from a placeholder.
-func (z *Zone) dynamic(f numField) bool { return z.exprs[f] != "" }
-
-// dynamicNoFallback reports whether the zone's number f comes from a placeholder without a
-// fallback (its exported field is then 0).
-func (z *Zone) dynamicNoFallback(f numField) bool {
-	_, fallback, err := splitNumberExpr(z.exprs[f])
-	return z.dynamic(f) && err == nil && fallback == ""
+// number returns the zone's number f.
+func (z *Zone) number(f numField) *Number {
+	return [numFields]*Number{&z.Capacity, &z.RefillRate, &z.Limit, &z.Window, &z.MaxCost}[f]
 }
 
-// quotaDynamic reports whether the zone's quota (capacity or limit) comes from a placeholder.
-func (z *Zone) quotaDynamic(algo limiter.Algorithm) bool {
+// quotaPlaceholder reports whether the quota (capacity or limit) of a zone of algorithm algo
+// comes from a placeholder.
+func (z *Zone) quotaPlaceholder(algo limiter.Algorithm) bool {
+	quota := &z.Limit
 	if algo == limiter.TokenBucket {
-		return z.dynamic(numCapacity)
+		quota = &z.Capacity
 	}
-	return z.dynamic(numLimit)
+	p, _ := quota.placeholder()
+	return p
 }
 
-// provisionNumbers parses the zone's placeholder numbers into z.dyn, expanding Caddyfile
-// shorthands (with checkPlaceholder's warnings), and writes each one's fallback (0: none) into
-// its exported field. algo is the zone's algorithm.
-func (z *Zone) provisionNumbers(algo limiter.Algorithm, check func(field, value string) string) error {
-	z.dyn = nil
+// parseNumbers sets lz's numbers (lz.Algorithm set) from the zone's: each literal, and each
+// placeholder's fallback (0 without one); and returns the placeholder numbers, their
+// expressions passed through expand (which expands Caddyfile shorthands, with warnings).
+func (z *Zone) parseNumbers(lz *limiter.Zone, expand func(field, expr string) string) ([]dynNumber, error) {
+	var dyn []dynNumber
 	for f := range numFields {
-		text := z.exprs[f]
-		if text == "" {
+		n := z.number(f)
+		if n.IsZero() {
 			continue
 		}
-		expr, fallback, err := splitNumberExpr(text)
-		if err == nil && expr == "" {
-			err = fmt.Errorf("%q holds no placeholder: give a literal as a number", text)
-		}
+		v, expr, err := n.parse(f, lz.Algorithm)
 		if err != nil {
-			return fmt.Errorf("zone %s: %s: %w", z.Name, f, err)
+			return nil, fmt.Errorf("zone %s: %s: %w", z.Name, f, err)
 		}
-		var v numValue // 0: no fallback
-		if fallback != "" {
-			if v, err = parseNumber(f, fallback, maxInt(f, algo)); err != nil {
-				return fmt.Errorf("zone %s: %s: fallback %w", z.Name, f, err)
-			}
+		setLimiterNumber(lz, f, v)
+		if expr == "" {
+			continue
 		}
-		z.setNumber(f, v)
-		expr = check(f.String(), expr)
+		_, hasFallback := n.placeholder()
+		expr = expand(f.String(), expr)
 		dn := dynNumber{
-			field: f, expr: expr, name: singlePlaceholder(expr), hasFallback: fallback != "",
+			field: f, expr: expr, name: singlePlaceholder(expr), hasFallback: hasFallback,
 			errPrefix: "zone " + z.Name + ": " + f.String() + " " + expr,
 		}
 		dn.errEmpty = fmt.Errorf("%s: the placeholder is empty and %s has no fallback (write one after the placeholder: %s %s <n>)",
 			dn.errPrefix, f, f, expr)
-		z.dyn = append(z.dyn, dn)
+		dyn = append(dyn, dn)
 	}
-	return nil
+	return dyn, nil
 }
 
 // numbers returns the zone's parameters for the request of repl: the provisioned limiter.Zone
@@ -340,121 +453,30 @@ func (z *Zone) finishNumbers(lz *limiter.Zone) error {
 	return nil
 }
 
-// probe returns the zone's parameters as Validate checks them when some come from placeholders:
-// a number with a fallback as the fallback; one without, as the value that constrains the others
+// probe returns lz, the zone's parameters with each placeholder's fallback, as Validate checks
+// them: a number from a placeholder without a fallback as the value that constrains the others
 // least (capacity and limit 1, a refill_rate that refills that in a second, window 1ms); a
 // max_cost above the quota clamped to it when either comes from a placeholder (it is, per
-// request). The Caddyfile
-// parser's checks between numbers are the same (zoneParser.finish).
-func (z *Zone) probe() limiter.Zone {
-	p := z.lz
-	if z.dynamicNoFallback(numCapacity) {
+// request).
+func (z *Zone) probe(lz limiter.Zone) limiter.Zone {
+	p := lz
+	if z.Capacity.noFallback() {
 		p.Capacity = 1
 	}
-	if z.dynamicNoFallback(numRefillRate) {
+	if z.RefillRate.noFallback() {
 		p.RefillRate = float64(max(p.Capacity, 1))
 	}
-	if z.dynamicNoFallback(numLimit) {
+	if z.Limit.noFallback() {
 		p.Limit = 1
 	}
-	if z.dynamicNoFallback(numWindow) {
+	if z.Window.noFallback() {
 		p.Window = limiter.MinWindow // with a period too: Validate reports both
 	}
-	if (z.quotaDynamic(p.Algorithm) || z.dynamic(numMaxCost)) && p.MaxCost > p.Quota() {
+	maxCostPlaceholder, _ := z.MaxCost.placeholder()
+	if (z.quotaPlaceholder(p.Algorithm) || maxCostPlaceholder) && p.MaxCost > p.Quota() {
 		p.MaxCost = p.Quota()
 	}
 	return p
-}
-
-// plainZone is Zone without its JSON methods.
-type plainZone Zone
-
-// MarshalJSON writes the zone as its fields say, except that a number given by a placeholder is
-// the string it was configured as ("{plan_capacity} 100").
-func (z *Zone) MarshalJSON() ([]byte, error) {
-	if z.exprs == ([numFields]string{}) {
-		return json.Marshal((*plainZone)(z))
-	}
-	out := struct {
-		*plainZone
-		Capacity   any `json:"capacity,omitempty"`
-		RefillRate any `json:"refill_rate,omitempty"`
-		Limit      any `json:"limit,omitempty"`
-		Window     any `json:"window,omitempty"`
-		MaxCost    any `json:"max_cost,omitempty"`
-	}{plainZone: (*plainZone)(z)}
-	fields := [numFields]*any{&out.Capacity, &out.RefillRate, &out.Limit, &out.Window, &out.MaxCost}
-	literals := [numFields]any{z.Capacity, z.RefillRate, z.Limit, z.Window, z.MaxCost}
-	zeros := [numFields]any{int64(0), float64(0), int64(0), caddy.Duration(0), int64(0)}
-	for f := range numFields {
-		switch {
-		case z.exprs[f] != "":
-			*fields[f] = z.exprs[f]
-		case literals[f] != zeros[f]:
-			*fields[f] = literals[f]
-		}
-	}
-	return json.Marshal(out)
-}
-
-// UnmarshalJSON reads the zone, strictly (an unknown field is an error, as Caddy decodes
-// modules). Each of capacity, refill_rate, limit, window and max_cost is a JSON number as before
-// (window also a duration string), or a string: a placeholder, optionally followed by a space and
-// a literal fallback ("{plan_capacity} 100"), or a literal in the Caddyfile's syntax ("100",
-// "100/1m").
-func (z *Zone) UnmarshalJSON(b []byte) error {
-	in := struct {
-		*plainZone
-		Capacity   json.RawMessage `json:"capacity,omitempty"`
-		RefillRate json.RawMessage `json:"refill_rate,omitempty"`
-		Limit      json.RawMessage `json:"limit,omitempty"`
-		Window     json.RawMessage `json:"window,omitempty"`
-		MaxCost    json.RawMessage `json:"max_cost,omitempty"`
-	}{plainZone: (*plainZone)(z)}
-	if err := caddy.StrictUnmarshalJSON(b, &in); err != nil {
-		return err
-	}
-	raws := [numFields]json.RawMessage{in.Capacity, in.RefillRate, in.Limit, in.Window, in.MaxCost}
-	targets := [numFields]any{&z.Capacity, &z.RefillRate, &z.Limit, &z.Window, &z.MaxCost}
-	for f := range numFields {
-		raw := bytes.TrimSpace(raws[f])
-		if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
-			continue
-		}
-		if err := z.unmarshalNumber(f, raw, targets[f]); err != nil {
-			return fmt.Errorf("zone %s: %s: %w", z.Name, f, err)
-		}
-	}
-	return nil
-}
-
-// unmarshalNumber reads the JSON value raw of field f into target (its exported field), or into
-// z.exprs when it is a string with a placeholder.
-func (z *Zone) unmarshalNumber(f numField, raw []byte, target any) error {
-	if raw[0] != '"' {
-		return json.Unmarshal(raw, target)
-	}
-	var text string
-	if err := json.Unmarshal(raw, &text); err != nil {
-		return err
-	}
-	expr, fallback, err := splitNumberExpr(text)
-	if err != nil {
-		return err
-	}
-	if expr != "" {
-		z.exprs[f] = strings.Join(strings.Fields(text), " ")
-		return nil // the fallback is parsed when the zone is provisioned: the algorithm is known then
-	}
-	if f == numWindow {
-		return json.Unmarshal(raw, target) // a duration string, as before
-	}
-	v, err := parseNumber(f, fallback, limiter.MaxCapacity)
-	if err != nil {
-		return err
-	}
-	z.setNumber(f, v)
-	return nil
 }
 
 // policyValue is the RateLimit-Policy item of a zone decided with lz:

@@ -3,6 +3,7 @@ package ratelimitredis
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"math"
 	"net/http"
 	"net/http/httptest"
@@ -23,15 +24,15 @@ import (
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/limiter"
 )
 
-// withExprs returns z with the given numbers given by placeholders, as the Caddyfile parser and
-// UnmarshalJSON set them: field name, text as configured.
+// withExprs returns z with the given numbers given as text, as the Caddyfile parser and JSON
+// set a placeholder number: field name, text as configured.
 func withExprs(z *Zone, nameText ...string) *Zone {
 	for i := 0; i+1 < len(nameText); i += 2 {
 		f, ok := numFieldNamed(nameText[i])
 		if !ok {
 			panic("no number " + nameText[i])
 		}
-		z.exprs[f] = nameText[i+1]
+		*z.number(f) = NumberText(nameText[i+1])
 	}
 	return z
 }
@@ -52,7 +53,7 @@ func TestUnmarshalCaddyfilePlaceholderNumbers(t *testing.T) {
 					refill_rate {plan_rate} 10/1m
 				}
 			}`,
-			want: withExprs(&Zone{Name: "api", Key: []string{"{http.request.header.X-API-Key}"}, Capacity: 100, RefillRate: 10.0 / 60},
+			want: withExprs(&Zone{Name: "api", Key: []string{"{http.request.header.X-API-Key}"}, Capacity: NumberOf(100), RefillRate: NumberOf(10.0 / 60)},
 				"capacity", "{plan_capacity} 100", "refill_rate", "{plan_rate} 10/1m"),
 			json: `{"name":"api","key":["{http.request.header.X-API-Key}"],"capacity":"{plan_capacity} 100","refill_rate":"{plan_rate} 10/1m"}`,
 		},
@@ -63,7 +64,7 @@ func TestUnmarshalCaddyfilePlaceholderNumbers(t *testing.T) {
 				limit {http.vars.plan_limit}
 				window 1h
 			}`,
-			want: withExprs(&Zone{Name: "default", Algorithm: "sliding_window", Window: caddy.Duration(time.Hour)}, "limit", "{http.vars.plan_limit}"),
+			want: withExprs(&Zone{Name: "default", Algorithm: "sliding_window", Window: NumberOf(caddy.Duration(time.Hour))}, "limit", "{http.vars.plan_limit}"),
 			json: `{"name":"default","algorithm":"sliding_window","limit":"{http.vars.plan_limit}","window":3600000000000}`,
 		},
 		{
@@ -73,7 +74,7 @@ func TestUnmarshalCaddyfilePlaceholderNumbers(t *testing.T) {
 				limit 5
 				window {plan_window} 1d
 			}`,
-			want: withExprs(&Zone{Name: "default", Algorithm: "fixed_window", Limit: 5, Window: caddy.Duration(24 * time.Hour)}, "window", "{plan_window} 1d"),
+			want: withExprs(&Zone{Name: "default", Algorithm: "fixed_window", Limit: NumberOf(5), Window: NumberOf(caddy.Duration(24 * time.Hour))}, "window", "{plan_window} 1d"),
 			json: `{"name":"default","algorithm":"fixed_window","limit":5,"window":"{plan_window} 1d"}`,
 		},
 		{
@@ -86,8 +87,8 @@ func TestUnmarshalCaddyfilePlaceholderNumbers(t *testing.T) {
 				cost 5
 				max_cost 50
 			}`,
-			want: withExprs(&Zone{Name: "default", Capacity: 3, RefillRate: 1, Cost: "5", MaxCost: 50}, "capacity", "{plan_capacity} 3"),
-			json: `{"name":"default","cost":"5","capacity":"{plan_capacity} 3","refill_rate":1,"max_cost":50}`,
+			want: withExprs(&Zone{Name: "default", Capacity: NumberOf(3), RefillRate: NumberOf(1), Cost: "5", MaxCost: NumberOf(50)}, "capacity", "{plan_capacity} 3"),
+			json: `{"name":"default","capacity":"{plan_capacity} 3","refill_rate":1,"cost":"5","max_cost":50}`,
 		},
 		{
 			name: "max_cost from a placeholder on a sliding window with a placeholder cost",
@@ -98,9 +99,9 @@ func TestUnmarshalCaddyfilePlaceholderNumbers(t *testing.T) {
 				cost {http.request.header.X-Cost}
 				max_cost {plan_max_cost} 5000
 			}`,
-			want: withExprs(&Zone{Name: "default", Algorithm: "sliding_window", Limit: 10, Window: caddy.Duration(time.Minute),
-				Cost: "{http.request.header.X-Cost}", MaxCost: 5000}, "max_cost", "{plan_max_cost} 5000"),
-			json: `{"name":"default","algorithm":"sliding_window","cost":"{http.request.header.X-Cost}","limit":10,"window":60000000000,"max_cost":"{plan_max_cost} 5000"}`,
+			want: withExprs(&Zone{Name: "default", Algorithm: "sliding_window", Limit: NumberOf(10), Window: NumberOf(caddy.Duration(time.Minute)),
+				Cost: "{http.request.header.X-Cost}", MaxCost: NumberOf(5000)}, "max_cost", "{plan_max_cost} 5000"),
+			json: `{"name":"default","algorithm":"sliding_window","limit":10,"window":60000000000,"cost":"{http.request.header.X-Cost}","max_cost":"{plan_max_cost} 5000"}`,
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -219,27 +220,38 @@ func TestAdaptPlaceholderNumbers(t *testing.T) {
 	}
 }
 
-// TestZoneJSONNumbers: the JSON forms of the numbers. A number as before; a string with a
-// placeholder, optionally and a fallback; a string literal in the Caddyfile's syntax; errors that
-// name the zone and the field; and a zone is still decoded strictly.
+// TestZoneJSONNumbers: the JSON forms of the numbers. A number; a string with a placeholder,
+// optionally and a fallback; a string literal in the Caddyfile's syntax. Each is written back as
+// it was given (a string's spaces collapsed) and provisioned to its value; errors name the zone
+// and the field; and a zone is still decoded strictly, as Caddy decodes a module.
 func TestZoneJSONNumbers(t *testing.T) {
-	for _, tc := range []struct{ in, want, err string }{
-		{in: `{"name":"a","capacity":5,"refill_rate":0.5}`, want: `{"name":"a","capacity":5,"refill_rate":0.5}`},
-		{in: `{"name":"a","capacity":"5","refill_rate":"30/1m"}`, want: `{"name":"a","capacity":5,"refill_rate":0.5}`},
-		{in: `{"name":"a","capacity":" {x}   7 ","refill_rate":"{y}"}`, want: `{"name":"a","capacity":"{x} 7","refill_rate":"{y}"}`},
-		{in: `{"name":"a","algorithm":"sliding_window","limit":"{x}","window":"1m"}`, want: `{"name":"a","algorithm":"sliding_window","limit":"{x}","window":60000000000}`},
-		{in: `{"name":"a","algorithm":"sliding_window","limit":1,"window":"{x} 1m"}`, want: `{"name":"a","algorithm":"sliding_window","limit":1,"window":"{x} 1m"}`},
-		{in: `{"name":"a","capacity":null}`, want: `{"name":"a"}`},
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: t.Context()})
+	defer cancel()
+	for _, tc := range []struct{ in, want, values, err string }{
+		// values: capacity, refill_rate, limit, window and max_cost as provisioned.
+		{in: `{"name":"a","capacity":5,"refill_rate":0.5}`, want: `{"name":"a","capacity":5,"refill_rate":0.5}`, values: "5 0.5 0 0s 0"},
+		{in: `{"name":"a","capacity":"5","refill_rate":"30/1m"}`, want: `{"name":"a","capacity":"5","refill_rate":"30/1m"}`, values: "5 0.5 0 0s 0"},
+		{in: `{"name":"a","capacity":" {x}   7 ","refill_rate":"{y}"}`, want: `{"name":"a","capacity":"{x} 7","refill_rate":"{y}"}`, values: "7 0 0 0s 0"},
+		{in: `{"name":"a","algorithm":"sliding_window","limit":"{x}","window":"1m"}`, want: `{"name":"a","algorithm":"sliding_window","limit":"{x}","window":"1m"}`, values: "0 0 0 1m0s 0"},
+		{in: `{"name":"a","algorithm":"sliding_window","limit":1,"window":60000000000}`, want: `{"name":"a","algorithm":"sliding_window","limit":1,"window":60000000000}`, values: "0 0 1 1m0s 0"},
+		{in: `{"name":"a","algorithm":"sliding_window","limit":1,"window":"{x} 1m"}`, want: `{"name":"a","algorithm":"sliding_window","limit":1,"window":"{x} 1m"}`, values: "0 0 1 1m0s 0"},
+		{in: `{"name":"a","capacity":null}`, want: `{"name":"a"}`, values: "0 0 0 0s 0"},
 		{in: `{"name":"a","capacity":"{x} {y}"}`, err: `zone a: capacity: the fallback "{y}" must be a literal, not a placeholder`},
 		{in: `{"name":"a","capacity":"5 6"}`, err: `zone a: capacity: unexpected argument "6"`},
 		{in: `{"name":"a","capacity":""}`, err: `zone a: capacity: empty`},
 		{in: `{"name":"a","capacity":"-1"}`, err: `zone a: capacity: "-1" is out of range (1 to 9007199254740992)`},
 		{in: `{"name":"a","refill_rate":"0"}`, err: `zone a: refill_rate: "0" must be > 0`},
-		{in: `{"name":"a","capacity":true}`, err: `zone a: capacity: json: cannot unmarshal bool into Go value of type int64`},
+		{in: `{"name":"a","capacity":true}`, err: `json: cannot unmarshal bool into Go struct field Zone.capacity of type ratelimitredis.Number`},
 		{in: `{"name":"a","capacity":1,"capacty":2}`, err: `json: unknown field "capacty"`},
 	} {
 		var z Zone
-		err := json.Unmarshal([]byte(tc.in), &z)
+		err := caddy.StrictUnmarshalJSON([]byte(tc.in), &z)
+		if err == nil {
+			if b, _ := json.Marshal(&z); tc.want != "" && string(b) != tc.want {
+				t.Errorf("%s:\n got %s\nwant %s", tc.in, b, tc.want)
+			}
+			err = z.provision(ctx, ctx.Logger())
+		}
 		if tc.err != "" {
 			if err == nil || err.Error() != tc.err {
 				t.Errorf("%s: error %v, want %q", tc.in, err, tc.err)
@@ -250,8 +262,9 @@ func TestZoneJSONNumbers(t *testing.T) {
 			t.Errorf("%s: %v", tc.in, err)
 			continue
 		}
-		if b, _ := json.Marshal(&z); string(b) != tc.want {
-			t.Errorf("%s:\n got %s\nwant %s", tc.in, b, tc.want)
+		lz := z.lz
+		if got := fmt.Sprintf("%d %g %d %v %d", lz.Capacity, lz.RefillRate, lz.Limit, lz.Window, lz.MaxCost); got != tc.values {
+			t.Errorf("%s: provisioned %s, want %s", tc.in, got, tc.values)
 		}
 	}
 }
@@ -277,7 +290,7 @@ func TestPlaceholderNumbersAtLoad(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if z := h.Zones[0]; z.Capacity != 5 || z.RefillRate != 0.5 || z.MaxCost != 0 || len(z.dyn) != 3 || z.lz.Capacity != 5 || z.lz.RefillRate != 0.5 {
+	if z := h.Zones[0]; len(z.dyn) != 3 || z.lz.Capacity != 5 || z.lz.RefillRate != 0.5 || z.lz.MaxCost != 0 {
 		t.Fatalf("provisioned %+v, want the fallbacks as numbers", z)
 	}
 	for _, tc := range []struct{ zone, want string }{
@@ -391,7 +404,7 @@ func FuzzZoneNumber(f *testing.F) {
 func TestLiteralNumbersCostNothing(t *testing.T) {
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: t.Context()})
 	defer cancel()
-	lit := &Zone{Name: "a", Capacity: 10, RefillRate: 1}
+	lit := &Zone{Name: "a", Capacity: NumberOf(10), RefillRate: NumberOf(1)}
 	if err := lit.provision(ctx, ctx.Logger()); err != nil {
 		t.Fatal(err)
 	}
@@ -492,7 +505,7 @@ func benchPlan(b *testing.B, zone *Zone) {
 // The same zone with literal numbers and with numbers from placeholders, under the same load:
 // go test -run XXX -bench ServeHTTPPlan -benchmem .
 func BenchmarkServeHTTPPlanLiteral(b *testing.B) {
-	benchPlan(b, &Zone{Capacity: 1 << 40, RefillRate: 1 << 40})
+	benchPlan(b, &Zone{Capacity: NumberOf(1 << 40), RefillRate: NumberOf(1 << 40)})
 }
 
 func BenchmarkServeHTTPPlanPlaceholders(b *testing.B) {
