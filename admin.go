@@ -219,7 +219,7 @@ func (a *AdminAPI) handleZones(w http.ResponseWriter, r *http.Request) error {
 	zones := []zoneInfo{}
 	for _, t := range targets("") {
 		zi := zoneInfo{
-			Name: t.z.Name, Algorithm: t.z.Algorithm, KeyPrefix: t.h.KeyPrefix, Redis: t.redis, DB: t.h.Redis.DB,
+			Name: t.z.Name, Algorithm: t.z.lz.Algorithm.String(), KeyPrefix: t.h.KeyPrefix, Redis: t.redis, DB: t.h.Redis.DB,
 			Capacity: t.z.lz.Capacity, RefillRate: t.z.lz.RefillRate, Limit: t.z.lz.Limit, WindowMs: t.z.lz.Window.Milliseconds(),
 			Period: t.z.Period, TimeZone: t.z.TimeZone, MaxWaitMs: ceilMs(time.Duration(t.z.MaxWait)),
 		}
@@ -326,7 +326,7 @@ func readState(ctx context.Context, w http.ResponseWriter, ts []target, key stri
 		}
 		cs := clientState{
 			Zone: t.z.Name, Key: key, Candidate: candidate, RedisKey: s.Key, Redis: t.redis, DB: t.h.Redis.DB,
-			Algorithm: t.z.Algorithm, Limit: lz.Quota(), Numbers: numbers, Exists: s.Exists, Remaining: s.Remaining,
+			Algorithm: lz.Algorithm.String(), Limit: lz.Quota(), Numbers: numbers, Exists: s.Exists, Remaining: s.Remaining,
 			RetryAfterMs: ceilMs(s.RetryAfter), TTLMs: s.TTL.Milliseconds(),
 		}
 		switch lz.Algorithm {

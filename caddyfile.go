@@ -2,7 +2,6 @@ package ratelimitredis
 
 import (
 	"fmt"
-	"strings"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -24,15 +23,6 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 	}
 	return handler, nil
 }
-
-// The algorithm names, as written in the Caddyfile and the JSON config.
-var (
-	tokenBucketName          = limiter.TokenBucket.String()
-	slidingWindowName        = limiter.SlidingWindow.String()
-	fixedWindowName          = limiter.FixedWindow.String()
-	slidingWindowCounterName = limiter.SlidingWindowCounter.String()
-	concurrencyName          = limiter.Concurrency.String()
-)
 
 // UnmarshalCaddyfile sets up the handler from Caddyfile tokens. Syntax:
 //
@@ -147,6 +137,14 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		}
 	}
 
+	// The options as a whole, with Validate's rules; an error points at the option at fault.
+	if err := h.validateOptions(); err != nil {
+		tok, ok := seen[err.Field]
+		if !ok {
+			tok = directive
+		}
+		return errAt(tok, "%v", err)
+	}
 	all, err := zones.finish(directive)
 	if err != nil {
 		return err
@@ -170,13 +168,13 @@ func (h *Handler) subdirective(d *caddyfile.Dispenser) error {
 	case "fail_mode", "ipv4_prefix", "ipv6_prefix", "jitter":
 		return parseOverride(d, overrides{&h.FailMode, &h.IPv4Prefix, &h.IPv6Prefix, func(j caddy.Duration) { h.Jitter = j }})
 	case "headers":
-		return stringArg(d, &h.Headers, oneOf(HeadersLegacy, HeadersIETF, HeadersBoth, HeadersOff))
+		return stringArg(d, &h.Headers)
 	case "degraded_header":
 		return onOffArg(d, &h.DegradedHeader)
 	case "grpc_status":
 		return onOffArg(d, &h.GRPCStatus)
 	case "clock":
-		return stringArg(d, &h.Clock, oneOf(ClockRedis, ClockLocal))
+		return stringArg(d, &h.Clock)
 	case "dry_run":
 		return flagArg(d, &h.DryRun)
 	case "log_key":
@@ -184,18 +182,16 @@ func (h *Handler) subdirective(d *caddyfile.Dispenser) error {
 	case "deny_cache":
 		return h.parseDenyCache(d)
 	case "max_waiting":
-		return intAtLeast(d, &h.MaxWaiting, 1)
+		return intArg(d, &h.MaxWaiting, "max_waiting 0 must be >= 1")
 	}
 	return d.Errf("unrecognized subdirective %q", d.Val())
 }
 
-// checkKeyPrefix checks the argument of key_prefix.
+// checkKeyPrefix checks the argument of key_prefix: not empty, which JSON cannot tell from no
+// key_prefix.
 func checkKeyPrefix(v string) error {
 	if v == "" {
 		return fmt.Errorf("must not be empty (leave it out for the default %q)", DefaultKeyPrefix)
-	}
-	if strings.ContainsAny(v, "{}") {
-		return fmt.Errorf("%q must not contain { or } (the client key is the Redis Cluster hash tag)", v)
 	}
 	return nil
 }
@@ -220,17 +216,18 @@ type overrides struct {
 }
 
 // parseOverride parses the fail_mode, ipv4_prefix, ipv6_prefix or jitter subdirective at the
-// cursor into o.
+// cursor into o. Their values are checked with the handler's or the zone's (validateOptions,
+// Zone.validate), but for a prefix of 0, which JSON cannot tell from none.
 func parseOverride(d *caddyfile.Dispenser, o overrides) error {
 	switch d.Val() {
 	case "fail_mode":
-		return stringArg(d, o.failMode, oneOf(FailOpen, FailClosed, FailLocal))
+		return stringArg(d, o.failMode)
 	case "ipv4_prefix":
-		return intInRange(d, o.ipv4Prefix, 32)
+		return intArg(d, o.ipv4Prefix, "ipv4_prefix 0 must be between 1 and 32")
 	case "ipv6_prefix":
-		return intInRange(d, o.ipv6Prefix, 128)
+		return intArg(d, o.ipv6Prefix, "ipv6_prefix 0 must be between 1 and 128")
 	}
-	dur, err := jitterDuration(d)
+	_, dur, err := durationValue(d)
 	if err != nil {
 		return err
 	}

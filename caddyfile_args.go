@@ -186,37 +186,24 @@ func positiveDuration(d *caddyfile.Dispenser) (time.Duration, error) {
 	return dur, nil
 }
 
-// jitterDuration parses the one argument of the jitter subdirective at the cursor: a duration
-// of a whole number of seconds, >= 0.
-func jitterDuration(d *caddyfile.Dispenser) (time.Duration, error) {
-	v, dur, err := durationValue(d)
-	switch {
-	case err != nil:
-		return 0, err
-	case dur < 0:
-		return 0, d.Errf("jitter: %q must be >= 0", v)
-	case dur%time.Second != 0:
-		return 0, d.Errf("jitter: %q must be a whole number of seconds (Retry-After is in seconds)", v)
-	}
-	return dur, nil
-}
-
-// intInRange reads the one argument of the subdirective at the cursor, an integer from 1 to
-// maxValue, into *field.
-func intInRange(d *caddyfile.Dispenser, field *int, maxValue int64) error {
+// intArg reads the one argument of the subdirective at the cursor, an integer, into *field; 0 is
+// the error zero, as an integer of JSON cannot tell it from none.
+func intArg(d *caddyfile.Dispenser, field *int, zero string) error {
 	name := d.Val()
 	v, err := oneArg(d)
 	if err != nil {
 		return err
 	}
-	n, err := strconv.ParseInt(v, 10, 64)
-	if err != nil && !errors.Is(err, strconv.ErrRange) {
+	n, err := strconv.Atoi(v)
+	switch {
+	case errors.Is(err, strconv.ErrRange):
+		return d.Errf("%s: %q is out of range", name, v)
+	case err != nil:
 		return d.Errf("%s: %q is not an integer", name, v)
+	case n == 0:
+		return d.Errf("%s", zero)
 	}
-	if err != nil || n < 1 || n > maxValue {
-		return d.Errf("%s: %q is out of range (1 to %d)", name, v, maxValue)
-	}
-	*field = int(n)
+	*field = n
 	return nil
 }
 

@@ -8,8 +8,6 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
-
-	"github.com/rate-limit-redis/caddy-rate-limit-redis/limiter"
 )
 
 func TestUnmarshalCaddyfileCharge(t *testing.T) {
@@ -53,25 +51,25 @@ func TestUnmarshalCaddyfileChargeErrors(t *testing.T) {
 	const tb = "rate_limit_redis {\n\tcapacity 10\n\trefill_rate 1\n"
 	for _, tc := range []struct{ name, input, want string }{
 		{"count_status empty", tb + "\tcount_status\n}", `wrong argument count or unexpected line ending after 'count_status', at Testfile:4`},
-		{"count_status bad code", tb + "\tcount_status 401 999\n}", `count_status: "999" is not a status code (100 to 599) or a class such as 4xx, at Testfile:4`},
-		{"count_status bad class", tb + "\tcount_status 6xx\n}", `count_status: "6xx" is not a status code (100 to 599) or a class such as 4xx, at Testfile:4`},
+		{"count_status bad code", tb + "\tcount_status 401 999\n}", `zone default: count_status: "999" is not a status code (100 to 599) or a class such as 4xx, at Testfile:4`},
+		{"count_status bad class", tb + "\tcount_status 6xx\n}", `zone default: count_status: "6xx" is not a status code (100 to 599) or a class such as 4xx, at Testfile:4`},
 		{"count_status twice", tb + "\tcount_status 401\n\tcount_status 403\n}", `duplicate subdirective "count_status", at Testfile:5`},
 		{"charge no source", tb + "\tcharge\n}", `charge: a source is required: header <field> or openai_usage [total|prompt|completion] [missing <n>], at Testfile:4`},
-		{"charge bad source", tb + "\tcharge body\n}", `charge: "body" must be header or openai_usage, at Testfile:4`},
+		{"charge bad source", tb + "\tcharge body\n}", `zone default: charge source "body" must be header or openai_usage, at Testfile:4`},
 		{"charge header no field", tb + "\tcharge header\n}", `charge header: one response header field name is required (charge header X-Tokens-Used), at Testfile:4`},
 		{"charge header two fields", tb + "\tcharge header A B\n}", `charge header: one response header field name is required (charge header X-Tokens-Used), at Testfile:4`},
-		{"charge usage bad", tb + "\tcharge openai_usage input\n}", `charge openai_usage: "input" must be total, prompt or completion, at Testfile:4`},
+		{"charge usage bad", tb + "\tcharge openai_usage input\n}", `zone default: charge usage "input" must be total, prompt or completion, at Testfile:4`},
 		{"charge usage extra", tb + "\tcharge openai_usage total x\n}", `charge openai_usage: unexpected argument "x", at Testfile:4`},
 		{"charge missing no amount", tb + "\tcharge openai_usage total missing\n}", `charge openai_usage: missing needs the amount a response without usage is charged (missing 4000), at Testfile:4`},
-		{"charge missing negative", tb + "\tcharge openai_usage missing -1\n}", `charge openai_usage: missing "-1" must be an integer between 0 and 9007199254740992, at Testfile:4`},
-		{"charge missing not a number", tb + "\tcharge openai_usage missing lots\n}", `charge openai_usage: missing "lots" must be an integer between 0 and 9007199254740992, at Testfile:4`},
+		{"charge missing negative", tb + "\tcharge openai_usage missing -1\n}", `zone default: charge missing -1 must be between 0 and 9007199254740992, at Testfile:4`},
+		{"charge missing not a number", tb + "\tcharge openai_usage missing lots\n}", `charge openai_usage: missing "lots" is not an integer, at Testfile:4`},
 		{"charge missing then usage", tb + "\tcharge openai_usage missing 5 total\n}", `charge openai_usage: unexpected argument "total", at Testfile:4`},
 		{"charge header missing", tb + "\tcharge header X missing 5\n}", `charge header: one response header field name is required (charge header X-Tokens-Used), at Testfile:4`},
-		{"hold_max alone", tb + "\thold_max 1m\n}", `hold_max applies to a zone with count_status or charge, or of algorithm concurrency, at Testfile:4`},
-		{"hold_max too long", tb + "\tcount_status 401\n\thold_max 2d\n}", `hold_max: "2d" is out of range (at most 1d), at Testfile:5`},
+		{"hold_max alone", tb + "\thold_max 1m\n}", `zone default: hold_max applies to a zone with count_status or charge, or of algorithm concurrency, at Testfile:4`},
+		{"hold_max too long", tb + "\tcount_status 401\n\thold_max 2d\n}", `zone default: hold_max 2d is out of range (at most 1d), at Testfile:5`},
 		{"hold_max zero", tb + "\tcount_status 401\n\thold_max 0s\n}", `hold_max: "0s" must be > 0, at Testfile:5`},
 		{"charge sliding_window", "rate_limit_redis {\n\tzone z {\n\t\talgorithm sliding_window\n\t\tlimit 10\n\t\twindow 1m\n\t\tcharge openai_usage\n\t}\n}",
-			`charge needs algorithm token_bucket, fixed_window or sliding_window_counter: a sliding_window zone stores one entry per unit of cost, so charging it what a response reports (thousands of tokens) would store thousands of entries per request; count_status works with sliding_window, at Testfile:6`},
+			`zone z: charge needs algorithm token_bucket, fixed_window or sliding_window_counter: a sliding_window zone stores one entry per unit of cost, so charging it what a response reports (thousands of tokens) would store thousands of entries per request; count_status works with sliding_window, at Testfile:6`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var h Handler
@@ -86,41 +84,40 @@ func TestUnmarshalCaddyfileChargeErrors(t *testing.T) {
 	}
 }
 
-// TestValidateAfter: the JSON config's count_status, charge and hold_max are checked as the
-// Caddyfile's are.
-func TestValidateAfter(t *testing.T) {
-	tbz := limiter.Zone{Name: "z", Algorithm: limiter.TokenBucket, Capacity: 10, RefillRate: 1}
-	swz := limiter.Zone{Name: "z", Algorithm: limiter.SlidingWindow, Limit: 10, Window: time.Minute}
-	fwz := limiter.Zone{Name: "z", Algorithm: limiter.FixedWindow, Limit: 10, Window: time.Minute}
-	scz := limiter.Zone{Name: "z", Algorithm: limiter.SlidingWindowCounter, Limit: 10, Window: time.Minute}
+// TestValidateCharging: the JSON config's count_status, charge and hold_max are checked as the
+// Caddyfile's are (Zone.validate, which the parser runs when a zone ends).
+func TestValidateCharging(t *testing.T) {
+	t.Parallel()
+	tbz := Zone{Capacity: NumberOf(10), RefillRate: NumberOf(1)}
+	swz := Zone{Algorithm: "sliding_window", Limit: NumberOf(10), Window: NumberOf(time.Minute)}
+	fwz := Zone{Algorithm: "fixed_window", Limit: NumberOf(10), Window: NumberOf(time.Minute)}
+	scz := Zone{Algorithm: "sliding_window_counter", Limit: NumberOf(10), Window: NumberOf(time.Minute)}
+	with := func(z Zone, set func(*Zone)) Zone { set(&z); return z }
 	for _, tc := range []struct {
 		name string
 		z    Zone
 		want string
 	}{
-		{"ok", Zone{lz: tbz, CountStatus: []string{"4xx"}, Charge: &Charge{Source: "openai_usage"}}, ""},
-		{"bad status", Zone{lz: tbz, CountStatus: []string{"4x"}}, `zone z: count_status: "4x" is not a status code (100 to 599) or a class such as 4xx`},
-		{"bad source", Zone{lz: tbz, Charge: &Charge{Source: "body"}}, `zone z: charge source "body" must be header or openai_usage`},
-		{"header without field", Zone{lz: tbz, Charge: &Charge{Source: "header"}}, `zone z: charge header needs a header field name`},
-		{"bad usage", Zone{lz: tbz, Charge: &Charge{Source: "openai_usage", Usage: "input"}}, `zone z: charge usage "input" must be total, prompt or completion`},
-		{"missing", Zone{lz: tbz, Charge: &Charge{Source: "openai_usage", Missing: new(int64(0))}}, ""},
-		{"missing negative", Zone{lz: tbz, Charge: &Charge{Source: "openai_usage", Missing: new(int64(-1))}}, `zone z: charge missing -1 must be between 0 and 9007199254740992`},
-		{"missing with header", Zone{lz: tbz, Charge: &Charge{Source: "header", Header: "X", Missing: new(int64(1))}}, `zone z: charge missing belongs to source openai_usage`},
-		{"hold_max alone", Zone{lz: tbz, HoldMax: caddy.Duration(time.Minute)}, `zone z: hold_max applies to a zone with count_status or charge, or of algorithm concurrency`},
-		{"hold_max too long", Zone{lz: tbz, CountStatus: []string{"401"}, HoldMax: caddy.Duration(25 * time.Hour)}, `zone z: hold_max must be between 1ns and 1d`},
-		{"sliding window count_status", Zone{lz: swz, CountStatus: []string{"401"}}, ""},
-		{"sliding window charge", Zone{lz: swz, Charge: &Charge{Source: "header", Header: "X"}}, `zone z: charge needs algorithm token_bucket, fixed_window or sliding_window_counter: a sliding_window zone stores one entry per unit of cost, so charging it what a response reports (thousands of tokens) would store thousands of entries per request; count_status works with sliding_window`},
-		{"fixed window", Zone{lz: fwz, CountStatus: []string{"401"}, Charge: &Charge{Source: "header", Header: "X"}}, ""},
-		{"sliding window counter", Zone{lz: scz, CountStatus: []string{"401"}, Charge: &Charge{Source: "openai_usage"}}, ""},
+		{"ok", with(tbz, func(z *Zone) { z.CountStatus, z.Charge = []string{"4xx"}, &Charge{Source: "openai_usage"} }), ""},
+		{"bad status", with(tbz, func(z *Zone) { z.CountStatus = []string{"4x"} }), `zone z: count_status: "4x" is not a status code (100 to 599) or a class such as 4xx`},
+		{"bad source", with(tbz, func(z *Zone) { z.Charge = &Charge{Source: "body"} }), `zone z: charge source "body" must be header or openai_usage`},
+		{"header without field", with(tbz, func(z *Zone) { z.Charge = &Charge{Source: "header"} }), `zone z: charge header needs a header field name`},
+		{"bad usage", with(tbz, func(z *Zone) { z.Charge = &Charge{Source: "openai_usage", Usage: "input"} }), `zone z: charge usage "input" must be total, prompt or completion`},
+		{"missing", with(tbz, func(z *Zone) { z.Charge = &Charge{Source: "openai_usage", Missing: new(int64(0))} }), ""},
+		{"missing negative", with(tbz, func(z *Zone) { z.Charge = &Charge{Source: "openai_usage", Missing: new(int64(-1))} }), `zone z: charge missing -1 must be between 0 and 9007199254740992`},
+		{"missing with header", with(tbz, func(z *Zone) { z.Charge = &Charge{Source: "header", Header: "X", Missing: new(int64(1))} }), `zone z: charge missing belongs to source openai_usage`},
+		{"hold_max alone", with(tbz, func(z *Zone) { z.HoldMax = caddy.Duration(time.Minute) }), `zone z: hold_max applies to a zone with count_status or charge, or of algorithm concurrency`},
+		{"hold_max too long", with(tbz, func(z *Zone) { z.CountStatus, z.HoldMax = []string{"401"}, caddy.Duration(25*time.Hour) }), `zone z: hold_max 25h0m0s is out of range (at most 1d)`},
+		{"sliding window count_status", with(swz, func(z *Zone) { z.CountStatus = []string{"401"} }), ""},
+		{"sliding window charge", with(swz, func(z *Zone) { z.Charge = &Charge{Source: "header", Header: "X"} }), `zone z: charge needs algorithm token_bucket, fixed_window or sliding_window_counter: a sliding_window zone stores one entry per unit of cost, so charging it what a response reports (thousands of tokens) would store thousands of entries per request; count_status works with sliding_window`},
+		{"fixed window", with(fwz, func(z *Zone) { z.CountStatus, z.Charge = []string{"401"}, &Charge{Source: "header", Header: "X"} }), ""},
+		{"sliding window counter", with(scz, func(z *Zone) { z.CountStatus, z.Charge = []string{"401"}, &Charge{Source: "openai_usage"} }), ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			z := tc.z
 			z.Name = "z"
-			err := z.provisionAfter()
-			if err == nil {
-				err = z.validateAfter()
-			}
-			if got := fmt.Sprint(err); (tc.want == "" && err != nil) || (tc.want != "" && got != tc.want) {
+			err := z.validate()
+			if got := fmt.Sprint(err); (tc.want == "") != (err == nil) || (tc.want != "" && got != tc.want) {
 				t.Fatalf("got %v, want %q", err, tc.want)
 			}
 		})

@@ -2,10 +2,8 @@ package ratelimitredis
 
 import (
 	"errors"
-	"fmt"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -78,11 +76,8 @@ func parseZone(d *caddyfile.Dispenser, names map[string]bool) (*Zone, error) {
 		return nil, d.ArgErr()
 	}
 	name := d.Val()
-	if !limiter.ValidZoneName(name) {
-		return nil, d.Errf("zone: %q is not a valid zone name (1 to 64 characters of A-Z a-z 0-9 _ . -)", name)
-	}
 	if names[name] {
-		return nil, d.Errf("duplicate zone name %q", name)
+		return nil, d.Errf("%v", errZoneNameTwice(name))
 	}
 	names[name] = true
 	p := newZoneParser(d.Token(), name)
@@ -115,16 +110,13 @@ func isZoneSubdirective(name string) bool {
 }
 
 // zoneParser fills one Zone from its subdirectives, whether they are in a zone block or at the top
-// level (the shorthand), and checks them together once the zone ends.
+// level (the shorthand), and validates it once the zone ends.
 type zoneParser struct {
 	zone *Zone
 	// start is where errors about the zone as a whole point: the zone's name, or for the
 	// shorthand its first subdirective.
 	start caddyfile.Token
 	seen  seenSubdirectives
-	cost  int64 // the cost when it is an integer literal
-	// vals are the numbers' literals, or their fallbacks; 0 without one.
-	vals [numFields]numValue
 }
 
 func newZoneParser(start caddyfile.Token, name string) *zoneParser {
@@ -132,7 +124,8 @@ func newZoneParser(start caddyfile.Token, name string) *zoneParser {
 }
 
 // subdirective parses the zone subdirective at the cursor. At the top level, only those of
-// isZoneSubdirective come here.
+// isZoneSubdirective come here. It checks the syntax only: what the values may be is the zone's
+// validation's, when the zone ends (finish).
 func (p *zoneParser) subdirective(d *caddyfile.Dispenser) error {
 	if err := p.seen.add(d); err != nil {
 		return err
@@ -144,23 +137,29 @@ func (p *zoneParser) subdirective(d *caddyfile.Dispenser) error {
 		z.Key, err = someArgs(d)
 		return err
 	case "empty_key":
-		return stringArg(d, &z.EmptyKey, oneOf(EmptyKeyShared, EmptyKeySkip, EmptyKeyDeny))
+		return stringArg(d, &z.EmptyKey)
 	case "algorithm":
-		return stringArg(d, &z.Algorithm, oneOf(tokenBucketName, slidingWindowName, fixedWindowName, slidingWindowCounterName, concurrencyName))
+		return stringArg(d, &z.Algorithm)
 	case "capacity", "refill_rate", "limit", "window", "max_cost":
 		return p.number(d)
 	case "period":
-		return stringArg(d, &z.Period, oneOf("hour", "day", "week", "month"))
+		return stringArg(d, &z.Period)
 	case "time_zone":
-		return stringArg(d, &z.TimeZone, checkTimeZone)
+		return stringArg(d, &z.TimeZone)
 	case "cost":
 		return p.parseCost(d)
 	case "max_wait":
 		return parseMaxWait(d, &z.MaxWait)
 	case "match":
 		return parseMatch(d, &z.MatcherSetsRaw)
-	case "count_status", "charge", "hold_max":
-		return p.afterSubdirective(d)
+	case "count_status":
+		var err error
+		z.CountStatus, err = someArgs(d)
+		return err
+	case "charge":
+		return p.parseCharge(d)
+	case "hold_max":
+		return durationArg(d, &z.HoldMax)
 	case "lease":
 		return p.parseLease(d)
 	case "fail_mode", "ipv4_prefix", "ipv6_prefix", "jitter":
@@ -169,41 +168,22 @@ func (p *zoneParser) subdirective(d *caddyfile.Dispenser) error {
 	return d.Errf("unrecognized subdirective %q", d.Val())
 }
 
-// checkTimeZone checks the argument of time_zone.
-func checkTimeZone(v string) error {
-	if _, err := time.LoadLocation(v); err != nil || v == "" || v == "Local" {
-		return fmt.Errorf("%q is not a time zone of the IANA database (such as UTC or Europe/Paris)", v)
-	}
-	return nil
-}
-
-// parseCost parses the cost subdirective at the cursor: an integer > 0, also kept in p.cost, or a
-// placeholder.
+// parseCost parses the cost subdirective at the cursor: an integer is written as it parses
+// (05 as 5), anything else as it is, a placeholder or what the zone's validation reports.
 func (p *zoneParser) parseCost(d *caddyfile.Dispenser) error {
 	v, err := oneArg(d)
 	if err != nil {
 		return err
 	}
-	if hasPlaceholder(v) {
-		p.zone.Cost = v
-		return nil
+	if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+		v = strconv.FormatInt(n, 10)
 	}
-	n, err := strconv.ParseInt(v, 10, 64)
-	if errors.Is(err, strconv.ErrRange) {
-		return d.Errf("cost: %q is out of range", v)
-	}
-	if err != nil {
-		return d.Errf("cost: %q is not an integer or a placeholder", v)
-	}
-	if n <= 0 {
-		return d.Errf("cost: %q must be > 0", v)
-	}
-	p.cost = n
-	p.zone.Cost = strconv.FormatInt(n, 10)
+	p.zone.Cost = v
 	return nil
 }
 
-// parseMaxWait parses the max_wait subdirective at the cursor into *field.
+// parseMaxWait parses the max_wait subdirective at the cursor into *field: a duration other
+// than 0, which JSON cannot tell from no max_wait.
 func parseMaxWait(d *caddyfile.Dispenser, field *caddy.Duration) error {
 	v, dur, err := durationValue(d)
 	switch {
@@ -211,9 +191,6 @@ func parseMaxWait(d *caddyfile.Dispenser, field *caddy.Duration) error {
 		return err
 	case dur <= 0:
 		return d.Errf("max_wait: %q must be > 0 (leave max_wait out to reject at once)", v)
-	case dur > limiter.MaxMaxWait:
-		return d.Errf("max_wait: %q is longer than %s: a request held that long outlasts most clients' timeouts; "+
-			"let it come back instead (429 and Retry-After)", v, limiter.MaxMaxWait)
 	}
 	*field = caddy.Duration(dur)
 	return nil
@@ -236,8 +213,9 @@ func parseMatch(d *caddyfile.Dispenser, field *caddyhttp.RawMatcherSets) error {
 
 // number parses the number subdirective at the cursor (capacity, refill_rate, limit, window,
 // max_cost): a literal, or a placeholder resolved per request and optionally a literal fallback
-// for when it is empty. A literal goes into the zone's field as a JSON number, so that `caddy
-// adapt` prints it as one; a placeholder as the string written.
+// for when it is empty. A literal that parses goes into the zone's field as a JSON number, so
+// that `caddy adapt` prints it as one; a placeholder, or a literal the zone's validation will
+// report, as the string written.
 func (p *zoneParser) number(d *caddyfile.Dispenser) error {
 	name := d.Val()
 	f, _ := numFieldNamed(name)
@@ -250,291 +228,55 @@ func (p *zoneParser) number(d *caddyfile.Dispenser) error {
 	if err != nil {
 		return d.Errf("%s: %v", name, err)
 	}
-	if expr != "" {
-		*p.zone.number(f) = NumberText(text)
-	}
-	if literal == "" {
-		return nil
-	}
-	// A counter (fixed_window, sliding_window_counter) takes a limit up to 2^53, a sliding window
-	// log 1,000,000: checked in finish when the algorithm is not known yet.
-	v, err := parseNumber(f, literal, limiter.MaxCapacity)
-	if err != nil && f == numLimit && strings.Contains(err.Error(), "out of range") && (p.zone.Algorithm == slidingWindowName || p.zone.Algorithm == "") {
-		return d.Errf("limit: %q is out of range (1 to %d)", literal, limiter.MaxLimit)
-	}
-	if err != nil {
-		return d.Errf("%s: %v", name, err)
-	}
-	p.vals[f] = v
+	*p.zone.number(f) = NumberText(text)
 	if expr == "" {
-		*p.zone.number(f) = literalNumber(f, v)
+		// The widest range: a limit's depends on the algorithm, which may come later.
+		if v, err := parseNumber(f, literal, limiter.MaxCapacity); err == nil {
+			*p.zone.number(f) = literalNumber(f, v)
+		}
 	}
 	return nil
 }
 
-// finish checks the subdirectives of the zone against each other, once all have been parsed.
-// An error about one subdirective points at it; one about a missing subdirective at p.start.
-func (p *zoneParser) finish() error {
-	z := p.zone
-	if len(p.seen) == 0 {
-		return errAt(p.start, "zone %q has no parameters: a %s zone needs capacity and refill_rate, a %s zone limit and window",
-			z.Name, tokenBucketName, slidingWindowName)
-	}
-	algorithm, hint := z.Algorithm, ""
-	if algorithm == "" {
-		algorithm, hint = tokenBucketName, " (the default when no algorithm is given)"
-	}
-	if err := p.finishParameters(algorithm, hint); err != nil {
-		return err
-	}
-	if err := p.finishCost(algorithm); err != nil {
-		return err
-	}
-	return p.finishAfter(algorithm)
-}
-
-// finishParameters checks that the zone has its algorithm's parameters, and no other algorithm's.
-// hint follows the algorithm's name in an error.
-func (p *zoneParser) finishParameters(algorithm, hint string) error {
-	z := p.zone
-	limit := p.vals[numLimit].n
-	if tok, ok := p.seen["limit"]; ok && limit > limiter.MaxLimit && (algorithm == slidingWindowName || algorithm == tokenBucketName) {
-		return errAt(tok, "limit: %q is out of range (1 to %d)", strconv.FormatInt(limit, 10), limiter.MaxLimit)
-	}
-	if tok, ok := p.seen["limit"]; ok && limit > limiter.MaxConcurrency && algorithm == concurrencyName {
-		return errAt(tok, "limit: %q is out of range (1 to %d requests in flight)", strconv.FormatInt(limit, 10), limiter.MaxConcurrency)
-	}
-	// Each subdirective of an algorithm's parameters, and the algorithm it belongs to in the
-	// error when another algorithm is used.
-	owner := map[string]string{"capacity": tokenBucketName, "refill_rate": tokenBucketName,
-		"limit": slidingWindowName, "window": slidingWindowName, "period": fixedWindowName, "time_zone": fixedWindowName}
-	allowed := map[string]bool{"capacity": true, "refill_rate": true}
-	own := []string{"capacity", "refill_rate"}
-	if algorithm != tokenBucketName {
-		allowed = map[string]bool{"limit": true, "window": true}
-		own = []string{"limit", "window"}
-	}
-	if algorithm == fixedWindowName {
-		allowed["period"], allowed["time_zone"] = true, true
-		own = []string{"limit"}
-	}
-	if algorithm == concurrencyName {
-		allowed = map[string]bool{"limit": true}
-		own = []string{"limit"}
-	}
-	for _, name := range []string{"capacity", "refill_rate", "limit", "window", "period", "time_zone"} {
-		if tok, ok := p.seen[name]; ok && !allowed[name] {
-			return errAt(tok, "%s belongs to algorithm %s, not %s%s", name, owner[name], algorithm, hint)
-		}
-	}
-	for _, name := range own {
-		if _, ok := p.seen[name]; !ok {
-			return errAt(p.start, "zone %q: %s is required for algorithm %s", z.Name, name, algorithm)
-		}
-	}
-	if err := p.finishConcurrency(algorithm); err != nil {
-		return err
-	}
-	if tok, ok := p.seen["max_wait"]; ok && algorithm != tokenBucketName {
-		// A token bucket's debt is an exact queue; a window's quota comes back in steps.
-		return errAt(tok, "max_wait applies to algorithm %s only, not %s: a window gives its quota back in steps, "+
-			"so a held request would have no exact turn; shape with a %s zone", tokenBucketName, algorithm, tokenBucketName)
-	}
-	if algorithm == fixedWindowName {
-		return p.finishFixedWindow()
-	}
-	return nil
-}
-
-// finishConcurrency refuses in a concurrency zone what does not apply to it: max_wait (no queue
-// waits for a slot, for now), cost and max_cost (a request takes one slot), count_status and
-// charge (a slot is given back when its response ends, whatever it was).
-func (p *zoneParser) finishConcurrency(algorithm string) error {
-	if algorithm != concurrencyName {
-		return nil
-	}
-	if tok, ok := p.seen["max_wait"]; ok {
-		return errAt(tok, "max_wait does not apply to algorithm %s: a request is admitted while one of its client's slots is free, "+
-			"else denied (429); no queue waits for a slot", concurrencyName)
-	}
-	for _, name := range []string{"cost", "max_cost"} {
-		if tok, ok := p.seen[name]; ok {
-			return errAt(tok, "%s does not apply to algorithm %s: a request takes one slot while it runs", name, concurrencyName)
-		}
-	}
-	for _, name := range []string{"count_status", "charge"} {
-		if tok, ok := p.seen[name]; ok {
-			return errAt(tok, "%s does not apply to algorithm %s: a slot is given back when its response is complete, whatever it was", name, concurrencyName)
-		}
-	}
-	if tok, ok := p.seen["hold_max"]; ok && time.Duration(p.zone.HoldMax) < MinSlotHold {
-		return errAt(tok, "hold_max %s: a %s zone's slots are refreshed every third of it; at least %s", time.Duration(p.zone.HoldMax), concurrencyName, MinSlotHold)
-	}
-	return nil
-}
-
-// finishFixedWindow checks that a fixed_window zone has a window or a period, and a time_zone only
-// with a period.
-func (p *zoneParser) finishFixedWindow() error {
-	_, hasWindow := p.seen["window"]
-	period, hasPeriod := p.seen["period"]
-	switch {
-	case hasWindow && hasPeriod:
-		return errAt(period, "period: a %s zone has a window or a period, not both", fixedWindowName)
-	case !hasWindow && !hasPeriod:
-		return errAt(p.start, "zone %q: window or period is required for algorithm %s", p.zone.Name, fixedWindowName)
-	}
-	if tok, ok := p.seen["time_zone"]; ok && !hasPeriod {
-		return errAt(tok, "time_zone applies to a period (period day), not to a window")
-	}
-	return nil
-}
-
-// finishCost checks cost and max_cost against the quota, and the time a token bucket takes to
-// refill.
+// parseCharge parses a zone's charge subdirective at the cursor:
 //
-// Numbers from placeholders are checked against each other per request, where they are known
-// (Zone.finishNumbers): here only what every value they can take would break. A quota from a
-// placeholder bounds cost and max_cost per request (a cost above it is a 429 without
-// Retry-After, a max_cost above it counts as the quota); a max_cost from one is bounded by the
-// quota, and by 1000 for a sliding window, per request. A fallback counts as a literal for the
-// refill time: it is what an empty placeholder gives. Provision and Validate check the same
-// (Zone.probe).
-func (p *zoneParser) finishCost(algorithm string) error {
-	z := p.zone
-	quotaName, quota, quotaField := "capacity", p.vals[numCapacity].n, numCapacity
-	if algorithm != tokenBucketName {
-		quotaName, quota, quotaField = "limit", p.vals[numLimit].n, numLimit
-	}
-	quotaDynamic, _ := z.number(quotaField).placeholder()
-	maxCostDynamic, _ := z.MaxCost.placeholder()
-	maxCost := p.vals[numMaxCost].n
-	if p.cost > quota && !quotaDynamic {
-		return errAt(p.seen["cost"], "cost %d is larger than %s %d: no request could ever be admitted",
-			p.cost, quotaName, quota)
-	}
-	if tok, ok := p.seen["max_cost"]; ok && !maxCostDynamic {
-		if maxCost > quota && !quotaDynamic {
-			return errAt(tok, "max_cost %d is larger than %s %d", maxCost, quotaName, quota)
-		}
-		if p.cost > maxCost {
-			return errAt(p.seen["cost"], "cost %d is larger than max_cost %d: no request could ever be admitted", p.cost, maxCost)
-		}
-		if algorithm == slidingWindowName && hasPlaceholder(z.Cost) && maxCost > MaxSlidingWindowCost {
-			return errAt(tok, "max_cost %d: a %s zone stores one entry per unit of cost, so a cost from a placeholder "+
-				"(chosen per request) is bounded by max_cost %d at most; use %s for larger costs", maxCost, slidingWindowName, MaxSlidingWindowCost, tokenBucketName)
-		}
-	}
-	if algorithm == tokenBucketName && !z.RefillRate.noFallback() {
-		capacity := p.vals[numCapacity].n
-		if z.Capacity.noFallback() {
-			capacity = 1 // the least it can be: a slower refill fails for every capacity
-		}
-		if fill := float64(capacity) / p.vals[numRefillRate].rate; fill > limiter.MaxWindow.Seconds() {
-			return errAt(p.seen["refill_rate"], "zone %q: an empty bucket takes %.0fs to refill (capacity / refill_rate); at most %s is supported",
-				z.Name, fill, formatDuration(limiter.MaxWindow))
-		}
-	}
-	return nil
-}
-
-// afterSubdirective parses a zone's count_status, charge or hold_max at the cursor (already
-// recorded in p.seen). Syntax:
-//
-//	count_status <code|Nxx>...
 //	charge header <field>
 //	charge openai_usage [total|prompt|completion] [missing <n>]
-//	hold_max <duration>
-func (p *zoneParser) afterSubdirective(d *caddyfile.Dispenser) error {
-	z := p.zone
-	switch d.Val() {
-	case "count_status":
-		args, err := someArgs(d)
-		if err != nil {
-			return err
-		}
-		for _, s := range args {
-			if _, _, err := parseStatus(s); err != nil {
-				return d.Errf("count_status: %v", err)
-			}
-		}
-		z.CountStatus = args
-
-	case "charge":
-		args := d.RemainingArgs()
-		if len(args) == 0 {
-			return d.Errf("charge: a source is required: header <field> or openai_usage [total|prompt|completion] [missing <n>]")
-		}
-		c := &Charge{Source: args[0]}
-		switch args[0] {
-		case ChargeHeader:
-			if len(args) != 2 {
-				return d.Errf("charge header: one response header field name is required (charge header X-Tokens-Used)")
-			}
-			c.Header = args[1]
-		case ChargeOpenAIUsage:
-			rest := args[1:]
-			if len(rest) > 0 && rest[0] != "missing" {
-				switch rest[0] {
-				case UsageTotal, UsagePrompt, UsageCompletion:
-					c.Usage = rest[0]
-				default:
-					return d.Errf("charge openai_usage: %q must be total, prompt or completion", rest[0])
-				}
-				rest = rest[1:]
-			}
-			if len(rest) > 0 && rest[0] == "missing" {
-				if len(rest) < 2 {
-					return d.Errf("charge openai_usage: missing needs the amount a response without usage is charged (missing 4000)")
-				}
-				n, err := strconv.ParseInt(rest[1], 10, 64)
-				if err != nil || n < 0 || n > limiter.MaxCapacity {
-					return d.Errf("charge openai_usage: missing %q must be an integer between 0 and %d", rest[1], int64(limiter.MaxCapacity))
-				}
-				c.Missing = &n
-				rest = rest[2:]
-			}
-			if len(rest) > 0 {
-				return d.Errf("charge openai_usage: unexpected argument %q", rest[0])
-			}
-		default:
-			return d.Errf("charge: %q must be header or openai_usage", args[0])
-		}
-		if err := noBlock(d, "charge"); err != nil {
-			return err
-		}
-		z.Charge = c
-
-	case "hold_max":
-		dur, err := positiveDuration(d)
-		if err != nil {
-			return err
-		}
-		if dur > MaxHoldMax {
-			return d.Errf("hold_max: %q is out of range (at most %s)", formatDuration(dur), formatDuration(MaxHoldMax))
-		}
-		z.HoldMax = caddy.Duration(dur)
+func (p *zoneParser) parseCharge(d *caddyfile.Dispenser) error {
+	args := d.RemainingArgs()
+	if len(args) == 0 {
+		return d.Errf("charge: a source is required: header <field> or openai_usage [total|prompt|completion] [missing <n>]")
 	}
-	return nil
-}
-
-// finishAfter checks count_status, charge and hold_max against the zone's algorithm, once the
-// zone is parsed.
-func (p *zoneParser) finishAfter(algorithm string) error {
-	z := p.zone
-	tok, counting := p.seen["count_status"]
-	if ctok, ok := p.seen["charge"]; ok {
-		tok = ctok
-	}
-	if z.Charge == nil && !counting {
-		if tok, ok := p.seen["hold_max"]; ok && algorithm != concurrencyName {
-			return errAt(tok, "hold_max applies to a zone with count_status or charge, or of algorithm concurrency")
+	c := &Charge{Source: args[0]}
+	switch args[0] {
+	case ChargeHeader:
+		if len(args) != 2 {
+			return d.Errf("charge header: one response header field name is required (charge header X-Tokens-Used)")
 		}
-		return nil
+		c.Header = args[1]
+	case ChargeOpenAIUsage:
+		rest := args[1:]
+		if len(rest) > 0 && rest[0] != "missing" {
+			c.Usage, rest = rest[0], rest[1:]
+		}
+		if len(rest) > 0 && rest[0] == "missing" {
+			if len(rest) < 2 {
+				return d.Errf("charge openai_usage: missing needs the amount a response without usage is charged (missing 4000)")
+			}
+			n, err := strconv.ParseInt(rest[1], 10, 64)
+			if err != nil {
+				return d.Errf("charge openai_usage: missing %q is not an integer", rest[1])
+			}
+			c.Missing, rest = &n, rest[2:]
+		}
+		if len(rest) > 0 {
+			return d.Errf("charge openai_usage: unexpected argument %q", rest[0])
+		}
 	}
-	if msg := afterAlgorithmError(algorithm, z.Charge != nil); msg != "" {
-		return errAt(tok, "%s", msg)
+	if err := noBlock(d, "charge"); err != nil {
+		return err
 	}
+	p.zone.Charge = c
 	return nil
 }
 
@@ -549,34 +291,48 @@ func (p *zoneParser) parseLease(d *caddyfile.Dispenser) error {
 		return d.Errf("lease: unexpected argument %q (lease takes a block: max and ttl)", d.Val())
 	}
 	le := new(Lease)
+	seen := make(seenSubdirectives)
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		switch d.Val() {
-		case "max":
-			v, err := oneArg(d)
-			if err != nil {
-				return err
-			}
-			n, err := strconv.ParseInt(v, 10, 64)
-			if err != nil || n < 1 || n > limiter.MaxCapacity {
-				return d.Errf("lease max: %q must be an integer between 1 and %d", v, int64(limiter.MaxCapacity))
-			}
-			le.Max = n
-		case "ttl":
-			v, dur, err := durationValue(d)
-			if err != nil {
-				return err
-			}
-			if dur < limiter.MinLeaseTTL || dur > limiter.MaxLeaseTTL {
-				return d.Errf("lease ttl: %q must be between %v and %v", v, limiter.MinLeaseTTL, limiter.MaxLeaseTTL)
-			}
-			le.TTL = caddy.Duration(dur)
-		default:
+		if d.Val() != "max" && d.Val() != "ttl" {
 			return d.Errf("lease: unrecognized subdirective %q (max, ttl)", d.Val())
 		}
-	}
-	if le.Max == 0 || le.TTL == 0 {
-		return d.Errf("lease: both max and ttl are required")
+		if err := seen.add(d); err != nil {
+			return err
+		}
+		if d.Val() == "ttl" {
+			_, dur, err := durationValue(d)
+			if err != nil {
+				return err
+			}
+			le.TTL = caddy.Duration(dur)
+			continue
+		}
+		v, err := oneArg(d)
+		if err != nil {
+			return err
+		}
+		if le.Max, err = strconv.ParseInt(v, 10, 64); err != nil {
+			return d.Errf("lease max: %q is not an integer", v)
+		}
 	}
 	p.zone.Lease = le
 	return nil
+}
+
+// finish validates the zone once all its subdirectives have been parsed, as Validate does for a
+// JSON config (Zone.validate): an error about one field points at its subdirective, one about
+// the zone as a whole at p.start.
+func (p *zoneParser) finish() error {
+	err := p.zone.validate()
+	if err == nil {
+		return nil
+	}
+	tok := p.start
+	var fe *limiter.FieldError
+	if errors.As(err, &fe) {
+		if t, ok := p.seen[fe.Field]; ok {
+			tok = t
+		}
+	}
+	return errAt(tok, "%v", err)
 }

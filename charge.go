@@ -138,56 +138,6 @@ func exportSettleFailures() {
 	}
 }
 
-// validateAfter checks count_status, charge and hold_max against the zone's algorithm.
-func (z *Zone) validateAfter() error {
-	if z.after == nil {
-		if z.HoldMax != 0 {
-			return fmt.Errorf("zone %s: hold_max applies to a zone with count_status or charge, or of algorithm concurrency", z.Name)
-		}
-		return nil
-	}
-	if z.HoldMax < 0 || time.Duration(z.HoldMax) > MaxHoldMax {
-		return fmt.Errorf("zone %s: hold_max must be between 1ns and %s", z.Name, formatDuration(MaxHoldMax))
-	}
-	if z.lz.Algorithm == limiter.Concurrency {
-		return z.validateSlots()
-	}
-	if err := afterAlgorithmError(z.lz.Algorithm.String(), z.Charge != nil); err != "" {
-		return fmt.Errorf("zone %s: %s", z.Name, err)
-	}
-	if c := z.Charge; c != nil {
-		switch {
-		case c.Source == ChargeHeader && c.Header == "":
-			return fmt.Errorf("zone %s: charge header needs a header field name", z.Name)
-		case c.Source == ChargeHeader && c.Usage != "":
-			return fmt.Errorf("zone %s: charge usage belongs to source openai_usage", z.Name)
-		case c.Source == ChargeOpenAIUsage && c.Header != "":
-			return fmt.Errorf("zone %s: charge header belongs to source header", z.Name)
-		case c.Source == ChargeHeader && c.Missing != nil:
-			return fmt.Errorf("zone %s: charge missing belongs to source openai_usage", z.Name)
-		case c.Missing != nil && (*c.Missing < 0 || *c.Missing > limiter.MaxCapacity):
-			return fmt.Errorf("zone %s: charge missing %d must be between 0 and %d", z.Name, *c.Missing, int64(limiter.MaxCapacity))
-		case c.Source == ChargeOpenAIUsage && c.Usage != UsageTotal && c.Usage != UsagePrompt && c.Usage != UsageCompletion:
-			return fmt.Errorf("zone %s: charge usage %q must be total, prompt or completion", z.Name, c.Usage)
-		case c.Source != ChargeHeader && c.Source != ChargeOpenAIUsage:
-			return fmt.Errorf("zone %s: charge source %q must be header or openai_usage", z.Name, c.Source)
-		}
-	}
-	return nil
-}
-
-// afterAlgorithmError is why a zone of algorithm cannot take count_status (or, with charge,
-// charge); "" when it can: every algorithm takes count_status, and every one but the sliding
-// window log takes charge.
-func afterAlgorithmError(algorithm string, charge bool) string {
-	if algorithm == slidingWindowName && charge {
-		return "charge needs algorithm token_bucket, fixed_window or sliding_window_counter: a sliding_window zone stores one entry per unit of cost, " +
-			"so charging it what a response reports (thousands of tokens) would store thousands of entries per request; " +
-			"count_status works with sliding_window"
-	}
-	return ""
-}
-
 // parseStatus parses a count_status code (401) or class (4xx) into the codes it covers.
 func parseStatus(s string) (lo, hi int, err error) {
 	if len(s) == 3 && s[0] >= '1' && s[0] <= '5' && (s[1:] == "xx" || s[1:] == "XX") {

@@ -2,7 +2,6 @@ package ratelimitredis
 
 import (
 	"context"
-	"fmt"
 	"net/http"
 	"time"
 
@@ -40,20 +39,6 @@ func (z *Zone) provisionSlots() error {
 		exportSettleFailures()
 	}
 	z.after = a
-	return nil
-}
-
-// validateSlots checks a concurrency zone: a hold_max of MinSlotHold to MaxHoldMax, and none of
-// what does not apply to it (the Caddyfile parser says the same: finishConcurrency).
-func (z *Zone) validateSlots() error {
-	switch {
-	case z.HoldMax != 0 && (time.Duration(z.HoldMax) < MinSlotHold || time.Duration(z.HoldMax) > MaxHoldMax):
-		return fmt.Errorf("zone %s: hold_max must be between %s and %s for algorithm concurrency", z.Name, MinSlotHold, formatDuration(MaxHoldMax))
-	case len(z.CountStatus) > 0 || z.Charge != nil:
-		return fmt.Errorf("zone %s: count_status and charge do not apply to algorithm concurrency: a slot is given back when its response is complete", z.Name)
-	case z.Cost != DefaultCost || !z.MaxCost.IsZero():
-		return fmt.Errorf("zone %s: cost and max_cost do not apply to algorithm concurrency: a request takes one slot while it runs", z.Name)
-	}
 	return nil
 }
 

@@ -450,7 +450,7 @@ func TestConcurrencyZoneConfig(t *testing.T) {
 		{"algorithm concurrency\n limit 5\n max_cost 2", "max_cost does not apply to algorithm concurrency"},
 		{"algorithm concurrency\n limit 5\n count_status 5xx", "count_status does not apply to algorithm concurrency"},
 		{"algorithm concurrency", "limit is required for algorithm concurrency"},
-		{"algorithm concurrency\n limit 100001", "out of range (1 to 100000 requests in flight)"},
+		{"algorithm concurrency\n limit 100001", "out of range (1 to 100000)"},
 		{"algorithm concurrency\n limit 5\n hold_max 500ms", "hold_max 500ms: a concurrency zone's slots are refreshed every third of it; at least 1s"},
 	} {
 		var h Handler
@@ -465,8 +465,8 @@ func TestConcurrencyZoneConfig(t *testing.T) {
 		z    *Zone
 		want string
 	}{
-		{&Zone{Name: "c", Algorithm: concurrencyName, Limit: NumberOf(5), HoldMax: caddy.Duration(time.Millisecond)}, "hold_max must be between 1s and 1d"},
-		{&Zone{Name: "c", Algorithm: concurrencyName, Limit: NumberOf(5), Cost: "2"}, "cost and max_cost do not apply"},
+		{&Zone{Name: "c", Algorithm: concurrencyName, Limit: NumberOf(5), HoldMax: caddy.Duration(time.Millisecond)}, "hold_max 1ms: a concurrency zone's slots are refreshed every third of it; at least 1s"},
+		{&Zone{Name: "c", Algorithm: concurrencyName, Limit: NumberOf(5), Cost: "2"}, "cost does not apply to algorithm concurrency"},
 		{&Zone{Name: "c", Algorithm: concurrencyName, Limit: NumberOf(5), MaxWait: caddy.Duration(time.Second)}, "max_wait does not apply"},
 	} {
 		h := &Handler{Redis: &RedisConfig{Addresses: []string{"127.0.0.1:1"}}, Zones: []*Zone{tc.z}}

@@ -1,7 +1,6 @@
 package ratelimitredis
 
 import (
-	"fmt"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -36,13 +35,4 @@ func (l *Lease) limiterLease() *limiter.Lease {
 		return nil
 	}
 	return &limiter.Lease{Max: l.Max, TTL: time.Duration(l.TTL)}
-}
-
-// validateLease checks what the limiter's Zone.Validate cannot: a zone that charges after the
-// response cannot lease.
-func (z *Zone) validateLease() error {
-	if z.Lease != nil && z.after != nil {
-		return fmt.Errorf("zone %s: lease excludes count_status and charge: a grant is spent as requests arrive, before any response says what to charge", z.Name)
-	}
-	return nil
 }

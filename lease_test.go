@@ -25,9 +25,9 @@ func TestLeaseCaddyfile(t *testing.T) {
 		t.Fatalf("adapted %s, %v; want the zone's lease", cfg, err)
 	}
 	for block, want := range map[string]string{
-		"lease {\n max 200\n}":              "lease: both max and ttl are required",
-		"lease {\n max 0\n ttl 1s\n}":       `lease max: "0" must be an integer between 1`,
-		"lease {\n max 5\n ttl 1ms\n}":      `lease ttl: "1ms" must be between 10ms and 1m0s`,
+		"lease {\n max 200\n}":              "zone api: lease ttl 0s must be between 10ms and 1m0s",
+		"lease {\n max 0\n ttl 1s\n}":       "zone api: lease max 0 must be between 1 and 2^53",
+		"lease {\n max 5\n ttl 1ms\n}":      "zone api: lease ttl 1ms must be between 10ms and 1m0s",
 		"lease {\n max 5\n ttl 1s\n x 1\n}": `lease: unrecognized subdirective "x"`,
 		"lease 5":                           `lease: unexpected argument "5"`,
 	} {

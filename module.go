@@ -328,117 +328,80 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	return nil
 }
 
-// Validate checks the provisioned configuration; its errors name the field at fault.
+// Validate checks the provisioned configuration: the handler's options and each zone, with the
+// rules the Caddyfile parser applies (validateOptions, Zone.validate). Its errors name the field
+// at fault.
 func (h *Handler) Validate() error {
 	if len(h.Zones) == 0 {
-		return fmt.Errorf("at least one zone is required")
+		return errors.New("at least one zone is required")
 	}
-	if strings.ContainsAny(h.KeyPrefix, "{}") {
-		return fmt.Errorf("key_prefix %q must not contain { or }: the client key is the Redis Cluster hash tag", h.KeyPrefix)
-	}
-	if h.Timeout <= 0 {
-		return fmt.Errorf("timeout must be > 0")
-	}
-	if h.DenyCacheMaxAge < 0 {
-		return fmt.Errorf("deny_cache_max_age must be > 0")
-	}
-	if h.MaxWaiting < 0 {
-		return fmt.Errorf("max_waiting %d must be >= 1", h.MaxWaiting)
-	}
-	switch h.FailMode {
-	case FailOpen, FailClosed, FailLocal:
-	default:
-		return fmt.Errorf("fail_mode %q must be open, closed or local", h.FailMode)
-	}
-	switch h.Headers {
-	case HeadersLegacy, HeadersIETF, HeadersBoth, HeadersOff:
-	default:
-		return fmt.Errorf("headers %q must be legacy, ietf, both or off", h.Headers)
-	}
-	switch h.Clock {
-	case ClockRedis, ClockLocal:
-	default:
-		return fmt.Errorf("clock %q must be redis or local", h.Clock)
-	}
-	if err := checkPrefixes("", h.IPv4Prefix, h.IPv6Prefix); err != nil {
-		return err
-	}
-	if err := checkJitter("", h.Jitter); err != nil {
+	if err := h.validateOptions(); err != nil {
 		return err
 	}
 	seen := make(map[string]bool, len(h.Zones))
 	for _, z := range h.Zones {
-		// A zone with placeholder numbers is checked as Zone.probe says (and per request as
-		// Zone.finishNumbers does); one of literals as it is.
-		lz := z.lz
-		if len(z.dyn) > 0 {
-			lz = z.probe(z.lz)
-		}
-		if err := lz.Validate(); err != nil {
+		if err := z.validate(); err != nil {
 			return err
-		}
-		if err := z.validateAfter(); err != nil {
-			return err
-		}
-		if err := z.validateLease(); err != nil {
-			return err
-		}
-		switch z.FailMode {
-		case "", FailOpen, FailClosed, FailLocal:
-		default:
-			return fmt.Errorf("zone %s: fail_mode %q must be open, closed or local", z.Name, z.FailMode)
-		}
-		switch z.EmptyKey {
-		case EmptyKeyShared, EmptyKeySkip, EmptyKeyDeny:
-		default:
-			return fmt.Errorf("zone %s: empty_key %q must be shared, skip or deny", z.Name, z.EmptyKey)
-		}
-		if err := checkPrefixes("zone "+z.Name+": ", z.IPv4Prefix, z.IPv6Prefix); err != nil {
-			return err
-		}
-		if z.Jitter != nil {
-			if err := checkJitter("zone "+z.Name+": ", *z.Jitter); err != nil {
-				return err
-			}
-		}
-		// A quota or max_cost from a placeholder bounds the cost per request (see
-		// Zone.finishNumbers), as the Caddyfile parser's checks say.
-		maxCostPlaceholder, _ := z.MaxCost.placeholder()
-		if z.fixedCost > lz.Quota() && !z.quotaPlaceholder(lz.Algorithm) {
-			return fmt.Errorf("zone %s: cost %d is larger than the zone's quota %d: no request could ever be admitted", z.Name, z.fixedCost, lz.Quota())
-		}
-		if z.lz.MaxCost > 0 && z.fixedCost > z.lz.MaxCost && !maxCostPlaceholder {
-			return fmt.Errorf("zone %s: cost %d is larger than max_cost %d: no request could ever be admitted", z.Name, z.fixedCost, z.lz.MaxCost)
-		}
-		if lz.Algorithm == limiter.SlidingWindow && z.fixedCost == 0 && lz.MaxCost > MaxSlidingWindowCost && !maxCostPlaceholder {
-			return fmt.Errorf("zone %s: max_cost %d: a sliding_window zone stores one entry per unit of cost, so a cost from a placeholder is bounded by max_cost %d at most; use token_bucket for larger costs",
-				z.Name, lz.MaxCost, MaxSlidingWindowCost)
 		}
 		if seen[z.Name] {
-			return fmt.Errorf("zone name %q is used twice", z.Name)
+			return errZoneNameTwice(z.Name)
 		}
 		seen[z.Name] = true
 	}
 	return h.Redis.validate()
 }
 
-// checkPrefixes reports an ipv4_prefix or ipv6_prefix out of range (0 stands for the default);
-// its error begins with where.
-func checkPrefixes(where string, v4, v6 int) error {
+// errZoneNameTwice is the error of a second zone named name.
+func errZoneNameTwice(name string) error {
+	return fmt.Errorf("zone name %q is used twice", name)
+}
+
+// validateOptions checks the handler's options as configured, before Provision (the Caddyfile
+// parser, once the block ends) or after (Validate): an empty one is its default. Its error is a
+// *limiter.FieldError naming the option at fault.
+func (h *Handler) validateOptions() *limiter.FieldError {
+	opt := func(field, format string, args ...any) *limiter.FieldError {
+		return &limiter.FieldError{Field: field, Msg: fmt.Sprintf(format, args...)}
+	}
+	switch {
+	case strings.ContainsAny(h.KeyPrefix, "{}"):
+		return opt("key_prefix", "key_prefix %q must not contain { or }: the client key is the Redis Cluster hash tag", h.KeyPrefix)
+	case h.Timeout < 0:
+		return opt("timeout", "timeout must be > 0")
+	case h.DenyCacheMaxAge < 0:
+		return opt("deny_cache", "deny_cache_max_age must be > 0")
+	case h.MaxWaiting < 0:
+		return opt("max_waiting", "max_waiting %d must be >= 1", h.MaxWaiting)
+	case !slices.Contains([]string{"", FailOpen, FailClosed, FailLocal}, h.FailMode):
+		return opt("fail_mode", "fail_mode %q must be open, closed or local", h.FailMode)
+	case !slices.Contains([]string{"", HeadersLegacy, HeadersIETF, HeadersBoth, HeadersOff}, h.Headers):
+		return opt("headers", "headers %q must be legacy, ietf, both or off", h.Headers)
+	case !slices.Contains([]string{"", ClockRedis, ClockLocal}, h.Clock):
+		return opt("clock", "clock %q must be redis or local", h.Clock)
+	}
+	if err := checkPrefixes(h.IPv4Prefix, h.IPv6Prefix); err != nil {
+		return err
+	}
+	return checkJitter(h.Jitter)
+}
+
+// checkPrefixes reports an ipv4_prefix or ipv6_prefix out of range (0 stands for the default),
+// of the handler (a zone's sets the error's Zone).
+func checkPrefixes(v4, v6 int) *limiter.FieldError {
 	if v4 < 0 || v4 > 32 {
-		return fmt.Errorf("%sipv4_prefix %d must be between 1 and 32", where, v4)
+		return &limiter.FieldError{Field: "ipv4_prefix", Msg: fmt.Sprintf("ipv4_prefix %d must be between 1 and 32", v4)}
 	}
 	if v6 < 0 || v6 > 128 {
-		return fmt.Errorf("%sipv6_prefix %d must be between 1 and 128", where, v6)
+		return &limiter.FieldError{Field: "ipv6_prefix", Msg: fmt.Sprintf("ipv6_prefix %d must be between 1 and 128", v6)}
 	}
 	return nil
 }
 
 // checkJitter reports a jitter that is negative or not a whole number of seconds (Retry-After
-// is in seconds); its error begins with where.
-func checkJitter(where string, jitter caddy.Duration) error {
+// is in seconds), of the handler (a zone's sets the error's Zone).
+func checkJitter(jitter caddy.Duration) *limiter.FieldError {
 	if jitter < 0 || time.Duration(jitter)%time.Second != 0 {
-		return fmt.Errorf("%sjitter %v must be a whole number of seconds, >= 0", where, time.Duration(jitter))
+		return &limiter.FieldError{Field: "jitter", Msg: fmt.Sprintf("jitter %v must be a whole number of seconds, >= 0", time.Duration(jitter))}
 	}
 	return nil
 }

@@ -527,9 +527,9 @@ func TestConfigErrorsAtLoad(t *testing.T) {
 		"sentinel":       {`{"redis":{"sentinel":"m"},"zones":[{"name":"a","capacity":1,"refill_rate":1}]}`, "redis sentinel m needs the addresses of its Sentinels"},
 		"dup zone":       {`{"zones":[{"name":"a","capacity":1,"refill_rate":1},{"name":"a","capacity":1,"refill_rate":1}]}`, `zone name "a" is used twice`},
 		"braces":         {`{"key_prefix":"{x}","zones":[{"name":"a","capacity":1,"refill_rate":1}]}`, "key_prefix \"{x}\" must not contain { or }"},
-		"both algos":     {`{"zones":[{"name":"a","capacity":1,"refill_rate":1,"limit":3}]}`, "zone a: limit and window belong to algorithm sliding_window, not token_bucket"},
-		"cost > cap":     {`{"zones":[{"name":"a","capacity":2,"refill_rate":1,"cost":"3"}]}`, "zone a: cost 3 is larger than the zone's quota 2: no request could ever be admitted"},
-		"cost":           {`{"zones":[{"name":"a","capacity":1,"refill_rate":1,"cost":"0"}]}`, `zone a: cost "0" must be a positive integer or a placeholder`},
+		"both algos":     {`{"zones":[{"name":"a","capacity":1,"refill_rate":1,"limit":3}]}`, "zone a: limit belongs to algorithm sliding_window, not token_bucket"},
+		"cost > cap":     {`{"zones":[{"name":"a","capacity":2,"refill_rate":1,"cost":"3"}]}`, "zone a: cost 3 is larger than capacity 2: no request could ever be admitted"},
+		"cost":           {`{"zones":[{"name":"a","capacity":1,"refill_rate":1,"cost":"0"}]}`, `zone a: cost: "0" must be > 0`},
 		"zone fail mode": {`{"zones":[{"name":"a","capacity":1,"refill_rate":1,"fail_mode":"maybe"}]}`, `zone a: fail_mode "maybe" must be open, closed or local`},
 		"empty key":      {`{"zones":[{"name":"a","capacity":1,"refill_rate":1,"empty_key":"drop"}]}`, `zone a: empty_key "drop" must be shared, skip or deny`},
 	} {

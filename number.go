@@ -313,9 +313,11 @@ func singlePlaceholder(expr string) string {
 	return name
 }
 
-// maxInt is the upper bound of the integer number f in a zone of algorithm algo.
+// maxInt is the upper bound of the integer number f in a zone of algorithm algo. A token
+// bucket has no limit: one is bounded as a sliding window's, the algorithm that takes a limit
+// when none is given.
 func maxInt(f numField, algo limiter.Algorithm) int64 {
-	if f == numLimit && algo == limiter.SlidingWindow {
+	if f == numLimit && (algo == limiter.SlidingWindow || algo == limiter.TokenBucket) {
 		return limiter.MaxLimit
 	}
 	if f == numLimit && algo == limiter.Concurrency {
@@ -358,7 +360,7 @@ func (z *Zone) quotaPlaceholder(algo limiter.Algorithm) bool {
 
 // parseNumbers sets lz's numbers (lz.Algorithm set) from the zone's: each literal, and each
 // placeholder's fallback (0 without one); and returns the placeholder numbers, their
-// expressions passed through expand (which expands Caddyfile shorthands, with warnings).
+// expressions passed through expand (nil: as written). Its error is a *limiter.FieldError.
 func (z *Zone) parseNumbers(lz *limiter.Zone, expand func(field, expr string) string) ([]dynNumber, error) {
 	var dyn []dynNumber
 	for f := range numFields {
@@ -368,14 +370,16 @@ func (z *Zone) parseNumbers(lz *limiter.Zone, expand func(field, expr string) st
 		}
 		v, expr, err := n.parse(f, lz.Algorithm)
 		if err != nil {
-			return nil, fmt.Errorf("zone %s: %s: %w", z.Name, f, err)
+			return nil, z.fieldError(f.String(), "%s: %v", f, err)
 		}
 		setLimiterNumber(lz, f, v)
 		if expr == "" {
 			continue
 		}
 		_, hasFallback := n.placeholder()
-		expr = expand(f.String(), expr)
+		if expand != nil {
+			expr = expand(f.String(), expr)
+		}
 		dn := dynNumber{
 			field: f, expr: expr, name: singlePlaceholder(expr), hasFallback: hasFallback,
 			errPrefix: "zone " + z.Name + ": " + f.String() + " " + expr,
@@ -455,9 +459,9 @@ func (z *Zone) finishNumbers(lz *limiter.Zone) error {
 
 // probe returns lz, the zone's parameters with each placeholder's fallback, as Validate checks
 // them: a number from a placeholder without a fallback as the value that constrains the others
-// least (capacity and limit 1, a refill_rate that refills that in a second, window 1ms); a
-// max_cost above the quota clamped to it when either comes from a placeholder (it is, per
-// request).
+// least (capacity and limit 1, a refill_rate that refills that in a second, window 1ms, max_cost
+// the quota); a max_cost above the quota clamped to it when either comes from a placeholder (it
+// is, per request).
 func (z *Zone) probe(lz limiter.Zone) limiter.Zone {
 	p := lz
 	if z.Capacity.noFallback() {
@@ -471,6 +475,9 @@ func (z *Zone) probe(lz limiter.Zone) limiter.Zone {
 	}
 	if z.Window.noFallback() {
 		p.Window = limiter.MinWindow // with a period too: Validate reports both
+	}
+	if z.MaxCost.noFallback() {
+		p.MaxCost = p.Quota()
 	}
 	maxCostPlaceholder, _ := z.MaxCost.placeholder()
 	if (z.quotaPlaceholder(p.Algorithm) || maxCostPlaceholder) && p.MaxCost > p.Quota() {

@@ -545,7 +545,7 @@ func TestShapingConfig(t *testing.T) {
 		{&Handler{Zones: []*Zone{{Name: "w", Algorithm: "sliding_window", Limit: NumberOf(5), Window: NumberOf(caddy.Duration(time.Minute)), MaxWait: caddy.Duration(time.Second)}}},
 			"zone w: max_wait applies to algorithm token_bucket only, not sliding_window: a window gives its quota back in steps, so a held request would have no exact turn; shape with a token_bucket zone"},
 		{&Handler{Zones: []*Zone{{Name: "a", Capacity: NumberOf(1), RefillRate: NumberOf(1), MaxWait: caddy.Duration(2 * time.Minute)}}},
-			"zone a: max_wait 2m0s must be between 0 and 1m0s"},
+			"zone a: max_wait 2m0s is longer than 1m0s: a request held that long outlasts most clients' timeouts; let it come back instead (429 and Retry-After)"},
 		{&Handler{MaxWaiting: -1, Zones: []*Zone{{Name: "a", Capacity: NumberOf(1), RefillRate: NumberOf(1)}}}, "max_waiting -1 must be >= 1"},
 	} {
 		tc.h.Redis = redisCfg

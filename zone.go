@@ -1,6 +1,8 @@
 package ratelimitredis
 
 import (
+	"cmp"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -21,6 +23,13 @@ const (
 	EmptyKeyShared = "shared" // counted under one key shared by all such requests of the zone
 	EmptyKeySkip   = "skip"   // the zone does not apply to it
 	EmptyKeyDeny   = "deny"   // rejected with 403
+)
+
+// The names of the algorithms that zone errors name, as configured.
+var (
+	tokenBucketName   = limiter.TokenBucket.String()
+	slidingWindowName = limiter.SlidingWindow.String()
+	concurrencyName   = limiter.Concurrency.String()
 )
 
 // Zone is one rate limit: which requests it applies to, how it keys them and its algorithm's
@@ -196,9 +205,6 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger) error {
 		z.Key = []string{DefaultKey}
 	}
 	z.perClient = slices.ContainsFunc(z.Key, func(k string) bool { return strings.Contains(k, "{") })
-	if z.Algorithm == "" {
-		z.Algorithm = limiter.TokenBucket.String()
-	}
 	if z.Cost == "" {
 		z.Cost = DefaultCost
 	}
@@ -210,28 +216,17 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger) error {
 	for i, k := range z.Key {
 		z.keySources[i] = compileKey(k)
 	}
-	algo, err := limiter.ParseAlgorithm(z.Algorithm)
-	if err != nil {
-		return fmt.Errorf("zone %s: %w", z.Name, err)
-	}
-	z.lz = limiter.Zone{Name: z.Name, Algorithm: algo, MaxWait: time.Duration(z.MaxWait), Lease: z.Lease.limiterLease()}
-	z.dyn, err = z.parseNumbers(&z.lz, func(field, value string) string {
+	var err error
+	z.lz, z.dyn, err = z.limiterZone(func(field, value string) string {
 		return z.checkPlaceholder(logger, field, value, zap.String("when_empty", "the fallback, else 500"))
 	})
 	if err != nil {
 		return err
 	}
-	if z.Period != "" {
-		if z.lz.Period, err = limiter.ParsePeriod(z.Period); err != nil {
-			return fmt.Errorf("zone %s: %w", z.Name, err)
-		}
+	if z.fixedCost, err = z.parseCost(); err != nil {
+		return err
 	}
-	if z.TimeZone != "" {
-		if z.lz.Location, err = time.LoadLocation(z.TimeZone); err != nil {
-			return fmt.Errorf("zone %s: time_zone %q is not a time zone of the IANA database: %w", z.Name, z.TimeZone, err)
-		}
-	}
-	if z.MaxCost.IsZero() && algo == limiter.SlidingWindow && hasPlaceholder(z.Cost) && len(z.dyn) == 0 {
+	if z.MaxCost.IsZero() && z.lz.Algorithm == limiter.SlidingWindow && hasPlaceholder(z.Cost) && len(z.dyn) == 0 {
 		z.lz.MaxCost = min(z.lz.Limit, MaxSlidingWindowCost) // with placeholder numbers: per request
 	}
 	z.lz.Prepare()                    // after every number of lz is set
@@ -250,13 +245,6 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger) error {
 			z.delays = metrics.delays.WithLabelValues(z.Name)
 		}
 	}
-	if !hasPlaceholder(z.Cost) { // as the Caddyfile parser decides
-		n, err := strconv.ParseInt(z.Cost, 10, 64)
-		if err != nil || n < 1 {
-			return fmt.Errorf("zone %s: cost %q must be a positive integer or a placeholder", z.Name, z.Cost)
-		}
-		z.fixedCost = n
-	}
 	if err := z.provisionAfter(); err != nil {
 		return err
 	}
@@ -268,6 +256,206 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger) error {
 		if err := z.matcherSets.FromInterface(mods); err != nil {
 			return fmt.Errorf("zone %s: %w", z.Name, err)
 		}
+	}
+	return nil
+}
+
+// limiterZone returns the zone's limiter parameters as configured: its algorithm (token_bucket
+// when none is given), each number's literal or placeholder fallback (0 without one), its period,
+// time zone, max_wait and lease; and its numbers given by placeholders, their expressions passed
+// through expand (nil: as written). Its error is a *limiter.FieldError about a value that does
+// not parse.
+func (z *Zone) limiterZone(expand func(field, expr string) string) (limiter.Zone, []dynNumber, error) {
+	lz := limiter.Zone{Name: z.Name, Algorithm: limiter.TokenBucket, MaxWait: time.Duration(z.MaxWait), Lease: z.Lease.limiterLease()}
+	if z.Algorithm != "" {
+		algo, err := limiter.ParseAlgorithm(z.Algorithm)
+		if err != nil {
+			return lz, nil, z.fieldError("algorithm", "%v", err)
+		}
+		lz.Algorithm = algo
+	}
+	dyn, err := z.parseNumbers(&lz, expand)
+	if err != nil {
+		return lz, nil, err
+	}
+	if z.Period != "" {
+		if lz.Period, err = limiter.ParsePeriod(z.Period); err != nil {
+			return lz, nil, z.fieldError("period", "%v", err)
+		}
+	}
+	if z.TimeZone != "" {
+		// Local is not one zone: each instance's system could have its own.
+		if lz.Location, err = time.LoadLocation(z.TimeZone); err != nil || z.TimeZone == "Local" {
+			return lz, nil, z.fieldError("time_zone", "time_zone %q is not a time zone of the IANA database (such as UTC or Europe/Paris)", z.TimeZone)
+		}
+	}
+	return lz, dyn, nil
+}
+
+// fieldError returns the *limiter.FieldError of the zone's field.
+func (z *Zone) fieldError(field, format string, args ...any) *limiter.FieldError {
+	return &limiter.FieldError{Zone: z.Name, Field: field, Msg: fmt.Sprintf(format, args...)}
+}
+
+// parseCost returns the zone's cost when it is a literal (a Cost left empty is 1), 0 when it is
+// a placeholder.
+func (z *Zone) parseCost() (int64, error) {
+	c := cmp.Or(z.Cost, DefaultCost)
+	if hasPlaceholder(c) {
+		return 0, nil
+	}
+	n, err := strconv.ParseInt(c, 10, 64)
+	switch {
+	case errors.Is(err, strconv.ErrRange):
+		return 0, z.fieldError("cost", "cost: %q is out of range", c)
+	case err != nil:
+		return 0, z.fieldError("cost", "cost: %q is not an integer or a placeholder", c)
+	case n < 1:
+		return 0, z.fieldError("cost", "cost: %q must be > 0", c)
+	}
+	return n, nil
+}
+
+// validate checks the zone as configured: it reads only the exported fields (an empty one as its
+// default), so it checks a zone the same before Provision (the Caddyfile parser, when the zone's
+// block ends) and after (Validate). The limiter's Zone.Validate holds the rules of the limiter's
+// parameters; validate adds those of the fields the limiter does not see: cost, key and
+// charging, fail mode, prefixes and jitter. Its error is a *limiter.FieldError naming the field
+// at fault: values that do not parse or are out of range first, then the fields' rules together.
+func (z *Zone) validate() error {
+	lz, _, err := z.limiterZone(nil)
+	if err != nil {
+		return err
+	}
+	cost, err := z.parseCost()
+	if err != nil {
+		return err
+	}
+	if err := z.validateFields(); err != nil {
+		return err
+	}
+	// A number from a placeholder without a fallback is checked as the value that constrains
+	// the others least (probe); its values are checked per request.
+	probe := z.probe(lz)
+	if err := probe.Validate(); err != nil {
+		var fe *limiter.FieldError
+		if z.Algorithm == "" && errors.As(err, &fe) && strings.HasSuffix(fe.Msg, " "+tokenBucketName) {
+			fe.Msg += " (the default when no algorithm is given)"
+		}
+		return err
+	}
+	return z.validateTogether(lz, cost)
+}
+
+// validateFields checks the values of the zone's fields that the limiter does not see, each on
+// its own.
+func (z *Zone) validateFields() error {
+	switch {
+	case z.EmptyKey != "" && z.EmptyKey != EmptyKeyShared && z.EmptyKey != EmptyKeySkip && z.EmptyKey != EmptyKeyDeny:
+		return z.fieldError("empty_key", "empty_key %q must be shared, skip or deny", z.EmptyKey)
+	case z.FailMode != "" && z.FailMode != FailOpen && z.FailMode != FailClosed && z.FailMode != FailLocal:
+		return z.fieldError("fail_mode", "fail_mode %q must be open, closed or local", z.FailMode)
+	case z.HoldMax < 0:
+		return z.fieldError("hold_max", "hold_max %s must be > 0", time.Duration(z.HoldMax))
+	case time.Duration(z.HoldMax) > MaxHoldMax:
+		return z.fieldError("hold_max", "hold_max %s is out of range (at most %s)", formatDuration(time.Duration(z.HoldMax)), formatDuration(MaxHoldMax))
+	}
+	if err := checkPrefixes(z.IPv4Prefix, z.IPv6Prefix); err != nil {
+		err.Zone = z.Name
+		return err
+	}
+	if z.Jitter != nil {
+		if err := checkJitter(*z.Jitter); err != nil {
+			err.Zone = z.Name
+			return err
+		}
+	}
+	for _, s := range z.CountStatus {
+		if _, _, err := parseStatus(s); err != nil {
+			return z.fieldError("count_status", "count_status: %v", err)
+		}
+	}
+	return z.validateCharge()
+}
+
+// validateCharge checks the zone's charge on its own.
+func (z *Zone) validateCharge() error {
+	c := z.Charge
+	if c == nil {
+		return nil
+	}
+	var msg string
+	switch {
+	case c.Source != ChargeHeader && c.Source != ChargeOpenAIUsage:
+		msg = fmt.Sprintf("charge source %q must be header or openai_usage", c.Source)
+	case c.Source == ChargeHeader && c.Header == "":
+		msg = "charge header needs a header field name"
+	case c.Source == ChargeHeader && c.Usage != "":
+		msg = "charge usage belongs to source openai_usage"
+	case c.Source == ChargeHeader && c.Missing != nil:
+		msg = "charge missing belongs to source openai_usage"
+	case c.Source == ChargeOpenAIUsage && c.Header != "":
+		msg = "charge header belongs to source header"
+	case c.Source == ChargeOpenAIUsage && c.Usage != "" && c.Usage != UsageTotal && c.Usage != UsagePrompt && c.Usage != UsageCompletion:
+		msg = fmt.Sprintf("charge usage %q must be total, prompt or completion", c.Usage)
+	case c.Missing != nil && (*c.Missing < 0 || *c.Missing > limiter.MaxCapacity):
+		msg = fmt.Sprintf("charge missing %d must be between 0 and %d", *c.Missing, int64(limiter.MaxCapacity))
+	default:
+		return nil
+	}
+	return z.fieldError("charge", "%s", msg)
+}
+
+// validateTogether checks the fields the limiter does not see against the zone's algorithm and
+// numbers, lz (a placeholder's fallback as its value). cost is the literal cost; 0 for a
+// placeholder.
+func (z *Zone) validateTogether(lz limiter.Zone, cost int64) error {
+	after := len(z.CountStatus) > 0 || z.Charge != nil
+	if lz.Algorithm == limiter.Concurrency {
+		return z.validateConcurrency(cost)
+	}
+	switch {
+	case z.HoldMax != 0 && !after:
+		return z.fieldError("hold_max", "hold_max applies to a zone with count_status or charge, or of algorithm concurrency")
+	case z.Charge != nil && lz.Algorithm == limiter.SlidingWindow:
+		return z.fieldError("charge", "charge needs algorithm token_bucket, fixed_window or sliding_window_counter: "+
+			"a sliding_window zone stores one entry per unit of cost, so charging it what a response reports "+
+			"(thousands of tokens) would store thousands of entries per request; count_status works with sliding_window")
+	case z.Lease != nil && after:
+		return z.fieldError("lease", "lease excludes count_status and charge: a grant is spent as requests arrive, before any response says what to charge")
+	}
+	// A quota or max_cost from a placeholder bounds the cost per request (Zone.finishNumbers): a
+	// cost above the quota is a 429 without Retry-After, a max_cost above it counts as the quota.
+	quotaName := "capacity"
+	if lz.Algorithm != limiter.TokenBucket {
+		quotaName = "limit"
+	}
+	maxCostPlaceholder, _ := z.MaxCost.placeholder()
+	switch {
+	case cost > lz.Quota() && !z.quotaPlaceholder(lz.Algorithm):
+		return z.fieldError("cost", "cost %d is larger than %s %d: no request could ever be admitted", cost, quotaName, lz.Quota())
+	case lz.MaxCost > 0 && cost > lz.MaxCost && !maxCostPlaceholder:
+		return z.fieldError("cost", "cost %d is larger than max_cost %d: no request could ever be admitted", cost, lz.MaxCost)
+	case lz.Algorithm == limiter.SlidingWindow && cost == 0 && lz.MaxCost > MaxSlidingWindowCost && !maxCostPlaceholder:
+		return z.fieldError("max_cost", "max_cost %d: a %s zone stores one entry per unit of cost, so a cost from a placeholder "+
+			"(chosen per request) is bounded by max_cost %d at most; use %s for larger costs", lz.MaxCost, slidingWindowName, MaxSlidingWindowCost, tokenBucketName)
+	}
+	return nil
+}
+
+// validateConcurrency checks what does not apply to a concurrency zone: a cost (a request takes
+// one slot while it runs), count_status and charge (a slot is given back when its response is
+// complete, whatever it was); and its hold_max, refreshed every third (MinSlotHold at least).
+func (z *Zone) validateConcurrency(cost int64) error {
+	switch {
+	case cost != 1:
+		return z.fieldError("cost", "cost does not apply to algorithm concurrency: a request takes one slot while it runs")
+	case len(z.CountStatus) > 0:
+		return z.fieldError("count_status", "count_status does not apply to algorithm concurrency: a slot is given back when its response is complete, whatever it was")
+	case z.Charge != nil:
+		return z.fieldError("charge", "charge does not apply to algorithm concurrency: a slot is given back when its response is complete, whatever it was")
+	case z.HoldMax != 0 && time.Duration(z.HoldMax) < MinSlotHold:
+		return z.fieldError("hold_max", "hold_max %s: a %s zone's slots are refreshed every third of it; at least %s", time.Duration(z.HoldMax), concurrencyName, MinSlotHold)
 	}
 	return nil
 }

@@ -295,7 +295,7 @@ func TestConcurrencyZoneValidate(t *testing.T) {
 		want string
 	}{
 		{limiter.Zone{Name: "c", Algorithm: limiter.Concurrency, Limit: 5}, ""},
-		{limiter.Zone{Name: "c", Algorithm: limiter.Concurrency}, "limit 0 must be between 1 and 100000"},
+		{limiter.Zone{Name: "c", Algorithm: limiter.Concurrency}, "limit is required for algorithm concurrency"},
 		{limiter.Zone{Name: "c", Algorithm: limiter.Concurrency, Limit: 5, Window: time.Second}, "no window"},
 		{limiter.Zone{Name: "c", Algorithm: limiter.Concurrency, Limit: 5, MaxWait: time.Second}, "max_wait does not apply"},
 		{limiter.Zone{Name: "c", Algorithm: limiter.Concurrency, Limit: 5, MaxCost: 2}, "one slot"},

@@ -2,7 +2,6 @@ package limiter
 
 import (
 	"context"
-	"fmt"
 	"hash/maphash"
 	"math"
 	"strconv"
@@ -53,38 +52,6 @@ const (
 	// first) left when its successor is asked for (renew): a quarter.
 	leaseLow = 4
 )
-
-// errLeaseMaxWait is why a zone with a max_wait cannot lease.
-const errLeaseMaxWait = "lease and max_wait exclude each other: a held request's turn is decided by the bucket's debt in Redis, which a grant spent in process does not see"
-
-// errLeaseAlgorithm is why a zone of algorithm a cannot lease.
-func errLeaseAlgorithm(a Algorithm) string {
-	if a == Concurrency {
-		return "lease applies to algorithms token_bucket and fixed_window only, not concurrency: " +
-			"a slot is taken for a request's whole run, so there is nothing to spend ahead"
-	}
-	return fmt.Sprintf("lease applies to algorithms token_bucket and fixed_window only, not %s: "+
-		"a grant of a sliding window would need entries scored ahead, and one of a sliding window counter "+
-		"would be weighed down with the window it was counted in; neither is built", a)
-}
-
-// validateLease checks z.Lease against z's algorithm and numbers.
-func (z *Zone) validateLease() error {
-	le := z.Lease
-	switch {
-	case le == nil:
-		return nil
-	case z.Algorithm != TokenBucket && z.Algorithm != FixedWindow:
-		return fmt.Errorf("zone %s: %s", z.Name, errLeaseAlgorithm(z.Algorithm))
-	case z.MaxWait > 0:
-		return fmt.Errorf("zone %s: %s", z.Name, errLeaseMaxWait)
-	case le.Max < 1 || le.Max > MaxCapacity:
-		return fmt.Errorf("zone %s: lease max %d must be between 1 and 2^53", z.Name, le.Max)
-	case le.TTL < MinLeaseTTL || le.TTL > MaxLeaseTTL:
-		return fmt.Errorf("zone %s: lease ttl %v must be between %v and %v", z.Name, le.TTL, MinLeaseTTL, MaxLeaseTTL)
-	}
-	return nil
-}
 
 // LeaseMetrics receives a Limiter's lease events (Options.LeaseMetrics), by zone name. Its
 // methods must be safe for concurrent use, quick, and must not call the Limiter: most are called

@@ -231,87 +231,182 @@ var zoneNameRE = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
 // go into Redis keys, metric labels and response headers, so the alphabet is kept safe.
 func ValidZoneName(name string) bool { return zoneNameRE.MatchString(name) }
 
-// Validate returns an error naming the first parameter of z that is missing or out of range.
-func (z *Zone) Validate() error {
-	if !ValidZoneName(z.Name) {
-		return fmt.Errorf("zone name %q must be 1 to %d characters of A-Z a-z 0-9 _ . -", z.Name, MaxZoneNameBytes)
-	}
-	switch z.Algorithm {
-	case TokenBucket:
-		if z.Capacity < 1 || z.Capacity > MaxCapacity {
-			return fmt.Errorf("zone %s: capacity %d must be between 1 and 2^53", z.Name, z.Capacity)
-		}
-		if !(z.RefillRate > 0) || math.IsInf(z.RefillRate, 0) {
-			return fmt.Errorf("zone %s: refill_rate %v must be a number of tokens per second > 0", z.Name, z.RefillRate)
-		}
-		if fill := float64(z.Capacity) / z.RefillRate; fill > MaxWindow.Seconds() {
-			return fmt.Errorf("zone %s: an empty bucket takes %.0fs to refill (capacity / refill_rate); at most %v is supported",
-				z.Name, fill, MaxWindow)
-		}
-		if z.Limit != 0 || z.Window != 0 {
-			return fmt.Errorf("zone %s: limit and window belong to algorithm sliding_window, not token_bucket", z.Name)
-		}
-		if z.Period != NoPeriod || z.Location != nil {
-			return fmt.Errorf("zone %s: period and time_zone belong to algorithm fixed_window, not token_bucket", z.Name)
-		}
-		if z.MaxWait < 0 || z.MaxWait > MaxMaxWait {
-			return fmt.Errorf("zone %s: max_wait %v must be between 0 and %v", z.Name, z.MaxWait, MaxMaxWait)
-		}
-	case SlidingWindow, FixedWindow, SlidingWindowCounter:
-		maxLimit := int64(MaxCapacity) // a counter: memory does not grow with the limit
-		if z.Algorithm == SlidingWindow {
-			maxLimit = MaxLimit // one sorted set entry per admitted unit
-		}
-		if z.Limit < 1 || z.Limit > maxLimit {
-			return fmt.Errorf("zone %s: limit %d must be between 1 and %d", z.Name, z.Limit, maxLimit)
-		}
-		switch {
-		case z.Period != NoPeriod && z.Algorithm != FixedWindow:
-			return fmt.Errorf("zone %s: period belongs to algorithm fixed_window, not %s", z.Name, z.Algorithm)
-		case z.Period != NoPeriod && z.Window != 0:
-			return fmt.Errorf("zone %s: a fixed_window zone has a window or a period, not both", z.Name)
-		case z.Period > Month:
-			return fmt.Errorf("zone %s: unknown period %d", z.Name, z.Period)
-		case z.Period == NoPeriod && (z.Window < MinWindow || z.Window > MaxWindow):
-			return fmt.Errorf("zone %s: window %v must be between %v and %v", z.Name, z.Window, MinWindow, MaxWindow)
-		case z.Location != nil && z.Period == NoPeriod:
-			return fmt.Errorf("zone %s: time_zone applies to a period", z.Name)
-		}
-		if z.Capacity != 0 || z.RefillRate != 0 {
-			return fmt.Errorf("zone %s: capacity and refill_rate belong to algorithm token_bucket, not %s", z.Name, z.Algorithm)
-		}
-		if z.MaxWait != 0 {
-			return fmt.Errorf("zone %s: %s", z.Name, errMaxWaitWindowed(z.Algorithm))
-		}
-	case Concurrency:
-		if err := z.validateConcurrency(); err != nil {
-			return err
-		}
-	default:
-		return fmt.Errorf("zone %s: unknown algorithm %v", z.Name, z.Algorithm)
-	}
-	if z.MaxCost < 0 || z.MaxCost > z.Quota() {
-		return fmt.Errorf("zone %s: max_cost %d must be between 1 and the zone's quota %d", z.Name, z.MaxCost, z.Quota())
-	}
-	return z.validateLease()
+// FieldError is what is wrong with a zone's parameters: Field names the parameter at fault as
+// the configuration does ("capacity", "max_wait"; "" when the zone as a whole is at fault, as
+// when it has neither a window nor a period), and Msg says what is wrong, naming it. Zone is the
+// zone's name; "" when the name itself is at fault.
+type FieldError struct {
+	Zone, Field, Msg string
 }
 
-// validateConcurrency checks a concurrency zone: a Limit, and none of the parameters of time.
-func (z *Zone) validateConcurrency() error {
-	switch {
-	case z.Limit < 1 || z.Limit > MaxConcurrency:
-		return fmt.Errorf("zone %s: limit %d must be between 1 and %d", z.Name, z.Limit, MaxConcurrency)
-	case z.Capacity != 0 || z.RefillRate != 0:
-		return fmt.Errorf("zone %s: capacity and refill_rate belong to algorithm token_bucket, not concurrency", z.Name)
-	case z.Window != 0 || z.Period != NoPeriod || z.Location != nil:
-		return fmt.Errorf("zone %s: a concurrency zone has no window or period: a slot is held as long as its request", z.Name)
-	case z.MaxWait != 0:
-		return fmt.Errorf("zone %s: max_wait does not apply to algorithm concurrency: a request is admitted while a slot is free, "+
-			"else denied; no queue waits for a slot", z.Name)
-	case z.MaxCost > 1:
-		return fmt.Errorf("zone %s: max_cost %d: a request takes one slot of a concurrency zone", z.Name, z.MaxCost)
+// Error is Msg, after "zone <name>: " when the zone has a name.
+func (e *FieldError) Error() string {
+	if e.Zone == "" {
+		return e.Msg
+	}
+	return "zone " + e.Zone + ": " + e.Msg
+}
+
+// fieldError returns the FieldError of z's parameter field.
+func (z *Zone) fieldError(field, format string, args ...any) *FieldError {
+	return &FieldError{Zone: z.Name, Field: field, Msg: fmt.Sprintf(format, args...)}
+}
+
+// Validate returns a *FieldError about the first parameter of z that is of another algorithm,
+// missing, out of range, or at odds with another; nil when z can be decided. The parameters are
+// checked in that order.
+func (z *Zone) Validate() error {
+	if err := z.validate(); err != nil {
+		return err
 	}
 	return nil
+}
+
+func (z *Zone) validate() *FieldError {
+	if !ValidZoneName(z.Name) {
+		return &FieldError{Field: "name", Msg: fmt.Sprintf("zone name %q must be 1 to %d characters of A-Z a-z 0-9 _ . -", z.Name, MaxZoneNameBytes)}
+	}
+	if z.Algorithm < TokenBucket || z.Algorithm > Concurrency {
+		return z.fieldError("algorithm", "unknown algorithm %v", z.Algorithm)
+	}
+	for _, check := range []func() *FieldError{z.validateOwners, z.validateRequired, z.validateRanges, z.validateMaxCost, z.validateLease} {
+		if err := check(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// validateOwners reports a parameter that z's algorithm does not take.
+func (z *Zone) validateOwners() *FieldError {
+	a := z.Algorithm
+	// Each parameter given, and the algorithm it belongs to when z's does not take it.
+	for _, p := range []struct {
+		field, owner string
+		given, taken bool
+	}{
+		{"capacity", "token_bucket", z.Capacity != 0, a == TokenBucket},
+		{"refill_rate", "token_bucket", z.RefillRate != 0, a == TokenBucket},
+		{"limit", "sliding_window", z.Limit != 0, a != TokenBucket},
+		{"window", "sliding_window", z.Window != 0, a != TokenBucket && a != Concurrency},
+		{"period", "fixed_window", z.Period != NoPeriod, a == FixedWindow},
+		{"time_zone", "fixed_window", z.Location != nil, a == FixedWindow},
+	} {
+		if p.given && !p.taken {
+			err := z.fieldError(p.field, "%s belongs to algorithm %s, not %s", p.field, p.owner, a)
+			if a == Concurrency {
+				err.Msg += ": a concurrency zone has no window or period, a slot is held as long as its request"
+			}
+			return err
+		}
+	}
+	switch {
+	case z.MaxWait != 0 && a == Concurrency:
+		return z.fieldError("max_wait", "max_wait does not apply to algorithm concurrency: a request is admitted while one of its client's slots is free, "+
+			"else denied (429); no queue waits for a slot")
+	case z.MaxWait != 0 && a != TokenBucket:
+		return z.fieldError("max_wait", "%s", errMaxWaitWindowed(a))
+	case z.MaxCost != 0 && a == Concurrency:
+		return z.fieldError("max_cost", "max_cost does not apply to algorithm concurrency: a request takes one slot while it runs")
+	}
+	return nil
+}
+
+// validateRequired reports a parameter z's algorithm needs that is missing (0), and a fixed
+// window's window and period given together, or a time zone without a period.
+func (z *Zone) validateRequired() *FieldError {
+	a := z.Algorithm
+	required := func(field string, missing bool) *FieldError {
+		if missing {
+			return z.fieldError(field, "%s is required for algorithm %s", field, a)
+		}
+		return nil
+	}
+	switch a {
+	case TokenBucket:
+		if err := required("capacity", z.Capacity == 0); err != nil {
+			return err
+		}
+		return required("refill_rate", z.RefillRate == 0)
+	case Concurrency:
+		return required("limit", z.Limit == 0)
+	}
+	if err := required("limit", z.Limit == 0); err != nil {
+		return err
+	}
+	if a != FixedWindow {
+		return required("window", z.Window == 0)
+	}
+	switch {
+	case z.Window != 0 && z.Period != NoPeriod:
+		return z.fieldError("period", "a fixed_window zone has a window or a period, not both")
+	case z.Window == 0 && z.Period == NoPeriod:
+		return z.fieldError("", "window or period is required for algorithm fixed_window")
+	case z.Location != nil && z.Period == NoPeriod:
+		return z.fieldError("time_zone", "time_zone applies to a period (period day), not to a window")
+	}
+	return nil
+}
+
+// validateRanges reports a number out of its range, and a token bucket too slow to refill.
+func (z *Zone) validateRanges() *FieldError {
+	switch {
+	case z.Capacity < 0 || z.Capacity > MaxCapacity:
+		return z.fieldError("capacity", "capacity %d must be between 1 and 2^53", z.Capacity)
+	case z.RefillRate < 0 || math.IsInf(z.RefillRate, 0) || math.IsNaN(z.RefillRate):
+		return z.fieldError("refill_rate", "refill_rate %v must be a number of tokens per second > 0", z.RefillRate)
+	case z.Limit < 0 || z.Limit > z.maxLimit():
+		return z.fieldError("limit", "limit %d must be between 1 and %d", z.Limit, z.maxLimit())
+	case z.Window != 0 && (z.Window < MinWindow || z.Window > MaxWindow):
+		return z.fieldError("window", "window %v must be between %v and %s", z.Window, MinWindow, days(MaxWindow))
+	case z.Period > Month:
+		return z.fieldError("period", "unknown period %d", z.Period)
+	case z.MaxWait < 0:
+		return z.fieldError("max_wait", "max_wait %v must be > 0 (leave max_wait out to reject at once)", z.MaxWait)
+	case z.MaxWait > MaxMaxWait:
+		return z.fieldError("max_wait", "max_wait %v is longer than %v: a request held that long outlasts most clients' timeouts; "+
+			"let it come back instead (429 and Retry-After)", z.MaxWait, MaxMaxWait)
+	}
+	if z.Algorithm == TokenBucket {
+		if fill := float64(z.Capacity) / z.RefillRate; fill > MaxWindow.Seconds() {
+			return z.fieldError("refill_rate", "an empty bucket takes %.0fs to refill (capacity / refill_rate); at most %s is supported",
+				fill, days(MaxWindow))
+		}
+	}
+	return nil
+}
+
+// maxLimit is the largest Limit of z's algorithm: a sliding window log stores one entry per
+// admitted unit, and a concurrency zone one per slot in flight; the counters' memory does not
+// grow with the limit.
+func (z *Zone) maxLimit() int64 {
+	switch z.Algorithm {
+	case SlidingWindow:
+		return MaxLimit
+	case Concurrency:
+		return MaxConcurrency
+	}
+	return MaxCapacity
+}
+
+// validateMaxCost reports a MaxCost below 0 or above the quota.
+func (z *Zone) validateMaxCost() *FieldError {
+	quota := "capacity"
+	if z.Algorithm.windowed() {
+		quota = "limit"
+	}
+	switch {
+	case z.MaxCost < 0:
+		return z.fieldError("max_cost", "max_cost %d must be between 1 and the zone's %s", z.MaxCost, quota)
+	case z.MaxCost > z.Quota():
+		return z.fieldError("max_cost", "max_cost %d is larger than %s %d", z.MaxCost, quota, z.Quota())
+	}
+	return nil
+}
+
+// days formats a whole number of days as the configuration writes it: 366d.
+func days(d time.Duration) string {
+	return fmt.Sprintf("%dd", d/(24*time.Hour))
 }
 
 // errMaxWaitWindowed is why a zone of window algorithm a cannot have a max_wait: a window gives
@@ -364,4 +459,36 @@ func (z *Zone) WindowAt(t time.Time) (start, end time.Time) {
 		loc = time.UTC
 	}
 	return calendarWindow(z.Period, t, loc)
+}
+
+// errLeaseMaxWait is why a zone with a max_wait cannot lease.
+const errLeaseMaxWait = "lease and max_wait exclude each other: a held request's turn is decided by the bucket's debt in Redis, which a grant spent in process does not see"
+
+// errLeaseAlgorithm is why a zone of algorithm a cannot lease.
+func errLeaseAlgorithm(a Algorithm) string {
+	if a == Concurrency {
+		return "lease applies to algorithms token_bucket and fixed_window only, not concurrency: " +
+			"a slot is taken for a request's whole run, so there is nothing to spend ahead"
+	}
+	return fmt.Sprintf("lease applies to algorithms token_bucket and fixed_window only, not %s: "+
+		"a grant of a sliding window would need entries scored ahead, and one of a sliding window counter "+
+		"would be weighed down with the window it was counted in; neither is built", a)
+}
+
+// validateLease checks z.Lease against z's algorithm and numbers.
+func (z *Zone) validateLease() *FieldError {
+	le := z.Lease
+	switch {
+	case le == nil:
+		return nil
+	case z.Algorithm != TokenBucket && z.Algorithm != FixedWindow:
+		return z.fieldError("lease", "%s", errLeaseAlgorithm(z.Algorithm))
+	case z.MaxWait > 0:
+		return z.fieldError("lease", "%s", errLeaseMaxWait)
+	case le.Max < 1 || le.Max > MaxCapacity:
+		return z.fieldError("lease", "lease max %d must be between 1 and 2^53", le.Max)
+	case le.TTL < MinLeaseTTL || le.TTL > MaxLeaseTTL:
+		return z.fieldError("lease", "lease ttl %v must be between %v and %v", le.TTL, MinLeaseTTL, MaxLeaseTTL)
+	}
+	return nil
 }
