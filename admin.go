@@ -207,6 +207,12 @@ type resetResult struct {
 	DB       int      `json:"db,omitempty"`
 	// Whether the key existed (false: the client was already in its initial state).
 	Deleted bool `json:"deleted"`
+	// Whether the reset was announced to the other instances, which then forget their cached
+	// denials of the client at once. When it was not (broadcast_error says why), the reset is
+	// done, but they may deny the client from their deny caches for up to their
+	// deny_cache_max_age.
+	Broadcast      bool   `json:"broadcast"`
+	BroadcastError string `json:"broadcast_error,omitempty"`
 }
 
 // handleZones serves GET /rate_limit_redis/zones: every zone of the live handlers, identical
@@ -374,10 +380,15 @@ func resetState(ctx context.Context, w http.ResponseWriter, ts []target, key str
 		}
 		seen[id] = true
 		existed, err := t.h.limiter.Reset(ctx, &t.z.lz, lk)
+		notBroadcast := ""
+		if errors.Is(err, limiter.ErrNotBroadcast) {
+			notBroadcast, err = err.Error(), nil
+		}
 		if err != nil {
 			return redisError(err)
 		}
-		out = append(out, resetResult{Zone: t.z.Name, Key: key, Candidate: candidate, RedisKey: redisKey, Redis: t.redis, DB: t.h.Redis.DB, Deleted: existed})
+		out = append(out, resetResult{Zone: t.z.Name, Key: key, Candidate: candidate, RedisKey: redisKey, Redis: t.redis, DB: t.h.Redis.DB,
+			Deleted: existed, Broadcast: notBroadcast == "", BroadcastError: notBroadcast})
 	}
 	return writeJSON(w, out)
 }
@@ -420,7 +431,7 @@ func targets(name string) []target {
 // redisError is the admin API error for a failed Redis call: 504 when it timed out, else 502.
 func redisError(err error) error {
 	status := http.StatusBadGateway
-	if failureReason(err) == "timeout" {
+	if failureReason(err) == failTimeout {
 		status = http.StatusGatewayTimeout
 	}
 	return caddy.APIError{HTTPStatus: status, Err: fmt.Errorf("redis: %w", err)}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"strconv"
 	"strings"
@@ -169,7 +170,7 @@ func TestAdminReadResetAllowedAgain(t *testing.T) {
 	ac.get("/", "X-Client", "alice").expect(t, "alice still denied", 429, "")
 
 	reset := adminJSON[[]resetResult](t, ac, "DELETE", "/rate_limit_redis/state?zone=api&key=alice", 200)
-	if fmt.Sprint(reset) != fmt.Sprint([]resetResult{{Zone: "api", Key: "alice", Candidate: 1, RedisKey: "rl:{alice}:api:tb", Redis: []string{srv.Addr}, Deleted: true}}) {
+	if fmt.Sprint(reset) != fmt.Sprint([]resetResult{{Zone: "api", Key: "alice", Candidate: 1, RedisKey: "rl:{alice}:api:tb", Redis: []string{srv.Addr}, Deleted: true, Broadcast: true}}) {
 		t.Fatalf("reset: %+v", reset)
 	}
 	if n := srv.Do("EXISTS", "rl:{alice}:api:tb"); n != int64(0) {
@@ -384,5 +385,30 @@ func TestAdminRegistryForgetsHandlersOfAFailedLoad(t *testing.T) {
 	}
 	if n := liveHandlers(); n != before {
 		t.Fatalf("%d live handlers after a failed load, want %d", n, before)
+	}
+}
+
+// TestAdminResetNotBroadcast: a reset whose broadcast Redis refuses (the user lacks PUBLISH) is
+// done, and its reply says that it was not broadcast, and why.
+func TestAdminResetNotBroadcast(t *testing.T) {
+	srv := redistest.Start(t)
+	srv.Do("ACL", "SETUSER", "nopublish", "on", ">s3cret", "~*", "&*", "+@all", "-publish")
+	h := provisioned(t, &Handler{
+		Redis: &RedisConfig{Addresses: []string{srv.Addr}, Username: "nopublish", Password: "s3cret"},
+		Zones: []*Zone{{Name: "nobroadcast", Key: []string{"alice"}, Capacity: NumberOf(1), RefillRate: NumberOf(1.0 / 3600)}},
+	})
+	if w, err, _ := serve(h, httptest.NewRequest(http.MethodGet, "/", nil)); err != nil || w.Code != 200 {
+		t.Fatalf("first request: %d %v", w.Code, err)
+	}
+	w := httptest.NewRecorder()
+	if err := new(AdminAPI).handleState(w, httptest.NewRequest(http.MethodDelete, "/rate_limit_redis/state?zone=nobroadcast&key=alice", nil)); err != nil {
+		t.Fatal(err)
+	}
+	var reset []resetResult
+	if err := json.Unmarshal(w.Body.Bytes(), &reset); err != nil {
+		t.Fatalf("%v: %s", err, w.Body)
+	}
+	if len(reset) != 1 || !reset[0].Deleted || reset[0].Broadcast || !strings.Contains(reset[0].BroadcastError, "NOPERM") {
+		t.Fatalf("reset: %s, want deleted, not broadcast, and Redis's refusal", w.Body)
 	}
 }

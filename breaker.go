@@ -73,7 +73,7 @@ func newBreaker(name, cluster string) *breaker {
 					err = *p
 				}
 				log.Error("redis failing: circuit breaker open; fail_mode applies without calling redis",
-					zap.String("reason", failureReason(err)), zap.Error(err), zap.Int("consecutive_failures", breakerTrips),
+					zap.String("reason", string(failureReason(err))), zap.Error(err), zap.Int("consecutive_failures", breakerTrips),
 					zap.Duration("probe_after", breakerOpenFor))
 			case to == gobreaker.StateClosed:
 				log.Info("redis answering again: circuit breaker closed")

@@ -134,7 +134,7 @@ func (z *Zone) provisionAfter() error {
 // config that settles, so that a rate over the first failures of a reason is defined.
 func exportSettleFailures() {
 	for _, reason := range settleFailureReasons {
-		metrics.settleFailures.WithLabelValues(reason)
+		metrics.settleFailures.WithLabelValues(string(reason))
 	}
 }
 
@@ -378,13 +378,13 @@ func (h *Handler) settle(ctx context.Context, reqs []limiter.Request, held *limi
 	if err == nil {
 		return
 	}
-	reason := "no_hold"
+	reason := failNoHold
 	if !errors.Is(err, limiter.ErrNotHeld) {
 		reason = failureReason(err)
 	}
-	metrics.settleFailures.WithLabelValues(reason).Inc()
+	metrics.settleFailures.WithLabelValues(string(reason)).Inc()
 	if c := h.logger.Check(zapcore.WarnLevel, "rate limit settlement failed; an unsettled hold counts as charged after hold_max"); c != nil {
-		c.Write(zap.String("reason", reason), zap.Error(err))
+		c.Write(zap.String("reason", string(reason)), zap.Error(err))
 	}
 }
 
@@ -404,4 +404,4 @@ func (a *afterResponse) warnMissing(logger *zap.Logger, zone string, r *http.Req
 
 // settleFailureReasons are the reason label's values of settle_failures_total: failureReason's,
 // and no_hold.
-var settleFailureReasons = [...]string{"timeout", "bad_response", "oom", "redis_error", "circuit_open", "no_hold"}
+var settleFailureReasons = append(decisionFailures[:len(decisionFailures):len(decisionFailures)], failNoHold)

@@ -75,7 +75,7 @@ func (h *Handler) failed(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	if r.Context().Err() != nil {
 		return true, caddyhttp.Error(499, fmt.Errorf("client closed the request during the rate limit decision: %w", err))
 	}
-	reason := failureReason(err)
+	reason := string(failureReason(err))
 	metrics.backendFailures.WithLabelValues(reason).Inc()
 	mode := h.failMode(f.reqs)
 	h.events.failed(reason, mode, err)
@@ -154,22 +154,38 @@ func (h *Handler) localZones(reqs []limiter.Request) []limiter.Request {
 	return local
 }
 
-// failureReason classifies a decision error: circuit_open, timeout, bad_response, oom (Redis
-// over `maxmemory` refused the script, which writes) or redis_error.
-func failureReason(err error) string {
+// failure is why a Redis call failed: the reason label of backend_failures_total (a decision's)
+// and settle_failures_total (a settlement's), and the reason of the log lines and events.
+type failure string
+
+// The reasons of a failed call.
+const (
+	failCircuitOpen failure = "circuit_open" // the circuit breaker was open: Redis was not called
+	failTimeout     failure = "timeout"
+	failBadResponse failure = "bad_response" // a reply of the wrong shape
+	failOOM         failure = "oom"          // Redis over `maxmemory` refused the script, which writes
+	failRedisError  failure = "redis_error"
+	failNoHold      failure = "no_hold" // a settlement's hold was gone: settled already, older than hold_max, or reset
+)
+
+// decisionFailures are the reasons failureReason gives.
+var decisionFailures = []failure{failTimeout, failBadResponse, failOOM, failRedisError, failCircuitOpen}
+
+// failureReason classifies a decision error (one of decisionFailures).
+func failureReason(err error) failure {
 	switch {
 	case isBreakerOpen(err):
-		return "circuit_open"
+		return failCircuitOpen
 	case errors.Is(err, context.DeadlineExceeded):
-		return "timeout"
+		return failTimeout
 	case errors.Is(err, limiter.ErrBadResponse):
-		return "bad_response"
+		return failBadResponse
 	case redis.HasErrorPrefix(err, "OOM"):
-		return "oom"
+		return failOOM
 	}
 	var ne interface{ Timeout() bool }
 	if errors.As(err, &ne) && ne.Timeout() {
-		return "timeout"
+		return failTimeout
 	}
-	return "redis_error"
+	return failRedisError
 }

@@ -128,9 +128,9 @@ func (h *Handler) describe(w http.ResponseWriter, f *flight) {
 	}
 	if d.Err != nil {
 		// A Redis Cluster slot failed while another denied the request: the denial stands.
-		metrics.backendFailures.WithLabelValues(failureReason(d.Err)).Inc()
+		metrics.backendFailures.WithLabelValues(string(failureReason(d.Err))).Inc()
 		if c := h.logger.Check(zapcore.DebugLevel, "rate limit decision failed in one hash slot; another slot's denial stands"); c != nil {
-			c.Write(zap.String("reason", failureReason(d.Err)), zap.Error(d.Err))
+			c.Write(zap.String("reason", string(failureReason(d.Err))), zap.Error(d.Err))
 		}
 	}
 	zone := f.decided[d.Zone].Zone

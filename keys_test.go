@@ -131,7 +131,7 @@ func TestAdminCandidateKeys(t *testing.T) {
 		}
 	}
 	reset := adminJSON[[]resetResult](t, ac, "DELETE", "/rate_limit_redis/state?zone=api&key="+url.QueryEscape(shown), 200)
-	if fmt.Sprint(reset) != fmt.Sprint([]resetResult{{Zone: "api", Key: shown, Candidate: 2, RedisKey: "rl:{2=127.0.0.1}:api:tb", Redis: []string{srv.Addr}, Deleted: true}}) {
+	if fmt.Sprint(reset) != fmt.Sprint([]resetResult{{Zone: "api", Key: shown, Candidate: 2, RedisKey: "rl:{2=127.0.0.1}:api:tb", Redis: []string{srv.Addr}, Deleted: true, Broadcast: true}}) {
 		t.Fatalf("reset: %+v", reset)
 	}
 	ac.get("/").expect(t, "by IP after the reset", 200, shown, "X-RateLimit-Remaining", "1")

@@ -439,7 +439,10 @@ func (h *Handler) Cleanup() error {
 	if h.client != nil && h.limiter != nil {
 		h.client.resets.Remove(h.limiter)
 		ctx, cancel := context.WithTimeout(context.Background(), max(time.Duration(h.Timeout), time.Second))
-		_ = h.limiter.ReturnLeases(ctx) // a grant not returned counts as spent after its ttl and 1s
+		if err := h.limiter.ReturnLeases(ctx); err != nil {
+			h.logger.Warn("rate limit lease grants not returned to redis: their unspent tokens count as spent until their ttl and 1s have passed",
+				zap.Error(err))
+		}
 		cancel()
 	}
 	if h.poolKey == "" {

@@ -6,12 +6,17 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
@@ -20,6 +25,7 @@ import (
 
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/freeport"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/limiter"
 )
 
 // caddyServer runs Caddy in this process with the given site block (a Caddyfile body served on
@@ -534,5 +540,34 @@ func TestConfigErrorsAtLoad(t *testing.T) {
 		"empty key":      {`{"zones":[{"name":"a","capacity":1,"refill_rate":1,"empty_key":"drop"}]}`, `zone a: empty_key "drop" must be shared, skip or deny`},
 	} {
 		t.Run(name, func(t *testing.T) { wantLoadError(t, tc.json, tc.want) })
+	}
+}
+
+// TestCleanupLogsUnreturnedGrants: when a handler is cleaned up (a reload) while Redis is gone,
+// the unspent tokens of its lease grants cannot be given back; it says so at warn level.
+func TestCleanupLogsUnreturnedGrants(t *testing.T) {
+	srv := redistest.Start(t)
+	h := provisioned(t, &Handler{
+		Redis: &RedisConfig{Addresses: []string{srv.Addr}}, Timeout: caddy.Duration(2 * time.Second),
+		Zones: []*Zone{{Name: "api", Key: []string{"k"}, Capacity: NumberOf(100), RefillRate: NumberOf(1.0 / 3600),
+			Lease: &Lease{Max: 20, TTL: caddy.Duration(time.Minute)}}},
+	})
+	core, logs := observer.New(zapcore.WarnLevel)
+	h.logger = zap.New(core)
+	key := limiter.StateKey("rl:", &h.Zones[0].lz, "k")
+	for i := 0; srv.Do("HGET", key, "h") == nil; i++ { // a hot client: soon served from grants
+		if i == 100 {
+			t.Fatal("no grant taken after 100 requests of one client")
+		}
+		if w, err, _ := serve(h, httptest.NewRequest(http.MethodGet, "/", nil)); err != nil || w.Code != 200 {
+			t.Fatalf("request %d: %d %v", i, w.Code, err)
+		}
+	}
+	srv.Stop()
+	if err := h.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	if n := logs.FilterMessageSnippet("lease grants not returned to redis").FilterLevelExact(zapcore.WarnLevel).Len(); n != 1 {
+		t.Fatalf("%d warnings of grants not returned, want 1: %v", n, logs.All())
 	}
 }

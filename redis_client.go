@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 
 	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
 
 	"github.com/caddyserver/caddy/v2"
 
@@ -189,6 +190,11 @@ func acquireClient(r resolvedRedis) (*sharedClient, string, error) {
 		c.breaker = newBreaker(strings.Join(c.addrs, ","), "")
 		c.pipeline = limiter.NewPipeline(rdb, pipelines)
 		c.resets = limiter.NewResetListener(rdb)
+		c.resets.SubscribeFailed = func(channel string, err error) {
+			caddy.Log().Named("http.handlers.rate_limit_redis").Warn("reset broadcast: subscribing failed; go-redis subscribes again when it reconnects, "+
+				"and until then admin resets reach this instance's deny cache only after deny_cache_max_age",
+				zap.Strings("redis", c.addrs), zap.String("channel", channel), zap.Error(err))
+		}
 		return c, nil
 	})
 	if err != nil {

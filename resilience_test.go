@@ -707,7 +707,7 @@ func TestGarbageRepliesFailureReason(t *testing.T) {
 				got = "no error"
 			case ctx.Err() != nil:
 				got = fmt.Sprintf("a hang (%v)", err)
-			case failureReason(err) != tc.reason:
+			case string(failureReason(err)) != tc.reason:
 				got = fmt.Sprintf("reason %s (%v)", failureReason(err), err)
 			case tc.reason == "bad_response" && !errors.Is(err, limiter.ErrBadResponse):
 				got = fmt.Sprintf("an error not wrapping ErrBadResponse (%v)", err)

@@ -23,6 +23,11 @@ type Subscriber interface {
 // disconnected is lost, and DenyCacheMaxAge bounds what that costs). One listener serves any
 // number of Limiters and key prefixes; it is safe for concurrent use.
 type ResetListener struct {
+	// SubscribeFailed, when set (before the listener is used), is told of a subscription whose
+	// first attempt failed: go-redis subscribes again when it reconnects, but until then this
+	// instance's deny caches hear of no reset.
+	SubscribeFailed func(channel string, err error)
+
 	rdb    Subscriber
 	start  sync.Once
 	mu     sync.Mutex
@@ -81,10 +86,14 @@ func (rl *ResetListener) listen() {
 
 // subscribe subscribes to ch in the background: it dials when no connection is up yet, and
 // go-redis keeps the channel to subscribe again on every reconnection even when this first
-// attempt fails. rl.mu is held.
+// attempt fails (which SubscribeFailed is told). rl.mu is held.
 func (rl *ResetListener) subscribe(ch string) {
-	ps := rl.ps
-	go func() { _ = ps.Subscribe(context.Background(), ch) }()
+	ps, failed := rl.ps, rl.SubscribeFailed
+	go func() {
+		if err := ps.Subscribe(context.Background(), ch); err != nil && failed != nil {
+			failed(ch, err)
+		}
+	}()
 }
 
 // Close ends the subscription and its connection, if any.

@@ -368,8 +368,10 @@ func number(v any) (float64, bool) {
 // one transaction, so that the charges pending settlement, no longer in the count, are never
 // taken from the new count (see settle.lua).
 //
-// On error nothing is forgotten; the Redis key may or may not have been deleted, and calling
-// Reset again is safe. A failed publish is not an error: the reset is done.
+// On an error other than ErrNotBroadcast nothing is forgotten; the Redis key may or may not
+// have been deleted, and calling Reset again is safe. An error wrapping ErrNotBroadcast is a
+// failed publish: the reset is done (existed is set), but other instances may deny the client
+// from their deny caches for up to their DenyCacheMaxAge.
 func (l *Limiter) Reset(ctx context.Context, z *Zone, clientKey string) (existed bool, err error) {
 	key := StateKey(l.prefix, z, clientKey)
 	var del *redis.IntCmd
@@ -387,9 +389,15 @@ func (l *Limiter) Reset(ctx context.Context, z *Zone, clientKey string) (existed
 	// After the delete, not before, so that a denial decided on the old state and recorded
 	// meanwhile is dropped too (one still in flight after Forget can outlive the reset).
 	l.Forget(z, clientKey)
-	_ = l.rdb.Publish(ctx, ResetChannel(l.prefix), key).Err()
+	if err := l.rdb.Publish(ctx, ResetChannel(l.prefix), key).Err(); err != nil {
+		return n > 0, fmt.Errorf("%w: redis PUBLISH %s: %w", ErrNotBroadcast, ResetChannel(l.prefix), err)
+	}
 	return n > 0, nil
 }
+
+// ErrNotBroadcast is Reset's error when the reset is done but its announcement to the other
+// instances (a PUBLISH on ResetChannel) failed.
+var ErrNotBroadcast = errors.New("reset done, but not announced to the other instances")
 
 // ResetChannel is the Redis pub/sub channel on which Reset announces the state keys it deleted,
 // for Limiters of the key prefix prefix: `<prefix>reset`.

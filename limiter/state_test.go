@@ -222,6 +222,25 @@ func TestReset(t *testing.T) {
 	}
 }
 
+// TestResetNotBroadcast: a reset whose announcement Redis refuses (a user without PUBLISH) is
+// done, and says it was not broadcast.
+func TestResetNotBroadcast(t *testing.T) {
+	srv := redistest.Start(t)
+	srv.Do("ACL", "SETUSER", "nopublish", "on", ">s3cret", "~*", "&*", "+@all", "-publish")
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "nopublish", Password: "s3cret"})
+	t.Cleanup(func() { _ = rdb.Close() })
+	l := limiter.New(rdb, limiter.Options{KeyPrefix: "rl:", Now: newClock().Now})
+	z := tb("api", 2, 1.0/3600)
+	allow(t, l, limiter.Request{Zone: z, Key: "alice", Cost: 1})
+	existed, err := l.Reset(context.Background(), z, "alice")
+	if !existed || !errors.Is(err, limiter.ErrNotBroadcast) || !strings.Contains(err.Error(), "NOPERM") {
+		t.Fatalf("Reset = %v, %v; want true and ErrNotBroadcast with Redis's refusal", existed, err)
+	}
+	if n := srv.Do("EXISTS", "rl:{alice}:api:tb"); n != int64(0) {
+		t.Fatalf("the key survived Reset (EXISTS = %v)", n)
+	}
+}
+
 func TestForget(t *testing.T) {
 	srv := redistest.Start(t)
 	l := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:", Now: newClock().Now, DenyCacheKeys: 100})
