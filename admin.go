@@ -54,7 +54,11 @@ const adminTimeout = 2 * time.Second
 // share the client's state in Redis, so state reports each distinct Redis key (and zone
 // parameters) once, and a reset deletes each distinct Redis key once and clears the deny cache
 // of every handler with the zone.
-type AdminAPI struct{}
+type AdminAPI struct {
+	// live is the registry of the handlers whose zones it serves: the process's, unless a test
+	// gives its own.
+	live *registry
+}
 
 // CaddyModule returns the Caddy module information.
 func (AdminAPI) CaddyModule() caddy.ModuleInfo {
@@ -72,27 +76,41 @@ func (a *AdminAPI) Routes() []caddy.AdminRoute {
 	}
 }
 
-// live is every provisioned Handler not yet cleaned up: the admin API finds the zones and
-// limiters there. It is a set of handlers, not of names, because a config reload provisions
+// registry is a set of provisioned Handlers not yet cleaned up: the admin API finds the zones
+// and limiters there. It is a set of handlers, not of names, because a config reload provisions
 // the new handlers before it cleans up the old ones, and several handlers may have zones of
 // the same name.
-var live = struct {
-	sync.RWMutex
+type registry struct {
+	mu       sync.RWMutex
 	handlers map[*Handler]struct{}
-}{handlers: make(map[*Handler]struct{})}
-
-// register adds a provisioned handler to live.
-func register(h *Handler) {
-	live.Lock()
-	live.handlers[h] = struct{}{}
-	live.Unlock()
 }
 
-// unregister removes a handler from live; one that is not there is ignored.
-func unregister(h *Handler) {
-	live.Lock()
-	delete(live.handlers, h)
-	live.Unlock()
+// handlers is the process's registry: every handler Caddy provisions, which the admin API
+// module serves.
+var handlers = newRegistry()
+
+func newRegistry() *registry { return &registry{handlers: make(map[*Handler]struct{})} }
+
+// add adds a provisioned handler.
+func (r *registry) add(h *Handler) {
+	r.mu.Lock()
+	r.handlers[h] = struct{}{}
+	r.mu.Unlock()
+}
+
+// remove removes a handler; one that is not there is ignored.
+func (r *registry) remove(h *Handler) {
+	r.mu.Lock()
+	delete(r.handlers, h)
+	r.mu.Unlock()
+}
+
+// registry is the registry a serves.
+func (a *AdminAPI) registry() *registry {
+	if a.live != nil {
+		return a.live
+	}
+	return handlers
 }
 
 // zoneInfo is one entry of GET /rate_limit_redis/zones.
@@ -223,7 +241,7 @@ func (a *AdminAPI) handleZones(w http.ResponseWriter, r *http.Request) error {
 		return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: fmt.Errorf("method %s not allowed: use GET", r.Method)}
 	}
 	zones := []zoneInfo{}
-	for _, t := range targets("") {
+	for _, t := range a.registry().targets("") {
 		zi := zoneInfo{
 			Name: t.z.Name, Algorithm: t.z.lz.Algorithm.String(), KeyPrefix: t.h.KeyPrefix, Redis: t.redis, DB: t.h.Redis.DB,
 			Capacity: t.z.lz.Capacity, RefillRate: t.z.lz.RefillRate, Limit: t.z.lz.Limit, WindowMs: t.z.lz.Window.Milliseconds(),
@@ -263,7 +281,7 @@ func (a *AdminAPI) handleState(w http.ResponseWriter, r *http.Request) error {
 		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: errors.New(
 			"key: candidates are counted from 1 (0= is no client key's): give the key as {http.rate_limit_redis.key} shows it")}
 	}
-	ts := targets(zone)
+	ts := a.registry().targets(zone)
 	if len(ts) == 0 {
 		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("no rate_limit_redis zone named %q is loaded", zone)}
 	}
@@ -401,13 +419,13 @@ type target struct {
 	redisID string   // which Redis data the handler reaches: addresses, Sentinel master, db
 }
 
-// targets returns the zones named name of the live handlers (every zone when name is ""),
-// sorted by name, key prefix and Redis, so replies do not depend on map order.
-func targets(name string) []target {
-	live.RLock()
-	defer live.RUnlock()
+// targets returns the zones named name of r's handlers (every zone when name is ""), sorted by
+// name, key prefix and Redis, so replies do not depend on map order.
+func (r *registry) targets(name string) []target {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
 	var ts []target
-	for h := range live.handlers {
+	for h := range r.handlers {
 		addrs := h.client.addrs
 		id := fmt.Sprintf("%q|%q|%d", addrs, h.Redis.Sentinel, h.Redis.DB)
 		for _, z := range h.Zones {

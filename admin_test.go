@@ -366,10 +366,11 @@ func TestAdminZoneInSeveralHandlers(t *testing.T) {
 	}
 }
 
+// liveHandlers is the number of handlers in the process's registry.
 func liveHandlers() int {
-	live.RLock()
-	defer live.RUnlock()
-	return len(live.handlers)
+	handlers.mu.RLock()
+	defer handlers.mu.RUnlock()
+	return len(handlers.handlers)
 }
 
 func TestAdminRegistryForgetsHandlersOfAFailedLoad(t *testing.T) {
@@ -401,7 +402,7 @@ func TestAdminResetNotBroadcast(t *testing.T) {
 		t.Fatalf("first request: %d %v", w.Code, err)
 	}
 	w := httptest.NewRecorder()
-	if err := new(AdminAPI).handleState(w, httptest.NewRequest(http.MethodDelete, "/rate_limit_redis/state?zone=nobroadcast&key=alice", nil)); err != nil {
+	if err := (&AdminAPI{live: h.live}).handleState(w, httptest.NewRequest(http.MethodDelete, "/rate_limit_redis/state?zone=nobroadcast&key=alice", nil)); err != nil {
 		t.Fatal(err)
 	}
 	var reset []resetResult

@@ -14,14 +14,15 @@ import (
 )
 
 // The circuit breaker of a Redis server: after breakerTrips consecutive failed decisions it
-// opens, and fail_mode applies at once, without touching Redis, for breakerOpenFor; then one
+// opens, and fail_mode applies at once, without touching Redis, for DefaultBreakerOpenFor; then one
 // probe decision goes to Redis (half-open): success closes the breaker, failure opens it again.
 // Standalone and Sentinel have one breaker per client; Redis Cluster one per node (see
 // sharedClient.acquire).
 const breakerTrips = 5
 
-// breakerOpenFor is a variable only so that tests can lengthen it.
-var breakerOpenFor = 500 * time.Millisecond
+// defaultBreakerOpenFor is how long a breaker stays open before its probe. Tests lengthen it
+// through Handler.breakerOpenFor.
+const defaultBreakerOpenFor = 500 * time.Millisecond
 
 // errNotCalled releases a breaker's permission without an outcome: the decision was not sent,
 // because the breaker of another node it needed refused it. Excluded, it counts neither as a
@@ -51,14 +52,14 @@ type breaker struct {
 // is, for a node of a Redis Cluster, the cluster's seed addresses, logged with the node. Every
 // change of state is logged once; the failure that opened it is taken from lastErr, and logged
 // with its reason (go-redis errors never hold the password).
-func newBreaker(name, cluster string) *breaker {
+func newBreaker(name, cluster string, openFor time.Duration) *breaker {
 	b := &breaker{name: name}
 	b.quiet.Store(true)
 	b.fastDone = b.reportQuiet
 	b.cb = gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreaker.Settings{
 		Name:        name,
 		MaxRequests: 1,
-		Timeout:     breakerOpenFor,
+		Timeout:     openFor,
 		ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= breakerTrips },
 		IsExcluded:  excluded,
 		OnStateChange: func(name string, from, to gobreaker.State) {
@@ -74,10 +75,10 @@ func newBreaker(name, cluster string) *breaker {
 				}
 				log.Error("redis failing: circuit breaker open; fail_mode applies without calling redis",
 					zap.String("reason", string(failureReason(err))), zap.Error(err), zap.Int("consecutive_failures", breakerTrips),
-					zap.Duration("probe_after", breakerOpenFor))
+					zap.Duration("probe_after", openFor))
 			case to == gobreaker.StateClosed:
 				log.Info("redis answering again: circuit breaker closed")
-			default: // open <-> half-open: a probe every breakerOpenFor while Redis stays down
+			default: // open <-> half-open: a probe every openFor while Redis stays down
 				if c := log.Check(zap.DebugLevel, "circuit breaker state change"); c != nil {
 					c.Write(zap.String("from", from.String()), zap.String("to", to.String()))
 				}

@@ -11,6 +11,7 @@ import (
 )
 
 func TestUnmarshalCaddyfileCharge(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name  string
 		input string
@@ -48,6 +49,7 @@ func TestUnmarshalCaddyfileCharge(t *testing.T) {
 }
 
 func TestUnmarshalCaddyfileChargeErrors(t *testing.T) {
+	t.Parallel()
 	const tb = "rate_limit_redis {\n\tcapacity 10\n\trefill_rate 1\n"
 	for _, tc := range []struct{ name, input, want string }{
 		{"count_status empty", tb + "\tcount_status\n}", `wrong argument count or unexpected line ending after 'count_status', at Testfile:4`},

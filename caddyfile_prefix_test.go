@@ -15,6 +15,7 @@ import (
 // (every zone) and in a zone block (that zone).
 
 func TestUnmarshalCaddyfilePrefixesAndJitter(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name  string
 		input string
@@ -95,6 +96,7 @@ func TestUnmarshalCaddyfilePrefixesAndJitter(t *testing.T) {
 }
 
 func TestUnmarshalCaddyfilePrefixesAndJitterJSON(t *testing.T) {
+	t.Parallel()
 	var h Handler
 	in := "rate_limit_redis {\n\tipv6_prefix 56\n\tjitter 3s\n\tzone a {\n\t\tjitter 0\n\t\tipv4_prefix 24\n\t\tcapacity 1\n\t\trefill_rate 1\n\t}\n}"
 	if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(in)); err != nil {
@@ -111,6 +113,7 @@ func TestUnmarshalCaddyfilePrefixesAndJitterJSON(t *testing.T) {
 }
 
 func TestUnmarshalCaddyfilePrefixesAndJitterErrors(t *testing.T) {
+	t.Parallel()
 	zone := func(lines string) string {
 		return "rate_limit_redis {\n\tzone a {\n" + lines + "\t\tcapacity 1\n\t\trefill_rate 1\n\t}\n}"
 	}

@@ -22,6 +22,7 @@ func matchSets(nameJSON ...string) caddyhttp.RawMatcherSets {
 }
 
 func TestUnmarshalCaddyfile(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name  string
 		input string
@@ -437,6 +438,7 @@ func toJSON(t *testing.T, v any) string {
 // TestUnmarshalCaddyfileMinimalJSON checks that the parser fills in no defaults: the JSON of a
 // handler holds what its Caddyfile says and nothing more.
 func TestUnmarshalCaddyfileMinimalJSON(t *testing.T) {
+	t.Parallel()
 	var h Handler
 	err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(`rate_limit_redis {
 		zone login {
@@ -460,6 +462,7 @@ func TestUnmarshalCaddyfileMinimalJSON(t *testing.T) {
 }
 
 func TestUnmarshalCaddyfileErrors(t *testing.T) {
+	t.Parallel()
 	// zone is a zone block that is valid on its own, for inputs whose error lies elsewhere.
 	const zone = `
 		zone z {
@@ -1029,6 +1032,7 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 // registered and ordered (no `order` line is needed), the matcher token is taken by Caddy, and
 // errors name the file and line.
 func TestAdaptCaddyfile(t *testing.T) {
+	t.Parallel()
 	adapter := caddyfile.Adapter{ServerType: httpcaddyfile.ServerType{}}
 
 	out, warnings, err := adapter.Adapt([]byte(`:8080 {

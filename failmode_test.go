@@ -49,12 +49,10 @@ func TestFailLocalEnforcesPerInstance(t *testing.T) {
 // breaker and decisions come from Redis again.
 func TestCircuitBreakerStopsCallingRedis(t *testing.T) {
 	// Long enough that the requests below all meet the open breaker, whatever the machine's load.
-	saved := breakerOpenFor
-	breakerOpenFor = 3 * time.Second
-	t.Cleanup(func() { breakerOpenFor = saved })
+	const breakerOpenFor = 3 * time.Second
 	srv := redistest.Start(t)
 	cs := startCaddy(t, fmt.Sprintf(`
-	rate_limit_redis {
+	rate_limit_redis_tuned breaker_open_for=3s {
 		redis {
 			address %s
 		}
@@ -63,6 +61,9 @@ func TestCircuitBreakerStopsCallingRedis(t *testing.T) {
 		refill_rate 100
 	}
 	respond "ok"`, srv.Addr))
+	if h := liveHandler(t); h.client.breakerOpenFor != breakerOpenFor {
+		t.Fatalf("breaker open for %v, want %v", h.client.breakerOpenFor, breakerOpenFor)
+	}
 	cs.get("/").expect(t, "healthy", 200, "ok")
 	srv.Do("CONFIG", "SET", "maxmemory-policy", "noeviction")
 	srv.Do("CONFIG", "SET", "maxmemory", "1") // every script that may write is refused: OOM
@@ -245,13 +246,10 @@ func TestDegradedHeaderOff(t *testing.T) {
 // rather than the script's 1m, so that no attempt comes back with the refill however long the
 // flood takes.)
 func TestFailLocalFloodEvictsNoOne(t *testing.T) {
-	saved := localKeys
-	localKeys = 64
-	t.Cleanup(func() { localKeys = saved })
 	for _, flood := range []bool{false, true} {
 		t.Run(fmt.Sprintf("flood=%t", flood), func(t *testing.T) {
 			cs := startSites(t, "\t\ttrusted_proxies static 127.0.0.1/32", fmt.Sprintf(`
-	rate_limit_redis {
+	rate_limit_redis_tuned local_keys=64 {
 		redis {
 			address 127.0.0.1:%d
 		}
@@ -275,6 +273,9 @@ func TestFailLocalFloodEvictsNoOne(t *testing.T) {
 		}
 	}
 	respond "ok {http.rate_limit_redis.zone} degraded={http.rate_limit_redis.degraded}"`, freeLoopbackPort(t)))[0]
+			if h := liveHandler(t); h.localKeys != 64 {
+				t.Fatalf("local_keys %d, want 64", h.localKeys)
+			}
 			login := func() string {
 				var codes []string
 				for range 5 {

@@ -14,8 +14,12 @@ import (
 )
 
 // provisioned returns h provisioned and validated as Caddy would, cleaned up when the test ends.
+// Unless h has one, it is given a registry of its own, which AdminAPI{live: h.live} serves.
 func provisioned(t testing.TB, h *Handler) *Handler {
 	t.Helper()
+	if h.live == nil {
+		h.live = newRegistry()
+	}
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 	t.Cleanup(cancel)
 	if err := h.Provision(ctx); err != nil {

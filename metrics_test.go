@@ -5,7 +5,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -242,9 +241,6 @@ func seriesExists(t *testing.T, reg prometheus.Gatherer, name string, labels ...
 // when it denies. The histogram observes the failed Redis calls, not the requests the open
 // circuit breaker answered without one.
 func TestMetricsFailModes(t *testing.T) {
-	saved := breakerOpenFor
-	breakerOpenFor = time.Minute // every request after the trips meets the breaker open
-	t.Cleanup(func() { breakerOpenFor = saved })
 	const requests = breakerTrips + 3
 	for _, tc := range []struct {
 		name, options string
@@ -261,8 +257,9 @@ func TestMetricsFailModes(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := redistest.Start(t)
 			a, b := "mf_a_"+strings.ReplaceAll(tc.name, " ", "_"), "mf_b_"+strings.ReplaceAll(tc.name, " ", "_")
+			// breaker_open_for=1m: every request after the trips meets the breaker open.
 			cs := startCaddy(t, fmt.Sprintf(`
-	rate_limit_redis {
+	rate_limit_redis_tuned breaker_open_for=1m {
 		redis {
 			address %s
 		}

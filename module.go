@@ -47,10 +47,6 @@ const (
 	DefaultMaxWaiting = 1000
 )
 
-// localKeys bounds the client buckets fail_mode local keeps per zone: a variable so that tests
-// can exceed it with fewer requests.
-var localKeys = limiter.DefaultLocalKeys
-
 // Values of Handler.FailMode.
 const (
 	FailOpen   = "open"
@@ -212,6 +208,13 @@ type Handler struct {
 	// waiting holds the places of the requests held for a max_wait, and of those being decided
 	// that may be: never more than MaxWaiting, nor more than a client's share (waiting.go).
 	waiting *waitingRoom
+	// live is the registry of handlers the admin API reads (admin.go): the process's, unless
+	// a test gives its own.
+	live *registry
+
+	// Settings that tests change before Provision; 0 is the default.
+	localKeys      int           // the client buckets fail_mode local keeps per zone: limiter.DefaultLocalKeys
+	breakerOpenFor time.Duration // how long a circuit breaker stays open: defaultBreakerOpenFor
 }
 
 // CaddyModule returns the Caddy module information. Its receiver is a pointer, and it is
@@ -292,7 +295,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := h.Redis.checkResolved(); err != nil {
 		return err
 	}
-	client, key, err := acquireClient(h.Redis.resolve(time.Duration(h.Timeout)))
+	client, key, err := acquireClient(h.Redis.resolve(time.Duration(h.Timeout), cmp.Or(h.breakerOpenFor, defaultBreakerOpenFor)))
 	if err != nil {
 		return fmt.Errorf("redis client: %w", err)
 	}
@@ -301,7 +304,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		h.bareDenials = srv.Errors == nil || len(srv.Errors.Routes) == 0
 	}
 	if needLocal {
-		h.local = limiter.NewLocal(localKeys)
+		h.local = limiter.NewLocal(cmp.Or(h.localKeys, limiter.DefaultLocalKeys))
 	}
 	opts := limiter.Options{KeyPrefix: h.KeyPrefix}
 	if h.DenyCache == nil || *h.DenyCache {
@@ -324,7 +327,10 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	client.resets.Add(h.limiter)
 	h.startRefresher()
 	h.events = newEvents(ctx, client.addrs)
-	register(h) // for the admin API
+	if h.live == nil {
+		h.live = handlers
+	}
+	h.live.add(h) // for the admin API
 	return nil
 }
 
@@ -431,7 +437,9 @@ func resolveKeySecret(configured string) (*limiter.KeySecret, error) {
 // handler's timeout, or a second when that is shorter), and drops this handler's reference to
 // the shared Redis client; the last one closes it.
 func (h *Handler) Cleanup() error {
-	unregister(h)
+	if h.live != nil {
+		h.live.remove(h)
+	}
 	if h.stopRefresh != nil {
 		close(h.stopRefresh) // the refresher ends once the slots in flight are given back
 		h.stopRefresh = nil

@@ -38,6 +38,7 @@ func withExprs(z *Zone, nameText ...string) *Zone {
 }
 
 func TestUnmarshalCaddyfilePlaceholderNumbers(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name  string
 		input string
@@ -132,6 +133,7 @@ func TestUnmarshalCaddyfilePlaceholderNumbers(t *testing.T) {
 }
 
 func TestUnmarshalCaddyfilePlaceholderNumberErrors(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name  string
 		input string
@@ -190,6 +192,7 @@ func TestUnmarshalCaddyfilePlaceholderNumberErrors(t *testing.T) {
 // TestAdaptPlaceholderNumbers: through the Caddyfile adapter, a zone's numbers from placeholders
 // are JSON strings, Caddyfile shorthands expanded as in every other token; literals stay numbers.
 func TestAdaptPlaceholderNumbers(t *testing.T) {
+	t.Parallel()
 	adapter := caddyfile.Adapter{ServerType: httpcaddyfile.ServerType{}}
 	out, warnings, err := adapter.Adapt([]byte(`:8080 {
 	map {header.X-API-Key} {plan_capacity} {plan_rate} {
@@ -225,6 +228,7 @@ func TestAdaptPlaceholderNumbers(t *testing.T) {
 // it was given (a string's spaces collapsed) and provisioned to its value; errors name the zone
 // and the field; and a zone is still decoded strictly, as Caddy decodes a module.
 func TestZoneJSONNumbers(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: t.Context()})
 	defer cancel()
 	for _, tc := range []struct{ in, want, values, err string }{
@@ -428,6 +432,7 @@ func TestLiteralNumbersCostNothing(t *testing.T) {
 // TestResolveNumbers: each number per request, with its fallback, the checks between them and
 // max_cost bounded.
 func TestResolveNumbers(t *testing.T) {
+	t.Parallel()
 	values := func(kv map[string]string) func(*dynNumber) string {
 		return func(dn *dynNumber) string { return kv[dn.field.String()] }
 	}

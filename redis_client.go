@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
@@ -54,6 +55,8 @@ type sharedClient struct {
 	// failing Redis together. On Redis Cluster it guards only the loading of the cluster's slot
 	// map, while that is not known: each node has a breaker of its own (see nodes).
 	breaker *breaker
+	// breakerOpenFor is how long each of its breakers stays open before a probe.
+	breakerOpenFor time.Duration
 	// nodes are, on Redis Cluster, the primaries met so far by address, each with its own
 	// breaker and pipeline, so that a failing or stalled node fails only the decisions of its
 	// own slots.
@@ -106,7 +109,7 @@ func (c *sharedClient) node(ctx context.Context, key string) (*redisNode, error)
 	if n, ok := c.nodes.Load(addr); ok {
 		return n.(*redisNode), nil
 	}
-	n := &redisNode{breaker: newBreaker(addr, strings.Join(c.addrs, ",")), pipeline: limiter.NewPipeline(c.cc, pipelines)}
+	n := &redisNode{breaker: newBreaker(addr, strings.Join(c.addrs, ","), c.breakerOpenFor), pipeline: limiter.NewPipeline(c.cc, pipelines)}
 	if c.closed {
 		n.pipeline.Close()
 	}
@@ -185,9 +188,9 @@ func acquireClient(r resolvedRedis) (*sharedClient, string, error) {
 		if err != nil {
 			return nil, err
 		}
-		c := &sharedClient{rdb: rdb, addrs: r.Addresses}
+		c := &sharedClient{rdb: rdb, addrs: r.Addresses, breakerOpenFor: r.BreakerOpenFor}
 		c.cc, c.cluster = rdb.(*redis.ClusterClient)
-		c.breaker = newBreaker(strings.Join(c.addrs, ","), "")
+		c.breaker = newBreaker(strings.Join(c.addrs, ","), "", c.breakerOpenFor)
 		c.pipeline = limiter.NewPipeline(rdb, pipelines)
 		c.resets = limiter.NewResetListener(rdb)
 		c.resets.SubscribeFailed = func(channel string, err error) {

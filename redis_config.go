@@ -194,11 +194,14 @@ type resolvedRedis struct {
 	TLSFiles    string        `json:"tf"` // the TLS files' modification times: new files, new client
 	PoolSize    int           `json:"ps"`
 	DialTimeout time.Duration `json:"dt"`
+	// BreakerOpenFor is how long the client's circuit breakers stay open before a probe.
+	BreakerOpenFor time.Duration `json:"bo"`
 }
 
-// resolve replaces global placeholders ({env.*} and the like) in cfg and fills in defaults. The
-// caller has validated cfg.
-func (cfg *RedisConfig) resolve(dialTimeout time.Duration) resolvedRedis {
+// resolve replaces global placeholders ({env.*} and the like) in cfg and fills in defaults: the
+// dial timeout dialTimeout when cfg has none. breakerOpenFor is the breakers'. The caller has
+// validated cfg.
+func (cfg *RedisConfig) resolve(dialTimeout, breakerOpenFor time.Duration) resolvedRedis {
 	repl := caddy.NewReplacer()
 	r := resolvedRedis{
 		Addresses:   []string{DefaultAddress},
@@ -209,6 +212,8 @@ func (cfg *RedisConfig) resolve(dialTimeout time.Duration) resolvedRedis {
 		Cluster:     cfg.isCluster(),
 		PoolSize:    cfg.PoolSize,
 		DialTimeout: time.Duration(cfg.DialTimeout),
+
+		BreakerOpenFor: breakerOpenFor,
 	}
 	if len(cfg.Addresses) > 0 {
 		r.Addresses = make([]string, len(cfg.Addresses))

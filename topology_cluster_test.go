@@ -127,16 +127,14 @@ func clusterClientOf(t *testing.T, addrs []string) *sharedClient {
 // stalled one fails at once without charging the healthy node. The logs name the node whose
 // breaker opened. Once the node answers again, a probe closes its breaker.
 func TestClusterBreakerPerNode(t *testing.T) {
-	saved := breakerOpenFor
-	breakerOpenFor = 2 * time.Second // no probe while the test looks at the open breaker
-	t.Cleanup(func() { breakerOpenFor = saved })
+	const breakerOpenFor = 2 * time.Second // no probe while the test looks at the open breaker
 	c := redistest.StartCluster(t, 3)
 	for _, n := range c.Nodes {
 		// The other nodes keep serving their slots when they mark the stalled one as failed.
 		n.Do("CONFIG", "SET", "cluster-require-full-coverage", "no")
 	}
 	lc := startLoggedCaddy(t, fmt.Sprintf(`
-	rate_limit_redis {
+	rate_limit_redis_tuned breaker_open_for=2s {
 		redis {
 			address %s
 		}
