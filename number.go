@@ -122,7 +122,10 @@ func (n *Number) UnmarshalJSON(b []byte) error {
 			*n = Number{}
 		}
 	default:
-		kind := map[byte]string{'t': "bool", 'f': "bool", '{': "object", '[': "array"}[b[0]]
+		kind := "value"
+		if len(b) > 0 {
+			kind = map[byte]string{'t': "bool", 'f': "bool", '{': "object", '[': "array"}[b[0]]
+		}
 		return &json.UnmarshalTypeError{Value: kind, Type: reflect.TypeFor[Number]()}
 	}
 	return nil

@@ -294,7 +294,7 @@ func (z *Zone) validateOwners() *FieldError {
 	} {
 		if p.given && !p.taken {
 			err := z.fieldError(p.field, "%s belongs to algorithm %s, not %s", p.field, p.owner, a)
-			if a == Concurrency {
+			if a == Concurrency && p.field != "capacity" && p.field != "refill_rate" {
 				err.Msg += ": a concurrency zone has no window or period, a slot is held as long as its request"
 			}
 			return err
