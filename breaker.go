@@ -14,8 +14,8 @@ import (
 )
 
 // The circuit breaker of a Redis server: after breakerTrips consecutive failed decisions it
-// opens, and fail_mode applies at once, without touching Redis, for DefaultBreakerOpenFor; then one
-// probe decision goes to Redis (half-open): success closes the breaker, failure opens it again.
+// opens, and fail_mode applies at once, without touching Redis, for defaultBreakerOpenFor; then
+// one probe decision goes to Redis (half-open): success closes the breaker, failure opens it again.
 // Standalone and Sentinel have one breaker per client; Redis Cluster one per node (see
 // sharedClient.acquire).
 const breakerTrips = 5
