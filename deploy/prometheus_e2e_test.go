@@ -304,7 +304,7 @@ var composeAlerts = [][2]string{
 }
 
 // checkTrafficScript runs deploy/traffic.sh against site for 12 passes and checks each line's
-// statuses against its comment: / (zone api by IP) and /login (zone login) denied once their
+// statuses against its comment: / (zone api by IP, twice a pass) and /login (zone login) denied once their
 // burst is spent, the demo login allowed until 3 failures count and denied after, the keyless
 // /v1/chat 403, every other line 200.
 func checkTrafficScript(t *testing.T, site string) {
@@ -316,7 +316,7 @@ func checkTrafficScript(t *testing.T, site string) {
 		t.Fatalf("deploy/traffic.sh: %v; its output:\n%s", err, out)
 	}
 	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-	columns := make([][]string, 8)
+	columns := make([][]string, 9)
 	for _, l := range lines {
 		f := strings.Fields(l)
 		if len(f) != len(columns) {
@@ -335,13 +335,14 @@ func checkTrafficScript(t *testing.T, site string) {
 		ok   bool
 	}{
 		{"/ : 200 then 429", columns[0][0] == "200" && has(0, "429")},
-		{"/login: 401 then 429", columns[1][0] == "401" && has(1, "429") && !has(1, "200")},
-		{"/login as demo: 200 then 429", columns[2][0] == "200" && has(2, "429")},
-		{"/v1/chat with a key: 200", all(3, "200")},
-		{"/v1/chat without a key: 403", all(4, "403")},
-		{"/llm/v1/chat/completions: 200", all(5, "200")},
-		{"/search: 200 (dry_run)", all(6, "200")},
-		{"/ with a new key: 200", all(7, "200")},
+		{"/ again: 200 then 429", columns[1][0] == "200" && has(1, "429")},
+		{"/login: 401 then 429", columns[2][0] == "401" && has(2, "429") && !has(2, "200")},
+		{"/login as demo: 200 then 429", columns[3][0] == "200" && has(3, "429")},
+		{"/v1/chat with a key: 200", all(4, "200")},
+		{"/v1/chat without a key: 403", all(5, "403")},
+		{"/llm/v1/chat/completions: 200", all(6, "200")},
+		{"/search: 200 (dry_run)", all(7, "200")},
+		{"/ with a new key: 200", all(8, "200")},
 	} {
 		if !c.ok {
 			t.Errorf("deploy/traffic.sh, %s: got %v", c.what, columns)
