@@ -629,7 +629,7 @@ func laxStream(v any) bool {
 // is charged its usage; "stream" as 1, "yes" or "True" is read as the upstream reads it, so the
 // request is asked for the usage; a body over 1 MiB (whitespace) is not rewritten, and its
 // stream without usage is charged the example's missing amount, which must then be at least
-// the largest total.
+// the largest total (in the tokens zone, whose max_cost is below it, 100,000).
 func TestChargeDocsLLMExample(t *testing.T) {
 	var site string
 	for _, b := range docBlocks(t, "caddyfile") {
@@ -689,6 +689,7 @@ func TestChargeDocsLLMExample(t *testing.T) {
 		{"body over 1 MiB", padded, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			srv.Do("DEL", "rl:{127.0.0.1}:tokens_ip:tb") // the address's budget: each case is a new day
 			key := "docs-" + strings.NewReplacer(" ", "-", `"`, "", "(", "", ")", "", ".", "").Replace(tc.name)
 			if r := cs.send("/v1/chat/completions", key, []byte(tc.body)); r.status != 200 {
 				t.Fatalf("%d %q", r.status, r.body)
