@@ -67,7 +67,8 @@ type Charge struct {
 	// openai_usage: what a successful (2xx) response that reports no usage we can charge is
 	// charged, in tokens (0 to 2^53): no usage object, a count that is negative or not an
 	// integer, a body in a content coding that is not read or whose decoding stopped at its
-	// bounds, a stream cut short, a request whose client went away before the response. Default (absent):
+	// bounds, a stream cut short, a request whose client went away before the response; size it
+	// as the most one request can use (for total, the model's context length). Default (absent):
 	// the zone's max_cost (its capacity or limit unless set), the most any response can be
 	// charged, so that no client gains by making its usage go unreported. At most max_cost
 	// counts: a larger amount is charged as max_cost.
