@@ -247,10 +247,12 @@ func tokensUsed(t *testing.T, srv *redistest.Server, key string) float64 {
 	return u
 }
 
-// charged checks that key's bucket was charged want tokens (less at most 0.1 of refill).
+// charged checks that key's bucket was charged want tokens, less the refill of the request's
+// time in flight: at most 2 tokens, 1.7s of openAIZone's 100000/24h (a request that streams
+// megabytes under -race on a busy machine takes that long).
 func charged(t *testing.T, srv *redistest.Server, step, key string, want float64) {
 	t.Helper()
-	if u := tokensUsed(t, srv, key); u > want || u < want-0.1 {
+	if u := tokensUsed(t, srv, key); u > want || u < want-2 {
 		t.Fatalf("%s: charged %v, want %v", step, u, want)
 	}
 }
