@@ -624,14 +624,14 @@ func laxStream(v any) bool {
 	return false
 }
 
-// TestChargeDocsLLMExample: docs/charging.md's LLM example, as written there, in front of a vLLM-like
-// upstream (it reads "stream" as pydantic does, and reports a stream's usage only when asked
-// for it) whose completion has a 90,000-token prompt and a 10,000-token completion: whatever the
-// client does to its streaming request, it is charged at least the 100,000 it used. A request
-// is charged its usage; "stream" as 1, "yes" or "True" is read as the upstream reads it, so the
-// request is asked for the usage; a body over 1 MiB (whitespace) is not rewritten, and its
-// stream without usage is charged the example's missing amount, which must then be at least
-// the largest total (in the tokens zone, whose max_cost is below it, 100,000).
+// TestChargeDocsLLMExample: docs/charging.md's LLM example, as written there, in front of a
+// vLLM-like upstream (it reads "stream" as pydantic does, and reports a stream's usage only when
+// asked for it) whose completion has a 90,000-token prompt and a 10,000-token completion:
+// whatever the client does to its streaming request, it is charged at least the 100,000 it
+// used. A request is charged its usage; "stream" as 1, "yes" or "True" is read as the upstream
+// reads it, so the request is asked for the usage; a body over 1 MiB (whitespace) is not
+// rewritten, and its stream without usage is charged the example's missing amount, which must
+// then be at least the largest total (in the tokens zone, whose max_cost is below it, 100,000).
 func TestChargeDocsLLMExample(t *testing.T) {
 	var site string
 	for _, b := range docBlocks(t, "caddyfile") {

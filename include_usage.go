@@ -16,11 +16,12 @@ const maxIncludeUsageBody = 1 << 20
 
 // includeUsage asks a streaming chat completion for its usage, as LLM gateways do: when r's
 // body is a JSON object with "messages" and a "stream" that is true as upstreams read it
-// (streamValue; the last of each, as the upstream reads duplicates) and without "stream_options": {"include_usage": true}, it sets that, so the
-// stream ends with a chunk carrying the usage (`"choices": []`) that the zone charges. Anything
-// else (not a POST of JSON, a compressed body, a body over maxIncludeUsageBody, one that does not
-// parse, another API) goes on byte for byte as it came; a stream without usage is then charged
-// the zone's missing amount.
+// (streamValue; the last of each, as the upstream reads duplicates) and without
+// "stream_options": {"include_usage": true}, it sets that, so the stream ends with a chunk
+// carrying the usage (`"choices": []`) that the zone charges. Anything else (not a POST of
+// JSON, a compressed body, a body over maxIncludeUsageBody, one that does not parse, another
+// API) goes on byte for byte as it came; a stream without usage is then charged the zone's
+// missing amount.
 func includeUsage(r *http.Request) {
 	if r.Method != http.MethodPost || r.Body == nil || r.Body == http.NoBody || r.Header.Get("Content-Encoding") != "" {
 		return
@@ -61,10 +62,9 @@ type readCloser struct {
 // withIncludeUsage returns body, a chat completions request, with "stream_options":
 // {"include_usage": true}, and true; false when it is not a streaming chat completions request
 // (a JSON object with "messages" and a "stream" that streamValue reads as true) or already asks
-// for the usage, or when it
-// does not parse. Only what must change changes: a "stream_options" member is added at the
-// start of the object, or the last one's object gets "include_usage": true (or replaces its
-// null).
+// for the usage, or when it does not parse. Only what must change changes: a "stream_options"
+// member is added at the start of the object, or the last one's object gets "include_usage":
+// true (or replaces its null).
 func withIncludeUsage(body []byte) ([]byte, bool) {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
