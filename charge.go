@@ -7,6 +7,7 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -65,7 +66,9 @@ type Charge struct {
 
 	// openai_usage: what a successful (2xx) response that reports no usage we can charge is
 	// charged, in tokens (0 to 2^53): no usage object, a count that is negative or not an
-	// integer, a body in a content coding that is not read, a stream cut short. Default (absent):
+	// integer, a body in a content coding that is not read or whose decoding stopped at its
+	// bounds, a stream cut short, a request whose client went away before the response; size it
+	// as the most one request can use (for total, the model's context length). Default (absent):
 	// the zone's max_cost (its capacity or limit unless set), the most any response can be
 	// charged, so that no client gains by making its usage go unreported. At most max_cost
 	// counts: a larger amount is charged as max_cost.
@@ -85,6 +88,10 @@ type afterResponse struct {
 	missing  prometheus.Counter // charge: responses charged Charge.Missing
 	capped   prometheus.Counter // charge: amounts reported above max_cost, charged max_cost
 	warned   atomic.Int64       // Unix ns of the last warning of a missing usage
+	// undecoded: charge openai_usage, the compressed responses whose decoding stopped, by
+	// reason (decodeReasons' order); warnedUndecoded, the Unix ns of the last warning of one.
+	undecoded       [len(decodeReasons)]prometheus.Counter
+	warnedUndecoded atomic.Int64
 }
 
 // provisionAfter provisions the zone's count_status, charge and hold_max; a zone with neither
@@ -124,6 +131,11 @@ func (z *Zone) provisionAfter() error {
 		if z.Charge != nil {
 			a.missing = chargeMetrics.missing.WithLabelValues(z.Name)
 			a.capped = chargeMetrics.capped.WithLabelValues(z.Name)
+		}
+		if a.body {
+			for i, reason := range decodeReasons {
+				a.undecoded[i] = chargeMetrics.undecoded.WithLabelValues(z.Name, reason)
+			}
 		}
 		exportSettleFailures()
 	}
@@ -206,8 +218,12 @@ func parseStatus(s string) (lo, hi int, err error) {
 // having reserved its cost: 0 when count_status does not list the status; with charge, what
 // the response reports, at most the zone's max_cost (capped), or, when it reports nothing, the
 // cost (charge header, or an unsuccessful response) or Charge.Missing (charge openai_usage, a
-// 2xx response: missing).
+// 2xx response: missing). With charge, a request whose client went away before the response
+// (cw.clientLeft) is a 2xx that reported nothing: the upstream may have done all of its work.
 func (a *afterResponse) amount(rq limiter.Request, status int, cw *chargeWriter) (n int64, missing, capped bool) {
+	if a.charge != nil && cw.clientLeft {
+		status = http.StatusOK
+	}
 	if a.counting && (status < 0 || status >= len(a.statuses) || !a.statuses[status]) {
 		return 0, false, false
 	}
@@ -227,6 +243,7 @@ func (a *afterResponse) amount(rq limiter.Request, status int, cw *chargeWriter)
 		}
 	case ChargeOpenAIUsage:
 		n, reported = cw.scan.tokens(a.charge.Usage)
+		reported = reported && cw.undecoded == "" // what the undecoded rest reports is unknown
 		if !reported && status >= 200 && status < 300 {
 			if a.charge.Missing != nil {
 				return min(*a.charge.Missing, most), true, false
@@ -256,6 +273,12 @@ type chargeWriter struct {
 	sink     io.Writer     // where the body goes to be scanned: scan, or dec
 	dec      *usageDecoder // the body's decoder when it is compressed
 	coding   string        // the body's content coding
+	// undecoded is why the body's decoding stopped before its end (usageDecoder.stopped), once
+	// finished; "" when it did not.
+	undecoded string
+	// served: the request was passed on to the next handler. clientLeft: it was, and its client
+	// went away before any response header was written (set at settlement).
+	served, clientLeft bool
 }
 
 // WriteHeader records the first final status, and, when the body is to be read, whether it can
@@ -315,6 +338,7 @@ func (cw *chargeWriter) ReadFrom(r io.Reader) (int64, error) {
 func (cw *chargeWriter) finish() {
 	if cw.dec != nil {
 		cw.dec.finish()
+		cw.undecoded = cw.dec.stopped
 		cw.dec, cw.sink = nil, nil
 	}
 }
@@ -352,6 +376,7 @@ func (h *Handler) serveAndSettle(w http.ResponseWriter, r *http.Request, next ca
 			panic(p)
 		}
 	}()
+	cw.served = true
 	err := next.ServeHTTP(cw, r)
 	settled = true
 	h.settleResponse(r, cw, reqs, d.Held, err, &charged)
@@ -363,6 +388,9 @@ func (h *Handler) serveAndSettle(w http.ResponseWriter, r *http.Request, next ca
 func (h *Handler) settleResponse(r *http.Request, cw *chargeWriter, reqs []limiter.Request, held *limiter.Held, err error, charged **int64) {
 	cw.finish()
 	status := cw.status
+	// reverse_proxy answers a client that left before the response with 499 (or returns
+	// before writing anything).
+	cw.clientLeft = cw.served && (status == 0 || status == statusClientClosed) && r.Context().Err() != nil
 	if status == 0 {
 		var he caddyhttp.HandlerError
 		switch {
@@ -385,6 +413,10 @@ func (h *Handler) settleResponse(r *http.Request, cw *chargeWriter, reqs []limit
 			if missing && a.missing != nil {
 				a.missing.Inc()
 				a.warnMissing(h.logger, rq.Zone.Name, r, status, cw, amounts[i])
+			}
+			if k := slices.Index(decodeReasons[:], cw.undecoded); k >= 0 && a.undecoded[k] != nil {
+				a.undecoded[k].Inc()
+				a.warnUndecoded(h.logger, rq.Zone.Name, r, cw, amounts[i])
 			}
 			if capped && a.capped != nil {
 				a.capped.Inc()
@@ -442,15 +474,33 @@ func (h *Handler) settle(ctx context.Context, reqs []limiter.Request, held *limi
 // warnMissing logs, at most once a minute per zone, that the response of r, of status, written
 // through cw, reported no usage and was charged amount.
 func (a *afterResponse) warnMissing(logger *zap.Logger, zone string, r *http.Request, status int, cw *chargeWriter, amount int64) {
-	now := time.Now().UnixNano()
-	last := a.warned.Load()
-	if now-last < int64(time.Minute) || !a.warned.CompareAndSwap(last, now) {
+	if !onceAMinute(&a.warned) {
 		return
 	}
 	if c := logger.Check(zapcore.WarnLevel, "rate limit charge: a successful response reported no usage; charged the zone's missing amount (logged at most once a minute per zone)"); c != nil {
 		c.Write(zap.String("zone", zone), zap.String("uri", r.RequestURI), zap.Int("status", status),
 			zap.String("content_type", cw.Header().Get("Content-Type")), zap.String("content_encoding", cw.coding), zap.Int64("charged", amount))
 	}
+}
+
+// warnUndecoded logs, at most once a minute per zone, that the decoding of the body of r's
+// response, written through cw, stopped at one of its bounds, and that it was charged amount.
+func (a *afterResponse) warnUndecoded(logger *zap.Logger, zone string, r *http.Request, cw *chargeWriter, amount int64) {
+	if !onceAMinute(&a.warnedUndecoded) {
+		return
+	}
+	if c := logger.Check(zapcore.WarnLevel, "rate limit charge: stopped decoding a compressed response at its bound; the rest went to the client undecoded (logged at most once a minute per zone)"); c != nil {
+		c.Write(zap.String("zone", zone), zap.String("uri", r.RequestURI), zap.String("reason", cw.undecoded),
+			zap.String("content_encoding", cw.coding), zap.Int64("charged", amount))
+	}
+}
+
+// onceAMinute reports whether a minute has passed since *last (Unix ns), and if so sets it to
+// now; at most one of concurrent callers gets true.
+func onceAMinute(last *atomic.Int64) bool {
+	now := time.Now().UnixNano()
+	l := last.Load()
+	return now-l >= int64(time.Minute) && last.CompareAndSwap(l, now)
 }
 
 // settleFailureReasons are the reason label's values of settle_failures_total: failureReason's,
@@ -473,6 +523,9 @@ var chargeMetrics struct {
 	missing *prometheus.CounterVec
 	// capped counts, by zone, the amounts reported above the zone's max_cost, charged max_cost.
 	capped *prometheus.CounterVec
+	// undecoded counts, by zone and reason (decodeReasons), the compressed responses of a zone
+	// with charge openai_usage whose decoding stopped before their end.
+	undecoded *prometheus.CounterVec
 }
 
 func initChargeMetrics() {
@@ -497,11 +550,15 @@ func initChargeMetrics() {
 			Namespace: "caddy", Subsystem: "rate_limit_redis", Name: "charge_capped_total",
 			Help: "Amounts reported by responses above the zone's max_cost, charged max_cost instead, by zone.",
 		}, []string{"zone"})
+		chargeMetrics.undecoded = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "caddy", Subsystem: "rate_limit_redis", Name: "charge_undecoded_total",
+			Help: "Compressed responses of a zone with charge openai_usage whose decoding stopped before their end (the rest went to the client undecoded), charged the zone's missing amount if successful, by zone and reason: size (256 MiB decoded), ratio (over 100 times the bytes received, past 8 MiB), memory (no room for a zstd window).",
+		}, []string{"zone", "reason"})
 	})
 }
 
 // chargeCollectors are the collectors registerMetrics registers.
 func chargeCollectors() []prometheus.Collector {
 	initChargeMetrics()
-	return []prometheus.Collector{chargeMetrics.charged, chargeMetrics.refunded, chargeMetrics.failures, chargeMetrics.missing, chargeMetrics.capped}
+	return []prometheus.Collector{chargeMetrics.charged, chargeMetrics.refunded, chargeMetrics.failures, chargeMetrics.missing, chargeMetrics.capped, chargeMetrics.undecoded}
 }
