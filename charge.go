@@ -373,6 +373,7 @@ func (h *Handler) serveAndSettle(w http.ResponseWriter, r *http.Request, next ca
 			if !settled {
 				h.settleResponse(r, cw, reqs, d.Held, errors.New("handler panicked"), &charged)
 			}
+			logCharged(r, charged)
 			panic(p)
 		}
 	}()
@@ -381,6 +382,24 @@ func (h *Handler) serveAndSettle(w http.ResponseWriter, r *http.Request, next ca
 	settled = true
 	h.settleResponse(r, cw, reqs, d.Held, err, &charged)
 	return err
+}
+
+// chargedLogField is the access log field that carries {http.rate_limit_redis.charged} when a
+// handler panics: the name docs/responses.md gives `log_append` for it.
+const chargedLogField = "charged"
+
+// logCharged adds what the request was charged (when a zone settled) to r's access log line, as
+// chargedLogField. It is for a response a handler ended with a panic (reverse_proxy aborting a
+// stream whose client left): the panic skips log_append, which adds its fields once the handlers
+// after it have returned, while Caddy still writes the access log with the request's extra log
+// fields.
+func logCharged(r *http.Request, charged *int64) {
+	if charged == nil {
+		return
+	}
+	if extra, ok := r.Context().Value(caddyhttp.ExtraLogFieldsCtxKey).(*caddyhttp.ExtraLogFields); ok {
+		extra.Add(zap.Int64(chargedLogField, *charged))
+	}
 }
 
 // settleResponse settles the held zones of reqs once the response seen by cw is complete (err is
