@@ -553,6 +553,9 @@ func (l *Limiter) decideLeased(ctx context.Context, reqs, sub []Request, keys []
 	args := l.scriptArgs(sub, false, sent)
 	ckeys := withRecords(keys, sub, args, false)
 	allowed, zones, err = l.allowOne(ctx, sub, ckeys, args, nil)
+	if err != nil {
+		l.lose(sub, ckeys, args) // a concurrency zone's slot may have been taken: given back by Refresh
+	}
 	if err != nil || !allowed {
 		return allowed, zones, nil, nil, err
 	}

@@ -171,7 +171,8 @@ type Options struct {
 	Leases       bool
 	LeaseMetrics LeaseMetrics
 	// CallTimeout bounds the calls a Limiter makes on its own rather than for a request: a lease
-	// grant's successor asked ahead (renew) and the return of ended grants. They share round
+	// grant's successor asked ahead (renew), the return of ended grants, and the Redis Cluster
+	// release that follows a decision one of whose hash slots failed. They share round
 	// trips with decisions, whose replies wait for the latest deadline of their batch, so it
 	// should be no longer than the decisions' own timeout. 0: DefaultCallTimeout.
 	CallTimeout time.Duration
@@ -199,6 +200,7 @@ type Limiter struct {
 	leases   *leaseTable                   // nil: Options.Leases off
 	callTime time.Duration                 // Options.CallTimeout
 	live     liveSlots                     // the concurrency slots in flight, kept alive by Refresh
+	lost     lostSlots                     // concurrency slots of failed decisions and settlements, given back by Refresh
 
 	batchFor func(ctx context.Context, key string) *Pipeline // Options.PipelineFor
 }
@@ -303,6 +305,8 @@ func (l *Limiter) allow(ctx context.Context, reqs []Request, sent time.Time, key
 		allowed, zones, err = l.allowOne(ctx, reqs, ckeys, args, into[:0])
 		if allowed {
 			held = newHeld(reqs, ckeys, args, nil)
+		} else if err != nil {
+			l.lose(reqs, ckeys, args) // its slot may have been taken: given back by Refresh
 		}
 	}
 	if err != nil {
