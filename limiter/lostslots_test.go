@@ -56,7 +56,7 @@ func TestConcurrencyClusterFailureGivesSlotsBack(t *testing.T) {
 	})
 
 	t.Run("the stalled node's slot", func(t *testing.T) {
-		k, u := perNode[2][0], perNode[0][1] // the slot on node 2, the bucket on node 0
+		k, u := perNode[2][0], perNode[0][1]  // the slot on node 2, the bucket on node 0
 		d, err := decide(k, u, 5*time.Second) // a connection to node 2, as under traffic
 		if err != nil || !d.Allowed {
 			t.Fatalf("before the stall: %+v, %v; want admitted", d, err)
