@@ -22,6 +22,13 @@ import (
 // wrong shape or type; errors.Is(err, ErrBadResponse) tells it from a Redis or network error.
 var ErrBadResponse = errors.New("bad response from redis")
 
+// ErrMigrating is wrapped by the error of a script call that Redis Cluster refused with TRYAGAIN
+// (its keys split between two nodes by a slot migration: a multi-key call cannot run until the
+// migration has moved them all) and that failed before it ran: its deadline ended while it was
+// sent again, or it was refused every time it was sent. The node answered: the failure is its
+// hash slot's, not the node's.
+var ErrMigrating = errors.New("redis cluster slot migrating (TRYAGAIN)")
+
 // Client is what a Limiter needs of a go-redis client: single commands (a script call),
 // pipelines, and the plain commands of State and Reset. *redis.Client (standalone, or Sentinel's failover client),
 // *redis.ClusterClient and redis.UniversalClient have it.
