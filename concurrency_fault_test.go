@@ -71,11 +71,13 @@ func readmitted(t *testing.T, srv *redistest.Server, base string, resumed time.T
 	redistest.WaitFor(t, 5*time.Second, "the client admitted again after the stall (hold_max is 30s)", func() bool {
 		return statusOf(t, base+"/again", "Bearer k") == 200
 	})
-	t.Logf("admitted again %v after Redis resumed", time.Since(resumed).Round(time.Millisecond))
+	admitted := time.Since(resumed)
 	key := slotKey("stall")
 	redistest.WaitFor(t, 5*time.Second, "the client's slot set empty with nothing in flight", func() bool {
 		return srv.Do("ZCARD", key).(int64) == 0
 	})
+	t.Logf("after Redis resumed: admitted again at %v, no slot left at %v",
+		admitted.Round(time.Millisecond), time.Since(resumed).Round(time.Millisecond))
 }
 
 // TestConcurrencyStallGivesSlotsBack: Redis stalls (SIGSTOP) for 0.5 s. A decision that was on

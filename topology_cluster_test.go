@@ -282,7 +282,7 @@ func TestClusterReshardFailsOnlyTheMovingSlot(t *testing.T) {
 			address %s
 		}
 		fail_mode closed
-		timeout 100ms
+		timeout 1s # a loaded machine must not fail the bystander: the test expects Redis's answers
 		zone tb {
 			match path /both /tbonly
 			key {http.request.header.X-K}

@@ -756,8 +756,10 @@ func TestLeaseGivenBackAfterItsGrantEnded(t *testing.T) {
 		}
 		denied <- d
 	}()
-	<-gate.held                          // its cost is taken from the grant; its concurrency zone waits for Redis
-	clk.Advance(1200 * time.Millisecond) // past its ttl, within the 0.5s a return may wait
+	// Its cost is taken from the grant; its concurrency zone waits for Redis. The grant's ttl
+	// passes meanwhile (by less than the 0.5s its return may wait).
+	<-gate.held
+	clk.Advance(1200 * time.Millisecond)
 	redistest.WaitFor(t, 5*time.Second, "the grant ended (its ttl passed)", func() bool { return counts.stranded.Load() == 0 })
 	close(gate.release)
 	if d := <-denied; d.Allowed || d.Zone != 0 {

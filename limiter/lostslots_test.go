@@ -46,8 +46,10 @@ func TestConcurrencyClusterFailureGivesSlotsBack(t *testing.T) {
 		if d, err := decide(k, u, 100*time.Millisecond); err == nil {
 			t.Fatalf("with the bucket's node stalled: %+v, want an error", d)
 		}
+		failed := time.Now()
 		c.Nodes[1].Resume()
 		redistest.WaitFor(t, 2*time.Second, "the healthy node's slot given back (hold_max is 30s)", func() bool { return slots(0, k) == 0 })
+		t.Logf("the healthy node's slot given back %v after the decision failed", time.Since(failed).Round(time.Millisecond))
 		d, err = decide(k, perNode[1][1], 5*time.Second)
 		if err != nil || !d.Allowed {
 			t.Fatalf("after the stall: %+v, %v; want admitted", d, err)
