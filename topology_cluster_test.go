@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/sony/gobreaker/v2"
 
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
@@ -360,6 +361,13 @@ func TestClusterReshardFailsOnlyTheMovingSlot(t *testing.T) {
 			}
 		})
 	}
+	failures := func() (f [2]float64) {
+		for i, reason := range []string{"redis_error", "timeout"} {
+			f[i] = testutil.ToFloat64(metrics.backendFailures.WithLabelValues(reason))
+		}
+		return f
+	}
+	before := failures()
 	start := time.Now()
 	c.MoveSlot(slot, from, to, 10, func() {
 		// Each batch waits for a bystander's decision: the migration runs under its load.
@@ -391,8 +399,10 @@ func TestClusterReshardFailsOnlyTheMovingSlot(t *testing.T) {
 	}
 	byCodes, _, _ := count(bystander)
 	movCodes, first, last := count(moving)
-	t.Logf("migration of %d keys: %v; moving client %v (not 200 from %v to %v); bystander %v",
-		5002, moved.Sub(start).Round(time.Millisecond), movCodes, first.Round(time.Millisecond), last.Round(time.Millisecond), byCodes)
+	after := failures()
+	t.Logf("migration of %d keys: %v; moving client %v (not 200 from %v to %v; backend failures: redis_error %v, timeout %v); bystander %v",
+		5002, moved.Sub(start).Round(time.Millisecond), movCodes, first.Round(time.Millisecond), last.Round(time.Millisecond),
+		after[0]-before[0], after[1]-before[1], byCodes)
 	if byCodes[200] != len(answers[bystander]) || byCodes[200] < 10 {
 		t.Errorf("bystander (slot %d on the source node, not moved): %v; want only 200s", keySlot(bystander), byCodes)
 	}
