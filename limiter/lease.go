@@ -703,8 +703,8 @@ func (t *leaseTable) drop(zone, client string, wait time.Duration) []*grant {
 // collect ends the grants and successors expired at now (every one when all) and takes the
 // ended ones to return. A grant with pending spends is left for a later sweep, so that a cost
 // given back for a request Redis denies is given back to Redis too, but for at most
-// leaseReturnMargin/2 past its TTL: its return must reach Redis before its hold is counted as
-// wholly spent (TTL + leaseReturnMargin). t.mu is taken.
+// leaseReturnMargin/2 past its expiry: its return must reach Redis before its hold is counted as
+// wholly spent (TTL + leaseReturnMargin after the grant). t.mu is taken.
 func (t *leaseTable) collect(now time.Time, all bool) []*grant {
 	t.mu.Lock()
 	defer t.mu.Unlock()

@@ -409,7 +409,7 @@ func runScript(ctx context.Context, rdb Processor, s *script, keys []string, arg
 			reply, err = nil, fmt.Errorf("%w: reading the reply panicked: %v", ErrBadResponse, r)
 		}
 	}()
-	c := call{keys: keys, args: args}
+	var c call // how it is sent, and its outcome
 	for sent := 1; ; sent++ {
 		cmd := s.cmd(ctx, c.eval, keys, args)
 		perr := rdb.Process(ctx, cmd)
