@@ -270,8 +270,8 @@ func TestClusterBreakerPerNode(t *testing.T) {
 // zone's, made before 5,000 other keys of the slot, and a fixed window zone's, made after them)
 // moves to another node under load, by the commands `redis-cli --cluster reshard` sends
 // (SETSLOT IMPORTING and MIGRATING, MIGRATE … KEYS 10 at a time, SETSLOT NODE): the two keys move
-// seconds apart, and the client's two-key decisions meanwhile get TRYAGAIN until their timeout,
-// then fail_mode (closed: 503). That is the slot's state, not the node's: a bystander client in
+// about two seconds apart, and the client's two-key decisions meanwhile get TRYAGAIN until they
+// give up (their timeout, or 10 sends), then fail_mode (closed: 503). That is the slot's state, not the node's: a bystander client in
 // another slot of the same node gets Redis's decision every time (no 503: neither the node's
 // circuit breaker counts a failure, nor do its decisions wait behind the re-sent ones), and the
 // moving client is never admitted more than Redis counts.
