@@ -102,3 +102,26 @@ func TestConcurrencyLostSlotNeverTaken(t *testing.T) {
 		}
 	}
 }
+
+// TestConcurrencyDroppedSlotGivenBack: a slot whose settlement is not sent (Drop: the handler's
+// circuit breaker is open at the end of the response) is given back by the next Refresh, not
+// left to its deadline.
+func TestConcurrencyDroppedSlotGivenBack(t *testing.T) {
+	srv := redistest.Start(t)
+	l := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:"})
+	z := cc("conc", 1)
+	d := allow(t, l, limiter.Request{Zone: z, Key: "alice", Cost: 1, Hold: time.Hour})
+	if !d.Allowed {
+		t.Fatalf("%+v, want admitted", d)
+	}
+	l.Drop(d.Held)
+	if l.LiveSlots() != 0 || l.LostSlots() != 1 {
+		t.Fatalf("after Drop: %d slots kept alive, %d lost; want 0, 1", l.LiveSlots(), l.LostSlots())
+	}
+	if _, err := l.Refresh(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if n := srv.Do("ZCARD", limiter.StateKey("rl:", z, "alice")); n != int64(0) || l.LostSlots() != 0 {
+		t.Fatalf("after a Refresh: %v slots in Redis, %d lost; want 0, 0", n, l.LostSlots())
+	}
+}
