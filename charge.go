@@ -463,7 +463,7 @@ func (h *Handler) settle(ctx context.Context, reqs []limiter.Request, held *limi
 			release(err)
 		}
 	} else {
-		h.limiter.Drop(held) // not settled: its slots free themselves at their deadline
+		h.limiter.Drop(held) // not settled: its concurrency slots are given back once Redis answers
 	}
 	slotsDone(h, reqs)
 	for i, rq := range reqs {

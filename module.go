@@ -559,9 +559,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.Clock == ClockLocal {
 		opts.Now = time.Now
 	}
+	// A grant's renewal and return share decisions' round trips; a Redis Cluster release follows
+	// a decision that failed.
+	opts.CallTimeout = time.Duration(h.Timeout)
 	if slices.ContainsFunc(h.Zones, func(z *Zone) bool { return z.Lease != nil }) {
 		opts.Leases, opts.LeaseMetrics = true, newPromLease(h.Zones)
-		opts.CallTimeout = time.Duration(h.Timeout) // a grant's renewal and return share decisions' round trips
 	}
 	h.limiter = limiter.New(client.rdb, opts)
 	client.resets.Add(h.limiter)
