@@ -76,6 +76,6 @@ func (h *Handler) hold(ctx context.Context, delay time.Duration, out *outcome) e
 		}
 		// As a denial: built directly, no stack trace; 499 is what Caddy's reverse proxy reports
 		// for a client that closed the request.
-		return caddyhttp.HandlerError{StatusCode: 499, Err: errLeftWhileHeld}
+		return caddyhttp.HandlerError{StatusCode: statusClientClosed, Err: errLeftWhileHeld}
 	}
 }

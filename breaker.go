@@ -11,6 +11,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddyserver/caddy/v2"
+
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/limiter"
 )
 
 // The circuit breaker of a Redis server: after breakerTrips consecutive failed decisions it
@@ -134,10 +136,11 @@ func (b *breaker) reportQuiet(err error) {
 	}
 }
 
-// excluded reports whether a decision's error says nothing of Redis: the client went away (its
-// context canceled), or the decision was not sent.
+// excluded reports whether a decision's error says nothing of the Redis server: the client went
+// away (its context canceled), the decision was not sent, or Redis Cluster refused it with
+// TRYAGAIN until it failed (a slot being migrated: its node answers).
 func excluded(err error) bool {
-	return errors.Is(err, context.Canceled) || errors.Is(err, errNotCalled)
+	return errors.Is(err, context.Canceled) || errors.Is(err, errNotCalled) || errors.Is(err, limiter.ErrMigrating)
 }
 
 // allowAll asks every breaker of bs for permission to send one decision that needs all their

@@ -50,7 +50,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		fail_mode  open|closed|local         # what happens when Redis fails; default open
 //		headers    legacy|ietf|both|off      # which rate limit headers to send; default legacy
 //		degraded_header on|off               # X-RateLimit-Degraded while Redis fails; default on
-//		grpc_status on|off                   # refused gRPC calls get grpc-status 8 or 14 instead of 429 or 503; default on
+//		grpc_status on|off                   # refused gRPC calls get a gRPC status (8 for a 429, 14 for a 503, 7, 3, 13 for a 403, 400, 500); default on
 //		clock      redis|local               # whose clock the scripts use; default redis
 //		dry_run                              # decide and report, never reject
 //		deny_cache off | {                   # the local cache of denials is on by default

@@ -7,6 +7,7 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -64,7 +65,9 @@ type Charge struct {
 
 	// openai_usage: what a successful (2xx) response that reports no usage we can charge is
 	// charged, in tokens (0 to 2^53): no usage object, a count that is negative or not an
-	// integer, a body in a content coding that is not read, a stream cut short. Default (absent):
+	// integer, a body in a content coding that is not read or whose decoding stopped at its
+	// bounds, a stream cut short, a request whose client went away before the response; size it
+	// as the most one request can use (for total, the model's context length). Default (absent):
 	// the zone's max_cost (its capacity or limit unless set), the most any response can be
 	// charged, so that no client gains by making its usage go unreported. At most max_cost
 	// counts: a larger amount is charged as max_cost.
@@ -84,6 +87,10 @@ type afterResponse struct {
 	missing  prometheus.Counter // charge: responses charged Charge.Missing
 	capped   prometheus.Counter // charge: amounts reported above max_cost, charged max_cost
 	warned   atomic.Int64       // Unix ns of the last warning of a missing usage
+	// undecoded: charge openai_usage, the compressed responses whose decoding stopped, by
+	// reason (decodeReasons' order); warnedUndecoded, the Unix ns of the last warning of one.
+	undecoded       [len(decodeReasons)]prometheus.Counter
+	warnedUndecoded atomic.Int64
 }
 
 // provisionAfter provisions the zone's count_status, charge and hold_max; a zone with neither
@@ -124,6 +131,11 @@ func (z *Zone) provisionAfter() error {
 			a.missing = metrics.chargeMissing.WithLabelValues(z.Name)
 			a.capped = metrics.chargeCapped.WithLabelValues(z.Name)
 		}
+		if a.body {
+			for i, reason := range decodeReasons {
+				a.undecoded[i] = metrics.chargeUndecoded.WithLabelValues(z.Name, reason)
+			}
+		}
 		exportSettleFailures()
 	}
 	z.after = a
@@ -155,8 +167,12 @@ func parseStatus(s string) (lo, hi int, err error) {
 // having reserved its cost: 0 when count_status does not list the status; with charge, what
 // the response reports, at most the zone's max_cost (capped), or, when it reports nothing, the
 // cost (charge header, or an unsuccessful response) or Charge.Missing (charge openai_usage, a
-// 2xx response: missing).
+// 2xx response: missing). With charge, a request whose client went away before the response
+// (cw.clientLeft) is a 2xx that reported nothing: the upstream may have done all of its work.
 func (a *afterResponse) amount(rq limiter.Request, status int, cw *chargeWriter) (n int64, missing, capped bool) {
+	if a.charge != nil && cw.clientLeft {
+		status = http.StatusOK
+	}
 	if a.counting && (status < 0 || status >= len(a.statuses) || !a.statuses[status]) {
 		return 0, false, false
 	}
@@ -176,6 +192,7 @@ func (a *afterResponse) amount(rq limiter.Request, status int, cw *chargeWriter)
 		}
 	case ChargeOpenAIUsage:
 		n, reported = cw.scan.tokens(a.charge.Usage)
+		reported = reported && cw.undecoded == "" // what the undecoded rest reports is unknown
 		if !reported && status >= 200 && status < 300 {
 			if a.charge.Missing != nil {
 				return min(*a.charge.Missing, most), true, false
@@ -205,6 +222,12 @@ type chargeWriter struct {
 	sink     io.Writer     // where the body goes to be scanned: scan, or dec
 	dec      *usageDecoder // the body's decoder when it is compressed
 	coding   string        // the body's content coding
+	// undecoded is why the body's decoding stopped before its end (usageDecoder.stopped), once
+	// finished; "" when it did not.
+	undecoded string
+	// served: the request was passed on to the next handler. clientLeft: it was, and its client
+	// went away before any response header was written (set at settlement).
+	served, clientLeft bool
 }
 
 // WriteHeader records the first final status, and, when the body is to be read, whether it can
@@ -264,6 +287,7 @@ func (cw *chargeWriter) ReadFrom(r io.Reader) (int64, error) {
 func (cw *chargeWriter) finish() {
 	if cw.dec != nil {
 		cw.dec.finish()
+		cw.undecoded = cw.dec.stopped
 		cw.dec, cw.sink = nil, nil
 	}
 }
@@ -298,13 +322,33 @@ func (h *Handler) serveAndSettle(w http.ResponseWriter, r *http.Request, next ca
 			if !settled {
 				h.settleResponse(r, cw, reqs, d.Held, errors.New("handler panicked"), &charged)
 			}
+			logCharged(r, charged)
 			panic(p)
 		}
 	}()
+	cw.served = true
 	err := next.ServeHTTP(cw, r)
 	settled = true
 	h.settleResponse(r, cw, reqs, d.Held, err, &charged)
 	return err
+}
+
+// chargedLogField is the access log field that carries {http.rate_limit_redis.charged} when a
+// handler panics: the name docs/responses.md gives `log_append` for it.
+const chargedLogField = "charged"
+
+// logCharged adds what the request was charged (when a zone settled) to r's access log line, as
+// chargedLogField. It is for a response a handler ended with a panic (reverse_proxy aborting a
+// stream whose client left): the panic skips log_append, which adds its fields once the handlers
+// after it have returned, while Caddy still writes the access log with the request's extra log
+// fields.
+func logCharged(r *http.Request, charged *int64) {
+	if charged == nil {
+		return
+	}
+	if extra, ok := r.Context().Value(caddyhttp.ExtraLogFieldsCtxKey).(*caddyhttp.ExtraLogFields); ok {
+		extra.Add(zap.Int64(chargedLogField, *charged))
+	}
 }
 
 // settleResponse settles the held zones of reqs once the response seen by cw is complete (err is
@@ -312,6 +356,9 @@ func (h *Handler) serveAndSettle(w http.ResponseWriter, r *http.Request, next ca
 func (h *Handler) settleResponse(r *http.Request, cw *chargeWriter, reqs []limiter.Request, held *limiter.Held, err error, charged **int64) {
 	cw.finish()
 	status := cw.status
+	// reverse_proxy answers a client that left before the response with 499 (or returns
+	// before writing anything).
+	cw.clientLeft = cw.served && (status == 0 || status == statusClientClosed) && r.Context().Err() != nil
 	if status == 0 {
 		var he caddyhttp.HandlerError
 		switch {
@@ -334,6 +381,10 @@ func (h *Handler) settleResponse(r *http.Request, cw *chargeWriter, reqs []limit
 			if missing && a.missing != nil {
 				a.missing.Inc()
 				a.warnMissing(h.logger, rq.Zone.Name, r, status, cw, amounts[i])
+			}
+			if k := slices.Index(decodeReasons[:], cw.undecoded); k >= 0 && a.undecoded[k] != nil {
+				a.undecoded[k].Inc()
+				a.warnUndecoded(h.logger, rq.Zone.Name, r, cw, amounts[i])
 			}
 			if capped && a.capped != nil {
 				a.capped.Inc()
@@ -361,7 +412,7 @@ func (h *Handler) settle(ctx context.Context, reqs []limiter.Request, held *limi
 			release(err)
 		}
 	} else {
-		h.limiter.Drop(held) // not settled: its slots free themselves at their deadline
+		h.limiter.Drop(held) // not settled: its concurrency slots are given back once Redis answers
 	}
 	slotsDone(h, reqs)
 	for i, rq := range reqs {
@@ -391,15 +442,33 @@ func (h *Handler) settle(ctx context.Context, reqs []limiter.Request, held *limi
 // warnMissing logs, at most once a minute per zone, that the response of r, of status, written
 // through cw, reported no usage and was charged amount.
 func (a *afterResponse) warnMissing(logger *zap.Logger, zone string, r *http.Request, status int, cw *chargeWriter, amount int64) {
-	now := time.Now().UnixNano()
-	last := a.warned.Load()
-	if now-last < int64(time.Minute) || !a.warned.CompareAndSwap(last, now) {
+	if !onceAMinute(&a.warned) {
 		return
 	}
 	if c := logger.Check(zapcore.WarnLevel, "rate limit charge: a successful response reported no usage; charged the zone's missing amount (logged at most once a minute per zone)"); c != nil {
 		c.Write(zap.String("zone", zone), zap.String("uri", r.RequestURI), zap.Int("status", status),
 			zap.String("content_type", cw.Header().Get("Content-Type")), zap.String("content_encoding", cw.coding), zap.Int64("charged", amount))
 	}
+}
+
+// warnUndecoded logs, at most once a minute per zone, that the decoding of the body of r's
+// response, written through cw, stopped at one of its bounds, and that it was charged amount.
+func (a *afterResponse) warnUndecoded(logger *zap.Logger, zone string, r *http.Request, cw *chargeWriter, amount int64) {
+	if !onceAMinute(&a.warnedUndecoded) {
+		return
+	}
+	if c := logger.Check(zapcore.WarnLevel, "rate limit charge: stopped decoding a compressed response at its bound; the rest went to the client undecoded (logged at most once a minute per zone)"); c != nil {
+		c.Write(zap.String("zone", zone), zap.String("uri", r.RequestURI), zap.String("reason", cw.undecoded),
+			zap.String("content_encoding", cw.coding), zap.Int64("charged", amount))
+	}
+}
+
+// onceAMinute reports whether a minute has passed since *last (Unix ns), and if so sets it to
+// now; at most one of concurrent callers gets true.
+func onceAMinute(last *atomic.Int64) bool {
+	now := time.Now().UnixNano()
+	l := last.Load()
+	return now-l >= int64(time.Minute) && last.CompareAndSwap(l, now)
 }
 
 // settleFailureReasons are the reason label's values of settle_failures_total: failureReason's,

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -676,6 +677,60 @@ func TestChargedPlaceholder(t *testing.T) {
 	redistest.WaitFor(t, 5*time.Second, `the access log line with "charged":250`, func() bool {
 		b, _ := os.ReadFile(logFile)
 		return strings.Contains(string(b), `"charged":250`)
+	})
+}
+
+// TestChargedPlaceholderStreamLeft: a stream whose client leaves mid-way, which reverse_proxy
+// ends with a panic (so log_append never runs), still has what it was charged, `missing`, in
+// its access log line, under the field name the docs give log_append.
+func TestChargedPlaceholderStreamLeft(t *testing.T) {
+	srv := redistest.Start(t)
+	logFile := t.TempDir() + "/access.log"
+	sent := make(chan struct{}, 1)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, "data: {\"choices\":[{\"delta\":{\"content\":\"tok\"}}]}\n\n")
+		w.(http.Flusher).Flush()
+		sent <- struct{}{}
+		<-r.Context().Done() // the rest never comes: the client leaves first
+	}))
+	t.Cleanup(up.Close)
+	cs := startCaddy(t, fmt.Sprintf(`
+	log {
+		output file %s
+		format json
+	}
+	log_append charged {http.rate_limit_redis.charged}
+	rate_limit_redis {
+		redis {
+			address %s
+		}
+		capacity 100000
+		refill_rate 100000/1h
+		cost 500
+		charge openai_usage total missing 777
+	}
+	reverse_proxy %s`, logFile, srv.Addr, up.URL))
+	conn, err := net.Dial("tcp", strings.TrimPrefix(cs.base, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := io.WriteString(conn, "GET /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAccept-Encoding: gzip\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-sent:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the upstream was not asked within 10s")
+	}
+	if _, err := bufio.NewReader(conn).ReadString('\n'); err != nil { // the status line: the stream is under way
+		t.Fatal(err)
+	}
+	conn.Close()
+	redistest.WaitFor(t, 10*time.Second, `the access log line with "charged":777`, func() bool {
+		b, _ := os.ReadFile(logFile)
+		return strings.Contains(string(b), `"charged":777`)
 	})
 }
 

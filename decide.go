@@ -73,7 +73,7 @@ func (h *Handler) decide(ctx context.Context, reqs []limiter.Request) (d limiter
 // through.
 func (h *Handler) failed(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, f *flight, err error) (bool, error) {
 	if r.Context().Err() != nil {
-		return true, caddyhttp.Error(499, fmt.Errorf("client closed the request during the rate limit decision: %w", err))
+		return true, caddyhttp.Error(statusClientClosed, fmt.Errorf("client closed the request during the rate limit decision: %w", err))
 	}
 	reason := string(failureReason(err))
 	metrics.backendFailures.WithLabelValues(reason).Inc()
@@ -102,7 +102,8 @@ func (h *Handler) failed(w http.ResponseWriter, r *http.Request, next caddyhttp.
 			return true, next.ServeHTTP(w, r)
 		}
 		w.Header()[hdrRetryAfter] = []string{"1"}
-		if h.grpcStatus && isGRPC(r) {
+		noStore(w)
+		if h.grpcCall(r) {
 			// UNAVAILABLE, after the second of Retry-After; Redis's error stays in the log.
 			writeGRPCRefusal(w, grpcUnavailable, "zone "+f.zone+": rate limiter unavailable (fail_mode closed)", "1000")
 			return true, nil

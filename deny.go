@@ -46,7 +46,8 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, next caddyhttp.Ha
 	} else {
 		w.Header()[hdrRetryAfter] = []string{strconv.FormatInt(f.retryAfter, 10)}
 	}
-	if h.grpcStatus && isGRPC(r) {
+	noStore(w)
+	if h.grpcCall(r) {
 		// RESOURCE_EXHAUSTED, written here: handle_errors cannot shape a gRPC response (grpc.go).
 		writeGRPCRefusal(w, grpcResourceExhausted, err.Error(), grpcPushback(ceilMs(d.RetryAfter), f.retryAfter, d.Unsatisfiable))
 		return nil

@@ -4,6 +4,8 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 )
 
 // gRPC clients read the status of a call from grpc-status, not from the HTTP status: a 429
@@ -16,7 +18,10 @@ import (
 
 // The grpc-status codes of a refusal (google.golang.org/grpc/codes).
 const (
+	grpcInvalidArgument   = "3"  // a bad cost: the 400
+	grpcPermissionDenied  = "7"  // empty_key deny: the 403
 	grpcResourceExhausted = "8"  // a denial: the RESOURCE_EXHAUSTED of Envoy's rate limit filter
+	grpcInternal          = "13" // a zone number or matcher that cannot be used: the 500
 	grpcUnavailable       = "14" // fail_mode closed: the limiter cannot decide
 )
 
@@ -25,18 +30,21 @@ const (
 const grpcNoRetry = "-1"
 
 var (
+	hdrCacheControl = http.CanonicalHeaderKey("Cache-Control")
 	hdrContentType  = http.CanonicalHeaderKey("Content-Type")
 	hdrGRPCStatus   = http.CanonicalHeaderKey("Grpc-Status")
 	hdrGRPCMessage  = http.CanonicalHeaderKey("Grpc-Message")
 	hdrGRPCPushback = http.CanonicalHeaderKey("Grpc-Retry-Pushback-Ms")
 )
 
-// isGRPC reports whether r is a gRPC call: HTTP/2 or later (gRPC has no HTTP/1.1 form) with a
-// content-type of application/grpc, alone or followed by + (a subtype, +proto) or ; (a
-// parameter), as PROTOCOL-HTTP2.md writes it. gRPC-Web (application/grpc-web) is not: its
-// clients read a different framing.
+// isGRPC reports whether r is a gRPC call: a POST (every gRPC call is one) over HTTP/2 or later
+// (gRPC has no HTTP/1.1 form) with a content-type of application/grpc, alone or followed by + (a
+// subtype, +proto) or ; (a parameter), as PROTOCOL-HTTP2.md writes it. gRPC-Web
+// (application/grpc-web) is not: its clients read a different framing. TE: trailers, which
+// gRPC clients send, is not required: gRPC servers do not require it either, and a proxy in
+// front of Caddy may drop it.
 func isGRPC(r *http.Request) bool {
-	if r.ProtoMajor < 2 {
+	if r.ProtoMajor < 2 || r.Method != http.MethodPost {
 		return false
 	}
 	ct := r.Header[hdrContentType]
@@ -46,6 +54,31 @@ func isGRPC(r *http.Request) bool {
 	}
 	rest := ct[0][len("application/grpc"):]
 	return rest == "" || rest[0] == '+' || rest[0] == ';'
+}
+
+// noStore marks a refusal Cache-Control: no-store (RFC 9111 section 5.2.2.5): it answers this
+// request at this moment, and no cache may give it to another request. A gRPC refusal is a 200,
+// which caches may store without being told (heuristic freshness, RFC 9111 section 4.2.2).
+func noStore(w http.ResponseWriter) {
+	w.Header()[hdrCacheControl] = []string{"no-store"}
+}
+
+// grpcCall reports whether r is a gRPC call (isGRPC) that a refusal answers with a gRPC status:
+// grpc_status is on.
+func (h *Handler) grpcCall(r *http.Request) bool {
+	return h.grpcStatus && isGRPC(r)
+}
+
+// refuse answers a request the handler refuses before any decision with status and err, through
+// Caddy's error path (handle_errors shapes it), or, a gRPC call, with grpc-status code and
+// grpc-message msg; either is Cache-Control: no-store.
+func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, status int, err error, code, msg string) error {
+	noStore(w)
+	if h.grpcCall(r) {
+		writeGRPCRefusal(w, code, msg, "")
+		return nil
+	}
+	return caddyhttp.Error(status, err)
 }
 
 // writeGRPCRefusal writes the Trailers-Only response of a refused gRPC call: HTTP 200 and

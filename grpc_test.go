@@ -3,6 +3,7 @@ package ratelimitredis
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strconv"
@@ -323,7 +324,8 @@ func TestGRPCUnsatisfiableAsksNoRetry(t *testing.T) {
 
 // TestGRPCFailClosedIsUnavailable: with Redis down and fail_mode closed, a gRPC call gets
 // UNAVAILABLE from the limiter (grpc-message naming the zone, a pushback of Retry-After's
-// second), not the HTTP mapping of a 503; a plain request still gets the 503.
+// second), not the HTTP mapping of a 503; a plain request still gets the 503. Both carry
+// Cache-Control: no-store.
 func TestGRPCFailClosedIsUnavailable(t *testing.T) {
 	srv := redistest.Start(t)
 	srv.Stop() // Caddy must start while Redis is down
@@ -343,17 +345,18 @@ func TestGRPCFailClosedIsUnavailable(t *testing.T) {
 	if st.Code() != codes.Unavailable || st.Message() != "zone grpc_closed: rate limiter unavailable (fail_mode closed)" {
 		t.Fatalf("call while Redis is down: %v", st)
 	}
-	if got := first(md, "grpc-retry-pushback-ms"); got != "1000" {
-		t.Fatalf("grpc-retry-pushback-ms %q, want 1000", got)
+	if got := first(md, "grpc-retry-pushback-ms"); got != "1000" || first(md, "cache-control") != "no-store" {
+		t.Fatalf("grpc-retry-pushback-ms %q, metadata %v; want 1000 and cache-control no-store", got, md)
 	}
-	plainGet(t, addr, "a").expect(t, "plain HTTP", 503, "", "Retry-After", "1", "Grpc-Status", "")
+	plainGet(t, addr, "a").expect(t, "plain HTTP", 503, "", "Retry-After", "1", "Grpc-Status", "", "Cache-Control", "no-store")
 	if n := len(up.calls()); n != 0 {
 		t.Fatalf("the upstream had %d calls, want 0", n)
 	}
 }
 
-// TestGRPCStatusOff: with grpc_status off a denied gRPC call gets the 429 through Caddy's error
-// path like any request, which grpc-go reports as UNAVAILABLE (the HTTP mapping).
+// TestGRPCStatusOff: with grpc_status off a denied gRPC call gets the 429 like any request,
+// which grpc-go reports as UNAVAILABLE (the HTTP mapping). The site has no handle_errors, so the
+// 429 is the handler's bare one, Cache-Control: no-store as every refusal.
 func TestGRPCStatusOff(t *testing.T) {
 	srv := redistest.Start(t)
 	up := startGRPCUpstream(t)
@@ -373,6 +376,7 @@ func TestGRPCStatusOff(t *testing.T) {
 	if st, _ := healthCheck(t, c, "a"); st.Code() != codes.Unavailable || !strings.Contains(st.Message(), "429") {
 		t.Fatalf("denied call with grpc_status off: %v, want UNAVAILABLE from the 429", st)
 	}
+	plainGet(t, addr, "a").expect(t, "plain HTTP", 429, "", "Retry-After", "3600", "Cache-Control", "no-store")
 }
 
 // TestGRPCMessage: grpc-message percent-encodes the bytes outside 0x20-0x7E, and '%', with
@@ -392,30 +396,34 @@ func TestGRPCMessage(t *testing.T) {
 	}
 }
 
-// TestIsGRPC: gRPC is HTTP/2 (or later) with content-type application/grpc, alone or with a
-// subtype or parameter; not gRPC-Web, not another type, not HTTP/1.1.
+// TestIsGRPC: gRPC is a POST over HTTP/2 (or later) with content-type application/grpc, alone
+// or with a subtype or parameter; not gRPC-Web, not another type, not HTTP/1.1, not another
+// method.
 func TestIsGRPC(t *testing.T) {
 	for _, tc := range []struct {
-		proto int
-		ct    string
-		want  bool
+		method string
+		proto  int
+		ct     string
+		want   bool
 	}{
-		{2, "application/grpc", true},
-		{2, "application/grpc+proto", true},
-		{2, "Application/GRPC; charset=utf-8", true},
-		{3, "application/grpc", true},
-		{1, "application/grpc", false},
-		{2, "application/grpc-web", false},
-		{2, "application/grpcx", false},
-		{2, "application/json", false},
-		{2, "", false},
+		{"POST", 2, "application/grpc", true},
+		{"POST", 2, "application/grpc+proto", true},
+		{"POST", 2, "Application/GRPC; charset=utf-8", true},
+		{"POST", 3, "application/grpc", true},
+		{"GET", 2, "application/grpc", false},
+		{"PUT", 2, "application/grpc", false},
+		{"POST", 1, "application/grpc", false},
+		{"POST", 2, "application/grpc-web", false},
+		{"POST", 2, "application/grpcx", false},
+		{"POST", 2, "application/json", false},
+		{"POST", 2, "", false},
 	} {
-		r := &http.Request{ProtoMajor: tc.proto, Header: http.Header{}}
+		r := &http.Request{Method: tc.method, ProtoMajor: tc.proto, Header: http.Header{}}
 		if tc.ct != "" {
 			r.Header.Set("Content-Type", tc.ct)
 		}
 		if got := isGRPC(r); got != tc.want {
-			t.Errorf("HTTP/%d %q: isGRPC = %v, want %v", tc.proto, tc.ct, got, tc.want)
+			t.Errorf("%s over HTTP/%d, %q: isGRPC = %v, want %v", tc.method, tc.proto, tc.ct, got, tc.want)
 		}
 	}
 }
@@ -438,5 +446,130 @@ func TestGRPCPushback(t *testing.T) {
 		if got := grpcPushback(tc.waitMs, tc.retryAfter, tc.unsatisfiable); got != tc.want {
 			t.Errorf("grpcPushback(%d, %d, %v) = %s, want %s", tc.waitMs, tc.retryAfter, tc.unsatisfiable, got, tc.want)
 		}
+	}
+}
+
+// h2cDo sends a request of method over cleartext HTTP/2 (prior knowledge, as a client of an
+// h2c site, or a browser of an HTTPS one) to addr as client key, with the other headers given.
+func h2cDo(t *testing.T, method, addr, key string, header ...string) response {
+	t.Helper()
+	var p http.Protocols
+	p.SetUnencryptedHTTP2(true)
+	tr := &http.Transport{Protocols: &p}
+	t.Cleanup(tr.CloseIdleConnections)
+	req, err := http.NewRequest(method, "http://"+addr+"/", strings.NewReader(""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("X-Client", key)
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := (&http.Client{Transport: tr, Timeout: 10 * time.Second}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.ProtoMajor != 2 {
+		t.Fatalf("%s over HTTP/%d, want HTTP/2", method, resp.ProtoMajor)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	return response{status: resp.StatusCode, header: resp.Header, body: string(b)}
+}
+
+// TestGRPCFormOnlyForGRPCCalls: the denial of a request over HTTP/2 that is not a gRPC call
+// (not a POST, or not of content-type application/grpc) is the site's 429, shaped by
+// handle_errors, even with gRPC's content-type: never a 200 that logs, metrics and caches
+// would take for a success. A real gRPC call still gets RESOURCE_EXHAUSTED. Every refusal
+// carries Cache-Control: no-store (a gRPC call's among its trailers' metadata).
+func TestGRPCFormOnlyForGRPCCalls(t *testing.T) {
+	srv := redistest.Start(t)
+	up := startGRPCUpstream(t)
+	addr := startGRPCSite(t, fmt.Sprintf(`rate_limit_redis {
+		redis {
+			address %s
+		}
+		key {http.request.header.X-Client}
+		capacity 1
+		refill_rate 1/1h
+	}`, srv.Addr), `handle_errors {
+		respond "custom {err.status_code} page" {err.status_code}
+	}`, up)
+	c := healthClient(t, addr, new(grpcAttempts), "")
+	if st, _ := healthCheck(t, c, "a"); st.Code() != codes.OK {
+		t.Fatalf("first call: %v", st)
+	}
+	h2cDo(t, http.MethodGet, addr, "a", "Content-Type", "application/grpc").expect(t, "GET over HTTP/2 with gRPC's content-type", 429,
+		"custom 429 page", "Grpc-Status", "", "Cache-Control", "no-store")
+	h2cDo(t, http.MethodPost, addr, "a", "Content-Type", "text/plain").expect(t, "POST over HTTP/2", 429,
+		"custom 429 page", "Grpc-Status", "", "Cache-Control", "no-store")
+	plainGet(t, addr, "a").expect(t, "GET over HTTP/1.1", 429, "custom 429 page", "Cache-Control", "no-store")
+	st, md := healthCheck(t, c, "a")
+	if st.Code() != codes.ResourceExhausted || first(md, "cache-control") != "no-store" {
+		t.Fatalf("gRPC call: %v, metadata %v; want ResourceExhausted and cache-control no-store", st, md)
+	}
+}
+
+// TestGRPCOtherRefusals: a gRPC call refused before any decision gets the gRPC status of the
+// HTTP refusal, with a grpc-message naming the zone (grpc-go otherwise reports the bare HTTP
+// status as "malformed header: missing HTTP content-type"): an empty key in an empty_key deny
+// zone (403) PERMISSION_DENIED, a cost that is not a positive integer (400) INVALID_ARGUMENT,
+// and a zone number from a placeholder that is unusable (500) INTERNAL, whose message leaves
+// the configuration's details to the log. None reaches the upstream. A plain request still gets
+// the HTTP status; both carry Cache-Control: no-store.
+func TestGRPCOtherRefusals(t *testing.T) {
+	srv := redistest.Start(t)
+	up := startGRPCUpstream(t)
+	addr := startGRPCSite(t, fmt.Sprintf(`rate_limit_redis {
+		redis {
+			address %s
+		}
+		zone k {
+			match header X-Case key
+			key {http.request.header.X-Key}
+			empty_key deny
+			capacity 5
+			refill_rate 1
+		}
+		zone c {
+			match header X-Case cost
+			key {http.request.header.X-Client}
+			capacity 5
+			refill_rate 1
+			cost {http.request.header.X-Cost}
+		}
+		zone p {
+			match header X-Case plan
+			key {http.request.header.X-Client}
+			capacity {http.request.header.X-Plan-Capacity}
+			refill_rate 1
+		}
+	}`, srv.Addr), "", up)
+	c := healthClient(t, addr, new(grpcAttempts), "")
+	for _, tc := range []struct {
+		name   string
+		md     []string
+		code   codes.Code
+		msg    string
+		status int
+	}{
+		{"empty_key deny", []string{"x-case", "key"}, codes.PermissionDenied, "zone k: every key placeholder is empty (empty_key deny)", 403},
+		{"a cost that is not a number", []string{"x-case", "cost", "x-cost", "abc"}, codes.InvalidArgument, "zone c: the request's cost is not a positive integer", 400},
+		{"an unusable plan number", []string{"x-case", "plan"}, codes.Internal, "zone p: rate limit configuration error", 500},
+	} {
+		st, md := healthCheck(t, c, "a", tc.md...)
+		if st.Code() != tc.code || st.Message() != tc.msg || first(md, "cache-control") != "no-store" {
+			t.Errorf("%s: %v, metadata %v; want %v %q and cache-control no-store", tc.name, st, md, tc.code, tc.msg)
+		}
+		header := []string{}
+		for i := 0; i+1 < len(tc.md); i += 2 {
+			header = append(header, http.CanonicalHeaderKey(tc.md[i]), tc.md[i+1])
+		}
+		if r := plainGet(t, addr, "a", header...); r.status != tc.status || r.header.Get("Cache-Control") != "no-store" || r.header.Get("Grpc-Status") != "" {
+			t.Errorf("%s, plain HTTP: %d %v; want %d with Cache-Control no-store", tc.name, r.status, r.header, tc.status)
+		}
+	}
+	if n := len(up.calls()); n != 0 {
+		t.Fatalf("the upstream had %d calls, want 0", n)
 	}
 }

@@ -14,6 +14,10 @@ import (
 // a positive integer.
 var errCost = errors.New("the request's cost is not a positive integer")
 
+// statusClientClosed is the status of a request whose client went away before its response:
+// 499, what Caddy's reverse proxy reports (and nginx logs) for a client that closed the request.
+const statusClientClosed = 499
+
 // errLeftWhileHeld ends (as a 499) a request whose client went away while it was held for its
 // turn (max_wait).
 var errLeftWhileHeld = errors.New("client closed the request while it was held for its turn (max_wait); its tokens stay spent")

@@ -7,6 +7,7 @@ import (
 	"mime"
 	"net/http"
 	"strconv"
+	"strings"
 )
 
 // maxIncludeUsageBody bounds the request body read to ask a streaming chat completion for its
@@ -14,12 +15,13 @@ import (
 const maxIncludeUsageBody = 1 << 20
 
 // includeUsage asks a streaming chat completion for its usage, as LLM gateways do: when r's
-// body is a JSON object with "messages" and "stream": true (the last of each, as the upstream
-// reads duplicates) and without "stream_options": {"include_usage": true}, it sets that, so the
-// stream ends with a chunk carrying the usage (`"choices": []`) that the zone charges. Anything
-// else (not a POST of JSON, a compressed body, a body over maxIncludeUsageBody, one that does not
-// parse, another API) goes on byte for byte as it came; a stream without usage is then charged
-// the zone's missing amount.
+// body is a JSON object with "messages" and a "stream" that is true as upstreams read it
+// (streamValue; the last of each, as the upstream reads duplicates) and without
+// "stream_options": {"include_usage": true}, it sets that, so the stream ends with a chunk
+// carrying the usage (`"choices": []`) that the zone charges. Anything else (not a POST of
+// JSON, a compressed body, a body over maxIncludeUsageBody, one that does not parse, another
+// API) goes on byte for byte as it came; a stream without usage is then charged the zone's
+// missing amount.
 func includeUsage(r *http.Request) {
 	if r.Method != http.MethodPost || r.Body == nil || r.Body == http.NoBody || r.Header.Get("Content-Encoding") != "" {
 		return
@@ -59,10 +61,10 @@ type readCloser struct {
 
 // withIncludeUsage returns body, a chat completions request, with "stream_options":
 // {"include_usage": true}, and true; false when it is not a streaming chat completions request
-// (a JSON object with "messages" and "stream": true) or already asks for the usage, or when it
-// does not parse. Only what must change changes: a "stream_options" member is added at the
-// start of the object, or the last one's object gets "include_usage": true (or replaces its
-// null).
+// (a JSON object with "messages" and a "stream" that streamValue reads as true) or already asks
+// for the usage, or when it does not parse. Only what must change changes: a "stream_options"
+// member is added at the start of the object, or the last one's object gets "include_usage":
+// true (or replaces its null).
 func withIncludeUsage(body []byte) ([]byte, bool) {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
@@ -83,7 +85,7 @@ func withIncludeUsage(body []byte) ([]byte, bool) {
 		}
 		switch key {
 		case "stream":
-			stream = string(v) == "true"
+			stream = streamValue(v)
 		case "messages":
 			messages = true
 		case "stream_options":
@@ -117,4 +119,28 @@ func withIncludeUsage(body []byte) ([]byte, bool) {
 	}
 	start := optsEnd - int64(len(opts))
 	return append(append(append([]byte{}, body[:start]...), add...), body[optsEnd:]...), true
+}
+
+// streamValue reports whether v, a request's "stream", asks for a stream as the servers that
+// validate requests with pydantic in its default (lax) mode read a bool (vLLM, SGLang, LiteLLM,
+// FastChat): true, a number equal to 1 (1, 1.0), or a string that is "1" or, in any case,
+// "t", "y", "on", "yes" or "true" (pydantic-core's str_as_bool). A client must not make its
+// stream go unrecognised here while its upstream streams it.
+func streamValue(v json.RawMessage) bool {
+	switch {
+	case string(v) == "true":
+		return true
+	case len(v) > 0 && v[0] == '"':
+		var s string
+		if json.Unmarshal(v, &s) != nil {
+			return false
+		}
+		switch strings.ToLower(s) {
+		case "1", "t", "y", "on", "yes", "true":
+			return true
+		}
+		return false
+	}
+	f, err := strconv.ParseFloat(string(v), 64)
+	return err == nil && f == 1
 }

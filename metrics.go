@@ -55,6 +55,9 @@ var metrics struct {
 	// chargeCapped counts, by zone, the amounts reported above the zone's max_cost, charged
 	// max_cost.
 	chargeCapped *prometheus.CounterVec
+	// chargeUndecoded counts, by zone and reason (decodeReasons), the compressed responses of a
+	// zone with charge openai_usage whose decoding stopped before their end.
+	chargeUndecoded *prometheus.CounterVec
 
 	// Leases (docs/operations.md), by zone; promLease reports a Limiter's lease events into them.
 	leaseGrants, leaseLocal, leaseReturned *prometheus.CounterVec
@@ -138,6 +141,8 @@ func initMetrics() {
 			"Successful responses of a zone with charge openai_usage that reported no usage it could charge, charged the zone's missing amount, by zone.", "zone")
 		m.chargeCapped = newCounterVec("charge_capped_total",
 			"Amounts reported by responses above the zone's max_cost, charged max_cost instead, by zone.", "zone")
+		m.chargeUndecoded = newCounterVec("charge_undecoded_total",
+			"Compressed responses of a zone with charge openai_usage whose decoding stopped before their end (the rest went to the client undecoded), charged the zone's missing amount if successful, by zone and reason: size (256 MiB decoded), ratio (over 100 times the bytes received, past 8 MiB), memory (no room for a zstd window).", "zone", "reason")
 
 		m.leaseGrants = newCounterVec("lease_grants_total", "Grants of tokens this instance took from Redis for a lease zone's hot clients, by zone.", "zone")
 		m.leaseLocal = newCounterVec("lease_local_decisions_total", "Requests a lease zone admitted in process from a grant, with no Redis call for that zone, by zone.", "zone")

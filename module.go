@@ -107,14 +107,17 @@ type Handler struct {
 	// {http.rate_limit_redis.degraded} placeholder is set either way. Default: true.
 	DegradedHeader *bool `json:"degraded_header,omitempty"`
 
-	// Whether a refused gRPC call (HTTP/2, content-type application/grpc) gets the response gRPC
-	// clients understand instead of the 429 or 503: gRPC's Trailers-Only response, HTTP 200 with
-	// `grpc-status: 8` (RESOURCE_EXHAUSTED) for a denial, `14` (UNAVAILABLE) for fail_mode
-	// closed, a `grpc-message` naming the zone, and `grpc-retry-pushback-ms` (the Retry-After
-	// wait in milliseconds; -1, do not retry, when waiting cannot cure the denial). It is
-	// written by the handler, never through handle_errors, whose routes would answer it with a
-	// status or body a gRPC client cannot read; off sends gRPC calls the 429 or 503 through
-	// Caddy's error path like any request. Default: true.
+	// Whether a refused gRPC call (a POST over HTTP/2 of content-type application/grpc) gets the
+	// response gRPC clients understand instead of the HTTP status: gRPC's Trailers-Only
+	// response, HTTP 200 with `grpc-status: 8` (RESOURCE_EXHAUSTED) for a denial (429), `14`
+	// (UNAVAILABLE) for fail_mode closed (503), `7` (PERMISSION_DENIED) for empty_key deny
+	// (403), `3` (INVALID_ARGUMENT) for a bad cost (400), `13` (INTERNAL) for an unusable zone
+	// number or matcher (500), a `grpc-message` naming the zone, and, for a denial or fail_mode
+	// closed, `grpc-retry-pushback-ms` (the Retry-After wait in milliseconds; -1, do not retry,
+	// when waiting cannot cure the denial). It is written by the handler, never through
+	// handle_errors, whose routes would answer it with a status or body a gRPC client cannot
+	// read; off sends gRPC calls the HTTP refusal through Caddy's error path like any request.
+	// Every refusal, gRPC or not, is Cache-Control: no-store. Default: true.
 	GRPCStatus *bool `json:"grpc_status,omitempty"`
 
 	// Decide and report (headers, placeholders) as usual, but never reject a request.
@@ -319,9 +322,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.Clock == ClockLocal {
 		opts.Now = time.Now
 	}
+	// A grant's renewal and return share decisions' round trips; a Redis Cluster release follows
+	// a decision that failed.
+	opts.CallTimeout = time.Duration(h.Timeout)
 	if slices.ContainsFunc(h.Zones, func(z *Zone) bool { return z.Lease != nil }) {
 		opts.Leases, opts.LeaseMetrics = true, newPromLease(h.Zones)
-		opts.CallTimeout = time.Duration(h.Timeout) // a grant's renewal and return share decisions' round trips
 	}
 	h.limiter = limiter.New(client.rdb, opts)
 	client.resets.Add(h.limiter)

@@ -91,19 +91,25 @@ func (h *Handler) resolve(r *http.Request, repl *caddy.Replacer, reqs []limiter.
 	return reqs, shown, shaping, nil
 }
 
-// unresolved answers a request that resolve refused with err (a *resolveError).
-//   - A matcher's failure is a 500.
+// unresolved answers a request that resolve refused with err (a *resolveError). Each refusal is
+// Cache-Control: no-store, and a gRPC call gets the gRPC status of its HTTP status (refuse).
+//   - A matcher's failure is a 500 (INTERNAL); logged here at error level.
 //   - A number from a placeholder that is empty without a fallback, does not parse or is out of
 //     range: the server's configuration (or what feeds the placeholder) is wrong, not the
-//     client. 500; logged here at error level, as Caddy logs a handler's error at debug level
-//     only when the server has handle_errors routes. dry_run passes the request on.
-//   - A bad cost is a 400; dry_run passes the request on.
+//     client. 500 (INTERNAL); logged here at error level, as Caddy logs a handler's error at
+//     debug level only when the server has handle_errors routes (and never a gRPC call's, which
+//     is answered here). dry_run passes the request on.
+//   - A bad cost is a 400 (INVALID_ARGUMENT); dry_run passes the request on.
 //   - An empty key in an empty_key deny zone: denyEmptyKey.
+//
+// A gRPC call's grpc-message names the zone and, for a 500, not the configuration's details,
+// which stay in the log as a 500's do.
 func (h *Handler) unresolved(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer, err error) error {
 	var re *resolveError
 	if !errors.As(err, &re) {
-		return caddyhttp.Error(http.StatusInternalServerError, err)
+		return h.refuse(w, r, http.StatusInternalServerError, err, grpcInternal, "rate limit configuration error")
 	}
+	internal := "zone " + re.zone.Name + ": rate limit configuration error"
 	switch re.kind {
 	case resolveEmptyKey:
 		return h.denyEmptyKey(w, r, next, re.zone, repl)
@@ -114,7 +120,7 @@ func (h *Handler) unresolved(w http.ResponseWriter, r *http.Request, next caddyh
 		if h.DryRun {
 			return next.ServeHTTP(w, r)
 		}
-		return caddyhttp.Error(http.StatusInternalServerError, re.err)
+		return h.refuse(w, r, http.StatusInternalServerError, re.err, grpcInternal, internal)
 	case resolveCost:
 		if h.DryRun {
 			if c := h.logger.Check(zapcore.DebugLevel, "bad request cost; dry_run lets it through"); c != nil {
@@ -122,14 +128,18 @@ func (h *Handler) unresolved(w http.ResponseWriter, r *http.Request, next caddyh
 			}
 			return next.ServeHTTP(w, r)
 		}
-		return caddyhttp.Error(http.StatusBadRequest, re.err)
+		return h.refuse(w, r, http.StatusBadRequest, re.err, grpcInvalidArgument, re.err.Error())
 	}
-	return caddyhttp.Error(http.StatusInternalServerError, re.err)
+	if c := h.logger.Check(zapcore.ErrorLevel, "a zone's matcher failed"); c != nil {
+		c.Write(zap.String("zone", re.zone.Name), zap.Error(re.err))
+	}
+	return h.refuse(w, r, http.StatusInternalServerError, re.err, grpcInternal, internal)
 }
 
 // denyEmptyKey rejects a request whose key placeholders are all empty in zone z, whose
-// empty_key is deny: 403 with no body (or, in dry_run, passed on), before any decision, so no
-// zone is charged or counted in decisions_total ({http.rate_limit_redis.allowed} is false).
+// empty_key is deny: 403 with no body, Cache-Control: no-store (a gRPC call: PERMISSION_DENIED;
+// in dry_run: passed on), before any decision, so no zone is charged or counted in
+// decisions_total ({http.rate_limit_redis.allowed} is false).
 func (h *Handler) denyEmptyKey(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, z *Zone, repl *caddy.Replacer) error {
 	new(outcome).publish(repl)
 	if c := h.logger.Check(zapcore.DebugLevel, "empty client key denied"); c != nil {
@@ -137,6 +147,11 @@ func (h *Handler) denyEmptyKey(w http.ResponseWriter, r *http.Request, next cadd
 	}
 	if h.DryRun {
 		return next.ServeHTTP(w, r)
+	}
+	noStore(w)
+	if h.grpcCall(r) {
+		writeGRPCRefusal(w, grpcPermissionDenied, z.errEmptyKey.Error(), "")
+		return nil
 	}
 	if h.bareDenials {
 		w.WriteHeader(http.StatusForbidden)

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -21,7 +22,9 @@ import (
 // ports (SITE_ADDRESS, ADMIN_ADDRESS). Against a Redis that requires a password it must stop
 // within 30 seconds, saying a password is required (none given) or that the password is wrong;
 // with the password (REDIS_PASSWORD) it serves Caddyfile.example, and the README's curl loop
-// gets 200 five times, then 429.
+// gets 200 five times, then 429. SITE_ADDRESS is given as a newcomer writes it, a host and a
+// port without a scheme, which Caddy alone would serve over HTTPS with a local CA: the demo must
+// be plain HTTP at the address it prints, and Caddy must not have made a CA.
 func TestMakeRun(t *testing.T) {
 	caddyBin := os.Getenv("CADDY_BINARY")
 	if caddyBin == "" {
@@ -29,10 +32,11 @@ func TestMakeRun(t *testing.T) {
 	}
 	srv := redistest.StartWithPassword(t, "x")
 	site := "127.0.0.1:" + strconv.Itoa(freeLoopbackPort(t))
+	data := t.TempDir()
 	env := []string{
 		"CADDY_BINARY=" + caddyBin, "REDIS_ADDR=" + srv.Addr,
-		"SITE_ADDRESS=http://" + site, "ADMIN_ADDRESS=127.0.0.1:" + strconv.Itoa(freeLoopbackPort(t)),
-		"XDG_CONFIG_HOME=" + t.TempDir(), "XDG_DATA_HOME=" + t.TempDir(),
+		"SITE_ADDRESS=" + site, "ADMIN_ADDRESS=127.0.0.1:" + strconv.Itoa(freeLoopbackPort(t)),
+		"XDG_CONFIG_HOME=" + t.TempDir(), "XDG_DATA_HOME=" + data,
 	}
 
 	for _, tc := range []struct{ password, want string }{
@@ -75,8 +79,28 @@ func TestMakeRun(t *testing.T) {
 	if got := strings.Join(codes, " "); got != "200 200 200 200 200 429 429" {
 		t.Fatalf("the README's curl loop got %s, want 200 200 200 200 200 429 429; make run's output:\n%s", got, run.output())
 	}
+	if _, err := os.Stat(filepath.Join(data, "caddy", "pki")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("Caddy made a local CA (%s/caddy/pki: %v): the demo must be plain HTTP", data, err)
+	}
 	if !strings.Contains(run.output(), "using the Redis at "+srv.Addr+" (Redis 7.") {
 		t.Errorf("make run does not say which Redis it uses; its output:\n%s", run.output())
+	}
+}
+
+// TestMakeSmoke runs scripts/smoke.sh (`make smoke`, which CI runs) with SITE_ADDRESS and
+// ADMIN_ADDRESS exported as a user of `make run` may have them, pointing where nothing answers:
+// the smoke test must use addresses of its own and pass.
+func TestMakeSmoke(t *testing.T) {
+	caddyBin := os.Getenv("CADDY_BINARY")
+	if caddyBin == "" {
+		t.Skip("CADDY_BINARY is not set: run `make test`, which builds bin/caddy from this checkout and sets it")
+	}
+	nothing := "127.0.0.1:" + strconv.Itoa(freeLoopbackPort(t))
+	cmd := exec.Command("scripts/smoke.sh")
+	cmd.Env = append(os.Environ(), "CADDY_BINARY="+caddyBin, "SITE_ADDRESS="+nothing, "ADMIN_ADDRESS="+nothing)
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "smoke: ok") {
+		t.Fatalf("make smoke with SITE_ADDRESS=ADMIN_ADDRESS=%s: %v; its output:\n%s", nothing, err, out)
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/sony/gobreaker/v2"
 
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
@@ -260,5 +261,166 @@ func TestClusterBreakerPerNode(t *testing.T) {
 	}
 	if len(withMsg(ours(lc.lines()), "redis answering again: circuit breaker closed")) != 1 {
 		t.Error("no line says the node's breaker closed")
+	}
+}
+
+// TestClusterReshardFailsOnlyTheMovingSlot: a slot holding a client's two keys (a token bucket
+// zone's, made before 5,000 other keys of the slot, and a fixed window zone's, made after them)
+// moves to another node under load, by the commands `redis-cli --cluster reshard` sends
+// (SETSLOT IMPORTING and MIGRATING, MIGRATE … KEYS 10 at a time, SETSLOT NODE): the two keys move
+// about two seconds apart, and the client's two-key decisions meanwhile get TRYAGAIN until they
+// give up (their timeout, or 10 sends), then fail_mode (closed: 503). That is the slot's state, not the node's: a bystander client in
+// another slot of the same node gets Redis's decision every time (no 503: neither the node's
+// circuit breaker counts a failure, nor do its decisions wait behind the re-sent ones), and the
+// moving client is never admitted more than Redis counts.
+func TestClusterReshardFailsOnlyTheMovingSlot(t *testing.T) {
+	c := redistest.StartCluster(t, 3)
+	cs := startCaddy(t, fmt.Sprintf(`
+	rate_limit_redis {
+		redis {
+			address %s
+		}
+		fail_mode closed
+		timeout 1s # a loaded machine must not fail the bystander: the test expects Redis's answers
+		zone tb {
+			match path /both /tbonly
+			key {http.request.header.X-K}
+			capacity 100000
+			refill_rate 1
+		}
+		zone fw {
+			match path /both
+			key {http.request.header.X-K}
+			algorithm fixed_window
+			limit 100000
+			window 24h
+		}
+	}
+	respond "ok"`, strings.Join(c.Addrs(), " ")))
+	shared := clusterClientOf(t, c.Addrs())
+	keySlot := func(k string) int { return int(c.Nodes[0].Do("CLUSTER", "KEYSLOT", k).(int64)) }
+	const moving = "mover"
+	slot := keySlot(moving)
+	from := c.NodeOf(slot)
+	to := c.Nodes[0]
+	if to == from {
+		to = c.Nodes[1]
+	}
+	bystander := ""
+	for i := 0; bystander == ""; i++ {
+		if k := "bystander-" + strconv.Itoa(i); keySlot(k) != slot && c.NodeOf(keySlot(k)) == from {
+			bystander = k
+		}
+	}
+	// The token bucket's key first, then the padding, then the fixed window's key: a migration
+	// moves a slot's newest keys first, so the two keys move at either end of it.
+	cs.get("/tbonly", "X-K", moving).expect(t, "the token bucket's key", 200, "ok")
+	pad := from.Client()
+	for i := 0; i < 5000; i += 500 {
+		p := pad.Pipeline()
+		for j := i; j < i+500; j++ {
+			p.Set(t.Context(), "{"+moving+"}:pad:"+strconv.Itoa(j), "x", 0)
+		}
+		if _, err := p.Exec(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cs.get("/both", "X-K", moving).expect(t, "the fixed window's key", 200, "ok")
+
+	type answer struct {
+		at     time.Time
+		status int
+	}
+	var mu sync.Mutex
+	answers := map[string][]answer{}
+	var bystanderSent atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	lc := newLoadClient(t, cs)
+	for _, k := range []string{moving, moving, bystander} {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				r, err := lc.get("/both", "X-K", k)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				answers[k] = append(answers[k], answer{time.Now(), r.status})
+				mu.Unlock()
+				if k == bystander {
+					bystanderSent.Add(1)
+				}
+			}
+		})
+	}
+	failures := func() (f [2]float64) {
+		for i, reason := range []string{"redis_error", "timeout"} {
+			f[i] = testutil.ToFloat64(metrics.backendFailures.WithLabelValues(reason))
+		}
+		return f
+	}
+	before := failures()
+	start := time.Now()
+	c.MoveSlot(slot, from, to, 10, func() {
+		// Each batch waits for a bystander's decision: the migration runs under its load.
+		next := bystanderSent.Load() + 1
+		for deadline := time.Now().Add(time.Second); bystanderSent.Load() < next && time.Now().Before(deadline); {
+			time.Sleep(time.Millisecond)
+		}
+	})
+	moved := time.Now()
+	time.Sleep(200 * time.Millisecond) // a few decisions after the move too
+	close(stop)
+	wg.Wait()
+
+	if n := from.Errors("TRYAGAIN"); n == 0 {
+		t.Fatal("no call was refused with TRYAGAIN: the client's two keys were never split")
+	}
+	count := func(k string) (codes map[int]int, first, last time.Duration) {
+		codes = map[int]int{}
+		for _, a := range answers[k] {
+			codes[a.status]++
+			if a.status != 200 {
+				if first == 0 {
+					first = a.at.Sub(start)
+				}
+				last = a.at.Sub(start)
+			}
+		}
+		return codes, first, last
+	}
+	byCodes, _, _ := count(bystander)
+	movCodes, first, last := count(moving)
+	after := failures()
+	t.Logf("migration of %d keys: %v; moving client %v (not 200 from %v to %v; backend failures: redis_error %v, timeout %v); bystander %v",
+		5002, moved.Sub(start).Round(time.Millisecond), movCodes, first.Round(time.Millisecond), last.Round(time.Millisecond),
+		after[0]-before[0], after[1]-before[1], byCodes)
+	if byCodes[200] != len(answers[bystander]) || byCodes[200] < 10 {
+		t.Errorf("bystander (slot %d on the source node, not moved): %v; want only 200s", keySlot(bystander), byCodes)
+	}
+	if movCodes[200]+movCodes[503] != len(answers[moving]) {
+		t.Errorf("moving client: %v; want 200 or 503 (fail_mode closed)", movCodes)
+	}
+	v, ok := shared.nodes.Load(from.Addr)
+	if !ok {
+		t.Fatalf("no breaker for the source node %s", from.Addr)
+	}
+	if b := v.(*redisNode).breaker; b.State() != gobreaker.StateClosed || b.Counts().TotalFailures != 0 {
+		t.Errorf("the source node's breaker: %s with %+v; want closed with no failure counted", b.State(), b.Counts())
+	}
+	// Counted in Redis: every admitted request, and a 503 whose call, sent again, ran just after
+	// its timeout (a lost reply: charged once, never admitted).
+	fw := limiter.StateKey(DefaultKeyPrefix, &limiter.Zone{Name: "fw", Algorithm: limiter.FixedWindow}, moving)
+	fwv := to.Do("GET", fw)
+	_, counted, _ := strings.Cut(fmt.Sprint(fwv), ":")
+	if n, _ := strconv.Atoi(counted); n < movCodes[200]+1 || n > movCodes[200]+1+movCodes[503] {
+		t.Errorf("the moving client's fixed window on the new owner: %v; want a count of %d (admitted) to %d (and its 503s)",
+			fwv, movCodes[200]+1, movCodes[200]+1+movCodes[503])
 	}
 }

@@ -6,11 +6,13 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync/atomic"
 
 	"github.com/klauspost/compress/flate"
 	"github.com/klauspost/compress/gzip"
 	"github.com/klauspost/compress/zlib"
 	"github.com/klauspost/compress/zstd"
+	"golang.org/x/sync/semaphore"
 )
 
 // The content codings whose bodies the usage scanner reads, decoded as they pass (a body of any
@@ -23,18 +25,58 @@ var readableCodings = map[string]bool{"gzip": true, "x-gzip": true, "deflate": t
 // takes: 8 MB, the most RFC 8878 lets an HTTP zstd coding use (section 3.1.1.1.2).
 const maxZstdWindow = 8 << 20
 
+// zstdWindowBudget bounds the zstd windows of every response decoded at once in the process:
+// a zstd decoder holds its window (about that much memory, allocated at the frame's start
+// however short the body), up to maxZstdWindow, where gzip and deflate hold 32 KB. A body whose
+// window does not fit in what is left is not decoded (decodeMemory).
+const zstdWindowBudget = 64 << 20
+
+// zstdWindows is what is left of zstdWindowBudget, in bytes of window.
+var zstdWindows = semaphore.NewWeighted(zstdWindowBudget)
+
+// The bounds of what one response's decoding may cost in CPU (decoding runs at about 1 ns
+// per decoded byte): at most maxDecodedBytes in all, and at most decodeRatioFloor plus
+// maxDecodeRatio times the bytes received so far. JSON compresses about 3 to 20 times, an
+// event stream flushed event by event less; a body that inflates more is a bomb, not a
+// completion (Apache POI refuses a zip that inflates more than 100 times, for the same
+// reason).
+const (
+	maxDecodedBytes  = 256 << 20
+	decodeRatioFloor = 8 << 20
+	maxDecodeRatio   = 100
+)
+
+// Why decoding stopped before the body's end: the reason label of
+// charge_undecoded_total.
+const (
+	decodeSize   = "size"   // past maxDecodedBytes
+	decodeRatio  = "ratio"  // past maxDecodeRatio times the bytes received (beyond decodeRatioFloor)
+	decodeMemory = "memory" // no room left in zstdWindowBudget for the body's window
+)
+
+// decodeReasons are the reason label's values of charge_undecoded_total.
+var decodeReasons = [...]string{decodeSize, decodeRatio, decodeMemory}
+
 // errDecoded ends a decoder's pipe: writes after it return at once.
 var errDecoded = errors.New("usage decoder done")
+
+// errDecodeLimit ends decoding at one of its bounds.
+var errDecodeLimit = errors.New("usage decoder: past its bounds")
 
 // usageDecoder decodes a compressed body on its way to a usage scanner: the bytes written to it
 // go through a pipe to a goroutine that decodes them into the scanner. A Write returns once the
 // goroutine has taken its bytes (it decodes what it took meanwhile), so memory stays bounded
 // (the decoder's window and buffers); the response writer sends each chunk on to the client
-// before writing it here, so decoding never holds a byte back. Once the decoder fails, or the
-// body ends, writes return at once.
+// before writing it here, so decoding never holds a byte back. Once the decoder fails, the body
+// ends, or decoding reaches one of its bounds, writes return at once: the rest of the body goes
+// to the client undecoded.
 type usageDecoder struct {
-	pw   *io.PipeWriter
-	done chan struct{}
+	pw       *io.PipeWriter
+	done     chan struct{}
+	received atomic.Int64 // bytes written, at least those the goroutine has read
+	// stopped is why decoding stopped before the body's end (decodeSize, decodeRatio,
+	// decodeMemory), or ""; read after finish.
+	stopped string
 }
 
 // newUsageDecoder starts decoding coding (one of readableCodings but identity) into dst.
@@ -43,7 +85,14 @@ func newUsageDecoder(coding string, dst io.Writer) *usageDecoder {
 	d := &usageDecoder{pw: pw, done: make(chan struct{})}
 	go func() {
 		defer close(d.done)
-		_ = decodeInto(coding, pr, dst) // a body cut short or corrupt reports what it reported so far
+		lim := &decodeLimit{dst: dst, received: &d.received}
+		err := decodeInto(coding, pr, lim) // a body cut short or corrupt reports what it reported so far
+		switch {
+		case lim.stopped != "":
+			d.stopped = lim.stopped
+		case errors.Is(err, errNoWindow):
+			d.stopped = decodeMemory
+		}
 		pr.CloseWithError(errDecoded)
 	}()
 	return d
@@ -51,15 +100,42 @@ func newUsageDecoder(coding string, dst io.Writer) *usageDecoder {
 
 // Write passes p to the decoder; it never fails.
 func (d *usageDecoder) Write(p []byte) (int, error) {
+	d.received.Add(int64(len(p)))
 	_, _ = d.pw.Write(p)
 	return len(p), nil
 }
 
-// finish ends the body and waits until everything written has been decoded.
+// finish ends the body and waits until everything written has been decoded, or decoding has
+// stopped.
 func (d *usageDecoder) finish() {
 	_ = d.pw.Close()
 	<-d.done
 }
+
+// decodeLimit passes decoded bytes on to dst until they pass one of the bounds of decoding
+// (maxDecodedBytes, maxDecodeRatio), then fails with errDecodeLimit, stopped saying which.
+type decodeLimit struct {
+	dst      io.Writer
+	received *atomic.Int64
+	decoded  int64
+	stopped  string
+}
+
+func (l *decodeLimit) Write(p []byte) (int, error) {
+	l.decoded += int64(len(p))
+	switch {
+	case l.decoded > maxDecodedBytes:
+		l.stopped = decodeSize
+	case l.decoded > decodeRatioFloor+maxDecodeRatio*l.received.Load():
+		l.stopped = decodeRatio
+	default:
+		return l.dst.Write(p)
+	}
+	return 0, errDecodeLimit
+}
+
+// errNoWindow: the window of a zstd body does not fit in what is left of zstdWindowBudget.
+var errNoWindow = errors.New("usage decoder: no room for the zstd window")
 
 // decodeInto decodes r, a body of coding, into dst.
 func decodeInto(coding string, r io.Reader, dst io.Writer) error {
@@ -92,7 +168,17 @@ func decodeInto(coding string, r io.Reader, dst io.Writer) error {
 			dec = fr
 		}
 	case "zstd":
-		zr, err := zstd.NewReader(r, zstd.WithDecoderConcurrency(1), zstd.WithDecoderLowmem(true), zstd.WithDecoderMaxWindow(maxZstdWindow))
+		br := bufio.NewReader(r)
+		window, err := zstdWindow(br)
+		if err != nil {
+			return err
+		}
+		if !zstdWindows.TryAcquire(window) {
+			return errNoWindow
+		}
+		defer zstdWindows.Release(window)
+		// Every frame of the body is held to the first one's window: what was taken.
+		zr, err := zstd.NewReader(br, zstd.WithDecoderConcurrency(1), zstd.WithDecoderLowmem(true), zstd.WithDecoderMaxWindow(uint64(window)))
 		if err != nil {
 			return err
 		}
@@ -103,6 +189,30 @@ func decodeInto(coding string, r io.Reader, dst io.Writer) error {
 	}
 	_, err := io.Copy(dst, dec)
 	return err
+}
+
+// zstdWindow returns the window the zstd body of br asks for, read from its first frame's
+// header (RFC 8878 section 3.1.1.1): its Window_Descriptor, or the content size of a single
+// segment frame; maxZstdWindow when the first frame is a skippable one. An error when the
+// header is not a zstd frame's, or asks for more than maxZstdWindow.
+func zstdWindow(br *bufio.Reader) (int64, error) {
+	b, _ := br.Peek(zstd.HeaderMaxSize) // a shorter body: its header may still be whole
+	var h zstd.Header
+	if err := h.Decode(b); err != nil {
+		return 0, err
+	}
+	window := uint64(maxZstdWindow)
+	switch {
+	case h.Skippable:
+	case h.SingleSegment:
+		window = max(h.FrameContentSize, zstd.MinWindowSize)
+	default:
+		window = h.WindowSize
+	}
+	if window > maxZstdWindow {
+		return 0, zstd.ErrWindowSizeExceeded
+	}
+	return int64(window), nil
 }
 
 // bodyCoding returns the content coding of a response body of header h, lower-cased ("identity"

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -203,5 +204,83 @@ func TestWaitingRoomShare(t *testing.T) {
 	}
 	if n := w.held(); n != 20 {
 		t.Fatalf("%d places taken, want the room's 20", n)
+	}
+}
+
+// TestShapingNetworkShare (shaping_many.py): max_waiting 20, so a share of 2 places per client
+// key; a zone keyed by address, capacity 1, refill 1/10s, max_wait 30s. Ten IPv6 /64s of one
+// /56, one after the other, each spend their token, then send 11 requests at once. Keyed by
+// /64 (ipv6_prefix 64, the default) they are ten clients: each holds its share, together all
+// 20 places, and another client, its token spent, gets 429 where it would have waited. The
+// share bounds one client key, not a network. With ipv6_prefix 48 on the zone the ten /64s are
+// one client: they hold 2 places, and the other client's request is held for its turn.
+func TestShapingNetworkShare(t *testing.T) {
+	for _, tc := range []struct {
+		prefix string
+		held   float64 // places the flood holds
+		other  int     // the other client's second request: 429, or 0 (held, then cancelled)
+	}{
+		{"64", 20, 429},
+		{"48", 2, 0},
+	} {
+		t.Run("ipv6_prefix "+tc.prefix, func(t *testing.T) {
+			srv := redistest.Start(t)
+			cs := startSites(t, "\t\ttrusted_proxies static 127.0.0.1/32", fmt.Sprintf(`
+	rate_limit_redis {
+		redis {
+			address %s
+		}
+		max_waiting 20
+		zone shapednet {
+			key {client_ip}
+			ipv6_prefix %s
+			capacity 1
+			refill_rate 1/10s
+			max_wait 30s
+		}
+	}
+	respond "ok waited={http.rate_limit_redis.waited}"`, srv.Addr, tc.prefix))[0]
+			ctx, stop := context.WithCancel(context.Background())
+			var wg sync.WaitGroup
+			t.Cleanup(func() { stop(); wg.Wait() })
+			var answered atomic.Int64
+			send := func(ip string) {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					shapedGet(ctx, cs, ip, "")
+					answered.Add(1)
+				}()
+			}
+			for a := range 10 {
+				ip := fmt.Sprintf("2001:db8:0:%x::1", a)
+				shapedGet(ctx, cs, ip, "") // its token, or (one /48) held or refused
+				for range 11 {
+					send(ip)
+				}
+				waitFor(t, 10*time.Second, "the requests of "+ip+" to be answered or held", func() bool {
+					return answered.Load()+int64(waitingNow(t)) == int64(11*(a+1))
+				})
+			}
+			if held := waitingNow(t); held != tc.held {
+				t.Fatalf("the ten /64s hold %v places, want %v", held, tc.held)
+			}
+			if s, _ := shapedGet(ctx, cs, "203.0.113.50", ""); s != 200 {
+				t.Fatalf("the other client's first request: %d, want 200", s)
+			}
+			other := make(chan int, 1)
+			octx, cancel := context.WithCancel(ctx)
+			go func() {
+				s, _ := shapedGet(octx, cs, "203.0.113.50", "")
+				other <- s
+			}()
+			waitFor(t, 10*time.Second, "the other client's second request to be answered or held", func() bool {
+				return len(other) > 0 || waitingNow(t) > tc.held
+			})
+			cancel()
+			if s := <-other; s != tc.other {
+				t.Fatalf("the other client's second request: %d, want %d (0: held, then cancelled)", s, tc.other)
+			}
+		})
 	}
 }

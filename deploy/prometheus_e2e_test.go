@@ -88,7 +88,7 @@ func TestPrometheusEndToEnd(t *testing.T) {
 		// All the test's traffic comes from 127.0.0.1: the example's per-IP zone, meant to cap a
 		// client rotating API keys, would otherwise deny every request of the test after its
 		// first 40, allowed ones included (the zone still decides, and is still on the dashboard).
-		{"\t\t\tcapacity 40\n\t\t\trefill_rate 1/2s\n", "\t\t\tcapacity 100000\n\t\t\trefill_rate 1000\n"},
+		{"\t\t\tcapacity 100\n\t\t\trefill_rate 10\n", "\t\t\tcapacity 100000\n\t\t\trefill_rate 1000\n"},
 	})
 	writeFile(t, filepath.Join(work, "Caddyfile"), caddyfile)
 	caddyLog := startProcess(t, work, "caddy", caddyBin, []string{"REDIS_ADDR=" + rdb.Addr},
@@ -134,6 +134,22 @@ func TestPrometheusEndToEnd(t *testing.T) {
 	})
 	ruleNames := loadRuleFiles(t)
 	prom.alertingRules(ruleNames) // loaded
+
+	// docs/compose.md's traffic, deploy/traffic.sh, as a user runs it: each line gets what its
+	// comment says, and the alerts the page lists turn pending (their `for:` is minutes).
+	checkTrafficScript(t, site)
+	poll(t, 60*time.Second, "the alerts docs/compose.md promises for deploy/traffic.sh pending or firing", func() (bool, string) {
+		alerts := prom.alerts()
+		var missing []string
+		for _, want := range composeAlerts {
+			if !slices.ContainsFunc(alerts, func(a alert) bool {
+				return a.Labels["alertname"] == want[0] && a.Labels["zone"] == want[1] && (a.State == "pending" || a.State == "firing")
+			}) {
+				missing = append(missing, want[0]+"{zone="+want[1]+"}")
+			}
+		}
+		return len(missing) == 0, fmt.Sprintf("not pending: %v; alerts %+v", missing, alerts)
+	})
 
 	// Traffic, ten rounds a second until Redis decides again after the outage. A round: a new
 	// API key on / (allowed), the same client on / (zone api: 5 burst, then 1 per 10s: denied,
@@ -275,6 +291,63 @@ func TestPrometheusEndToEnd(t *testing.T) {
 	}
 	t.Logf("%d dashboard queries and %d alert expressions evaluated over %v; the test took %v",
 		queries, len(rules), end.Sub(start).Round(time.Second), time.Since(start).Round(time.Second))
+}
+
+// composeAlerts are the alerts (name, zone) that docs/compose.md says deploy/traffic.sh makes
+// pending at once.
+var composeAlerts = [][2]string{
+	{"RateLimitDryRunWouldDeny", "search"},
+	{"RateLimitZoneDenyingMany", "api"},
+	{"RateLimitZoneDenyingMany", "login"},
+	{"RateLimitZoneKeyEmpty", "tokens"},
+	{"RateLimitChargeMissing", "llm"},
+}
+
+// checkTrafficScript runs deploy/traffic.sh against site for 12 passes and checks each line's
+// statuses against its comment: / (zone api by IP, twice a pass) and /login (zone login) denied once their
+// burst is spent, the demo login allowed until 3 failures count and denied after, the keyless
+// /v1/chat 403, every other line 200.
+func checkTrafficScript(t *testing.T, site string) {
+	t.Helper()
+	cmd := exec.Command("bash", "traffic.sh", site)
+	cmd.Env = append(os.Environ(), "PASSES=12")
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("deploy/traffic.sh: %v; its output:\n%s", err, out)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	columns := make([][]string, 9)
+	for _, l := range lines {
+		f := strings.Fields(l)
+		if len(f) != len(columns) {
+			t.Fatalf("deploy/traffic.sh printed %q, want %d statuses a line; its output:\n%s", l, len(columns), out)
+		}
+		for i, c := range f {
+			columns[i] = append(columns[i], c)
+		}
+	}
+	has := func(i int, code string) bool { return slices.Contains(columns[i], code) }
+	all := func(i int, code string) bool {
+		return !slices.ContainsFunc(columns[i], func(c string) bool { return c != code })
+	}
+	for _, c := range []struct {
+		what string
+		ok   bool
+	}{
+		{"/ : 200 then 429", columns[0][0] == "200" && has(0, "429")},
+		{"/ again: 200 then 429", columns[1][0] == "200" && has(1, "429")},
+		{"/login: 401 then 429", columns[2][0] == "401" && has(2, "429") && !has(2, "200")},
+		{"/login as demo: 200 then 429", columns[3][0] == "200" && has(3, "429")},
+		{"/v1/chat with a key: 200", all(4, "200")},
+		{"/v1/chat without a key: 403", all(5, "403")},
+		{"/llm/v1/chat/completions: 200", all(6, "200")},
+		{"/search: 200 (dry_run)", all(7, "200")},
+		{"/ with a new key: 200", all(8, "200")},
+	} {
+		if !c.ok {
+			t.Errorf("deploy/traffic.sh, %s: got %v", c.what, columns)
+		}
+	}
 }
 
 // checkSeries checks the result of a range query: at least one series; every series with the

@@ -72,3 +72,21 @@ func BenchmarkDenyCacheHit(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkLeasePlanMixed: the in-process part of a request of a lease zone with a grant in hand
+// and a concurrency zone decided in Redis: plan (its cost taken from the grant, pending until
+// Redis answers), then kept (Redis admitted it). The rest is allowLeased's Redis round trip.
+func BenchmarkLeasePlanMixed(b *testing.B) {
+	t := newLeaseTable(nil)
+	z := &Zone{Name: "a", Algorithm: TokenBucket, Capacity: 1 << 40, RefillRate: 1, Lease: &Lease{Max: 1 << 30, TTL: time.Hour}}
+	reqs := []Request{{Zone: z, Key: "alice", Cost: 1}, {Zone: &Zone{Name: "c", Algorithm: Concurrency, Limit: 5}, Key: "alice", Cost: 1, Hold: time.Minute}}
+	now := time.Now()
+	t.m[keyOf(reqs[0])] = &grant{units: 1 << 40, expires: now.Add(time.Hour), n: numbersOf(z), noRenew: true}
+	for b.Loop() {
+		p := t.plan(reqs, now, false)
+		if p.n != 1 {
+			b.Fatal("not taken from the grant")
+		}
+		t.kept(p)
+	}
+}

@@ -272,6 +272,7 @@ func (l *Limiter) Settle(ctx context.Context, h *Held, amounts []int64) ([]bool,
 		states, err := decodeSettled(c.reply, c.err, len(p.idx))
 		if err != nil {
 			errs = append(errs, err)
+			l.loseHeld(parts[k : k+1]) // its slots: given back by Refresh
 			continue
 		}
 		for j, i := range p.idx {

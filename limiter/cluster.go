@@ -40,8 +40,12 @@ func (l *Limiter) slotGroups(keys []string) [][]int {
 // allowSlots decides reqs, whose keys are in several hash slots, with one decide script call
 // per slot group, all under way at once (evalEach), taking token bucket charges as holds and
 // recording window counter charges (withRecords); then it commits every group when all admitted,
-// or releases the groups that admitted when one denied or failed (see settle.lua). A group's denial stands against another group's error, which is returned as
-// slotErr; err is returned when no group denied and one failed.
+// or releases the groups that admitted when one denied or failed (see settle.lua): before it
+// returns when every group answered and ctx has time left, else in the background, within
+// Options.CallTimeout, so that a failure is not answered later than ctx's deadline. A group that
+// failed may have taken its concurrency slots, and a release that fails leaves them: they are
+// lost slots, given back by Refresh. A group's denial stands against another group's error,
+// which is returned as slotErr; err is returned when no group denied and one failed.
 func (l *Limiter) allowSlots(ctx context.Context, reqs []Request, keys []string, groups [][]int, now time.Time) (allowed bool, zones []zoneReply, held *Held, slotErr, err error) {
 	calls := make([]*call, len(groups))
 	greqs := make([][]Request, len(groups))
@@ -59,7 +63,7 @@ func (l *Limiter) allowSlots(ctx context.Context, reqs []Request, keys []string,
 	zones = make([]zoneReply, len(reqs))
 	allowed = true
 	denied := false
-	var charged []*call
+	var charged []int // the groups that admitted
 	for g, c := range calls {
 		ok, zs, err := decodeResult(c.reply, c.err, greqs[g])
 		if err != nil {
@@ -67,10 +71,11 @@ func (l *Limiter) allowSlots(ctx context.Context, reqs []Request, keys []string,
 			if slotErr == nil {
 				slotErr = err
 			}
+			l.lose(greqs[g], c.keys, c.args)
 			continue
 		}
 		if ok {
-			charged = append(charged, c)
+			charged = append(charged, g)
 		} else {
 			allowed, denied = false, true
 		}
@@ -78,15 +83,24 @@ func (l *Limiter) allowSlots(ctx context.Context, reqs []Request, keys []string,
 			zones[i] = zs[j]
 		}
 	}
-	if allowed {
+	switch {
+	case allowed:
 		// The zones held until after the response stay held: commit only the others.
+		commits := make([]*call, len(calls))
 		for g, c := range calls {
 			held = newHeld(reqs, c.keys, c.args, groups[g]).merge(held)
-			charged[g] = withoutHeld(c, reqs, groups[g])
+			commits[g] = withoutHeld(c, reqs, groups[g])
 		}
-	}
-	if len(charged) > 0 {
-		l.settle(ctx, charged, allowed)
+		l.settle(ctx, commits, true)
+	case len(charged) == 0:
+	case slotErr == nil && ctx.Err() == nil:
+		l.release(ctx, calls, greqs, charged)
+	default:
+		go func() {
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.callTime)
+			defer cancel()
+			l.release(ctx, calls, greqs, charged)
+		}()
 	}
 	if slotErr != nil && !denied {
 		return false, nil, nil, nil, slotErr
@@ -94,11 +108,28 @@ func (l *Limiter) allowSlots(ctx context.Context, reqs []Request, keys []string,
 	return allowed, zones, held, slotErr, nil
 }
 
+// release gives back what the groups at charged of a decision across hash slots (calls, of the
+// requests greqs) took: settle.lua's release. The concurrency slots of a release that fails are
+// lost slots, given back by Refresh.
+func (l *Limiter) release(ctx context.Context, calls []*call, greqs [][]Request, charged []int) {
+	rel := make([]*call, len(charged))
+	for k, g := range charged {
+		rel[k] = calls[g]
+	}
+	for k, err := range l.settle(ctx, rel, false) {
+		if err != nil {
+			g := charged[k]
+			l.lose(greqs[g], calls[g].keys, calls[g].args)
+		}
+	}
+}
+
 // settle runs settle.lua for each call, all under way at once: commit when the request was admitted,
-// else release. Its errors are dropped: a hold that is never settled counts as a charge once
-// decide.lua finds it older than 5s, and a window counter's charge whose record is never settled
-// stays counted (the record expires after 5s), which denies too much, never admits too much.
-func (l *Limiter) settle(ctx context.Context, charged []*call, commit bool) {
+// else release. It returns each call's error (nil for a call it had no need to send). A hold
+// that is never settled counts as a charge once decide.lua finds it older than 5s, and a window
+// counter's charge whose record is never settled stays counted (the record expires after 5s),
+// which denies too much, never admits too much.
+func (l *Limiter) settle(ctx context.Context, charged []*call, commit bool) []error {
 	var now any = "" // the Redis server clock
 	if l.now != nil {
 		now = l.now().UnixMicro()
@@ -108,7 +139,8 @@ func (l *Limiter) settle(ctx context.Context, charged []*call, commit bool) {
 		mode = "commit"
 	}
 	settles := make([]*call, 0, len(charged))
-	for _, c := range charged {
+	sent := make([]int, 0, len(charged)) // the index in charged of each of settles
+	for i, c := range charged {
 		if commit && !slices.Contains(c.args[4:], any("tb")) && len(c.keys) == c.zones() {
 			continue // no hold to commit, no record to delete: a sliding window keeps its entries
 		}
@@ -116,8 +148,14 @@ func (l *Limiter) settle(ctx context.Context, charged []*call, commit bool) {
 		// now, the same nonce, the mode, then the same zones and costs.
 		args := append([]any{now, c.args[1], mode}, c.args[4:]...)
 		settles = append(settles, &call{keys: c.keys, args: args})
+		sent = append(sent, i)
 	}
 	evalEach(ctx, l.rdb, settleScript, settles)
+	errs := make([]error, len(charged))
+	for k, c := range settles {
+		_, errs[sent[k]] = decodeSettled(c.reply, c.err, (len(c.args)-3)/4) // now, nonce, mode, then 4 per zone
+	}
+	return errs
 }
 
 // evalEach runs script for every call, each in a pipeline of its own, concurrently: one round

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -314,7 +313,7 @@ func TestClusterTryAgainDuringMigration(t *testing.T) {
 			d, err := l.Allow(ctx, both)
 			done <- result{d, err}
 		}()
-		redistest.WaitFor(t, 10*time.Second, "the call refused with TRYAGAIN", func() bool { return tryAgains(from) > 0 })
+		redistest.WaitFor(t, 10*time.Second, "the call refused with TRYAGAIN", func() bool { return from.Errors("TRYAGAIN") > 0 })
 	})
 	r := <-done
 	if r.err != nil || !r.d.Allowed {
@@ -325,14 +324,4 @@ func TestClusterTryAgainDuringMigration(t *testing.T) {
 			t.Errorf("zone %s on the new owner: u = %v, want 2 (charged once by each request)", z.Name, u)
 		}
 	}
-}
-
-// tryAgains is how many TRYAGAIN errors s has replied, from INFO errorstats.
-func tryAgains(s *redistest.Server) int {
-	_, rest, ok := strings.Cut(s.Do("INFO", "errorstats").(string), "errorstat_TRYAGAIN:count=")
-	if !ok {
-		return 0
-	}
-	n, _ := strconv.Atoi(rest[:strings.IndexAny(rest, ",\r\n")])
-	return n
 }

@@ -37,10 +37,15 @@ type liveSlots struct {
 // the slot is held without a refresh; nothing when h holds no slot.
 func (h *Held) slotHolds(yield func(key, nonce string, hold time.Duration)) {
 	for _, p := range h.parts {
-		for j := range p.idx {
-			if p.zones[4*j] == Concurrency.tag() {
-				yield(p.keys[j], p.nonce.(string), p.hold[j])
-			}
+		p.slotHolds(yield)
+	}
+}
+
+// slotHolds is Held.slotHolds for the zones of one decide.lua call.
+func (p *heldPart) slotHolds(yield func(key, nonce string, hold time.Duration)) {
+	for j := range p.idx {
+		if p.zones[4*j] == Concurrency.tag() {
+			yield(p.keys[j], p.nonce.(string), p.hold[j])
 		}
 	}
 }
@@ -73,11 +78,11 @@ func (l *Limiter) untrack(h *Held) {
 }
 
 // Drop stops keeping the concurrency slots of h alive, when its settlement will not be sent (a
-// circuit breaker is open): they free themselves at their deadline, at most their hold time after
-// their last refresh.
+// circuit breaker is open): they are lost slots, given back by Refresh once Redis answers.
 func (l *Limiter) Drop(h *Held) {
 	if h != nil {
 		l.untrack(h)
+		l.loseHeld(h.parts)
 	}
 }
 
@@ -95,8 +100,17 @@ func (l *Limiter) LiveSlots() int {
 // (given back, expired, or reset by the admin API) is not taken again. Callers run it on a
 // ticker shorter than a third of the shortest hold; a slot whose refreshes fail keeps the
 // deadline it had, so it frees itself at most its hold time after its last refresh that succeeded.
+// Then it gives back the lost slots (those of decisions and settlements that failed: see
+// lostslots.go), in a round trip of their own when there are any.
 // It returns the number of slots moved on, and the Redis errors joined.
 func (l *Limiter) Refresh(ctx context.Context) (int, error) {
+	moved, err := l.refreshLive(ctx)
+	_, lerr := l.giveBackLost(ctx)
+	return moved, errors.Join(err, lerr)
+}
+
+// refreshLive is Refresh's refresh of the slots in flight.
+func (l *Limiter) refreshLive(ctx context.Context) (int, error) {
 	now := l.clock()
 	type group struct {
 		key  string

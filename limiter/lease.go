@@ -80,6 +80,8 @@ type grant struct {
 	end       time.Time     // a fixed window's end, by the Limiter's clock; zero for a token bucket
 	remaining int64         // Redis's whole tokens left once it had granted units
 	ended     bool          // no longer spent from: returned, or to be
+	pending   int           // costs spent for requests whose other zones Redis has not answered yet
+	returned  bool          // taken to be returned: spent is final
 	noRenew   bool          // its successor was denied, or failed: not asked again (renew)
 	done      chan struct{} // closed once returned: a grant whose answer came while a reset of its client was under way (asking)
 }
@@ -263,14 +265,16 @@ func (t *leaseTable) spend(k denyKey, g *grant, cost int64) {
 	}
 }
 
-// giveBack returns cost to g, spent from it for a request that another zone denied. t.mu is
-// held. A grant ended meanwhile keeps it spent: its return is under way.
+// giveBack returns cost to g, spent from it for a request that another zone denied (or whose
+// decision failed): one of g's pending spends. A grant ended meanwhile waits for it before it is
+// returned (collect), unless it waited too long: then it keeps the cost spent. t.mu is held.
 func (t *leaseTable) giveBack(k denyKey, g *grant, cost int64) {
-	if g.ended {
+	g.pending--
+	if g.returned {
 		return
 	}
 	g.spent -= cost
-	if t.metrics != nil {
+	if t.metrics != nil && !g.ended {
 		t.metrics.Stranded(k.zone, cost)
 	}
 }
@@ -444,6 +448,15 @@ func (t *leaseTable) plan(reqs []Request, now time.Time, mayAsk bool) leasePlan 
 			p.asks[i] = a
 		}
 	}
+	if p.n > 0 && p.n < len(reqs) {
+		// The request's other zones go to Redis: the costs taken here are pending until it
+		// answers (undo, or kept), and their grants are not returned meanwhile (collect).
+		for _, g := range p.local {
+			if g != nil {
+				g.pending++
+			}
+		}
+	}
 	return p
 }
 
@@ -483,6 +496,8 @@ func (l *Limiter) allowLeased(ctx context.Context, reqs []Request) (Decision, er
 	allowed, zs, held, slotErr, err := l.decideLeased(ctx, reqs, sub, skeys, idx, p, sent)
 	if err != nil || !allowed {
 		l.leases.undo(reqs, p)
+	} else {
+		l.leases.kept(p)
 	}
 	if err != nil {
 		return Decision{}, err
@@ -520,6 +535,9 @@ func (l *Limiter) decideLeased(ctx context.Context, reqs, sub []Request, keys []
 	args := l.scriptArgs(sub, false, sent)
 	ckeys := withRecords(keys, sub, args, false)
 	allowed, zones, err = l.allowOne(ctx, sub, ckeys, args, nil)
+	if err != nil {
+		l.lose(sub, ckeys, args) // a concurrency zone's slot may have been taken: given back by Refresh
+	}
 	if err != nil || !allowed {
 		return allowed, zones, nil, nil, err
 	}
@@ -535,6 +553,17 @@ func (l *Limiter) decideLeased(ctx context.Context, reqs, sub []Request, keys []
 	}
 	l.startSweeper()
 	return allowed, zones, held, nil, nil
+}
+
+// kept resolves the costs plan took locally as spent: Redis admitted the request. t.mu is taken.
+func (t *leaseTable) kept(p leasePlan) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, g := range p.local {
+		if g != nil {
+			g.pending--
+		}
+	}
 }
 
 // undo gives back the costs plan took locally and drops its asks: the request was denied, or
@@ -618,6 +647,7 @@ func (t *leaseTable) drop(zone, client string, wait time.Duration) []*grant {
 	var gs []*grant
 	for _, g := range []*grant{t.m[k], t.next[k]} {
 		if g != nil && t.retire(k, g) {
+			g.returned = true
 			gs = append(gs, g)
 		}
 	}
@@ -638,7 +668,10 @@ func (t *leaseTable) drop(zone, client string, wait time.Duration) []*grant {
 }
 
 // collect ends the grants and successors expired at now (every one when all) and takes the
-// ended ones to return. t.mu is taken.
+// ended ones to return. A grant with pending spends is left for a later sweep, so that a cost
+// given back for a request Redis denies is given back to Redis too, but for at most
+// leaseReturnMargin/2 past its expiry: its return must reach Redis before its hold is counted as
+// wholly spent (TTL + leaseReturnMargin after the grant). t.mu is taken.
 func (t *leaseTable) collect(now time.Time, all bool) []*grant {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -649,8 +682,18 @@ func (t *leaseTable) collect(now time.Time, all bool) []*grant {
 			}
 		}
 	}
-	out := t.ended
-	t.ended = nil
+	var out []*grant
+	waiting := t.ended[:0]
+	for _, g := range t.ended {
+		if g.pending > 0 && !all && now.Before(g.expires.Add(leaseReturnMargin/2)) {
+			waiting = append(waiting, g)
+			continue
+		}
+		g.returned = true
+		out = append(out, g)
+	}
+	clear(t.ended[len(waiting):])
+	t.ended = waiting
 	return out
 }
 

@@ -3,6 +3,7 @@ package limiter_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -669,5 +670,96 @@ func TestLeaseFixedWindowGrantEndsWithItsWindow(t *testing.T) {
 	n, _ := drain(t, l, z, "alice")
 	if n+1 != 100 {
 		t.Fatalf("the next window admitted %d, want exactly its limit of 100", n+1)
+	}
+}
+
+// heldCalls holds, when armed, the next script call whose arguments name a concurrency zone
+// ("cc") before it is sent, until released: a decision that Redis answers late, as under load. It
+// is a go-redis hook on the Limiter's client; the calls it lets through reach a real Redis.
+type heldCalls struct {
+	armed   atomic.Bool
+	held    chan struct{} // receives when a call is held
+	release chan struct{}
+}
+
+func (h *heldCalls) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *heldCalls) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *heldCalls) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if slices.Contains(cmd.Args(), any("cc")) && h.armed.CompareAndSwap(true, false) {
+			h.held <- struct{}{}
+			<-h.release
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// TestLeaseGivenBackAfterItsGrantEnded: a request of a lease zone and a concurrency zone takes
+// its cost from the client's grant; the concurrency zone goes to Redis, whose answer comes after
+// the grant has ended (its ttl passed) and is a denial. The cost is given back all the same: the
+// grant's return waits for it, and the bucket is charged exactly the admitted requests.
+func TestLeaseGivenBackAfterItsGrantEnded(t *testing.T) {
+	srv := redistest.Start(t)
+	clk := newClock()
+	gate := &heldCalls{held: make(chan struct{}), release: make(chan struct{})}
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1})
+	rdb.AddHook(gate)
+	t.Cleanup(func() { _ = rdb.Close() })
+	counts := new(leaseCounts)
+	l := limiter.New(rdb, limiter.Options{KeyPrefix: "rl:", Leases: true, LeaseMetrics: counts, Now: clk.Now})
+	t.Cleanup(func() { _ = l.ReturnLeases(context.Background()) })
+	zc, zt := cc("conc", 1), leaseZone(100, 10, time.Second)
+	reqs := func() []limiter.Request {
+		return []limiter.Request{{Zone: zc, Key: "alice", Cost: 1, Hold: time.Minute}, {Zone: zt, Key: "alice", Cost: 1}}
+	}
+	admitted := int64(0)
+	for counts.local.Load() == 0 { // until the bucket's cost comes from a grant
+		if admitted == 20 {
+			t.Fatal("20 requests and no grant spent")
+		}
+		d := allow(t, l, reqs()...)
+		if !d.Allowed {
+			t.Fatalf("request %d: %+v, want admitted", admitted+1, d)
+		}
+		admitted++
+		settleAll(t, l, d)
+	}
+	inFlight := allow(t, l, reqs()...) // holds the client's one slot
+	if !inFlight.Allowed {
+		t.Fatalf("the request in flight: %+v, want admitted", inFlight)
+	}
+	admitted++
+	asksAnswered(t, l)
+
+	gate.armed.Store(true)
+	denied := make(chan limiter.Decision, 1)
+	go func() {
+		d, err := l.Allow(context.Background(), reqs())
+		if err != nil {
+			t.Error(err)
+		}
+		denied <- d
+	}()
+	// Its cost is taken from the grant; its concurrency zone waits for Redis. The grant's ttl
+	// passes meanwhile (by less than the 0.5s its return may wait).
+	<-gate.held
+	clk.Advance(1200 * time.Millisecond)
+	redistest.WaitFor(t, 5*time.Second, "the grant ended (its ttl passed)", func() bool { return counts.stranded.Load() == 0 })
+	close(gate.release)
+	if d := <-denied; d.Allowed || d.Zone != 0 {
+		t.Fatalf("with the slot taken: %+v, want denied by the concurrency zone", d)
+	}
+	settleAll(t, l, inFlight)
+	redistest.WaitFor(t, 5*time.Second, "every grant returned", func() bool {
+		return srv.Do("HEXISTS", limiter.StateKey("rl:", zt, "alice"), "h").(int64) == 0
+	})
+	st, err := l.State(context.Background(), zt, "alice") // on the Limiter's clock, as the bucket
+	if err != nil {
+		t.Fatal(err)
+	}
+	if admitted+st.Remaining != zt.Capacity {
+		t.Fatalf("%d admitted and %d left in Redis, want %d in all: the denied request was charged", admitted, st.Remaining, zt.Capacity)
 	}
 }

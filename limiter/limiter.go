@@ -22,6 +22,13 @@ import (
 // wrong shape or type; errors.Is(err, ErrBadResponse) tells it from a Redis or network error.
 var ErrBadResponse = errors.New("bad response from redis")
 
+// ErrMigrating is wrapped by the error of a script call that Redis Cluster refused with TRYAGAIN
+// (its keys split between two nodes by a slot migration: a multi-key call cannot run until the
+// migration has moved them all) and that failed before it ran: its deadline ended while it was
+// sent again, or it was refused every time it was sent. The node answered: the failure is its
+// hash slot's, not the node's.
+var ErrMigrating = errors.New("redis cluster slot migrating (TRYAGAIN)")
+
 // Client is what a Limiter needs of a go-redis client: single commands (a script call),
 // pipelines, and the plain commands of State and Reset. *redis.Client (standalone, or Sentinel's failover client),
 // *redis.ClusterClient and redis.UniversalClient have it.
@@ -171,7 +178,8 @@ type Options struct {
 	Leases       bool
 	LeaseMetrics LeaseMetrics
 	// CallTimeout bounds the calls a Limiter makes on its own rather than for a request: a lease
-	// grant's successor asked ahead (renew) and the return of ended grants. They share round
+	// grant's successor asked ahead (renew), the return of ended grants, and the Redis Cluster
+	// release that follows a decision one of whose hash slots failed. They share round
 	// trips with decisions, whose replies wait for the latest deadline of their batch, so it
 	// should be no longer than the decisions' own timeout. 0: DefaultCallTimeout.
 	CallTimeout time.Duration
@@ -199,6 +207,7 @@ type Limiter struct {
 	leases   *leaseTable                   // nil: Options.Leases off
 	callTime time.Duration                 // Options.CallTimeout
 	live     liveSlots                     // the concurrency slots in flight, kept alive by Refresh
+	lost     lostSlots                     // concurrency slots of failed decisions and settlements, given back by Refresh
 
 	batchFor func(ctx context.Context, key string) *Pipeline // Options.PipelineFor
 }
@@ -303,6 +312,8 @@ func (l *Limiter) allow(ctx context.Context, reqs []Request, sent time.Time, key
 		allowed, zones, err = l.allowOne(ctx, reqs, ckeys, args, into[:0])
 		if allowed {
 			held = newHeld(reqs, ckeys, args, nil)
+		} else if err != nil {
+			l.lose(reqs, ckeys, args) // its slot may have been taken: given back by Refresh
 		}
 	}
 	if err != nil {

@@ -45,6 +45,9 @@ type call struct {
 	reply any
 	arr   []any
 	err   error
+	// eval: sent as EVAL (after NOSCRIPT); migrating: Redis Cluster refused it with TRYAGAIN
+	// (see sendAgain), so a failure is its slot's (ErrMigrating).
+	eval, migrating bool
 }
 
 // callPool holds the calls of Pipeline.run and runSettle, with their done channels, used again once
@@ -61,6 +64,7 @@ func newCall(keys []string, args []any, settle bool) *call {
 // release puts an answered call back in the pool.
 func (c *call) release() {
 	c.keys, c.args, c.ctx, c.reply, c.arr, c.err = nil, nil, nil, nil, nil, nil
+	c.eval, c.migrating = false, false
 	callPool.Put(c)
 }
 
@@ -214,39 +218,45 @@ func (c *call) appendTo(batch []*call) []*call {
 	return append(batch, c)
 }
 
-// send decides the batch with one decide.lua call (one per hash slot on Redis Cluster) and hands
-// each call its part of the reply. The batch's deadline is the latest of the calls'. A panic
-// while reading replies fails the batch with ErrBadResponse instead of killing the process: this
-// goroutine is not a request's, so nothing else would recover it.
+// send decides the batch with one decide.lua call (one per hash slot on Redis Cluster, and each
+// settlement as it is) and hands each call its part of the reply. The batch's deadline is the
+// latest of the calls'. A script call that Redis Cluster refused with TRYAGAIN (its keys split by
+// a slot migration) is sent again by a goroutine of its own (sendLater), and send answers the
+// others at once: a slot being migrated never holds the round trip that the decisions of other
+// slots of its node share. A panic while reading replies fails the batch with ErrBadResponse
+// instead of killing the process: this goroutine is not a request's, so nothing else would
+// recover it.
 func (b *Pipeline) send(batch []*call) {
 	ctx, cancel := batchContext(batch)
 	defer cancel()
-	if slices.ContainsFunc(batch, func(c *call) bool { return c.settle }) {
-		b.sendWithSettles(ctx, batch)
-	} else if !b.cluster {
+	if !b.cluster && !slices.ContainsFunc(batch, func(c *call) bool { return c.settle }) {
 		merged := mergeCalls(batch)
 		merged.reply, merged.err = runScript(ctx, b.rdb, decideScript, merged.keys, merged.args)
 		merged.split(batch)
-	} else {
-		groups := bySlot(batch)
-		merged := make([]*call, len(groups))
-		for i, g := range groups {
-			merged[i] = mergeCalls(g)
+		for _, c := range batch {
+			c.answer()
 		}
-		evalBatch(ctx, b.rdb, decideScript, merged)
-		for i, g := range groups {
-			merged[i].split(g)
-		}
+		return
 	}
-	for _, c := range batch {
-		c.answer()
+	scripts, answers := b.scriptCalls(batch)
+	later, sent := evalFrom(ctx, b.rdb, decideScript, scripts, 1, false)
+	var laterAnswers [][]*call
+	for i, sc := range scripts {
+		if slices.Contains(later, sc) {
+			laterAnswers = append(laterAnswers, answers[i])
+			continue
+		}
+		sc.answerAll(answers[i])
+	}
+	if len(later) > 0 {
+		go sendLater(b.rdb, later, laterAnswers, sent)
 	}
 }
 
-// sendWithSettles sends a batch holding settle.lua calls in one go-redis pipeline (one round
-// trip; one per node on Redis Cluster): the decisions merged into one decide.lua call (one per
-// hash slot on Redis Cluster), and each settlement as it is.
-func (b *Pipeline) sendWithSettles(ctx context.Context, batch []*call) {
+// scriptCalls returns the script calls that decide batch (a batch holding settle.lua calls, or
+// on Redis Cluster): its decisions merged into one decide.lua call (one per hash slot on Redis
+// Cluster), then each settlement as it is; and, per script call, the calls of batch it answers.
+func (b *Pipeline) scriptCalls(batch []*call) (scripts []*call, answers [][]*call) {
 	var decides, settles []*call
 	for _, c := range batch {
 		if c.settle {
@@ -255,21 +265,50 @@ func (b *Pipeline) sendWithSettles(ctx context.Context, batch []*call) {
 			decides = append(decides, c)
 		}
 	}
-	var groups [][]*call
 	switch {
 	case len(decides) == 0:
 	case b.cluster:
-		groups = bySlot(decides)
+		answers = bySlot(decides)
 	default:
-		groups = [][]*call{decides}
+		answers = [][]*call{decides}
 	}
-	merged := make([]*call, len(groups), len(groups)+len(settles))
-	for i, g := range groups {
-		merged[i] = mergeCalls(g)
+	scripts = make([]*call, len(answers), len(answers)+len(settles))
+	for i, g := range answers {
+		scripts[i] = mergeCalls(g)
 	}
-	evalBatch(ctx, b.rdb, decideScript, append(merged, settles...))
-	for i, g := range groups {
-		merged[i].split(g)
+	for _, c := range settles {
+		scripts = append(scripts, c)
+		answers = append(answers, []*call{c})
+	}
+	return scripts, answers
+}
+
+// answerAll hands each of calls (those sc answers: the decisions merged into it, or sc itself,
+// a settlement) its part of sc's reply, and tells them they are answered.
+func (sc *call) answerAll(calls []*call) {
+	if !sc.settle {
+		sc.split(calls)
+	}
+	for _, c := range calls {
+		c.answer()
+	}
+}
+
+// sendLater sends again, after a pause, the script calls later that Redis Cluster refused with
+// TRYAGAIN (sent times so far), until they run or their calls' latest deadline ends, and then
+// answers the calls of each (answers, in order).
+func sendLater(rdb Pipeliner, later []*call, answers [][]*call, sent int) {
+	ctx, cancel := batchContext(slices.Concat(answers...))
+	defer cancel()
+	if pause(ctx, sent) {
+		evalFrom(ctx, rdb, decideScript, later, sent+1, true)
+	} else {
+		for _, sc := range later {
+			sc.err = sc.failure()
+		}
+	}
+	for i, sc := range later {
+		sc.answerAll(answers[i])
 	}
 }
 
@@ -370,18 +409,17 @@ func runScript(ctx context.Context, rdb Processor, s *script, keys []string, arg
 			reply, err = nil, fmt.Errorf("%w: reading the reply panicked: %v", ErrBadResponse, r)
 		}
 	}()
-	eval := false
+	var c call // how it is sent, and its outcome
 	for sent := 1; ; sent++ {
-		cmd := s.cmd(ctx, eval, keys, args)
+		cmd := s.cmd(ctx, c.eval, keys, args)
 		perr := rdb.Process(ctx, cmd)
-		if reply, err = cmd.Result(); reply == nil && err == nil {
-			err = perr
+		if c.reply, c.err = cmd.Result(); c.reply == nil && c.err == nil {
+			c.err = perr
 		}
-		again, asEval, wait := sendAgain(err, eval, sent)
+		again, wait := c.sendAgain(sent)
 		if !again || (wait && !pause(ctx, sent)) {
-			return reply, err
+			return c.reply, c.failure()
 		}
-		eval = asEval
 	}
 }
 
@@ -393,45 +431,73 @@ func runScript(ctx context.Context, rdb Processor, s *script, keys []string, arg
 // whatever array length a reply declares, and panics on an absurd one) sets every call's err to
 // ErrBadResponse.
 func evalBatch(ctx context.Context, rdb Pipeliner, s *script, batch []*call) {
+	evalFrom(ctx, rdb, s, batch, 1, true)
+}
+
+// evalFrom is evalBatch, batch having been sent sent − 1 times. Unless wait, it does not pause
+// before sending calls again after TRYAGAIN: it returns them (later, their replies and errors
+// set by the last send), and how many times they were sent, once the others are answered.
+func evalFrom(ctx context.Context, rdb Pipeliner, s *script, batch []*call, sent int, wait bool) (later []*call, sends int) {
 	defer func() {
 		if r := recover(); r != nil {
 			for _, c := range batch {
 				c.reply, c.err = nil, fmt.Errorf("%w: reading the reply panicked: %v", ErrBadResponse, r)
 			}
+			later = nil
 		}
 	}()
-	pending := make([]int, len(batch)) // indexes in batch of the calls to send
-	for i := range pending {
-		pending[i] = i
-	}
-	eval := make([]bool, len(batch))
 	cmds := make([]onceCmd, len(batch))
-	for sent := 1; len(pending) > 0; sent++ {
+	for pending := batch; len(pending) > 0; sent++ {
 		pipe := rdb.Pipeline()
-		for _, i := range pending {
-			c := batch[i]
-			cmds[i] = c.script(s).cmd(ctx, eval[i], c.keys, c.args)
-			_ = pipe.Process(ctx, cmds[i])
+		for k, c := range pending {
+			cmds[k] = c.script(s).cmd(ctx, c.eval, c.keys, c.args)
+			_ = pipe.Process(ctx, cmds[k])
 		}
 		// Each command carries its own error, except when setting up the connection failed with
 		// a Redis error (AUTH's WRONGPASS): go-redis then leaves the commands unset, and only Exec
 		// returns the error.
 		_, err := pipe.Exec(ctx)
-		again, wait := pending[:0], false
-		for _, i := range pending {
-			c := batch[i]
-			if c.reply, c.err = cmds[i].Result(); c.reply == nil && c.err == nil {
+		var again []*call
+		pausing := false
+		for k, c := range pending {
+			if c.reply, c.err = cmds[k].Result(); c.reply == nil && c.err == nil {
 				c.err = err
 			}
-			if a, asEval, w := sendAgain(c.err, eval[i], sent); a {
-				again, eval[i], wait = append(again, i), asEval, wait || w
+			if a, w := c.sendAgain(sent); a {
+				again, pausing = append(again, c), pausing || w
+			} else {
+				c.err = c.failure()
 			}
 		}
-		if wait && !pause(ctx, sent) {
-			return
+		switch {
+		case pausing && !wait:
+			return again, sent
+		case pausing && !pause(ctx, sent):
+			for _, c := range again {
+				c.err = c.failure()
+			}
+			return nil, sent
 		}
 		pending = again
 	}
+	return nil, sent
+}
+
+// sendAgain reports whether c, sent `sent` times, is sent again (sendAgain), after a pause
+// (wait), and records how: as EVAL after NOSCRIPT, and whether it was refused with TRYAGAIN.
+func (c *call) sendAgain(sent int) (again, wait bool) {
+	again, c.eval, wait = sendAgain(c.err, c.eval, sent)
+	c.migrating = c.migrating || redis.HasErrorPrefix(c.err, "TRYAGAIN")
+	return again, wait
+}
+
+// failure is c's error, wrapping ErrMigrating when Redis Cluster refused c with TRYAGAIN before
+// it failed.
+func (c *call) failure() error {
+	if c.err != nil && c.migrating && !errors.Is(c.err, ErrMigrating) {
+		return fmt.Errorf("%w: %w", ErrMigrating, c.err)
+	}
+	return c.err
 }
 
 // script is settle.lua for a settlement, else dflt.

@@ -6,7 +6,10 @@
 # when PING answers PONG with those credentials and it is Redis 7.0 or later, standalone and a
 # primary; otherwise the script stops at once, saying why. Once Caddy is up it prints the curl
 # commands that show the limit at work. SITE_ADDRESS (default :8080) and ADMIN_ADDRESS (default
-# localhost:2019) move the demo and Caddy's admin endpoint, as Caddyfile.example reads them.
+# localhost:2019) move the demo and Caddy's admin endpoint, as Caddyfile.example reads them. The
+# demo is plain HTTP whatever SITE_ADDRESS says: a site address with a host (localhost:8081)
+# would be an HTTPS site to Caddy, so http:// is put in front of one without a scheme, and an
+# https:// one is refused.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/ensure-redis.sh
@@ -14,6 +17,13 @@ caddy=${CADDY_BINARY:-bin/caddy}
 addr=${REDIS_ADDR:-127.0.0.1:6379}
 site=${SITE_ADDRESS:-:8080}
 admin=${ADMIN_ADDRESS:-localhost:2019}
+case "$site" in
+http://*) ;;
+*://*)
+	echo "make run: SITE_ADDRESS=$site: the demo serves plain HTTP; give a host and port (localhost:8081, :8081) or an http:// address" >&2
+	exit 1 ;;
+*) site=http://$site ;;
+esac
 host=${addr%:*}
 port=${addr##*:}
 host=${host#[}
@@ -119,7 +129,7 @@ if [ -n "${REDIS_USERNAME:-}${REDIS_PASSWORD:-}" ]; then
 	export REDIS_USERNAME REDIS_PASSWORD
 fi
 
-REDIS_ADDR=$addr "$caddy" run --config "$config" --adapter caddyfile &
+REDIS_ADDR=$addr SITE_ADDRESS=$site "$caddy" run --config "$config" --adapter caddyfile &
 caddy_pid=$!
 # Up when the admin endpoint answers: asking the site would take a token.
 for _ in $(seq 100); do
@@ -132,7 +142,8 @@ for _ in $(seq 100); do
 	sleep 0.1
 done
 
-url=${site/#:/localhost:}
+# The address curl is given: http://:8080 is http://localhost:8080.
+url=${site/#http:\/\/:/http://localhost:}
 cat <<MSG
 
 Caddy is up on $url (Caddyfile.example: zone api, a burst of 5 then one request

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -198,6 +199,18 @@ func (s *Server) ScriptCalls() int {
 			n += x
 		}
 	}
+	return n
+}
+
+// Errors is how many error replies of code (TRYAGAIN, NOSCRIPT…) the server has sent, from INFO
+// errorstats.
+func (s *Server) Errors(code string) int {
+	s.t.Helper()
+	_, rest, ok := strings.Cut(s.Do("INFO", "errorstats").(string), "errorstat_"+code+":count=")
+	if !ok {
+		return 0
+	}
+	n, _ := strconv.Atoi(rest[:strings.IndexAny(rest, ",\r\n")])
 	return n
 }
 
