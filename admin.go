@@ -15,7 +15,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
-	"github.com/rate-limit-redis/caddy-rate-limit-redis/limiter"
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/limiter"
 )
 
 func init() {

@@ -12,7 +12,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
-	"github.com/rate-limit-redis/caddy-rate-limit-redis/limiter"
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/limiter"
 )
 
 // The circuit breaker of a Redis server: after breakerTrips consecutive failed decisions it

@@ -20,7 +20,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
-	"github.com/rate-limit-redis/caddy-rate-limit-redis/limiter"
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/limiter"
 )
 
 // Charging after the response: a zone with count_status or charge takes its cost as a hold at

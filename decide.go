@@ -14,7 +14,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
-	"github.com/rate-limit-redis/caddy-rate-limit-redis/limiter"
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/limiter"
 )
 
 // decideFlight decides f's requests (decide), and when Redis fails applies the fail_mode of

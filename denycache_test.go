@@ -9,8 +9,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/limiter"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
-	"github.com/rate-limit-redis/caddy-rate-limit-redis/limiter"
 )
 
 // TestDenyCacheEndToEnd: with the deny cache on, a client over its limit is denied again with

@@ -6,7 +6,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyevents"
 
-	"github.com/rate-limit-redis/caddy-rate-limit-redis/limiter"
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/limiter"
 )
 
 // The Caddy events the handler emits through the events app, for its subscribers (a script, a

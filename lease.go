@@ -5,7 +5,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
-	"github.com/rate-limit-redis/caddy-rate-limit-redis/limiter"
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/limiter"
 )
 
 // Lease is a token_bucket or fixed_window zone's leasing: the tokens (window slots) of a client

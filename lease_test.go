@@ -9,8 +9,8 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/limiter"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
-	"github.com/rate-limit-redis/caddy-rate-limit-redis/limiter"
 )
 
 // TestLeaseCaddyfile: issue 32's lease block adapts to the zone's JSON `lease`, and a lease block

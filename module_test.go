@@ -24,8 +24,8 @@ import (
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
 
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/freeport"
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/limiter"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
-	"github.com/rate-limit-redis/caddy-rate-limit-redis/limiter"
 )
 
 // caddyServer runs Caddy in this process with the given site block (a Caddyfile body served on

@@ -23,7 +23,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
-	"github.com/rate-limit-redis/caddy-rate-limit-redis/limiter"
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/limiter"
 )
 
 // numField names a zone number that may come from a placeholder.

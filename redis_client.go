@@ -14,7 +14,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
-	"github.com/rate-limit-redis/caddy-rate-limit-redis/limiter"
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/limiter"
 )
 
 // clients holds one Redis client per distinct connection config, shared by every handler using

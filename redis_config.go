@@ -168,7 +168,7 @@ const (
 	// restart) are found by go-redis's health check when taken from the pool, not by a retry.
 	// The Redis Cluster client re-sends on a loop of its own (maxRedirects), which MaxRetries does
 	// not reach: the limiter marks every script call NoRetry, which that loop honours too (see
-	// limiter/script.go), so no script call is sent twice on any topology.
+	// internal/limiter/script.go), so no script call is sent twice on any topology.
 	maxRetries = -1
 	// maxRedirects is go-redis's default: the Redis Cluster client follows up to 3 MOVED and ASK
 	// redirections of one command (resharding, failover). Those re-sends are safe: the reply says

@@ -14,7 +14,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
-	"github.com/rate-limit-redis/caddy-rate-limit-redis/limiter"
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/limiter"
 )
 
 // resolveError is why a request could not be resolved into limiter requests: it is answered

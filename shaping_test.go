@@ -28,8 +28,8 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/limiter"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
-	"github.com/rate-limit-redis/caddy-rate-limit-redis/limiter"
 )
 
 const metricDelay = "caddy_rate_limit_redis_delay_seconds"

@@ -14,8 +14,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/sony/gobreaker/v2"
 
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/limiter"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
-	"github.com/rate-limit-redis/caddy-rate-limit-redis/limiter"
 )
 
 // TestEndToEndCluster runs Caddy against a 3-primary Redis Cluster given as several addresses:

@@ -4,7 +4,7 @@ import (
 	"context"
 	"sync"
 
-	"github.com/rate-limit-redis/caddy-rate-limit-redis/limiter"
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/limiter"
 )
 
 // waitingRoom bounds the requests a handler holds for a max_wait (shaping), and those being

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/limiter"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
-	"github.com/rate-limit-redis/caddy-rate-limit-redis/limiter"
 )
 
 func cc(name string, limit int64) *limiter.Zone {

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/limiter"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
-	"github.com/rate-limit-redis/caddy-rate-limit-redis/limiter"
 )
 
 func settle(t *testing.T, l *limiter.Limiter, d limiter.Decision, amounts ...int64) ([]bool, error) {

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rate-limit-redis/caddy-rate-limit-redis/limiter"
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/limiter"
 )
 
 func TestLocalTokenBucket(t *testing.T) {

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/rate-limit-redis/caddy-rate-limit-redis/limiter"
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/limiter"
 )
 
 func digest(s string) string {
