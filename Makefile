@@ -93,13 +93,13 @@ bin/caddy-anchor: go.mod $(ANCHOR_SOURCES)
 		--with $(ANCHOR_MODULE)@$(LOCAL_VERSION)=$(abspath $(ANCHOR_SRC))
 
 ## fuzz: each fuzz target for FUZZTIME (default 30s); `make test` runs their seed corpora
-## (testdata/fuzz, internal/limiter/testdata/fuzz). New failing inputs are written there: keep them.
+## (the testdata/fuzz folder of each package). New failing inputs are written there: keep them.
 FUZZTIME ?= 30s
 fuzz:
 	scripts/ensure-redis.sh
 	go test -run XXX -fuzz '^FuzzUnmarshalCaddyfile$$' -fuzztime $(FUZZTIME) .
 	go test -run XXX -fuzz '^FuzzZoneNumber$$' -fuzztime $(FUZZTIME) .
-	go test -run XXX -fuzz '^FuzzUsage$$' -fuzztime $(FUZZTIME) .
+	go test -run XXX -fuzz '^FuzzUsage$$' -fuzztime $(FUZZTIME) ./internal/usage
 	go test -run XXX -fuzz '^FuzzClientKey$$' -fuzztime $(FUZZTIME) ./internal/limiter
 	go test -run XXX -fuzz '^FuzzDecodeReply$$' -fuzztime $(FUZZTIME) ./internal/limiter
 	go test -run XXX -fuzz '^FuzzAllow$$' -fuzztime $(FUZZTIME) ./internal/limiter

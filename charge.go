@@ -21,6 +21,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/limiter"
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/usage"
 )
 
 // Charging after the response: a zone with count_status or charge takes its cost as a hold at
@@ -36,9 +37,9 @@ const (
 
 // Values of Charge.Usage.
 const (
-	UsageTotal      = "total"
-	UsagePrompt     = "prompt"
-	UsageCompletion = "completion"
+	UsageTotal      = usage.Total
+	UsagePrompt     = usage.Prompt
+	UsageCompletion = usage.Completion
 )
 
 // DefaultHoldMax is how long a zone's reservation waits for its response by default: an
@@ -88,8 +89,8 @@ type afterResponse struct {
 	capped   prometheus.Counter // charge: amounts reported above max_cost, charged max_cost
 	warned   atomic.Int64       // Unix ns of the last warning of a missing usage
 	// undecoded: charge openai_usage, the compressed responses whose decoding stopped, by
-	// reason (decodeReasons' order); warnedUndecoded, the Unix ns of the last warning of one.
-	undecoded       [len(decodeReasons)]prometheus.Counter
+	// reason (usage.StopReasons' order); warnedUndecoded, the Unix ns of the last warning of one.
+	undecoded       [len(usage.StopReasons)]prometheus.Counter
 	warnedUndecoded atomic.Int64
 }
 
@@ -132,7 +133,7 @@ func (z *Zone) provisionAfter() error {
 			a.capped = metrics.chargeCapped.WithLabelValues(z.Name)
 		}
 		if a.body {
-			for i, reason := range decodeReasons {
+			for i, reason := range usage.StopReasons {
 				a.undecoded[i] = metrics.chargeUndecoded.WithLabelValues(z.Name, reason)
 			}
 		}
@@ -191,7 +192,7 @@ func (a *afterResponse) amount(rq limiter.Request, status int, cw *chargeWriter)
 			n, reported = x, true
 		}
 	case ChargeOpenAIUsage:
-		n, reported = cw.scan.tokens(a.charge.Usage)
+		n, reported = cw.scan.Tokens(a.charge.Usage)
 		reported = reported && cw.undecoded == "" // what the undecoded rest reports is unknown
 		if !reported && status >= 200 && status < 300 {
 			if a.charge.Missing != nil {
@@ -218,11 +219,11 @@ type chargeWriter struct {
 	*caddyhttp.ResponseWriterWrapper
 	status   int  // the final status written; 0 while none
 	readBody bool // a zone charges openai_usage
-	scan     *usageScanner
-	sink     io.Writer     // where the body goes to be scanned: scan, or dec
-	dec      *usageDecoder // the body's decoder when it is compressed
-	coding   string        // the body's content coding
-	// undecoded is why the body's decoding stopped before its end (usageDecoder.stopped), once
+	scan     *usage.Scanner
+	sink     io.Writer      // where the body goes to be scanned: scan, or dec
+	dec      *usage.Decoder // the body's decoder when it is compressed
+	coding   string         // the body's content coding
+	// undecoded is why the body's decoding stopped before its end (usage.Decoder.Finish), once
 	// finished; "" when it did not.
 	undecoded string
 	// served: the request was passed on to the next handler. clientLeft: it was, and its client
@@ -249,15 +250,15 @@ func (cw *chargeWriter) startScan() {
 	if err != nil || !sse && mt != "application/json" && !strings.HasSuffix(mt, "+json") {
 		return
 	}
-	coding, ok := bodyCoding(cw.Header())
+	coding, ok := usage.BodyCoding(cw.Header())
 	cw.coding = coding
 	if !ok {
 		return
 	}
-	cw.scan = newUsageScanner(sse)
+	cw.scan = usage.NewScanner(sse)
 	cw.sink = cw.scan
 	if coding != "identity" {
-		cw.dec = newUsageDecoder(coding, cw.scan)
+		cw.dec = usage.NewDecoder(coding, cw.scan)
 		cw.sink = cw.dec
 	}
 }
@@ -286,8 +287,7 @@ func (cw *chargeWriter) ReadFrom(r io.Reader) (int64, error) {
 // finish waits until the body written is scanned, once the response is complete.
 func (cw *chargeWriter) finish() {
 	if cw.dec != nil {
-		cw.dec.finish()
-		cw.undecoded = cw.dec.stopped
+		cw.undecoded = cw.dec.Finish()
 		cw.dec, cw.sink = nil, nil
 	}
 }
@@ -304,8 +304,8 @@ func (h *Handler) serveAndSettle(w http.ResponseWriter, r *http.Request, next ca
 		}
 	}
 	if cw.readBody {
-		acceptReadable(r.Header)
-		includeUsage(r)
+		usage.AcceptReadable(r.Header)
+		usage.IncludeUsage(r)
 	}
 	var charged *int64 // {http.rate_limit_redis.charged}: the first settling zone's amount
 	repl.Map(func(key string) (any, bool) {
@@ -382,7 +382,7 @@ func (h *Handler) settleResponse(r *http.Request, cw *chargeWriter, reqs []limit
 				a.missing.Inc()
 				a.warnMissing(h.logger, rq.Zone.Name, r, status, cw, amounts[i])
 			}
-			if k := slices.Index(decodeReasons[:], cw.undecoded); k >= 0 && a.undecoded[k] != nil {
+			if k := slices.Index(usage.StopReasons[:], cw.undecoded); k >= 0 && a.undecoded[k] != nil {
 				a.undecoded[k].Inc()
 				a.warnUndecoded(h.logger, rq.Zone.Name, r, cw, amounts[i])
 			}

@@ -29,6 +29,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/usage"
 )
 
 // The tests of security review III's findings 2, 3 and 6 (../shared/repro/security-3:
@@ -362,7 +363,7 @@ func TestChargeStreamWithoutIncludeUsage(t *testing.T) {
 	srv := redistest.Start(t)
 	up := startOpenAI(t)
 	cs := startCaddy(t, openAIZone(srv.Addr, up.URL, "charge openai_usage total missing 8000"))
-	big := `{"model":"m","stream":true,"messages":[{"role":"user","content":"` + strings.Repeat("x", maxIncludeUsageBody) + `"}]}`
+	big := `{"model":"m","stream":true,"messages":[{"role":"user","content":"` + strings.Repeat("x", usage.MaxIncludeUsageBody) + `"}]}`
 	for _, tc := range []struct {
 		name, body  string
 		upstreamGot string  // the body the upstream gets; "" when unchanged
@@ -675,7 +676,7 @@ func TestChargeDocsLLMExample(t *testing.T) {
 	body = strings.Replace(body, "reverse_proxy localhost:8000", "reverse_proxy "+up.URL, 1)
 	cs := startCaddy(t, body)
 
-	padded := `{"model":"m","messages":[{"role":"user","content":"a long prompt"}],"stream":true` + strings.Repeat(" ", maxIncludeUsageBody) + `}`
+	padded := `{"model":"m","messages":[{"role":"user","content":"a long prompt"}],"stream":true` + strings.Repeat(" ", usage.MaxIncludeUsageBody) + `}`
 	for _, tc := range []struct {
 		name, body string
 		rewritten  bool // the upstream is asked for the usage

@@ -15,6 +15,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/clientip"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
 )
 
@@ -206,7 +207,7 @@ func TestBenchRequestsResolveTheirKeys(t *testing.T) {
 	z.v4, z.v6 = 32, 64
 	for i, r := range benchRequests(3, 7) {
 		repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
-		if got, want := z.clientKey(r, repl, &maskMemo{}), strconv.Itoa(7+i); got != want {
+		if got, want := z.clientKey(r, repl, &clientip.Memo{}), strconv.Itoa(7+i); got != want {
 			t.Fatalf("request %d: key %q, want %q", i, got, want)
 		}
 	}

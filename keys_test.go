@@ -30,6 +30,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/clientip"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/limiter"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
 )
@@ -555,7 +556,7 @@ func TestKeyPlaceholderLookedUpAsReplaceAll(t *testing.T) {
 	for _, k := range entries {
 		compiled := &Zone{Key: []string{k}, keySources: []keySource{compileKey(k)}, v4: 32, v6: 64}
 		replaced := &Zone{Key: []string{k}, v4: 32, v6: 64}
-		got, want := compiled.clientKey(r, repl, &maskMemo{}), replaced.clientKey(r, repl, &maskMemo{})
+		got, want := compiled.clientKey(r, repl, &clientip.Memo{}), replaced.clientKey(r, repl, &clientip.Memo{})
 		if got != want {
 			t.Errorf("key %q: looked up %q, ReplaceAll %q", k, got, want)
 		}

@@ -55,7 +55,7 @@ var metrics struct {
 	// chargeCapped counts, by zone, the amounts reported above the zone's max_cost, charged
 	// max_cost.
 	chargeCapped *prometheus.CounterVec
-	// chargeUndecoded counts, by zone and reason (decodeReasons), the compressed responses of a
+	// chargeUndecoded counts, by zone and reason (usage.StopReasons), the compressed responses of a
 	// zone with charge openai_usage whose decoding stopped before their end.
 	chargeUndecoded *prometheus.CounterVec
 

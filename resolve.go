@@ -14,6 +14,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/clientip"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/limiter"
 )
 
@@ -45,7 +46,7 @@ const (
 func (h *Handler) resolve(r *http.Request, repl *caddy.Replacer, reqs []limiter.Request, shown []string) (_ []limiter.Request, _ []string, shaping bool, _ error) {
 	var lastShown, lastKey string // the previous zone's, when keyed is true
 	keyed := false
-	var masked maskMemo // the previous IP candidate masked: zones usually share their key
+	var masked clientip.Memo // the previous IP candidate masked: zones usually share their key
 	for _, z := range h.Zones {
 		if len(z.matcherSets) > 0 {
 			match, err := z.matcherSets.AnyMatchWithError(r)
@@ -163,10 +164,10 @@ func (h *Handler) denyEmptyKey(w http.ResponseWriter, r *http.Request, next cadd
 // clientKey resolves the zone's key placeholders for r: the first that is not empty wins, and
 // the client key says which it was (limiter.CandidateKey: the first candidate's value as it is,
 // the n-th's as "<n>=value"), so that no value of one candidate can name another's state. A value
-// that is an IP address is first masked to the zone's prefix length (maskIP); memo holds the
+// that is an IP address is first masked to the zone's prefix length (clientip.Mask); memo holds the
 // last one masked. All empty gives "": the zone's empty_key decides (shared: the limiter counts
 // it under the zone's one shared key).
-func (z *Zone) clientKey(r *http.Request, repl *caddy.Replacer, memo *maskMemo) string {
+func (z *Zone) clientKey(r *http.Request, repl *caddy.Replacer, memo *clientip.Memo) string {
 	for i, k := range z.Key {
 		var v string
 		if i < len(z.keySources) {
@@ -175,7 +176,7 @@ func (z *Zone) clientKey(r *http.Request, repl *caddy.Replacer, memo *maskMemo) 
 			v = repl.ReplaceAll(k, "")
 		}
 		if v != "" {
-			return limiter.CandidateKey(i+1, memo.mask(v, z.v4, z.v6))
+			return limiter.CandidateKey(i+1, memo.Mask(v, z.v4, z.v6))
 		}
 	}
 	return ""

@@ -10,7 +10,7 @@ import (
 // requestPathFiles are the files of a request's way through ServeHTTP, in the order of its
 // stages (see ServeHTTP), with what they call on the way.
 var requestPathFiles = []string{"handler.go", "resolve.go", "decide.go", "headers.go", "admit.go", "deny.go",
-	"charge.go", "waiting.go", "placeholders.go", "number.go", "ipprefix.go", "breaker.go",
+	"charge.go", "waiting.go", "placeholders.go", "number.go", "breaker.go", "internal/clientip/clientip.go",
 	"internal/limiter/limiter.go", "internal/limiter/pipeline.go", "internal/limiter/script.go", "internal/limiter/deadline.go", "internal/limiter/lease.go"}
 
 // TestRequestPathFunctionsAreShort: every function of the request path can be taken in at a

@@ -1,4 +1,8 @@
-package ratelimitredis
+// Package usage reads the token usage an OpenAI-compatible API reports in a response body, as
+// the body streams by: Scanner reads it from JSON or an event stream, Decoder decodes a
+// compressed body on its way to a Scanner within bounds of memory and CPU, and IncludeUsage
+// asks a streaming chat completion for its usage. It imports nothing from Caddy.
+package usage
 
 import (
 	"bytes"
@@ -14,8 +18,15 @@ const maxUsageBytes = 4096
 // "response" (longer keys are neither): "response" with every letter escaped (\u0072...).
 const maxKeyBytes = 48
 
-// usageScanner reads the OpenAI-format usage of a response body as it streams by, holding at
-// most maxUsageBytes + maxKeyBytes whatever the body's size. It reads JSON with its strings and
+// The counts Tokens reports.
+const (
+	Total      = "total"      // total_tokens, else the prompt and completion counts added
+	Prompt     = "prompt"     // prompt_tokens (chat completions) or input_tokens (Responses API)
+	Completion = "completion" // completion_tokens or output_tokens
+)
+
+// Scanner reads the OpenAI-format usage of a response body as it streams by, holding at most
+// maxUsageBytes + maxKeyBytes whatever the body's size. It reads JSON with its strings and
 // nesting tracked, and takes a "usage" object only where an OpenAI server puts it: at the top
 // level of the document, or inside the top-level "response" object (a Responses API event). In
 // an event stream (sse) each event's data is a document of its own: the usage of a chat
@@ -23,8 +34,8 @@ const maxKeyBytes = 48
 // "usage": null) or the response.usage of a Responses API response.completed event. A key
 // inside a string, inside a nested object or array, or spelled otherwise is never taken; a key
 // written with escapes (`"us\u0061ge"`) is the key it decodes to, as any JSON parser reads it.
-// The last usage object found decides: see tokens.
-type usageScanner struct {
+// The last usage object found decides: see Tokens. A Scanner is not safe for concurrent use.
+type Scanner struct {
 	sse bool
 
 	// The event stream's line state (sse).
@@ -77,11 +88,12 @@ type usageCounts struct {
 	total, prompt, completion, input, output int64
 }
 
-// newUsageScanner returns a scanner for a JSON body, or for an event stream when sse.
-func newUsageScanner(sse bool) *usageScanner { return &usageScanner{sse: sse} }
+// NewScanner returns a scanner for a JSON body (application/json, or any +json type), or for an
+// event stream (text/event-stream) when sse. Write the body to it, in chunks of any size.
+func NewScanner(sse bool) *Scanner { return &Scanner{sse: sse} }
 
 // Write scans p; it never fails.
-func (s *usageScanner) Write(p []byte) (int, error) {
+func (s *Scanner) Write(p []byte) (int, error) {
 	if !s.sse {
 		s.scanJSON(p)
 		return len(p), nil
@@ -137,14 +149,14 @@ func (s *usageScanner) Write(p []byte) (int, error) {
 }
 
 // endDocument starts a new document: the next event's data.
-func (s *usageScanner) endDocument() {
+func (s *Scanner) endDocument() {
 	s.depth, s.inStr, s.esc, s.inResp, s.expectKey, s.inKey, s.colon, s.capDepth = 0, false, false, false, false, false, false, 0
 }
 
 // scanJSON scans p, bytes of JSON: strings and nesting are tracked byte by byte; keys are read at
 // depth 1 and inside the top-level "response" object; a usage object there is kept until it
 // closes, then parsed.
-func (s *usageScanner) scanJSON(p []byte) {
+func (s *Scanner) scanJSON(p []byte) {
 	for i := 0; i < len(p); i++ {
 		if s.inStr && !s.inKey && !s.esc && s.capDepth == 0 {
 			// Inside a string value (most of a completion's bytes): on to its end or an escape.
@@ -232,12 +244,12 @@ func (s *usageScanner) scanJSON(p []byte) {
 
 // keyed reports whether the container at the current depth is one whose keys are read: the
 // top-level object, or the "response" object inside it.
-func (s *usageScanner) keyed() bool {
+func (s *Scanner) keyed() bool {
 	return s.depth == 1 && s.obj[1] || s.depth == 2 && s.inResp && s.obj[2]
 }
 
 // keyName is what the key just read names, decoded as JSON decodes it.
-func (s *usageScanner) keyName() int {
+func (s *Scanner) keyName() int {
 	if s.keyLong {
 		return keyOther
 	}
@@ -291,11 +303,13 @@ func parseUsage(b []byte, long bool) (usageCounts, bool) {
 	return u, bad
 }
 
-// tokens returns the count the last usage object reports for which (total, prompt or
-// completion), and whether it reports one we can charge: false when no usage object was found,
-// when the last one is bad (see parseUsage), or when it lacks the count. total is total_tokens,
-// else the prompt (or input) and completion (or output) counts added (at most 2^63 − 1).
-func (s *usageScanner) tokens(which string) (int64, bool) {
+// Tokens returns the count, in tokens, that the last usage object written so far reports for
+// which (Total, Prompt or Completion), and whether it reports one that can be charged: false
+// when no usage object was found, when the last one is bad (too long, not an object, or a count
+// present but not a non-negative integer), or when it lacks the count, and on a nil Scanner.
+// Total is total_tokens, else the prompt (or input) and completion (or output) counts added (at
+// most 2^63 − 1).
+func (s *Scanner) Tokens(which string) (int64, bool) {
 	if s == nil || !s.found || s.bad {
 		return 0, false
 	}
@@ -308,9 +322,9 @@ func (s *usageScanner) tokens(which string) (int64, bool) {
 	}
 	var n int64
 	switch which {
-	case UsagePrompt:
+	case Prompt:
 		n = pick(u.prompt, u.input)
-	case UsageCompletion:
+	case Completion:
 		n = pick(u.completion, u.output)
 	default:
 		n = u.total

@@ -1,4 +1,4 @@
-package ratelimitredis
+package usage
 
 import (
 	"bufio"
@@ -15,10 +15,10 @@ import (
 	"golang.org/x/sync/semaphore"
 )
 
-// The content codings whose bodies the usage scanner reads, decoded as they pass (a body of any
-// other coding reports no usage). Brotli is not among them: no brotli decoder is in Caddy's
-// dependencies, so a zone that charges openai_usage asks the upstream for the others only
-// (readableCodings).
+// The content codings whose bodies a Scanner can read, decoded as they pass by a Decoder (a body
+// of any other coding reports no usage). Brotli is not among them: no brotli decoder is in
+// Caddy's dependencies, so a request whose response is read asks the upstream for the others
+// only (AcceptReadable).
 var readableCodings = map[string]bool{"gzip": true, "x-gzip": true, "deflate": true, "zstd": true, "identity": true}
 
 // maxZstdWindow bounds the window a zstd body may use, so the memory one response's decoding
@@ -28,7 +28,7 @@ const maxZstdWindow = 8 << 20
 // zstdWindowBudget bounds the zstd windows of every response decoded at once in the process:
 // a zstd decoder holds its window (about that much memory, allocated at the frame's start
 // however short the body), up to maxZstdWindow, where gzip and deflate hold 32 KB. A body whose
-// window does not fit in what is left is not decoded (decodeMemory).
+// window does not fit in what is left is not decoded (StopMemory).
 const zstdWindowBudget = 64 << 20
 
 // zstdWindows is what is left of zstdWindowBudget, in bytes of window.
@@ -46,16 +46,15 @@ const (
 	maxDecodeRatio   = 100
 )
 
-// Why decoding stopped before the body's end: the reason label of
-// charge_undecoded_total.
+// Why decoding stopped before the body's end (Decoder.Finish).
 const (
-	decodeSize   = "size"   // past maxDecodedBytes
-	decodeRatio  = "ratio"  // past maxDecodeRatio times the bytes received (beyond decodeRatioFloor)
-	decodeMemory = "memory" // no room left in zstdWindowBudget for the body's window
+	StopSize   = "size"   // past maxDecodedBytes (256 MiB)
+	StopRatio  = "ratio"  // past maxDecodeRatio (100) times the bytes received, plus decodeRatioFloor (8 MiB)
+	StopMemory = "memory" // no room left in zstdWindowBudget (64 MiB) for the body's zstd window
 )
 
-// decodeReasons are the reason label's values of charge_undecoded_total.
-var decodeReasons = [...]string{decodeSize, decodeRatio, decodeMemory}
+// StopReasons are every reason decoding stops for, in a fixed order.
+var StopReasons = [...]string{StopSize, StopRatio, StopMemory}
 
 // errDecoded ends a decoder's pipe: writes after it return at once.
 var errDecoded = errors.New("usage decoder done")
@@ -63,26 +62,31 @@ var errDecoded = errors.New("usage decoder done")
 // errDecodeLimit ends decoding at one of its bounds.
 var errDecodeLimit = errors.New("usage decoder: past its bounds")
 
-// usageDecoder decodes a compressed body on its way to a usage scanner: the bytes written to it
-// go through a pipe to a goroutine that decodes them into the scanner. A Write returns once the
+// Decoder decodes a compressed body on its way to a Scanner: the bytes written to it go through
+// a pipe to a goroutine that decodes them into the scanner. A Write returns once the
 // goroutine has taken its bytes (it decodes what it took meanwhile), so memory stays bounded
-// (the decoder's window and buffers); the response writer sends each chunk on to the client
-// before writing it here, so decoding never holds a byte back. Once the decoder fails, the body
-// ends, or decoding reaches one of its bounds, writes return at once: the rest of the body goes
-// to the client undecoded.
-type usageDecoder struct {
+// (the decoder's window and buffers); a response writer that sends each chunk on to the client
+// before writing it here never has decoding hold a byte back. Once the decoder fails, the body
+// ends, or decoding reaches one of its bounds, writes return at once: the rest of the body is
+// not decoded. Call Finish once the body is complete. The bounds: a zstd window of at most
+// maxZstdWindow (8 MiB), and at most zstdWindowBudget (64 MiB) of windows for every Decoder of
+// the process at once; at most maxDecodedBytes (256 MiB) decoded, and at most decodeRatioFloor
+// (8 MiB) plus maxDecodeRatio (100) times the bytes written so far.
+type Decoder struct {
 	pw       *io.PipeWriter
 	done     chan struct{}
 	received atomic.Int64 // bytes written, at least those the goroutine has read
-	// stopped is why decoding stopped before the body's end (decodeSize, decodeRatio,
-	// decodeMemory), or ""; read after finish.
+	// stopped is why decoding stopped before the body's end (StopSize, StopRatio,
+	// StopMemory), or ""; read after done is closed.
 	stopped string
 }
 
-// newUsageDecoder starts decoding coding (one of readableCodings but identity) into dst.
-func newUsageDecoder(coding string, dst io.Writer) *usageDecoder {
+// NewDecoder starts decoding a body of coding (one that BodyCoding reports readable, but
+// identity) into dst. A body cut short or corrupt has what was decoded of it so far written to
+// dst.
+func NewDecoder(coding string, dst io.Writer) *Decoder {
 	pr, pw := io.Pipe()
-	d := &usageDecoder{pw: pw, done: make(chan struct{})}
+	d := &Decoder{pw: pw, done: make(chan struct{})}
 	go func() {
 		defer close(d.done)
 		lim := &decodeLimit{dst: dst, received: &d.received}
@@ -91,7 +95,7 @@ func newUsageDecoder(coding string, dst io.Writer) *usageDecoder {
 		case lim.stopped != "":
 			d.stopped = lim.stopped
 		case errors.Is(err, errNoWindow):
-			d.stopped = decodeMemory
+			d.stopped = StopMemory
 		}
 		pr.CloseWithError(errDecoded)
 	}()
@@ -99,17 +103,19 @@ func newUsageDecoder(coding string, dst io.Writer) *usageDecoder {
 }
 
 // Write passes p to the decoder; it never fails.
-func (d *usageDecoder) Write(p []byte) (int, error) {
+func (d *Decoder) Write(p []byte) (int, error) {
 	d.received.Add(int64(len(p)))
 	_, _ = d.pw.Write(p)
 	return len(p), nil
 }
 
-// finish ends the body and waits until everything written has been decoded, or decoding has
-// stopped.
-func (d *usageDecoder) finish() {
+// Finish ends the body and waits until everything written has been decoded, or decoding has
+// stopped; it returns why decoding stopped before the body's end (StopSize, StopRatio,
+// StopMemory), or "" when it did not.
+func (d *Decoder) Finish() string {
 	_ = d.pw.Close()
 	<-d.done
+	return d.stopped
 }
 
 // decodeLimit passes decoded bytes on to dst until they pass one of the bounds of decoding
@@ -125,9 +131,9 @@ func (l *decodeLimit) Write(p []byte) (int, error) {
 	l.decoded += int64(len(p))
 	switch {
 	case l.decoded > maxDecodedBytes:
-		l.stopped = decodeSize
+		l.stopped = StopSize
 	case l.decoded > decodeRatioFloor+maxDecodeRatio*l.received.Load():
-		l.stopped = decodeRatio
+		l.stopped = StopRatio
 	default:
 		return l.dst.Write(p)
 	}
@@ -215,9 +221,10 @@ func zstdWindow(br *bufio.Reader) (int64, error) {
 	return int64(window), nil
 }
 
-// bodyCoding returns the content coding of a response body of header h, lower-cased ("identity"
-// when none), and whether the usage scanner reads it.
-func bodyCoding(h http.Header) (string, bool) {
+// BodyCoding returns the content coding of a response body of header h, lower-cased ("identity"
+// when none), and whether a Scanner can read it (through a Decoder unless identity): gzip,
+// x-gzip, deflate (zlib or raw), zstd or identity, applied once.
+func BodyCoding(h http.Header) (string, bool) {
 	ce := h.Values("Content-Encoding")
 	switch {
 	case len(ce) == 0:
@@ -232,11 +239,12 @@ func bodyCoding(h http.Header) (string, bool) {
 	return c, readableCodings[c]
 }
 
-// acceptReadable rewrites the request's Accept-Encoding to list only the codings the usage
-// scanner reads, so that the upstream answers in one of them: the client still gets one it
-// accepts (identity when none is left). Without the field the request is left alone (most
-// upstreams then answer identity; Caddy's reverse_proxy asks for gzip and decodes it itself).
-func acceptReadable(h http.Header) {
+// AcceptReadable rewrites the request header h's Accept-Encoding to list only the codings
+// BodyCoding reports readable, so that the upstream answers in one of them: the client still
+// gets one it accepts (identity when none is left). Without the field the request is left alone
+// (most upstreams then answer identity; Caddy's reverse_proxy asks for gzip and decodes it
+// itself).
+func AcceptReadable(h http.Header) {
 	v := h.Values("Accept-Encoding")
 	if len(v) == 0 {
 		return

@@ -1,14 +1,17 @@
-package ratelimitredis
+// Package clientip masks a client's IP address to a network prefix, so that the clients of one
+// network share a rate limit key. It imports nothing from Caddy.
+package clientip
 
 import "net/netip"
 
-// maskIP returns v masked to a prefix when it is an IP address, and v itself otherwise. An IPv4
+// Mask returns v masked to a prefix when it is an IP address, and v itself otherwise. An IPv4
 // address, or an IPv4-mapped IPv6 one (::ffff:203.0.113.7, which is the same client), is masked
 // to v4 bits, any other IPv6 address to v6 bits; a zone (%eth0) is dropped. A full-length prefix
 // gives the address in its canonical form (203.0.113.7, 2001:db8::1), a shorter one the network
-// in CIDR notation (203.0.113.0/24, 2001:db8::/64). Both forms are of ClientKey's verbatim
-// alphabet. A canonical address at full length is returned as it is, with no allocation.
-func maskIP(v string, v4, v6 int) string {
+// in CIDR notation (203.0.113.0/24, 2001:db8::/64). Both forms are of the alphabet that the
+// limiter's ClientKey keeps verbatim. A canonical address at full length is returned as it is,
+// with no allocation. v4 is 0 to 32 bits, v6 0 to 128.
+func Mask(v string, v4, v6 int) string {
 	if !maybeIP(v) {
 		return v
 	}
@@ -58,17 +61,18 @@ func maybeIP(s string) bool {
 	return sep
 }
 
-// maskMemo remembers the last value maskIP masked, with its prefix lengths, so that the zones
-// of a request that share a key candidate (the common case) mask it once.
-type maskMemo struct {
+// Memo remembers the last value Mask masked, with its prefix lengths, so that the zones of a
+// request that share a key candidate (the common case) mask it once. Its zero value is ready
+// to use; it is not safe for concurrent use.
+type Memo struct {
 	v, masked string
 	v4, v6    int
 }
 
-// mask is maskIP(v, v4, v6), from the memo when it holds the same value and lengths.
-func (m *maskMemo) mask(v string, v4, v6 int) string {
+// Mask is Mask(v, v4, v6), from the memo when it holds the same value and lengths.
+func (m *Memo) Mask(v string, v4, v6 int) string {
 	if m.v != v || m.v4 != v4 || m.v6 != v6 {
-		*m = maskMemo{v: v, masked: maskIP(v, v4, v6), v4: v4, v6: v6}
+		*m = Memo{v: v, masked: Mask(v, v4, v6), v4: v4, v6: v6}
 	}
 	return m.masked
 }

@@ -2,6 +2,7 @@ package ratelimitredis
 
 import (
 	"bytes"
+	"compress/gzip"
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
@@ -13,13 +14,11 @@ import (
 	"runtime"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 
-	"github.com/klauspost/compress/gzip"
 	"github.com/prometheus/client_golang/prometheus/testutil"
-
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/usage"
 )
 
 // The JSON document of the hostile bodies below: a string of padding between head and tail,
@@ -85,7 +84,7 @@ func TestChargeDecodingBounded(t *testing.T) {
 	}))
 	t.Cleanup(up.Close)
 	cs := startCaddy(t, openAIZone(srv.Addr, up.URL, "charge openai_usage total"))
-	before := testutil.ToFloat64(metrics.chargeUndecoded.WithLabelValues("tokens", decodeRatio))
+	before := testutil.ToFloat64(metrics.chargeUndecoded.WithLabelValues("tokens", usage.StopRatio))
 
 	req, _ := http.NewRequest(http.MethodGet, cs.base+"/v1/chat/completions", nil)
 	req.Header.Set("Authorization", "bomb")
@@ -109,55 +108,9 @@ func TestChargeDecodingBounded(t *testing.T) {
 		t.Fatalf("the client got %d bytes that are not the upstream's", n)
 	}
 	charged(t, srv, "a 10 GiB gzip bomb", "bomb", 100000)
-	if d := testutil.ToFloat64(metrics.chargeUndecoded.WithLabelValues("tokens", decodeRatio)) - before; d != 1 {
+	if d := testutil.ToFloat64(metrics.chargeUndecoded.WithLabelValues("tokens", usage.StopRatio)) - before; d != 1 {
 		t.Fatalf("charge_undecoded_total{reason=ratio} grew by %v, want 1", d)
 	}
-}
-
-// TestDecodeLimit: decoding stops once the bytes decoded pass 8 MiB plus 100 times the bytes
-// received, or 256 MiB whatever was received, saying which; under both it passes everything on.
-func TestDecodeLimit(t *testing.T) {
-	for _, tc := range []struct {
-		name            string
-		received, total int64 // bytes received when decoding; bytes decoded, in 1 MiB writes
-		stopped         string
-	}{
-		{"8 MiB of anything", 0, 8 << 20, ""},
-		{"past 8 MiB from nothing", 0, 9 << 20, decodeRatio},
-		{"100 times 1 MiB, plus 8 MiB", 1 << 20, 108 << 20, ""},
-		{"past 100 times 1 MiB, plus 8 MiB", 1 << 20, 109 << 20, decodeRatio},
-		{"256 MiB from 10 MiB", 10 << 20, 256 << 20, ""},
-		{"past 256 MiB from 10 MiB", 10 << 20, 257 << 20, decodeSize},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			var received atomic.Int64
-			received.Store(tc.received)
-			var passed countingWriter
-			l := &decodeLimit{dst: &passed, received: &received}
-			chunk := make([]byte, 1<<20)
-			var err error
-			for written := int64(0); written < tc.total && err == nil; written += int64(len(chunk)) {
-				_, err = l.Write(chunk)
-			}
-			if l.stopped != tc.stopped {
-				t.Fatalf("stopped %q (%v), want %q", l.stopped, err, tc.stopped)
-			}
-			if want := min(tc.total, l.decoded-int64(len(chunk))); tc.stopped != "" && passed.n != want {
-				t.Fatalf("passed on %d bytes, want the %d before the bound", passed.n, want)
-			}
-			if tc.stopped == "" && passed.n != tc.total {
-				t.Fatalf("passed on %d bytes of %d", passed.n, tc.total)
-			}
-		})
-	}
-}
-
-// countingWriter counts the bytes written to it.
-type countingWriter struct{ n int64 }
-
-func (c *countingWriter) Write(p []byte) (int, error) {
-	c.n += int64(len(p))
-	return len(p), nil
 }
 
 // zstdFrameHeader is the header of a zstd frame (RFC 8878 section 3.1.1.1) asking for a window
@@ -213,7 +166,7 @@ func TestChargeZstdWindowsBounded(t *testing.T) {
 	}))
 	t.Cleanup(up.Close)
 	cs := startCaddy(t, openAIZone(srv.Addr, up.URL, "charge openai_usage total"))
-	before := testutil.ToFloat64(metrics.chargeUndecoded.WithLabelValues("tokens", decodeMemory))
+	before := testutil.ToFloat64(metrics.chargeUndecoded.WithLabelValues("tokens", usage.StopMemory))
 	heap := func() uint64 {
 		runtime.GC()
 		var m runtime.MemStats
@@ -288,7 +241,7 @@ func TestChargeZstdWindowsBounded(t *testing.T) {
 	if grown >= zstdWindowBudget*3/2 {
 		t.Fatalf("the heap grew by %d MiB with %d responses held, want less than 96 (64 MiB of windows and their buffers)", grown>>20, n)
 	}
-	if d := testutil.ToFloat64(metrics.chargeUndecoded.WithLabelValues("tokens", decodeMemory)) - before; d != float64(refused) {
+	if d := testutil.ToFloat64(metrics.chargeUndecoded.WithLabelValues("tokens", usage.StopMemory)) - before; d != float64(refused) {
 		t.Fatalf("charge_undecoded_total{reason=memory} grew by %v, want %d", d, refused)
 	}
 	// Every window was given back as its response ended: the next response is decoded.
@@ -297,3 +250,10 @@ func TestChargeZstdWindowsBounded(t *testing.T) {
 	}
 	charged(t, srv, "the next response", "zw-after", 7)
 }
+
+// The bounds of the zstd windows decoded at once (docs/charging.md): 8 MiB a window, 64 MiB for
+// every response of the process.
+const (
+	maxZstdWindow    = 8 << 20
+	zstdWindowBudget = 64 << 20
+)

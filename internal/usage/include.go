@@ -1,4 +1,4 @@
-package ratelimitredis
+package usage
 
 import (
 	"bytes"
@@ -10,31 +10,32 @@ import (
 	"strings"
 )
 
-// maxIncludeUsageBody bounds the request body read to ask a streaming chat completion for its
-// usage: 1 MiB, a text chat of over 200,000 tokens. A larger body goes on unchanged.
-const maxIncludeUsageBody = 1 << 20
+// MaxIncludeUsageBody bounds the request body IncludeUsage reads, in bytes: 1 MiB, a text chat
+// of over 200,000 tokens. A larger body goes on unchanged.
+const MaxIncludeUsageBody = 1 << 20
 
-// includeUsage asks a streaming chat completion for its usage, as LLM gateways do: when r's
+// IncludeUsage asks a streaming chat completion for its usage, as LLM gateways do: when r's
 // body is a JSON object with "messages" and a "stream" that is true as upstreams read it
 // (streamValue; the last of each, as the upstream reads duplicates) and without
 // "stream_options": {"include_usage": true}, it sets that, so the stream ends with a chunk
-// carrying the usage (`"choices": []`) that the zone charges. Anything else (not a POST of
-// JSON, a compressed body, a body over maxIncludeUsageBody, one that does not parse, another
-// API) goes on byte for byte as it came; a stream without usage is then charged the zone's
-// missing amount.
-func includeUsage(r *http.Request) {
+// carrying the usage (`"choices": []`), which a Scanner reads. Anything else (not a POST of
+// JSON, a compressed body, a body over MaxIncludeUsageBody, one that does not parse, another
+// API) goes on byte for byte as it came. It reads the body before the request goes on: r.Body,
+// r.GetBody and, when the body changed, r.ContentLength and any Content-Length field are set to
+// what the upstream is to receive; closing r.Body closes the body that came.
+func IncludeUsage(r *http.Request) {
 	if r.Method != http.MethodPost || r.Body == nil || r.Body == http.NoBody || r.Header.Get("Content-Encoding") != "" {
 		return
 	}
 	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
 		return
 	}
-	if r.ContentLength > maxIncludeUsageBody {
+	if r.ContentLength > MaxIncludeUsageBody {
 		return
 	}
 	body := r.Body
-	read, err := io.ReadAll(io.LimitReader(body, maxIncludeUsageBody+1))
-	if err != nil || len(read) > maxIncludeUsageBody {
+	read, err := io.ReadAll(io.LimitReader(body, MaxIncludeUsageBody+1))
+	if err != nil || len(read) > MaxIncludeUsageBody {
 		// Unchanged: what was read, then the rest (or the read's error again).
 		r.Body = readCloser{io.MultiReader(bytes.NewReader(read), body), body}
 		return

@@ -1,4 +1,4 @@
-package ratelimitredis
+package usage
 
 import (
 	"bytes"
@@ -54,16 +54,16 @@ var usageCases = []usageCase{
 
 // scanUsage scans body in chunks of chunk bytes and returns the total, prompt and completion
 // counts it reads (-1: none) and the scanner.
-func scanUsage(sse bool, body string, chunk int) ([3]int64, *usageScanner) {
-	s := newUsageScanner(sse)
+func scanUsage(sse bool, body string, chunk int) ([3]int64, *Scanner) {
+	s := NewScanner(sse)
 	for b := body; b != ""; {
 		n := min(chunk, len(b))
 		_, _ = s.Write([]byte(b[:n]))
 		b = b[n:]
 	}
 	var got [3]int64
-	for i, which := range []string{UsageTotal, UsagePrompt, UsageCompletion} {
-		n, ok := s.tokens(which)
+	for i, which := range []string{Total, Prompt, Completion} {
+		n, ok := s.Tokens(which)
 		if !ok {
 			n = -1
 		}
@@ -104,11 +104,11 @@ func FuzzUsage(f *testing.F) {
 		for _, sse := range []bool{false, true} {
 			whole, s := scanUsage(sse, string(body), len(body)+1)
 			at := int(split) % (len(body) + 1)
-			s2 := newUsageScanner(sse)
+			s2 := NewScanner(sse)
 			_, _ = s2.Write(body[:at])
 			_, _ = s2.Write(body[at:])
-			for i, which := range []string{UsageTotal, UsagePrompt, UsageCompletion} {
-				n, ok := s2.tokens(which)
+			for i, which := range []string{Total, Prompt, Completion} {
+				n, ok := s2.Tokens(which)
 				if !ok {
 					n = -1
 				}
@@ -200,4 +200,4 @@ func referenceUsage(body []byte) [3]int64 {
 	return [3]int64{total, in, out}
 }
 
-var _ io.Writer = (*usageScanner)(nil)
+var _ io.Writer = (*Scanner)(nil)
