@@ -26,6 +26,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/caddytest"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/limiter"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
 )
@@ -34,20 +35,14 @@ import (
 // per body, each on its own free loopback port, and stops it when the test ends.
 func startSites(t *testing.T, serverOptions string, sites ...string) []*caddyServer {
 	t.Helper()
-	var b strings.Builder
-	b.WriteString("{\n\tadmin off\n\tauto_https off\n\tpersist_config off\n\tlog {\n\t\tlevel ERROR\n\t}\n")
-	if serverOptions != "" {
-		fmt.Fprintf(&b, "\tservers {\n%s\n\t}\n", serverOptions)
-	}
-	b.WriteString("}\n")
+	ports := make([]int, len(sites))
 	servers := make([]*caddyServer, len(sites))
-	for i, site := range sites {
-		port := freeLoopbackPort(t)
-		servers[i] = &caddyServer{t: t, base: "http://127.0.0.1:" + strconv.Itoa(port)}
-		fmt.Fprintf(&b, ":%d {\n\tbind 127.0.0.1\n%s\n}\n", port, site)
+	for i := range sites {
+		ports[i] = freeLoopbackPort(t)
+		servers[i] = &caddyServer{t: t, base: "http://127.0.0.1:" + strconv.Itoa(ports[i])}
 	}
 	t.Cleanup(func() { _ = caddy.Stop() })
-	if err := loadCaddyfile(t, b.String()); err != nil {
+	if err := loadCaddyfile(t, caddytest.Caddyfile("off", serverOptions, ports, sites)); err != nil {
 		t.Fatalf("loading: %v", err)
 	}
 	return servers

@@ -14,6 +14,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/caddytest"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
 )
 
@@ -47,8 +48,7 @@ func startCaddyAdmin(t *testing.T, site string) *adminCaddy {
 // and returns once it serves alone (loadServing).
 func (ac *adminCaddy) reload(t *testing.T, site string) {
 	t.Helper()
-	caddyfile := fmt.Sprintf("{\n\tadmin %s\n\tauto_https off\n\tpersist_config off\n\tlog {\n\t\tlevel ERROR\n\t}\n}\n:%d {\n\tbind 127.0.0.1\n%s\n}\n",
-		strings.TrimPrefix(ac.admin, "http://"), ac.port, site)
+	caddyfile := caddytest.Caddyfile(strings.TrimPrefix(ac.admin, "http://"), "", []int{ac.port}, []string{site})
 	if err := loadCaddyfile(t, caddyfile); err != nil {
 		t.Fatalf("loading: %v", err)
 	}

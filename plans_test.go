@@ -17,23 +17,9 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/caddytest"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
 )
-
-// sitesConfig is the Caddyfile of startSites: the global options, then one site per body, on
-// the given ports.
-func sitesConfig(serverOptions string, ports []int, sites []string) string {
-	var b strings.Builder
-	b.WriteString("{\n\tadmin off\n\tauto_https off\n\tpersist_config off\n\tlog {\n\t\tlevel ERROR\n\t}\n")
-	if serverOptions != "" {
-		fmt.Fprintf(&b, "\tservers {\n%s\n\t}\n", serverOptions)
-	}
-	b.WriteString("}\n")
-	for i, site := range sites {
-		fmt.Fprintf(&b, ":%d {\n\tbind 127.0.0.1\n%s\n}\n", ports[i], site)
-	}
-	return b.String()
-}
 
 // reloadableSites is startSites that can load new site bodies on the same ports, as `caddy
 // reload` does.
@@ -47,7 +33,7 @@ func reloadableSites(t *testing.T, serverOptions string, sites ...string) ([]*ca
 	}
 	load := func(sites ...string) {
 		t.Helper()
-		if err := loadCaddyfile(t, sitesConfig(serverOptions, ports, sites)); err != nil {
+		if err := loadCaddyfile(t, caddytest.Caddyfile("off", serverOptions, ports, sites)); err != nil {
 			t.Fatalf("loading: %v", err)
 		}
 	}
