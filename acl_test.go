@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/limiter"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
 )
@@ -742,6 +744,70 @@ func TestRedisACLSentinel(t *testing.T) {
 		cs.get("/"+z).expect(t, z+" third", 429, "", "X-RateLimit-Degraded", "")
 	}
 	if log := ss.Primary.Do("ACL", "LOG"); fmt.Sprint(log) != "[]" {
+		t.Fatalf("ACL LOG: %v", log)
+	}
+}
+
+// TestDocumentedACL: the ACL docs/security.md tells operators to give the limiter is redisACL's,
+// line for line (each on a line of its own), and no other: the one derived from redisUses, which
+// TestRedisACL, TestRedisACLCluster and TestTLSAndACL prove sufficient.
+func TestDocumentedACL(t *testing.T) {
+	b, err := os.ReadFile("docs/security.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var documented []string
+	for _, line := range strings.Split(string(b), "\n") {
+		if line = strings.TrimSpace(line); strings.HasPrefix(line, "ACL SETUSER") {
+			documented = append(documented, line)
+		}
+	}
+	if want := redisACL("limiter", "password", "rl:"); !slices.Equal(documented, want) {
+		t.Errorf("docs/security.md gives the ACL\n%s\nwant, derived from redisUses (acl_test.go):\n%s",
+			strings.Join(documented, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// TestRedisACLConcurrency: a user with exactly the documented ACL's first line takes a slot,
+// refreshes it (refresh.lua) and gives it back, and its admin line reads the slots (State,
+// InFlight) and resets them; Redis refuses nothing.
+func TestRedisACLConcurrency(t *testing.T) {
+	srv := redistest.Start(t)
+	setUsers(t, srv, "limiter", grantLimiter)
+	setUsers(t, srv, "admin", grantLimiter, grantAdmin)
+	ctx := context.Background()
+	now := time.Now()
+	clock := func() time.Time { return now }
+	for _, user := range []string{"limiter", "admin"} {
+		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: user, Password: "s3cret"})
+		t.Cleanup(func() { _ = rdb.Close() })
+		l := limiter.New(rdb, limiter.Options{KeyPrefix: "rl:", Now: clock})
+		z := &limiter.Zone{Name: "c" + user, Algorithm: limiter.Concurrency, Limit: 1}
+		d, err := l.Allow(ctx, []limiter.Request{{Zone: z, Key: "alice", Cost: 1, Hold: 3 * time.Second}})
+		if err != nil || !d.Allowed {
+			t.Fatalf("%s: allow: %+v %v", user, d, err)
+		}
+		now = now.Add(time.Second)
+		if n, err := l.Refresh(ctx); err != nil || n != 1 {
+			t.Fatalf("%s: refresh: %d %v", user, n, err)
+		}
+		if user == "admin" {
+			if s, err := l.State(ctx, z, "alice"); err != nil || s.Count != 1 {
+				t.Fatalf("state: %+v %v", s, err)
+			}
+			if slots, err := l.InFlight(ctx, z, "alice"); err != nil || len(slots) != 1 {
+				t.Fatalf("in flight: %v %v", slots, err)
+			}
+			if existed, err := l.Reset(ctx, z, "alice"); err != nil || !existed {
+				t.Fatalf("reset: %v %v", existed, err)
+			}
+			continue
+		}
+		if _, err := l.Settle(ctx, d.Held, nil); err != nil {
+			t.Fatalf("settle: %v", err)
+		}
+	}
+	if log := srv.Do("ACL", "LOG"); fmt.Sprint(log) != "[]" {
 		t.Fatalf("ACL LOG: %v", log)
 	}
 }

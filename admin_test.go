@@ -1,117 +1,21 @@
 package ratelimitredis
 
 import (
+	"crypto/rand"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/caddyserver/caddy/v2"
 
-	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/caddytest"
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/limiter"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
 )
-
-// adminCaddy is Caddy running in this process with its admin endpoint on a free loopback port,
-// so that the admin API module is served as by `caddy run`.
-type adminCaddy struct {
-	*caddyServer
-	admin string // http://127.0.0.1:port of the admin endpoint
-	port  int    // of the site
-}
-
-// startCaddyAdmin is startCaddy with the admin endpoint on. When the test ends it loads a config
-// with the admin endpoint off, which stops the admin server, then stops Caddy.
-func startCaddyAdmin(t *testing.T, site string) *adminCaddy {
-	t.Helper()
-	port, adminPort := freeLoopbackPort(t), freeLoopbackPort(t)
-	ac := &adminCaddy{
-		caddyServer: &caddyServer{t: t, base: "http://127.0.0.1:" + strconv.Itoa(port)},
-		admin:       "http://127.0.0.1:" + strconv.Itoa(adminPort),
-		port:        port,
-	}
-	t.Cleanup(func() {
-		_ = caddy.Load([]byte(`{"admin":{"disabled":true,"config":{"persist":false}},"logging":{"logs":{"default":{"level":"ERROR"}}}}`), true)
-		_ = caddy.Stop()
-	})
-	ac.reload(t, site)
-	return ac
-}
-
-// reload loads a new config with the same admin endpoint and site port, as `caddy reload` would,
-// and returns once it serves alone (loadServing).
-func (ac *adminCaddy) reload(t *testing.T, site string) {
-	t.Helper()
-	caddyfile := caddytest.Caddyfile(strings.TrimPrefix(ac.admin, "http://"), "", []int{ac.port}, []string{site})
-	if err := loadCaddyfile(t, caddyfile); err != nil {
-		t.Fatalf("loading: %v", err)
-	}
-}
-
-// call sends an admin API request and returns the status, the body and the response.
-func (ac *adminCaddy) call(t *testing.T, method, path string) (int, string, http.Header) {
-	t.Helper()
-	req, err := http.NewRequest(method, ac.admin+path, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp, err := servingClient(10 * time.Second).Do(req)
-	if err != nil {
-		t.Fatalf("%s %s: %v", method, path, err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp.StatusCode, string(b), resp.Header
-}
-
-// adminJSON calls the admin API, checks the status and decodes the body, which must have no
-// field that T lacks.
-func adminJSON[T any](t *testing.T, ac *adminCaddy, method, path string, status int) T {
-	t.Helper()
-	var out T
-	got, body, hdr := ac.call(t, method, path)
-	if got != status {
-		t.Fatalf("%s %s: %d %s, want %d", method, path, got, body, status)
-	}
-	if ct := hdr.Get("Content-Type"); ct != "application/json" {
-		t.Fatalf("%s %s: Content-Type %q", method, path, ct)
-	}
-	dec := json.NewDecoder(strings.NewReader(body))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&out); err != nil {
-		t.Fatalf("%s %s: decoding %s: %v", method, path, body, err)
-	}
-	return out
-}
-
-// expectError calls the admin API and checks the status and the exact error message.
-func (ac *adminCaddy) expectError(t *testing.T, method, path string, status int, msg string) http.Header {
-	t.Helper()
-	var e struct {
-		Error string `json:"error"`
-	}
-	got, body, hdr := ac.call(t, method, path)
-	err := json.Unmarshal([]byte(body), &e)
-	// A timeout reads "i/o timeout" or "context deadline exceeded", as the socket deadline or the
-	// context's check comes first: msg ending in "<timeout>" accepts either.
-	match := e.Error == msg
-	if prefix, ok := strings.CutSuffix(msg, "<timeout>"); ok {
-		match = e.Error == prefix+"i/o timeout" || e.Error == prefix+"context deadline exceeded"
-	}
-	if err != nil || got != status || !match {
-		t.Fatalf("%s %s: %d %s, want %d {\"error\":%q}", method, path, got, body, status, msg)
-	}
-	return hdr
-}
 
 func TestAdminReadResetAllowedAgain(t *testing.T) {
 	srv := redistest.Start(t)
@@ -411,5 +315,153 @@ func TestAdminResetNotBroadcast(t *testing.T) {
 	}
 	if len(reset) != 1 || !reset[0].Deleted || reset[0].Broadcast || !strings.Contains(reset[0].BroadcastError, "NOPERM") {
 		t.Fatalf("reset: %s, want deleted, not broadcast, and Redis's refusal", w.Body)
+	}
+}
+
+// TestAdminCandidateKeys: the admin API takes the client key as {http.rate_limit_redis.key}
+// shows it, so the second candidate's as `2=<value>`, and says which candidate it is; the first
+// candidate's key with the same value is another client.
+func TestAdminCandidateKeys(t *testing.T) {
+	srv := redistest.Start(t)
+	ac := startCaddyAdmin(t, fmt.Sprintf(`
+	rate_limit_redis {
+		redis {
+			address %s
+		}
+		zone api {
+			key {http.request.header.X-API-Key} {client_ip}
+			capacity 2
+			refill_rate 1/1h
+		}
+	}
+	respond "{http.rate_limit_redis.key}"`, srv.Addr))
+
+	shown := ac.get("/").body // the IP candidate's key, as the placeholder shows it
+	if shown != "2=127.0.0.1" {
+		t.Fatalf("placeholder %q, want 2=127.0.0.1", shown)
+	}
+	ac.get("/").expect(t, "by IP 2", 200, shown, "X-RateLimit-Remaining", "0")
+	ac.get("/").expect(t, "by IP 3", 429, "")
+	ac.get("/", "X-API-Key", "127.0.0.1").expect(t, "an API key equal to the IP", 200, "127.0.0.1", "X-RateLimit-Remaining", "1")
+
+	st := adminJSON[[]clientState](t, ac, "GET", "/rate_limit_redis/state?zone=api&key="+url.QueryEscape(shown), 200)
+	if len(st) != 1 || st[0].Key != shown || st[0].Candidate != 2 || st[0].RedisKey != "rl:{2=127.0.0.1}:api:tb" ||
+		!st[0].Exists || st[0].Remaining != 0 {
+		t.Fatalf("state of %s: %+v", shown, st)
+	}
+	for _, key := range []string{"127.0.0.1", "1=127.0.0.1"} {
+		st = adminJSON[[]clientState](t, ac, "GET", "/rate_limit_redis/state?zone=api&key="+url.QueryEscape(key), 200)
+		if len(st) != 1 || st[0].Key != key || st[0].Candidate != 1 || st[0].RedisKey != "rl:{127.0.0.1}:api:tb" ||
+			!st[0].Exists || st[0].Remaining != 1 {
+			t.Fatalf("state of %s: %+v", key, st)
+		}
+	}
+	reset := adminJSON[[]resetResult](t, ac, "DELETE", "/rate_limit_redis/state?zone=api&key="+url.QueryEscape(shown), 200)
+	if fmt.Sprint(reset) != fmt.Sprint([]resetResult{{Zone: "api", Key: shown, Candidate: 2, RedisKey: "rl:{2=127.0.0.1}:api:tb", Redis: []string{srv.Addr}, Deleted: true, Broadcast: true}}) {
+		t.Fatalf("reset: %+v", reset)
+	}
+	ac.get("/").expect(t, "by IP after the reset", 200, shown, "X-RateLimit-Remaining", "1")
+	if srv.Do("EXISTS", "rl:{127.0.0.1}:api:tb") != int64(1) {
+		t.Fatal("resetting the IP candidate's key deleted the API key's")
+	}
+	ac.expectError(t, "GET", "/rate_limit_redis/state?zone=api&key="+url.QueryEscape("0=x"), 400,
+		"key: candidates are counted from 1 (0= is no client key's): give the key as {http.rate_limit_redis.key} shows it")
+}
+
+// TestAdminKeySecret: with key_secret the admin API maps the key it is given (as the
+// placeholder shows it) through the same secret, and reports the keyed Redis key.
+func TestAdminKeySecret(t *testing.T) {
+	srv := redistest.Start(t)
+	secret := "admin-" + rand.Text()
+	t.Setenv("RL_TEST_KEY_SECRET", secret)
+	ac := startCaddyAdmin(t, fmt.Sprintf(`
+	rate_limit_redis {
+		redis {
+			address %s
+		}
+		key_secret {env.RL_TEST_KEY_SECRET}
+		zone api {
+			key {http.request.header.X-API-Key} {client_ip}
+			capacity 1
+			refill_rate 1/1h
+		}
+	}
+	respond "{http.rate_limit_redis.key}"`, srv.Addr))
+	ks := limiter.NewKeySecret([]byte(secret))
+	for _, key := range []string{"alice", "2=127.0.0.1"} {
+		var hdr []string
+		if key == "alice" {
+			hdr = []string{"X-API-Key", "alice"}
+		}
+		ac.get("/", hdr...).expect(t, key+" 1", 200, key)
+		ac.get("/", hdr...).expect(t, key+" 2", 429, "")
+		redisKey := limiter.StateKey("rl:", tbZone("api"), ks.Key(key))
+		st := adminJSON[[]clientState](t, ac, "GET", "/rate_limit_redis/state?zone=api&key="+url.QueryEscape(key), 200)
+		if len(st) != 1 || st[0].Key != key || st[0].RedisKey != redisKey || !keyedTag.MatchString(hashTag(redisKey)) ||
+			!st[0].Exists || st[0].Remaining != 0 {
+			t.Fatalf("state of %s: %+v, want Redis key %s", key, st, redisKey)
+		}
+		reset := adminJSON[[]resetResult](t, ac, "DELETE", "/rate_limit_redis/state?zone=api&key="+url.QueryEscape(key), 200)
+		if len(reset) != 1 || !reset[0].Deleted || reset[0].RedisKey != redisKey {
+			t.Fatalf("reset of %s: %+v", key, reset)
+		}
+		ac.get("/", hdr...).expect(t, key+" after the reset", 200, key)
+	}
+}
+
+// TestPlanAdminAPI: the admin API lists a zone's placeholder numbers, and reads a client's
+// state in it with the numbers given as query parameters, or the fallbacks; a number with
+// neither is a 400 naming it.
+func TestPlanAdminAPI(t *testing.T) {
+	srv := redistest.Start(t)
+	ac := startCaddyAdmin(t, fmt.Sprintf(`
+	map {http.request.header.X-API-Key} {plan_capacity} {plan_rate} {plan_limit} {
+		key-paid 10 10/1h 100
+		default 3 3/1h 30
+	}
+	rate_limit_redis {
+		redis {
+			address %s
+		}
+		zone api {
+			key {http.request.header.X-API-Key}
+			capacity {plan_capacity}
+			refill_rate {plan_rate} 1/1h
+		}
+		zone daily {
+			key {http.request.header.X-API-Key}
+			algorithm fixed_window
+			limit {plan_limit} 30
+			period day
+		}
+	}
+	respond "ok"`, srv.Addr))
+	for range 2 {
+		ac.get("/", "X-API-Key", "key-paid").expect(t, "paid", 200, "ok")
+	}
+	zones := adminJSON[[]zoneInfo](t, ac, "GET", "/rate_limit_redis/zones", 200)
+	if len(zones) != 2 || zones[0].Name != "api" || zones[0].Capacity != 0 || zones[0].RefillRate != 1.0/3600 ||
+		zones[0].Placeholders["capacity"] != "{plan_capacity}" || zones[0].Placeholders["refill_rate"] != "{plan_rate}" ||
+		zones[1].Limit != 30 || zones[1].Placeholders["limit"] != "{plan_limit}" || len(zones[1].Placeholders) != 1 {
+		t.Fatalf("zones: %+v", zones)
+	}
+	ac.expectError(t, "GET", "/rate_limit_redis/state?zone=api&key=key-paid", 400,
+		"zone api takes capacity from placeholders per request, with no fallback: give the numbers as query parameters (capacity=…)")
+	ac.expectError(t, "GET", "/rate_limit_redis/state?zone=api&key=key-paid&capacity=-1", 400,
+		`zone api: query parameter capacity: "-1" is out of range (1 to 9007199254740992)`)
+	q := url.Values{"zone": {"api"}, "key": {"key-paid"}, "capacity": {"10"}, "refill_rate": {"10/1h"}}
+	st := adminJSON[[]clientState](t, ac, "GET", "/rate_limit_redis/state?"+q.Encode(), 200)
+	if len(st) != 1 || st[0].Limit != 10 || st[0].Remaining != 8 || st[0].Numbers == nil ||
+		*st[0].Numbers != (stateNumbers{Capacity: 10, RefillRate: 10.0 / 3600}) {
+		t.Fatalf("state with the paid numbers: %+v", st)
+	}
+	// The same state read under the free numbers (refill_rate's fallback): 2 used of 3.
+	st = adminJSON[[]clientState](t, ac, "GET", "/rate_limit_redis/state?zone=api&key=key-paid&capacity=3", 200)
+	if len(st) != 1 || st[0].Limit != 3 || st[0].Remaining != 1 || *st[0].Numbers != (stateNumbers{Capacity: 3, RefillRate: 1.0 / 3600}) {
+		t.Fatalf("state with the free numbers: %+v", st)
+	}
+	st = adminJSON[[]clientState](t, ac, "GET", "/rate_limit_redis/state?zone=daily&key=key-paid", 200)
+	if len(st) != 1 || st[0].Limit != 30 || st[0].Count == nil || *st[0].Count != 2 || *st[0].Numbers != (stateNumbers{Limit: 30}) {
+		t.Fatalf("daily state with the fallback: %+v", st)
 	}
 }

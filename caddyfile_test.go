@@ -1,8 +1,11 @@
 package ratelimitredis
 
 import (
+	"context"
 	"encoding/json"
+	"os"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -1071,4 +1074,309 @@ func TestAdaptCaddyfile(t *testing.T) {
 	if err == nil || err.Error() != wantErr {
 		t.Errorf("error\n got %v\nwant %s", err, wantErr)
 	}
+}
+
+func TestUnmarshalCaddyfileCharge(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		input string
+		want  *Zone
+	}{
+		{"count_status", "rate_limit_redis {\n\tzone login {\n\t\talgorithm sliding_window\n\t\tlimit 5\n\t\twindow 15m\n\t\tcount_status 401 403 5xx\n\t}\n}",
+			&Zone{Name: "login", Algorithm: "sliding_window", Limit: NumberOf(5), Window: NumberOf(caddy.Duration(15 * time.Minute)), CountStatus: []string{"401", "403", "5xx"}}},
+		{"charge header", "rate_limit_redis {\n\tcapacity 1000\n\trefill_rate 1000/1h\n\tcost 100\n\tcharge header X-Tokens-Used\n\thold_max 30m\n}",
+			&Zone{Name: "default", Capacity: NumberOf(1000), RefillRate: NumberOf(1000.0 / 3600), Cost: "100", Charge: &Charge{Source: "header", Header: "X-Tokens-Used"}, HoldMax: caddy.Duration(30 * time.Minute)}},
+		{"charge openai_usage", "rate_limit_redis {\n\tcapacity 1000\n\trefill_rate 1\n\tcharge openai_usage\n}",
+			&Zone{Name: "default", Capacity: NumberOf(1000), RefillRate: NumberOf(1), Charge: &Charge{Source: "openai_usage"}}},
+		{"charge openai_usage completion with count_status", "rate_limit_redis {\n\tcapacity 1000\n\trefill_rate 1\n\tcharge openai_usage completion\n\tcount_status 2xx\n}",
+			&Zone{Name: "default", Capacity: NumberOf(1000), RefillRate: NumberOf(1), Charge: &Charge{Source: "openai_usage", Usage: "completion"}, CountStatus: []string{"2xx"}}},
+		{"charge openai_usage missing", "rate_limit_redis {\n\tcapacity 1000\n\trefill_rate 1\n\tcharge openai_usage missing 0\n}",
+			&Zone{Name: "default", Capacity: NumberOf(1000), RefillRate: NumberOf(1), Charge: &Charge{Source: "openai_usage", Missing: new(int64(0))}}},
+		{"charge openai_usage prompt missing", "rate_limit_redis {\n\tcapacity 1000\n\trefill_rate 1\n\tcharge openai_usage prompt missing 800\n}",
+			&Zone{Name: "default", Capacity: NumberOf(1000), RefillRate: NumberOf(1), Charge: &Charge{Source: "openai_usage", Usage: "prompt", Missing: new(int64(800))}}},
+		{"count_status fixed_window", "rate_limit_redis {\n\tzone z {\n\t\talgorithm fixed_window\n\t\tlimit 10\n\t\tperiod day\n\t\tcount_status 401\n\t}\n}",
+			&Zone{Name: "z", Algorithm: "fixed_window", Limit: NumberOf(10), Period: "day", CountStatus: []string{"401"}}},
+		{"charge fixed_window", "rate_limit_redis {\n\tzone z {\n\t\talgorithm fixed_window\n\t\tlimit 100000\n\t\twindow 1d\n\t\tcost 100\n\t\tcharge openai_usage\n\t}\n}",
+			&Zone{Name: "z", Algorithm: "fixed_window", Limit: NumberOf(100000), Window: NumberOf(caddy.Duration(24 * time.Hour)), Cost: "100", Charge: &Charge{Source: "openai_usage"}}},
+		{"charge sliding_window_counter", "rate_limit_redis {\n\tzone z {\n\t\talgorithm sliding_window_counter\n\t\tlimit 10\n\t\twindow 1m\n\t\tcharge header X\n\t\tcount_status 2xx\n\t}\n}",
+			&Zone{Name: "z", Algorithm: "sliding_window_counter", Limit: NumberOf(10), Window: NumberOf(caddy.Duration(time.Minute)), Charge: &Charge{Source: "header", Header: "X"}, CountStatus: []string{"2xx"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var h Handler
+			if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(tc.input)); err != nil {
+				t.Fatalf("UnmarshalCaddyfile: %v", err)
+			}
+			if len(h.Zones) != 1 || !reflect.DeepEqual(h.Zones[0], tc.want) {
+				t.Errorf("got\n%s\nwant\n%s", toJSON(t, h.Zones), toJSON(t, tc.want))
+			}
+		})
+	}
+}
+
+func TestUnmarshalCaddyfileChargeErrors(t *testing.T) {
+	t.Parallel()
+	const tb = "rate_limit_redis {\n\tcapacity 10\n\trefill_rate 1\n"
+	for _, tc := range []struct{ name, input, want string }{
+		{"count_status empty", tb + "\tcount_status\n}", `wrong argument count or unexpected line ending after 'count_status', at Testfile:4`},
+		{"count_status bad code", tb + "\tcount_status 401 999\n}", `zone default: count_status: "999" is not a status code (100 to 599) or a class such as 4xx, at Testfile:4`},
+		{"count_status bad class", tb + "\tcount_status 6xx\n}", `zone default: count_status: "6xx" is not a status code (100 to 599) or a class such as 4xx, at Testfile:4`},
+		{"count_status twice", tb + "\tcount_status 401\n\tcount_status 403\n}", `duplicate subdirective "count_status", at Testfile:5`},
+		{"charge no source", tb + "\tcharge\n}", `charge: a source is required: header <field> or openai_usage [total|prompt|completion] [missing <n>], at Testfile:4`},
+		{"charge bad source", tb + "\tcharge body\n}", `zone default: charge source "body" must be header or openai_usage, at Testfile:4`},
+		{"charge header no field", tb + "\tcharge header\n}", `charge header: one response header field name is required (charge header X-Tokens-Used), at Testfile:4`},
+		{"charge header two fields", tb + "\tcharge header A B\n}", `charge header: one response header field name is required (charge header X-Tokens-Used), at Testfile:4`},
+		{"charge usage bad", tb + "\tcharge openai_usage input\n}", `zone default: charge usage "input" must be total, prompt or completion, at Testfile:4`},
+		{"charge usage extra", tb + "\tcharge openai_usage total x\n}", `charge openai_usage: unexpected argument "x", at Testfile:4`},
+		{"charge missing no amount", tb + "\tcharge openai_usage total missing\n}", `charge openai_usage: missing needs the amount a response without usage is charged (missing 4000), at Testfile:4`},
+		{"charge missing negative", tb + "\tcharge openai_usage missing -1\n}", `zone default: charge missing -1 must be between 0 and 9007199254740992, at Testfile:4`},
+		{"charge missing not a number", tb + "\tcharge openai_usage missing lots\n}", `charge openai_usage: missing "lots" is not an integer, at Testfile:4`},
+		{"charge missing then usage", tb + "\tcharge openai_usage missing 5 total\n}", `charge openai_usage: unexpected argument "total", at Testfile:4`},
+		{"charge header missing", tb + "\tcharge header X missing 5\n}", `charge header: one response header field name is required (charge header X-Tokens-Used), at Testfile:4`},
+		{"hold_max alone", tb + "\thold_max 1m\n}", `zone default: hold_max applies to a zone with count_status or charge, or of algorithm concurrency, at Testfile:4`},
+		{"hold_max too long", tb + "\tcount_status 401\n\thold_max 2d\n}", `zone default: hold_max 2d is out of range (at most 1d), at Testfile:5`},
+		{"hold_max zero", tb + "\tcount_status 401\n\thold_max 0s\n}", `hold_max: "0s" must be > 0, at Testfile:5`},
+		{"charge sliding_window", "rate_limit_redis {\n\tzone z {\n\t\talgorithm sliding_window\n\t\tlimit 10\n\t\twindow 1m\n\t\tcharge openai_usage\n\t}\n}",
+			`zone z: charge needs algorithm token_bucket, fixed_window or sliding_window_counter: a sliding_window zone stores one entry per unit of cost, so charging it what a response reports (thousands of tokens) would store thousands of entries per request; count_status works with sliding_window, at Testfile:6`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var h Handler
+			err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(tc.input))
+			if err == nil {
+				t.Fatalf("no error; want %q; got\n%s", tc.want, toJSON(t, &h))
+			}
+			if err.Error() != tc.want {
+				t.Errorf("error\n got %q\nwant %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestUnmarshalCaddyfilePrefixesAndJitter(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		input string
+		want  *Handler
+	}{
+		{
+			name: "top level and zone overrides",
+			input: `rate_limit_redis {
+				ipv4_prefix 24
+				ipv6_prefix 56
+				jitter      5s
+				zone a {
+					capacity    5
+					refill_rate 1
+				}
+				zone b {
+					ipv4_prefix 32
+					ipv6_prefix 128
+					jitter      0
+					capacity    5
+					refill_rate 1
+				}
+			}`,
+			want: &Handler{
+				IPv4Prefix: 24, IPv6Prefix: 56, Jitter: caddy.Duration(5 * time.Second),
+				Zones: []*Zone{
+					{Name: "a", Capacity: NumberOf(5), RefillRate: NumberOf(1)},
+					{Name: "b", Capacity: NumberOf(5), RefillRate: NumberOf(1), IPv4Prefix: 32, IPv6Prefix: 128, Jitter: new(caddy.Duration(0))},
+				},
+			},
+		},
+		{
+			name: "with the shorthand, they are the handler's",
+			input: `rate_limit_redis {
+				capacity    5
+				ipv6_prefix 48
+				refill_rate 1
+				jitter      1m
+			}`,
+			want: &Handler{
+				IPv6Prefix: 48, Jitter: caddy.Duration(time.Minute),
+				Zones: []*Zone{{Name: "default", Capacity: NumberOf(5), RefillRate: NumberOf(1)}},
+			},
+		},
+		{
+			name: "the bounds",
+			input: `rate_limit_redis {
+				ipv4_prefix 1
+				ipv6_prefix 1
+				zone a {
+					ipv4_prefix 32
+					ipv6_prefix 128
+					jitter 1s
+					algorithm sliding_window
+					limit 1
+					window 1s
+				}
+			}`,
+			want: &Handler{
+				IPv4Prefix: 1, IPv6Prefix: 1,
+				Zones: []*Zone{{
+					Name: "a", Algorithm: "sliding_window", Limit: NumberOf(1), Window: NumberOf(caddy.Duration(time.Second)),
+					IPv4Prefix: 32, IPv6Prefix: 128, Jitter: new(caddy.Duration(time.Second)),
+				}},
+			},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var got Handler
+			if err := got.UnmarshalCaddyfile(caddyfile.NewTestDispenser(tc.input)); err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(&got, tc.want) {
+				t.Errorf("got\n%s\nwant\n%s", toJSON(t, &got), toJSON(t, tc.want))
+			}
+		})
+	}
+}
+
+func TestUnmarshalCaddyfilePrefixesAndJitterJSON(t *testing.T) {
+	t.Parallel()
+	var h Handler
+	in := "rate_limit_redis {\n\tipv6_prefix 56\n\tjitter 3s\n\tzone a {\n\t\tjitter 0\n\t\tipv4_prefix 24\n\t\tcapacity 1\n\t\trefill_rate 1\n\t}\n}"
+	if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(in)); err != nil {
+		t.Fatal(err)
+	}
+	b, err := json.Marshal(&h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const want = `{"ipv6_prefix":56,"jitter":3000000000,"zones":[{"name":"a","capacity":1,"refill_rate":1,"ipv4_prefix":24,"jitter":0}]}`
+	if string(b) != want {
+		t.Errorf("got  %s\nwant %s", b, want)
+	}
+}
+
+func TestUnmarshalCaddyfilePrefixesAndJitterErrors(t *testing.T) {
+	t.Parallel()
+	zone := func(lines string) string {
+		return "rate_limit_redis {\n\tzone a {\n" + lines + "\t\tcapacity 1\n\t\trefill_rate 1\n\t}\n}"
+	}
+	for _, tc := range []struct {
+		name  string
+		input string
+		want  string
+	}{
+		// ipv4_prefix
+		{"ipv4_prefix missing", "rate_limit_redis {\n\tipv4_prefix\n}",
+			`wrong argument count or unexpected line ending after 'ipv4_prefix', at Testfile:2`},
+		{"ipv4_prefix extra", "rate_limit_redis {\n\tipv4_prefix 24 16\n}",
+			`ipv4_prefix: unexpected argument "16", at Testfile:2`},
+		{"ipv4_prefix zero", "rate_limit_redis {\n\tipv4_prefix 0\n}",
+			`ipv4_prefix 0 must be between 1 and 32, at Testfile:2`},
+		{"ipv4_prefix above 32", "rate_limit_redis {\n\tipv4_prefix 33\n}",
+			`ipv4_prefix 33 must be between 1 and 32, at Testfile:2`},
+		{"ipv4_prefix with a slash", "rate_limit_redis {\n\tipv4_prefix /24\n}",
+			`ipv4_prefix: "/24" is not an integer, at Testfile:2`},
+		{"ipv4_prefix repeated", "rate_limit_redis {\n\tipv4_prefix 24\n\tipv4_prefix 24\n}",
+			`duplicate subdirective "ipv4_prefix", at Testfile:3`},
+		{"ipv4_prefix block", "rate_limit_redis {\n\tipv4_prefix 24 {\n\t}\n}",
+			`ipv4_prefix: unexpected block, at Testfile:2`},
+		{"ipv4_prefix in a zone, above 32", zone("\t\tipv4_prefix 64\n"),
+			`zone a: ipv4_prefix 64 must be between 1 and 32, at Testfile:3`},
+		{"ipv4_prefix in a zone, repeated", zone("\t\tipv4_prefix 24\n\t\tipv4_prefix 16\n"),
+			`duplicate subdirective "ipv4_prefix", at Testfile:4`},
+
+		// ipv6_prefix
+		{"ipv6_prefix missing", "rate_limit_redis {\n\tipv6_prefix\n}",
+			`wrong argument count or unexpected line ending after 'ipv6_prefix', at Testfile:2`},
+		{"ipv6_prefix zero", "rate_limit_redis {\n\tipv6_prefix 0\n}",
+			`ipv6_prefix 0 must be between 1 and 128, at Testfile:2`},
+		{"ipv6_prefix above 128", "rate_limit_redis {\n\tipv6_prefix 129\n}",
+			`ipv6_prefix 129 must be between 1 and 128, at Testfile:2`},
+		{"ipv6_prefix not a number", "rate_limit_redis {\n\tipv6_prefix /64\n}",
+			`ipv6_prefix: "/64" is not an integer, at Testfile:2`},
+		{"ipv6_prefix repeated", "rate_limit_redis {\n\tipv6_prefix 64\n\tipv6_prefix 56\n}",
+			`duplicate subdirective "ipv6_prefix", at Testfile:3`},
+		{"ipv6_prefix in a zone, missing", zone("\t\tipv6_prefix\n"),
+			`wrong argument count or unexpected line ending after 'ipv6_prefix', at Testfile:3`},
+		{"ipv6_prefix in a zone, negative", zone("\t\tipv6_prefix -1\n"),
+			`zone a: ipv6_prefix -1 must be between 1 and 128, at Testfile:3`},
+		{"ipv6_prefix in a redis block", "rate_limit_redis {\n\tredis {\n\t\tipv6_prefix 64\n\t}\n}",
+			`unrecognized subdirective "ipv6_prefix", at Testfile:3`},
+
+		// jitter
+		{"jitter missing", "rate_limit_redis {\n\tjitter\n}",
+			`wrong argument count or unexpected line ending after 'jitter', at Testfile:2`},
+		{"jitter extra", "rate_limit_redis {\n\tjitter 1s 2s\n}",
+			`jitter: unexpected argument "2s", at Testfile:2`},
+		{"jitter not a duration", "rate_limit_redis {\n\tjitter some\n}",
+			`jitter: "some" is not a duration, at Testfile:2`},
+		{"jitter a bare number", "rate_limit_redis {\n\tjitter 5\n}",
+			`jitter: "5" is not a duration, at Testfile:2`},
+		{"jitter negative", "rate_limit_redis {\n\tjitter -1s\n}",
+			`jitter -1s must be a whole number of seconds, >= 0, at Testfile:2`},
+		{"jitter a fraction", "rate_limit_redis {\n\tjitter 1500ms\n}",
+			`jitter 1.5s must be a whole number of seconds, >= 0, at Testfile:2`},
+		{"jitter repeated", "rate_limit_redis {\n\tjitter 1s\n\tjitter 2s\n}",
+			`duplicate subdirective "jitter", at Testfile:3`},
+		{"jitter block", "rate_limit_redis {\n\tjitter 1s {\n\t}\n}",
+			`jitter: unexpected block, at Testfile:2`},
+		{"jitter in a zone, a fraction", zone("\t\tjitter 500ms\n"),
+			`zone a: jitter 500ms must be a whole number of seconds, >= 0, at Testfile:3`},
+		{"jitter in a zone, repeated", zone("\t\tjitter 1s\n\t\tjitter 1s\n"),
+			`duplicate subdirective "jitter", at Testfile:4`},
+		{"jitter in a deny_cache block", "rate_limit_redis {\n\tdeny_cache {\n\t\tjitter 1s\n\t}\n}",
+			`deny_cache: unrecognized subdirective "jitter", at Testfile:3`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var h Handler
+			err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(tc.input))
+			if err == nil {
+				t.Fatalf("no error; want %q; got\n%s", tc.want, toJSON(t, &h))
+			}
+			if err.Error() != tc.want {
+				t.Errorf("error\n got %q\nwant %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// FuzzUnmarshalCaddyfile: any input is a config or an error, never a panic. A config the parser
+// accepts is accepted by the JSON path too: marshalled as the adapter does, unmarshalled,
+// provisioned and validated as Caddy does (the only errors allowed there are the matcher
+// modules' own, TLS files that do not exist, a key_secret placeholder that resolves short, and a
+// redis setting whose placeholder is empty). Seeds: Caddyfile.example and testdata/fuzz/FuzzUnmarshalCaddyfile; `make test`
+// runs them, `make fuzz` explores.
+func FuzzUnmarshalCaddyfile(f *testing.F) {
+	if src, err := os.ReadFile("Caddyfile.example"); err == nil {
+		f.Add(string(src))
+	}
+	f.Fuzz(func(t *testing.T, input string) {
+		tokens, err := caddyfile.Tokenize([]byte(input), "Fuzzfile")
+		if err != nil {
+			return
+		}
+		var parsed Handler
+		if err := parsed.UnmarshalCaddyfile(caddyfile.NewDispenser(tokens)); err != nil {
+			return
+		}
+		raw, err := json.Marshal(&parsed)
+		if err != nil {
+			t.Fatalf("marshalling the parsed config: %v", err)
+		}
+		var h Handler
+		if err := json.Unmarshal(raw, &h); err != nil {
+			t.Fatalf("unmarshalling %s: %v", raw, err)
+		}
+		ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+		defer cancel()
+		err = h.Provision(ctx)
+		defer func() { _ = h.Cleanup() }()
+		if err == nil {
+			err = h.Validate()
+		}
+		// The matcher modules' own errors, TLS files that are not there (the parser cannot
+		// know what the file system holds), and a key_secret or redis setting given by a
+		// placeholder (nor what the environment holds) are the JSON path's to report.
+		placeholderSecret := err != nil && hasPlaceholder(h.KeySecret) && strings.HasPrefix(err.Error(), "key_secret ")
+		emptyRedisSetting := err != nil && strings.HasPrefix(err.Error(), "redis ") &&
+			(strings.Contains(err.Error(), ": empty placeholder {") || strings.Contains(err.Error(), `redis address "" is empty`))
+		if err != nil && !strings.Contains(err.Error(), ": loading matchers: ") && !strings.Contains(err.Error(), "redis client: redis tls ") && !placeholderSecret && !emptyRedisSetting {
+			t.Fatalf("the Caddyfile parser accepted %q, but the JSON path rejects %s: %v", input, raw, err)
+		}
+	})
 }

@@ -13,15 +13,11 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.yaml.in/yaml/v3"
 
-	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
-
-	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
 )
 
 // The docker-compose demo (docker-compose.yml, Dockerfile, deploy/): these tests read its files
@@ -334,67 +330,6 @@ func TestComposeWiring(t *testing.T) {
 	version := regexp.MustCompile(`(?m)^CADDY_VERSION \?= v(\S+)$`).FindSubmatch(makefile)
 	if tag == nil || version == nil || string(tag[1]) != string(version[1]) {
 		t.Errorf("Dockerfile builds Caddy %q, the Makefile %q", tag, version)
-	}
-}
-
-// TestComposeCaddyfileServesMetrics runs deploy/Caddyfile (its ports moved to free loopback
-// ports, the admin API off) against a real Redis: the site answers through rate_limit_redis,
-// and the metrics listener that Prometheus scrapes serves the module's metrics.
-func TestComposeCaddyfileServesMetrics(t *testing.T) {
-	srv := redistest.Start(t)
-	src, err := os.ReadFile(composeCaddyfile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	site, metricsPort := freeLoopbackPort(t), freeLoopbackPort(t)
-	caddyfile := string(src)
-	for _, r := range [][2]string{
-		{"\tadmin localhost:2019\n", "\tadmin off\n\tpersist_config off\n\tlog {\n\t\tlevel ERROR\n\t}\n"},
-		{"\n:8080 {\n", fmt.Sprintf("\n:%d {\n\tbind 127.0.0.1\n", site)},
-		{"\n:2020 {\n", fmt.Sprintf("\n:%d {\n\tbind 127.0.0.1\n", metricsPort)},
-	} {
-		if !strings.Contains(caddyfile, r[0]) {
-			t.Fatalf("%s has no %q", composeCaddyfile, r[0])
-		}
-		caddyfile = strings.Replace(caddyfile, r[0], r[1], 1)
-	}
-	t.Setenv("REDIS_ADDR", srv.Addr)
-	t.Cleanup(func() { _ = caddy.Stop() })
-	if err := loadCaddyfile(t, caddyfile); err != nil {
-		t.Fatal(err)
-	}
-
-	get := func(url string) (int, string) {
-		t.Helper()
-		resp, err := servingClient(5 * time.Second).Get(url)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, err := io.ReadAll(resp.Body)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return resp.StatusCode, string(b)
-	}
-	if code, body := get(fmt.Sprintf("http://127.0.0.1:%d/", site)); code != 200 || body != "hello 2=127.0.0.1: 4 of 5 left in zone api\n" {
-		t.Fatalf("GET / = %d %q", code, body)
-	}
-	code, body := get(fmt.Sprintf("http://127.0.0.1:%d/metrics", metricsPort))
-	if code != 200 {
-		t.Fatalf("GET /metrics = %d", code)
-	}
-	// The collectors without labels are always exported (the labelled ones once they have a
-	// series); their values are the process's, shared with other tests, so only names are checked.
-	for _, prefix := range []string{
-		`caddy_rate_limit_redis_redis_duration_seconds_bucket{le="0.0001"} `,
-		"caddy_rate_limit_redis_redis_duration_seconds_sum ",
-		"caddy_rate_limit_redis_redis_duration_seconds_count ",
-		"caddy_rate_limit_redis_deny_cache_hits_total ",
-	} {
-		if !strings.Contains(body, "\n"+prefix) {
-			t.Errorf("/metrics has no line starting %q:\n%s", prefix, body)
-		}
 	}
 }
 

@@ -1,15 +1,13 @@
 package ratelimitredis
 
-// The rate limit response headers (issues 19 and 22): the IETF RateLimit-Policy and RateLimit
-// fields list every zone that applied, each item a valid Structured Field; RateLimit's t is the
-// time until more quota, never after a 429's Retry-After; sub-second windows; which methods
-// count; Retry-After jitter.
+// The rate limit response headers (headers.go): the IETF RateLimit-Policy and RateLimit fields
+// list every zone that applied, each item a valid Structured Field; RateLimit's t is the time
+// until more quota, never after a 429's Retry-After; sub-second windows; which methods count;
+// Retry-After jitter.
 
 import (
 	"fmt"
-	"io"
 	"math"
-	"net/http"
 	"os"
 	"strconv"
 	"strings"
@@ -18,30 +16,10 @@ import (
 
 	"github.com/dunglas/httpsfv"
 
+	"github.com/caddyserver/caddy/v2"
+
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
 )
-
-// do sends a request with the given method and header name/value pairs.
-func (cs *caddyServer) do(method, path string, header ...string) response {
-	cs.t.Helper()
-	req, err := http.NewRequest(method, cs.base+path, nil)
-	if err != nil {
-		cs.t.Fatal(err)
-	}
-	for i := 0; i+1 < len(header); i += 2 {
-		req.Header.Set(header[i], header[i+1])
-	}
-	resp, err := servingClient(5 * time.Second).Do(req)
-	if err != nil {
-		cs.t.Fatalf("%s %s: %v", method, path, err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		cs.t.Fatalf("%s %s: reading the body: %v", method, path, err)
-	}
-	return response{status: resp.StatusCode, header: resp.Header, body: string(b)}
-}
 
 // sfItem is one member of an IETF RateLimit field: the policy name and its Integer parameters.
 type sfItem struct {
@@ -553,5 +531,47 @@ func TestPolicyWindow(t *testing.T) {
 		if q, w := policyWindow(tc.quota, tc.window); q != tc.q || w != tc.w {
 			t.Errorf("policyWindow(%d, %v) = q=%d;w=%d, want q=%d;w=%d", tc.quota, tc.window, q, w, tc.q, tc.w)
 		}
+	}
+}
+
+func TestEndToEndHeadersOffAndIETF(t *testing.T) {
+	srv := redistest.Start(t)
+	for _, tc := range []struct {
+		mode    string
+		present []string
+		absent  []string
+	}{
+		{"off", nil, []string{"X-RateLimit-Limit", "RateLimit", "RateLimit-Policy"}},
+		{"ietf", []string{"RateLimit", "RateLimit-Policy"}, []string{"X-RateLimit-Limit"}},
+		{"legacy", []string{"X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset"}, []string{"RateLimit"}},
+	} {
+		cs := startCaddy(t, fmt.Sprintf(`
+	rate_limit_redis {
+		redis {
+			address %s
+		}
+		headers %s
+		zone z%s {
+			algorithm sliding_window
+			limit 10
+			window 10s
+		}
+	}
+	respond "ok"`, srv.Addr, tc.mode, tc.mode))
+		r := cs.get("/")
+		for _, h := range tc.present {
+			if r.header.Get(h) == "" {
+				t.Errorf("headers %s: %s missing", tc.mode, h)
+			}
+		}
+		for _, h := range tc.absent {
+			if r.header.Get(h) != "" {
+				t.Errorf("headers %s: %s present", tc.mode, h)
+			}
+		}
+		if tc.mode == "ietf" {
+			r.expect(t, "ietf", 200, "ok", "RateLimit-Policy", `"z`+tc.mode+`";q=10;w=10`, "RateLimit", `"z`+tc.mode+`";r=9;t=10`)
+		}
+		_ = caddy.Stop()
 	}
 }

@@ -1,16 +1,72 @@
 package ratelimitredis
 
+// The helpers that the package's tests share. They run a real redis-server (internal/redistest)
+// and, for the tests that need one, Caddy in this process (internal/caddytest); the end-to-end
+// tests, which configure Caddy only as a user would, are in e2e/.
+
 import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	_ "github.com/caddyserver/caddy/v2/modules/standard"
+
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/caddytest"
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/freeport"
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/limiter"
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
 )
+
+// The handler, provisioned as Caddy would, and served with httptest.
+
+// provisioned returns h provisioned and validated as Caddy would, cleaned up when the test ends.
+// Unless h has one, it is given a registry of its own, which AdminAPI{live: h.live} serves.
+func provisioned(t testing.TB, h *Handler) *Handler {
+	t.Helper()
+	if h.live == nil {
+		h.live = newRegistry()
+	}
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	t.Cleanup(cancel)
+	if err := h.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = h.Cleanup() })
+	if err := h.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+func serve(h *Handler, r *http.Request) (*httptest.ResponseRecorder, error, bool) {
+	repl := caddy.NewReplacer()
+	r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, repl))
+	w := httptest.NewRecorder()
+	nextCalled := false
+	err := h.ServeHTTP(w, r, caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error {
+		nextCalled = true
+		return nil
+	}))
+	return w, err, nextCalled
+}
+
+// Settings no config sets, for the tests that run Caddy.
 
 // tunedHandler is the handler with the settings tests change that no config sets
 // (Handler.breakerOpenFor, Handler.localKeys), for tests that run Caddy: the module
@@ -85,4 +141,541 @@ func liveHandler(t testing.TB) *Handler {
 		return h
 	}
 	return nil
+}
+
+// Caddy in this process (internal/caddytest), one site or several on loopback ports.
+
+// caddyServer runs Caddy in this process with the given site block (a Caddyfile body served on
+// a free loopback port), and stops it when the test ends. Caddy holds one config per process,
+// so these tests do not run in parallel.
+type caddyServer struct {
+	t    *testing.T
+	base string // http://127.0.0.1:port
+}
+
+// freeLoopbackPort returns a loopback TCP port that was free a moment ago, never one it (or
+// redistest) returned before in this process: the sites of one test get distinct ports.
+func freeLoopbackPort(t *testing.T) int {
+	t.Helper()
+	return freeport.Must(t)
+}
+
+func startCaddy(t *testing.T, site string) *caddyServer {
+	t.Helper()
+	return startSites(t, "", site)[0]
+}
+
+// load adapts the Caddyfile and loads it with loadServing, as `caddy run` or `caddy reload`
+// would; the error is the adapter's, the loader's or the wait's.
+func (cs *caddyServer) load(site string, port int) error {
+	return loadCaddyfile(cs.t, caddytest.Caddyfile("off", "", []int{port}, []string{site}))
+}
+
+// loadCaddyfile adapts a whole Caddyfile and loads it (caddytest.LoadCaddyfile).
+func loadCaddyfile(t testing.TB, caddyfile string) error {
+	t.Helper()
+	return caddytest.LoadCaddyfile(t, caddyfile)
+}
+
+// loadServing loads a JSON config and returns once it alone serves (caddytest.LoadServing).
+func loadServing(t testing.TB, cfg []byte) error {
+	t.Helper()
+	return caddytest.LoadServing(t, cfg)
+}
+
+// servingClient returns a client for the config Caddy serves now (caddytest.Client).
+func servingClient(timeout time.Duration) *http.Client { return caddytest.Client(timeout) }
+
+// startSites runs Caddy in this process with the given `servers` global options and one site
+// per body, each on its own free loopback port, and stops it when the test ends
+// (caddytest.StartSites).
+func startSites(t *testing.T, serverOptions string, sites ...string) []*caddyServer {
+	t.Helper()
+	var servers []*caddyServer
+	for _, base := range caddytest.StartSites(t, serverOptions, sites...) {
+		servers = append(servers, &caddyServer{t: t, base: base})
+	}
+	return servers
+}
+
+// Requests to the sites of a caddyServer.
+
+type response struct {
+	status int
+	header http.Header
+	body   string
+}
+
+func (cs *caddyServer) get(path string, header ...string) response {
+	cs.t.Helper()
+	return cs.do(http.MethodGet, path, header...)
+}
+
+// expect checks status, body and the named headers exactly (an empty value means absent).
+func (r response) expect(t *testing.T, step string, status int, body string, headers ...string) {
+	t.Helper()
+	caddytest.Expect(t, step, r.status, r.header, r.body, status, body, headers...)
+}
+
+// do sends a request with the given method and header name/value pairs.
+func (cs *caddyServer) do(method, path string, header ...string) response {
+	cs.t.Helper()
+	status, h, body, err := caddytest.Do(method, cs.base+path, header...)
+	if err != nil {
+		cs.t.Fatalf("%s %s: %v", method, path, err)
+	}
+	return response{status: status, header: h, body: body}
+}
+
+// reload loads site into the running Caddy of cs, on the same port, and returns once it serves
+// alone (cs.load).
+func (cs *caddyServer) reload(site string) {
+	cs.t.Helper()
+	port, err := strconv.Atoi(strings.TrimPrefix(cs.base, "http://127.0.0.1:"))
+	if err != nil {
+		cs.t.Fatal(err)
+	}
+	if err := cs.load(site, port); err != nil {
+		cs.t.Fatalf("reload: %v", err)
+	}
+}
+
+// statuses sends n requests and returns their status codes, space separated.
+func (cs *caddyServer) statuses(n int, path string, header ...string) string {
+	codes := make([]string, n)
+	for i := range codes {
+		codes[i] = strconv.Itoa(cs.get(path, header...).status)
+	}
+	return strings.Join(codes, " ")
+}
+
+// loadClient sends requests to a caddyServer from any goroutine: unlike caddyServer.get it
+// returns transport errors instead of failing the test. Each request goes on the transport of
+// the config serving when it starts (servingClient); its 5s timeout turns a hung request into
+// an error.
+type loadClient struct {
+	base string
+}
+
+func newLoadClient(t *testing.T, cs *caddyServer) *loadClient {
+	return &loadClient{base: cs.base}
+}
+
+func (lc *loadClient) get(path string, header ...string) (response, error) {
+	status, h, body, err := caddytest.Do(http.MethodGet, lc.base+path, header...)
+	return response{status: status, header: h, body: body}, err
+}
+
+// waitFor is redistest.WaitFor.
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	redistest.WaitFor(t, d, what, cond)
+}
+
+// Configs that fail to load.
+
+// wantLoadError loads a config whose one route is the rate_limit_redis handler handlerJSON (its
+// JSON without "handler") and fails t unless loading fails with an error that says want.
+func wantLoadError(t *testing.T, handlerJSON, want string) {
+	t.Helper()
+	err := loadHandlerJSON(t, handlerJSON)
+	if err == nil {
+		t.Fatalf("config loaded; want error %q", want)
+	}
+	if !strings.Contains(err.Error(), want) {
+		t.Fatalf("error %q does not say %q", err, want)
+	}
+}
+
+// loadHandlerJSON loads a config whose one route has the handler of handlerJSON (without its
+// "handler" key), and returns the load's error; Caddy is stopped if it loaded.
+func loadHandlerJSON(t *testing.T, handlerJSON string) error {
+	t.Helper()
+	var handler map[string]any
+	if err := json.Unmarshal([]byte(handlerJSON), &handler); err != nil {
+		t.Fatal(err)
+	}
+	handler["handler"] = "rate_limit_redis"
+	cfg, _ := json.Marshal(map[string]any{
+		"admin": map[string]any{"disabled": true},
+		"apps": map[string]any{"http": map[string]any{"servers": map[string]any{"s": map[string]any{
+			"listen": []string{"127.0.0.1:0"},
+			"routes": []any{map[string]any{"handle": []any{handler}}},
+		}}}},
+	})
+	err := caddy.Load(cfg, true)
+	if err == nil {
+		_ = caddy.Stop()
+	}
+	return err
+}
+
+// Caddy with its admin endpoint, for the admin API.
+
+// adminCaddy is Caddy running in this process with its admin endpoint on a free loopback port,
+// so that the admin API module is served as by `caddy run`.
+type adminCaddy struct {
+	*caddyServer
+	admin string // http://127.0.0.1:port of the admin endpoint
+	port  int    // of the site
+}
+
+// startCaddyAdmin is startCaddy with the admin endpoint on. When the test ends it loads a config
+// with the admin endpoint off, which stops the admin server, then stops Caddy.
+func startCaddyAdmin(t *testing.T, site string) *adminCaddy {
+	t.Helper()
+	port, adminPort := freeLoopbackPort(t), freeLoopbackPort(t)
+	ac := &adminCaddy{
+		caddyServer: &caddyServer{t: t, base: "http://127.0.0.1:" + strconv.Itoa(port)},
+		admin:       "http://127.0.0.1:" + strconv.Itoa(adminPort),
+		port:        port,
+	}
+	t.Cleanup(func() {
+		_ = caddy.Load([]byte(`{"admin":{"disabled":true,"config":{"persist":false}},"logging":{"logs":{"default":{"level":"ERROR"}}}}`), true)
+		_ = caddy.Stop()
+	})
+	ac.reload(t, site)
+	return ac
+}
+
+// reload loads a new config with the same admin endpoint and site port, as `caddy reload` would,
+// and returns once it serves alone (loadServing).
+func (ac *adminCaddy) reload(t *testing.T, site string) {
+	t.Helper()
+	caddyfile := caddytest.Caddyfile(strings.TrimPrefix(ac.admin, "http://"), "", []int{ac.port}, []string{site})
+	if err := loadCaddyfile(t, caddyfile); err != nil {
+		t.Fatalf("loading: %v", err)
+	}
+}
+
+// call sends an admin API request and returns the status, the body and the response.
+func (ac *adminCaddy) call(t *testing.T, method, path string) (int, string, http.Header) {
+	t.Helper()
+	req, err := http.NewRequest(method, ac.admin+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := servingClient(10 * time.Second).Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, string(b), resp.Header
+}
+
+// adminJSON calls the admin API, checks the status and decodes the body, which must have no
+// field that T lacks.
+func adminJSON[T any](t *testing.T, ac *adminCaddy, method, path string, status int) T {
+	t.Helper()
+	var out T
+	got, body, hdr := ac.call(t, method, path)
+	if got != status {
+		t.Fatalf("%s %s: %d %s, want %d", method, path, got, body, status)
+	}
+	if ct := hdr.Get("Content-Type"); ct != "application/json" {
+		t.Fatalf("%s %s: Content-Type %q", method, path, ct)
+	}
+	dec := json.NewDecoder(strings.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&out); err != nil {
+		t.Fatalf("%s %s: decoding %s: %v", method, path, body, err)
+	}
+	return out
+}
+
+// expectError calls the admin API and checks the status and the exact error message.
+func (ac *adminCaddy) expectError(t *testing.T, method, path string, status int, msg string) http.Header {
+	t.Helper()
+	var e struct {
+		Error string `json:"error"`
+	}
+	got, body, hdr := ac.call(t, method, path)
+	err := json.Unmarshal([]byte(body), &e)
+	// A timeout reads "i/o timeout" or "context deadline exceeded", as the socket deadline or the
+	// context's check comes first: msg ending in "<timeout>" accepts either.
+	match := e.Error == msg
+	if prefix, ok := strings.CutSuffix(msg, "<timeout>"); ok {
+		match = e.Error == prefix+"i/o timeout" || e.Error == prefix+"context deadline exceeded"
+	}
+	if err != nil || got != status || !match {
+		t.Fatalf("%s %s: %d %s, want %d {\"error\":%q}", method, path, got, body, status, msg)
+	}
+	return hdr
+}
+
+// Caddy with every log written to files, read back as JSON lines.
+
+// loggedCaddy is Caddy run in this process (as startCaddy does) with every log at DEBUG, as
+// JSON, written to files: Caddy's default log (which the handler's ctx.Logger() and the
+// circuit breaker write to, and Caddy its own lines and handler errors) and the site's access log.
+type loggedCaddy struct {
+	*caddyServer
+	port    int
+	logDir  string
+	adapted [][]byte // the JSON of every config loaded
+}
+
+func startLoggedCaddy(t *testing.T, site string) *loggedCaddy {
+	t.Helper()
+	port := freeLoopbackPort(t)
+	lc := &loggedCaddy{
+		caddyServer: &caddyServer{t: t, base: "http://127.0.0.1:" + strconv.Itoa(port)},
+		port:        port,
+		logDir:      t.TempDir(),
+	}
+	t.Cleanup(func() { _ = caddy.Stop() })
+	if err := lc.load(site); err != nil {
+		t.Fatal(err)
+	}
+	return lc
+}
+
+// load adapts and loads the site (again: a reload) with loadServing, keeping the adapted JSON.
+func (lc *loggedCaddy) load(site string) error {
+	caddyfile := fmt.Sprintf(`{
+	admin off
+	auto_https off
+	persist_config off
+	log {
+		output file %s {
+			roll_disabled
+		}
+		format json
+		level DEBUG
+	}
+}
+
+:%d {
+	bind 127.0.0.1
+	log {
+		output file %s {
+			roll_disabled
+		}
+		format json
+	}
+%s
+}
+`, filepath.Join(lc.logDir, "caddy.log"), lc.port, filepath.Join(lc.logDir, "access.log"), site)
+	cfg, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(caddyfile), nil)
+	if err != nil {
+		return fmt.Errorf("adapting: %w", err)
+	}
+	lc.adapted = append(lc.adapted, cfg)
+	return loadServing(lc.t, cfg)
+}
+
+// logLine is one JSON log line, as written and as decoded.
+type logLine struct {
+	raw    string
+	fields map[string]any
+}
+
+// lines returns every line written to the logs so far. Caddy writes them synchronously, so a
+// request's lines are there once its response has come.
+func (lc *loggedCaddy) lines() []logLine {
+	lc.t.Helper()
+	var out []logLine
+	for _, name := range []string{"caddy.log", "access.log"} {
+		b, err := os.ReadFile(filepath.Join(lc.logDir, name))
+		if err != nil && !os.IsNotExist(err) {
+			lc.t.Fatal(err)
+		}
+		for l := range strings.SplitSeq(strings.TrimSpace(string(b)), "\n") {
+			if l == "" {
+				continue
+			}
+			var f map[string]any
+			if err := json.Unmarshal([]byte(l), &f); err != nil {
+				lc.t.Fatalf("%s: a line that is not JSON: %q", name, l)
+			}
+			out = append(out, logLine{raw: l, fields: f})
+		}
+	}
+	return out
+}
+
+// ours returns the lines of the handler's logger (ctx.Logger() and the circuit breaker).
+func ours(lines []logLine) []logLine {
+	var out []logLine
+	for _, l := range lines {
+		if l.fields["logger"] == "http.handlers.rate_limit_redis" {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+func withMsg(lines []logLine, msg string) []logLine {
+	var out []logLine
+	for _, l := range lines {
+		if l.fields["msg"] == msg {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// provisionErr provisions h (Provision, then Validate as Caddy does) and returns the error,
+// cleaning up what Provision took.
+func provisionErr(t *testing.T, h *Handler) error {
+	t.Helper()
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	err := h.Provision(ctx)
+	if err == nil {
+		err = h.Validate()
+	}
+	_ = h.Cleanup()
+	return err
+}
+
+// authMsg is the start of the warning logged at load for a key placeholder of authentication.
+const authMsg = "a key placeholder is set by authentication"
+
+// The metrics of the running config.
+
+// The metric names, as a dashboard queries them.
+const (
+	metricDecisions  = "caddy_rate_limit_redis_decisions_total"
+	metricDuration   = "caddy_rate_limit_redis_redis_duration_seconds"
+	metricFailures   = "caddy_rate_limit_redis_backend_failures_total"
+	metricCacheHits  = "caddy_rate_limit_redis_deny_cache_hits_total"
+	allMetricsPrefix = "caddy_rate_limit_redis_"
+)
+
+// activeRegistry is the metrics registry of Caddy's running config: what its admin /metrics
+// endpoint and `metrics` handler serve.
+func activeRegistry(t *testing.T) *prometheus.Registry {
+	t.Helper()
+	ctx := caddy.ActiveContext()
+	reg := ctx.GetMetricsRegistry()
+	if reg == nil {
+		t.Fatal("no metrics registry in the active Caddy context")
+	}
+	return reg
+}
+
+// metricValue gathers reg and returns the value of the series of the family name whose labels
+// are exactly labels (name, value pairs): a counter's value, or a histogram's sample count.
+// A series that does not exist is 0.
+func metricValue(t *testing.T, reg prometheus.Gatherer, name string, labels ...string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatalf("gathering metrics: %v", err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	series:
+		for _, m := range mf.GetMetric() {
+			if len(m.GetLabel()) != len(labels)/2 {
+				continue
+			}
+			for _, lp := range m.GetLabel() {
+				if !hasPair(labels, lp.GetName(), lp.GetValue()) {
+					continue series
+				}
+			}
+			if h := m.GetHistogram(); h != nil {
+				return float64(h.GetSampleCount())
+			}
+			return m.GetCounter().GetValue()
+		}
+	}
+	return 0
+}
+
+func hasPair(pairs []string, name, value string) bool {
+	for i := 0; i+1 < len(pairs); i += 2 {
+		if pairs[i] == name && pairs[i+1] == value {
+			return true
+		}
+	}
+	return false
+}
+
+// snapshot is the values of the series the tests watch, read from one registry.
+type snapshot map[string]float64
+
+// takeSnapshot reads the series the tests watch: for every zone given, its decisions_total of
+// every result; the Redis call histogram's count; the failures of a Redis call and those of the
+// open circuit breaker; the deny cache hits.
+func takeSnapshot(t *testing.T, reg prometheus.Gatherer, zones ...string) snapshot {
+	t.Helper()
+	s := snapshot{
+		"calls":     metricValue(t, reg, metricDuration),
+		"cache_hit": metricValue(t, reg, metricCacheHits),
+	}
+	// A refused connection is a timeout or a redis_error depending on where go-redis's dial
+	// retries are when the deadline passes: the reasons of a call are summed.
+	for _, reason := range []string{"redis_error", "timeout", "bad_response"} {
+		s["failure/called"] += metricValue(t, reg, metricFailures, "reason", reason)
+	}
+	s["failure/circuit_open"] = metricValue(t, reg, metricFailures, "reason", "circuit_open")
+	for _, z := range zones {
+		for r := range numResults {
+			s[z+"/"+r.String()] = metricValue(t, reg, metricDecisions, "zone", z, "result", r.String())
+		}
+	}
+	return s
+}
+
+// expectDeltas checks that every watched series moved from before to after by exactly the delta
+// given in want (series not in want: by 0).
+func expectDeltas(t *testing.T, step string, before, after snapshot, want map[string]float64) {
+	t.Helper()
+	for k := range want {
+		if _, ok := before[k]; !ok {
+			t.Fatalf("%s: series %q is not watched", step, k)
+		}
+	}
+	var bad []string
+	for k, b := range before {
+		if d := after[k] - b; d != want[k] {
+			bad = append(bad, fmt.Sprintf("%s +%v, want +%v", k, d, want[k]))
+		}
+	}
+	if len(bad) > 0 {
+		t.Fatalf("%s: %s", step, strings.Join(bad, "; "))
+	}
+}
+
+const metricEmptyKeys = "caddy_rate_limit_redis_empty_key_total"
+
+// Redis keys.
+
+// redisKeys returns every key of srv.
+func redisKeys(t *testing.T, srv *redistest.Server) []string {
+	t.Helper()
+	keys, err := srv.Client().Keys(t.Context(), "*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return keys
+}
+
+// hashTag is the part of key that Redis Cluster hashes: between the first { and the first }
+// after it, when that is not empty; else the whole key.
+func hashTag(key string) string {
+	if open := strings.IndexByte(key, '{'); open >= 0 {
+		if end := strings.IndexByte(key[open+1:], '}'); end > 0 {
+			return key[open+1 : open+1+end]
+		}
+	}
+	return key
+}
+
+// tbZone and swZone are zones named name, enough for limiter.StateKey.
+func tbZone(name string) *limiter.Zone {
+	return &limiter.Zone{Name: name, Algorithm: limiter.TokenBucket}
+}
+
+func swZone(name string) *limiter.Zone {
+	return &limiter.Zone{Name: name, Algorithm: limiter.SlidingWindow}
 }

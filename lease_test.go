@@ -6,8 +6,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/caddyserver/caddy/v2/caddyconfig"
 
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/limiter"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"

@@ -1,10 +1,11 @@
 package ratelimitredis
 
+// The handler's lifecycle (module.go): configs refused at load, naming the field, and Cleanup.
+
 import (
-	"fmt"
+	"encoding/json"
 	"net/http"
 	"net/http/httptest"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -14,322 +15,10 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/caddyserver/caddy/v2"
-	_ "github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
-	_ "github.com/caddyserver/caddy/v2/modules/standard"
 
-	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/caddytest"
-	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/freeport"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/limiter"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
 )
-
-// caddyServer runs Caddy in this process with the given site block (a Caddyfile body served on
-// a free loopback port), and stops it when the test ends. Caddy holds one config per process,
-// so these tests do not run in parallel.
-type caddyServer struct {
-	t    *testing.T
-	base string // http://127.0.0.1:port
-}
-
-// freeLoopbackPort returns a loopback TCP port that was free a moment ago, never one it (or
-// redistest) returned before in this process: the sites of one test get distinct ports.
-func freeLoopbackPort(t *testing.T) int {
-	t.Helper()
-	return freeport.Must(t)
-}
-
-func startCaddy(t *testing.T, site string) *caddyServer {
-	t.Helper()
-	port := freeLoopbackPort(t)
-	cs := &caddyServer{t: t, base: "http://127.0.0.1:" + strconv.Itoa(port)}
-	t.Cleanup(func() { _ = caddy.Stop() })
-	if err := cs.load(site, port); err != nil {
-		t.Fatal(err)
-	}
-	return cs
-}
-
-// load adapts the Caddyfile and loads it with loadServing, as `caddy run` or `caddy reload`
-// would; the error is the adapter's, the loader's or the wait's.
-func (cs *caddyServer) load(site string, port int) error {
-	return loadCaddyfile(cs.t, caddytest.Caddyfile("off", "", []int{port}, []string{site}))
-}
-
-// loadCaddyfile adapts a whole Caddyfile and loads it (caddytest.LoadCaddyfile).
-func loadCaddyfile(t testing.TB, caddyfile string) error {
-	t.Helper()
-	return caddytest.LoadCaddyfile(t, caddyfile)
-}
-
-// loadServing loads a JSON config and returns once it alone serves (caddytest.LoadServing).
-func loadServing(t testing.TB, cfg []byte) error {
-	t.Helper()
-	return caddytest.LoadServing(t, cfg)
-}
-
-// servingClient returns a client for the config Caddy serves now (caddytest.Client).
-func servingClient(timeout time.Duration) *http.Client { return caddytest.Client(timeout) }
-
-type response struct {
-	status int
-	header http.Header
-	body   string
-}
-
-func (cs *caddyServer) get(path string, header ...string) response {
-	cs.t.Helper()
-	return cs.do(http.MethodGet, path, header...)
-}
-
-// expect checks status, body and the named headers exactly (an empty value means absent).
-func (r response) expect(t *testing.T, step string, status int, body string, headers ...string) {
-	t.Helper()
-	if r.status != status || r.body != body {
-		t.Fatalf("%s: got %d %q, want %d %q", step, r.status, r.body, status, body)
-	}
-	for i := 0; i+1 < len(headers); i += 2 {
-		if got := r.header.Get(headers[i]); got != headers[i+1] {
-			t.Fatalf("%s: header %s = %q, want %q (all: %v)", step, headers[i], got, headers[i+1], r.header)
-		}
-	}
-}
-
-func TestEndToEndTokenBucket(t *testing.T) {
-	srv := redistest.Start(t)
-	cs := startCaddy(t, fmt.Sprintf(`
-	rate_limit_redis {
-		redis {
-			address %s
-		}
-		headers both
-		capacity 3
-		refill_rate 1/1h
-	}
-	respond "ok {http.rate_limit_redis.allowed} {http.rate_limit_redis.zone} {http.rate_limit_redis.remaining}"
-	handle_errors {
-		respond "limited zone={http.rate_limit_redis.zone} key={http.rate_limit_redis.key} limit={http.rate_limit_redis.limit} remaining={http.rate_limit_redis.remaining} retry={http.rate_limit_redis.retry_after} degraded={http.rate_limit_redis.degraded}" {err.status_code}
-	}`, srv.Addr))
-
-	// One token per hour: the bucket is full again 3600s per missing token after each request
-	// (X-RateLimit-Reset), and its next token is always 3600s away (RateLimit's t).
-	for i := 1; i <= 3; i++ {
-		rem := strconv.Itoa(3 - i)
-		reset := strconv.Itoa(3600 * i)
-		cs.get("/").expect(t, "request "+strconv.Itoa(i), 200, "ok true default "+rem,
-			"X-RateLimit-Limit", "3", "X-RateLimit-Remaining", rem, "X-RateLimit-Reset", reset,
-			"RateLimit-Policy", `"default";q=3;w=10800`, "RateLimit", `"default";r=`+rem+`;t=3600`,
-			"Retry-After", "")
-	}
-	cs.get("/").expect(t, "4th request", 429,
-		"limited zone=default key=127.0.0.1 limit=3 remaining=0 retry=3600 degraded=false",
-		"Retry-After", "3600", "X-RateLimit-Limit", "3", "X-RateLimit-Remaining", "0", "X-RateLimit-Reset", "10800",
-		"RateLimit", `"default";r=0;t=3600`)
-}
-
-func TestEndToEndZonesFromDesign(t *testing.T) {
-	srv := redistest.Start(t)
-	cs := startCaddy(t, fmt.Sprintf(`
-	rate_limit_redis {
-		redis {
-			address %s
-		}
-		zone api {
-			key {http.request.header.X-API-Key} {client_ip}
-			capacity 100
-			refill_rate 10
-		}
-		zone login {
-			match path /login
-			key {client_ip}
-			algorithm sliding_window
-			limit 5
-			window 1m
-		}
-	}
-	respond "ok"
-	handle_errors {
-		respond "{http.rate_limit_redis.zone}" {err.status_code}
-	}`, srv.Addr))
-
-	// /login: the login zone (5/min) decides, having the least remaining share.
-	for i := 1; i <= 5; i++ {
-		cs.get("/login").expect(t, "login "+strconv.Itoa(i), 200, "ok",
-			"X-RateLimit-Limit", "5", "X-RateLimit-Remaining", strconv.Itoa(5-i))
-	}
-	r := cs.get("/login")
-	r.expect(t, "6th login", 429, "login", "X-RateLimit-Limit", "5", "X-RateLimit-Remaining", "0")
-	if ra, _ := strconv.Atoi(r.header.Get("Retry-After")); ra < 59 || ra > 60 {
-		t.Fatalf("Retry-After = %q, want the ~60s until the first login leaves the window", r.header.Get("Retry-After"))
-	}
-	// The api zone was charged 5 tokens, not 6: the denied login charged no zone.
-	cs.get("/").expect(t, "api by IP", 200, "ok", "X-RateLimit-Limit", "100", "X-RateLimit-Remaining", "94")
-	// An API key is its own client.
-	cs.get("/", "X-API-Key", "k1").expect(t, "api by key", 200, "ok", "X-RateLimit-Remaining", "99")
-	if v := srv.Do("HGET", "rl:{k1}:api:tb", "t"); v == nil {
-		t.Fatal("no bucket under the API key's hash tag")
-	}
-}
-
-func TestEndToEndFailModes(t *testing.T) {
-	for _, tc := range []struct {
-		mode   string
-		status int
-		body   string
-		hdrs   []string
-	}{
-		{"open", 200, "degraded=true allowed=true", []string{"X-RateLimit-Degraded", "true", "Retry-After", ""}},
-		{"closed", 503, "err degraded=true allowed=false", []string{"Retry-After", "1", "X-RateLimit-Degraded", ""}},
-	} {
-		t.Run(tc.mode, func(t *testing.T) {
-			srv := redistest.Start(t)
-			srv.Stop() // Caddy must start while Redis is down
-			cs := startCaddy(t, fmt.Sprintf(`
-	rate_limit_redis {
-		redis {
-			address %s
-		}
-		fail_mode %s
-		capacity 10
-		refill_rate 1
-	}
-	respond "degraded={http.rate_limit_redis.degraded} allowed={http.rate_limit_redis.allowed}"
-	handle_errors {
-		respond "err degraded={http.rate_limit_redis.degraded} allowed={http.rate_limit_redis.allowed}" {err.status_code}
-	}`, srv.Addr, tc.mode))
-			for i := 0; i < 3; i++ {
-				cs.get("/").expect(t, "redis down", tc.status, tc.body, tc.hdrs...)
-			}
-			srv.Restart()
-			// Redis is back: the next request is decided by Redis again (pooled connections
-			// to the dead server are replaced on use).
-			waitFor(t, 5*time.Second, "Redis decides again after it came back", func() bool {
-				return cs.get("/").header.Get("X-RateLimit-Limit") == "10"
-			})
-			cs.get("/").expect(t, "redis back", 200, "degraded=false allowed=true", "X-RateLimit-Degraded", "", "X-RateLimit-Limit", "10")
-		})
-	}
-}
-
-func TestEndToEndDryRun(t *testing.T) {
-	srv := redistest.Start(t)
-	cs := startCaddy(t, fmt.Sprintf(`
-	rate_limit_redis {
-		redis {
-			address %s
-		}
-		dry_run
-		capacity 1
-		refill_rate 1/1h
-	}
-	respond "allowed={http.rate_limit_redis.allowed} retry={http.rate_limit_redis.retry_after}"`, srv.Addr))
-	cs.get("/").expect(t, "first", 200, "allowed=true retry=0", "X-RateLimit-Remaining", "0")
-	cs.get("/").expect(t, "over the limit, dry run", 200, "allowed=false retry=3600",
-		"X-RateLimit-Remaining", "0", "Retry-After", "")
-}
-
-func TestEndToEndCostPlaceholder(t *testing.T) {
-	srv := redistest.Start(t)
-	cs := startCaddy(t, fmt.Sprintf(`
-	rate_limit_redis {
-		redis {
-			address %s
-		}
-		capacity 10
-		refill_rate 1/1h
-		cost {http.request.header.X-Cost}
-	}
-	respond "ok"`, srv.Addr))
-	cs.get("/", "X-Cost", "4").expect(t, "cost 4", 200, "ok", "X-RateLimit-Remaining", "6")
-	cs.get("/").expect(t, "no cost header counts 1", 200, "ok", "X-RateLimit-Remaining", "5")
-	for _, bad := range []string{"abc", "0", "-3", "1.5", "NaN", "99999999999999999999"} {
-		cs.get("/", "X-Cost", bad).expect(t, "cost "+bad, 400, "")
-	}
-	cs.get("/", "X-Cost", "11").expect(t, "cost above capacity", 429, "", "Retry-After", "", "X-RateLimit-Remaining", "5")
-	cs.get("/", "X-Cost", "5").expect(t, "bad costs charged nothing", 200, "ok", "X-RateLimit-Remaining", "0")
-}
-
-func TestEndToEndHeadersOffAndIETF(t *testing.T) {
-	srv := redistest.Start(t)
-	for _, tc := range []struct {
-		mode    string
-		present []string
-		absent  []string
-	}{
-		{"off", nil, []string{"X-RateLimit-Limit", "RateLimit", "RateLimit-Policy"}},
-		{"ietf", []string{"RateLimit", "RateLimit-Policy"}, []string{"X-RateLimit-Limit"}},
-		{"legacy", []string{"X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset"}, []string{"RateLimit"}},
-	} {
-		cs := startCaddy(t, fmt.Sprintf(`
-	rate_limit_redis {
-		redis {
-			address %s
-		}
-		headers %s
-		zone z%s {
-			algorithm sliding_window
-			limit 10
-			window 10s
-		}
-	}
-	respond "ok"`, srv.Addr, tc.mode, tc.mode))
-		r := cs.get("/")
-		for _, h := range tc.present {
-			if r.header.Get(h) == "" {
-				t.Errorf("headers %s: %s missing", tc.mode, h)
-			}
-		}
-		for _, h := range tc.absent {
-			if r.header.Get(h) != "" {
-				t.Errorf("headers %s: %s present", tc.mode, h)
-			}
-		}
-		if tc.mode == "ietf" {
-			r.expect(t, "ietf", 200, "ok", "RateLimit-Policy", `"z`+tc.mode+`";q=10;w=10`, "RateLimit", `"z`+tc.mode+`";r=9;t=10`)
-		}
-		_ = caddy.Stop()
-	}
-}
-
-func TestEndToEndHostileKeys(t *testing.T) {
-	srv := redistest.Start(t)
-	cs := startCaddy(t, fmt.Sprintf(`
-	rate_limit_redis {
-		redis {
-			address %s
-		}
-		key {http.request.header.X-API-Key}
-		capacity 2
-		refill_rate 1/1h
-	}
-	respond "ok"`, srv.Addr))
-	huge := strings.Repeat("k", 10_000) // Caddy rejects headers over 16 kB by default (431) before any handler
-	for _, k := range []string{huge, "}{", "{x}"} {
-		cs.get("/", "X-API-Key", k).expect(t, "first", 200, "ok", "X-RateLimit-Remaining", "1")
-		cs.get("/", "X-API-Key", k).expect(t, "second", 200, "ok", "X-RateLimit-Remaining", "0")
-		cs.get("/", "X-API-Key", k).expect(t, "third", 429, "")
-	}
-	// No key header at all: every such request shares the zone's one key.
-	cs.get("/").expect(t, "no key", 200, "ok", "X-RateLimit-Remaining", "1")
-	cs.get("/").expect(t, "no key again", 200, "ok", "X-RateLimit-Remaining", "0")
-	for _, k := range srv.Client().Keys(t.Context(), "*").Val() {
-		if len(k) > 80 || strings.Count(k, "{") != 1 || strings.Count(k, "}") != 1 {
-			t.Errorf("Redis key %q is unbounded or escapes its hash tag", k)
-		}
-	}
-}
-
-// wantLoadError loads a config whose one route is the rate_limit_redis handler handlerJSON (its
-// JSON without "handler") and fails t unless loading fails with an error that says want.
-func wantLoadError(t *testing.T, handlerJSON, want string) {
-	t.Helper()
-	err := loadHandlerJSON(t, handlerJSON)
-	if err == nil {
-		t.Fatalf("config loaded; want error %q", want)
-	}
-	if !strings.Contains(err.Error(), want) {
-		t.Fatalf("error %q does not say %q", err, want)
-	}
-}
 
 func TestConfigErrorsAtLoad(t *testing.T) {
 	for name, tc := range map[string]struct{ json, want string }{
@@ -377,4 +66,139 @@ func TestCleanupLogsUnreturnedGrants(t *testing.T) {
 	if n := logs.FilterMessageSnippet("lease grants not returned to redis").FilterLevelExact(zapcore.WarnLevel).Len(); n != 1 {
 		t.Fatalf("%d warnings of grants not returned, want 1: %v", n, logs.All())
 	}
+}
+
+// TestConfigPrefixesAndJitterAtLoad: the JSON config's values out of range are errors when it
+// loads, naming the field.
+func TestConfigPrefixesAndJitterAtLoad(t *testing.T) {
+	zone := func(fields string) string {
+		return `{"zones":[{"name":"a","capacity":1,"refill_rate":1` + fields + `}]}`
+	}
+	for name, tc := range map[string]struct{ json, want string }{
+		"ipv4_prefix above 32":       {`{"ipv4_prefix":33,` + zone("")[1:], "ipv4_prefix 33 must be between 1 and 32"},
+		"ipv4_prefix negative":       {`{"ipv4_prefix":-1,` + zone("")[1:], "ipv4_prefix -1 must be between 1 and 32"},
+		"ipv6_prefix above 128":      {`{"ipv6_prefix":129,` + zone("")[1:], "ipv6_prefix 129 must be between 1 and 128"},
+		"zone ipv6_prefix above 128": {zone(`,"ipv6_prefix":200`), "zone a: ipv6_prefix 200 must be between 1 and 128"},
+		"zone ipv4_prefix negative":  {zone(`,"ipv4_prefix":-8`), "zone a: ipv4_prefix -8 must be between 1 and 32"},
+		"jitter negative":            {`{"jitter":"-1s",` + zone("")[1:], "jitter -1s must be a whole number of seconds, >= 0"},
+		"jitter a fraction":          {`{"jitter":"1.5s",` + zone("")[1:], "jitter 1.5s must be a whole number of seconds, >= 0"},
+		"zone jitter a fraction":     {zone(`,"jitter":"10ms"`), "zone a: jitter 10ms must be a whole number of seconds, >= 0"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			err := loadHandlerJSON(t, tc.json)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %v, want one saying %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestConfigAbuseJSON: the JSON path (unmarshal, Provision, Validate, as `caddy run` with a JSON
+// config does) rejects the out-of-range values the Caddyfile parser rejects, names the field,
+// and leaves no Redis client behind.
+func TestConfigAbuseJSON(t *testing.T) {
+	tb := func(fields string) string { return `{"zones":[{"name":"a",` + fields + `}]}` }
+	sw := func(fields string) string { return tb(`"algorithm":"sliding_window",` + fields) }
+	for name, tc := range map[string]struct{ json, want string }{
+		"capacity 0":        {tb(`"capacity":0,"refill_rate":1`), "zone a: capacity is required for algorithm token_bucket (the default when no algorithm is given)"},
+		"capacity negative": {tb(`"capacity":-5,"refill_rate":1`), `zone a: capacity: "-5" is out of range (1 to 9007199254740992)`},
+		// caddy.Load passes numbers through float64: 2^53+1 would arrive as 2^53, 2^53+2 as itself.
+		"capacity beyond 2^53":  {tb(`"capacity":9007199254740994,"refill_rate":1`), `zone a: capacity: "9007199254740994" is out of range (1 to 9007199254740992)`},
+		"capacity beyond int64": {tb(`"capacity":99999999999999999999,"refill_rate":1`), `zone a: capacity: "100000000000000000000" is out of range (1 to 9007199254740992)`},
+		"capacity a float":      {tb(`"capacity":1.5,"refill_rate":1`), `zone a: capacity: "1.5" is not an integer`},
+		"refill_rate 0":         {tb(`"capacity":1`), "zone a: refill_rate is required for algorithm token_bucket (the default when no algorithm is given)"},
+		"refill_rate negative":  {tb(`"capacity":1,"refill_rate":-1`), `zone a: refill_rate: "-1" must be > 0`},
+		"refill_rate tiny":      {tb(`"capacity":1,"refill_rate":5e-324`), "zone a: an empty bucket takes +Infs to refill (capacity / refill_rate); at most 366d is supported"},
+		"refill_rate beyond float64": {tb(`"capacity":1,"refill_rate":1e309`),
+			"cannot unmarshal number 1e309 into Go value of type float64"},
+		"limit 0":               {sw(`"limit":0,"window":"1m"`), "zone a: limit is required for algorithm sliding_window"},
+		"limit negative":        {sw(`"limit":-1,"window":"1m"`), `zone a: limit: "-1" is out of range (1 to 1000000)`},
+		"limit beyond 2^53":     {sw(`"limit":9007199254740994,"window":"1m"`), `zone a: limit: "9007199254740994" is out of range (1 to 1000000)`},
+		"window 0":              {sw(`"limit":1`), "zone a: window is required for algorithm sliding_window"},
+		"window below 1ms":      {sw(`"limit":1,"window":"999us"`), `zone a: window: "999us" is out of range (1ms to 366d)`},
+		"window 1ns":            {sw(`"limit":1,"window":1`), `zone a: window: "1ns" is out of range (1ms to 366d)`},
+		"window negative":       {sw(`"limit":1,"window":"-1s"`), `zone a: window: "-1s" is out of range (1ms to 366d)`},
+		"window above 366d":     {sw(`"limit":1,"window":"367d"`), `zone a: window: "367d" is out of range (1ms to 366d)`},
+		"window not a duration": {sw(`"limit":1,"window":"soon"`), `zone a: window: "soon" is not a duration`},
+		"zone name with a space": {`{"zones":[{"name":"a b","capacity":1,"refill_rate":1}]}`,
+			`zone name "a b" must be 1 to 64 characters of A-Z a-z 0-9 _ . -`},
+		"zone name in braces": {`{"zones":[{"name":"{a}","capacity":1,"refill_rate":1}]}`,
+			`zone name "{a}" must be 1 to 64 characters of A-Z a-z 0-9 _ . -`},
+		"zone name with a brace": {`{"zones":[{"name":"a}","capacity":1,"refill_rate":1}]}`,
+			`zone name "a}" must be 1 to 64 characters of A-Z a-z 0-9 _ . -`},
+		"zone name empty": {`{"zones":[{"capacity":1,"refill_rate":1}]}`,
+			`zone name "" must be 1 to 64 characters of A-Z a-z 0-9 _ . -`},
+		"zone name too long": {`{"zones":[{"name":"` + strings.Repeat("a", 65) + `","capacity":1,"refill_rate":1}]}`,
+			`zone name "` + strings.Repeat("a", 65) + `" must be 1 to 64 characters of A-Z a-z 0-9 _ . -`},
+		"duplicate zone names": {`{"zones":[{"name":"a","capacity":1,"refill_rate":1},{"name":"a","algorithm":"sliding_window","limit":1,"window":"1s"}]}`,
+			`zone name "a" is used twice`},
+		"cost 0":              {tb(`"capacity":1,"refill_rate":1,"cost":"0"`), `zone a: cost: "0" must be > 0`},
+		"cost negative":       {tb(`"capacity":1,"refill_rate":1,"cost":"-1"`), `zone a: cost: "-1" must be > 0`},
+		"cost NaN":            {tb(`"capacity":1,"refill_rate":1,"cost":"NaN"`), `zone a: cost: "NaN" is not an integer or a placeholder`},
+		"cost beyond int64":   {tb(`"capacity":1,"refill_rate":1,"cost":"99999999999999999999"`), `zone a: cost: "99999999999999999999" is out of range`},
+		"cost an empty brace": {tb(`"capacity":1,"refill_rate":1,"cost":"x{}"`), `zone a: cost: "x{}" is not an integer or a placeholder`},
+		"cost an open brace":  {tb(`"capacity":1,"refill_rate":1,"cost":"{"`), `zone a: cost: "{" is not an integer or a placeholder`},
+		"cost above capacity": {tb(`"capacity":5,"refill_rate":1,"cost":"6"`), "zone a: cost 6 is larger than capacity 5: no request could ever be admitted"},
+		"key_prefix with a brace": {`{"key_prefix":"rl{","zones":[{"name":"a","capacity":1,"refill_rate":1}]}`,
+			`key_prefix "rl{" must not contain { or }`},
+		"timeout negative": {`{"timeout":"-1s","zones":[{"name":"a","capacity":1,"refill_rate":1}]}`, "timeout must be > 0"},
+		"db negative":      {`{"redis":{"db":-1},"zones":[{"name":"a","capacity":1,"refill_rate":1}]}`, "redis db -1 must be >= 0"},
+		"algorithm":        {`{"zones":[{"name":"a","algorithm":"leaky_bucket","capacity":1,"refill_rate":1}]}`, `zone a: algorithm "leaky_bucket" must be token_bucket, sliding_window, fixed_window, sliding_window_counter or concurrency`},
+	} {
+		t.Run(name, func(t *testing.T) {
+			// Raw, so that numbers reach Caddy as written.
+			handler := json.RawMessage(`{"handler":"rate_limit_redis",` + strings.TrimPrefix(tc.json, "{"))
+			cfg, err := json.Marshal(map[string]any{
+				"admin": map[string]any{"disabled": true},
+				"apps": map[string]any{"http": map[string]any{"servers": map[string]any{"s": map[string]any{
+					"listen": []string{"127.0.0.1:0"},
+					"routes": []any{map[string]any{"handle": []any{handler}}},
+				}}}},
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			before := clientCount()
+			err = caddy.Load(cfg, true)
+			if err == nil {
+				_ = caddy.Stop()
+				t.Fatalf("config loaded; want error %q", tc.want)
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %q does not say %q", err, tc.want)
+			}
+			if after := clientCount(); after != before {
+				t.Fatalf("%d shared Redis clients after the failed load, %d before", after, before)
+			}
+		})
+	}
+}
+
+// TestKeySecretConfigErrors: the JSON path rejects a key_secret that is short once its
+// placeholders are replaced, or that holds a placeholder not known at load, and names the field.
+func TestKeySecretConfigErrors(t *testing.T) {
+	t.Setenv("RL_TEST_EMPTY", "")
+	for name, tc := range map[string]struct{ secret, want string }{
+		"short literal":         {"fifteen bytes..", errKeySecretShort.Error()},
+		"unset variable":        {"{env.RL_TEST_EMPTY}", errKeySecretShort.Error()},
+		"request placeholder":   {"{http.request.header.X-Secret}", errKeySecretPlaceholder.Error()},
+		"braces left by escape": {`\{0123456789abcdef}`, errKeySecretPlaceholder.Error()},
+	} {
+		t.Run(name, func(t *testing.T) {
+			err := provisionErr(t, &Handler{KeySecret: tc.secret, Zones: []*Zone{{Name: "a", Capacity: NumberOf(1), RefillRate: NumberOf(1)}}})
+			if err == nil || err.Error() != tc.want {
+				t.Fatalf("error %v, want %q", err, tc.want)
+			}
+		})
+	}
+	if errKeySecretShort.Error() != "key_secret must be at least 16 bytes, placeholders replaced: use 32 random bytes, such as the output of `openssl rand -base64 32`" {
+		t.Fatalf("error text: %q", errKeySecretShort)
+	}
+}
+
+// clientCount is the number of shared Redis clients alive.
+func clientCount() int {
+	n := 0
+	clients.Range(func(any, any) bool { n++; return true })
+	return n
 }

@@ -1,8 +1,20 @@
 package ratelimitredis
 
+// The Redis client (redis_client.go): a reply lost after Redis ran the call is not sent again,
+// a Redis Cluster's breaker per node and a reshard, a Sentinel failover.
+
 import (
+	"bytes"
+	"context"
+	"crypto/sha1"
+	"encoding/hex"
+	"errors"
 	"fmt"
+	"io"
+	"math"
+	"net"
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strconv"
 	"strings"
@@ -12,96 +24,16 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/redis/go-redis/v9"
 	"github.com/sony/gobreaker/v2"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/limiter"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/lua"
 )
-
-// TestEndToEndCluster runs Caddy against a 3-primary Redis Cluster given as several addresses:
-// 600 concurrent requests for each of 6 clients spread over the primaries admit exactly 20 per
-// client; and a request whose zones are keyed by two clients in different slots, denied by one,
-// charges neither.
-func TestEndToEndCluster(t *testing.T) {
-	c := redistest.StartCluster(t, 3)
-	cs := startCaddy(t, fmt.Sprintf(`
-	rate_limit_redis {
-		redis {
-			address %s
-		}
-		fail_mode closed
-		timeout 5s
-		zone user {
-			key {http.request.header.X-User}
-			capacity 20
-			refill_rate 1/24h
-		}
-		zone org {
-			match header X-Org *
-			key {http.request.header.X-Org}
-			capacity 1
-			refill_rate 1/24h
-		}
-	}
-	respond "ok"`, strings.Join(c.Addrs(), " ")))
-
-	// Six users, two on each primary (by the slot of their hash tag).
-	var users []string
-	perNode := make([]int, len(c.Nodes))
-	for i := 0; len(users) < 6; i++ {
-		u := "user-" + strconv.Itoa(i)
-		n := c.Nodes[0].Do("CLUSTER", "KEYSLOT", u).(int64) * int64(len(c.Nodes)) / 16384
-		if perNode[n] < 2 {
-			perNode[n]++
-			users = append(users, u)
-		}
-	}
-	lc := newLoadClient(t, cs)
-	const perUser = 600
-	admitted := make([]atomic.Int64, len(users))
-	var failed atomic.Int64
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, 64)
-	for i := 0; i < perUser*len(users); i++ {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func(u int) {
-			defer wg.Done()
-			defer func() { <-sem }()
-			r, err := lc.get("/", "X-User", users[u])
-			switch {
-			case err != nil || (r.status != 200 && r.status != 429):
-				failed.Add(1)
-			case r.status == 200:
-				admitted[u].Add(1)
-			}
-		}(i % len(users))
-	}
-	wg.Wait()
-	if n := failed.Load(); n > 0 {
-		t.Fatalf("%d requests failed", n)
-	}
-	for i, u := range users {
-		if n := admitted[i].Load(); n != 20 {
-			t.Errorf("user %s: %d of %d admitted, want exactly 20", u, n, perUser)
-		}
-	}
-
-	// Cross-slot: user "cross-a" and org "cross-b" hash to different slots.
-	z := &limiter.Zone{Name: "user", Algorithm: limiter.TokenBucket}
-	userKey := limiter.StateKey(DefaultKeyPrefix, z, "cross-a")
-	if a, b := c.Nodes[0].Do("CLUSTER", "KEYSLOT", "cross-a"), c.Nodes[0].Do("CLUSTER", "KEYSLOT", "cross-b"); a == b {
-		t.Fatalf("the test's keys share slot %v", a)
-	}
-	cs.get("/", "X-User", "cross-a", "X-Org", "cross-b").expect(t, "first request", 200, "ok", "X-RateLimit-Remaining", "0")
-	cs.get("/", "X-User", "cross-a", "X-Org", "cross-b").expect(t, "org exhausted", 429, "", "X-RateLimit-Limit", "1")
-	// The user zone held the second request's charge in its slot, then released it: 19 left,
-	// so the next request without an org leaves 18.
-	cs.get("/", "X-User", "cross-a").expect(t, "user alone", 200, "ok", "X-RateLimit-Remaining", "18")
-	if v := c.Client().HGet(t.Context(), userKey, "t").Val(); !strings.HasPrefix(v, "+18") {
-		t.Fatalf("user bucket holds %q tokens, want 18.x", v)
-	}
-}
 
 // clusterClientOf returns the shared Redis client (in the clients pool) of the cluster whose
 // seeds are addrs.
@@ -424,3 +356,228 @@ func TestClusterReshardFailsOnlyTheMovingSlot(t *testing.T) {
 			fwv, movCodes[200]+1, movCodes[200]+1+movCodes[503])
 	}
 }
+
+// TestDroppedReplyAppliedOnce: with the module's client settings, a decision whose connection
+// drops after Redis ran it is applied exactly once (go-redis does not send it again): the call
+// fails, fail_mode applies, and the sliding window's first request is not locked out by its own
+// entry. The same holds for a Redis Cluster release.
+func TestDroppedReplyAppliedOnce(t *testing.T) {
+	srv := redistest.Start(t)
+	srv.Do("SCRIPT", "LOAD", lua.Decide)
+	var armed atomic.Bool
+	var dropped atomic.Int32
+	rdb := droppingClient(t, resolvedRedis{Addresses: []string{srv.Addr}, DialTimeout: time.Second}, scriptSHA(lua.Decide), &armed, &dropped)
+	p := limiter.NewPipeline(rdb, pipelines)
+	t.Cleanup(p.Close)
+	l := limiter.New(rdb, limiter.Options{KeyPrefix: "rl:", Pipeline: p})
+	for _, z := range []*limiter.Zone{
+		{Name: "bucket", Algorithm: limiter.TokenBucket, Capacity: 10, RefillRate: 10 / limiter.MaxWindow.Seconds()},
+		{Name: "window", Algorithm: limiter.SlidingWindow, Limit: 1, Window: time.Hour},
+	} {
+		armed.Store(true)
+		before := dropped.Load()
+		_, err := l.Allow(context.Background(), []limiter.Request{{Zone: z, Key: "bob", Cost: 1}})
+		if err == nil || dropped.Load() != before+1 {
+			t.Fatalf("%s: Allow with a dropped reply: %v (dropped %d), want an error", z.Name, err, dropped.Load()-before)
+		}
+		st, err := l.State(context.Background(), z, "bob")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := z.Quota() - 1; st.Remaining != want {
+			t.Fatalf("%s: %d remaining after one dropped decision, want %d: applied exactly once", z.Name, st.Remaining, want)
+		}
+	}
+
+	// A release whose reply is lost, on a Redis Cluster: applied once.
+	c := redistest.StartCluster(t, 1)
+	c.Nodes[0].Do("SCRIPT", "LOAD", lua.Settle)
+	crdb := droppingClient(t, resolvedRedis{Addresses: c.Addrs(), Cluster: true, DialTimeout: time.Second}, scriptSHA(lua.Settle), &armed, &dropped)
+	cl := limiter.New(crdb, limiter.Options{KeyPrefix: "rl:", Cluster: true})
+	a := &limiter.Zone{Name: "a", Algorithm: limiter.TokenBucket, Capacity: 10, RefillRate: 10 / limiter.MaxWindow.Seconds()}
+	b := &limiter.Zone{Name: "b", Algorithm: limiter.SlidingWindow, Limit: 1, Window: time.Hour}
+	mustDecide := func(reqs ...limiter.Request) limiter.Decision {
+		d, err := cl.Allow(context.Background(), reqs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	mustDecide(limiter.Request{Zone: b, Key: "org1", Cost: 1})  // org1 at its limit
+	mustDecide(limiter.Request{Zone: a, Key: "alice", Cost: 6}) // 4 left
+	armed.Store(true)
+	before := dropped.Load()
+	if d := mustDecide(limiter.Request{Zone: a, Key: "alice", Cost: 3}, limiter.Request{Zone: b, Key: "org1", Cost: 1}); d.Allowed {
+		t.Fatalf("cross-slot request: %+v, want denied by zone b", d)
+	}
+	if dropped.Load() != before+1 {
+		t.Fatal("the release's reply was not dropped")
+	}
+	st, err := cl.State(context.Background(), a, "alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Tokens < 3.99 || st.Tokens > 4.01 {
+		t.Fatalf("zone a after a release whose reply was lost: %.3f tokens, want 4: released exactly once", st.Tokens)
+	}
+}
+
+// TestSentinelFailover: a handler on a Sentinel-monitored primary keeps deciding while the
+// primary is killed under load: decisions fail (fail_mode closed: 503) until the Sentinels
+// promote the replica, then resume on it with no restart or reload. Replication is asynchronous,
+// so the failover may lose the last writes the primary acknowledged; the test measures that loss
+// from the replica's state and shows the new primary admits exactly what it holds: over-admission
+// is exactly the writes the failover lost, never more.
+func TestSentinelFailover(t *testing.T) {
+	ss := redistest.StartSentinels(t, time.Second)
+	const capacity = 400
+	h := provisioned(t, &Handler{
+		Redis:    &RedisConfig{Addresses: ss.Addrs(), Sentinel: ss.Master},
+		FailMode: FailClosed,
+		Timeout:  caddy.Duration(200 * time.Millisecond),
+		Zones:    []*Zone{{Name: "z", Capacity: NumberOf(capacity), RefillRate: NumberOf(capacity / (limiter.MaxWindow.Seconds() / 2))}},
+	})
+	// serve's requests carry no client IP: all count under the zone's key for an empty client key.
+	key := limiter.StateKey(DefaultKeyPrefix, &h.Zones[0].lz, "")
+
+	var admitted, denied, failed atomic.Int64
+	var killed atomic.Bool
+	var recoveredAt atomic.Int64 // unix ns of the first decision started after the kill that Redis decided
+	const workers = 4
+	iterations := make([]atomic.Int64, workers)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				// Only a decision started after the kill tells that the new primary answers: one
+				// under way at the kill may have had its reply from the old primary.
+				afterKill := killed.Load()
+				_, err, next := serve(h, httptest.NewRequest(http.MethodGet, "/", nil))
+				var he caddyhttp.HandlerError
+				switch {
+				case err == nil && next:
+					admitted.Add(1)
+				case errors.As(err, &he) && he.StatusCode == 429:
+					denied.Add(1)
+				case errors.As(err, &he) && he.StatusCode == 503:
+					failed.Add(1)
+				default:
+					t.Errorf("unexpected outcome: err %v, next %t", err, next)
+				}
+				if afterKill && (err == nil || he.StatusCode == 429) {
+					recoveredAt.CompareAndSwap(0, time.Now().UnixNano())
+				}
+				iterations[w].Add(1)
+			}
+		}(w)
+	}
+	defer func() { close(stop); wg.Wait() }()
+
+	waitFor(t, 10*time.Second, "150 admitted requests", func() bool { return admitted.Load() >= 150 })
+	ss.Primary.Stop() // SIGKILL
+	killAt := time.Now()
+	killed.Store(true)
+	// Every worker finishes the decision it had under way at the kill: from then on, admitted
+	// counts only what the new primary admits.
+	var at [workers]int64
+	for w := range at {
+		at[w] = iterations[w].Load()
+	}
+	waitFor(t, 5*time.Second, "the workers to move past the kill", func() bool {
+		for w := range at {
+			if iterations[w].Load() < at[w]+2 {
+				return false
+			}
+		}
+		return true
+	})
+	admittedByOld := admitted.Load()
+	if recoveredAt.Load() != 0 {
+		t.Fatal("decisions succeeded before the Sentinels could promote the replica")
+	}
+	tokens, err := ss.Replica.Client().HGet(context.Background(), key, "t").Float64()
+	if err != nil {
+		t.Fatalf("reading the bucket %s on the replica: %v (keys: %v)", key, err, ss.Replica.Do("KEYS", "*"))
+	}
+	onReplica := int64(math.Floor(tokens + 1e-9)) // what the new primary will have to give
+
+	waitFor(t, 30*time.Second, "decisions to resume and the bucket to run out", func() bool {
+		return recoveredAt.Load() != 0 && denied.Load() >= 10
+	})
+	close(stop)
+	wg.Wait()
+	stop = make(chan struct{})
+
+	recovery := time.Duration(recoveredAt.Load() - killAt.UnixNano())
+	lost := admittedByOld - (capacity - onReplica) // acknowledged by the old primary, never replicated
+	t.Logf("Sentinel failover: decisions resumed %.2fs after the primary was killed (down-after-milliseconds 1000); "+
+		"%d admitted before the kill; lost by asynchronous replication: %d (negative: charges whose replies the kill cut off); %d failed (503) meanwhile",
+		recovery.Seconds(), admittedByOld, lost, failed.Load())
+	if after := admitted.Load() - admittedByOld; after != onReplica {
+		t.Fatalf("the new primary admitted %d, want exactly the %d tokens it held", after, onReplica)
+	}
+	if over := admitted.Load() - capacity; over != lost {
+		t.Fatalf("over-admission %d, want exactly the %d writes the failover lost", over, lost)
+	}
+	if role := ss.Replica.Do("ROLE").([]any)[0]; role != "master" {
+		t.Fatalf("the replica's role is %v after the failover, want master", role)
+	}
+}
+
+// dropConn wraps a connection: after it writes a command carrying marker while armed, its next
+// Read waits for Redis to have run the command, then fails as a dropped connection does.
+type dropConn struct {
+	net.Conn
+	marker  []byte
+	armed   *atomic.Bool
+	drop    bool
+	dropped *atomic.Int32
+}
+
+func (c *dropConn) Write(b []byte) (int, error) {
+	if bytes.Contains(b, c.marker) && c.armed.CompareAndSwap(true, false) {
+		c.drop = true
+	}
+	return c.Conn.Write(b)
+}
+
+func (c *dropConn) Read(b []byte) (int, error) {
+	if c.drop {
+		c.drop = false
+		time.Sleep(50 * time.Millisecond) // Redis has run the script by now
+		c.dropped.Add(1)
+		_ = c.Conn.Close()
+		return 0, io.EOF
+	}
+	return c.Conn.Read(b)
+}
+
+// droppingClient is the module's go-redis client for r, whose connections drop once after the
+// command carrying marker is sent, when armed.
+func droppingClient(t *testing.T, r resolvedRedis, marker string, armed *atomic.Bool, dropped *atomic.Int32) redis.UniversalClient {
+	t.Helper()
+	opts, err := r.options()
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts.Dialer = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return &dropConn{Conn: c, marker: []byte(marker), armed: armed, dropped: dropped}, nil
+	}
+	rdb := redis.NewUniversalClient(opts)
+	t.Cleanup(func() { _ = rdb.Close() })
+	return rdb
+}
+
+func scriptSHA(src string) string { h := sha1.Sum([]byte(src)); return hex.EncodeToString(h[:]) }

@@ -1,7 +1,6 @@
-package ratelimitredis
+package repocheck
 
 import (
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -139,7 +138,7 @@ func TestReadmeListsEveryDocPage(t *testing.T) {
 // contents (it does not start with a site address or the global options) is adapted indented
 // inside a site. The directive's syntax summary is not a Caddyfile: it is a ```text block.
 func TestDocCaddyfilesFormatAndAdapt(t *testing.T) {
-	blocks := docBlocks(t, "caddyfile")
+	blocks := DocBlocks(t, "caddyfile")
 	if len(blocks) < 10 {
 		t.Fatalf("found %d Caddyfile examples in README.md and docs/*.md, expected more", len(blocks))
 	}
@@ -148,13 +147,13 @@ func TestDocCaddyfilesFormatAndAdapt(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		blocks = append(blocks, docBlock{where: f, text: string(b)})
+		blocks = append(blocks, DocBlock{Where: f, Text: string(b)})
 	}
 	for _, b := range blocks {
-		if formatted := string(caddyfile.Format([]byte(b.text))); formatted != b.text {
-			t.Errorf("%s: the Caddyfile example is not as `caddy fmt` writes it; it would be:\n%s", b.where, formatted)
+		if formatted := string(caddyfile.Format([]byte(b.Text))); formatted != b.Text {
+			t.Errorf("%s: the Caddyfile example is not as `caddy fmt` writes it; it would be:\n%s", b.Where, formatted)
 		}
-		src := b.text
+		src := b.Text
 		if first := firstToken(src); first != "{" && !strings.ContainsAny(first, ".:") {
 			var site strings.Builder
 			site.WriteString("example.com {\n")
@@ -167,12 +166,12 @@ func TestDocCaddyfilesFormatAndAdapt(t *testing.T) {
 			site.WriteString("}\n")
 			src = site.String()
 		}
-		_, warnings, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(src), map[string]any{"filename": b.where})
+		_, warnings, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(src), map[string]any{"filename": b.Where})
 		if err != nil {
-			t.Errorf("%s: the Caddyfile example does not adapt: %v\n%s", b.where, err, src)
+			t.Errorf("%s: the Caddyfile example does not adapt: %v\n%s", b.Where, err, src)
 		}
 		for _, w := range warnings {
-			t.Errorf("%s: adapting the Caddyfile example warns: %s\n%s", b.where, w, src)
+			t.Errorf("%s: adapting the Caddyfile example warns: %s\n%s", b.Where, w, src)
 		}
 	}
 }
@@ -185,62 +184,6 @@ func firstToken(src string) string {
 		}
 	}
 	return ""
-}
-
-// docBlock is a fenced code block of the documentation.
-type docBlock struct {
-	where string // file:line of its first line
-	text  string // its lines, the list indentation of its fence removed, each ending in \n
-}
-
-// docBlocks returns the code blocks of README.md and docs/*.md fenced as ```lang.
-func docBlocks(t *testing.T, lang string) []docBlock {
-	t.Helper()
-	files, _ := filepath.Glob("docs/*.md")
-	files = append([]string{"README.md"}, files...)
-	var blocks []docBlock
-	for _, f := range files {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var lines []string
-		inBlock, indent, start := false, "", 0
-		for i, line := range strings.Split(string(b), "\n") {
-			trimmed := strings.TrimSpace(line)
-			switch {
-			case !inBlock && trimmed == "```"+lang:
-				indent = line[:len(line)-len(strings.TrimLeft(line, " \t"))]
-				inBlock, lines, start = true, nil, i+2
-			case inBlock && trimmed == "```":
-				inBlock = false
-				blocks = append(blocks, docBlock{where: fmt.Sprintf("%s:%d", f, start), text: strings.Join(lines, "\n") + "\n"})
-			case inBlock:
-				lines = append(lines, strings.TrimPrefix(line, indent))
-			}
-		}
-	}
-	return blocks
-}
-
-// TestDocumentedACL: the ACL docs/security.md tells operators to give the limiter is redisACL's,
-// line for line (each on a line of its own), and no other: the one derived from redisUses, which
-// TestRedisACL, TestRedisACLCluster and TestTLSAndACL prove sufficient.
-func TestDocumentedACL(t *testing.T) {
-	b, err := os.ReadFile("docs/security.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var documented []string
-	for _, line := range strings.Split(string(b), "\n") {
-		if line = strings.TrimSpace(line); strings.HasPrefix(line, "ACL SETUSER") {
-			documented = append(documented, line)
-		}
-	}
-	if want := redisACL("limiter", "password", "rl:"); !slices.Equal(documented, want) {
-		t.Errorf("docs/security.md gives the ACL\n%s\nwant, derived from redisUses (acl_test.go):\n%s",
-			strings.Join(documented, "\n"), strings.Join(want, "\n"))
-	}
 }
 
 // TestReadmeCaddyfilesAreTheReferences: the README's Caddyfile blocks (the example, and the
@@ -308,16 +251,16 @@ func TestReadmeInstall(t *testing.T) {
 		t.Error("README.md's Install does not begin the from-checkout build with make build")
 	}
 	found := false
-	for _, b := range docBlocks(t, "sh") {
-		for line := range strings.SplitSeq(b.text, "\n") {
+	for _, b := range DocBlocks(t, "sh") {
+		for line := range strings.SplitSeq(b.Text, "\n") {
 			switch {
 			case strings.HasPrefix(line, "go tool xcaddy build"):
 				found = true
 				if line != build {
-					t.Errorf("%s: the from-checkout command is not what make build runs:\n%s\nMakefile:\n%s", b.where, line, build)
+					t.Errorf("%s: the from-checkout command is not what make build runs:\n%s\nMakefile:\n%s", b.Where, line, build)
 				}
-			case strings.HasPrefix(line, "xcaddy build --with "+vars["MODULE"]) && !strings.HasPrefix(b.text, "# the published-module form: it works only after a release"):
-				t.Errorf("%s: %q needs the module on the module proxy: mark its block as the published-module form", b.where, line)
+			case strings.HasPrefix(line, "xcaddy build --with "+vars["MODULE"]) && !strings.HasPrefix(b.Text, "# the published-module form: it works only after a release"):
+				t.Errorf("%s: %q needs the module on the module proxy: mark its block as the published-module form", b.Where, line)
 			}
 		}
 	}

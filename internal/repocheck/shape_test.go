@@ -1,4 +1,4 @@
-package ratelimitredis
+package repocheck
 
 import (
 	"go/ast"

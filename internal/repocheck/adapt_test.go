@@ -1,4 +1,4 @@
-package ratelimitredis
+package repocheck
 
 import (
 	"bytes"
@@ -13,8 +13,8 @@ import (
 var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
 
 // TestAdaptExample checks that Caddyfile.example adapts, with no warning, to the JSON in
-// testdata/Caddyfile.example.json (what `make adapt` prints). Run `go test -run AdaptExample
-// -update` after changing either on purpose.
+// testdata/Caddyfile.example.json (what `make adapt` prints). Run `go test ./internal/repocheck
+// -run AdaptExample -update` after changing either on purpose.
 func TestAdaptExample(t *testing.T) {
 	t.Setenv("REDIS_ADDR", "") // restored when the test ends
 	os.Unsetenv("REDIS_ADDR")  // so the example's {$REDIS_ADDR:127.0.0.1:6379} takes its default
@@ -42,7 +42,7 @@ func TestAdaptExample(t *testing.T) {
 	}
 	want, err := os.ReadFile(golden)
 	if err != nil {
-		t.Fatalf("%v (run go test -run AdaptExample -update to create it)", err)
+		t.Fatalf("%v (run go test ./internal/repocheck -run AdaptExample -update to create it)", err)
 	}
 	if !bytes.Equal(pretty.Bytes(), want) {
 		t.Fatalf("Caddyfile.example adapts to\n%s\nwant (%s)\n%s", pretty.Bytes(), golden, want)

@@ -1,0 +1,126 @@
+package e2e_test
+
+import (
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
+)
+
+func TestEndToEndCostPlaceholder(t *testing.T) {
+	srv := redistest.Start(t)
+	cs := startCaddy(t, fmt.Sprintf(`
+	rate_limit_redis {
+		redis {
+			address %s
+		}
+		capacity 10
+		refill_rate 1/1h
+		cost {http.request.header.X-Cost}
+	}
+	respond "ok"`, srv.Addr))
+	cs.get("/", "X-Cost", "4").expect(t, "cost 4", 200, "ok", "X-RateLimit-Remaining", "6")
+	cs.get("/").expect(t, "no cost header counts 1", 200, "ok", "X-RateLimit-Remaining", "5")
+	for _, bad := range []string{"abc", "0", "-3", "1.5", "NaN", "99999999999999999999"} {
+		cs.get("/", "X-Cost", bad).expect(t, "cost "+bad, 400, "")
+	}
+	cs.get("/", "X-Cost", "11").expect(t, "cost above capacity", 429, "", "Retry-After", "", "X-RateLimit-Remaining", "5")
+	cs.get("/", "X-Cost", "5").expect(t, "bad costs charged nothing", 200, "ok", "X-RateLimit-Remaining", "0")
+}
+
+// TestAbuseCostPlaceholder: every kind of hostile cost, end to end, with the statuses of DESIGN
+// §5: empty counts as 1; anything but a positive integer is 400; a cost above the zone's
+// capacity or limit is 429 without Retry-After. None of them charges the zone.
+func TestAbuseCostPlaceholder(t *testing.T) {
+	srv := redistest.Start(t)
+	cs := startSites(t, "", fmt.Sprintf(`
+	rate_limit_redis {
+		redis {
+			address %s
+		}
+		zone tb {
+			match path /tb
+			cost {http.request.header.X-Cost}
+			capacity 10
+			refill_rate 1/1h
+		}
+		zone sw {
+			match path /sw
+			cost {http.request.header.X-Cost}
+			algorithm sliding_window
+			limit 10
+			window 1h
+		}
+	}
+	respond "ok"`, srv.Addr))[0]
+
+	bad := []string{"-1", "0", "-0", "00", "NaN", "nan", "Inf", "+Inf", "1e3", "0x10", "1.0", "1,000", "abc", "٣",
+		"3 3", "+", "-", "99999999999999999999", "-9223372036854775808", "{http.request.header.X-Cost}"}
+	for _, path := range []string{"/tb", "/sw"} {
+		cs.get(path, "X-Cost", "").expect(t, path+" empty cost counts 1", 200, "ok", "X-RateLimit-Remaining", "9")
+		cs.get(path).expect(t, path+" no cost header counts 1", 200, "ok", "X-RateLimit-Remaining", "8")
+		cs.get(path, "X-Cost", "+2").expect(t, path+" cost +2", 200, "ok", "X-RateLimit-Remaining", "6")
+		for _, cost := range bad {
+			cs.get(path, "X-Cost", cost).expect(t, fmt.Sprintf("%s cost %q", path, cost), 400, "", "Retry-After", "", "X-RateLimit-Remaining", "")
+		}
+		// Decided by Redis, again and again: a huge cost once made the script's retry after
+		// overflow, a bad_response that failed open and, five times over, opened the circuit
+		// breaker for every client.
+		for range 3 {
+			for _, cost := range []string{"11", "9007199254740993", "9223372036854775807"} {
+				cs.get(path, "X-Cost", cost).expect(t, fmt.Sprintf("%s cost %s above the quota", path, cost), 429, "",
+					"Retry-After", "", "X-RateLimit-Remaining", "6", "X-RateLimit-Degraded", "")
+			}
+		}
+		// Nothing above was charged: 6 left, so 7 waits (with Retry-After) and 6 passes.
+		r := cs.get(path, "X-Cost", "7")
+		r.expect(t, path+" cost 7 of 6 left", 429, "", "X-RateLimit-Remaining", "6")
+		if ra, _ := strconv.Atoi(r.header.Get("Retry-After")); ra < 1 {
+			t.Fatalf("%s: Retry-After %q on a denial that waiting cures", path, r.header.Get("Retry-After"))
+		}
+		cs.get(path, "X-Cost", "6").expect(t, path+" cost 6 of 6 left", 200, "ok", "X-RateLimit-Remaining", "0", "X-RateLimit-Degraded", "")
+	}
+}
+
+// TestClientCostBounded: a client-chosen cost on a large sliding window log is bounded by
+// max_cost (default 1000 there): a cost of 300,000 is answered at once, with no Retry-After,
+// without holding Redis, and a login zone on the same Redis stays limited meanwhile.
+func TestClientCostBounded(t *testing.T) {
+	srv := redistest.Start(t, "--slowlog-log-slower-than", "10000") // 10ms
+	cs := startCaddy(t, fmt.Sprintf(`rate_limit_redis {
+		redis {
+			address %s
+		}
+		zone big {
+			key {http.request.header.X-API-Key}
+			algorithm sliding_window
+			limit 300000
+			window 1h
+			cost {http.request.header.X-Cost}
+		}
+		zone login {
+			match path /login
+			algorithm sliding_window
+			limit 3
+			window 1m
+		}
+	}
+	respond "ok"`, srv.Addr))
+	start := time.Now()
+	r := cs.get("/", "X-API-Key", "attacker", "X-Cost", "300000")
+	if r.status != 429 || r.header.Get("Retry-After") != "" {
+		t.Fatalf("cost 300000: %d Retry-After %q, want 429 without Retry-After", r.status, r.header.Get("Retry-After"))
+	}
+	t.Logf("cost 300000 answered in %v", time.Since(start))
+	if r := cs.get("/", "X-API-Key", "attacker", "X-Cost", "1000"); r.status != 200 {
+		t.Fatalf("cost 1000 (the default max_cost): %d, want 200", r.status)
+	}
+	if got := cs.statuses(4, "/login"); got != "200 200 200 429" {
+		t.Fatalf("login zone: %s, want 200 200 200 429", got)
+	}
+	if n := srv.Do("SLOWLOG", "LEN").(int64); n != 0 {
+		t.Fatalf("%d Redis calls slower than 10ms: %v", n, srv.Do("SLOWLOG", "GET"))
+	}
+}

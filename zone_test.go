@@ -1,0 +1,111 @@
+package ratelimitredis
+
+// A zone's validation (zone.go), and a fixed window of a calendar period through Caddy.
+
+import (
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
+)
+
+// TestValidateCharging: the JSON config's count_status, charge and hold_max are checked as the
+// Caddyfile's are (Zone.validate, which the parser runs when a zone ends).
+func TestValidateCharging(t *testing.T) {
+	t.Parallel()
+	tbz := Zone{Capacity: NumberOf(10), RefillRate: NumberOf(1)}
+	swz := Zone{Algorithm: "sliding_window", Limit: NumberOf(10), Window: NumberOf(time.Minute)}
+	fwz := Zone{Algorithm: "fixed_window", Limit: NumberOf(10), Window: NumberOf(time.Minute)}
+	scz := Zone{Algorithm: "sliding_window_counter", Limit: NumberOf(10), Window: NumberOf(time.Minute)}
+	with := func(z Zone, set func(*Zone)) Zone { set(&z); return z }
+	for _, tc := range []struct {
+		name string
+		z    Zone
+		want string
+	}{
+		{"ok", with(tbz, func(z *Zone) { z.CountStatus, z.Charge = []string{"4xx"}, &Charge{Source: "openai_usage"} }), ""},
+		{"bad status", with(tbz, func(z *Zone) { z.CountStatus = []string{"4x"} }), `zone z: count_status: "4x" is not a status code (100 to 599) or a class such as 4xx`},
+		{"bad source", with(tbz, func(z *Zone) { z.Charge = &Charge{Source: "body"} }), `zone z: charge source "body" must be header or openai_usage`},
+		{"header without field", with(tbz, func(z *Zone) { z.Charge = &Charge{Source: "header"} }), `zone z: charge header needs a header field name`},
+		{"bad usage", with(tbz, func(z *Zone) { z.Charge = &Charge{Source: "openai_usage", Usage: "input"} }), `zone z: charge usage "input" must be total, prompt or completion`},
+		{"missing", with(tbz, func(z *Zone) { z.Charge = &Charge{Source: "openai_usage", Missing: new(int64(0))} }), ""},
+		{"missing negative", with(tbz, func(z *Zone) { z.Charge = &Charge{Source: "openai_usage", Missing: new(int64(-1))} }), `zone z: charge missing -1 must be between 0 and 9007199254740992`},
+		{"missing with header", with(tbz, func(z *Zone) { z.Charge = &Charge{Source: "header", Header: "X", Missing: new(int64(1))} }), `zone z: charge missing belongs to source openai_usage`},
+		{"hold_max alone", with(tbz, func(z *Zone) { z.HoldMax = caddy.Duration(time.Minute) }), `zone z: hold_max applies to a zone with count_status or charge, or of algorithm concurrency`},
+		{"hold_max too long", with(tbz, func(z *Zone) { z.CountStatus, z.HoldMax = []string{"401"}, caddy.Duration(25*time.Hour) }), `zone z: hold_max 25h0m0s is out of range (at most 1d)`},
+		{"sliding window count_status", with(swz, func(z *Zone) { z.CountStatus = []string{"401"} }), ""},
+		{"sliding window charge", with(swz, func(z *Zone) { z.Charge = &Charge{Source: "header", Header: "X"} }), `zone z: charge needs algorithm token_bucket, fixed_window or sliding_window_counter: a sliding_window zone stores one entry per unit of cost, so charging it what a response reports (thousands of tokens) would store thousands of entries per request; count_status works with sliding_window`},
+		{"fixed window", with(fwz, func(z *Zone) { z.CountStatus, z.Charge = []string{"401"}, &Charge{Source: "header", Header: "X"} }), ""},
+		{"sliding window counter", with(scz, func(z *Zone) { z.CountStatus, z.Charge = []string{"401"}, &Charge{Source: "openai_usage"} }), ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			z := tc.z
+			z.Name = "z"
+			err := z.validate()
+			if got := fmt.Sprint(err); (tc.want == "") != (err == nil) || (tc.want != "" && got != tc.want) {
+				t.Fatalf("got %v, want %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestEndToEndDailyQuota: a fixed window of 3 per UTC day through Caddy: the headers and the
+// 429's Retry-After say the seconds to the next UTC midnight; the admin API shows the count and
+// the window, and a reset gives the client its quota back.
+func TestEndToEndDailyQuota(t *testing.T) {
+	srv := redistest.Start(t)
+	ac := startCaddyAdmin(t, fmt.Sprintf(`
+	rate_limit_redis {
+		redis {
+			address %s
+		}
+		headers both
+		zone daily {
+			key {http.request.header.X-API-Key}
+			algorithm fixed_window
+			limit 3
+			period day
+		}
+	}
+	respond "ok"`, srv.Addr))
+	toMidnight := func() int {
+		now := time.Now().UTC()
+		return int(now.Truncate(24*time.Hour).Add(24*time.Hour).Sub(now).Seconds() + 0.999)
+	}
+	if toMidnight() < 30 {
+		time.Sleep(time.Duration(toMidnight()+1) * time.Second) // not across a midnight
+	}
+	near := func(step, header string, got string, want int) {
+		t.Helper()
+		if n, err := strconv.Atoi(got); err != nil || n < want-2 || n > want+1 {
+			t.Fatalf("%s: %s %q, want %d (±1s): the seconds to the next UTC midnight", step, header, got, want)
+		}
+	}
+	for i := 1; i <= 3; i++ {
+		r := ac.get("/", "X-API-Key", "alice")
+		if r.status != 200 || r.header.Get("X-RateLimit-Remaining") != strconv.Itoa(3-i) ||
+			r.header.Get("RateLimit-Policy") != `"daily";q=3;w=86400` {
+			t.Fatalf("request %d: %d %v", i, r.status, r.header)
+		}
+		near("request "+strconv.Itoa(i), "X-RateLimit-Reset", r.header.Get("X-RateLimit-Reset"), toMidnight())
+	}
+	r := ac.get("/", "X-API-Key", "alice")
+	if r.status != 429 {
+		t.Fatalf("4th request: %d, want 429", r.status)
+	}
+	near("4th request", "Retry-After", r.header.Get("Retry-After"), toMidnight())
+	st := adminJSON[[]clientState](t, ac, "GET", "/rate_limit_redis/state?zone=daily&key=alice", 200)
+	today := time.Now().UTC().Truncate(24 * time.Hour)
+	if len(st) != 1 || st[0].Count == nil || *st[0].Count != 3 || st[0].Remaining != 0 || st[0].Algorithm != "fixed_window" ||
+		st[0].WindowStart != today.Format(time.RFC3339Nano) || st[0].WindowEnd != today.Add(24*time.Hour).Format(time.RFC3339Nano) {
+		t.Fatalf("state: %+v, want count 3 in today's window", st)
+	}
+	adminJSON[[]resetResult](t, ac, "DELETE", "/rate_limit_redis/state?zone=daily&key=alice", 200)
+	if r := ac.get("/", "X-API-Key", "alice"); r.status != 200 || r.header.Get("X-RateLimit-Remaining") != "2" {
+		t.Fatalf("after the reset: %d %v, want 200 with 2 left", r.status, r.header)
+	}
+}
