@@ -3,6 +3,7 @@ package ratelimitredis
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"reflect"
 	"strings"
@@ -416,749 +417,8 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 				{Name: "a", Capacity: NumberOf(1), RefillRate: NumberOf(1), MatcherSetsRaw: matchSets("path", `["/a","/b"]`)},
 			}},
 		},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			var got Handler
-			if err := got.UnmarshalCaddyfile(caddyfile.NewTestDispenser(tc.input)); err != nil {
-				t.Fatalf("UnmarshalCaddyfile: %v", err)
-			}
-			if !reflect.DeepEqual(&got, tc.want) {
-				t.Errorf("got\n%s\nwant\n%s", toJSON(t, &got), toJSON(t, tc.want))
-			}
-		})
-	}
-}
 
-func toJSON(t *testing.T, v any) string {
-	t.Helper()
-	b, err := json.MarshalIndent(v, "", "  ")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(b)
-}
-
-// TestUnmarshalCaddyfileMinimalJSON checks that the parser fills in no defaults: the JSON of a
-// handler holds what its Caddyfile says and nothing more.
-func TestUnmarshalCaddyfileMinimalJSON(t *testing.T) {
-	t.Parallel()
-	var h Handler
-	err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(`rate_limit_redis {
-		zone login {
-			match path /login
-			algorithm sliding_window
-			limit 5
-			window 1m
-		}
-	}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := json.Marshal(&h)
-	if err != nil {
-		t.Fatal(err)
-	}
-	const want = `{"zones":[{"name":"login","algorithm":"sliding_window","limit":5,"window":60000000000,"match":[{"path":["/login"]}]}]}`
-	if string(b) != want {
-		t.Errorf("got  %s\nwant %s", b, want)
-	}
-}
-
-func TestUnmarshalCaddyfileErrors(t *testing.T) {
-	t.Parallel()
-	// zone is a zone block that is valid on its own, for inputs whose error lies elsewhere.
-	const zone = `
-		zone z {
-			capacity 1
-			refill_rate 1
-		}`
-	for _, tc := range []struct {
-		name  string
-		input string
-		want  string
-	}{
-		// The directive line and the zones.
-		{"argument", "rate_limit_redis foo {" + zone + "\n}",
-			`rate_limit_redis: unexpected argument "foo"; it takes only a matcher and a block, at Testfile:1`},
-		{"no block", "rate_limit_redis",
-			`rate_limit_redis: at least one zone is required: a zone block, or zone subdirectives (such as capacity and refill_rate) directly in this block, at Testfile:1`},
-		{"no zone", "rate_limit_redis {\n\ttimeout 1s\n}",
-			`rate_limit_redis: at least one zone is required: a zone block, or zone subdirectives (such as capacity and refill_rate) directly in this block, at Testfile:1`},
-		{"unknown subdirective", "rate_limit_redis {\n\tfoo bar\n}",
-			`unrecognized subdirective "foo", at Testfile:2`},
-
-		// key_prefix
-		{"key_prefix missing", "rate_limit_redis {\n\tkey_prefix\n}",
-			`wrong argument count or unexpected line ending after 'key_prefix', at Testfile:2`},
-		{"key_prefix extra", "rate_limit_redis {\n\tkey_prefix a b\n}",
-			`key_prefix: unexpected argument "b", at Testfile:2`},
-		{"key_prefix repeated", "rate_limit_redis {\n\tkey_prefix a\n\tkey_prefix b\n}",
-			`duplicate subdirective "key_prefix", at Testfile:3`},
-		{"key_prefix braces", "rate_limit_redis {\n\tkey_prefix rl{x}:\n}",
-			`key_prefix "rl{x}:" must not contain { or }: the client key is the Redis Cluster hash tag, at Testfile:2`},
-		{"key_prefix brace", "rate_limit_redis {\n\tkey_prefix rl}\n}",
-			`key_prefix "rl}" must not contain { or }: the client key is the Redis Cluster hash tag, at Testfile:2`},
-		{"key_prefix empty", "rate_limit_redis {\n\tkey_prefix \"\"\n}",
-			`key_prefix: must not be empty (leave it out for the default "rl:"), at Testfile:2`},
-		{"key_prefix block", "rate_limit_redis {\n\tkey_prefix a {\n\t\tb\n\t}\n}",
-			`key_prefix: unexpected block, at Testfile:2`},
-
-		// key_secret: no error shows the secret, or a piece of it.
-		{"key_secret missing", "rate_limit_redis {\n\tkey_secret\n}",
-			`wrong argument count or unexpected line ending after 'key_secret', at Testfile:2`},
-		{"key_secret extra is not echoed", "rate_limit_redis {\n\tkey_secret 0123456789abcdef-part1 part2-0123456789abcdef\n}",
-			`key_secret: too many arguments (quote a secret that contains spaces), at Testfile:2`},
-		{"key_secret repeated", "rate_limit_redis {\n\tkey_secret {env.A}\n\tkey_secret {env.B}\n}",
-			`duplicate subdirective "key_secret", at Testfile:3`},
-		{"key_secret short literal is not echoed", "rate_limit_redis {\n\tkey_secret short-secret-15\n}",
-			"key_secret: must be at least 16 bytes: use 32 random bytes, such as the output of `openssl rand -base64 32`, " +
-				"from the environment: key_secret {env.RATE_LIMIT_KEY_SECRET}, at Testfile:2"},
-		{"key_secret block", "rate_limit_redis {\n\tkey_secret {env.A} {\n\t\tb\n\t}\n}",
-			`key_secret: unexpected block, at Testfile:2`},
-
-		// timeout
-		{"timeout missing", "rate_limit_redis {\n\ttimeout\n}",
-			`wrong argument count or unexpected line ending after 'timeout', at Testfile:2`},
-		{"timeout extra", "rate_limit_redis {\n\ttimeout 1s 2s\n}",
-			`timeout: unexpected argument "2s", at Testfile:2`},
-		{"timeout repeated", "rate_limit_redis {\n\ttimeout 1s\n\ttimeout 2s\n}",
-			`duplicate subdirective "timeout", at Testfile:3`},
-		{"timeout not a duration", "rate_limit_redis {\n\ttimeout soon\n}",
-			`timeout: "soon" is not a duration, at Testfile:2`},
-		{"timeout zero", "rate_limit_redis {\n\ttimeout 0s\n}",
-			`timeout: "0s" must be > 0, at Testfile:2`},
-		{"timeout negative", "rate_limit_redis {\n\ttimeout -1s\n}",
-			`timeout: "-1s" must be > 0, at Testfile:2`},
-
-		// fail_mode
-		{"fail_mode missing", "rate_limit_redis {\n\tfail_mode\n}",
-			`wrong argument count or unexpected line ending after 'fail_mode', at Testfile:2`},
-		{"fail_mode extra", "rate_limit_redis {\n\tfail_mode open closed\n}",
-			`fail_mode: unexpected argument "closed", at Testfile:2`},
-		{"fail_mode repeated", "rate_limit_redis {\n\tfail_mode open\n\tfail_mode open\n}",
-			`duplicate subdirective "fail_mode", at Testfile:3`},
-		{"fail_mode bad", "rate_limit_redis {\n\tfail_mode maybe\n}",
-			`fail_mode "maybe" must be open, closed or local, at Testfile:2`},
-
-		// headers
-		{"headers missing", "rate_limit_redis {\n\theaders\n}",
-			`wrong argument count or unexpected line ending after 'headers', at Testfile:2`},
-		{"headers extra", "rate_limit_redis {\n\theaders ietf legacy\n}",
-			`headers: unexpected argument "legacy", at Testfile:2`},
-		{"headers repeated", "rate_limit_redis {\n\theaders off\n\theaders ietf\n}",
-			`duplicate subdirective "headers", at Testfile:3`},
-		{"headers bad", "rate_limit_redis {\n\theaders draft\n}",
-			`headers "draft" must be legacy, ietf, both or off, at Testfile:2`},
-
-		// clock
-		{"clock missing", "rate_limit_redis {\n\tclock\n}",
-			`wrong argument count or unexpected line ending after 'clock', at Testfile:2`},
-		{"clock extra", "rate_limit_redis {\n\tclock redis local\n}",
-			`clock: unexpected argument "local", at Testfile:2`},
-		{"clock repeated", "rate_limit_redis {\n\tclock redis\n\tclock redis\n}",
-			`duplicate subdirective "clock", at Testfile:3`},
-		{"clock bad", "rate_limit_redis {\n\tclock ntp\n}",
-			`clock "ntp" must be redis or local, at Testfile:2`},
-
-		// dry_run
-		{"dry_run argument", "rate_limit_redis {\n\tdry_run yes\n}",
-			`dry_run: unexpected argument "yes"; it takes no arguments, at Testfile:2`},
-		{"dry_run repeated", "rate_limit_redis {\n\tdry_run\n\tdry_run\n}",
-			`duplicate subdirective "dry_run", at Testfile:3`},
-		{"dry_run block", "rate_limit_redis {\n\tdry_run {\n\t\ton\n\t}\n}",
-			`dry_run: unexpected block, at Testfile:2`},
-
-		// log_key
-		{"log_key argument", "rate_limit_redis {\n\tlog_key on\n}",
-			`log_key: unexpected argument "on"; it takes no arguments, at Testfile:2`},
-		{"log_key repeated", "rate_limit_redis {\n\tlog_key\n\tlog_key\n}",
-			`duplicate subdirective "log_key", at Testfile:3`},
-		{"log_key block", "rate_limit_redis {\n\tlog_key {\n\t}\n}",
-			`log_key: unexpected block, at Testfile:2`},
-		{"log_key in a zone", "rate_limit_redis {\n\tzone a {\n\t\tlog_key\n\t}\n}",
-			`unrecognized subdirective "log_key", at Testfile:3`},
-
-		// deny_cache
-		{"deny_cache missing", "rate_limit_redis {\n\tdeny_cache\n}",
-			`wrong argument count or unexpected line ending after 'deny_cache', at Testfile:2`},
-		{"deny_cache extra", "rate_limit_redis {\n\tdeny_cache off on\n}",
-			`deny_cache: unexpected argument "on", at Testfile:2`},
-		{"deny_cache repeated", "rate_limit_redis {\n\tdeny_cache off\n\tdeny_cache on\n}",
-			`duplicate subdirective "deny_cache", at Testfile:3`},
-		{"deny_cache bad", "rate_limit_redis {\n\tdeny_cache false\n}",
-			`deny_cache: "false" must be on or off, at Testfile:2`},
-		{"deny_cache max_age missing", "rate_limit_redis {\n\tdeny_cache {\n\t\tmax_age\n\t}\n}",
-			`wrong argument count or unexpected line ending after 'max_age', at Testfile:3`},
-		{"deny_cache max_age bad", "rate_limit_redis {\n\tdeny_cache {\n\t\tmax_age soon\n\t}\n}",
-			`max_age: "soon" is not a duration, at Testfile:3`},
-		{"deny_cache max_age zero", "rate_limit_redis {\n\tdeny_cache {\n\t\tmax_age 0s\n\t}\n}",
-			`max_age: "0s" must be > 0, at Testfile:3`},
-		{"deny_cache max_age repeated", "rate_limit_redis {\n\tdeny_cache {\n\t\tmax_age 1s\n\t\tmax_age 2s\n\t}\n}",
-			`duplicate subdirective "max_age", at Testfile:4`},
-		{"deny_cache unknown", "rate_limit_redis {\n\tdeny_cache {\n\t\tsize 10\n\t}\n}",
-			`deny_cache: unrecognized subdirective "size", at Testfile:3`},
-		{"period unknown", "rate_limit_redis {\n\talgorithm fixed_window\n\tlimit 5\n\tperiod fortnight\n}",
-			`zone default: period "fortnight" must be hour, day, week or month, at Testfile:4`},
-		{"period and window", "rate_limit_redis {\n\talgorithm fixed_window\n\tlimit 5\n\twindow 1h\n\tperiod day\n}",
-			`zone default: a fixed_window zone has a window or a period, not both, at Testfile:5`},
-		{"fixed_window without window", "rate_limit_redis {\n\talgorithm fixed_window\n\tlimit 5\n}",
-			`zone default: window or period is required for algorithm fixed_window, at Testfile:2`},
-		{"time_zone unknown", "rate_limit_redis {\n\talgorithm fixed_window\n\tlimit 5\n\tperiod day\n\ttime_zone Mars/Olympus\n}",
-			`zone default: time_zone "Mars/Olympus" is not a time zone of the IANA database (such as UTC or Europe/Paris), at Testfile:5`},
-		{"time_zone without period", "rate_limit_redis {\n\talgorithm fixed_window\n\tlimit 5\n\twindow 1h\n\ttime_zone UTC\n}",
-			`zone default: time_zone applies to a period (period day), not to a window, at Testfile:5`},
-		{"period on sliding_window", "rate_limit_redis {\n\talgorithm sliding_window\n\tlimit 5\n\twindow 1h\n\tperiod day\n}",
-			`zone default: period belongs to algorithm fixed_window, not sliding_window, at Testfile:5`},
-		{"period on token_bucket", "rate_limit_redis {\n\tcapacity 5\n\trefill_rate 1\n\tperiod day\n}",
-			`zone default: period belongs to algorithm fixed_window, not token_bucket (the default when no algorithm is given), at Testfile:4`},
-		{"counter without window", "rate_limit_redis {\n\talgorithm sliding_window_counter\n\tlimit 5\n}",
-			`zone default: window is required for algorithm sliding_window_counter, at Testfile:2`},
-		{"capacity on fixed_window", "rate_limit_redis {\n\talgorithm fixed_window\n\tlimit 5\n\tperiod day\n\tcapacity 5\n}",
-			`zone default: capacity belongs to algorithm token_bucket, not fixed_window, at Testfile:5`},
-		{"max_cost above capacity", "rate_limit_redis {\n\tcapacity 10\n\trefill_rate 1\n\tmax_cost 11\n}",
-			`zone default: max_cost 11 is larger than capacity 10, at Testfile:4`},
-		{"cost above max_cost", "rate_limit_redis {\n\tcapacity 10\n\trefill_rate 1\n\tcost 5\n\tmax_cost 4\n}",
-			`zone default: cost 5 is larger than max_cost 4: no request could ever be admitted, at Testfile:4`},
-		{"max_cost sliding window placeholder", "rate_limit_redis {\n\talgorithm sliding_window\n\tlimit 5000\n\twindow 1h\n\tcost {http.request.header.X-Cost}\n\tmax_cost 2000\n}",
-			`zone default: max_cost 2000: a sliding_window zone stores one entry per unit of cost, so a cost from a placeholder (chosen per request) is bounded by max_cost 1000 at most; use token_bucket for larger costs, at Testfile:6`},
-		{"max_cost zero", "rate_limit_redis {\n\tcapacity 10\n\trefill_rate 1\n\tmax_cost 0\n}",
-			`zone default: max_cost: "0" is out of range (1 to 9007199254740992), at Testfile:4`},
-
-		// max_wait and max_waiting (shaping)
-		{"max_wait missing", "rate_limit_redis {\n\tzone a {\n\t\tcapacity 10\n\t\trefill_rate 10\n\t\tmax_wait\n\t}\n}",
-			`wrong argument count or unexpected line ending after 'max_wait', at Testfile:5`},
-		{"max_wait extra", "rate_limit_redis {\n\tcapacity 10\n\trefill_rate 10\n\tmax_wait 1s 2s\n}",
-			`max_wait: unexpected argument "2s", at Testfile:4`},
-		{"max_wait repeated", "rate_limit_redis {\n\tcapacity 10\n\trefill_rate 10\n\tmax_wait 1s\n\tmax_wait 2s\n}",
-			`duplicate subdirective "max_wait", at Testfile:5`},
-		{"max_wait not a duration", "rate_limit_redis {\n\tcapacity 10\n\trefill_rate 10\n\tmax_wait soon\n}",
-			`max_wait: "soon" is not a duration, at Testfile:4`},
-		{"max_wait zero", "rate_limit_redis {\n\tcapacity 10\n\trefill_rate 10\n\tmax_wait 0s\n}",
-			`max_wait: "0s" must be > 0 (leave max_wait out to reject at once), at Testfile:4`},
-		{"max_wait negative", "rate_limit_redis {\n\tcapacity 10\n\trefill_rate 10\n\tmax_wait -1s\n}",
-			`max_wait: "-1s" must be > 0 (leave max_wait out to reject at once), at Testfile:4`},
-		{"max_wait too long", "rate_limit_redis {\n\tcapacity 10\n\trefill_rate 10\n\tmax_wait 61s\n}",
-			`zone default: max_wait 1m1s is longer than 1m0s: a request held that long outlasts most clients' timeouts; let it come back instead (429 and Retry-After), at Testfile:4`},
-		{"max_wait block", "rate_limit_redis {\n\tcapacity 10\n\trefill_rate 10\n\tmax_wait 1s {\n\t}\n}",
-			`max_wait: unexpected block, at Testfile:4`},
-		{"max_wait in a sliding window zone", "rate_limit_redis {\n\tzone a {\n\t\talgorithm sliding_window\n\t\tlimit 5\n\t\twindow 1m\n\t\tmax_wait 1s\n\t}\n}",
-			`zone a: max_wait applies to algorithm token_bucket only, not sliding_window: a window gives its quota back in steps, so a held request would have no exact turn; shape with a token_bucket zone, at Testfile:6`},
-		{"max_wait in a fixed window zone", "rate_limit_redis {\n\tzone a {\n\t\tmax_wait 1s\n\t\talgorithm fixed_window\n\t\tlimit 5\n\t\tperiod day\n\t}\n}",
-			`zone a: max_wait applies to algorithm token_bucket only, not fixed_window: a window gives its quota back in steps, so a held request would have no exact turn; shape with a token_bucket zone, at Testfile:3`},
-		{"max_wait in a sliding window counter zone", "rate_limit_redis {\n\talgorithm sliding_window_counter\n\tlimit 5\n\twindow 1m\n\tmax_wait 1s\n}",
-			`zone default: max_wait applies to algorithm token_bucket only, not sliding_window_counter: a window gives its quota back in steps, so a held request would have no exact turn; shape with a token_bucket zone, at Testfile:5`},
-		{"max_waiting missing", "rate_limit_redis {\n\tmax_waiting\n" + zone[1:] + "\n}",
-			`wrong argument count or unexpected line ending after 'max_waiting', at Testfile:2`},
-		{"max_waiting zero", "rate_limit_redis {\n\tmax_waiting 0\n}",
-			`max_waiting 0 must be >= 1, at Testfile:2`},
-		{"max_waiting not an integer", "rate_limit_redis {\n\tmax_waiting many\n}",
-			`max_waiting: "many" is not an integer, at Testfile:2`},
-		{"max_waiting repeated", "rate_limit_redis {\n\tmax_waiting 1\n\tmax_waiting 2\n}",
-			`duplicate subdirective "max_waiting", at Testfile:3`},
-		{"max_waiting in a zone", "rate_limit_redis {\n\tzone a {\n\t\tmax_waiting 1\n\t}\n}",
-			`unrecognized subdirective "max_waiting", at Testfile:3`},
-
-		// degraded_header
-		{"degraded_header missing", "rate_limit_redis {\n\tdegraded_header\n}",
-			`wrong argument count or unexpected line ending after 'degraded_header', at Testfile:2`},
-		{"degraded_header extra", "rate_limit_redis {\n\tdegraded_header off on\n}",
-			`degraded_header: unexpected argument "on", at Testfile:2`},
-		{"degraded_header repeated", "rate_limit_redis {\n\tdegraded_header off\n\tdegraded_header off\n}",
-			`duplicate subdirective "degraded_header", at Testfile:3`},
-		{"degraded_header bad", "rate_limit_redis {\n\tdegraded_header false\n}",
-			`degraded_header: "false" must be on or off, at Testfile:2`},
-		{"degraded_header block", "rate_limit_redis {\n\tdegraded_header off {\n\t}\n}",
-			`degraded_header: unexpected block, at Testfile:2`},
-		{"degraded_header in a zone", "rate_limit_redis {\n\tzone a {\n\t\tdegraded_header off\n\t}\n}",
-			`unrecognized subdirective "degraded_header", at Testfile:3`},
-		{"degraded_header in redis", "rate_limit_redis {\n\tredis {\n\t\tdegraded_header off\n\t}\n}",
-			`unrecognized subdirective "degraded_header", at Testfile:3`},
-
-		// grpc_status
-		{"grpc_status missing", "rate_limit_redis {\n\tgrpc_status\n}",
-			`wrong argument count or unexpected line ending after 'grpc_status', at Testfile:2`},
-		{"grpc_status bad", "rate_limit_redis {\n\tgrpc_status 8\n}",
-			`grpc_status: "8" must be on or off, at Testfile:2`},
-		{"grpc_status repeated", "rate_limit_redis {\n\tgrpc_status off\n\tgrpc_status on\n}",
-			`duplicate subdirective "grpc_status", at Testfile:3`},
-		{"grpc_status in a zone", "rate_limit_redis {\n\tzone a {\n\t\tgrpc_status off\n\t}\n}",
-			`unrecognized subdirective "grpc_status", at Testfile:3`},
-
-		// a zone's fail_mode
-		{"zone fail_mode missing", "rate_limit_redis {\n\tzone a {\n\t\tfail_mode\n\t}\n}",
-			`wrong argument count or unexpected line ending after 'fail_mode', at Testfile:3`},
-		{"zone fail_mode extra", "rate_limit_redis {\n\tzone a {\n\t\tfail_mode closed open\n\t}\n}",
-			`fail_mode: unexpected argument "open", at Testfile:3`},
-		{"zone fail_mode repeated", "rate_limit_redis {\n\tzone a {\n\t\tfail_mode closed\n\t\tfail_mode closed\n\t}\n}",
-			`duplicate subdirective "fail_mode", at Testfile:4`},
-		{"zone fail_mode bad", "rate_limit_redis {\n\tzone a {\n\t\tfail_mode shut\n\t}\n}",
-			`zone a: fail_mode "shut" must be open, closed or local, at Testfile:3`},
-		{"zone fail_mode block", "rate_limit_redis {\n\tzone a {\n\t\tfail_mode closed {\n\t\t}\n\t}\n}",
-			`fail_mode: unexpected block, at Testfile:3`},
-		{"fail_mode in redis", "rate_limit_redis {\n\tredis {\n\t\tfail_mode closed\n\t}\n}",
-			`unrecognized subdirective "fail_mode", at Testfile:3`},
-		{"fail_mode in tls", "rate_limit_redis {\n\tredis {\n\t\ttls {\n\t\t\tfail_mode closed\n\t\t}\n\t}\n}",
-			`unrecognized subdirective "fail_mode", at Testfile:4`},
-
-		// empty_key
-		{"empty_key missing", "rate_limit_redis {\n\tzone a {\n\t\tempty_key\n\t}\n}",
-			`wrong argument count or unexpected line ending after 'empty_key', at Testfile:3`},
-		{"empty_key extra", "rate_limit_redis {\n\tzone a {\n\t\tempty_key skip deny\n\t}\n}",
-			`empty_key: unexpected argument "deny", at Testfile:3`},
-		{"empty_key repeated", "rate_limit_redis {\n\tzone a {\n\t\tempty_key skip\n\t\tempty_key deny\n\t}\n}",
-			`duplicate subdirective "empty_key", at Testfile:4`},
-		{"empty_key repeated in the shorthand", "rate_limit_redis {\n\tempty_key skip\n\tempty_key skip\n}",
-			`duplicate subdirective "empty_key", at Testfile:3`},
-		{"empty_key bad", "rate_limit_redis {\n\tzone a {\n\t\tempty_key drop\n\t}\n}",
-			`zone a: empty_key "drop" must be shared, skip or deny, at Testfile:3`},
-		{"empty_key block", "rate_limit_redis {\n\tzone a {\n\t\tempty_key skip {\n\t\t}\n\t}\n}",
-			`empty_key: unexpected block, at Testfile:3`},
-		{"empty_key in redis", "rate_limit_redis {\n\tredis {\n\t\tempty_key skip\n\t}\n}",
-			`unrecognized subdirective "empty_key", at Testfile:3`},
-		{"empty_key with zone blocks", "rate_limit_redis {" + zone + "\n\tempty_key skip\n}",
-			`zone subdirectives at the top level (the shorthand for one zone named "default") cannot be mixed with zone blocks, at Testfile:6`},
-
-		// redis
-		{"redis argument", "rate_limit_redis {\n\tredis localhost {\n\t}\n}",
-			`redis: unexpected argument "localhost"; it takes no arguments, at Testfile:2`},
-		{"redis repeated", "rate_limit_redis {\n\tredis {\n\t\tdb 1\n\t}\n\tredis {\n\t\tdb 2\n\t}\n}",
-			`duplicate subdirective "redis", at Testfile:5`},
-		{"redis unknown", "rate_limit_redis {\n\tredis {\n\t\thost localhost\n\t}\n}",
-			`unrecognized subdirective "host", at Testfile:3`},
-		{"address missing", "rate_limit_redis {\n\tredis {\n\t\taddress\n\t}\n}",
-			`wrong argument count or unexpected line ending after 'address', at Testfile:3`},
-		{"address block", "rate_limit_redis {\n\tredis {\n\t\taddress a:1 {\n\t\t\tb\n\t\t}\n\t}\n}",
-			`address: unexpected block, at Testfile:3`},
-		{"username missing", "rate_limit_redis {\n\tredis {\n\t\tusername\n\t}\n}",
-			`wrong argument count or unexpected line ending after 'username', at Testfile:3`},
-		{"username extra", "rate_limit_redis {\n\tredis {\n\t\tusername a b\n\t}\n}",
-			`username: unexpected argument "b", at Testfile:3`},
-		{"username repeated", "rate_limit_redis {\n\tredis {\n\t\tusername a\n\t\tusername b\n\t}\n}",
-			`duplicate subdirective "username", at Testfile:4`},
-		{"password missing", "rate_limit_redis {\n\tredis {\n\t\tpassword\n\t}\n}",
-			`wrong argument count or unexpected line ending after 'password', at Testfile:3`},
-		{"password extra is not echoed", "rate_limit_redis {\n\tredis {\n\t\tpassword open sesame\n\t}\n}",
-			`password: too many arguments (quote a password that contains spaces), at Testfile:3`},
-		{"password repeated", "rate_limit_redis {\n\tredis {\n\t\tpassword a\n\t\tpassword b\n\t}\n}",
-			`duplicate subdirective "password", at Testfile:4`},
-		{"db missing", "rate_limit_redis {\n\tredis {\n\t\tdb\n\t}\n}",
-			`wrong argument count or unexpected line ending after 'db', at Testfile:3`},
-		{"db extra", "rate_limit_redis {\n\tredis {\n\t\tdb 1 2\n\t}\n}",
-			`db: unexpected argument "2", at Testfile:3`},
-		{"db repeated", "rate_limit_redis {\n\tredis {\n\t\tdb 1\n\t\tdb 1\n\t}\n}",
-			`duplicate subdirective "db", at Testfile:4`},
-		{"db not a number", "rate_limit_redis {\n\tredis {\n\t\tdb one\n\t}\n}",
-			`db: "one" is not an integer, at Testfile:3`},
-		{"db negative", "rate_limit_redis {\n\tredis {\n\t\tdb -1\n\t}\n}",
-			`db: "-1" must be >= 0, at Testfile:3`},
-		{"pool_size missing", "rate_limit_redis {\n\tredis {\n\t\tpool_size\n\t}\n}",
-			`wrong argument count or unexpected line ending after 'pool_size', at Testfile:3`},
-		{"pool_size extra", "rate_limit_redis {\n\tredis {\n\t\tpool_size 1 2\n\t}\n}",
-			`pool_size: unexpected argument "2", at Testfile:3`},
-		{"pool_size repeated", "rate_limit_redis {\n\tredis {\n\t\tpool_size 1\n\t\tpool_size 1\n\t}\n}",
-			`duplicate subdirective "pool_size", at Testfile:4`},
-		{"pool_size not a number", "rate_limit_redis {\n\tredis {\n\t\tpool_size many\n\t}\n}",
-			`pool_size: "many" is not an integer, at Testfile:3`},
-		{"pool_size zero", "rate_limit_redis {\n\tredis {\n\t\tpool_size 0\n\t}\n}",
-			`pool_size: "0" must be >= 1, at Testfile:3`},
-		{"dial_timeout missing", "rate_limit_redis {\n\tredis {\n\t\tdial_timeout\n\t}\n}",
-			`wrong argument count or unexpected line ending after 'dial_timeout', at Testfile:3`},
-		{"dial_timeout extra", "rate_limit_redis {\n\tredis {\n\t\tdial_timeout 1s 2s\n\t}\n}",
-			`dial_timeout: unexpected argument "2s", at Testfile:3`},
-		{"dial_timeout repeated", "rate_limit_redis {\n\tredis {\n\t\tdial_timeout 1s\n\t\tdial_timeout 1s\n\t}\n}",
-			`duplicate subdirective "dial_timeout", at Testfile:4`},
-		{"dial_timeout not a duration", "rate_limit_redis {\n\tredis {\n\t\tdial_timeout 5\n\t}\n}",
-			`dial_timeout: "5" is not a duration, at Testfile:3`},
-		{"dial_timeout zero", "rate_limit_redis {\n\tredis {\n\t\tdial_timeout 0s\n\t}\n}",
-			`dial_timeout: "0s" must be > 0, at Testfile:3`},
-		{"sentinel missing", "rate_limit_redis {\n\tredis {\n\t\tsentinel\n\t}\n}",
-			`wrong argument count or unexpected line ending after 'sentinel', at Testfile:3`},
-		{"sentinel extra", "rate_limit_redis {\n\tredis {\n\t\tsentinel a b\n\t}\n}",
-			`sentinel: unexpected argument "b", at Testfile:3`},
-		{"sentinel repeated", "rate_limit_redis {\n\tredis {\n\t\tsentinel a\n\t\tsentinel a\n\t}\n}",
-			`duplicate subdirective "sentinel", at Testfile:4`},
-		{"sentinel without addresses", "rate_limit_redis {\n\tredis {\n\t\tsentinel mymaster\n\t}" + zone + "\n}",
-			`redis sentinel mymaster needs the addresses of its Sentinels (address host:26379 ...), at Testfile:3`},
-		{"cluster argument", "rate_limit_redis {\n\tredis {\n\t\tcluster yes\n\t}\n}",
-			`cluster: unexpected argument "yes"; it takes no arguments, at Testfile:3`},
-		{"cluster repeated", "rate_limit_redis {\n\tredis {\n\t\tcluster\n\t\tcluster\n\t}\n}",
-			`duplicate subdirective "cluster", at Testfile:4`},
-		{"cluster and sentinel", "rate_limit_redis {\n\tredis {\n\t\taddress a:1\n\t\tsentinel m\n\t\tcluster\n\t}" + zone + "\n}",
-			`redis cluster and sentinel exclude each other: with sentinel, the addresses are Sentinels, at Testfile:5`},
-		{"cluster with a db", "rate_limit_redis {\n\tredis {\n\t\taddress a:1\n\t\tcluster\n\t\tdb 2\n\t}" + zone + "\n}",
-			`redis db 2: Redis Cluster has only database 0 (more than one address without sentinel means cluster), at Testfile:5`},
-		{"several addresses with a db", "rate_limit_redis {\n\tredis {\n\t\taddress a:1 b:2 c:3\n\t\tdb 1\n\t}" + zone + "\n}",
-			`redis db 1: Redis Cluster has only database 0 (more than one address without sentinel means cluster), at Testfile:4`},
-		{"tls cert without key", "rate_limit_redis {\n\tredis {\n\t\ttls {\n\t\t\tcert c.pem\n\t\t}\n\t}" + zone + "\n}",
-			`redis tls: cert and key must be given together, at Testfile:3`},
-		{"tls key without cert", "rate_limit_redis {\n\tredis {\n\t\ttls {\n\t\t\tkey k.pem\n\t\t}\n\t}" + zone + "\n}",
-			`redis tls: cert and key must be given together, at Testfile:3`},
-		{"tls argument", "rate_limit_redis {\n\tredis {\n\t\ttls on\n\t}\n}",
-			`tls: unexpected argument "on"; it takes no arguments, at Testfile:3`},
-		{"tls repeated", "rate_limit_redis {\n\tredis {\n\t\ttls\n\t\ttls\n\t}\n}",
-			`duplicate subdirective "tls", at Testfile:4`},
-		{"tls unknown", "rate_limit_redis {\n\tredis {\n\t\ttls {\n\t\t\tverify no\n\t\t}\n\t}\n}",
-			`unrecognized subdirective "verify", at Testfile:4`},
-		{"tls ca missing", "rate_limit_redis {\n\tredis {\n\t\ttls {\n\t\t\tca\n\t\t}\n\t}\n}",
-			`wrong argument count or unexpected line ending after 'ca', at Testfile:4`},
-		{"tls cert extra", "rate_limit_redis {\n\tredis {\n\t\ttls {\n\t\t\tcert a b\n\t\t}\n\t}\n}",
-			`cert: unexpected argument "b", at Testfile:4`},
-		{"tls key repeated", "rate_limit_redis {\n\tredis {\n\t\ttls {\n\t\t\tkey a\n\t\t\tkey a\n\t\t}\n\t}\n}",
-			`duplicate subdirective "key", at Testfile:5`},
-		{"tls server_name missing", "rate_limit_redis {\n\tredis {\n\t\ttls {\n\t\t\tserver_name\n\t\t}\n\t}\n}",
-			`wrong argument count or unexpected line ending after 'server_name', at Testfile:4`},
-		{"tls insecure_skip_verify argument", "rate_limit_redis {\n\tredis {\n\t\ttls {\n\t\t\tinsecure_skip_verify true\n\t\t}\n\t}\n}",
-			`insecure_skip_verify: unexpected argument "true"; it takes no arguments, at Testfile:4`},
-
-		// zone
-		{"zone name missing", "rate_limit_redis {\n\tzone {\n\t\tcapacity 1\n\t}\n}",
-			`wrong argument count or unexpected line ending after 'zone', at Testfile:2`},
-		{"zone extra", "rate_limit_redis {\n\tzone a b {\n\t\tcapacity 1\n\t}\n}",
-			`zone: unexpected argument "b", at Testfile:2`},
-		{"zone bad name", "rate_limit_redis {\n\tzone a/b {\n\t\tcapacity 1\n\t}\n}",
-			`zone name "a/b" must be 1 to 64 characters of A-Z a-z 0-9 _ . -, at Testfile:2`},
-		{"zone name too long", "rate_limit_redis {\n\tzone a2345678901234567890123456789012345678901234567890123456789012345\n}",
-			`zone name "a2345678901234567890123456789012345678901234567890123456789012345" must be 1 to 64 characters of A-Z a-z 0-9 _ . -, at Testfile:2`},
-		{"zone name with a space", "rate_limit_redis {\n\tzone \"a b\" {\n\t\tcapacity 1\n\t}\n}",
-			`zone name "a b" must be 1 to 64 characters of A-Z a-z 0-9 _ . -, at Testfile:2`},
-		{"zone name in braces", "rate_limit_redis {\n\tzone {a} {\n\t\tcapacity 1\n\t}\n}",
-			`zone name "{a}" must be 1 to 64 characters of A-Z a-z 0-9 _ . -, at Testfile:2`},
-		{"zone name with a brace", "rate_limit_redis {\n\tzone a} {\n\t\tcapacity 1\n\t}\n}",
-			`zone name "a}" must be 1 to 64 characters of A-Z a-z 0-9 _ . -, at Testfile:2`},
-		{"zone name duplicate", "rate_limit_redis {" + zone + zone + "\n}",
-			`zone name "z" is used twice, at Testfile:6`},
-		{"zone unknown subdirective", "rate_limit_redis {\n\tzone a {\n\t\ttimeout 1s\n\t}\n}",
-			`unrecognized subdirective "timeout", at Testfile:3`},
-		{"zone without block", "rate_limit_redis {\n\tzone a\n}",
-			`zone a: capacity is required for algorithm token_bucket (the default when no algorithm is given), at Testfile:2`},
-		{"zone empty block", "rate_limit_redis {\n\tzone a {\n\t}\n}",
-			`zone a: capacity is required for algorithm token_bucket (the default when no algorithm is given), at Testfile:2`},
-
-		// key
-		{"key missing", "rate_limit_redis {\n\tzone a {\n\t\tkey\n\t}\n}",
-			`wrong argument count or unexpected line ending after 'key', at Testfile:3`},
-		{"key repeated", "rate_limit_redis {\n\tzone a {\n\t\tkey {client_ip}\n\t\tkey {client_ip}\n\t}\n}",
-			`duplicate subdirective "key", at Testfile:4`},
-		{"key block", "rate_limit_redis {\n\tzone a {\n\t\tkey {client_ip} {\n\t\t}\n\t}\n}",
-			`key: unexpected block, at Testfile:3`},
-
-		// algorithm
-		{"algorithm missing", "rate_limit_redis {\n\tzone a {\n\t\talgorithm\n\t}\n}",
-			`wrong argument count or unexpected line ending after 'algorithm', at Testfile:3`},
-		{"algorithm extra", "rate_limit_redis {\n\tzone a {\n\t\talgorithm token_bucket sliding_window\n\t}\n}",
-			`algorithm: unexpected argument "sliding_window", at Testfile:3`},
-		{"algorithm repeated", "rate_limit_redis {\n\tzone a {\n\t\talgorithm token_bucket\n\t\talgorithm token_bucket\n\t}\n}",
-			`duplicate subdirective "algorithm", at Testfile:4`},
-		{"algorithm bad", "rate_limit_redis {\n\tzone a {\n\t\talgorithm leaky_bucket\n\t}\n}",
-			`zone a: algorithm "leaky_bucket" must be token_bucket, sliding_window, fixed_window, sliding_window_counter or concurrency, at Testfile:3`},
-
-		// capacity
-		{"capacity missing", "rate_limit_redis {\n\tzone a {\n\t\tcapacity\n\t}\n}",
-			`wrong argument count or unexpected line ending after 'capacity', at Testfile:3`},
-		{"capacity extra", "rate_limit_redis {\n\tzone a {\n\t\tcapacity 1 2\n\t}\n}",
-			`capacity: unexpected argument "2", at Testfile:3`},
-		{"capacity repeated", "rate_limit_redis {\n\tzone a {\n\t\tcapacity 1\n\t\tcapacity 1\n\t}\n}",
-			`duplicate subdirective "capacity", at Testfile:4`},
-		{"capacity not a number", "rate_limit_redis {\n\tzone a {\n\t\tcapacity abc\n\t}\n}",
-			`zone a: capacity: "abc" is not an integer, at Testfile:3`},
-		{"capacity not an integer", "rate_limit_redis {\n\tzone a {\n\t\tcapacity 1.5\n\t}\n}",
-			`zone a: capacity: "1.5" is not an integer, at Testfile:3`},
-		{"capacity zero", "rate_limit_redis {\n\tzone a {\n\t\tcapacity 0\n\t}\n}",
-			`zone a: capacity: "0" is out of range (1 to 9007199254740992), at Testfile:3`},
-		{"capacity negative", "rate_limit_redis {\n\tzone a {\n\t\tcapacity -5\n\t}\n}",
-			`zone a: capacity: "-5" is out of range (1 to 9007199254740992), at Testfile:3`},
-		{"capacity too large", "rate_limit_redis {\n\tzone a {\n\t\tcapacity 9007199254740993\n\t}\n}",
-			`zone a: capacity: "9007199254740993" is out of range (1 to 9007199254740992), at Testfile:3`},
-		{"capacity beyond int64", "rate_limit_redis {\n\tzone a {\n\t\tcapacity 99999999999999999999\n\t}\n}",
-			`zone a: capacity: "99999999999999999999" is out of range (1 to 9007199254740992), at Testfile:3`},
-		{"capacity far below zero", "rate_limit_redis {\n\tzone a {\n\t\tcapacity -9007199254740993\n\t}\n}",
-			`zone a: capacity: "-9007199254740993" is out of range (1 to 9007199254740992), at Testfile:3`},
-
-		// refill_rate
-		{"refill_rate missing", "rate_limit_redis {\n\tzone a {\n\t\trefill_rate\n\t}\n}",
-			`wrong argument count or unexpected line ending after 'refill_rate', at Testfile:3`},
-		{"refill_rate extra", "rate_limit_redis {\n\tzone a {\n\t\trefill_rate 1 2\n\t}\n}",
-			`refill_rate: unexpected argument "2", at Testfile:3`},
-		{"refill_rate repeated", "rate_limit_redis {\n\tzone a {\n\t\trefill_rate 1\n\t\trefill_rate 1\n\t}\n}",
-			`duplicate subdirective "refill_rate", at Testfile:4`},
-		{"refill_rate not a number", "rate_limit_redis {\n\tzone a {\n\t\trefill_rate fast\n\t}\n}",
-			`zone a: refill_rate: "fast" is not a number of tokens, optionally per a duration (10, 100/1m), at Testfile:3`},
-		{"refill_rate no number", "rate_limit_redis {\n\tzone a {\n\t\trefill_rate /1m\n\t}\n}",
-			`zone a: refill_rate: "/1m" is not a number of tokens, optionally per a duration (10, 100/1m), at Testfile:3`},
-		{"refill_rate infinite", "rate_limit_redis {\n\tzone a {\n\t\trefill_rate inf\n\t}\n}",
-			`zone a: refill_rate: "inf" is not a number of tokens, optionally per a duration (10, 100/1m), at Testfile:3`},
-		{"refill_rate NaN", "rate_limit_redis {\n\tzone a {\n\t\trefill_rate NaN/1s\n\t}\n}",
-			`zone a: refill_rate: "NaN/1s" is not a number of tokens, optionally per a duration (10, 100/1m), at Testfile:3`},
-		{"refill_rate zero", "rate_limit_redis {\n\tzone a {\n\t\trefill_rate 0\n\t}\n}",
-			`zone a: refill_rate: "0" must be > 0, at Testfile:3`},
-		{"refill_rate negative", "rate_limit_redis {\n\tzone a {\n\t\trefill_rate -1/1m\n\t}\n}",
-			`zone a: refill_rate: "-1/1m" must be > 0, at Testfile:3`},
-		{"refill_rate bad duration", "rate_limit_redis {\n\tzone a {\n\t\trefill_rate 10/minute\n\t}\n}",
-			`zone a: refill_rate: "10/minute": "minute" is not a duration, at Testfile:3`},
-		{"refill_rate empty duration", "rate_limit_redis {\n\tzone a {\n\t\trefill_rate 10/\n\t}\n}",
-			`zone a: refill_rate: "10/": "" is not a duration, at Testfile:3`},
-		{"refill_rate zero duration", "rate_limit_redis {\n\tzone a {\n\t\trefill_rate 10/0s\n\t}\n}",
-			`zone a: refill_rate: "10/0s": the duration must be > 0, at Testfile:3`},
-		{"refill_rate unitless zero duration", "rate_limit_redis {\n\tzone a {\n\t\trefill_rate 10/0\n\t}\n}",
-			`zone a: refill_rate: "10/0": the duration must be > 0, at Testfile:3`},
-		{"refill_rate negative duration", "rate_limit_redis {\n\tzone a {\n\t\trefill_rate 10/-1s\n\t}\n}",
-			`zone a: refill_rate: "10/-1s": the duration must be > 0, at Testfile:3`},
-		{"refill_rate underflow", "rate_limit_redis {\n\tzone a {\n\t\trefill_rate 5e-324/1m\n\t}\n}",
-			`zone a: refill_rate: "5e-324/1m" is out of range, at Testfile:3`},
-
-		// limit
-		{"limit missing", "rate_limit_redis {\n\tzone a {\n\t\tlimit\n\t}\n}",
-			`wrong argument count or unexpected line ending after 'limit', at Testfile:3`},
-		{"limit extra", "rate_limit_redis {\n\tzone a {\n\t\tlimit 1 2\n\t}\n}",
-			`limit: unexpected argument "2", at Testfile:3`},
-		{"limit repeated", "rate_limit_redis {\n\tzone a {\n\t\tlimit 1\n\t\tlimit 1\n\t}\n}",
-			`duplicate subdirective "limit", at Testfile:4`},
-		{"limit not a number", "rate_limit_redis {\n\tzone a {\n\t\tlimit ten\n\t}\n}",
-			`zone a: limit: "ten" is not an integer, at Testfile:3`},
-		{"limit zero", "rate_limit_redis {\n\tzone a {\n\t\tlimit 0\n\t}\n}",
-			`zone a: limit: "0" is out of range (1 to 1000000), at Testfile:3`},
-		{"limit too large", "rate_limit_redis {\n\tzone a {\n\t\tlimit 1000001\n\t}\n}",
-			`zone a: limit: "1000001" is out of range (1 to 1000000), at Testfile:3`},
-		{"limit negative", "rate_limit_redis {\n\tzone a {\n\t\tlimit -1\n\t}\n}",
-			`zone a: limit: "-1" is out of range (1 to 1000000), at Testfile:3`},
-		{"limit beyond 2^53", "rate_limit_redis {\n\tzone a {\n\t\tlimit 9007199254740993\n\t}\n}",
-			`zone a: limit: "9007199254740993" is out of range (1 to 1000000), at Testfile:3`},
-		{"limit beyond int64", "rate_limit_redis {\n\tzone a {\n\t\tlimit 99999999999999999999\n\t}\n}",
-			`zone a: limit: "99999999999999999999" is out of range (1 to 1000000), at Testfile:3`},
-
-		// window
-		{"window missing", "rate_limit_redis {\n\tzone a {\n\t\twindow\n\t}\n}",
-			`wrong argument count or unexpected line ending after 'window', at Testfile:3`},
-		{"window extra", "rate_limit_redis {\n\tzone a {\n\t\twindow 1m 2m\n\t}\n}",
-			`window: unexpected argument "2m", at Testfile:3`},
-		{"window repeated", "rate_limit_redis {\n\tzone a {\n\t\twindow 1m\n\t\twindow 1m\n\t}\n}",
-			`duplicate subdirective "window", at Testfile:4`},
-		{"window not a duration", "rate_limit_redis {\n\tzone a {\n\t\twindow 60\n\t}\n}",
-			`zone a: window: "60" is not a duration, at Testfile:3`},
-		{"window zero", "rate_limit_redis {\n\tzone a {\n\t\twindow 0s\n\t}\n}",
-			`zone a: window: "0s" is out of range (1ms to 366d), at Testfile:3`},
-		{"window too short", "rate_limit_redis {\n\tzone a {\n\t\twindow 999us\n\t}\n}",
-			`zone a: window: "999us" is out of range (1ms to 366d), at Testfile:3`},
-		{"window too long", "rate_limit_redis {\n\tzone a {\n\t\twindow 367d\n\t}\n}",
-			`zone a: window: "367d" is out of range (1ms to 366d), at Testfile:3`},
-		{"window negative", "rate_limit_redis {\n\tzone a {\n\t\twindow -1s\n\t}\n}",
-			`zone a: window: "-1s" is out of range (1ms to 366d), at Testfile:3`},
-		{"window 1ns", "rate_limit_redis {\n\tzone a {\n\t\twindow 1ns\n\t}\n}",
-			`zone a: window: "1ns" is out of range (1ms to 366d), at Testfile:3`},
-		{"window an hour over 366d", "rate_limit_redis {\n\tzone a {\n\t\twindow 8785h\n\t}\n}",
-			`zone a: window: "8785h" is out of range (1ms to 366d), at Testfile:3`},
-		{"window beyond int64 nanoseconds", "rate_limit_redis {\n\tzone a {\n\t\twindow 10000000000000h\n\t}\n}",
-			`zone a: window: "10000000000000h" is not a duration, at Testfile:3`},
-
-		// cost
-		{"cost missing", "rate_limit_redis {\n\tzone a {\n\t\tcost\n\t}\n}",
-			`wrong argument count or unexpected line ending after 'cost', at Testfile:3`},
-		{"cost extra", "rate_limit_redis {\n\tzone a {\n\t\tcost 1 2\n\t}\n}",
-			`cost: unexpected argument "2", at Testfile:3`},
-		{"cost repeated", "rate_limit_redis {\n\tzone a {\n\t\tcost 1\n\t\tcost 1\n\t}\n}",
-			`duplicate subdirective "cost", at Testfile:4`},
-		{"cost not a number", "rate_limit_redis {\n\tzone a {\n\t\tcost heavy\n\t}\n}",
-			`zone a: cost: "heavy" is not an integer or a placeholder, at Testfile:3`},
-		{"cost not an integer", "rate_limit_redis {\n\tzone a {\n\t\tcost 1.5\n\t}\n}",
-			`zone a: cost: "1.5" is not an integer or a placeholder, at Testfile:3`},
-		{"cost empty braces", "rate_limit_redis {\n\tzone a {\n\t\tcost x{}\n\t}\n}",
-			`zone a: cost: "x{}" is not an integer or a placeholder, at Testfile:3`},
-		{"cost zero", "rate_limit_redis {\n\tzone a {\n\t\tcost 0\n\t}\n}",
-			`zone a: cost: "0" must be > 0, at Testfile:3`},
-		{"cost negative", "rate_limit_redis {\n\tzone a {\n\t\tcost -1\n\t}\n}",
-			`zone a: cost: "-1" must be > 0, at Testfile:3`},
-		{"cost beyond int64", "rate_limit_redis {\n\tzone a {\n\t\tcost 99999999999999999999\n\t}\n}",
-			`zone a: cost: "99999999999999999999" is out of range, at Testfile:3`},
-
-		// match
-		{"match repeated", "rate_limit_redis {\n\tzone a {\n\t\tmatch path /a\n\t\tmatch path /b\n\t}\n}",
-			`duplicate subdirective "match", at Testfile:4`},
-		{"match empty", "rate_limit_redis {\n\tzone a {\n\t\tmatch\n\t}\n}",
-			`match: no matchers given; write them on the line (match path /login) or in a block, at Testfile:3`},
-		{"match empty block", "rate_limit_redis {\n\tzone a {\n\t\tmatch {\n\t\t}\n\t}\n}",
-			`match: no matchers given; write them on the line (match path /login) or in a block, at Testfile:3`},
-		{"match unknown matcher", "rate_limit_redis {\n\tzone a {\n\t\tmatch color blue\n\t}\n}",
-			`getting matcher module 'color': module not registered: http.matchers.color, at Testfile:3`},
-
-		// checks across the subdirectives of a zone
-		{"limit in a token bucket zone", "rate_limit_redis {\n\tzone a {\n\t\talgorithm token_bucket\n\t\tcapacity 1\n\t\trefill_rate 1\n\t\tlimit 5\n\t}\n}",
-			`zone a: limit belongs to algorithm sliding_window, not token_bucket, at Testfile:6`},
-		{"window in a zone of the default algorithm", "rate_limit_redis {\n\tzone a {\n\t\twindow 1m\n\t\tlimit 5\n\t}\n}",
-			`zone a: limit belongs to algorithm sliding_window, not token_bucket (the default when no algorithm is given), at Testfile:4`},
-		{"refill_rate in a sliding window zone", "rate_limit_redis {\n\tzone a {\n\t\trefill_rate 1\n\t\talgorithm sliding_window\n\t\tlimit 5\n\t\twindow 1m\n\t}\n}",
-			`zone a: refill_rate belongs to algorithm token_bucket, not sliding_window, at Testfile:3`},
-		{"capacity in a sliding window zone", "rate_limit_redis {\n\tzone a {\n\t\talgorithm sliding_window\n\t\tcapacity 1\n\t}\n}",
-			`zone a: capacity belongs to algorithm token_bucket, not sliding_window, at Testfile:4`},
-		{"capacity missing from a zone", "rate_limit_redis {\n\tzone a {\n\t\tkey {client_ip}\n\t\trefill_rate 1\n\t}\n}",
-			`zone a: capacity is required for algorithm token_bucket (the default when no algorithm is given), at Testfile:2`},
-		{"refill_rate missing from a zone", "rate_limit_redis {\n\tzone a {\n\t\tcapacity 1\n\t}\n}",
-			`zone a: refill_rate is required for algorithm token_bucket (the default when no algorithm is given), at Testfile:2`},
-		{"limit missing from a zone", "rate_limit_redis {\n\tzone a {\n\t\talgorithm sliding_window\n\t\twindow 1m\n\t}\n}",
-			`zone a: limit is required for algorithm sliding_window, at Testfile:2`},
-		{"window missing from a zone", "rate_limit_redis {\n\tzone a {\n\t\talgorithm sliding_window\n\t\tlimit 1\n\t}\n}",
-			`zone a: window is required for algorithm sliding_window, at Testfile:2`},
-		{"cost above capacity", "rate_limit_redis {\n\tzone a {\n\t\tcost 6\n\t\tcapacity 5\n\t\trefill_rate 1\n\t}\n}",
-			`zone a: cost 6 is larger than capacity 5: no request could ever be admitted, at Testfile:3`},
-		{"cost above limit", "rate_limit_redis {\n\tzone a {\n\t\talgorithm sliding_window\n\t\tlimit 5\n\t\twindow 1s\n\t\tcost 6\n\t}\n}",
-			`zone a: cost 6 is larger than limit 5: no request could ever be admitted, at Testfile:6`},
-		{"bucket too slow to refill", "rate_limit_redis {\n\tzone a {\n\t\tcapacity 1000000000\n\t\trefill_rate 1\n\t}\n}",
-			`zone a: an empty bucket takes 1000000000s to refill (capacity / refill_rate); at most 366d is supported, at Testfile:4`},
-
-		// the shorthand
-		{"shorthand then zone block", "rate_limit_redis {\n\tcapacity 1\n\trefill_rate 1" + zone + "\n}",
-			`zone subdirectives at the top level (the shorthand for one zone named "default") cannot be mixed with zone blocks, at Testfile:4`},
-		{"zone block then shorthand", "rate_limit_redis {" + zone + "\n\tkey {client_ip}\n}",
-			`zone subdirectives at the top level (the shorthand for one zone named "default") cannot be mixed with zone blocks, at Testfile:6`},
-		{"shorthand repeated", "rate_limit_redis {\n\tcapacity 1\n\tcapacity 1\n}",
-			`duplicate subdirective "capacity", at Testfile:3`},
-		{"shorthand incomplete", "rate_limit_redis {\n\ttimeout 1s\n\tkey {client_ip}\n\tcapacity 1\n}",
-			`zone default: refill_rate is required for algorithm token_bucket (the default when no algorithm is given), at Testfile:3`},
-		{"shorthand parameter of the other algorithm", "rate_limit_redis {\n\tcapacity 1\n\trefill_rate 1\n\twindow 1m\n}",
-			`zone default: window belongs to algorithm sliding_window, not token_bucket (the default when no algorithm is given), at Testfile:4`},
-		{"shorthand bad value", "rate_limit_redis {\n\tlimit none\n}",
-			`zone default: limit: "none" is not an integer, at Testfile:2`},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			var h Handler
-			err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(tc.input))
-			if err == nil {
-				t.Fatalf("no error; want %q; got\n%s", tc.want, toJSON(t, &h))
-			}
-			if err.Error() != tc.want {
-				t.Errorf("error\n got %q\nwant %q", err, tc.want)
-			}
-		})
-	}
-}
-
-// TestAdaptCaddyfile runs the directive through the Caddyfile adapter: the directive is
-// registered and ordered (no `order` line is needed), the matcher token is taken by Caddy, and
-// errors name the file and line.
-func TestAdaptCaddyfile(t *testing.T) {
-	t.Parallel()
-	adapter := caddyfile.Adapter{ServerType: httpcaddyfile.ServerType{}}
-
-	out, warnings, err := adapter.Adapt([]byte(`:8080 {
-	respond "ok"
-	rate_limit_redis /api/* {
-		zone api {
-			key {client_ip}
-			capacity 100
-			refill_rate 10
-		}
-	}
-}
-`), nil)
-	if err != nil {
-		t.Fatalf("Adapt: %v", err)
-	}
-	if len(warnings) > 0 {
-		t.Errorf("warnings: %v", warnings)
-	}
-	const want = `{"apps":{"http":{"servers":{"srv0":{"listen":[":8080"],"routes":[` +
-		`{"match":[{"path":["/api/*"]}],"handle":[{"handler":"rate_limit_redis","zones":[{"capacity":100,"key":["{http.vars.client_ip}"],"name":"api","refill_rate":10}]}]},` +
-		`{"handle":[{"body":"ok","handler":"static_response"}]}]}}}}}`
-	if string(out) != want {
-		t.Errorf("got  %s\nwant %s", out, want)
-	}
-
-	_, _, err = adapter.Adapt([]byte(`:8080 {
-	rate_limit_redis {
-		capacity 100
-		refill_rate 10
-		cost {http.request.header.X-Cost}
-		cost 2
-	}
-}`), nil)
-	const wantErr = `parsing caddyfile tokens for 'rate_limit_redis': duplicate subdirective "cost", at Caddyfile:6`
-	if err == nil || err.Error() != wantErr {
-		t.Errorf("error\n got %v\nwant %s", err, wantErr)
-	}
-}
-
-func TestUnmarshalCaddyfileCharge(t *testing.T) {
-	t.Parallel()
-	for _, tc := range []struct {
-		name  string
-		input string
-		want  *Zone
-	}{
-		{"count_status", "rate_limit_redis {\n\tzone login {\n\t\talgorithm sliding_window\n\t\tlimit 5\n\t\twindow 15m\n\t\tcount_status 401 403 5xx\n\t}\n}",
-			&Zone{Name: "login", Algorithm: "sliding_window", Limit: NumberOf(5), Window: NumberOf(caddy.Duration(15 * time.Minute)), CountStatus: []string{"401", "403", "5xx"}}},
-		{"charge header", "rate_limit_redis {\n\tcapacity 1000\n\trefill_rate 1000/1h\n\tcost 100\n\tcharge header X-Tokens-Used\n\thold_max 30m\n}",
-			&Zone{Name: "default", Capacity: NumberOf(1000), RefillRate: NumberOf(1000.0 / 3600), Cost: "100", Charge: &Charge{Source: "header", Header: "X-Tokens-Used"}, HoldMax: caddy.Duration(30 * time.Minute)}},
-		{"charge openai_usage", "rate_limit_redis {\n\tcapacity 1000\n\trefill_rate 1\n\tcharge openai_usage\n}",
-			&Zone{Name: "default", Capacity: NumberOf(1000), RefillRate: NumberOf(1), Charge: &Charge{Source: "openai_usage"}}},
-		{"charge openai_usage completion with count_status", "rate_limit_redis {\n\tcapacity 1000\n\trefill_rate 1\n\tcharge openai_usage completion\n\tcount_status 2xx\n}",
-			&Zone{Name: "default", Capacity: NumberOf(1000), RefillRate: NumberOf(1), Charge: &Charge{Source: "openai_usage", Usage: "completion"}, CountStatus: []string{"2xx"}}},
-		{"charge openai_usage missing", "rate_limit_redis {\n\tcapacity 1000\n\trefill_rate 1\n\tcharge openai_usage missing 0\n}",
-			&Zone{Name: "default", Capacity: NumberOf(1000), RefillRate: NumberOf(1), Charge: &Charge{Source: "openai_usage", Missing: new(int64(0))}}},
-		{"charge openai_usage prompt missing", "rate_limit_redis {\n\tcapacity 1000\n\trefill_rate 1\n\tcharge openai_usage prompt missing 800\n}",
-			&Zone{Name: "default", Capacity: NumberOf(1000), RefillRate: NumberOf(1), Charge: &Charge{Source: "openai_usage", Usage: "prompt", Missing: new(int64(800))}}},
-		{"count_status fixed_window", "rate_limit_redis {\n\tzone z {\n\t\talgorithm fixed_window\n\t\tlimit 10\n\t\tperiod day\n\t\tcount_status 401\n\t}\n}",
-			&Zone{Name: "z", Algorithm: "fixed_window", Limit: NumberOf(10), Period: "day", CountStatus: []string{"401"}}},
-		{"charge fixed_window", "rate_limit_redis {\n\tzone z {\n\t\talgorithm fixed_window\n\t\tlimit 100000\n\t\twindow 1d\n\t\tcost 100\n\t\tcharge openai_usage\n\t}\n}",
-			&Zone{Name: "z", Algorithm: "fixed_window", Limit: NumberOf(100000), Window: NumberOf(caddy.Duration(24 * time.Hour)), Cost: "100", Charge: &Charge{Source: "openai_usage"}}},
-		{"charge sliding_window_counter", "rate_limit_redis {\n\tzone z {\n\t\talgorithm sliding_window_counter\n\t\tlimit 10\n\t\twindow 1m\n\t\tcharge header X\n\t\tcount_status 2xx\n\t}\n}",
-			&Zone{Name: "z", Algorithm: "sliding_window_counter", Limit: NumberOf(10), Window: NumberOf(caddy.Duration(time.Minute)), Charge: &Charge{Source: "header", Header: "X"}, CountStatus: []string{"2xx"}}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			var h Handler
-			if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(tc.input)); err != nil {
-				t.Fatalf("UnmarshalCaddyfile: %v", err)
-			}
-			if len(h.Zones) != 1 || !reflect.DeepEqual(h.Zones[0], tc.want) {
-				t.Errorf("got\n%s\nwant\n%s", toJSON(t, h.Zones), toJSON(t, tc.want))
-			}
-		})
-	}
-}
-
-func TestUnmarshalCaddyfileChargeErrors(t *testing.T) {
-	t.Parallel()
-	const tb = "rate_limit_redis {\n\tcapacity 10\n\trefill_rate 1\n"
-	for _, tc := range []struct{ name, input, want string }{
-		{"count_status empty", tb + "\tcount_status\n}", `wrong argument count or unexpected line ending after 'count_status', at Testfile:4`},
-		{"count_status bad code", tb + "\tcount_status 401 999\n}", `zone default: count_status: "999" is not a status code (100 to 599) or a class such as 4xx, at Testfile:4`},
-		{"count_status bad class", tb + "\tcount_status 6xx\n}", `zone default: count_status: "6xx" is not a status code (100 to 599) or a class such as 4xx, at Testfile:4`},
-		{"count_status twice", tb + "\tcount_status 401\n\tcount_status 403\n}", `duplicate subdirective "count_status", at Testfile:5`},
-		{"charge no source", tb + "\tcharge\n}", `charge: a source is required: header <field> or openai_usage [total|prompt|completion] [missing <n>], at Testfile:4`},
-		{"charge bad source", tb + "\tcharge body\n}", `zone default: charge source "body" must be header or openai_usage, at Testfile:4`},
-		{"charge header no field", tb + "\tcharge header\n}", `charge header: one response header field name is required (charge header X-Tokens-Used), at Testfile:4`},
-		{"charge header two fields", tb + "\tcharge header A B\n}", `charge header: one response header field name is required (charge header X-Tokens-Used), at Testfile:4`},
-		{"charge usage bad", tb + "\tcharge openai_usage input\n}", `zone default: charge usage "input" must be total, prompt or completion, at Testfile:4`},
-		{"charge usage extra", tb + "\tcharge openai_usage total x\n}", `charge openai_usage: unexpected argument "x", at Testfile:4`},
-		{"charge missing no amount", tb + "\tcharge openai_usage total missing\n}", `charge openai_usage: missing needs the amount a response without usage is charged (missing 4000), at Testfile:4`},
-		{"charge missing negative", tb + "\tcharge openai_usage missing -1\n}", `zone default: charge missing -1 must be between 0 and 9007199254740992, at Testfile:4`},
-		{"charge missing not a number", tb + "\tcharge openai_usage missing lots\n}", `charge openai_usage: missing "lots" is not an integer, at Testfile:4`},
-		{"charge missing then usage", tb + "\tcharge openai_usage missing 5 total\n}", `charge openai_usage: unexpected argument "total", at Testfile:4`},
-		{"charge header missing", tb + "\tcharge header X missing 5\n}", `charge header: one response header field name is required (charge header X-Tokens-Used), at Testfile:4`},
-		{"hold_max alone", tb + "\thold_max 1m\n}", `zone default: hold_max applies to a zone with count_status or charge, or of algorithm concurrency, at Testfile:4`},
-		{"hold_max too long", tb + "\tcount_status 401\n\thold_max 2d\n}", `zone default: hold_max 2d is out of range (at most 1d), at Testfile:5`},
-		{"hold_max zero", tb + "\tcount_status 401\n\thold_max 0s\n}", `hold_max: "0s" must be > 0, at Testfile:5`},
-		{"charge sliding_window", "rate_limit_redis {\n\tzone z {\n\t\talgorithm sliding_window\n\t\tlimit 10\n\t\twindow 1m\n\t\tcharge openai_usage\n\t}\n}",
-			`zone z: charge needs algorithm token_bucket, fixed_window or sliding_window_counter: a sliding_window zone stores one entry per unit of cost, so charging it what a response reports (thousands of tokens) would store thousands of entries per request; count_status works with sliding_window, at Testfile:6`},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			var h Handler
-			err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(tc.input))
-			if err == nil {
-				t.Fatalf("no error; want %q; got\n%s", tc.want, toJSON(t, &h))
-			}
-			if err.Error() != tc.want {
-				t.Errorf("error\n got %q\nwant %q", err, tc.want)
-			}
-		})
-	}
-}
-
-func TestUnmarshalCaddyfilePrefixesAndJitter(t *testing.T) {
-	t.Parallel()
-	for _, tc := range []struct {
-		name  string
-		input string
-		want  *Handler
-	}{
+		// ipv4_prefix, ipv6_prefix and jitter, at the top level (every zone) and in a zone block (that zone)
 		{
 			name: "top level and zone overrides",
 			input: `rate_limit_redis {
@@ -1220,11 +480,31 @@ func TestUnmarshalCaddyfilePrefixesAndJitter(t *testing.T) {
 				}},
 			},
 		},
+
+		// count_status, charge and hold_max
+		{"count_status", "rate_limit_redis {\n\tzone login {\n\t\talgorithm sliding_window\n\t\tlimit 5\n\t\twindow 15m\n\t\tcount_status 401 403 5xx\n\t}\n}",
+			&Handler{Zones: []*Zone{{Name: "login", Algorithm: "sliding_window", Limit: NumberOf(5), Window: NumberOf(caddy.Duration(15 * time.Minute)), CountStatus: []string{"401", "403", "5xx"}}}}},
+		{"charge header", "rate_limit_redis {\n\tcapacity 1000\n\trefill_rate 1000/1h\n\tcost 100\n\tcharge header X-Tokens-Used\n\thold_max 30m\n}",
+			&Handler{Zones: []*Zone{{Name: "default", Capacity: NumberOf(1000), RefillRate: NumberOf(1000.0 / 3600), Cost: "100", Charge: &Charge{Source: "header", Header: "X-Tokens-Used"}, HoldMax: caddy.Duration(30 * time.Minute)}}}},
+		{"charge openai_usage", "rate_limit_redis {\n\tcapacity 1000\n\trefill_rate 1\n\tcharge openai_usage\n}",
+			&Handler{Zones: []*Zone{{Name: "default", Capacity: NumberOf(1000), RefillRate: NumberOf(1), Charge: &Charge{Source: "openai_usage"}}}}},
+		{"charge openai_usage completion with count_status", "rate_limit_redis {\n\tcapacity 1000\n\trefill_rate 1\n\tcharge openai_usage completion\n\tcount_status 2xx\n}",
+			&Handler{Zones: []*Zone{{Name: "default", Capacity: NumberOf(1000), RefillRate: NumberOf(1), Charge: &Charge{Source: "openai_usage", Usage: "completion"}, CountStatus: []string{"2xx"}}}}},
+		{"charge openai_usage missing", "rate_limit_redis {\n\tcapacity 1000\n\trefill_rate 1\n\tcharge openai_usage missing 0\n}",
+			&Handler{Zones: []*Zone{{Name: "default", Capacity: NumberOf(1000), RefillRate: NumberOf(1), Charge: &Charge{Source: "openai_usage", Missing: new(int64(0))}}}}},
+		{"charge openai_usage prompt missing", "rate_limit_redis {\n\tcapacity 1000\n\trefill_rate 1\n\tcharge openai_usage prompt missing 800\n}",
+			&Handler{Zones: []*Zone{{Name: "default", Capacity: NumberOf(1000), RefillRate: NumberOf(1), Charge: &Charge{Source: "openai_usage", Usage: "prompt", Missing: new(int64(800))}}}}},
+		{"count_status fixed_window", "rate_limit_redis {\n\tzone z {\n\t\talgorithm fixed_window\n\t\tlimit 10\n\t\tperiod day\n\t\tcount_status 401\n\t}\n}",
+			&Handler{Zones: []*Zone{{Name: "z", Algorithm: "fixed_window", Limit: NumberOf(10), Period: "day", CountStatus: []string{"401"}}}}},
+		{"charge fixed_window", "rate_limit_redis {\n\tzone z {\n\t\talgorithm fixed_window\n\t\tlimit 100000\n\t\twindow 1d\n\t\tcost 100\n\t\tcharge openai_usage\n\t}\n}",
+			&Handler{Zones: []*Zone{{Name: "z", Algorithm: "fixed_window", Limit: NumberOf(100000), Window: NumberOf(caddy.Duration(24 * time.Hour)), Cost: "100", Charge: &Charge{Source: "openai_usage"}}}}},
+		{"charge sliding_window_counter", "rate_limit_redis {\n\tzone z {\n\t\talgorithm sliding_window_counter\n\t\tlimit 10\n\t\twindow 1m\n\t\tcharge header X\n\t\tcount_status 2xx\n\t}\n}",
+			&Handler{Zones: []*Zone{{Name: "z", Algorithm: "sliding_window_counter", Limit: NumberOf(10), Window: NumberOf(caddy.Duration(time.Minute)), Charge: &Charge{Source: "header", Header: "X"}, CountStatus: []string{"2xx"}}}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var got Handler
 			if err := got.UnmarshalCaddyfile(caddyfile.NewTestDispenser(tc.input)); err != nil {
-				t.Fatal(err)
+				t.Fatalf("UnmarshalCaddyfile: %v", err)
 			}
 			if !reflect.DeepEqual(&got, tc.want) {
 				t.Errorf("got\n%s\nwant\n%s", toJSON(t, &got), toJSON(t, tc.want))
@@ -1233,76 +513,474 @@ func TestUnmarshalCaddyfilePrefixesAndJitter(t *testing.T) {
 	}
 }
 
-func TestUnmarshalCaddyfilePrefixesAndJitterJSON(t *testing.T) {
-	t.Parallel()
-	var h Handler
-	in := "rate_limit_redis {\n\tipv6_prefix 56\n\tjitter 3s\n\tzone a {\n\t\tjitter 0\n\t\tipv4_prefix 24\n\t\tcapacity 1\n\t\trefill_rate 1\n\t}\n}"
-	if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(in)); err != nil {
-		t.Fatal(err)
-	}
-	b, err := json.Marshal(&h)
+func toJSON(t *testing.T, v any) string {
+	t.Helper()
+	b, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
 		t.Fatal(err)
 	}
-	const want = `{"ipv6_prefix":56,"jitter":3000000000,"zones":[{"name":"a","capacity":1,"refill_rate":1,"ipv4_prefix":24,"jitter":0}]}`
-	if string(b) != want {
-		t.Errorf("got  %s\nwant %s", b, want)
+	return string(b)
+}
+
+// TestUnmarshalCaddyfileMinimalJSON checks that the parser fills in no defaults: the JSON of a
+// handler holds what its Caddyfile says and nothing more (a zone's jitter 0 included: it
+// overrides the handler's).
+func TestUnmarshalCaddyfileMinimalJSON(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ name, input, want string }{
+		{"a zone", `rate_limit_redis {
+		zone login {
+			match path /login
+			algorithm sliding_window
+			limit 5
+			window 1m
+		}
+	}`, `{"zones":[{"name":"login","algorithm":"sliding_window","limit":5,"window":60000000000,"match":[{"path":["/login"]}]}]}`},
+		{"prefixes and jitter", "rate_limit_redis {\n\tipv6_prefix 56\n\tjitter 3s\n\tzone a {\n\t\tjitter 0\n\t\tipv4_prefix 24\n\t\tcapacity 1\n\t\trefill_rate 1\n\t}\n}",
+			`{"ipv6_prefix":56,"jitter":3000000000,"zones":[{"name":"a","capacity":1,"refill_rate":1,"ipv4_prefix":24,"jitter":0}]}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var h Handler
+			if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(tc.input)); err != nil {
+				t.Fatal(err)
+			}
+			b, err := json.Marshal(&h)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(b) != tc.want {
+				t.Errorf("got  %s\nwant %s", b, tc.want)
+			}
+		})
 	}
 }
 
-func TestUnmarshalCaddyfilePrefixesAndJitterErrors(t *testing.T) {
+// TestUnmarshalCaddyfileErrors: every Caddyfile the parser refuses gets its error exactly, at the
+// token's file and line: the rows below, and those that every subdirective's syntax gives alike
+// (subdirectiveRows).
+func TestUnmarshalCaddyfileErrors(t *testing.T) {
 	t.Parallel()
-	zone := func(lines string) string {
+	// zone is a zone block that is valid on its own, for inputs whose error lies elsewhere.
+	const zone = `
+		zone z {
+			capacity 1
+			refill_rate 1
+		}`
+	// tb is a token bucket zone's first lines, for the rows of count_status, charge and hold_max.
+	const tb = "rate_limit_redis {\n\tcapacity 10\n\trefill_rate 1\n"
+	// inZone is a zone block holding lines, and a valid zone's numbers.
+	inZone := func(lines string) string {
 		return "rate_limit_redis {\n\tzone a {\n" + lines + "\t\tcapacity 1\n\t\trefill_rate 1\n\t}\n}"
 	}
-	for _, tc := range []struct {
-		name  string
-		input string
-		want  string
-	}{
+	table := []errorRow{
+		// The directive line and the zones.
+		{"argument", "rate_limit_redis foo {" + zone + "\n}",
+			`rate_limit_redis: unexpected argument "foo"; it takes only a matcher and a block, at Testfile:1`},
+		{"no block", "rate_limit_redis",
+			`rate_limit_redis: at least one zone is required: a zone block, or zone subdirectives (such as capacity and refill_rate) directly in this block, at Testfile:1`},
+		{"no zone", "rate_limit_redis {\n\ttimeout 1s\n}",
+			`rate_limit_redis: at least one zone is required: a zone block, or zone subdirectives (such as capacity and refill_rate) directly in this block, at Testfile:1`},
+		{"unknown subdirective", "rate_limit_redis {\n\tfoo bar\n}",
+			`unrecognized subdirective "foo", at Testfile:2`},
+
+		// key_prefix
+		{"key_prefix braces", "rate_limit_redis {\n\tkey_prefix rl{x}:\n}",
+			`key_prefix "rl{x}:" must not contain { or }: the client key is the Redis Cluster hash tag, at Testfile:2`},
+		{"key_prefix brace", "rate_limit_redis {\n\tkey_prefix rl}\n}",
+			`key_prefix "rl}" must not contain { or }: the client key is the Redis Cluster hash tag, at Testfile:2`},
+		{"key_prefix empty", "rate_limit_redis {\n\tkey_prefix \"\"\n}",
+			`key_prefix: must not be empty (leave it out for the default "rl:"), at Testfile:2`},
+
+		// key_secret: no error shows the secret, or a piece of it.
+		{"key_secret extra is not echoed", "rate_limit_redis {\n\tkey_secret 0123456789abcdef-part1 part2-0123456789abcdef\n}",
+			`key_secret: too many arguments (quote a secret that contains spaces), at Testfile:2`},
+		{"key_secret short literal is not echoed", "rate_limit_redis {\n\tkey_secret short-secret-15\n}",
+			"key_secret: must be at least 16 bytes: use 32 random bytes, such as the output of `openssl rand -base64 32`, " +
+				"from the environment: key_secret {env.RATE_LIMIT_KEY_SECRET}, at Testfile:2"},
+
+		// timeout
+		{"timeout not a duration", "rate_limit_redis {\n\ttimeout soon\n}",
+			`timeout: "soon" is not a duration, at Testfile:2`},
+		{"timeout zero", "rate_limit_redis {\n\ttimeout 0s\n}",
+			`timeout: "0s" must be > 0, at Testfile:2`},
+		{"timeout negative", "rate_limit_redis {\n\ttimeout -1s\n}",
+			`timeout: "-1s" must be > 0, at Testfile:2`},
+
+		// fail_mode
+		{"fail_mode bad", "rate_limit_redis {\n\tfail_mode maybe\n}",
+			`fail_mode "maybe" must be open, closed or local, at Testfile:2`},
+
+		// headers
+		{"headers bad", "rate_limit_redis {\n\theaders draft\n}",
+			`headers "draft" must be legacy, ietf, both or off, at Testfile:2`},
+
+		// clock
+		{"clock bad", "rate_limit_redis {\n\tclock ntp\n}",
+			`clock "ntp" must be redis or local, at Testfile:2`},
+
+		// dry_run
+		{"dry_run argument", "rate_limit_redis {\n\tdry_run yes\n}",
+			`dry_run: unexpected argument "yes"; it takes no arguments, at Testfile:2`},
+
+		// log_key
+		{"log_key argument", "rate_limit_redis {\n\tlog_key on\n}",
+			`log_key: unexpected argument "on"; it takes no arguments, at Testfile:2`},
+		{"log_key in a zone", "rate_limit_redis {\n\tzone a {\n\t\tlog_key\n\t}\n}",
+			`unrecognized subdirective "log_key", at Testfile:3`},
+
+		// deny_cache
+		{"deny_cache bad", "rate_limit_redis {\n\tdeny_cache false\n}",
+			`deny_cache: "false" must be on or off, at Testfile:2`},
+		{"deny_cache max_age bad", "rate_limit_redis {\n\tdeny_cache {\n\t\tmax_age soon\n\t}\n}",
+			`max_age: "soon" is not a duration, at Testfile:3`},
+		{"deny_cache max_age zero", "rate_limit_redis {\n\tdeny_cache {\n\t\tmax_age 0s\n\t}\n}",
+			`max_age: "0s" must be > 0, at Testfile:3`},
+		{"deny_cache unknown", "rate_limit_redis {\n\tdeny_cache {\n\t\tsize 10\n\t}\n}",
+			`deny_cache: unrecognized subdirective "size", at Testfile:3`},
+		{"period unknown", "rate_limit_redis {\n\talgorithm fixed_window\n\tlimit 5\n\tperiod fortnight\n}",
+			`zone default: period "fortnight" must be hour, day, week or month, at Testfile:4`},
+		{"period and window", "rate_limit_redis {\n\talgorithm fixed_window\n\tlimit 5\n\twindow 1h\n\tperiod day\n}",
+			`zone default: a fixed_window zone has a window or a period, not both, at Testfile:5`},
+		{"fixed_window without window", "rate_limit_redis {\n\talgorithm fixed_window\n\tlimit 5\n}",
+			`zone default: window or period is required for algorithm fixed_window, at Testfile:2`},
+		{"time_zone unknown", "rate_limit_redis {\n\talgorithm fixed_window\n\tlimit 5\n\tperiod day\n\ttime_zone Mars/Olympus\n}",
+			`zone default: time_zone "Mars/Olympus" is not a time zone of the IANA database (such as UTC or Europe/Paris), at Testfile:5`},
+		{"time_zone without period", "rate_limit_redis {\n\talgorithm fixed_window\n\tlimit 5\n\twindow 1h\n\ttime_zone UTC\n}",
+			`zone default: time_zone applies to a period (period day), not to a window, at Testfile:5`},
+		{"period on sliding_window", "rate_limit_redis {\n\talgorithm sliding_window\n\tlimit 5\n\twindow 1h\n\tperiod day\n}",
+			`zone default: period belongs to algorithm fixed_window, not sliding_window, at Testfile:5`},
+		{"period on token_bucket", "rate_limit_redis {\n\tcapacity 5\n\trefill_rate 1\n\tperiod day\n}",
+			`zone default: period belongs to algorithm fixed_window, not token_bucket (the default when no algorithm is given), at Testfile:4`},
+		{"counter without window", "rate_limit_redis {\n\talgorithm sliding_window_counter\n\tlimit 5\n}",
+			`zone default: window is required for algorithm sliding_window_counter, at Testfile:2`},
+		{"capacity on fixed_window", "rate_limit_redis {\n\talgorithm fixed_window\n\tlimit 5\n\tperiod day\n\tcapacity 5\n}",
+			`zone default: capacity belongs to algorithm token_bucket, not fixed_window, at Testfile:5`},
+		{"max_cost above capacity", "rate_limit_redis {\n\tcapacity 10\n\trefill_rate 1\n\tmax_cost 11\n}",
+			`zone default: max_cost 11 is larger than capacity 10, at Testfile:4`},
+		{"cost above max_cost", "rate_limit_redis {\n\tcapacity 10\n\trefill_rate 1\n\tcost 5\n\tmax_cost 4\n}",
+			`zone default: cost 5 is larger than max_cost 4: no request could ever be admitted, at Testfile:4`},
+		{"max_cost sliding window placeholder", "rate_limit_redis {\n\talgorithm sliding_window\n\tlimit 5000\n\twindow 1h\n\tcost {http.request.header.X-Cost}\n\tmax_cost 2000\n}",
+			`zone default: max_cost 2000: a sliding_window zone stores one entry per unit of cost, so a cost from a placeholder (chosen per request) is bounded by max_cost 1000 at most; use token_bucket for larger costs, at Testfile:6`},
+		{"max_cost zero", "rate_limit_redis {\n\tcapacity 10\n\trefill_rate 1\n\tmax_cost 0\n}",
+			`zone default: max_cost: "0" is out of range (1 to 9007199254740992), at Testfile:4`},
+
+		// max_wait and max_waiting (shaping)
+		{"max_wait missing", "rate_limit_redis {\n\tzone a {\n\t\tcapacity 10\n\t\trefill_rate 10\n\t\tmax_wait\n\t}\n}",
+			`wrong argument count or unexpected line ending after 'max_wait', at Testfile:5`},
+		{"max_wait extra", "rate_limit_redis {\n\tcapacity 10\n\trefill_rate 10\n\tmax_wait 1s 2s\n}",
+			`max_wait: unexpected argument "2s", at Testfile:4`},
+		{"max_wait repeated", "rate_limit_redis {\n\tcapacity 10\n\trefill_rate 10\n\tmax_wait 1s\n\tmax_wait 2s\n}",
+			`duplicate subdirective "max_wait", at Testfile:5`},
+		{"max_wait not a duration", "rate_limit_redis {\n\tcapacity 10\n\trefill_rate 10\n\tmax_wait soon\n}",
+			`max_wait: "soon" is not a duration, at Testfile:4`},
+		{"max_wait zero", "rate_limit_redis {\n\tcapacity 10\n\trefill_rate 10\n\tmax_wait 0s\n}",
+			`max_wait: "0s" must be > 0 (leave max_wait out to reject at once), at Testfile:4`},
+		{"max_wait negative", "rate_limit_redis {\n\tcapacity 10\n\trefill_rate 10\n\tmax_wait -1s\n}",
+			`max_wait: "-1s" must be > 0 (leave max_wait out to reject at once), at Testfile:4`},
+		{"max_wait too long", "rate_limit_redis {\n\tcapacity 10\n\trefill_rate 10\n\tmax_wait 61s\n}",
+			`zone default: max_wait 1m1s is longer than 1m0s: a request held that long outlasts most clients' timeouts; let it come back instead (429 and Retry-After), at Testfile:4`},
+		{"max_wait block", "rate_limit_redis {\n\tcapacity 10\n\trefill_rate 10\n\tmax_wait 1s {\n\t}\n}",
+			`max_wait: unexpected block, at Testfile:4`},
+		{"max_wait in a sliding window zone", "rate_limit_redis {\n\tzone a {\n\t\talgorithm sliding_window\n\t\tlimit 5\n\t\twindow 1m\n\t\tmax_wait 1s\n\t}\n}",
+			`zone a: max_wait applies to algorithm token_bucket only, not sliding_window: a window gives its quota back in steps, so a held request would have no exact turn; shape with a token_bucket zone, at Testfile:6`},
+		{"max_wait in a fixed window zone", "rate_limit_redis {\n\tzone a {\n\t\tmax_wait 1s\n\t\talgorithm fixed_window\n\t\tlimit 5\n\t\tperiod day\n\t}\n}",
+			`zone a: max_wait applies to algorithm token_bucket only, not fixed_window: a window gives its quota back in steps, so a held request would have no exact turn; shape with a token_bucket zone, at Testfile:3`},
+		{"max_wait in a sliding window counter zone", "rate_limit_redis {\n\talgorithm sliding_window_counter\n\tlimit 5\n\twindow 1m\n\tmax_wait 1s\n}",
+			`zone default: max_wait applies to algorithm token_bucket only, not sliding_window_counter: a window gives its quota back in steps, so a held request would have no exact turn; shape with a token_bucket zone, at Testfile:5`},
+		{"max_waiting missing", "rate_limit_redis {\n\tmax_waiting\n" + zone[1:] + "\n}",
+			`wrong argument count or unexpected line ending after 'max_waiting', at Testfile:2`},
+		{"max_waiting zero", "rate_limit_redis {\n\tmax_waiting 0\n}",
+			`max_waiting 0 must be >= 1, at Testfile:2`},
+		{"max_waiting not an integer", "rate_limit_redis {\n\tmax_waiting many\n}",
+			`max_waiting: "many" is not an integer, at Testfile:2`},
+		{"max_waiting in a zone", "rate_limit_redis {\n\tzone a {\n\t\tmax_waiting 1\n\t}\n}",
+			`unrecognized subdirective "max_waiting", at Testfile:3`},
+
+		// degraded_header
+		{"degraded_header bad", "rate_limit_redis {\n\tdegraded_header false\n}",
+			`degraded_header: "false" must be on or off, at Testfile:2`},
+		{"degraded_header in a zone", "rate_limit_redis {\n\tzone a {\n\t\tdegraded_header off\n\t}\n}",
+			`unrecognized subdirective "degraded_header", at Testfile:3`},
+		{"degraded_header in redis", "rate_limit_redis {\n\tredis {\n\t\tdegraded_header off\n\t}\n}",
+			`unrecognized subdirective "degraded_header", at Testfile:3`},
+
+		// grpc_status
+		{"grpc_status bad", "rate_limit_redis {\n\tgrpc_status 8\n}",
+			`grpc_status: "8" must be on or off, at Testfile:2`},
+		{"grpc_status in a zone", "rate_limit_redis {\n\tzone a {\n\t\tgrpc_status off\n\t}\n}",
+			`unrecognized subdirective "grpc_status", at Testfile:3`},
+
+		// a zone's fail_mode
+		{"zone fail_mode bad", "rate_limit_redis {\n\tzone a {\n\t\tfail_mode shut\n\t}\n}",
+			`zone a: fail_mode "shut" must be open, closed or local, at Testfile:3`},
+		{"fail_mode in redis", "rate_limit_redis {\n\tredis {\n\t\tfail_mode closed\n\t}\n}",
+			`unrecognized subdirective "fail_mode", at Testfile:3`},
+		{"fail_mode in tls", "rate_limit_redis {\n\tredis {\n\t\ttls {\n\t\t\tfail_mode closed\n\t\t}\n\t}\n}",
+			`unrecognized subdirective "fail_mode", at Testfile:4`},
+
+		// empty_key
+		{"empty_key repeated in the shorthand", "rate_limit_redis {\n\tempty_key skip\n\tempty_key skip\n}",
+			`duplicate subdirective "empty_key", at Testfile:3`},
+		{"empty_key bad", "rate_limit_redis {\n\tzone a {\n\t\tempty_key drop\n\t}\n}",
+			`zone a: empty_key "drop" must be shared, skip or deny, at Testfile:3`},
+		{"empty_key in redis", "rate_limit_redis {\n\tredis {\n\t\tempty_key skip\n\t}\n}",
+			`unrecognized subdirective "empty_key", at Testfile:3`},
+		{"empty_key with zone blocks", "rate_limit_redis {" + zone + "\n\tempty_key skip\n}",
+			`zone subdirectives at the top level (the shorthand for one zone named "default") cannot be mixed with zone blocks, at Testfile:6`},
+
+		// redis
+		{"redis argument", "rate_limit_redis {\n\tredis localhost {\n\t}\n}",
+			`redis: unexpected argument "localhost"; it takes no arguments, at Testfile:2`},
+		{"redis repeated", "rate_limit_redis {\n\tredis {\n\t\tdb 1\n\t}\n\tredis {\n\t\tdb 2\n\t}\n}",
+			`duplicate subdirective "redis", at Testfile:5`},
+		{"redis unknown", "rate_limit_redis {\n\tredis {\n\t\thost localhost\n\t}\n}",
+			`unrecognized subdirective "host", at Testfile:3`},
+		{"password extra is not echoed", "rate_limit_redis {\n\tredis {\n\t\tpassword open sesame\n\t}\n}",
+			`password: too many arguments (quote a password that contains spaces), at Testfile:3`},
+		{"db not a number", "rate_limit_redis {\n\tredis {\n\t\tdb one\n\t}\n}",
+			`db: "one" is not an integer, at Testfile:3`},
+		{"db negative", "rate_limit_redis {\n\tredis {\n\t\tdb -1\n\t}\n}",
+			`db: "-1" must be >= 0, at Testfile:3`},
+		{"pool_size not a number", "rate_limit_redis {\n\tredis {\n\t\tpool_size many\n\t}\n}",
+			`pool_size: "many" is not an integer, at Testfile:3`},
+		{"pool_size zero", "rate_limit_redis {\n\tredis {\n\t\tpool_size 0\n\t}\n}",
+			`pool_size: "0" must be >= 1, at Testfile:3`},
+		{"dial_timeout not a duration", "rate_limit_redis {\n\tredis {\n\t\tdial_timeout 5\n\t}\n}",
+			`dial_timeout: "5" is not a duration, at Testfile:3`},
+		{"dial_timeout zero", "rate_limit_redis {\n\tredis {\n\t\tdial_timeout 0s\n\t}\n}",
+			`dial_timeout: "0s" must be > 0, at Testfile:3`},
+		{"sentinel without addresses", "rate_limit_redis {\n\tredis {\n\t\tsentinel mymaster\n\t}" + zone + "\n}",
+			`redis sentinel mymaster needs the addresses of its Sentinels (address host:26379 ...), at Testfile:3`},
+		{"cluster argument", "rate_limit_redis {\n\tredis {\n\t\tcluster yes\n\t}\n}",
+			`cluster: unexpected argument "yes"; it takes no arguments, at Testfile:3`},
+		{"cluster and sentinel", "rate_limit_redis {\n\tredis {\n\t\taddress a:1\n\t\tsentinel m\n\t\tcluster\n\t}" + zone + "\n}",
+			`redis cluster and sentinel exclude each other: with sentinel, the addresses are Sentinels, at Testfile:5`},
+		{"cluster with a db", "rate_limit_redis {\n\tredis {\n\t\taddress a:1\n\t\tcluster\n\t\tdb 2\n\t}" + zone + "\n}",
+			`redis db 2: Redis Cluster has only database 0 (more than one address without sentinel means cluster), at Testfile:5`},
+		{"several addresses with a db", "rate_limit_redis {\n\tredis {\n\t\taddress a:1 b:2 c:3\n\t\tdb 1\n\t}" + zone + "\n}",
+			`redis db 1: Redis Cluster has only database 0 (more than one address without sentinel means cluster), at Testfile:4`},
+		{"tls cert without key", "rate_limit_redis {\n\tredis {\n\t\ttls {\n\t\t\tcert c.pem\n\t\t}\n\t}" + zone + "\n}",
+			`redis tls: cert and key must be given together, at Testfile:3`},
+		{"tls key without cert", "rate_limit_redis {\n\tredis {\n\t\ttls {\n\t\t\tkey k.pem\n\t\t}\n\t}" + zone + "\n}",
+			`redis tls: cert and key must be given together, at Testfile:3`},
+		{"tls argument", "rate_limit_redis {\n\tredis {\n\t\ttls on\n\t}\n}",
+			`tls: unexpected argument "on"; it takes no arguments, at Testfile:3`},
+		{"tls unknown", "rate_limit_redis {\n\tredis {\n\t\ttls {\n\t\t\tverify no\n\t\t}\n\t}\n}",
+			`unrecognized subdirective "verify", at Testfile:4`},
+		{"tls insecure_skip_verify argument", "rate_limit_redis {\n\tredis {\n\t\ttls {\n\t\t\tinsecure_skip_verify true\n\t\t}\n\t}\n}",
+			`insecure_skip_verify: unexpected argument "true"; it takes no arguments, at Testfile:4`},
+
+		// zone
+		{"zone name missing", "rate_limit_redis {\n\tzone {\n\t\tcapacity 1\n\t}\n}",
+			`wrong argument count or unexpected line ending after 'zone', at Testfile:2`},
+		{"zone extra", "rate_limit_redis {\n\tzone a b {\n\t\tcapacity 1\n\t}\n}",
+			`zone: unexpected argument "b", at Testfile:2`},
+		{"zone bad name", "rate_limit_redis {\n\tzone a/b {\n\t\tcapacity 1\n\t}\n}",
+			`zone name "a/b" must be 1 to 64 characters of A-Z a-z 0-9 _ . -, at Testfile:2`},
+		{"zone name too long", "rate_limit_redis {\n\tzone a2345678901234567890123456789012345678901234567890123456789012345\n}",
+			`zone name "a2345678901234567890123456789012345678901234567890123456789012345" must be 1 to 64 characters of A-Z a-z 0-9 _ . -, at Testfile:2`},
+		{"zone name with a space", "rate_limit_redis {\n\tzone \"a b\" {\n\t\tcapacity 1\n\t}\n}",
+			`zone name "a b" must be 1 to 64 characters of A-Z a-z 0-9 _ . -, at Testfile:2`},
+		{"zone name in braces", "rate_limit_redis {\n\tzone {a} {\n\t\tcapacity 1\n\t}\n}",
+			`zone name "{a}" must be 1 to 64 characters of A-Z a-z 0-9 _ . -, at Testfile:2`},
+		{"zone name with a brace", "rate_limit_redis {\n\tzone a} {\n\t\tcapacity 1\n\t}\n}",
+			`zone name "a}" must be 1 to 64 characters of A-Z a-z 0-9 _ . -, at Testfile:2`},
+		{"zone name duplicate", "rate_limit_redis {" + zone + zone + "\n}",
+			`zone name "z" is used twice, at Testfile:6`},
+		{"zone unknown subdirective", "rate_limit_redis {\n\tzone a {\n\t\ttimeout 1s\n\t}\n}",
+			`unrecognized subdirective "timeout", at Testfile:3`},
+		{"zone without block", "rate_limit_redis {\n\tzone a\n}",
+			`zone a: capacity is required for algorithm token_bucket (the default when no algorithm is given), at Testfile:2`},
+		{"zone empty block", "rate_limit_redis {\n\tzone a {\n\t}\n}",
+			`zone a: capacity is required for algorithm token_bucket (the default when no algorithm is given), at Testfile:2`},
+
+		// key
+
+		// algorithm
+		{"algorithm bad", "rate_limit_redis {\n\tzone a {\n\t\talgorithm leaky_bucket\n\t}\n}",
+			`zone a: algorithm "leaky_bucket" must be token_bucket, sliding_window, fixed_window, sliding_window_counter or concurrency, at Testfile:3`},
+
+		// capacity
+		{"capacity not a number", "rate_limit_redis {\n\tzone a {\n\t\tcapacity abc\n\t}\n}",
+			`zone a: capacity: "abc" is not an integer, at Testfile:3`},
+		{"capacity not an integer", "rate_limit_redis {\n\tzone a {\n\t\tcapacity 1.5\n\t}\n}",
+			`zone a: capacity: "1.5" is not an integer, at Testfile:3`},
+		{"capacity zero", "rate_limit_redis {\n\tzone a {\n\t\tcapacity 0\n\t}\n}",
+			`zone a: capacity: "0" is out of range (1 to 9007199254740992), at Testfile:3`},
+		{"capacity negative", "rate_limit_redis {\n\tzone a {\n\t\tcapacity -5\n\t}\n}",
+			`zone a: capacity: "-5" is out of range (1 to 9007199254740992), at Testfile:3`},
+		{"capacity too large", "rate_limit_redis {\n\tzone a {\n\t\tcapacity 9007199254740993\n\t}\n}",
+			`zone a: capacity: "9007199254740993" is out of range (1 to 9007199254740992), at Testfile:3`},
+		{"capacity beyond int64", "rate_limit_redis {\n\tzone a {\n\t\tcapacity 99999999999999999999\n\t}\n}",
+			`zone a: capacity: "99999999999999999999" is out of range (1 to 9007199254740992), at Testfile:3`},
+		{"capacity far below zero", "rate_limit_redis {\n\tzone a {\n\t\tcapacity -9007199254740993\n\t}\n}",
+			`zone a: capacity: "-9007199254740993" is out of range (1 to 9007199254740992), at Testfile:3`},
+
+		// refill_rate
+		{"refill_rate not a number", "rate_limit_redis {\n\tzone a {\n\t\trefill_rate fast\n\t}\n}",
+			`zone a: refill_rate: "fast" is not a number of tokens, optionally per a duration (10, 100/1m), at Testfile:3`},
+		{"refill_rate no number", "rate_limit_redis {\n\tzone a {\n\t\trefill_rate /1m\n\t}\n}",
+			`zone a: refill_rate: "/1m" is not a number of tokens, optionally per a duration (10, 100/1m), at Testfile:3`},
+		{"refill_rate infinite", "rate_limit_redis {\n\tzone a {\n\t\trefill_rate inf\n\t}\n}",
+			`zone a: refill_rate: "inf" is not a number of tokens, optionally per a duration (10, 100/1m), at Testfile:3`},
+		{"refill_rate NaN", "rate_limit_redis {\n\tzone a {\n\t\trefill_rate NaN/1s\n\t}\n}",
+			`zone a: refill_rate: "NaN/1s" is not a number of tokens, optionally per a duration (10, 100/1m), at Testfile:3`},
+		{"refill_rate zero", "rate_limit_redis {\n\tzone a {\n\t\trefill_rate 0\n\t}\n}",
+			`zone a: refill_rate: "0" must be > 0, at Testfile:3`},
+		{"refill_rate negative", "rate_limit_redis {\n\tzone a {\n\t\trefill_rate -1/1m\n\t}\n}",
+			`zone a: refill_rate: "-1/1m" must be > 0, at Testfile:3`},
+		{"refill_rate bad duration", "rate_limit_redis {\n\tzone a {\n\t\trefill_rate 10/minute\n\t}\n}",
+			`zone a: refill_rate: "10/minute": "minute" is not a duration, at Testfile:3`},
+		{"refill_rate empty duration", "rate_limit_redis {\n\tzone a {\n\t\trefill_rate 10/\n\t}\n}",
+			`zone a: refill_rate: "10/": "" is not a duration, at Testfile:3`},
+		{"refill_rate zero duration", "rate_limit_redis {\n\tzone a {\n\t\trefill_rate 10/0s\n\t}\n}",
+			`zone a: refill_rate: "10/0s": the duration must be > 0, at Testfile:3`},
+		{"refill_rate unitless zero duration", "rate_limit_redis {\n\tzone a {\n\t\trefill_rate 10/0\n\t}\n}",
+			`zone a: refill_rate: "10/0": the duration must be > 0, at Testfile:3`},
+		{"refill_rate negative duration", "rate_limit_redis {\n\tzone a {\n\t\trefill_rate 10/-1s\n\t}\n}",
+			`zone a: refill_rate: "10/-1s": the duration must be > 0, at Testfile:3`},
+		{"refill_rate underflow", "rate_limit_redis {\n\tzone a {\n\t\trefill_rate 5e-324/1m\n\t}\n}",
+			`zone a: refill_rate: "5e-324/1m" is out of range, at Testfile:3`},
+
+		// limit
+		{"limit not a number", "rate_limit_redis {\n\tzone a {\n\t\tlimit ten\n\t}\n}",
+			`zone a: limit: "ten" is not an integer, at Testfile:3`},
+		{"limit zero", "rate_limit_redis {\n\tzone a {\n\t\tlimit 0\n\t}\n}",
+			`zone a: limit: "0" is out of range (1 to 1000000), at Testfile:3`},
+		{"limit too large", "rate_limit_redis {\n\tzone a {\n\t\tlimit 1000001\n\t}\n}",
+			`zone a: limit: "1000001" is out of range (1 to 1000000), at Testfile:3`},
+		{"limit negative", "rate_limit_redis {\n\tzone a {\n\t\tlimit -1\n\t}\n}",
+			`zone a: limit: "-1" is out of range (1 to 1000000), at Testfile:3`},
+		{"limit beyond 2^53", "rate_limit_redis {\n\tzone a {\n\t\tlimit 9007199254740993\n\t}\n}",
+			`zone a: limit: "9007199254740993" is out of range (1 to 1000000), at Testfile:3`},
+		{"limit beyond int64", "rate_limit_redis {\n\tzone a {\n\t\tlimit 99999999999999999999\n\t}\n}",
+			`zone a: limit: "99999999999999999999" is out of range (1 to 1000000), at Testfile:3`},
+
+		// window
+		{"window not a duration", "rate_limit_redis {\n\tzone a {\n\t\twindow 60\n\t}\n}",
+			`zone a: window: "60" is not a duration, at Testfile:3`},
+		{"window zero", "rate_limit_redis {\n\tzone a {\n\t\twindow 0s\n\t}\n}",
+			`zone a: window: "0s" is out of range (1ms to 366d), at Testfile:3`},
+		{"window too short", "rate_limit_redis {\n\tzone a {\n\t\twindow 999us\n\t}\n}",
+			`zone a: window: "999us" is out of range (1ms to 366d), at Testfile:3`},
+		{"window too long", "rate_limit_redis {\n\tzone a {\n\t\twindow 367d\n\t}\n}",
+			`zone a: window: "367d" is out of range (1ms to 366d), at Testfile:3`},
+		{"window negative", "rate_limit_redis {\n\tzone a {\n\t\twindow -1s\n\t}\n}",
+			`zone a: window: "-1s" is out of range (1ms to 366d), at Testfile:3`},
+		{"window 1ns", "rate_limit_redis {\n\tzone a {\n\t\twindow 1ns\n\t}\n}",
+			`zone a: window: "1ns" is out of range (1ms to 366d), at Testfile:3`},
+		{"window an hour over 366d", "rate_limit_redis {\n\tzone a {\n\t\twindow 8785h\n\t}\n}",
+			`zone a: window: "8785h" is out of range (1ms to 366d), at Testfile:3`},
+		{"window beyond int64 nanoseconds", "rate_limit_redis {\n\tzone a {\n\t\twindow 10000000000000h\n\t}\n}",
+			`zone a: window: "10000000000000h" is not a duration, at Testfile:3`},
+
+		// cost
+		{"cost not a number", "rate_limit_redis {\n\tzone a {\n\t\tcost heavy\n\t}\n}",
+			`zone a: cost: "heavy" is not an integer or a placeholder, at Testfile:3`},
+		{"cost not an integer", "rate_limit_redis {\n\tzone a {\n\t\tcost 1.5\n\t}\n}",
+			`zone a: cost: "1.5" is not an integer or a placeholder, at Testfile:3`},
+		{"cost empty braces", "rate_limit_redis {\n\tzone a {\n\t\tcost x{}\n\t}\n}",
+			`zone a: cost: "x{}" is not an integer or a placeholder, at Testfile:3`},
+		{"cost zero", "rate_limit_redis {\n\tzone a {\n\t\tcost 0\n\t}\n}",
+			`zone a: cost: "0" must be > 0, at Testfile:3`},
+		{"cost negative", "rate_limit_redis {\n\tzone a {\n\t\tcost -1\n\t}\n}",
+			`zone a: cost: "-1" must be > 0, at Testfile:3`},
+		{"cost beyond int64", "rate_limit_redis {\n\tzone a {\n\t\tcost 99999999999999999999\n\t}\n}",
+			`zone a: cost: "99999999999999999999" is out of range, at Testfile:3`},
+
+		// match
+		{"match empty", "rate_limit_redis {\n\tzone a {\n\t\tmatch\n\t}\n}",
+			`match: no matchers given; write them on the line (match path /login) or in a block, at Testfile:3`},
+		{"match empty block", "rate_limit_redis {\n\tzone a {\n\t\tmatch {\n\t\t}\n\t}\n}",
+			`match: no matchers given; write them on the line (match path /login) or in a block, at Testfile:3`},
+		{"match unknown matcher", "rate_limit_redis {\n\tzone a {\n\t\tmatch color blue\n\t}\n}",
+			`getting matcher module 'color': module not registered: http.matchers.color, at Testfile:3`},
+
+		// checks across the subdirectives of a zone
+		{"limit in a token bucket zone", "rate_limit_redis {\n\tzone a {\n\t\talgorithm token_bucket\n\t\tcapacity 1\n\t\trefill_rate 1\n\t\tlimit 5\n\t}\n}",
+			`zone a: limit belongs to algorithm sliding_window, not token_bucket, at Testfile:6`},
+		{"window in a zone of the default algorithm", "rate_limit_redis {\n\tzone a {\n\t\twindow 1m\n\t\tlimit 5\n\t}\n}",
+			`zone a: limit belongs to algorithm sliding_window, not token_bucket (the default when no algorithm is given), at Testfile:4`},
+		{"refill_rate in a sliding window zone", "rate_limit_redis {\n\tzone a {\n\t\trefill_rate 1\n\t\talgorithm sliding_window\n\t\tlimit 5\n\t\twindow 1m\n\t}\n}",
+			`zone a: refill_rate belongs to algorithm token_bucket, not sliding_window, at Testfile:3`},
+		{"capacity in a sliding window zone", "rate_limit_redis {\n\tzone a {\n\t\talgorithm sliding_window\n\t\tcapacity 1\n\t}\n}",
+			`zone a: capacity belongs to algorithm token_bucket, not sliding_window, at Testfile:4`},
+		{"capacity missing from a zone", "rate_limit_redis {\n\tzone a {\n\t\tkey {client_ip}\n\t\trefill_rate 1\n\t}\n}",
+			`zone a: capacity is required for algorithm token_bucket (the default when no algorithm is given), at Testfile:2`},
+		{"refill_rate missing from a zone", "rate_limit_redis {\n\tzone a {\n\t\tcapacity 1\n\t}\n}",
+			`zone a: refill_rate is required for algorithm token_bucket (the default when no algorithm is given), at Testfile:2`},
+		{"limit missing from a zone", "rate_limit_redis {\n\tzone a {\n\t\talgorithm sliding_window\n\t\twindow 1m\n\t}\n}",
+			`zone a: limit is required for algorithm sliding_window, at Testfile:2`},
+		{"window missing from a zone", "rate_limit_redis {\n\tzone a {\n\t\talgorithm sliding_window\n\t\tlimit 1\n\t}\n}",
+			`zone a: window is required for algorithm sliding_window, at Testfile:2`},
+		{"cost above capacity", "rate_limit_redis {\n\tzone a {\n\t\tcost 6\n\t\tcapacity 5\n\t\trefill_rate 1\n\t}\n}",
+			`zone a: cost 6 is larger than capacity 5: no request could ever be admitted, at Testfile:3`},
+		{"cost above limit", "rate_limit_redis {\n\tzone a {\n\t\talgorithm sliding_window\n\t\tlimit 5\n\t\twindow 1s\n\t\tcost 6\n\t}\n}",
+			`zone a: cost 6 is larger than limit 5: no request could ever be admitted, at Testfile:6`},
+		{"bucket too slow to refill", "rate_limit_redis {\n\tzone a {\n\t\tcapacity 1000000000\n\t\trefill_rate 1\n\t}\n}",
+			`zone a: an empty bucket takes 1000000000s to refill (capacity / refill_rate); at most 366d is supported, at Testfile:4`},
+
+		// the shorthand
+		{"shorthand then zone block", "rate_limit_redis {\n\tcapacity 1\n\trefill_rate 1" + zone + "\n}",
+			`zone subdirectives at the top level (the shorthand for one zone named "default") cannot be mixed with zone blocks, at Testfile:4`},
+		{"zone block then shorthand", "rate_limit_redis {" + zone + "\n\tkey {client_ip}\n}",
+			`zone subdirectives at the top level (the shorthand for one zone named "default") cannot be mixed with zone blocks, at Testfile:6`},
+		{"shorthand incomplete", "rate_limit_redis {\n\ttimeout 1s\n\tkey {client_ip}\n\tcapacity 1\n}",
+			`zone default: refill_rate is required for algorithm token_bucket (the default when no algorithm is given), at Testfile:3`},
+		{"shorthand parameter of the other algorithm", "rate_limit_redis {\n\tcapacity 1\n\trefill_rate 1\n\twindow 1m\n}",
+			`zone default: window belongs to algorithm sliding_window, not token_bucket (the default when no algorithm is given), at Testfile:4`},
+		{"shorthand bad value", "rate_limit_redis {\n\tlimit none\n}",
+			`zone default: limit: "none" is not an integer, at Testfile:2`},
+
+		// count_status, charge and hold_max
+		{"count_status empty", tb + "\tcount_status\n}", `wrong argument count or unexpected line ending after 'count_status', at Testfile:4`},
+		{"count_status bad code", tb + "\tcount_status 401 999\n}", `zone default: count_status: "999" is not a status code (100 to 599) or a class such as 4xx, at Testfile:4`},
+		{"count_status bad class", tb + "\tcount_status 6xx\n}", `zone default: count_status: "6xx" is not a status code (100 to 599) or a class such as 4xx, at Testfile:4`},
+		{"count_status twice", tb + "\tcount_status 401\n\tcount_status 403\n}", `duplicate subdirective "count_status", at Testfile:5`},
+		{"charge no source", tb + "\tcharge\n}", `charge: a source is required: header <field> or openai_usage [total|prompt|completion] [missing <n>], at Testfile:4`},
+		{"charge bad source", tb + "\tcharge body\n}", `zone default: charge source "body" must be header or openai_usage, at Testfile:4`},
+		{"charge header no field", tb + "\tcharge header\n}", `charge header: one response header field name is required (charge header X-Tokens-Used), at Testfile:4`},
+		{"charge header two fields", tb + "\tcharge header A B\n}", `charge header: one response header field name is required (charge header X-Tokens-Used), at Testfile:4`},
+		{"charge usage bad", tb + "\tcharge openai_usage input\n}", `zone default: charge usage "input" must be total, prompt or completion, at Testfile:4`},
+		{"charge usage extra", tb + "\tcharge openai_usage total x\n}", `charge openai_usage: unexpected argument "x", at Testfile:4`},
+		{"charge missing no amount", tb + "\tcharge openai_usage total missing\n}", `charge openai_usage: missing needs the amount a response without usage is charged (missing 4000), at Testfile:4`},
+		{"charge missing negative", tb + "\tcharge openai_usage missing -1\n}", `zone default: charge missing -1 must be between 0 and 9007199254740992, at Testfile:4`},
+		{"charge missing not a number", tb + "\tcharge openai_usage missing lots\n}", `charge openai_usage: missing "lots" is not an integer, at Testfile:4`},
+		{"charge missing then usage", tb + "\tcharge openai_usage missing 5 total\n}", `charge openai_usage: unexpected argument "total", at Testfile:4`},
+		{"charge header missing", tb + "\tcharge header X missing 5\n}", `charge header: one response header field name is required (charge header X-Tokens-Used), at Testfile:4`},
+		{"hold_max alone", tb + "\thold_max 1m\n}", `zone default: hold_max applies to a zone with count_status or charge, or of algorithm concurrency, at Testfile:4`},
+		{"hold_max too long", tb + "\tcount_status 401\n\thold_max 2d\n}", `zone default: hold_max 2d is out of range (at most 1d), at Testfile:5`},
+		{"hold_max zero", tb + "\tcount_status 401\n\thold_max 0s\n}", `hold_max: "0s" must be > 0, at Testfile:5`},
+		{"charge sliding_window", "rate_limit_redis {\n\tzone z {\n\t\talgorithm sliding_window\n\t\tlimit 10\n\t\twindow 1m\n\t\tcharge openai_usage\n\t}\n}",
+			`zone z: charge needs algorithm token_bucket, fixed_window or sliding_window_counter: a sliding_window zone stores one entry per unit of cost, so charging it what a response reports (thousands of tokens) would store thousands of entries per request; count_status works with sliding_window, at Testfile:6`},
+
 		// ipv4_prefix
-		{"ipv4_prefix missing", "rate_limit_redis {\n\tipv4_prefix\n}",
-			`wrong argument count or unexpected line ending after 'ipv4_prefix', at Testfile:2`},
-		{"ipv4_prefix extra", "rate_limit_redis {\n\tipv4_prefix 24 16\n}",
-			`ipv4_prefix: unexpected argument "16", at Testfile:2`},
 		{"ipv4_prefix zero", "rate_limit_redis {\n\tipv4_prefix 0\n}",
 			`ipv4_prefix 0 must be between 1 and 32, at Testfile:2`},
 		{"ipv4_prefix above 32", "rate_limit_redis {\n\tipv4_prefix 33\n}",
 			`ipv4_prefix 33 must be between 1 and 32, at Testfile:2`},
 		{"ipv4_prefix with a slash", "rate_limit_redis {\n\tipv4_prefix /24\n}",
 			`ipv4_prefix: "/24" is not an integer, at Testfile:2`},
-		{"ipv4_prefix repeated", "rate_limit_redis {\n\tipv4_prefix 24\n\tipv4_prefix 24\n}",
-			`duplicate subdirective "ipv4_prefix", at Testfile:3`},
-		{"ipv4_prefix block", "rate_limit_redis {\n\tipv4_prefix 24 {\n\t}\n}",
-			`ipv4_prefix: unexpected block, at Testfile:2`},
-		{"ipv4_prefix in a zone, above 32", zone("\t\tipv4_prefix 64\n"),
+		{"ipv4_prefix in a zone, above 32", inZone("\t\tipv4_prefix 64\n"),
 			`zone a: ipv4_prefix 64 must be between 1 and 32, at Testfile:3`},
-		{"ipv4_prefix in a zone, repeated", zone("\t\tipv4_prefix 24\n\t\tipv4_prefix 16\n"),
+		{"ipv4_prefix in a zone, repeated", inZone("\t\tipv4_prefix 24\n\t\tipv4_prefix 16\n"),
 			`duplicate subdirective "ipv4_prefix", at Testfile:4`},
 
 		// ipv6_prefix
-		{"ipv6_prefix missing", "rate_limit_redis {\n\tipv6_prefix\n}",
-			`wrong argument count or unexpected line ending after 'ipv6_prefix', at Testfile:2`},
 		{"ipv6_prefix zero", "rate_limit_redis {\n\tipv6_prefix 0\n}",
 			`ipv6_prefix 0 must be between 1 and 128, at Testfile:2`},
 		{"ipv6_prefix above 128", "rate_limit_redis {\n\tipv6_prefix 129\n}",
 			`ipv6_prefix 129 must be between 1 and 128, at Testfile:2`},
 		{"ipv6_prefix not a number", "rate_limit_redis {\n\tipv6_prefix /64\n}",
 			`ipv6_prefix: "/64" is not an integer, at Testfile:2`},
-		{"ipv6_prefix repeated", "rate_limit_redis {\n\tipv6_prefix 64\n\tipv6_prefix 56\n}",
-			`duplicate subdirective "ipv6_prefix", at Testfile:3`},
-		{"ipv6_prefix in a zone, missing", zone("\t\tipv6_prefix\n"),
+		{"ipv6_prefix in a zone, missing", inZone("\t\tipv6_prefix\n"),
 			`wrong argument count or unexpected line ending after 'ipv6_prefix', at Testfile:3`},
-		{"ipv6_prefix in a zone, negative", zone("\t\tipv6_prefix -1\n"),
+		{"ipv6_prefix in a zone, negative", inZone("\t\tipv6_prefix -1\n"),
 			`zone a: ipv6_prefix -1 must be between 1 and 128, at Testfile:3`},
 		{"ipv6_prefix in a redis block", "rate_limit_redis {\n\tredis {\n\t\tipv6_prefix 64\n\t}\n}",
 			`unrecognized subdirective "ipv6_prefix", at Testfile:3`},
 
 		// jitter
-		{"jitter missing", "rate_limit_redis {\n\tjitter\n}",
-			`wrong argument count or unexpected line ending after 'jitter', at Testfile:2`},
-		{"jitter extra", "rate_limit_redis {\n\tjitter 1s 2s\n}",
-			`jitter: unexpected argument "2s", at Testfile:2`},
 		{"jitter not a duration", "rate_limit_redis {\n\tjitter some\n}",
 			`jitter: "some" is not a duration, at Testfile:2`},
 		{"jitter a bare number", "rate_limit_redis {\n\tjitter 5\n}",
@@ -1311,17 +989,14 @@ func TestUnmarshalCaddyfilePrefixesAndJitterErrors(t *testing.T) {
 			`jitter -1s must be a whole number of seconds, >= 0, at Testfile:2`},
 		{"jitter a fraction", "rate_limit_redis {\n\tjitter 1500ms\n}",
 			`jitter 1.5s must be a whole number of seconds, >= 0, at Testfile:2`},
-		{"jitter repeated", "rate_limit_redis {\n\tjitter 1s\n\tjitter 2s\n}",
-			`duplicate subdirective "jitter", at Testfile:3`},
-		{"jitter block", "rate_limit_redis {\n\tjitter 1s {\n\t}\n}",
-			`jitter: unexpected block, at Testfile:2`},
-		{"jitter in a zone, a fraction", zone("\t\tjitter 500ms\n"),
+		{"jitter in a zone, a fraction", inZone("\t\tjitter 500ms\n"),
 			`zone a: jitter 500ms must be a whole number of seconds, >= 0, at Testfile:3`},
-		{"jitter in a zone, repeated", zone("\t\tjitter 1s\n\t\tjitter 1s\n"),
+		{"jitter in a zone, repeated", inZone("\t\tjitter 1s\n\t\tjitter 1s\n"),
 			`duplicate subdirective "jitter", at Testfile:4`},
 		{"jitter in a deny_cache block", "rate_limit_redis {\n\tdeny_cache {\n\t\tjitter 1s\n\t}\n}",
 			`deny_cache: unrecognized subdirective "jitter", at Testfile:3`},
-	} {
+	}
+	for _, tc := range append(table, subdirectiveRows()...) {
 		t.Run(tc.name, func(t *testing.T) {
 			var h Handler
 			err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(tc.input))
@@ -1332,6 +1007,51 @@ func TestUnmarshalCaddyfilePrefixesAndJitterErrors(t *testing.T) {
 				t.Errorf("error\n got %q\nwant %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestAdaptCaddyfile runs the directive through the Caddyfile adapter: the directive is
+// registered and ordered (no `order` line is needed), the matcher token is taken by Caddy, and
+// errors name the file and line.
+func TestAdaptCaddyfile(t *testing.T) {
+	t.Parallel()
+	adapter := caddyfile.Adapter{ServerType: httpcaddyfile.ServerType{}}
+
+	out, warnings, err := adapter.Adapt([]byte(`:8080 {
+	respond "ok"
+	rate_limit_redis /api/* {
+		zone api {
+			key {client_ip}
+			capacity 100
+			refill_rate 10
+		}
+	}
+}
+`), nil)
+	if err != nil {
+		t.Fatalf("Adapt: %v", err)
+	}
+	if len(warnings) > 0 {
+		t.Errorf("warnings: %v", warnings)
+	}
+	const want = `{"apps":{"http":{"servers":{"srv0":{"listen":[":8080"],"routes":[` +
+		`{"match":[{"path":["/api/*"]}],"handle":[{"handler":"rate_limit_redis","zones":[{"capacity":100,"key":["{http.vars.client_ip}"],"name":"api","refill_rate":10}]}]},` +
+		`{"handle":[{"body":"ok","handler":"static_response"}]}]}}}}}`
+	if string(out) != want {
+		t.Errorf("got  %s\nwant %s", out, want)
+	}
+
+	_, _, err = adapter.Adapt([]byte(`:8080 {
+	rate_limit_redis {
+		capacity 100
+		refill_rate 10
+		cost {http.request.header.X-Cost}
+		cost 2
+	}
+}`), nil)
+	const wantErr = `parsing caddyfile tokens for 'rate_limit_redis': duplicate subdirective "cost", at Caddyfile:6`
+	if err == nil || err.Error() != wantErr {
+		t.Errorf("error\n got %v\nwant %s", err, wantErr)
 	}
 }
 
@@ -1379,4 +1099,129 @@ func FuzzUnmarshalCaddyfile(f *testing.F) {
 			t.Fatalf("the Caddyfile parser accepted %q, but the JSON path rejects %s: %v", input, raw, err)
 		}
 	})
+}
+
+// errorRow is a Caddyfile that the parser refuses, and its error exactly.
+type errorRow struct{ name, input, want string }
+
+// blockPlace is where a subdirective's line goes in a handler block: the Caddyfile around it,
+// its indentation and its line number.
+type blockPlace struct {
+	open, close, indent string
+	line                int
+}
+
+var (
+	atTop       = blockPlace{"rate_limit_redis {\n\t", "\n}", "\t", 2}
+	inZoneBlock = blockPlace{"rate_limit_redis {\n\tzone a {\n\t\t", "\n\t}\n}", "\t\t", 3}
+	inRedis     = blockPlace{"rate_limit_redis {\n\tredis {\n\t\t", "\n\t}\n}", "\t\t", 3}
+	inTLS       = blockPlace{"rate_limit_redis {\n\tredis {\n\t\ttls {\n\t\t\t", "\n\t\t}\n\t}\n}", "\t\t\t", 4}
+	inDenyCache = blockPlace{"rate_limit_redis {\n\tdeny_cache {\n\t\t", "\n\t}\n}", "\t\t", 3}
+)
+
+// subdirectiveRows are the rows of TestUnmarshalCaddyfileErrors that every subdirective's
+// syntax gives alike, each subdirective's named as "<label> missing", "<label> extra",
+// "<label> repeated" and "<label> block" (the label is the subdirective's name unless given):
+// its argument missing, one argument too many (the last of args), the subdirective twice (with
+// first, then second), a block after its arguments (holding the line inside, if any).
+func subdirectiveRows() []errorRow {
+	type sub struct {
+		label string // "": the name
+		at    blockPlace
+		name  string
+	}
+	withArgs := func(name, args string) string {
+		if args == "" {
+			return name
+		}
+		return name + " " + args
+	}
+	var rows []errorRow
+	add := func(s sub, kind, input, want string) {
+		label := s.label
+		if label == "" {
+			label = s.name
+		}
+		rows = append(rows, errorRow{label + " " + kind, s.at.open + input + s.at.close, want})
+	}
+	for _, s := range []sub{
+		{"", atTop, "key_prefix"}, {"", atTop, "key_secret"}, {"", atTop, "timeout"}, {"", atTop, "fail_mode"},
+		{"", atTop, "headers"}, {"", atTop, "clock"}, {"", atTop, "deny_cache"}, {"", atTop, "degraded_header"},
+		{"", atTop, "grpc_status"}, {"", atTop, "ipv4_prefix"}, {"", atTop, "ipv6_prefix"}, {"", atTop, "jitter"},
+		{"zone fail_mode", inZoneBlock, "fail_mode"}, {"", inZoneBlock, "empty_key"}, {"", inZoneBlock, "key"},
+		{"", inZoneBlock, "algorithm"}, {"", inZoneBlock, "capacity"}, {"", inZoneBlock, "refill_rate"},
+		{"", inZoneBlock, "limit"}, {"", inZoneBlock, "window"}, {"", inZoneBlock, "cost"},
+		{"", inRedis, "address"}, {"", inRedis, "username"}, {"", inRedis, "password"}, {"", inRedis, "db"},
+		{"", inRedis, "pool_size"}, {"", inRedis, "dial_timeout"}, {"", inRedis, "sentinel"},
+		{"tls ca", inTLS, "ca"}, {"tls server_name", inTLS, "server_name"},
+		{"deny_cache max_age", inDenyCache, "max_age"},
+	} {
+		add(s, "missing", s.name, fmt.Sprintf("wrong argument count or unexpected line ending after '%s', at Testfile:%d", s.name, s.at.line))
+	}
+	for _, e := range []struct {
+		sub
+		args string
+	}{
+		{sub{"", atTop, "key_prefix"}, "a b"}, {sub{"", atTop, "timeout"}, "1s 2s"},
+		{sub{"", atTop, "fail_mode"}, "open closed"}, {sub{"", atTop, "headers"}, "ietf legacy"},
+		{sub{"", atTop, "clock"}, "redis local"}, {sub{"", atTop, "deny_cache"}, "off on"},
+		{sub{"", atTop, "degraded_header"}, "off on"}, {sub{"", atTop, "ipv4_prefix"}, "24 16"},
+		{sub{"", atTop, "jitter"}, "1s 2s"},
+		{sub{"zone fail_mode", inZoneBlock, "fail_mode"}, "closed open"}, {sub{"", inZoneBlock, "empty_key"}, "skip deny"},
+		{sub{"", inZoneBlock, "algorithm"}, "token_bucket sliding_window"}, {sub{"", inZoneBlock, "capacity"}, "1 2"},
+		{sub{"", inZoneBlock, "refill_rate"}, "1 2"}, {sub{"", inZoneBlock, "limit"}, "1 2"},
+		{sub{"", inZoneBlock, "window"}, "1m 2m"}, {sub{"", inZoneBlock, "cost"}, "1 2"},
+		{sub{"", inRedis, "username"}, "a b"}, {sub{"", inRedis, "db"}, "1 2"}, {sub{"", inRedis, "pool_size"}, "1 2"},
+		{sub{"", inRedis, "dial_timeout"}, "1s 2s"}, {sub{"", inRedis, "sentinel"}, "a b"},
+		{sub{"tls cert", inTLS, "cert"}, "a b"},
+	} {
+		extra := e.args[strings.LastIndexByte(e.args, ' ')+1:]
+		add(e.sub, "extra", withArgs(e.name, e.args), fmt.Sprintf("%s: unexpected argument %q, at Testfile:%d", e.name, extra, e.at.line))
+	}
+	for _, r := range []struct {
+		sub
+		first, second string
+	}{
+		{sub{"", atTop, "key_prefix"}, "a", "b"}, {sub{"", atTop, "key_secret"}, "{env.A}", "{env.B}"},
+		{sub{"", atTop, "timeout"}, "1s", "2s"}, {sub{"", atTop, "fail_mode"}, "open", "open"},
+		{sub{"", atTop, "headers"}, "off", "ietf"}, {sub{"", atTop, "clock"}, "redis", "redis"},
+		{sub{"", atTop, "dry_run"}, "", ""}, {sub{"", atTop, "log_key"}, "", ""},
+		{sub{"", atTop, "deny_cache"}, "off", "on"}, {sub{"", atTop, "max_waiting"}, "1", "2"},
+		{sub{"", atTop, "degraded_header"}, "off", "off"}, {sub{"", atTop, "grpc_status"}, "off", "on"},
+		{sub{"", atTop, "ipv4_prefix"}, "24", "24"}, {sub{"", atTop, "ipv6_prefix"}, "64", "56"},
+		{sub{"", atTop, "jitter"}, "1s", "2s"}, {sub{"shorthand", atTop, "capacity"}, "1", "1"},
+		{sub{"zone fail_mode", inZoneBlock, "fail_mode"}, "closed", "closed"}, {sub{"", inZoneBlock, "empty_key"}, "skip", "deny"},
+		{sub{"", inZoneBlock, "key"}, "{client_ip}", "{client_ip}"}, {sub{"", inZoneBlock, "algorithm"}, "token_bucket", "token_bucket"},
+		{sub{"", inZoneBlock, "capacity"}, "1", "1"}, {sub{"", inZoneBlock, "refill_rate"}, "1", "1"},
+		{sub{"", inZoneBlock, "limit"}, "1", "1"}, {sub{"", inZoneBlock, "window"}, "1m", "1m"},
+		{sub{"", inZoneBlock, "cost"}, "1", "1"}, {sub{"", inZoneBlock, "match"}, "path /a", "path /b"},
+		{sub{"", inRedis, "username"}, "a", "b"}, {sub{"", inRedis, "password"}, "a", "b"},
+		{sub{"", inRedis, "db"}, "1", "1"}, {sub{"", inRedis, "pool_size"}, "1", "1"},
+		{sub{"", inRedis, "dial_timeout"}, "1s", "1s"}, {sub{"", inRedis, "sentinel"}, "a", "a"},
+		{sub{"", inRedis, "cluster"}, "", ""}, {sub{"", inRedis, "tls"}, "", ""},
+		{sub{"tls key", inTLS, "key"}, "a", "a"},
+		{sub{"deny_cache max_age", inDenyCache, "max_age"}, "1s", "2s"},
+	} {
+		add(r.sub, "repeated", withArgs(r.name, r.first)+"\n"+r.at.indent+withArgs(r.name, r.second),
+			fmt.Sprintf("duplicate subdirective %q, at Testfile:%d", r.name, r.at.line+1))
+	}
+	for _, b := range []struct {
+		sub
+		args, inside string // inside: the line in the block ("": none)
+	}{
+		{sub{"", atTop, "key_prefix"}, "a", "b"}, {sub{"", atTop, "key_secret"}, "{env.A}", "b"},
+		{sub{"", atTop, "dry_run"}, "", "on"}, {sub{"", atTop, "log_key"}, "", ""},
+		{sub{"", atTop, "degraded_header"}, "off", ""}, {sub{"", atTop, "ipv4_prefix"}, "24", ""},
+		{sub{"", atTop, "jitter"}, "1s", ""},
+		{sub{"zone fail_mode", inZoneBlock, "fail_mode"}, "closed", ""}, {sub{"", inZoneBlock, "empty_key"}, "skip", ""},
+		{sub{"", inZoneBlock, "key"}, "{client_ip}", ""},
+		{sub{"", inRedis, "address"}, "a:1", "b"},
+	} {
+		block := " {\n"
+		if b.inside != "" {
+			block += b.at.indent + "\t" + b.inside + "\n"
+		}
+		add(b.sub, "block", withArgs(b.name, b.args)+block+b.at.indent+"}", fmt.Sprintf("%s: unexpected block, at Testfile:%d", b.name, b.at.line))
+	}
+	return rows
 }
