@@ -149,6 +149,7 @@ var (
 // command the script does not send: a script that starts using a command the ACL lacks fails
 // here, not in an operator's Redis.
 func TestRedisACLListsEveryScriptCommand(t *testing.T) {
+	t.Parallel()
 	files, err := filepath.Glob("lua/*.lua")
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no scripts in lua/: %v", err)
@@ -752,6 +753,7 @@ func TestRedisACLSentinel(t *testing.T) {
 // line for line (each on a line of its own), and no other: the one derived from redisUses, which
 // TestRedisACL, TestRedisACLCluster and TestTLSAndACL prove sufficient.
 func TestDocumentedACL(t *testing.T) {
+	t.Parallel()
 	b, err := os.ReadFile("docs/security.md")
 	if err != nil {
 		t.Fatal(err)

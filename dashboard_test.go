@@ -37,6 +37,7 @@ const (
 // that every panel has a query, and that every series each query (and the zone variable) names
 // is one the module exports, with only labels that series has.
 func TestDashboardQueriesNameExportedMetrics(t *testing.T) {
+	t.Parallel()
 	exported := exportedSeries(t)
 	dash := readDashboard(t)
 	if len(dash.Panels) == 0 {
@@ -88,6 +89,7 @@ func TestDashboardQueriesNameExportedMetrics(t *testing.T) {
 
 // TestCheckQueryRejects shows that checkQuery catches what the dashboard test is there to catch.
 func TestCheckQueryRejects(t *testing.T) {
+	t.Parallel()
 	exported := exportedSeries(t)
 	for _, tc := range []struct{ expr, err string }{
 		{`rate(caddy_rate_limit_redis_decision_total[5m])`, `names caddy_rate_limit_redis_decision_total, which the module does not export`},
@@ -116,6 +118,7 @@ func TestCheckQueryRejects(t *testing.T) {
 // TestDashboardDatasourceIsProvisioned checks that every panel, query and variable of the
 // dashboard uses the Prometheus data source provisioned for Grafana, by its uid.
 func TestDashboardDatasourceIsProvisioned(t *testing.T) {
+	t.Parallel()
 	var prov struct {
 		Datasources []struct {
 			Name, Type, UID, URL string

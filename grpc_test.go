@@ -382,6 +382,7 @@ func TestGRPCStatusOff(t *testing.T) {
 // TestGRPCMessage: grpc-message percent-encodes the bytes outside 0x20-0x7E, and '%', with
 // upper-case hex digits (PROTOCOL-HTTP2.md), and leaves the others.
 func TestGRPCMessage(t *testing.T) {
+	t.Parallel()
 	for in, want := range map[string]string{
 		"zone api: rate limit exceeded": "zone api: rate limit exceeded",
 		"":                              "",
@@ -400,6 +401,7 @@ func TestGRPCMessage(t *testing.T) {
 // or with a subtype or parameter; not gRPC-Web, not another type, not HTTP/1.1, not another
 // method.
 func TestIsGRPC(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		method string
 		proto  int
@@ -431,6 +433,7 @@ func TestIsGRPC(t *testing.T) {
 // TestGRPCPushback: the exact wait in ms, at least 1, plus Retry-After's jitter in whole
 // seconds; -1 when waiting cannot cure the denial.
 func TestGRPCPushback(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		waitMs, retryAfter int64
 		unsatisfiable      bool

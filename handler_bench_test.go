@@ -203,6 +203,7 @@ func BenchmarkServeHTTPLeaseRare(b *testing.B) {
 // own client, as in Caddy (the earlier benchmark's replacer had no HTTP placeholders: every
 // request shared the empty key's bucket).
 func TestBenchRequestsResolveTheirKeys(t *testing.T) {
+	t.Parallel()
 	z := allowedZone("a")
 	z.v4, z.v6 = 32, 64
 	for i, r := range benchRequests(3, 7) {

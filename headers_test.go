@@ -510,6 +510,7 @@ func TestJitter(t *testing.T) {
 }
 
 func TestPolicyWindow(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		quota  int64
 		window time.Duration

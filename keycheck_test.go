@@ -13,6 +13,7 @@ import (
 // TestPlaceholderChecks: what Provision expands and warns about in key and cost placeholders,
 // and the valid placeholders it leaves alone.
 func TestPlaceholderChecks(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		key, readAs string
 		warnings    []string // "msg prefix|placeholder|did_you_mean"

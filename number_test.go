@@ -276,6 +276,7 @@ func TestZoneJSONNumbers(t *testing.T) {
 // TestPlaceholderNumbersAtLoad: the JSON path (Provision and Validate) checks what the Caddyfile
 // parser checks, and provisions the fallbacks as the zone's numbers.
 func TestPlaceholderNumbersAtLoad(t *testing.T) {
+	t.Parallel()
 	load := func(zone string) (*Handler, error) {
 		var h Handler
 		if err := json.Unmarshal([]byte(`{"redis":{"addresses":["127.0.0.1:1"]},"zones":[`+zone+`]}`), &h); err != nil {

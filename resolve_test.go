@@ -341,6 +341,7 @@ func TestLimitAfterAuthentication(t *testing.T) {
 // by a handler before this one); variables (client_ip, a number, missing); and entries that are
 // not one placeholder.
 func TestKeyPlaceholderLookedUpAsReplaceAll(t *testing.T) {
+	t.Parallel()
 	r := httptest.NewRequest(http.MethodGet, "/", nil)
 	r.Header.Set("X-Api-Key", "k1")
 	r.Header.Add("X-Multi", "a")

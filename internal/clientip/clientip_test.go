@@ -51,6 +51,7 @@ func TestMaskIP(t *testing.T) {
 // TestMaybeIP: every IP address form passes the pre-check (so it is masked), and numeric user
 // ids and hexadecimal API keys do not (so they cost no parse).
 func TestMaybeIP(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		s    string
 		want bool

@@ -21,6 +21,7 @@ var markdownLink = regexp.MustCompile(`\]\(([^)\s]+)\)`)
 // every #anchor a heading of that file (GitHub's anchors: lower case, punctuation dropped,
 // spaces as hyphens, -1, -2 … for repeated headings). Links to other sites are not followed.
 func TestDocLinks(t *testing.T) {
+	t.Parallel()
 	files, _ := filepath.Glob("docs/*.md")
 	files = append([]string{"README.md"}, files...)
 	anchors := map[string]map[string]bool{}
@@ -115,6 +116,7 @@ func headingAnchors(t *testing.T, file string) map[string]bool {
 // TestReadmeListsEveryDocPage: the README is the manual's front door, so it links every page of
 // docs/.
 func TestReadmeListsEveryDocPage(t *testing.T) {
+	t.Parallel()
 	pages, err := filepath.Glob("docs/*.md")
 	if err != nil || len(pages) == 0 {
 		t.Fatalf("no docs/*.md (%v)", err)
@@ -138,6 +140,7 @@ func TestReadmeListsEveryDocPage(t *testing.T) {
 // contents (it does not start with a site address or the global options) is adapted indented
 // inside a site. The directive's syntax summary is not a Caddyfile: it is a ```text block.
 func TestDocCaddyfilesFormatAndAdapt(t *testing.T) {
+	t.Parallel()
 	blocks := DocBlocks(t, "caddyfile")
 	if len(blocks) < 10 {
 		t.Fatalf("found %d Caddyfile examples in README.md and docs/*.md, expected more", len(blocks))
@@ -190,6 +193,7 @@ func firstToken(src string) string {
 // syntax summary, a ```text block) are copies of those of docs/caddyfile.md, so a change to the
 // directive updated in the reference cannot leave a stale summary on the front page.
 func TestReadmeCaddyfilesAreTheReferences(t *testing.T) {
+	t.Parallel()
 	readme, err := os.ReadFile("README.md")
 	if err != nil {
 		t.Fatal(err)
@@ -218,6 +222,7 @@ func TestReadmeCaddyfilesAreTheReferences(t *testing.T) {
 // that says so. With CADDY_BINARY (the bin/caddy `make build` wrote), it lists the modules the
 // README says it lists.
 func TestReadmeInstall(t *testing.T) {
+	t.Parallel()
 	makefile, err := os.ReadFile("Makefile")
 	if err != nil {
 		t.Fatal(err)

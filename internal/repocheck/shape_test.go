@@ -16,6 +16,7 @@ var requestPathFiles = []string{"handler.go", "resolve.go", "decide.go", "header
 // TestRequestPathFunctionsAreShort: every function of the request path can be taken in at a
 // glance, 60 lines at most (issue 31).
 func TestRequestPathFunctionsAreShort(t *testing.T) {
+	t.Parallel()
 	const maxLines = 60
 	fset := token.NewFileSet()
 	for _, name := range requestPathFiles {

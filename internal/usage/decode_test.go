@@ -8,6 +8,7 @@ import (
 // TestDecodeLimit: decoding stops once the bytes decoded pass 8 MiB plus 100 times the bytes
 // received, or 256 MiB whatever was received, saying which; under both it passes everything on.
 func TestDecodeLimit(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name            string
 		received, total int64 // bytes received when decoding; bytes decoded, in 1 MiB writes

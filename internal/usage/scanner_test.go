@@ -77,6 +77,7 @@ func scanUsage(sse bool, body string, chunk int) ([3]int64, *Scanner) {
 // level (or a Responses API event's response) is not one; a count that is negative or not an
 // integer makes the usage one that cannot be charged.
 func TestUsageScanner(t *testing.T) {
+	t.Parallel()
 	for _, tc := range usageCases {
 		want := [3]int64{tc.total, tc.prompt, tc.completion}
 		for _, chunk := range []int{1, 3, 64, 1 << 20} {
