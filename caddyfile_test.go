@@ -418,7 +418,8 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 			}},
 		},
 
-		// ipv4_prefix, ipv6_prefix and jitter, at the top level (every zone) and in a zone block (that zone)
+		// ipv4_prefix, ipv6_prefix and jitter, at the top level (every zone) and in a zone block
+		// (that zone)
 		{
 			name: "top level and zone overrides",
 			input: `rate_limit_redis {

@@ -160,6 +160,7 @@ func freeLoopbackPort(t *testing.T) int {
 	return freeport.Must(t)
 }
 
+// startCaddy runs Caddy in this process with one site (startSites).
 func startCaddy(t *testing.T, site string) *caddyServer {
 	t.Helper()
 	return startSites(t, "", site)[0]
