@@ -5,8 +5,10 @@ CADDY_VERSION ?= v2.11.9
 MODULE        := github.com/rate-limit-redis/caddy-rate-limit-redis
 # xcaddy needs a version for a local module; this one stands for "this checkout".
 LOCAL_VERSION := v0.0.0-00010101000000-000000000000
-# What bin/caddy is built from: no test file (a test edit need not rebuild Caddy).
-SOURCES       := $(shell find . \( -path ./bin -o -path ./bench \) -prune -o \( -name '*.go' ! -name '*_test.go' -o -name '*.lua' \) -print) go.mod go.sum
+# What bin/caddy is built from: no test file, nor the packages only tests import (a test edit need
+# not rebuild Caddy).
+TEST_PACKAGES := ./internal/caddytest ./internal/freeport ./internal/redistest ./internal/repocheck
+SOURCES       := $(shell find . \( -path ./bin -o -path ./bench $(patsubst %,-o -path %,$(TEST_PACKAGES)) \) -prune -o \( -name '*.go' ! -name '*_test.go' -o -name '*.lua' \) -print) go.mod go.sum
 
 .PHONY: build run test compose-check rules-check e2e fmt adapt smoke bench fuzz
 
