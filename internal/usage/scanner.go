@@ -26,15 +26,15 @@ const (
 )
 
 // Scanner reads the OpenAI-format usage of a response body as it streams by, holding at most
-// maxUsageBytes + maxKeyBytes whatever the body's size. It reads JSON with its strings and
-// nesting tracked, and takes a "usage" object only where an OpenAI server puts it: at the top
-// level of the document, or inside the top-level "response" object (a Responses API event). In
-// an event stream (sse) each event's data is a document of its own: the usage of a chat
-// completions stream's final chunk (stream_options.include_usage; the others carry
-// "usage": null) or the response.usage of a Responses API response.completed event. A key
-// inside a string, inside a nested object or array, or spelled otherwise is never taken; a key
-// written with escapes (`"us\u0061ge"`) is the key it decodes to, as any JSON parser reads it.
-// The last usage object found decides: see Tokens. A Scanner is not safe for concurrent use.
+// maxUsageBytes + maxKeyBytes (4 KiB and 48 bytes) whatever the body's size. It reads JSON with its
+// strings and nesting tracked, and takes a "usage" object only where an OpenAI server puts it: at
+// the top level of the document, or inside the top-level "response" object (a Responses API event).
+// In an event stream (sse) each event's data is a document of its own: the usage of a chat
+// completions stream's final chunk (stream_options.include_usage; the others carry "usage": null)
+// or the response.usage of a Responses API response.completed event. A key inside a string, inside
+// a nested object or array, or spelled otherwise is never taken; a key written with escapes
+// (`"us\u0061ge"`) is the key it decodes to, as any JSON parser reads it. The last usage object
+// found decides: see Tokens. A Scanner is not safe for concurrent use.
 type Scanner struct {
 	sse bool
 
