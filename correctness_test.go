@@ -178,9 +178,9 @@ func TestDroppedReplyAppliedOnce(t *testing.T) {
 	var armed atomic.Bool
 	var dropped atomic.Int32
 	rdb := droppingClient(t, resolvedRedis{Addresses: []string{srv.Addr}, DialTimeout: time.Second}, scriptSHA(lua.Decide), &armed, &dropped)
-	p := limiter.NewPipeline(rdb, pipelines)
+	p := limiter.NewBatcher(rdb, roundTrips)
 	t.Cleanup(p.Close)
-	l := limiter.New(rdb, limiter.Options{KeyPrefix: "rl:", Pipeline: p})
+	l := limiter.New(rdb, limiter.Options{KeyPrefix: "rl:", Batcher: p})
 	for _, z := range []*limiter.Zone{
 		{Name: "bucket", Algorithm: limiter.TokenBucket, Capacity: 10, RefillRate: 10 / limiter.MaxWindow.Seconds()},
 		{Name: "window", Algorithm: limiter.SlidingWindow, Limit: 1, Window: time.Hour},

@@ -314,10 +314,10 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		opts.DenyCacheKeys = limiter.DefaultDenyCacheKeys
 		opts.DenyCacheMaxAge = time.Duration(h.DenyCacheMaxAge)
 	}
-	opts.Pipeline = client.pipeline
+	opts.Batcher = client.batcher
 	opts.Cluster = client.cluster
 	if client.cluster {
-		opts.PipelineFor = client.pipelineFor
+		opts.BatcherFor = client.batcherFor
 	}
 	if h.Clock == ClockLocal {
 		opts.Now = time.Now

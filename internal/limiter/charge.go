@@ -95,7 +95,7 @@ type Held struct {
 
 // lateMargin is how much sooner than its Hold a settlement counts as late (its hold may have
 // been committed): the decision's clock and Redis's may differ a little, and a settlement may
-// wait in the pipeline's queue.
+// wait in the batcher's queue.
 const lateMargin = time.Second
 
 // heldPart is one decide.lua call's held zones.
@@ -182,8 +182,8 @@ func withoutHeld(c *call, reqs []Request, idx []int) *call {
 var ErrNotHeld = errors.New("no hold to settle")
 
 // Settle settles the held zones of a Decision (d.Held) with one settle.lua call (one per hash
-// slot on Redis Cluster, all under way at once), sent on the decisions' Pipeline when there is
-// one (Options.Pipeline, PipelineFor), in the same round trip as the decisions under way:
+// slot on Redis Cluster, all under way at once), sent on the decisions' Batcher when there is
+// one (Options.Batcher, BatcherFor), in the same round trip as the decisions under way:
 // amounts[i] is what to charge the zone of the i-th Request given to Allow. A token bucket is
 // charged amounts[i] in place of its reservation (0 gives it all back; more than was reserved
 // may leave the bucket in debt, which later requests wait out); a fixed window or sliding window
@@ -250,14 +250,9 @@ func (l *Limiter) Settle(ctx context.Context, h *Held, amounts []int64) ([]bool,
 	case 0:
 		return settled, nil
 	case 1:
-		// On the decisions' pipeline when there is one: under load it shares their round trip.
-		c, batch := calls[0], l.batch
-		if l.batchFor != nil {
-			if b := l.batchFor(ctx, c.keys[0]); b != nil {
-				batch = b
-			}
-		}
-		if batch != nil {
+		// On the decisions' Batcher when there is one: under load it shares their round trip.
+		c := calls[0]
+		if batch := l.batcherFor(ctx, c.keys[0]); batch != nil {
 			c.reply, c.err = batch.runSettle(ctx, c.keys, c.args)
 		} else {
 			c.reply, c.err = runScript(ctx, l.rdb, settleScript, c.keys, c.args)

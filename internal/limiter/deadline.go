@@ -11,7 +11,7 @@ import (
 // channel per decision.
 //
 // Everything a Limiter does with it is bounded by d all the same: go-redis sets its socket
-// deadlines from Deadline (ContextTimeoutEnabled), dials with it, and a Pipeline's round trip
+// deadlines from Deadline (ContextTimeoutEnabled), dials with it, and a Batcher's round trip
 // carries the latest deadline of its batch, so a decision waits at most until its batch's
 // round trip ends (for decisions sharing a round trip with the same timeout, at most the few
 // microseconds between their sends past their own d). Code that waits on Done alone would not

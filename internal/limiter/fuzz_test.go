@@ -159,7 +159,7 @@ func FuzzAllow(f *testing.F) {
 // go-redis client into the values go-redis makes of them (RESP2 and RESP3 types: errors,
 // integers, strings, nil, doubles, booleans, big numbers, arrays, maps, sets, attributes,
 // pushes), give Allow a Decision or an error, never a panic and never a hang, on both
-// production paths: the Pipeline and a plain round trip. A Decision's fields are in range.
+// production paths: the Batcher and a plain round trip. A Decision's fields are in range.
 //
 // The "server" is the other end of a net.Pipe that refuses HELLO (so the client speaks RESP2,
 // as garbageRedis in the root package does), answers the script command with the fuzzer's
@@ -178,13 +178,13 @@ func FuzzDecodeReply(f *testing.F) {
 	var reply atomic.Pointer[[]byte]
 	rdb := replyingClient(&reply)
 	defer rdb.Close()
-	pipeline := NewPipeline(rdb, 1)
+	pipeline := NewBatcher(rdb, 1)
 	defer pipeline.Close()
 	paths := []struct {
 		name string
 		l    *Limiter
 	}{
-		{"pipeline", New(rdb, Options{KeyPrefix: "rl:", Pipeline: pipeline})},
+		{"pipeline", New(rdb, Options{KeyPrefix: "rl:", Batcher: pipeline})},
 		{"round trip", New(rdb, Options{KeyPrefix: "rl:"})},
 	}
 	f.Fuzz(func(t *testing.T, data []byte, zones uint8) {
@@ -221,7 +221,7 @@ func TestReplyingClient(t *testing.T) {
 	var reply atomic.Pointer[[]byte]
 	rdb := replyingClient(&reply)
 	defer rdb.Close()
-	pipeline := NewPipeline(rdb, 1)
+	pipeline := NewBatcher(rdb, 1)
 	defer pipeline.Close()
 	reqs := []Request{
 		{Zone: &Zone{Name: "a", Algorithm: TokenBucket, Capacity: 10, RefillRate: 1, MaxWait: time.Second}, Key: "k", Cost: 1},
@@ -240,7 +240,7 @@ func TestReplyingClient(t *testing.T) {
 	} {
 		b := []byte(tc.reply)
 		reply.Store(&b)
-		for _, l := range []*Limiter{New(rdb, Options{Pipeline: pipeline}), New(rdb, Options{})} {
+		for _, l := range []*Limiter{New(rdb, Options{Batcher: pipeline}), New(rdb, Options{})} {
 			for range 2 {
 				if d, err := l.Allow(context.Background(), reqs); err != nil || d != tc.want {
 					t.Fatalf("reply %q: got %+v, %v; want %+v", tc.reply, d, err, tc.want)

@@ -196,3 +196,16 @@ func StateKey(prefix string, z *Zone, rawClientKey string) string {
 	b.WriteString(z.Algorithm.tag())
 	return b.String()
 }
+
+// zoneClient is a zone, by its name, and a client, as ClientKey gives it: what the deny cache
+// and the lease grants are kept by. A comparable struct, built with no allocation for a verbatim
+// key.
+type zoneClient struct {
+	zone   string
+	client string
+}
+
+// zoneClientOf returns r's zone and client.
+func zoneClientOf(r Request) zoneClient {
+	return zoneClient{zone: r.Zone.Name, client: ClientKey(r.Key)}
+}

@@ -107,10 +107,10 @@ type asking struct {
 }
 
 // markAsking marks k as asking for a grant. t.mu is held.
-func (t *leaseTable) markAsking(k denyKey) { t.asking[k] = &asking{done: make(chan struct{})} }
+func (t *leaseTable) markAsking(k zoneClient) { t.asking[k] = &asking{done: make(chan struct{})} }
 
 // answered takes k's mark of asking off and returns it (nil: none). t.mu is held.
-func (t *leaseTable) answered(k denyKey) *asking {
+func (t *leaseTable) answered(k zoneClient) *asking {
 	a := t.asking[k]
 	delete(t.asking, k)
 	return a
@@ -121,9 +121,9 @@ func (t *leaseTable) answered(k denyKey) *asking {
 // grant, so the table holds the hot clients; it is bounded by leaseKeys.
 type leaseTable struct {
 	mu      sync.Mutex
-	m       map[denyKey]*grant
-	next    map[denyKey]*grant  // a grant's successor, asked before it ran out (renew), not yet spent from
-	asking  map[denyKey]*asking // a grant asked and not answered: one at a time per client
+	m       map[zoneClient]*grant
+	next    map[zoneClient]*grant  // a grant's successor, asked before it ran out (renew), not yet spent from
+	asking  map[zoneClient]*asking // a grant asked and not answered: one at a time per client
 	rates   []rateSlot
 	seed    maphash.Seed
 	ended   []*grant // ended, to be returned by the sweeper
@@ -135,14 +135,14 @@ type leaseTable struct {
 
 func newLeaseTable(m LeaseMetrics) *leaseTable {
 	return &leaseTable{
-		m: make(map[denyKey]*grant), next: make(map[denyKey]*grant), asking: make(map[denyKey]*asking),
+		m: make(map[zoneClient]*grant), next: make(map[zoneClient]*grant), asking: make(map[zoneClient]*asking),
 		rates: make([]rateSlot, rateSlots), seed: maphash.MakeSeed(), metrics: m, stop: make(chan struct{}),
 	}
 }
 
 // observe counts r's cost at now in its client's rate slot and returns the units the client
 // sends per TTL: the larger of the previous period's and the current one's. t.mu is held.
-func (t *leaseTable) observe(k denyKey, r *Request, now time.Time) int64 {
+func (t *leaseTable) observe(k zoneClient, r *Request, now time.Time) int64 {
 	h := maphash.Comparable(t.seed, k)
 	s := &t.rates[h%rateSlots]
 	ns, ttl := now.UnixNano(), int64(r.Zone.Lease.TTL)
@@ -176,7 +176,7 @@ func ask(r *Request, perTTL int64) int32 {
 // live returns k's grant when r can be served from it at now: same numbers, not ended, not
 // expired, with its cost left. When k's grant cannot serve r and a successor is in hand (renew),
 // the grant ends and the successor takes its place. t.mu is held.
-func (t *leaseTable) live(k denyKey, r *Request, now time.Time) *grant {
+func (t *leaseTable) live(k zoneClient, r *Request, now time.Time) *grant {
 	g := t.m[k]
 	if !g.serves(r, now) {
 		n := t.next[k]
@@ -210,7 +210,7 @@ func (g *grant) serves(r *Request, now time.Time) bool {
 // twice the ask left after granting g), where grants shrink and the last units are decided one
 // at a time, and none again for a grant whose successor was denied or failed. When it returns
 // more than 0, k is marked as asking. t.mu is held.
-func (t *leaseTable) renew(k denyKey, g *grant, r *Request, perTTL int64, now time.Time) int32 {
+func (t *leaseTable) renew(k zoneClient, g *grant, r *Request, perTTL int64, now time.Time) int32 {
 	left := g.units - g.spent
 	byTTL := g.end.IsZero() || g.expires.Before(g.end) // a fixed window's grant may end with its window instead
 	low := leaseLow*left <= g.units || byTTL && leaseLow*g.expires.Sub(now) <= r.Zone.Lease.TTL
@@ -231,7 +231,7 @@ func (t *leaseTable) renew(k denyKey, g *grant, r *Request, perTTL int64, now ti
 
 // end stops k's grant g (or g, k's successor) from being spent, and queues its return. t.mu is
 // held.
-func (t *leaseTable) end(k denyKey, g *grant) {
+func (t *leaseTable) end(k zoneClient, g *grant) {
 	if t.retire(k, g) {
 		t.ended = append(t.ended, g)
 	}
@@ -239,7 +239,7 @@ func (t *leaseTable) end(k denyKey, g *grant) {
 
 // retire stops k's grant g (or g, k's successor) from being spent; false when it was already.
 // t.mu is held.
-func (t *leaseTable) retire(k denyKey, g *grant) bool {
+func (t *leaseTable) retire(k zoneClient, g *grant) bool {
 	if g.ended {
 		return false
 	}
@@ -257,7 +257,7 @@ func (t *leaseTable) retire(k denyKey, g *grant) bool {
 }
 
 // spend takes cost from g. t.mu is held.
-func (t *leaseTable) spend(k denyKey, g *grant, cost int64) {
+func (t *leaseTable) spend(k zoneClient, g *grant, cost int64) {
 	g.spent += cost
 	if t.metrics != nil {
 		t.metrics.Stranded(k.zone, -cost)
@@ -268,7 +268,7 @@ func (t *leaseTable) spend(k denyKey, g *grant, cost int64) {
 // giveBack returns cost to g, spent from it for a request that another zone denied (or whose
 // decision failed): one of g's pending spends. A grant ended meanwhile waits for it before it is
 // returned (collect), unless it waited too long: then it keeps the cost spent. t.mu is held.
-func (t *leaseTable) giveBack(k denyKey, g *grant, cost int64) {
+func (t *leaseTable) giveBack(k zoneClient, g *grant, cost int64) {
 	g.pending--
 	if g.returned {
 		return
@@ -320,12 +320,12 @@ func (l *Limiter) leased(reqs []Request, observe bool) (Decision, bool) {
 		}
 	}
 	now := l.clock()
-	var kbuf [4]denyKey
+	var kbuf [4]zoneClient
 	var gbuf [4]*grant
 	ks, gs := kbuf[:0], gbuf[:0]
 	t.mu.Lock()
 	for i := range reqs {
-		k := keyOf(reqs[i])
+		k := zoneClientOf(reqs[i])
 		g := t.live(k, &reqs[i], now)
 		if g == nil || t.closed {
 			t.mu.Unlock()
@@ -361,7 +361,7 @@ func (l *Limiter) leased(reqs []Request, observe bool) (Decision, bool) {
 // returned at once.
 func (l *Limiter) renewGrant(r Request) {
 	t := l.leases
-	k := keyOf(r)
+	k := zoneClientOf(r)
 	sent := l.clock()
 	ctx := WithDeadline(context.Background(), time.Now().Add(min(l.callTime, r.Zone.Lease.TTL)))
 	sub := []Request{r}
@@ -424,7 +424,7 @@ func (t *leaseTable) plan(reqs []Request, now time.Time, mayAsk bool) leasePlan 
 		if r.Zone.Lease == nil || t.closed || unsatisfiable(*r) || r.Hold > 0 || r.maxWait() > 0 {
 			continue
 		}
-		k := keyOf(*r)
+		k := zoneClientOf(*r)
 		perTTL := t.observe(k, r, now)
 		if g := t.live(k, r, now); g != nil {
 			t.spend(k, g, r.Cost)
@@ -573,10 +573,10 @@ func (t *leaseTable) undo(reqs []Request, p leasePlan) {
 	defer t.mu.Unlock()
 	for i, g := range p.local {
 		if g != nil {
-			t.giveBack(keyOf(reqs[i]), g, reqs[i].Cost)
+			t.giveBack(zoneClientOf(reqs[i]), g, reqs[i].Cost)
 		}
 		if p.asks[i] > 0 {
-			close(t.answered(keyOf(reqs[i])).done)
+			close(t.answered(zoneClientOf(reqs[i])).done)
 		}
 	}
 }
@@ -591,7 +591,7 @@ func (t *leaseTable) install(reqs, sub []Request, idx []int, p leasePlan, keys [
 		if p.asks[i] == 0 {
 			continue
 		}
-		k, r := keyOf(reqs[i]), &sub[j]
+		k, r := zoneClientOf(reqs[i]), &sub[j]
 		a := t.answered(k)
 		units := int64(zones[j].granted)
 		if t.metrics != nil {
@@ -642,7 +642,7 @@ func newGrant(zone string, r *Request, key string, args []any, j int, zr zoneRep
 // either way. A grant asked for the client and not answered yet is returned when its answer
 // comes (renewGrant, install), and drop waits for that, at most wait.
 func (t *leaseTable) drop(zone, client string, wait time.Duration) []*grant {
-	k := denyKey{zone: zone, client: client}
+	k := zoneClient{zone: zone, client: client}
 	t.mu.Lock()
 	var gs []*grant
 	for _, g := range []*grant{t.m[k], t.next[k]} {
@@ -675,7 +675,7 @@ func (t *leaseTable) drop(zone, client string, wait time.Duration) []*grant {
 func (t *leaseTable) collect(now time.Time, all bool) []*grant {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	for _, m := range []map[denyKey]*grant{t.m, t.next} {
+	for _, m := range []map[zoneClient]*grant{t.m, t.next} {
 		for k, g := range m {
 			if all || !now.Before(g.expires) {
 				t.end(k, g)
@@ -735,7 +735,7 @@ func (l *Limiter) returnGrants(ctx context.Context, gs []*grant) error {
 			args = append(args, strconv.FormatInt(g.spent, 10))
 			var reply any
 			var err error
-			if b := l.pipelineFor(ctx, g.keys[0]); b != nil {
+			if b := l.batcherFor(ctx, g.keys[0]); b != nil {
 				reply, err = b.runSettle(ctx, keys, args)
 			} else {
 				reply, err = runScript(ctx, l.rdb, settleScript, keys, args)
@@ -789,9 +789,9 @@ func (l *Limiter) ReturnLeases(ctx context.Context) error {
 	return nil
 }
 
-// pipelineFor is the pipeline that carries the calls of key: PipelineFor's, else Pipeline (nil:
-// none, a round trip per call).
-func (l *Limiter) pipelineFor(ctx context.Context, key string) *Pipeline {
+// batcherFor is the Batcher that carries the calls of key: BatcherFor's, else Options.Batcher
+// (nil: none, a round trip per call).
+func (l *Limiter) batcherFor(ctx context.Context, key string) *Batcher {
 	if l.batchFor != nil {
 		if b := l.batchFor(ctx, key); b != nil {
 			return b

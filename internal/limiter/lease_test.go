@@ -186,10 +186,10 @@ func countedInstance(t *testing.T, srv *redistest.Server) (*limiter.Limiter, *le
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1, ContextTimeoutEnabled: true,
 		ReadTimeout: 200 * time.Millisecond, WriteTimeout: 200 * time.Millisecond, DialTimeout: 200 * time.Millisecond})
 	t.Cleanup(func() { _ = c.Close() })
-	p := limiter.NewPipeline(c, 1)
+	p := limiter.NewBatcher(c, 1)
 	t.Cleanup(p.Close)
 	counts := new(leaseCounts)
-	l := limiter.New(c, limiter.Options{KeyPrefix: "rl:", Pipeline: p, Leases: true, LeaseMetrics: counts})
+	l := limiter.New(c, limiter.Options{KeyPrefix: "rl:", Batcher: p, Leases: true, LeaseMetrics: counts})
 	t.Cleanup(func() { _ = l.ReturnLeases(context.Background()) })
 	return l, counts, c
 }
@@ -553,9 +553,9 @@ func TestLeaseRareClientsNeverLease(t *testing.T) {
 // all-or-nothing: when the other zone denies, the unit taken from the grant is given back.
 func TestLeaseOnCluster(t *testing.T) {
 	cc := oneNodeCluster(t)
-	p := limiter.NewPipeline(cc, 1)
+	p := limiter.NewBatcher(cc, 1)
 	t.Cleanup(p.Close)
-	l := limiter.New(cc, limiter.Options{KeyPrefix: "rl:", Pipeline: p, Cluster: true, Leases: true})
+	l := limiter.New(cc, limiter.Options{KeyPrefix: "rl:", Batcher: p, Cluster: true, Leases: true})
 	t.Cleanup(func() { _ = l.ReturnLeases(context.Background()) })
 	z := leaseZone(50, 10, 10*time.Second)
 	admitted, local := drain(t, l, z, "alice")
@@ -606,9 +606,9 @@ func fwInstance(t *testing.T, srv *redistest.Server, now func() time.Time, m lim
 	t.Helper()
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1})
 	t.Cleanup(func() { _ = c.Close() })
-	p := limiter.NewPipeline(c, 1)
+	p := limiter.NewBatcher(c, 1)
 	t.Cleanup(p.Close)
-	l := limiter.New(c, limiter.Options{KeyPrefix: "rl:", Pipeline: p, Leases: true, LeaseMetrics: m, Now: now})
+	l := limiter.New(c, limiter.Options{KeyPrefix: "rl:", Batcher: p, Leases: true, LeaseMetrics: m, Now: now})
 	t.Cleanup(func() { _ = l.ReturnLeases(context.Background()) })
 	return l
 }

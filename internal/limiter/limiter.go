@@ -164,10 +164,10 @@ type Options struct {
 	// how long a reset, a raised limit or a Cluster release that reaches no instance's cache can
 	// leave a client denied. Default (when <= 0): DefaultDenyCacheMaxAge.
 	DenyCacheMaxAge time.Duration
-	// Pipeline, when set, carries the decisions to Redis (concurrent ones share round trips and
-	// script calls) instead of one round trip each through the client given to New. It must send to the same
-	// Redis.
-	Pipeline *Pipeline
+	// Batcher, when set, carries the decisions to Redis (concurrent ones share round trips and
+	// script calls) instead of one round trip each through the client given to New. It must send
+	// to the same Redis.
+	Batcher *Batcher
 	// Cluster is true when the client is a Redis Cluster client: the zones of a request whose
 	// keys fall in different hash slots (different client keys) are then decided by one script
 	// call per slot, all sent in one pipeline, and the slots that admitted are released when
@@ -183,11 +183,11 @@ type Options struct {
 	// trips with decisions, whose replies wait for the latest deadline of their batch, so it
 	// should be no longer than the decisions' own timeout. 0: DefaultCallTimeout.
 	CallTimeout time.Duration
-	// PipelineFor, when set, chooses the Pipeline of each decision whose keys are all in one
-	// hash slot, by its first key; a nil result means Pipeline. On Redis Cluster it gives each
-	// node a pipeline of its own, so that a stalled node holds up only its own decisions (a
+	// BatcherFor, when set, chooses the Batcher of each decision whose keys are all in one
+	// hash slot, by its first key; a nil result means Batcher. On Redis Cluster it gives each
+	// node a batcher of its own, so that a stalled node holds up only its own decisions (a
 	// go-redis cluster pipeline waits for every node it sends to).
-	PipelineFor func(ctx context.Context, key string) *Pipeline
+	BatcherFor func(ctx context.Context, key string) *Batcher
 }
 
 // DefaultCallTimeout is Options.CallTimeout's default: the handler's default decision timeout.
@@ -200,7 +200,7 @@ type Limiter struct {
 	cluster  bool
 	now      func() time.Time
 	denials  *denyCache                    // nil: no deny cache
-	batch    *Pipeline                     // nil: a round trip per decision
+	batch    *Batcher                      // nil: a round trip per decision
 	instance string                        // random per Limiter, so sliding window members of instances differ
 	calls    atomic.Uint64                 // per-call part of the nonce
 	resets   atomic.Pointer[ResetListener] // set by ResetListener.Add
@@ -209,7 +209,7 @@ type Limiter struct {
 	live     liveSlots                     // the concurrency slots in flight, kept alive by Refresh
 	lost     lostSlots                     // concurrency slots of failed decisions and settlements, given back by Refresh
 
-	batchFor func(ctx context.Context, key string) *Pipeline // Options.PipelineFor
+	batchFor func(ctx context.Context, key string) *Batcher // Options.BatcherFor
 }
 
 // New returns a Limiter running its scripts through rdb.
@@ -221,7 +221,7 @@ func New(rdb Client, opts Options) *Limiter {
 	if opts.DenyCacheKeys > 0 {
 		l.denials = newDenyCache(opts.DenyCacheKeys, opts.DenyCacheMaxAge)
 	}
-	l.batch, l.batchFor = opts.Pipeline, opts.PipelineFor
+	l.batch, l.batchFor = opts.Batcher, opts.BatcherFor
 	if opts.Leases {
 		l.leases = newLeaseTable(opts.LeaseMetrics)
 	}
@@ -355,12 +355,7 @@ func (l *Limiter) remember(reqs []Request, zones []zoneReply, sent time.Time) {
 // allowOne decides reqs, whose keys are all in one hash slot or on one server, with one call of
 // the decide script.
 func (l *Limiter) allowOne(ctx context.Context, reqs []Request, keys []string, args []any, into []zoneReply) (bool, []zoneReply, error) {
-	batch := l.batch
-	if l.batchFor != nil {
-		if b := l.batchFor(ctx, keys[0]); b != nil {
-			batch = b
-		}
-	}
+	batch := l.batcherFor(ctx, keys[0])
 	if batch == nil {
 		reply, err := l.run(ctx, keys, args)
 		return decodeResult(reply, err, reqs)
@@ -395,7 +390,7 @@ func (l *Limiter) run(ctx context.Context, keys []string, args []any) (any, erro
 
 // scriptArgs returns decide.lua's ARGV for the decision of reqs: the time ref (the instance's
 // clock when the call is sent; "" for Redis TIME), then the decision's nonce, whether to take token bucket charges as holds, its number of
-// zones, and algorithm, quota, rate and cost per zone. (A Pipeline merges the decisions of a
+// zones, and algorithm, quota, rate and cost per zone. (A Batcher merges the decisions of a
 // batch into one call: mergeCalls.) A token bucket that may hold the request (maxWait) has its
 // rate sent as "<rate>,<max wait µs>"; without one the arguments are those of earlier releases.
 // A cost above the zone's MaxCost is sent as twice the quota: above the quota and exact in Lua's
