@@ -187,7 +187,7 @@ func TestDroppedReplyAppliedOnce(t *testing.T) {
 	} {
 		armed.Store(true)
 		before := dropped.Load()
-		_, err := l.Allow(context.Background(), []limiter.Request{{Zone: z, Key: "bob", Cost: 1}})
+		_, err := l.Decide(context.Background(), []limiter.Request{{Zone: z, Key: "bob", Cost: 1}})
 		if err == nil || dropped.Load() != before+1 {
 			t.Fatalf("%s: Allow with a dropped reply: %v (dropped %d), want an error", z.Name, err, dropped.Load()-before)
 		}
@@ -208,7 +208,7 @@ func TestDroppedReplyAppliedOnce(t *testing.T) {
 	a := &limiter.Zone{Name: "a", Algorithm: limiter.TokenBucket, Capacity: 10, RefillRate: 10 / limiter.MaxWindow.Seconds()}
 	b := &limiter.Zone{Name: "b", Algorithm: limiter.SlidingWindow, Limit: 1, Window: time.Hour}
 	mustDecide := func(reqs ...limiter.Request) limiter.Decision {
-		d, err := cl.Allow(context.Background(), reqs)
+		d, err := cl.Decide(context.Background(), reqs)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -17,51 +17,17 @@ import (
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/limiter"
 )
 
-// decideFlight decides f's requests (decide), and when Redis fails applies the fail_mode of
-// their zones (failed). done is true when the request has been answered: fail_mode open or
-// closed, or a client that went away; err is then ServeHTTP's. Otherwise f.d is the decision,
-// about f.decided.
+// decideFlight decides f's requests (limiter.Decide: lease grants, deny cache, circuit
+// breakers, Redis; see Provision), and when Redis fails applies the fail_mode of their zones
+// (failed). done is true when the request has been answered: fail_mode open or closed, or a
+// client that went away; err is then ServeHTTP's. Otherwise f.d is the decision, about
+// f.decided.
 func (h *Handler) decideFlight(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, f *flight) (done bool, err error) {
-	f.d, err = h.decide(r.Context(), f.reqs)
+	f.d, err = h.limiter.Decide(r.Context(), f.reqs)
 	if err == nil {
 		return false, nil
 	}
 	return h.failed(w, r, next, f, err)
-}
-
-// decide admits the request from this instance's lease grants when they cover it, returns the
-// deny cache's decision when it covers the request, else runs the decision
-// on Redis through the circuit breakers of the Redis servers it needs (see
-// sharedClient.acquire), under the handler's timeout. While a breaker is open it fails at once
-// without calling Redis.
-func (h *Handler) decide(ctx context.Context, reqs []limiter.Request) (d limiter.Decision, err error) {
-	// Tokens granted to this instance ahead (lease), charged in Redis already: spent with no
-	// call and no breaker to consult, Redis up or not.
-	if d, ok := h.limiter.Leased(reqs); ok {
-		return d, nil
-	}
-	// A remembered denial holds whatever Redis's state: no call, and no breaker to consult.
-	if d, ok := h.limiter.Denied(reqs); ok {
-		return d, nil
-	}
-	start := time.Now()
-	// A deadline with no timer of its own: the round trip's socket deadlines bound the decision
-	// (see limiter.WithDeadline), and a timer per request cost 3 allocations and a wake-up.
-	ctx = limiter.WithDeadline(ctx, start.Add(time.Duration(h.Timeout)))
-	release, err := h.client.acquire(ctx, h.KeyPrefix, reqs)
-	if err != nil {
-		return limiter.Decision{}, err
-	}
-	defer func() {
-		if p := recover(); p != nil {
-			release(fmt.Errorf("rate limit decision panicked: %v", p))
-			panic(p)
-		}
-	}()
-	d, err = h.limiter.Allow(ctx, reqs)
-	metrics.redisDuration.Observe(time.Since(start).Seconds())
-	release(err)
-	return d, err
 }
 
 // failed applies what a decision that failed with err calls for. A client that went away is

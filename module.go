@@ -314,6 +314,13 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		opts.DenyCacheKeys = limiter.DefaultDenyCacheKeys
 		opts.DenyCacheMaxAge = time.Duration(h.DenyCacheMaxAge)
 	}
+	// A decision in Redis asks the circuit breakers of the Redis servers it needs
+	// (sharedClient.acquire), and fails once the handler's timeout has passed.
+	opts.Gate = func(ctx context.Context, reqs []limiter.Request) (func(error), error) {
+		return client.acquire(ctx, h.KeyPrefix, reqs)
+	}
+	opts.Timeout = time.Duration(h.Timeout)
+	opts.ObserveCall = func(took time.Duration) { metrics.redisDuration.Observe(took.Seconds()) }
 	opts.Batcher = client.batcher
 	opts.Cluster = client.cluster
 	if client.cluster {

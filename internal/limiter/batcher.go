@@ -524,5 +524,5 @@ func batchContext(batch []*call) (context.Context, context.CancelFunc) {
 			latest = d
 		}
 	}
-	return WithDeadline(context.Background(), latest), func() {}
+	return withDeadline(context.Background(), latest), func() {}
 }

@@ -47,7 +47,7 @@ type denial struct {
 // hold (settle.lua), or a reload that raised a limit (a request decided under other numbers on
 // this instance is another entry: see denyEntry). A reload starts a new Limiter with an empty
 // cache; a reset or a refund is forgotten here at once (a reset also, through Redis pub/sub, by
-// every instance that receives it: ForgetKey); anything that reaches no instance is bounded by
+// every instance that receives it: forgetKey); anything that reaches no instance is bounded by
 // maxAge: the stale entry denies for at most that long after Redis's answer.
 //
 // The cache holds up to its size of (zone, client) pairs, the least recently used evicted, each

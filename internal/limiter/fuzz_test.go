@@ -19,7 +19,7 @@ import (
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
 )
 
-// FuzzClientKey: any bytes give a key component of at most MaxClientKeyBytes bytes without a
+// FuzzClientKey: any bytes give a key component of at most maxClientKeyBytes bytes without a
 // brace, and client keys of different candidates never meet. A first-candidate key is the input
 // itself when it is short and of the safe alphabet, else "~" and a 43-byte digest (or "~empty"),
 // as before candidates had namespaces; a key of candidate n is "<n>=" and the same. Every pair
@@ -34,7 +34,7 @@ func FuzzClientKey(f *testing.F) {
 	secretB := NewKeySecret([]byte("0123456789abcdef-secret-B"))
 	f.Fuzz(func(t *testing.T, raw, other string) {
 		got := ClientKey(raw)
-		if len(got) > MaxClientKeyBytes || strings.ContainsAny(got, "{}") {
+		if len(got) > maxClientKeyBytes || strings.ContainsAny(got, "{}") {
 			t.Fatalf("ClientKey(%q) = %q: too long or has a brace", raw, got)
 		}
 		n, v := ParseCandidateKey(raw)
@@ -43,7 +43,7 @@ func FuzzClientKey(f *testing.F) {
 			if got != "~empty" {
 				t.Fatalf("ClientKey(\"\") = %q", got)
 			}
-		case n == 1 && len(v) <= MaxClientKeyBytes && verbatim(v):
+		case n == 1 && len(v) <= maxClientKeyBytes && verbatim(v):
 			if got != v {
 				t.Fatalf("ClientKey(%q) = %q, want %q verbatim", raw, got, v)
 			}
@@ -87,7 +87,7 @@ func FuzzClientKey(f *testing.F) {
 				t.Fatalf("ParseCandidateKey(CandidateKey(%d, %q) = %q) = %d, %q", p.n, p.v, key, pn, pv)
 			}
 			tag := ClientKey(key)
-			if len(tag) > MaxClientKeyBytes || strings.ContainsAny(tag, "{}") {
+			if len(tag) > maxClientKeyBytes || strings.ContainsAny(tag, "{}") {
 				t.Fatalf("ClientKey(%q) = %q: too long or has a brace", key, tag)
 			}
 			if q, dup := tags[tag]; dup && q != p {

@@ -10,14 +10,12 @@ import (
 )
 
 // Lease is a token bucket or fixed window zone's leasing: its hot clients' tokens (window slots)
-// are taken from Redis in grants before they are spent, and spent in process. A grant is a
-// charge of decide.lua whose size the script chooses, at most Max: a token bucket's hold, a
-// fixed window's count with a record (see decide.lua); this instance spends it locally until it
-// is spent or TTL has passed (a fixed window's, at the latest when its window ends), then
-// settle.lua charges what was spent and gives back the rest. Redis
-// has charged every unit an instance admits before it admits it, so leasing never admits more
-// than the exact decision would; what it costs is capacity stranded in other instances' grants:
-// see docs/decisions.md ("Leases").
+// are taken from Redis in grants of at most Max before they are spent, and spent in process
+// until the grant is spent or TTL has passed (a fixed window's, at the latest when its window
+// ends); then what was spent is charged and the rest given back. Redis has charged every unit
+// an instance admits before it admits it, so leasing never admits more than the exact decision
+// would; what it costs is capacity stranded in other instances' grants: see docs/decisions.md
+// ("Leases").
 type Lease struct {
 	// Max is the most tokens one grant takes (>= 1).
 	Max int64
@@ -67,7 +65,9 @@ type LeaseMetrics interface {
 	Stranded(zone string, delta int64)
 }
 
-// grant is the tokens one decide.lua call leased to this instance for one zone and client.
+// grant is the tokens one decide.lua call leased to this instance for one zone and client: a
+// charge whose size the script chose, a token bucket's hold or a fixed window's count with a
+// record (see decide.lua), which settle.lua "amount" settles when the grant is returned.
 type grant struct {
 	name      string        // the zone's
 	keys      []string      // settle.lua's: the zone's state key (a fixed window's record and generation keys after it)
@@ -297,17 +297,13 @@ func (g *grant) served(z *Zone, now time.Time) zoneReply {
 	return zr
 }
 
-// Leased admits reqs from this instance's grants, with no Redis call, when every zone of reqs
+// leased admits reqs from this instance's grants, with no Redis call, when every zone of reqs
 // leases (Zone.Lease) and has a live grant for the request's client with its cost left; each
 // zone's Result and the Decision's figures are the grant's estimate (Redis's remaining at grant
-// time, less what this instance spent since). Otherwise it changes nothing and returns false;
-// the request then goes to Allow. It may be asked while Redis is unavailable: a grant in hand
-// is spent until it ends. The request counts in its client's observed rate (the size of its next
-// grants).
-func (l *Limiter) Leased(reqs []Request) (Decision, bool) { return l.leased(reqs, true) }
-
-// leased is Leased; observe false leaves the client's observed rate alone, for a request that
-// Allow counted in it already (planning its decision in Redis, which denied it).
+// time, less what this instance spent since). Otherwise it changes nothing and returns false.
+// A grant in hand is spent until it ends, Redis available or not. When observe, the request
+// counts in its client's observed rate (the size of its next grants); allow's second look at
+// the grants leaves it out, its plan having counted the request already.
 func (l *Limiter) leased(reqs []Request, observe bool) (Decision, bool) {
 	t := l.leases
 	if t == nil || len(reqs) == 0 {
@@ -363,7 +359,7 @@ func (l *Limiter) renewGrant(r Request) {
 	t := l.leases
 	k := zoneClientOf(r)
 	sent := l.clock()
-	ctx := WithDeadline(context.Background(), time.Now().Add(min(l.callTime, r.Zone.Lease.TTL)))
+	ctx := withDeadline(context.Background(), time.Now().Add(min(l.callTime, r.Zone.Lease.TTL)))
 	sub := []Request{r}
 	keys := stateKeys(l.prefix, sub)
 	args := l.scriptArgs(sub, false, sent)
@@ -467,7 +463,7 @@ func (p *leasePlan) make(n int) {
 	}
 }
 
-// allowLeased is Allow for a request with a lease zone: the zones with a grant in hand are
+// allowLeased is allow for a request with a lease zone: the zones with a grant in hand are
 // charged from it (plan), the others are decided by Redis, those of hot clients asking for a
 // grant (decide.lua grants it as a hold, charged at once); when Redis denies or fails, the
 // costs taken from grants are given back, so the decision stays all-or-nothing. On Redis
@@ -480,7 +476,7 @@ func (l *Limiter) allowLeased(ctx context.Context, reqs []Request) (Decision, er
 		go l.renewGrant(r)
 	}
 	if p.local == nil {
-		return l.allow(ctx, reqs, sent, keys) // no grant in hand nor asked: as without lease
+		return l.allowExact(ctx, reqs, sent, keys) // no grant in hand nor asked: as without lease
 	}
 	if p.n == len(reqs) {
 		return pick(reqs, true, p.zones), nil
@@ -515,7 +511,7 @@ func (l *Limiter) allowLeased(ctx context.Context, reqs []Request) (Decision, er
 
 // decideLeased decides sub (the zones of reqs at idx that no grant in hand served) in Redis,
 // with one decide.lua call that asks for the grants of p, and records the grants made
-// (install); or, across Redis Cluster hash slots (p asks none), as Allow does. held's indexes
+// (install); or, across Redis Cluster hash slots (p asks none), as allowExact does. held's indexes
 // are those of reqs.
 func (l *Limiter) decideLeased(ctx context.Context, reqs, sub []Request, keys []string, idx []int, p leasePlan, sent time.Time) (
 	allowed bool, zones []zoneReply, held *Held, slotErr, err error) {

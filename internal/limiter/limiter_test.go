@@ -47,12 +47,9 @@ func allow(t *testing.T, l *limiter.Limiter, reqs ...limiter.Request) limiter.De
 			t.Fatalf("zone: %v", err)
 		}
 	}
-	if d, ok := l.Denied(reqs); ok { // as the handler does: the deny cache first
-		return d
-	}
-	d, err := l.Allow(context.Background(), reqs)
+	d, err := l.Decide(context.Background(), reqs) // as the handler decides
 	if err != nil {
-		t.Fatalf("Allow: %v", err)
+		t.Fatalf("Decide: %v", err)
 	}
 	return d
 }
