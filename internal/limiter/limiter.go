@@ -73,6 +73,9 @@ type Request struct {
 	// slot's hold time (the slot is free Hold after it was taken or last refreshed, see Refresh),
 	// and Decide returns an error without it.
 	Hold time.Duration
+	// Tag is the caller's, carried with the request and never read by the Limiter: the handler's
+	// index of the request's zone.
+	Tag int
 }
 
 // maxWait is how long r may be held: its zone's MaxWait (token bucket only), unless NoWait.
