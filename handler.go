@@ -88,9 +88,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 // flight is one request's way through ServeHTTP's stages after resolve: what it asked of which
 // zones, and what was decided. Its outcome is the request's placeholders (published when it is
-// made), so it is the one allocation of a request that one zone applies to; its buffers hold one
-// zone's request only (a flight of 4 was 704 bytes, now 384: every denial of a flood allocates
-// one), so a request of several zones allocates its reqs and shown too.
+// made), so it is the one allocation of a request that one zone applies to. Its buffers hold one
+// zone's request only, so that it stays small (every denial of a flood allocates one): a request
+// of several zones allocates its reqs and shown too.
 type flight struct {
 	outcome
 	repl *caddy.Replacer

@@ -201,8 +201,8 @@ type Handler struct {
 	client         *sharedClient
 	events         *events // nil without an events app in the config
 	// bareDenials: the server has no handle_errors routes, so a denial is written as a bare 429
-	// by the handler instead of going through Caddy's error path (about 11% of throughput on a
-	// deny flood, for the same response).
+	// by the handler instead of going through Caddy's error path: the same response, cheaper
+	// (docs/performance.md).
 	bareDenials bool
 	// grpcStatus: refused gRPC calls get a gRPC status (grpc_status not off; grpc.go).
 	grpcStatus bool

@@ -25,15 +25,11 @@ var clients = caddy.NewUsagePool()
 
 // roundTrips is how many round trips to Redis a client (on Redis Cluster, a node) has under way at
 // most: concurrent decisions share them, in batches of up to 128 decided by one script call each
-// (see limiter.Batcher). Chosen by measurement on a 2-CPU machine shared by wrk, Caddy and Redis
-// (the allowed path of `make bench`, wrk -c32, CPU from /proc): with 4 round trips a batch carried
-// 3.7 decisions and Redis spent 12.8µs per decision; with 2, 4.5-6.4 decisions and 11.0-11.9µs;
-// with 1, 6.8-7.5 decisions, 10.6-10.7µs, and 1-2µs less Caddy CPU per request (three alternating
-// rounds against 2). Redis runs one script at a time anyway, so a second round trip under way
-// only splits the waiting decisions into smaller batches that each pay the call's overhead
-// (about 11µs of Redis CPU, measured with redis-benchmark: 17.6µs for a call of 1 decision,
-// 63.5µs for 8). A decision that finds no round trip under way (Redis idle, as at concurrency 1)
-// is still sent at once; one that finds one waits for it and goes in the next batch.
+// (see limiter.Batcher). One, because Redis runs one script at a time: a second round trip under
+// way would only split the waiting decisions into smaller batches, each paying a script call's
+// overhead (docs/performance.md has the measurements). A decision that finds no round trip under
+// way (Redis idle) is still sent at once; one that finds one waits for it and goes in the next
+// batch.
 const roundTrips = 1
 
 // sharedClient is a Redis client in the clients pool.

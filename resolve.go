@@ -38,10 +38,10 @@ const (
 	resolveEmptyKey                    // every key candidate is empty and empty_key is deny: 403
 )
 
-// resolve appends to reqs, for every zone of h that applies to r in order, the limiter request
-// (the zone's numbers, client key and cost, tagged with the zone's index in h.Zones), and to
-// shown its client key as placeholders show it; shaping is true when one of them may be held (max_wait). A zone whose key is empty and
-// whose empty_key is skip is left out. The error is a *resolveError.
+// resolve appends to reqs, for every zone of h that applies to r in order, the limiter request (the
+// zone's numbers, client key and cost, tagged with the zone's index in h.Zones), and to shown its
+// client key as placeholders show it; shaping is true when one of them may be held (max_wait). A
+// zone whose key is empty and whose empty_key is skip is left out. The error is a *resolveError.
 func (h *Handler) resolve(r *http.Request, repl *caddy.Replacer, reqs []limiter.Request, shown []string) (_ []limiter.Request, _ []string, shaping bool, _ error) {
 	var lastShown, lastKey string // the previous zone's, when keyed is true
 	keyed := false

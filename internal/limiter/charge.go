@@ -52,8 +52,9 @@ func holdArg(reqs []Request, cluster bool) string {
 // recorded reports whether r's charge is recorded for its settlement in keys of its own
 // (decide.lua): a fixed window or sliding window counter zone with a Hold, or in a Redis Cluster
 // decision of zones in several hash slots (crossSlot), which releases what it charged when a slot
-// denies, or a fixed window's lease grant (Request.ask), returned by settle.lua. A count has no holds: the record is what ties a settlement to its charge, so that it
-// changes the count only while the charge is in it (see settle.lua).
+// denies, or a fixed window's lease grant (Request.ask), returned by settle.lua. A count has no
+// holds: the record is what ties a settlement to its charge, so that it changes the count only
+// while the charge is in it (see settle.lua).
 func recorded(r Request, crossSlot bool) bool {
 	return (r.Hold > 0 || crossSlot || r.ask > 0) && (r.Zone.Algorithm == FixedWindow || r.Zone.Algorithm == SlidingWindowCounter)
 }

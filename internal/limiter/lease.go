@@ -201,15 +201,15 @@ func (g *grant) serves(r *Request, now time.Time) bool {
 	return g != nil && !g.ended && now.Before(g.expires) && g.units-g.spent >= r.Cost && g.n == numbersOf(r.Zone)
 }
 
-// renew returns the size of the successor to ask for g, k's grant, which r was just served
-// from at now, its client sending perTTL units per TTL here; 0: none. A grant asks for its
-// successor when a quarter of its units is left, or of its TTL (unless it ends with its fixed
-// window first), so that the successor is in hand before the grant runs out, and r's client's
-// next requests wait for no round trip. The successor is sized as a grant (ask) less what g has left, so that the units
-// this instance holds for k stay within Max. There is none near the limit (Redis had less than
-// twice the ask left after granting g), where grants shrink and the last units are decided one
-// at a time, and none again for a grant whose successor was denied or failed. When it returns
-// more than 0, k is marked as asking. t.mu is held.
+// renew returns the size of the successor to ask for g, k's grant, which r was just served from at
+// now, its client sending perTTL units per TTL here; 0: none. A grant asks for its successor when a
+// quarter of its units is left, or of its TTL (unless it ends with its fixed window first), so that
+// the successor is in hand before the grant runs out, and r's client's next requests wait for no
+// round trip. The successor is sized as a grant (ask) less what g has left, so that the units this
+// instance holds for k stay within Max. There is none near the limit (Redis had less than twice the
+// ask left after granting g), where grants shrink and the last units are decided one at a time, and
+// none again for a grant whose successor was denied or failed. When it returns more than 0, k is
+// marked as asking. t.mu is held.
 func (t *leaseTable) renew(k zoneClient, g *grant, r *Request, perTTL int64, now time.Time) int32 {
 	left := g.units - g.spent
 	byTTL := g.end.IsZero() || g.expires.Before(g.end) // a fixed window's grant may end with its window instead

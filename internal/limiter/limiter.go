@@ -16,7 +16,8 @@ import (
 )
 
 // ErrBadResponse is wrapped by the error of a call (Decide, Settle, State, Refresh) whose reply
-// from Redis has the wrong shape or type; errors.Is(err, ErrBadResponse) tells it from a Redis or network error.
+// from Redis has the wrong shape or type; errors.Is(err, ErrBadResponse) tells it from a Redis or
+// network error.
 var ErrBadResponse = errors.New("bad response from redis")
 
 // ErrMigrating is wrapped by the error of a script call that Redis Cluster refused with TRYAGAIN
@@ -460,16 +461,14 @@ func (l *Limiter) run(ctx context.Context, keys []string, args []any) (any, erro
 }
 
 // scriptArgs returns decide.lua's ARGV for the decision of reqs: the time ref (the instance's
-// clock when the call is sent; "" for Redis TIME), then the decision's nonce, whether to take token bucket charges as holds, its number of
-// zones, and algorithm, quota, rate and cost per zone. (A Batcher merges the decisions of a
-// batch into one call: mergeCalls.) A token bucket that may hold the request (maxWait) has its
-// rate sent as "<rate>,<max wait µs>"; without one the arguments are those of earlier releases.
-// A cost above the zone's MaxCost is sent as twice the quota: above the quota and exact in Lua's
-// doubles (a cost of 2^53+1 became 2^53 there, and passed a bucket of 2^53), so the request is
-// denied and nothing charged (however long a MaxWait), and the script's wait for it stays a
-// number Redis can return (a cost near 2^63 took the token bucket's retry after beyond int64: a
-// bad_response, which failed open and counted towards the circuit breaker). A sliding window
-// never adds more entries than MaxCost.
+// clock when the call is sent; "" for Redis TIME), then the decision's nonce, whether to take
+// token bucket charges as holds, its number of zones, and algorithm, quota, rate and cost per
+// zone. (A Batcher merges the decisions of a batch into one call: mergeCalls.) A token bucket
+// that may hold the request (maxWait) has its rate sent as "<rate>,<max wait µs>", else the rate
+// alone. A cost above the zone's MaxCost is sent as twice the quota (at most 2^54): above the
+// quota, so the request is denied and nothing charged (however long a MaxWait); exact in Lua's
+// doubles, which would round a larger cost; and small enough that the script's wait for it
+// stays an integer Redis can return. A sliding window never adds more entries than MaxCost.
 func (l *Limiter) scriptArgs(reqs []Request, hold bool, ref time.Time) []any {
 	args := make([]any, 4, 4+4*len(reqs))
 	if l.now != nil {

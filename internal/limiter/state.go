@@ -74,7 +74,8 @@ type State struct {
 // nothing expires sooner or later. The key is read in one MULTI/EXEC transaction, after the
 // time is taken (Redis TIME, unless the Limiter has its own clock), so the state is consistent.
 //
-// The error wraps the Redis or network error (context.DeadlineExceeded when ctx expires first), or ErrBadResponse.
+// The error wraps the Redis or network error (context.DeadlineExceeded when ctx expires first), or
+// ErrBadResponse.
 func (l *Limiter) State(ctx context.Context, z *Zone, clientKey string) (State, error) {
 	var err error
 	s := State{Key: StateKey(l.prefix, z, clientKey)}
