@@ -601,14 +601,16 @@ func windowClock(at time.Time) func() time.Time {
 	return func() time.Time { return at.Add(time.Since(start)) }
 }
 
-// fwInstance is a Limiter on its own client and pipeline, on clock now.
+// fwInstance is a Limiter on its own client and batcher, on clock now. Its grants' returns
+// share the round trips of a burst's decisions: they get 2s (CallTimeout), not the default
+// 100ms that a loaded test machine can exceed, so that the tests see every grant returned.
 func fwInstance(t *testing.T, srv *redistest.Server, now func() time.Time, m limiter.LeaseMetrics) *limiter.Limiter {
 	t.Helper()
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1})
 	t.Cleanup(func() { _ = c.Close() })
 	p := limiter.NewBatcher(c, 1)
 	t.Cleanup(p.Close)
-	l := limiter.New(c, limiter.Options{KeyPrefix: "rl:", Batcher: p, Leases: true, LeaseMetrics: m, Now: now})
+	l := limiter.New(c, limiter.Options{KeyPrefix: "rl:", Batcher: p, Leases: true, LeaseMetrics: m, Now: now, CallTimeout: 2 * time.Second})
 	t.Cleanup(func() { _ = l.ReturnLeases(context.Background()) })
 	return l
 }
