@@ -785,7 +785,7 @@ func TestRedisACLConcurrency(t *testing.T) {
 		t.Cleanup(func() { _ = rdb.Close() })
 		l := limiter.New(rdb, limiter.Options{KeyPrefix: "rl:", Now: clock})
 		z := &limiter.Zone{Name: "c" + user, Algorithm: limiter.Concurrency, Limit: 1}
-		d, err := l.Allow(ctx, []limiter.Request{{Zone: z, Key: "alice", Cost: 1, Hold: 3 * time.Second}})
+		d, err := l.Decide(ctx, []limiter.Request{{Zone: z, Key: "alice", Cost: 1, Hold: 3 * time.Second}})
 		if err != nil || !d.Allowed {
 			t.Fatalf("%s: allow: %+v %v", user, d, err)
 		}

@@ -295,15 +295,15 @@ func parseRedis(d *caddyfile.Dispenser, field **RedisConfig) error {
 // subdirective parses the redis block's subdirective at the cursor and records it in seen: all
 // but address, which may be repeated, and is recorded by its first argument, where an error
 // about the addresses points.
-func (rc *RedisConfig) subdirective(d *caddyfile.Dispenser, seen seenSubdirectives) error {
+func (cfg *RedisConfig) subdirective(d *caddyfile.Dispenser, seen seenSubdirectives) error {
 	if d.Val() == "address" {
 		for d.NextArg() {
 			if _, ok := seen["address"]; !ok {
 				seen["address"] = d.Token()
 			}
-			rc.Addresses = append(rc.Addresses, d.Val())
+			cfg.Addresses = append(cfg.Addresses, d.Val())
 		}
-		if len(rc.Addresses) == 0 {
+		if len(cfg.Addresses) == 0 {
 			return d.ArgErr()
 		}
 		return noBlock(d, "address")
@@ -311,21 +311,21 @@ func (rc *RedisConfig) subdirective(d *caddyfile.Dispenser, seen seenSubdirectiv
 	if err := seen.add(d); err != nil {
 		return err
 	}
-	strs := map[string]*string{"username": &rc.Username, "password": &rc.Password, "sentinel": &rc.Sentinel}
+	strs := map[string]*string{"username": &cfg.Username, "password": &cfg.Password, "sentinel": &cfg.Sentinel}
 	if field, ok := strs[d.Val()]; ok {
 		return stringArg(d, field)
 	}
 	switch d.Val() {
 	case "db":
-		return intAtLeast(d, &rc.DB, 0)
+		return intAtLeast(d, &cfg.DB, 0)
 	case "cluster":
-		return flagArg(d, &rc.Cluster)
+		return flagArg(d, &cfg.Cluster)
 	case "tls":
-		return parseTLS(d, &rc.TLS)
+		return parseTLS(d, &cfg.TLS)
 	case "pool_size":
-		return intAtLeast(d, &rc.PoolSize, 1)
+		return intAtLeast(d, &cfg.PoolSize, 1)
 	case "dial_timeout":
-		return durationArg(d, &rc.DialTimeout)
+		return durationArg(d, &cfg.DialTimeout)
 	}
 	return d.Errf("unrecognized subdirective %q", d.Val())
 }

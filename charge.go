@@ -299,7 +299,7 @@ func (cw *chargeWriter) finish() {
 func (h *Handler) serveAndSettle(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, reqs []limiter.Request, d limiter.Decision, repl *caddy.Replacer) error {
 	cw := &chargeWriter{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}}
 	for _, rq := range reqs {
-		if a := h.zoneOf(rq.Zone).after; rq.Hold > 0 && a != nil && a.body {
+		if a := h.Zones[rq.Tag].after; rq.Hold > 0 && a != nil && a.body {
 			cw.readBody = true
 		}
 	}
@@ -375,7 +375,7 @@ func (h *Handler) settleResponse(r *http.Request, cw *chargeWriter, reqs []limit
 		if rq.Hold <= 0 {
 			continue
 		}
-		if a := h.zoneOf(rq.Zone).after; a != nil {
+		if a := h.Zones[rq.Tag].after; a != nil {
 			var missing, capped bool
 			amounts[i], missing, capped = a.amount(rq, status, cw)
 			if missing && a.missing != nil {
@@ -419,7 +419,7 @@ func (h *Handler) settle(ctx context.Context, reqs []limiter.Request, held *limi
 		if i >= len(settled) || !settled[i] {
 			continue
 		}
-		if a := h.zoneOf(rq.Zone).after; a != nil && a.charged != nil {
+		if a := h.Zones[rq.Tag].after; a != nil && a.charged != nil {
 			a.charged.Add(float64(amounts[i]))
 			if amounts[i] < rq.Cost {
 				a.refunded.Add(float64(rq.Cost - amounts[i]))

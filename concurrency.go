@@ -62,7 +62,7 @@ func addSlots(h *Handler, reqs []limiter.Request, n float64) {
 		if rq.Zone.Algorithm != limiter.Concurrency {
 			continue
 		}
-		if a := h.zoneOf(rq.Zone).after; a != nil && a.inFlight != nil {
+		if a := h.Zones[rq.Tag].after; a != nil && a.inFlight != nil {
 			a.inFlight.Add(n)
 		}
 	}

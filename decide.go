@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"slices"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -17,51 +16,17 @@ import (
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/limiter"
 )
 
-// decideFlight decides f's requests (decide), and when Redis fails applies the fail_mode of
-// their zones (failed). done is true when the request has been answered: fail_mode open or
-// closed, or a client that went away; err is then ServeHTTP's. Otherwise f.d is the decision,
-// about f.decided.
+// decideFlight decides f's requests (limiter.Decide: lease grants, deny cache, circuit
+// breakers, Redis; see Provision), and when Redis fails applies the fail_mode of their zones
+// (failed). done is true when the request has been answered: fail_mode open or closed, or a
+// client that went away; err is then ServeHTTP's. Otherwise f.d is the decision, about
+// f.decided.
 func (h *Handler) decideFlight(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, f *flight) (done bool, err error) {
-	f.d, err = h.decide(r.Context(), f.reqs)
+	f.d, err = h.limiter.Decide(r.Context(), f.reqs)
 	if err == nil {
 		return false, nil
 	}
 	return h.failed(w, r, next, f, err)
-}
-
-// decide admits the request from this instance's lease grants when they cover it, returns the
-// deny cache's decision when it covers the request, else runs the decision
-// on Redis through the circuit breakers of the Redis servers it needs (see
-// sharedClient.acquire), under the handler's timeout. While a breaker is open it fails at once
-// without calling Redis.
-func (h *Handler) decide(ctx context.Context, reqs []limiter.Request) (d limiter.Decision, err error) {
-	// Tokens granted to this instance ahead (lease), charged in Redis already: spent with no
-	// call and no breaker to consult, Redis up or not.
-	if d, ok := h.limiter.Leased(reqs); ok {
-		return d, nil
-	}
-	// A remembered denial holds whatever Redis's state: no call, and no breaker to consult.
-	if d, ok := h.limiter.Denied(reqs); ok {
-		return d, nil
-	}
-	start := time.Now()
-	// A deadline with no timer of its own: the round trip's socket deadlines bound the decision
-	// (see limiter.WithDeadline), and a timer per request cost 3 allocations and a wake-up.
-	ctx = limiter.WithDeadline(ctx, start.Add(time.Duration(h.Timeout)))
-	release, err := h.client.acquire(ctx, h.KeyPrefix, reqs)
-	if err != nil {
-		return limiter.Decision{}, err
-	}
-	defer func() {
-		if p := recover(); p != nil {
-			release(fmt.Errorf("rate limit decision panicked: %v", p))
-			panic(p)
-		}
-	}()
-	d, err = h.limiter.Allow(ctx, reqs)
-	metrics.redisDuration.Observe(time.Since(start).Seconds())
-	release(err)
-	return d, err
 }
 
 // failed applies what a decision that failed with err calls for. A client that went away is
@@ -77,21 +42,25 @@ func (h *Handler) failed(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	}
 	reason := string(failureReason(err))
 	metrics.backendFailures.WithLabelValues(reason).Inc()
-	mode := h.failMode(f.reqs)
+	mode, first := h.failMode(f.reqs)
 	h.events.failed(reason, mode, err)
 	if c := h.logger.Check(zapcore.DebugLevel, "rate limit decision failed"); c != nil {
 		c.Write(zap.String("reason", reason), zap.String("fail_mode", mode), zap.Error(err))
 	}
 	f.degraded = true
 	if mode == FailLocal {
-		f.decided = h.localZones(f.reqs)
+		var at []int
+		f.decided, at = h.localZones(f.reqs)
 		f.d = h.local.Allow(f.decided, time.Now())
+		if at != nil {
+			f.d.Zone = at[f.d.Zone] // an index of f.reqs, as a decision of Redis's
+		}
 		return false, nil
 	}
 	// Undecided, but the zone, its client and its configured limit are known: those of the
 	// first zone whose fail_mode answers (the first closed zone of a 503).
-	i := slices.IndexFunc(f.reqs, func(rq limiter.Request) bool { return h.zoneOf(rq.Zone).failMode == mode })
-	f.zone, f.key, f.limit, f.identified = f.reqs[i].Zone.Name, f.shown[i], f.reqs[i].Zone.Quota(), true
+	rq := f.reqs[first]
+	f.zone, f.key, f.limit, f.identified = rq.Zone.Name, f.shown[first], rq.Zone.Quota(), true
 	if mode == FailClosed {
 		// The closed zones refuse the request; the others are not consulted (nor charged in
 		// process), as the zones that did not deny a denied request.
@@ -120,39 +89,43 @@ func (h *Handler) failed(w http.ResponseWriter, r *http.Request, next caddyhttp.
 }
 
 // failMode returns the fail_mode that applies to reqs when Redis fails: closed when any of
-// their zones is closed, else local when any is local, else open.
-func (h *Handler) failMode(reqs []limiter.Request) string {
-	mode := FailOpen
-	for _, rq := range reqs {
-		switch h.zoneOf(rq.Zone).failMode {
+// their zones is closed, else local when any is local, else open; and first, the index in reqs
+// of the first request whose zone has that fail_mode.
+func (h *Handler) failMode(reqs []limiter.Request) (mode string, first int) {
+	mode = FailOpen
+	for i, rq := range reqs {
+		switch h.Zones[rq.Tag].failMode {
 		case FailClosed:
-			return FailClosed
+			return FailClosed, i
 		case FailLocal:
-			mode = FailLocal
+			if mode != FailLocal {
+				mode, first = FailLocal, i
+			}
 		}
 	}
-	return mode
+	return mode, first
 }
 
 // localZones returns the requests of reqs whose zone's fail_mode is local: those the
-// in-process limiter decides when Redis fails.
-func (h *Handler) localZones(reqs []limiter.Request) []limiter.Request {
+// in-process limiter decides when Redis fails. When they are not all of reqs, at gives the
+// index in reqs of each; else local is reqs and at nil.
+func (h *Handler) localZones(reqs []limiter.Request) (local []limiter.Request, at []int) {
 	n := 0
 	for _, rq := range reqs {
-		if h.zoneOf(rq.Zone).failMode == FailLocal {
+		if h.Zones[rq.Tag].failMode == FailLocal {
 			n++
 		}
 	}
 	if n == len(reqs) {
-		return reqs
+		return reqs, nil
 	}
-	local := make([]limiter.Request, 0, n)
-	for _, rq := range reqs {
-		if h.zoneOf(rq.Zone).failMode == FailLocal {
-			local = append(local, rq)
+	local, at = make([]limiter.Request, 0, n), make([]int, 0, n)
+	for i, rq := range reqs {
+		if h.Zones[rq.Tag].failMode == FailLocal {
+			local, at = append(local, rq), append(at, i)
 		}
 	}
-	return local
+	return local, at
 }
 
 // failure is why a Redis call failed: the reason label of backend_failures_total (a decision's)

@@ -658,7 +658,7 @@ func TestGarbageRepliesFailureReason(t *testing.T) {
 			var err error
 			panicked := func() (p any) {
 				defer func() { p = recover() }()
-				_, err = l.Allow(ctx, []limiter.Request{{Zone: zone, Key: "k", Cost: 1}})
+				_, err = l.Decide(ctx, []limiter.Request{{Zone: zone, Key: "k", Cost: 1}})
 				return nil
 			}()
 			var got string

@@ -42,7 +42,7 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, next caddyhttp.Ha
 	}
 	err := z.errLimited
 	if d.Unsatisfiable {
-		err = z.errUnsatisfiableOf(f.decided[d.Zone].Zone)
+		err = z.errUnsatisfiableOf(f.reqs[d.Zone].Zone)
 	} else {
 		w.Header()[hdrRetryAfter] = []string{strconv.FormatInt(f.retryAfter, 10)}
 	}

@@ -88,20 +88,22 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 // flight is one request's way through ServeHTTP's stages after resolve: what it asked of which
 // zones, and what was decided. Its outcome is the request's placeholders (published when it is
-// made), so it is the one allocation of a request that one zone applies to; its buffers hold one
-// zone's request only (a flight of 4 was 704 bytes, now 384: every denial of a flood allocates
-// one), so a request of several zones allocates its reqs and shown too.
+// made), so it is the one allocation of a request that one zone applies to. Its buffers hold one
+// zone's request only, so that it stays small (every denial of a flood allocates one): a request
+// of several zones allocates its reqs and shown too.
 type flight struct {
 	outcome
 	repl *caddy.Replacer
-	// reqs are the limiter requests, one per zone that applies, in the order of h.Zones.
+	// reqs are the limiter requests, one per zone that applies, in the order of h.Zones, each
+	// tagged with its zone's index there.
 	reqs    []limiter.Request
 	reqsBuf [1]limiter.Request
 	// shown are the client keys as placeholders show them, per request of reqs: with
 	// key_secret, reqs hold their keyed digests instead.
 	shown    []string
 	shownBuf [1]string
-	// d is the decision, about the requests of decided: reqs, or those of fail_mode local's zones.
+	// d is the decision, about the requests of decided: reqs, or those of fail_mode local's zones;
+	// its Zone is an index of reqs either way.
 	d       limiter.Decision
 	decided []limiter.Request
 	// placed is the request's waiting place (waiting.go); noWait is set when it is decided
@@ -132,39 +134,17 @@ func (h *Handler) placeForWait(r *http.Request, f *flight) {
 	}
 }
 
-// zoneOf returns the zone of h that lz is the parameters of (its own, or a per-request copy).
-func (h *Handler) zoneOf(lz *limiter.Zone) *Zone {
-	return h.Zones[zoneIndex(h.Zones, lz)]
-}
-
-// zoneIndex returns the index in zones of the zone that lz is the parameters of: its own, or a
-// copy made for one request when its numbers come from placeholders. Zone names are unique in a
-// handler.
-func zoneIndex(zones []*Zone, lz *limiter.Zone) int {
-	for i, z := range zones {
-		if z.Name == lz.Name {
-			return i
-		}
-	}
-	return -1
-}
-
-// count adds one decision with result res to every zone of reqs. reqs are in the order of
-// h.Zones (ServeHTTP builds them so), which makes this one pass.
+// count adds one decision with result res to every zone of reqs.
 func (h *Handler) count(reqs []limiter.Request, res result) {
-	i := 0
 	for _, rq := range reqs {
-		for h.Zones[i].Name != rq.Zone.Name {
-			i++
-		}
-		h.Zones[i].decisions[res].Inc()
+		h.Zones[rq.Tag].decisions[res].Inc()
 	}
 }
 
 // countMode adds one decision with result res to every zone of reqs whose fail_mode is mode.
 func (h *Handler) countMode(reqs []limiter.Request, mode string, res result) {
 	for _, rq := range reqs {
-		if z := h.zoneOf(rq.Zone); z.failMode == mode {
+		if z := h.Zones[rq.Tag]; z.failMode == mode {
 			z.decisions[res].Inc()
 		}
 	}

@@ -5,7 +5,6 @@ import (
 	"math/bits"
 	"math/rand/v2"
 	"net/http"
-	"slices"
 	"strconv"
 	"time"
 
@@ -52,16 +51,11 @@ func (h *Handler) setIETFFields(hdr http.Header, reqs []limiter.Request, z *Zone
 	// The deciding zone's item from the Decision, which always has it.
 	lead := limiter.Result{Known: true, Allowed: d.Allowed, Remaining: d.Remaining, Next: d.Next, Reset: d.Reset}
 	limit := appendServiceLimit(limitBuf[:0], z, lead, maxT)
-	zi := 0
 	for i := range reqs {
-		// reqs are in the order of h.Zones (ServeHTTP builds them so).
-		for h.Zones[zi].Name != reqs[i].Zone.Name { // reqs hold per-request copies of zones with placeholder numbers
-			zi++
-		}
 		if i == d.Zone || !reqs[i].Result.Known {
 			continue
 		}
-		other := h.Zones[zi]
+		other := h.Zones[reqs[i].Tag]
 		if len(policy) == 0 {
 			policy = append(policy, z.policyOf(lz)...)
 		}
@@ -133,11 +127,11 @@ func (h *Handler) describe(w http.ResponseWriter, f *flight) {
 			c.Write(zap.String("reason", string(failureReason(d.Err))), zap.Error(d.Err))
 		}
 	}
-	zone := f.decided[d.Zone].Zone
-	z := h.Zones[zoneIndex(h.Zones, zone)]
+	rq := f.reqs[d.Zone]
+	zone, z := rq.Zone, h.Zones[rq.Tag]
 	f.outcome = outcome{
 		allowed: d.Allowed, degraded: f.degraded, decided: true,
-		zone: zone.Name, key: f.shown[slices.IndexFunc(f.reqs, func(r limiter.Request) bool { return r.Zone == zone })],
+		zone: zone.Name, key: f.shown[d.Zone],
 		limit: d.Limit, remaining: d.Remaining,
 		reset: seconds(d.Reset), retryAfter: seconds(d.RetryAfter), waited: ceilMs(d.Delay),
 	}
@@ -152,7 +146,7 @@ func (h *Handler) describe(w http.ResponseWriter, f *flight) {
 
 // decidingZone returns the handler's zone that decided f.
 func (h *Handler) decidingZone(f *flight) *Zone {
-	return h.Zones[zoneIndex(h.Zones, f.decided[f.d.Zone].Zone)]
+	return h.Zones[f.reqs[f.d.Zone].Tag]
 }
 
 // setRateLimitHeaders sets the response headers chosen by Headers: the legacy X-RateLimit-Limit,

@@ -23,18 +23,14 @@ import (
 // open connections live on. The last Cleanup closes it.
 var clients = caddy.NewUsagePool()
 
-// pipelines is how many round trips to Redis a client (on Redis Cluster, a node) has under way at
+// roundTrips is how many round trips to Redis a client (on Redis Cluster, a node) has under way at
 // most: concurrent decisions share them, in batches of up to 128 decided by one script call each
-// (see limiter.Pipeline). Chosen by measurement on a 2-CPU machine shared by wrk, Caddy and Redis
-// (the allowed path of `make bench`, wrk -c32, CPU from /proc): with 4 round trips a batch carried
-// 3.7 decisions and Redis spent 12.8µs per decision; with 2, 4.5-6.4 decisions and 11.0-11.9µs;
-// with 1, 6.8-7.5 decisions, 10.6-10.7µs, and 1-2µs less Caddy CPU per request (three alternating
-// rounds against 2). Redis runs one script at a time anyway, so a second round trip under way
-// only splits the waiting decisions into smaller batches that each pay the call's overhead
-// (about 11µs of Redis CPU, measured with redis-benchmark: 17.6µs for a call of 1 decision,
-// 63.5µs for 8). A decision that finds no round trip under way (Redis idle, as at concurrency 1)
-// is still sent at once; one that finds one waits for it and goes in the next batch.
-const pipelines = 1
+// (see limiter.Batcher). One, because Redis runs one script at a time: a second round trip under
+// way would only split the waiting decisions into smaller batches, each paying a script call's
+// overhead (docs/performance.md has the measurements). A decision that finds no round trip under
+// way (Redis idle) is still sent at once; one that finds one waits for it and goes in the next
+// batch.
+const roundTrips = 1
 
 // sharedClient is a Redis client in the clients pool.
 type sharedClient struct {
@@ -47,10 +43,10 @@ type sharedClient struct {
 	// addrs are the addresses rdb was made with (placeholders replaced): the seeds, the
 	// Sentinels or the one server. They name the client in logs and the admin API.
 	addrs []string
-	// pipeline carries every decision of the handlers using the client (on Redis Cluster, those
+	// batcher carries every decision of the handlers using the client (on Redis Cluster, those
 	// whose node is not known: see nodes); it lives as long as the client, so a reload never
 	// stops it under a request in flight.
-	pipeline *limiter.Pipeline
+	batcher *limiter.Batcher
 	// breaker is shared by every handler using the client, so all of them stop calling a
 	// failing Redis together. On Redis Cluster it guards only the loading of the cluster's slot
 	// map, while that is not known: each node has a breaker of its own (see nodes).
@@ -58,7 +54,7 @@ type sharedClient struct {
 	// breakerOpenFor is how long each of its breakers stays open before a probe.
 	breakerOpenFor time.Duration
 	// nodes are, on Redis Cluster, the primaries met so far by address, each with its own
-	// breaker and pipeline, so that a failing or stalled node fails only the decisions of its
+	// breaker and batcher, so that a failing or stalled node fails only the decisions of its
 	// own slots.
 	nodes sync.Map // string -> *redisNode
 	// nodesMu serialises the creation of nodes.
@@ -71,23 +67,23 @@ type sharedClient struct {
 	resets *limiter.ResetListener
 }
 
-// redisNode is a primary of a Redis Cluster: its circuit breaker, and the pipeline of the
+// redisNode is a primary of a Redis Cluster: its circuit breaker, and the batcher of the
 // decisions of its slots.
 type redisNode struct {
-	breaker  *breaker
-	pipeline *limiter.Pipeline
+	breaker *breaker
+	batcher *limiter.Batcher
 }
 
-// Destruct stops the pipelines and closes the client and its connections when the last handler
+// Destruct stops the batchers and closes the client and its connections when the last handler
 // using it is cleaned up.
 func (c *sharedClient) Destruct() error {
-	c.pipeline.Close()
+	c.batcher.Close()
 	_ = c.resets.Close()
 	c.nodesMu.Lock()
 	c.closed = true
 	c.nodesMu.Unlock()
 	c.nodes.Range(func(_, v any) bool {
-		v.(*redisNode).pipeline.Close()
+		v.(*redisNode).batcher.Close()
 		return true
 	})
 	return c.rdb.Close()
@@ -109,22 +105,22 @@ func (c *sharedClient) node(ctx context.Context, key string) (*redisNode, error)
 	if n, ok := c.nodes.Load(addr); ok {
 		return n.(*redisNode), nil
 	}
-	n := &redisNode{breaker: newBreaker(addr, strings.Join(c.addrs, ","), c.breakerOpenFor), pipeline: limiter.NewPipeline(c.cc, pipelines)}
+	n := &redisNode{breaker: newBreaker(addr, strings.Join(c.addrs, ","), c.breakerOpenFor), batcher: limiter.NewBatcher(c.cc, roundTrips)}
 	if c.closed {
-		n.pipeline.Close()
+		n.batcher.Close()
 	}
 	c.nodes.Store(addr, n)
 	return n, nil
 }
 
-// pipelineFor is the limiter's Options.PipelineFor on Redis Cluster: the pipeline of the node
-// that owns key's slot (nil, the client's pipeline, when it cannot be told).
-func (c *sharedClient) pipelineFor(ctx context.Context, key string) *limiter.Pipeline {
+// batcherFor is the limiter's Options.BatcherFor on Redis Cluster: the batcher of the node
+// that owns key's slot (nil, the client's batcher, when it cannot be told).
+func (c *sharedClient) batcherFor(ctx context.Context, key string) *limiter.Batcher {
 	n, err := c.node(ctx, key)
 	if err != nil {
 		return nil
 	}
-	return n.pipeline
+	return n.batcher
 }
 
 // acquire asks the circuit breakers that guard the decision of reqs for permission to send it,
@@ -191,7 +187,7 @@ func acquireClient(r resolvedRedis) (*sharedClient, string, error) {
 		c := &sharedClient{rdb: rdb, addrs: r.Addresses, breakerOpenFor: r.BreakerOpenFor}
 		c.cc, c.cluster = rdb.(*redis.ClusterClient)
 		c.breaker = newBreaker(strings.Join(c.addrs, ","), "", c.breakerOpenFor)
-		c.pipeline = limiter.NewPipeline(rdb, pipelines)
+		c.batcher = limiter.NewBatcher(rdb, roundTrips)
 		c.resets = limiter.NewResetListener(rdb)
 		c.resets.SubscribeFailed = func(channel string, err error) {
 			caddy.Log().Named("http.handlers.rate_limit_redis").Warn("reset broadcast: subscribing failed; go-redis subscribes again when it reconnects, "+

@@ -367,16 +367,16 @@ func TestDroppedReplyAppliedOnce(t *testing.T) {
 	var armed atomic.Bool
 	var dropped atomic.Int32
 	rdb := droppingClient(t, resolvedRedis{Addresses: []string{srv.Addr}, DialTimeout: time.Second}, scriptSHA(lua.Decide), &armed, &dropped)
-	p := limiter.NewPipeline(rdb, pipelines)
+	p := limiter.NewBatcher(rdb, roundTrips)
 	t.Cleanup(p.Close)
-	l := limiter.New(rdb, limiter.Options{KeyPrefix: "rl:", Pipeline: p})
+	l := limiter.New(rdb, limiter.Options{KeyPrefix: "rl:", Batcher: p})
 	for _, z := range []*limiter.Zone{
 		{Name: "bucket", Algorithm: limiter.TokenBucket, Capacity: 10, RefillRate: 10 / limiter.MaxWindow.Seconds()},
 		{Name: "window", Algorithm: limiter.SlidingWindow, Limit: 1, Window: time.Hour},
 	} {
 		armed.Store(true)
 		before := dropped.Load()
-		_, err := l.Allow(context.Background(), []limiter.Request{{Zone: z, Key: "bob", Cost: 1}})
+		_, err := l.Decide(context.Background(), []limiter.Request{{Zone: z, Key: "bob", Cost: 1}})
 		if err == nil || dropped.Load() != before+1 {
 			t.Fatalf("%s: Allow with a dropped reply: %v (dropped %d), want an error", z.Name, err, dropped.Load()-before)
 		}
@@ -397,7 +397,7 @@ func TestDroppedReplyAppliedOnce(t *testing.T) {
 	a := &limiter.Zone{Name: "a", Algorithm: limiter.TokenBucket, Capacity: 10, RefillRate: 10 / limiter.MaxWindow.Seconds()}
 	b := &limiter.Zone{Name: "b", Algorithm: limiter.SlidingWindow, Limit: 1, Window: time.Hour}
 	mustDecide := func(reqs ...limiter.Request) limiter.Decision {
-		d, err := cl.Allow(context.Background(), reqs)
+		d, err := cl.Decide(context.Background(), reqs)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -39,15 +39,15 @@ const (
 	resolveEmptyKey                    // every key candidate is empty and empty_key is deny: 403
 )
 
-// resolve appends to reqs, for every zone of h that applies to r in order, the limiter request
-// (the zone's numbers, client key and cost), and to shown its client key as placeholders show
-// it; shaping is true when one of them may be held (max_wait). A zone whose key is empty and
-// whose empty_key is skip is left out. The error is a *resolveError.
+// resolve appends to reqs, for every zone of h that applies to r in order, the limiter request (the
+// zone's numbers, client key and cost, tagged with the zone's index in h.Zones), and to shown its
+// client key as placeholders show it; shaping is true when one of them may be held (max_wait). A
+// zone whose key is empty and whose empty_key is skip is left out. The error is a *resolveError.
 func (h *Handler) resolve(r *http.Request, repl *caddy.Replacer, reqs []limiter.Request, shown []string) (_ []limiter.Request, _ []string, shaping bool, _ error) {
 	var lastShown, lastKey string // the previous zone's, when keyed is true
 	keyed := false
 	var masked clientip.Memo // the previous IP candidate masked: zones usually share their key
-	for _, z := range h.Zones {
+	for i, z := range h.Zones {
 		if len(z.matcherSets) > 0 {
 			match, err := z.matcherSets.AnyMatchWithError(r)
 			if err != nil {
@@ -82,7 +82,7 @@ func (h *Handler) resolve(r *http.Request, repl *caddy.Replacer, reqs []limiter.
 			}
 			key = lastKey
 		}
-		rq := limiter.Request{Zone: lz, Key: key, Cost: cost}
+		rq := limiter.Request{Zone: lz, Key: key, Cost: cost, Tag: i}
 		if z.after != nil {
 			rq.Hold = z.after.hold // settled after the response: charge.go
 		}

@@ -1261,7 +1261,7 @@ func TestAbuseManyClients(t *testing.T) {
 	// One sliding window client with many entries: the bytes per admitted slot.
 	l := limiter.New(rdb, limiter.Options{KeyPrefix: "rl:"})
 	bulk := &limiter.Zone{Name: "bulk", Algorithm: limiter.SlidingWindow, Limit: 1000, Window: window}
-	if d, err := l.Allow(ctx, []limiter.Request{{Zone: bulk, Key: "bulk", Cost: 1000}}); err != nil || !d.Allowed {
+	if d, err := l.Decide(ctx, []limiter.Request{{Zone: bulk, Key: "bulk", Cost: 1000}}); err != nil || !d.Allowed {
 		t.Fatalf("bulk: %+v, %v", d, err)
 	}
 	t.Logf("sliding window with 1000 entries: %d bytes per entry (MEMORY USAGE)",

@@ -158,7 +158,7 @@ func (w *waitingRoom) held() int {
 // the zones whose key has a placeholder.
 func (h *Handler) waitingKeys(buf []waitingKey, reqs []limiter.Request) []waitingKey {
 	for _, rq := range reqs {
-		if h.zoneOf(rq.Zone).perClient {
+		if h.Zones[rq.Tag].perClient {
 			buf = append(buf, waitingKey{rq.Zone.Name, rq.Key})
 		}
 	}

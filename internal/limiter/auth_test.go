@@ -22,8 +22,8 @@ func TestWrongPasswordIsARedisError(t *testing.T) {
 		t.Cleanup(func() { _ = c.Close() })
 		opts := limiter.Options{KeyPrefix: "rl:"}
 		if pipelined {
-			opts.Pipeline = limiter.NewPipeline(c, 2)
-			t.Cleanup(opts.Pipeline.Close)
+			opts.Batcher = limiter.NewBatcher(c, 2)
+			t.Cleanup(opts.Batcher.Close)
 		}
 		l := limiter.New(c, opts)
 		_, err := l.Allow(context.Background(), []limiter.Request{{Zone: tb("z", 1, 1), Key: "k", Cost: 1}})

@@ -81,7 +81,7 @@ func BenchmarkLeasePlanMixed(b *testing.B) {
 	z := &Zone{Name: "a", Algorithm: TokenBucket, Capacity: 1 << 40, RefillRate: 1, Lease: &Lease{Max: 1 << 30, TTL: time.Hour}}
 	reqs := []Request{{Zone: z, Key: "alice", Cost: 1}, {Zone: &Zone{Name: "c", Algorithm: Concurrency, Limit: 5}, Key: "alice", Cost: 1, Hold: time.Minute}}
 	now := time.Now()
-	t.m[keyOf(reqs[0])] = &grant{units: 1 << 40, expires: now.Add(time.Hour), n: numbersOf(z), noRenew: true}
+	t.m[zoneClientOf(reqs[0])] = &grant{units: 1 << 40, expires: now.Add(time.Hour), n: numbersOf(z), noRenew: true}
 	for b.Loop() {
 		p := t.plan(reqs, now, false)
 		if p.n != 1 {

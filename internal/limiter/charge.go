@@ -52,8 +52,9 @@ func holdArg(reqs []Request, cluster bool) string {
 // recorded reports whether r's charge is recorded for its settlement in keys of its own
 // (decide.lua): a fixed window or sliding window counter zone with a Hold, or in a Redis Cluster
 // decision of zones in several hash slots (crossSlot), which releases what it charged when a slot
-// denies, or a fixed window's lease grant (Request.ask), returned by settle.lua. A count has no holds: the record is what ties a settlement to its charge, so that it
-// changes the count only while the charge is in it (see settle.lua).
+// denies, or a fixed window's lease grant (Request.ask), returned by settle.lua. A count has no
+// holds: the record is what ties a settlement to its charge, so that it changes the count only
+// while the charge is in it (see settle.lua).
 func recorded(r Request, crossSlot bool) bool {
 	return (r.Hold > 0 || crossSlot || r.ask > 0) && (r.Zone.Algorithm == FixedWindow || r.Zone.Algorithm == SlidingWindowCounter)
 }
@@ -85,17 +86,18 @@ func withRecords(keys []string, reqs []Request, args []any, crossSlot bool) []st
 	return out
 }
 
-// Held is what a Decision's zones with a Hold need to be settled after the response: per
-// decide.lua call that took them (one, or one per hash slot on Redis Cluster), its keys, nonce
-// and zone arguments, and when the decision was sent. It is settled once with Limiter.Settle.
+// Held is what a Decision's zones with a Hold need to be settled after the response, once, with
+// Limiter.Settle (or given up with Limiter.Drop).
 type Held struct {
+	// parts are, per decide.lua call that took the holds (one, or one per hash slot on Redis
+	// Cluster), its keys, nonce and zone arguments.
 	parts []heldPart
-	sent  time.Time // by the Limiter's clock
+	sent  time.Time // when the decision was sent, by the Limiter's clock
 }
 
 // lateMargin is how much sooner than its Hold a settlement counts as late (its hold may have
 // been committed): the decision's clock and Redis's may differ a little, and a settlement may
-// wait in the pipeline's queue.
+// wait in the batcher's queue.
 const lateMargin = time.Second
 
 // heldPart is one decide.lua call's held zones.
@@ -103,14 +105,14 @@ type heldPart struct {
 	keys  []string // the zones' state keys, then their record keys
 	nonce any
 	zones []any           // 4 per zone: algorithm, quota, rate, cost, as decide.lua got them
-	idx   []int           // per zone, its index in the requests given to Allow
+	idx   []int           // per zone, its index in the requests given to Decide
 	call  bool            // a zone needs a call even to keep its charge: a token bucket's hold, a record
 	hold  []time.Duration // per zone, its Hold
 	most  []int64         // per zone, the most it may be charged: its MaxCostOrQuota
 }
 
 // newHeld returns the Held of the zones with a Hold among those decided by one decide.lua call
-// with keys and args; idx maps the call's zones to the requests given to Allow (nil: the
+// with keys and args; idx maps the call's zones to the requests given to Decide (nil: the
 // same). nil when no zone has a Hold.
 func newHeld(reqs []Request, keys []string, args []any, idx []int) *Held {
 	var p heldPart
@@ -181,27 +183,29 @@ func withoutHeld(c *call, reqs []Request, idx []int) *call {
 // state (an admin reset, an expiry).
 var ErrNotHeld = errors.New("no hold to settle")
 
-// Settle settles the held zones of a Decision (d.Held) with one settle.lua call (one per hash
-// slot on Redis Cluster, all under way at once), sent on the decisions' Pipeline when there is
-// one (Options.Pipeline, PipelineFor), in the same round trip as the decisions under way:
-// amounts[i] is what to charge the zone of the i-th Request given to Allow. A token bucket is
-// charged amounts[i] in place of its reservation (0 gives it all back; more than was reserved
-// may leave the bucket in debt, which later requests wait out); a fixed window or sliding window
-// counter likewise, in the count of the window it was charged in, while that window is the
-// current one (after it, nothing: the zone is then reported not settled, and that is no error);
-// a sliding window keeps its entries when amounts[i] > 0 and gives them back when it is 0 (with
-// no Redis call when every zone is a sliding window keeping its charge). Amounts are clamped to
-// [0, the zone's MaxCostOrQuota]; a token bucket's debt to one capacity (see settle.lua). It
-// returns, per request index, whether the zone was settled now; a zone whose hold (or record)
-// was not found is charged what its hold counted as (nothing more, nothing less), and err then
-// wraps ErrNotHeld unless Redis failed, except a token bucket settled late (its Hold, less a
-// second, has passed since the decision was sent): its hold may have been committed as its cost
-// by another decision, so the difference (amounts[i] − cost) is applied to the bucket all the
-// same, and it counts as settled. A settle in time is idempotent: a second one finds no hold. A
-// settle is never retried: on a Redis error the hold counts as charged once its Hold has passed.
-// A zone given back some of its charge forgets this Limiter's cached denials of its client (see
-// Forget): they were decided without that capacity. A concurrency zone's slot is given back
-// whatever amounts[i] says, and is no longer refreshed (Refresh).
+// Settle settles the held zones of a Decision (d.Held) once the response is known: amounts[i]
+// is what to charge the zone of the i-th Request given to Decide, clamped to [0, the zone's
+// MaxCostOrQuota].
+//   - A token bucket is charged amounts[i] in place of its reservation: 0 gives it all back;
+//     more than was reserved may leave the bucket in debt (at most one capacity), which later
+//     requests wait out.
+//   - A fixed window or sliding window counter likewise, in the count of the window it was
+//     charged in, while that window is the current one; after it, nothing: the zone is then
+//     reported not settled, and that is no error.
+//   - A sliding window keeps its entries when amounts[i] > 0 and gives them back when it is 0.
+//   - A concurrency zone's slot is given back whatever amounts[i] says, and is no longer
+//     refreshed (Refresh).
+//
+// It returns, per request index, whether the zone was settled now. A zone whose hold (or record)
+// was not found (settled already, counted as charged for being older than its Hold, or gone with
+// its state) is charged what its hold counted as, nothing more, nothing less, and err then wraps
+// ErrNotHeld unless Redis failed; except a token bucket settled late (its Hold, less a second,
+// has passed since the decision was sent): its hold may have been counted as its cost, so the
+// difference (amounts[i] − cost) is applied to the bucket all the same, and it counts as
+// settled. A second Settle in time finds no hold. A Settle is never retried: on a Redis error
+// the hold counts as charged once its Hold has passed. A zone given back some of its charge
+// forgets this Limiter's cached denials of its client (see Forget): they were decided without
+// that capacity.
 func (l *Limiter) Settle(ctx context.Context, h *Held, amounts []int64) ([]bool, error) {
 	if h == nil {
 		return nil, nil
@@ -246,18 +250,15 @@ func (l *Limiter) Settle(ctx context.Context, h *Held, amounts []int64) ([]bool,
 		calls = append(calls, &call{keys: p.keys, args: args})
 		parts = append(parts, p)
 	}
+	// One settle.lua call (one per hash slot on Redis Cluster, all under way at once); none when
+	// every zone is a sliding window keeping its charge.
 	switch len(calls) {
 	case 0:
 		return settled, nil
 	case 1:
-		// On the decisions' pipeline when there is one: under load it shares their round trip.
-		c, batch := calls[0], l.batch
-		if l.batchFor != nil {
-			if b := l.batchFor(ctx, c.keys[0]); b != nil {
-				batch = b
-			}
-		}
-		if batch != nil {
+		// On the decisions' Batcher when there is one: under load it shares their round trip.
+		c := calls[0]
+		if batch := l.batcherFor(ctx, c.keys[0]); batch != nil {
 			c.reply, c.err = batch.runSettle(ctx, c.keys, c.args)
 		} else {
 			c.reply, c.err = runScript(ctx, l.rdb, settleScript, c.keys, c.args)
@@ -280,7 +281,7 @@ func (l *Limiter) Settle(ctx context.Context, h *Held, amounts []int64) ([]bool,
 			case settledNow:
 				settled[i] = true
 				if cost, _ := p.zones[4*j+3].(int64); amount(amounts, i, p.most[j]) < cost {
-					l.ForgetKey(p.keys[j]) // capacity given back: a cached denial is stale
+					l.forgetKey(p.keys[j]) // capacity given back: a cached denial is stale
 				}
 			case notHeld:
 				missing = append(missing, p.keys[j])

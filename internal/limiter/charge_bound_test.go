@@ -22,7 +22,7 @@ func used(t *testing.T, srv *redistest.Server, key string) float64 {
 	return u
 }
 
-// TestSettleLateAppliesTheDifference (security review III, finding 2, t_holdmax.sh): a
+// TestSettleLateAppliesTheDifference: a late settlement cannot dodge its charge. A
 // reservation of 500 whose response takes longer than its hold (1 s), while another request of
 // the client commits the hold as its cost, is settled to the 5000 reported all the same: the
 // bucket is charged 5000 for it, as when the response is quick. Settled to less than the cost,
@@ -55,9 +55,9 @@ func TestSettleLateAppliesTheDifference(t *testing.T) {
 	}
 }
 
-// TestSettleCapsTheAmount (security review III, finding 6): an amount reported above the zone's
-// max_cost (default: its capacity) is charged as max_cost, and a bucket's debt is at most one
-// capacity whatever the number of responses settled: 2^63 − 1 tokens reported on a bucket of
+// TestSettleCapsTheAmount: a response cannot report an unbounded charge. An amount above the
+// zone's max_cost (default: its capacity) is charged as max_cost, and a bucket's debt is at most
+// one capacity whatever the number of responses settled: 2^63 − 1 tokens reported on a bucket of
 // 1000 tokens refilled in an hour leave it 2000 used, its key's TTL at most two hours.
 func TestSettleCapsTheAmount(t *testing.T) {
 	srv := redistest.Start(t)

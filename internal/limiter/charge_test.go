@@ -193,15 +193,15 @@ func TestClusterHeldZoneAcrossSlots(t *testing.T) {
 	}
 }
 
-// TestSettleOnPipelineUnderConcurrency: settlements ride the decisions' Pipeline, mixed into
+// TestSettleOnBatcherUnderConcurrency: settlements ride the decisions' Batcher, mixed into
 // their batches: 300 concurrent requests of cost 1, settled to 0, 1 or 2 in turn, leave the
 // bucket charged exactly the sum, and every settlement finds its hold.
-func TestSettleOnPipelineUnderConcurrency(t *testing.T) {
+func TestSettleOnBatcherUnderConcurrency(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client()
-	p := limiter.NewPipeline(rdb, 2)
+	p := limiter.NewBatcher(rdb, 2)
 	t.Cleanup(p.Close)
-	l := limiter.New(rdb, limiter.Options{KeyPrefix: "rl:", Pipeline: p})
+	l := limiter.New(rdb, limiter.Options{KeyPrefix: "rl:", Batcher: p})
 	z := tb("pipe", 1000, 1000/(limiter.MaxWindow.Seconds()/2))
 	var wg sync.WaitGroup
 	for i := range 300 {

@@ -124,11 +124,11 @@ func (l *Limiter) release(ctx context.Context, calls []*call, greqs [][]Request,
 	}
 }
 
-// settle runs settle.lua for each call, all under way at once: commit when the request was admitted,
-// else release. It returns each call's error (nil for a call it had no need to send). A hold
-// that is never settled counts as a charge once decide.lua finds it older than 5s, and a window
-// counter's charge whose record is never settled stays counted (the record expires after 5s),
-// which denies too much, never admits too much.
+// settle runs settle.lua for each call, all under way at once: commit when the request was
+// admitted, else release. It returns each call's error (nil for a call it had no need to send). A
+// hold that is never settled counts as a charge once decide.lua finds it older than 5s, and a
+// window counter's charge whose record is never settled stays counted (the record expires after
+// 5s), which denies too much, never admits too much.
 func (l *Limiter) settle(ctx context.Context, charged []*call, commit bool) []error {
 	var now any = "" // the Redis server clock
 	if l.now != nil {

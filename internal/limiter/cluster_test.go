@@ -16,14 +16,14 @@ import (
 )
 
 // clusterLimiter returns a Limiter on cluster c as the module builds one: a cluster client with
-// the module's retry settings, and a Pipeline.
+// the module's retry settings, and a Batcher.
 func clusterLimiter(t *testing.T, c *redistest.Cluster, opts limiter.Options) *limiter.Limiter {
 	t.Helper()
 	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs(), MaxRetries: -1, PoolSize: 32})
 	t.Cleanup(func() { _ = cc.Close() })
 	opts.KeyPrefix, opts.Cluster = "rl:", true
-	opts.Pipeline = limiter.NewPipeline(cc, 4)
-	t.Cleanup(opts.Pipeline.Close)
+	opts.Batcher = limiter.NewBatcher(cc, 4)
+	t.Cleanup(opts.Batcher.Close)
 	return limiter.New(cc, opts)
 }
 

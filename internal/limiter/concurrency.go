@@ -18,7 +18,7 @@ import (
 
 var refreshScript = newScript(lua.Refresh)
 
-// errNoHold is returned by Allow for a concurrency zone's Request without a Hold: its slot
+// errNoHold is returned by Decide for a concurrency zone's Request without a Hold: its slot
 // would have no deadline.
 var errNoHold = errors.New("a concurrency zone's request needs a Hold: how long its slot is held without a refresh")
 
@@ -95,15 +95,17 @@ func (l *Limiter) LiveSlots() int {
 }
 
 // Refresh gives the concurrency slots this Limiter holds whose deadline was set at least
-// RefreshEvery(hold) ago a new deadline, now + hold, with one refresh.lua call per state key,
-// all in one pipeline (one round trip; one per node on Redis Cluster). A slot that is gone
-// (given back, expired, or reset by the admin API) is not taken again. Callers run it on a
-// ticker shorter than a third of the shortest hold; a slot whose refreshes fail keeps the
-// deadline it had, so it frees itself at most its hold time after its last refresh that succeeded.
-// Then it gives back the lost slots (those of decisions and settlements that failed: see
-// lostslots.go), in a round trip of their own when there are any.
-// It returns the number of slots moved on, and the Redis errors joined.
+// RefreshEvery(hold) ago a new deadline, now + hold, in one round trip (one per node on Redis
+// Cluster). A slot that is gone (given back, expired, or reset by the admin API) is not taken
+// again. Callers run it on a ticker shorter than a third of the shortest hold; a slot whose
+// refreshes fail keeps the deadline it had, so it frees itself at most its hold time after its
+// last refresh that succeeded. Then it gives back the lost slots: those that decisions and
+// settlements which failed may have left taken with no request holding them (LostSlots), in a
+// round trip of their own when there are any. It returns the number of slots moved on, and the
+// Redis errors joined.
 func (l *Limiter) Refresh(ctx context.Context) (int, error) {
+	// One refresh.lua call per state key, all in one pipeline; then one ZREM per lost slot (see
+	// lostslots.go).
 	moved, err := l.refreshLive(ctx)
 	_, lerr := l.giveBackLost(ctx)
 	return moved, errors.Join(err, lerr)

@@ -1,8 +1,8 @@
 package limiter_test
 
-// Decision correctness: the reproductions of the November 2026 review, each a property the
-// limiter must keep. The cross-slot ones run on a one-node Redis Cluster holding every slot, so
-// that "alice" and "org1" are in different slots and the hold/settle path runs.
+// Decision correctness: properties the limiter must keep under dropped replies, stalls and
+// races. The cross-slot ones run on a one-node Redis Cluster holding every slot, so that
+// "alice" and "org1" are in different slots and the hold/settle path runs.
 
 import (
 	"context"

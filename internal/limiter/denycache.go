@@ -47,14 +47,14 @@ type denial struct {
 // hold (settle.lua), or a reload that raised a limit (a request decided under other numbers on
 // this instance is another entry: see denyEntry). A reload starts a new Limiter with an empty
 // cache; a reset or a refund is forgotten here at once (a reset also, through Redis pub/sub, by
-// every instance that receives it: ForgetKey); anything that reaches no instance is bounded by
+// every instance that receives it: forgetKey); anything that reaches no instance is bounded by
 // maxAge: the stale entry denies for at most that long after Redis's answer.
 //
 // The cache holds up to its size of (zone, client) pairs, the least recently used evicted, each
 // with the denials of up to maxEntriesPerClient (numbers, cost) of its own, so that forgetting a
 // client's denials in a zone (a reset, a refund) is one removal. It is safe for concurrent use.
 type denyCache struct {
-	c      *lru.Cache[denyKey, []denyEntry] // a slice once stored is never changed, only replaced
+	c      *lru.Cache[zoneClient, []denyEntry] // a slice once stored is never changed, only replaced
 	maxAge time.Duration
 	mu     sync.Mutex // serialises record's read-modify-write with forget
 }
@@ -62,13 +62,6 @@ type denyCache struct {
 // maxEntriesPerClient bounds the denials remembered for one client in one zone: one per cost and
 // set of numbers (a zone of literal numbers and cost has one).
 const maxEntriesPerClient = 4
-
-// denyKey is a zone, by its name, and a client, as ClientKey gives it (a verbatim key costs no
-// allocation). The key is a comparable struct: building it allocates nothing.
-type denyKey struct {
-	zone   string
-	client string
-}
 
 // denyEntry is a denial of one cost under some numbers of the zone. Not the *Zone: a zone whose
 // numbers come from placeholders is a new Zone per request (the handler's per-request copy), and
@@ -99,10 +92,6 @@ func numbersOf(z *Zone) zoneNumbers {
 	}
 }
 
-func keyOf(r Request) denyKey {
-	return denyKey{zone: r.Zone.Name, client: ClientKey(r.Key)}
-}
-
 // find returns the index in es of the entry of r's numbers and cost, or -1.
 func find(es []denyEntry, r Request) int {
 	n := numbersOf(r.Zone)
@@ -121,7 +110,7 @@ func newDenyCache(size int, maxAge time.Duration) *denyCache {
 	if maxAge <= 0 {
 		maxAge = DefaultDenyCacheMaxAge
 	}
-	c, _ := lru.New[denyKey, []denyEntry](size) // errors only for a size <= 0
+	c, _ := lru.New[zoneClient, []denyEntry](size) // errors only for a size <= 0
 	return &denyCache{c: c, maxAge: maxAge}
 }
 
@@ -138,7 +127,7 @@ func (dc *denyCache) check(reqs []Request, now time.Time) (Decision, bool) {
 		if unsatisfiable(*r) {
 			continue // Redis answers it, with no Retry-After
 		}
-		k := keyOf(*r)
+		k := zoneClientOf(*r)
 		es, ok := dc.c.Get(k)
 		if !ok {
 			continue
@@ -192,7 +181,7 @@ func (dc *denyCache) record(reqs []Request, zones []zoneReply, sent time.Time) {
 			resetAt:   sent.Add(time.Duration(z.reset) * time.Microsecond),
 			remaining: z.remaining,
 		}}
-		k := keyOf(reqs[i])
+		k := zoneClientOf(reqs[i])
 		dc.mu.Lock()
 		old, _ := dc.c.Peek(k)
 		es := make([]denyEntry, 1, min(len(old)+1, maxEntriesPerClient))
@@ -211,7 +200,7 @@ func (dc *denyCache) record(reqs []Request, zones []zoneReply, sent time.Time) {
 // gives it), whatever their numbers and cost.
 func (dc *denyCache) forget(zone, client string) {
 	dc.mu.Lock()
-	dc.c.Remove(denyKey{zone: zone, client: client})
+	dc.c.Remove(zoneClient{zone: zone, client: client})
 	dc.mu.Unlock()
 }
 

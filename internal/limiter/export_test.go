@@ -1,5 +1,10 @@
 package limiter
 
+import (
+	"context"
+	"time"
+)
+
 // LeaseAsks is how many grants this Limiter has asked Redis for and not yet had an answer to
 // (a grant request's, or a successor's: renew), for tests that read a lease table's figures
 // only once its background asks are over.
@@ -9,3 +14,22 @@ func (l *Limiter) LeaseAsks() int {
 	defer t.mu.Unlock()
 	return len(t.asking)
 }
+
+// Decide's stages one by one, for the tests of one of them: Leased (the grants in hand), Denied
+// (the deny cache) and Allow (Redis).
+
+func (l *Limiter) Leased(reqs []Request) (Decision, bool) { return l.leased(reqs, true) }
+
+func (l *Limiter) Denied(reqs []Request) (Decision, bool) { return l.denied(reqs) }
+
+func (l *Limiter) Allow(ctx context.Context, reqs []Request) (Decision, error) {
+	return l.allow(ctx, reqs)
+}
+
+// Names the handler does not use, for the tests that check them.
+
+const MaxClientKeyBytes = maxClientKeyBytes
+
+func ResetChannel(prefix string) string { return resetChannel(prefix) }
+
+func (z *Zone) WindowAt(t time.Time) (start, end time.Time) { return z.windowAt(t) }

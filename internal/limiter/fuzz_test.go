@@ -19,7 +19,7 @@ import (
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
 )
 
-// FuzzClientKey: any bytes give a key component of at most MaxClientKeyBytes bytes without a
+// FuzzClientKey: any bytes give a key component of at most maxClientKeyBytes bytes without a
 // brace, and client keys of different candidates never meet. A first-candidate key is the input
 // itself when it is short and of the safe alphabet, else "~" and a 43-byte digest (or "~empty"),
 // as before candidates had namespaces; a key of candidate n is "<n>=" and the same. Every pair
@@ -34,7 +34,7 @@ func FuzzClientKey(f *testing.F) {
 	secretB := NewKeySecret([]byte("0123456789abcdef-secret-B"))
 	f.Fuzz(func(t *testing.T, raw, other string) {
 		got := ClientKey(raw)
-		if len(got) > MaxClientKeyBytes || strings.ContainsAny(got, "{}") {
+		if len(got) > maxClientKeyBytes || strings.ContainsAny(got, "{}") {
 			t.Fatalf("ClientKey(%q) = %q: too long or has a brace", raw, got)
 		}
 		n, v := ParseCandidateKey(raw)
@@ -43,7 +43,7 @@ func FuzzClientKey(f *testing.F) {
 			if got != "~empty" {
 				t.Fatalf("ClientKey(\"\") = %q", got)
 			}
-		case n == 1 && len(v) <= MaxClientKeyBytes && verbatim(v):
+		case n == 1 && len(v) <= maxClientKeyBytes && verbatim(v):
 			if got != v {
 				t.Fatalf("ClientKey(%q) = %q, want %q verbatim", raw, got, v)
 			}
@@ -87,7 +87,7 @@ func FuzzClientKey(f *testing.F) {
 				t.Fatalf("ParseCandidateKey(CandidateKey(%d, %q) = %q) = %d, %q", p.n, p.v, key, pn, pv)
 			}
 			tag := ClientKey(key)
-			if len(tag) > MaxClientKeyBytes || strings.ContainsAny(tag, "{}") {
+			if len(tag) > maxClientKeyBytes || strings.ContainsAny(tag, "{}") {
 				t.Fatalf("ClientKey(%q) = %q: too long or has a brace", key, tag)
 			}
 			if q, dup := tags[tag]; dup && q != p {
@@ -159,7 +159,7 @@ func FuzzAllow(f *testing.F) {
 // go-redis client into the values go-redis makes of them (RESP2 and RESP3 types: errors,
 // integers, strings, nil, doubles, booleans, big numbers, arrays, maps, sets, attributes,
 // pushes), give Allow a Decision or an error, never a panic and never a hang, on both
-// production paths: the Pipeline and a plain round trip. A Decision's fields are in range.
+// production paths: the Batcher and a plain round trip. A Decision's fields are in range.
 //
 // The "server" is the other end of a net.Pipe that refuses HELLO (so the client speaks RESP2,
 // as garbageRedis in the root package does), answers the script command with the fuzzer's
@@ -178,13 +178,13 @@ func FuzzDecodeReply(f *testing.F) {
 	var reply atomic.Pointer[[]byte]
 	rdb := replyingClient(&reply)
 	defer rdb.Close()
-	pipeline := NewPipeline(rdb, 1)
+	pipeline := NewBatcher(rdb, 1)
 	defer pipeline.Close()
 	paths := []struct {
 		name string
 		l    *Limiter
 	}{
-		{"pipeline", New(rdb, Options{KeyPrefix: "rl:", Pipeline: pipeline})},
+		{"pipeline", New(rdb, Options{KeyPrefix: "rl:", Batcher: pipeline})},
 		{"round trip", New(rdb, Options{KeyPrefix: "rl:"})},
 	}
 	f.Fuzz(func(t *testing.T, data []byte, zones uint8) {
@@ -221,7 +221,7 @@ func TestReplyingClient(t *testing.T) {
 	var reply atomic.Pointer[[]byte]
 	rdb := replyingClient(&reply)
 	defer rdb.Close()
-	pipeline := NewPipeline(rdb, 1)
+	pipeline := NewBatcher(rdb, 1)
 	defer pipeline.Close()
 	reqs := []Request{
 		{Zone: &Zone{Name: "a", Algorithm: TokenBucket, Capacity: 10, RefillRate: 1, MaxWait: time.Second}, Key: "k", Cost: 1},
@@ -240,7 +240,7 @@ func TestReplyingClient(t *testing.T) {
 	} {
 		b := []byte(tc.reply)
 		reply.Store(&b)
-		for _, l := range []*Limiter{New(rdb, Options{Pipeline: pipeline}), New(rdb, Options{})} {
+		for _, l := range []*Limiter{New(rdb, Options{Batcher: pipeline}), New(rdb, Options{})} {
 			for range 2 {
 				if d, err := l.Allow(context.Background(), reqs); err != nil || d != tc.want {
 					t.Fatalf("reply %q: got %+v, %v; want %+v", tc.reply, d, err, tc.want)

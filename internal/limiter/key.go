@@ -10,8 +10,8 @@ import (
 	"sync"
 )
 
-// MaxClientKeyBytes is the longest client key used verbatim in a Redis key.
-const MaxClientKeyBytes = 64
+// maxClientKeyBytes is the longest client key used verbatim in a Redis key.
+const maxClientKeyBytes = 64
 
 // emptyClientKey stands for a request whose key candidates were all empty: all such requests of a
 // zone share one key. It begins with a byte that no verbatim key has, and is shorter than any
@@ -32,7 +32,7 @@ const emptyClientKey = "~empty"
 //
 // and ClientKey gives the part of the Redis key that identifies the client (the hash tag):
 //
-//	first candidate:  value verbatim when it is at most MaxClientKeyBytes bytes of
+//	first candidate:  value verbatim when it is at most maxClientKeyBytes bytes of
 //	                  [A-Za-z0-9._:@/-], else "~" and its base64url SHA-256
 //	candidate n ≥ 2:  "<n>=" and the value the same way, the digest taken of "<n>=value"
 //	all empty:        "~empty"
@@ -44,10 +44,10 @@ const emptyClientKey = "~empty"
 // tag holds "=" (neither the safe alphabet nor base64url has it), and every other tag begins
 // with its candidate's number (canonical, at most maxCandidateDigits digits) and "=". Within one
 // namespace a verbatim value never begins with "~", so it never equals a digest. Every tag is at
-// most MaxClientKeyBytes bytes, and none holds a brace, so none can leave its hash tag.
+// most maxClientKeyBytes bytes, and none holds a brace, so none can leave its hash tag.
 
 // maxCandidateDigits bounds the candidate number in a client key, so that a digested tag
-// ("<n>=~" and 43 bytes) stays within MaxClientKeyBytes.
+// ("<n>=~" and 43 bytes) stays within maxClientKeyBytes.
 const maxCandidateDigits = 9
 
 // KeyedCandidate is the candidate number of keyed client keys (KeySecret): no key candidate of
@@ -94,8 +94,8 @@ func numbered(s string) bool {
 }
 
 // ClientKey returns the form of a client key (as CandidateKey writes it) that goes inside a Redis
-// key's hash tag; see the namespaces above. For the first candidate: a value of at most
-// MaxClientKeyBytes bytes of [A-Za-z0-9._:@/-] is used verbatim; any other is replaced by "~" and
+// key's hash tag; see the namespaces above. For the first candidate: a value of at most 64
+// bytes (maxClientKeyBytes) of [A-Za-z0-9._:@/-] is used verbatim; any other is replaced by "~" and
 // the unpadded base64url SHA-256 of its bytes (44 bytes in all), so a hostile key can neither
 // grow a Redis key without bound nor escape its hash tag with a brace. The empty key becomes
 // "~empty". For candidate n ≠ 1 the same, behind "<n>=", the digest taken of "<n>=value".
@@ -107,14 +107,14 @@ func ClientKey(raw string) string {
 	}
 	n, v := ParseCandidateKey(raw)
 	if n == 1 {
-		if len(v) <= MaxClientKeyBytes && verbatim(v) {
+		if len(v) <= maxClientKeyBytes && verbatim(v) {
 			return v
 		}
 		sum := sha256.Sum256([]byte(v))
 		return "~" + base64.RawURLEncoding.EncodeToString(sum[:])
 	}
 	// raw is "<n>=" and v, n canonical.
-	if len(raw) <= MaxClientKeyBytes && verbatim(v) {
+	if len(raw) <= maxClientKeyBytes && verbatim(v) {
 		return raw
 	}
 	sum := sha256.Sum256([]byte(raw))
@@ -195,4 +195,17 @@ func StateKey(prefix string, z *Zone, rawClientKey string) string {
 	b.WriteByte(':')
 	b.WriteString(z.Algorithm.tag())
 	return b.String()
+}
+
+// zoneClient is a zone, by its name, and a client, as ClientKey gives it: what the deny cache
+// and the lease grants are kept by. A comparable struct, built with no allocation for a verbatim
+// key.
+type zoneClient struct {
+	zone   string
+	client string
+}
+
+// zoneClientOf returns r's zone and client.
+func zoneClientOf(r Request) zoneClient {
+	return zoneClient{zone: r.Zone.Name, client: ClientKey(r.Key)}
 }

@@ -10,14 +10,12 @@ import (
 )
 
 // Lease is a token bucket or fixed window zone's leasing: its hot clients' tokens (window slots)
-// are taken from Redis in grants before they are spent, and spent in process. A grant is a
-// charge of decide.lua whose size the script chooses, at most Max: a token bucket's hold, a
-// fixed window's count with a record (see decide.lua); this instance spends it locally until it
-// is spent or TTL has passed (a fixed window's, at the latest when its window ends), then
-// settle.lua charges what was spent and gives back the rest. Redis
-// has charged every unit an instance admits before it admits it, so leasing never admits more
-// than the exact decision would; what it costs is capacity stranded in other instances' grants:
-// see docs/decisions.md ("Leases").
+// are taken from Redis in grants of at most Max before they are spent, and spent in process
+// until the grant is spent or TTL has passed (a fixed window's, at the latest when its window
+// ends); then what was spent is charged and the rest given back. Redis has charged every unit
+// an instance admits before it admits it, so leasing never admits more than the exact decision
+// would; what it costs is capacity stranded in other instances' grants: see docs/decisions.md
+// ("Leases").
 type Lease struct {
 	// Max is the most tokens one grant takes (>= 1).
 	Max int64
@@ -67,7 +65,9 @@ type LeaseMetrics interface {
 	Stranded(zone string, delta int64)
 }
 
-// grant is the tokens one decide.lua call leased to this instance for one zone and client.
+// grant is the tokens one decide.lua call leased to this instance for one zone and client: a
+// charge whose size the script chose, a token bucket's hold or a fixed window's count with a
+// record (see decide.lua), which settle.lua "amount" settles when the grant is returned.
 type grant struct {
 	name      string        // the zone's
 	keys      []string      // settle.lua's: the zone's state key (a fixed window's record and generation keys after it)
@@ -107,10 +107,10 @@ type asking struct {
 }
 
 // markAsking marks k as asking for a grant. t.mu is held.
-func (t *leaseTable) markAsking(k denyKey) { t.asking[k] = &asking{done: make(chan struct{})} }
+func (t *leaseTable) markAsking(k zoneClient) { t.asking[k] = &asking{done: make(chan struct{})} }
 
 // answered takes k's mark of asking off and returns it (nil: none). t.mu is held.
-func (t *leaseTable) answered(k denyKey) *asking {
+func (t *leaseTable) answered(k zoneClient) *asking {
 	a := t.asking[k]
 	delete(t.asking, k)
 	return a
@@ -121,9 +121,9 @@ func (t *leaseTable) answered(k denyKey) *asking {
 // grant, so the table holds the hot clients; it is bounded by leaseKeys.
 type leaseTable struct {
 	mu      sync.Mutex
-	m       map[denyKey]*grant
-	next    map[denyKey]*grant  // a grant's successor, asked before it ran out (renew), not yet spent from
-	asking  map[denyKey]*asking // a grant asked and not answered: one at a time per client
+	m       map[zoneClient]*grant
+	next    map[zoneClient]*grant  // a grant's successor, asked before it ran out (renew), not yet spent from
+	asking  map[zoneClient]*asking // a grant asked and not answered: one at a time per client
 	rates   []rateSlot
 	seed    maphash.Seed
 	ended   []*grant // ended, to be returned by the sweeper
@@ -135,14 +135,14 @@ type leaseTable struct {
 
 func newLeaseTable(m LeaseMetrics) *leaseTable {
 	return &leaseTable{
-		m: make(map[denyKey]*grant), next: make(map[denyKey]*grant), asking: make(map[denyKey]*asking),
+		m: make(map[zoneClient]*grant), next: make(map[zoneClient]*grant), asking: make(map[zoneClient]*asking),
 		rates: make([]rateSlot, rateSlots), seed: maphash.MakeSeed(), metrics: m, stop: make(chan struct{}),
 	}
 }
 
 // observe counts r's cost at now in its client's rate slot and returns the units the client
 // sends per TTL: the larger of the previous period's and the current one's. t.mu is held.
-func (t *leaseTable) observe(k denyKey, r *Request, now time.Time) int64 {
+func (t *leaseTable) observe(k zoneClient, r *Request, now time.Time) int64 {
 	h := maphash.Comparable(t.seed, k)
 	s := &t.rates[h%rateSlots]
 	ns, ttl := now.UnixNano(), int64(r.Zone.Lease.TTL)
@@ -176,7 +176,7 @@ func ask(r *Request, perTTL int64) int32 {
 // live returns k's grant when r can be served from it at now: same numbers, not ended, not
 // expired, with its cost left. When k's grant cannot serve r and a successor is in hand (renew),
 // the grant ends and the successor takes its place. t.mu is held.
-func (t *leaseTable) live(k denyKey, r *Request, now time.Time) *grant {
+func (t *leaseTable) live(k zoneClient, r *Request, now time.Time) *grant {
 	g := t.m[k]
 	if !g.serves(r, now) {
 		n := t.next[k]
@@ -201,16 +201,16 @@ func (g *grant) serves(r *Request, now time.Time) bool {
 	return g != nil && !g.ended && now.Before(g.expires) && g.units-g.spent >= r.Cost && g.n == numbersOf(r.Zone)
 }
 
-// renew returns the size of the successor to ask for g, k's grant, which r was just served
-// from at now, its client sending perTTL units per TTL here; 0: none. A grant asks for its
-// successor when a quarter of its units is left, or of its TTL (unless it ends with its fixed
-// window first), so that the successor is in hand before the grant runs out, and r's client's
-// next requests wait for no round trip. The successor is sized as a grant (ask) less what g has left, so that the units
-// this instance holds for k stay within Max. There is none near the limit (Redis had less than
-// twice the ask left after granting g), where grants shrink and the last units are decided one
-// at a time, and none again for a grant whose successor was denied or failed. When it returns
-// more than 0, k is marked as asking. t.mu is held.
-func (t *leaseTable) renew(k denyKey, g *grant, r *Request, perTTL int64, now time.Time) int32 {
+// renew returns the size of the successor to ask for g, k's grant, which r was just served from at
+// now, its client sending perTTL units per TTL here; 0: none. A grant asks for its successor when a
+// quarter of its units is left, or of its TTL (unless it ends with its fixed window first), so that
+// the successor is in hand before the grant runs out, and r's client's next requests wait for no
+// round trip. The successor is sized as a grant (ask) less what g has left, so that the units this
+// instance holds for k stay within Max. There is none near the limit (Redis had less than twice the
+// ask left after granting g), where grants shrink and the last units are decided one at a time, and
+// none again for a grant whose successor was denied or failed. When it returns more than 0, k is
+// marked as asking. t.mu is held.
+func (t *leaseTable) renew(k zoneClient, g *grant, r *Request, perTTL int64, now time.Time) int32 {
 	left := g.units - g.spent
 	byTTL := g.end.IsZero() || g.expires.Before(g.end) // a fixed window's grant may end with its window instead
 	low := leaseLow*left <= g.units || byTTL && leaseLow*g.expires.Sub(now) <= r.Zone.Lease.TTL
@@ -231,7 +231,7 @@ func (t *leaseTable) renew(k denyKey, g *grant, r *Request, perTTL int64, now ti
 
 // end stops k's grant g (or g, k's successor) from being spent, and queues its return. t.mu is
 // held.
-func (t *leaseTable) end(k denyKey, g *grant) {
+func (t *leaseTable) end(k zoneClient, g *grant) {
 	if t.retire(k, g) {
 		t.ended = append(t.ended, g)
 	}
@@ -239,7 +239,7 @@ func (t *leaseTable) end(k denyKey, g *grant) {
 
 // retire stops k's grant g (or g, k's successor) from being spent; false when it was already.
 // t.mu is held.
-func (t *leaseTable) retire(k denyKey, g *grant) bool {
+func (t *leaseTable) retire(k zoneClient, g *grant) bool {
 	if g.ended {
 		return false
 	}
@@ -257,7 +257,7 @@ func (t *leaseTable) retire(k denyKey, g *grant) bool {
 }
 
 // spend takes cost from g. t.mu is held.
-func (t *leaseTable) spend(k denyKey, g *grant, cost int64) {
+func (t *leaseTable) spend(k zoneClient, g *grant, cost int64) {
 	g.spent += cost
 	if t.metrics != nil {
 		t.metrics.Stranded(k.zone, -cost)
@@ -268,7 +268,7 @@ func (t *leaseTable) spend(k denyKey, g *grant, cost int64) {
 // giveBack returns cost to g, spent from it for a request that another zone denied (or whose
 // decision failed): one of g's pending spends. A grant ended meanwhile waits for it before it is
 // returned (collect), unless it waited too long: then it keeps the cost spent. t.mu is held.
-func (t *leaseTable) giveBack(k denyKey, g *grant, cost int64) {
+func (t *leaseTable) giveBack(k zoneClient, g *grant, cost int64) {
 	g.pending--
 	if g.returned {
 		return
@@ -297,17 +297,13 @@ func (g *grant) served(z *Zone, now time.Time) zoneReply {
 	return zr
 }
 
-// Leased admits reqs from this instance's grants, with no Redis call, when every zone of reqs
+// leased admits reqs from this instance's grants, with no Redis call, when every zone of reqs
 // leases (Zone.Lease) and has a live grant for the request's client with its cost left; each
 // zone's Result and the Decision's figures are the grant's estimate (Redis's remaining at grant
-// time, less what this instance spent since). Otherwise it changes nothing and returns false;
-// the request then goes to Allow. It may be asked while Redis is unavailable: a grant in hand
-// is spent until it ends. The request counts in its client's observed rate (the size of its next
-// grants).
-func (l *Limiter) Leased(reqs []Request) (Decision, bool) { return l.leased(reqs, true) }
-
-// leased is Leased; observe false leaves the client's observed rate alone, for a request that
-// Allow counted in it already (planning its decision in Redis, which denied it).
+// time, less what this instance spent since). Otherwise it changes nothing and returns false.
+// A grant in hand is spent until it ends, Redis available or not. When observe, the request
+// counts in its client's observed rate (the size of its next grants); allow's second look at
+// the grants leaves it out, its plan having counted the request already.
 func (l *Limiter) leased(reqs []Request, observe bool) (Decision, bool) {
 	t := l.leases
 	if t == nil || len(reqs) == 0 {
@@ -320,12 +316,12 @@ func (l *Limiter) leased(reqs []Request, observe bool) (Decision, bool) {
 		}
 	}
 	now := l.clock()
-	var kbuf [4]denyKey
+	var kbuf [4]zoneClient
 	var gbuf [4]*grant
 	ks, gs := kbuf[:0], gbuf[:0]
 	t.mu.Lock()
 	for i := range reqs {
-		k := keyOf(reqs[i])
+		k := zoneClientOf(reqs[i])
 		g := t.live(k, &reqs[i], now)
 		if g == nil || t.closed {
 			t.mu.Unlock()
@@ -361,9 +357,9 @@ func (l *Limiter) leased(reqs []Request, observe bool) (Decision, bool) {
 // returned at once.
 func (l *Limiter) renewGrant(r Request) {
 	t := l.leases
-	k := keyOf(r)
+	k := zoneClientOf(r)
 	sent := l.clock()
-	ctx := WithDeadline(context.Background(), time.Now().Add(min(l.callTime, r.Zone.Lease.TTL)))
+	ctx := withDeadline(context.Background(), time.Now().Add(min(l.callTime, r.Zone.Lease.TTL)))
 	sub := []Request{r}
 	keys := stateKeys(l.prefix, sub)
 	args := l.scriptArgs(sub, false, sent)
@@ -424,7 +420,7 @@ func (t *leaseTable) plan(reqs []Request, now time.Time, mayAsk bool) leasePlan 
 		if r.Zone.Lease == nil || t.closed || unsatisfiable(*r) || r.Hold > 0 || r.maxWait() > 0 {
 			continue
 		}
-		k := keyOf(*r)
+		k := zoneClientOf(*r)
 		perTTL := t.observe(k, r, now)
 		if g := t.live(k, r, now); g != nil {
 			t.spend(k, g, r.Cost)
@@ -467,7 +463,7 @@ func (p *leasePlan) make(n int) {
 	}
 }
 
-// allowLeased is Allow for a request with a lease zone: the zones with a grant in hand are
+// allowLeased is allow for a request with a lease zone: the zones with a grant in hand are
 // charged from it (plan), the others are decided by Redis, those of hot clients asking for a
 // grant (decide.lua grants it as a hold, charged at once); when Redis denies or fails, the
 // costs taken from grants are given back, so the decision stays all-or-nothing. On Redis
@@ -480,7 +476,7 @@ func (l *Limiter) allowLeased(ctx context.Context, reqs []Request) (Decision, er
 		go l.renewGrant(r)
 	}
 	if p.local == nil {
-		return l.allow(ctx, reqs, sent, keys) // no grant in hand nor asked: as without lease
+		return l.allowExact(ctx, reqs, sent, keys) // no grant in hand nor asked: as without lease
 	}
 	if p.n == len(reqs) {
 		return pick(reqs, true, p.zones), nil
@@ -515,7 +511,7 @@ func (l *Limiter) allowLeased(ctx context.Context, reqs []Request) (Decision, er
 
 // decideLeased decides sub (the zones of reqs at idx that no grant in hand served) in Redis,
 // with one decide.lua call that asks for the grants of p, and records the grants made
-// (install); or, across Redis Cluster hash slots (p asks none), as Allow does. held's indexes
+// (install); or, across Redis Cluster hash slots (p asks none), as allowExact does. held's indexes
 // are those of reqs.
 func (l *Limiter) decideLeased(ctx context.Context, reqs, sub []Request, keys []string, idx []int, p leasePlan, sent time.Time) (
 	allowed bool, zones []zoneReply, held *Held, slotErr, err error) {
@@ -573,10 +569,10 @@ func (t *leaseTable) undo(reqs []Request, p leasePlan) {
 	defer t.mu.Unlock()
 	for i, g := range p.local {
 		if g != nil {
-			t.giveBack(keyOf(reqs[i]), g, reqs[i].Cost)
+			t.giveBack(zoneClientOf(reqs[i]), g, reqs[i].Cost)
 		}
 		if p.asks[i] > 0 {
-			close(t.answered(keyOf(reqs[i])).done)
+			close(t.answered(zoneClientOf(reqs[i])).done)
 		}
 	}
 }
@@ -591,7 +587,7 @@ func (t *leaseTable) install(reqs, sub []Request, idx []int, p leasePlan, keys [
 		if p.asks[i] == 0 {
 			continue
 		}
-		k, r := keyOf(reqs[i]), &sub[j]
+		k, r := zoneClientOf(reqs[i]), &sub[j]
 		a := t.answered(k)
 		units := int64(zones[j].granted)
 		if t.metrics != nil {
@@ -642,7 +638,7 @@ func newGrant(zone string, r *Request, key string, args []any, j int, zr zoneRep
 // either way. A grant asked for the client and not answered yet is returned when its answer
 // comes (renewGrant, install), and drop waits for that, at most wait.
 func (t *leaseTable) drop(zone, client string, wait time.Duration) []*grant {
-	k := denyKey{zone: zone, client: client}
+	k := zoneClient{zone: zone, client: client}
 	t.mu.Lock()
 	var gs []*grant
 	for _, g := range []*grant{t.m[k], t.next[k]} {
@@ -675,7 +671,7 @@ func (t *leaseTable) drop(zone, client string, wait time.Duration) []*grant {
 func (t *leaseTable) collect(now time.Time, all bool) []*grant {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	for _, m := range []map[denyKey]*grant{t.m, t.next} {
+	for _, m := range []map[zoneClient]*grant{t.m, t.next} {
 		for k, g := range m {
 			if all || !now.Before(g.expires) {
 				t.end(k, g)
@@ -735,7 +731,7 @@ func (l *Limiter) returnGrants(ctx context.Context, gs []*grant) error {
 			args = append(args, strconv.FormatInt(g.spent, 10))
 			var reply any
 			var err error
-			if b := l.pipelineFor(ctx, g.keys[0]); b != nil {
+			if b := l.batcherFor(ctx, g.keys[0]); b != nil {
 				reply, err = b.runSettle(ctx, keys, args)
 			} else {
 				reply, err = runScript(ctx, l.rdb, settleScript, keys, args)
@@ -789,9 +785,9 @@ func (l *Limiter) ReturnLeases(ctx context.Context) error {
 	return nil
 }
 
-// pipelineFor is the pipeline that carries the calls of key: PipelineFor's, else Pipeline (nil:
-// none, a round trip per call).
-func (l *Limiter) pipelineFor(ctx context.Context, key string) *Pipeline {
+// batcherFor is the Batcher that carries the calls of key: BatcherFor's, else Options.Batcher
+// (nil: none, a round trip per call).
+func (l *Limiter) batcherFor(ctx context.Context, key string) *Batcher {
 	if l.batchFor != nil {
 		if b := l.batchFor(ctx, key); b != nil {
 			return b

@@ -109,7 +109,7 @@ func warmUp(t *testing.T, ls []*limiter.Limiter, z *limiter.Zone, key string, n 
 	return admitted
 }
 
-// burstsToTheLimit runs issue 32's bursts against ls: a warm-up that gives each instance a grant,
+// burstsToTheLimit runs bursts of one client against ls until its limit is reached: a warm-up
 // (warm requests per instance, one at a time) that gives each instance a grant, a burst of 400
 // concurrent requests per instance that admits no more than limit, and, once its grants have
 // ended and been returned (every unit not admitted back in Redis: left), the next bursts, until
@@ -118,7 +118,7 @@ func warmUp(t *testing.T, ls []*limiter.Limiter, z *limiter.Zone, key string, n 
 func burstsToTheLimit(t *testing.T, ls []*limiter.Limiter, z *limiter.Zone, limit int64, counts *leaseCounts, warm int, left func() int64) {
 	t.Helper()
 	total := warmUp(t, ls, z, "alice", warm)
-	for i := 1; total < limit && i <= 2; i++ { // issue 32: a second burst admits the rest
+	for i := 1; total < limit && i <= 2; i++ { // a second burst admits what the first's grants stranded
 		n := burst(t, ls, z, "alice", 400)
 		total += n
 		if total > limit {
@@ -143,12 +143,12 @@ func burstsToTheLimit(t *testing.T, ls []*limiter.Limiter, z *limiter.Zone, limi
 	t.Logf("%d admitted from grants; grants %v", counts.local.Load(), counts.grants)
 }
 
-// TestLeaseBurstThreeInstances is issue 32's: three instances, one client, capacity 300, no
-// refill to speak of, lease { max 50 ttl 1s }. A burst of 1,200 concurrent requests admits at
-// most 300; once its grants have ended and been returned, the next bursts admit the rest:
-// exactly 300 in all, and every unit not admitted is back in Redis. Cold (the burst is the
-// client's first traffic: its grants grow during the burst) and warm (each instance holds a
-// grant when the burst comes).
+// TestLeaseBurstThreeInstances: leases never admit more than the limit, and strand nothing for
+// good. Three instances, one client, capacity 300, no refill to speak of, lease { max 50 ttl
+// 1s }. A burst of 1,200 concurrent requests admits at most 300; once its grants have ended
+// and been returned, the next bursts admit the rest: exactly 300 in all, and every unit not
+// admitted is back in Redis. Cold (the burst is the client's first traffic: its grants grow
+// during the burst) and warm (each instance holds a grant when the burst comes).
 func TestLeaseBurstThreeInstances(t *testing.T) {
 	for _, warm := range []int{0, 10} {
 		t.Run(fmt.Sprintf("warm-up %d", warm), func(t *testing.T) {
@@ -186,10 +186,10 @@ func countedInstance(t *testing.T, srv *redistest.Server) (*limiter.Limiter, *le
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1, ContextTimeoutEnabled: true,
 		ReadTimeout: 200 * time.Millisecond, WriteTimeout: 200 * time.Millisecond, DialTimeout: 200 * time.Millisecond})
 	t.Cleanup(func() { _ = c.Close() })
-	p := limiter.NewPipeline(c, 1)
+	p := limiter.NewBatcher(c, 1)
 	t.Cleanup(p.Close)
 	counts := new(leaseCounts)
-	l := limiter.New(c, limiter.Options{KeyPrefix: "rl:", Pipeline: p, Leases: true, LeaseMetrics: counts})
+	l := limiter.New(c, limiter.Options{KeyPrefix: "rl:", Batcher: p, Leases: true, LeaseMetrics: counts})
 	t.Cleanup(func() { _ = l.ReturnLeases(context.Background()) })
 	return l, counts, c
 }
@@ -553,9 +553,9 @@ func TestLeaseRareClientsNeverLease(t *testing.T) {
 // all-or-nothing: when the other zone denies, the unit taken from the grant is given back.
 func TestLeaseOnCluster(t *testing.T) {
 	cc := oneNodeCluster(t)
-	p := limiter.NewPipeline(cc, 1)
+	p := limiter.NewBatcher(cc, 1)
 	t.Cleanup(p.Close)
-	l := limiter.New(cc, limiter.Options{KeyPrefix: "rl:", Pipeline: p, Cluster: true, Leases: true})
+	l := limiter.New(cc, limiter.Options{KeyPrefix: "rl:", Batcher: p, Cluster: true, Leases: true})
 	t.Cleanup(func() { _ = l.ReturnLeases(context.Background()) })
 	z := leaseZone(50, 10, 10*time.Second)
 	admitted, local := drain(t, l, z, "alice")
@@ -601,14 +601,16 @@ func windowClock(at time.Time) func() time.Time {
 	return func() time.Time { return at.Add(time.Since(start)) }
 }
 
-// fwInstance is a Limiter on its own client and pipeline, on clock now.
+// fwInstance is a Limiter on its own client and batcher, on clock now. Its grants' returns
+// share the round trips of a burst's decisions: they get 2s (CallTimeout), not the default
+// 100ms that a loaded test machine can exceed, so that the tests see every grant returned.
 func fwInstance(t *testing.T, srv *redistest.Server, now func() time.Time, m limiter.LeaseMetrics) *limiter.Limiter {
 	t.Helper()
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1})
 	t.Cleanup(func() { _ = c.Close() })
-	p := limiter.NewPipeline(c, 1)
+	p := limiter.NewBatcher(c, 1)
 	t.Cleanup(p.Close)
-	l := limiter.New(c, limiter.Options{KeyPrefix: "rl:", Pipeline: p, Leases: true, LeaseMetrics: m, Now: now})
+	l := limiter.New(c, limiter.Options{KeyPrefix: "rl:", Batcher: p, Leases: true, LeaseMetrics: m, Now: now, CallTimeout: 2 * time.Second})
 	t.Cleanup(func() { _ = l.ReturnLeases(context.Background()) })
 	return l
 }

@@ -1,6 +1,3 @@
-// Package limiter decides rate limits in Redis: token bucket and sliding window log zones, every
-// decision of a request one atomic Lua script execution (EVALSHA, loading the script again on
-// NOSCRIPT). It imports nothing from Caddy.
 package limiter
 
 import (
@@ -18,8 +15,9 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// ErrBadResponse is wrapped by the error Allow returns when Redis replies with a value of the
-// wrong shape or type; errors.Is(err, ErrBadResponse) tells it from a Redis or network error.
+// ErrBadResponse is wrapped by the error of a call (Decide, Settle, State, Refresh) whose reply
+// from Redis has the wrong shape or type; errors.Is(err, ErrBadResponse) tells it from a Redis or
+// network error.
 var ErrBadResponse = errors.New("bad response from redis")
 
 // ErrMigrating is wrapped by the error of a script call that Redis Cluster refused with TRYAGAIN
@@ -30,8 +28,8 @@ var ErrBadResponse = errors.New("bad response from redis")
 var ErrMigrating = errors.New("redis cluster slot migrating (TRYAGAIN)")
 
 // Client is what a Limiter needs of a go-redis client: single commands (a script call),
-// pipelines, and the plain commands of State and Reset. *redis.Client (standalone, or Sentinel's failover client),
-// *redis.ClusterClient and redis.UniversalClient have it.
+// pipelines, and the plain commands of State and Reset. *redis.Client (standalone, or
+// Sentinel's failover client), *redis.ClusterClient and redis.UniversalClient have it.
 type Client interface {
 	Processor
 	Pipeliner
@@ -48,16 +46,17 @@ var (
 type Request struct {
 	// Zone is the zone's parameters; Zone.Validate must have returned nil.
 	Zone *Zone
-	// Key is the resolved client key, as the client sent it: Allow sanitises it (see ClientKey).
+	// Key is the resolved client key, as the client sent it: the Limiter sanitises it (see
+	// ClientKey).
 	Key string
 	// Cost is the tokens (token bucket) or slots (sliding window) the request takes; >= 1. A cost
 	// above the zone's MaxCost can never be admitted (Decision.Unsatisfiable).
 	Cost int64
-	// Result is this zone's own outcome, written by the decision that reads the request (Allow,
-	// Denied, Local.Allow): the caller's slice element is filled in, so that every zone's figures
-	// (the IETF RateLimit fields list them all) cost no allocation. Known is false for a zone whose
+	// Result is this zone's own outcome, written by the decision that reads the request (Decide,
+	// Local.Allow): the caller's slice element is filled in, so that every zone's figures (the
+	// IETF RateLimit fields list them all) cost no allocation. Known is false for a zone whose
 	// outcome that decision does not know: a zone of a Redis Cluster slot that failed, or one no
-	// cached denial covers when Denied answers.
+	// cached denial covers when the deny cache answers.
 	Result Result
 	// NoWait decides the request as if its zone had no MaxWait: admitted now or denied, never
 	// held. The handler sets it when it already holds as many requests as it may. A denial
@@ -65,7 +64,7 @@ type Request struct {
 	NoWait bool
 	// ask, when > 0, asks decide.lua for a grant of about that many tokens (a lease zone's hot
 	// client: allowLeased), sent as the cost "<cost>,<ask>". An int32 beside NoWait, in the
-	// padding before Hold: a Request is no larger for it (the handler keeps four per request).
+	// padding before Hold, so that a Request is no larger for it.
 	ask int32
 	// Hold, when > 0, makes the zone's charge a hold to be settled after the response with
 	// Limiter.Settle (Decision.Held): a token bucket reserves Cost, a sliding window adds its
@@ -73,8 +72,11 @@ type Request struct {
 	// records it (in the key `<state key>:<nonce>`) for the settlement. A hold not settled
 	// within Hold counts as charged. 0: charged now. A concurrency zone needs one: it is its
 	// slot's hold time (the slot is free Hold after it was taken or last refreshed, see Refresh),
-	// and Allow returns an error without it.
+	// and Decide returns an error without it.
 	Hold time.Duration
+	// Tag is the caller's, carried with the request and never read by the Limiter: the handler's
+	// index of the request's zone.
+	Tag int
 }
 
 // maxWait is how long r may be held: its zone's MaxWait (token bucket only), unless NoWait.
@@ -114,7 +116,7 @@ type Decision struct {
 	// serve now by reserving its tokens (debt), and delays it until the bucket would have held
 	// them. 0 without MaxWait, and when every zone admitted the request now.
 	Delay time.Duration
-	// Zone is the index in the requests passed to Allow of the deciding zone: when denied, the
+	// Zone is the index in the requests passed to Decide of the deciding zone: when denied, the
 	// denying zone that takes longest to admit; when allowed, the zone with the longest delay,
 	// else the zone with the least remaining share of its quota (the first of equals).
 	Zone int
@@ -139,7 +141,7 @@ type Decision struct {
 	// Cached is true when the denial came from the deny cache, with no Redis call.
 	Cached bool
 	// Err, on a denial, is the error of a Redis Cluster hash slot that failed while another slot
-	// denied the request: the denial stands (Allow returns no error), and Err is there to be
+	// denied the request: the denial stands (Decide returns no error), and Err is there to be
 	// counted and logged.
 	Err error
 	// Held, when the request was allowed and a zone's Request had a Hold, is what Settle needs
@@ -156,42 +158,54 @@ type Options struct {
 	// (time.Now when nil).
 	Now func() time.Time
 	// DenyCacheKeys, when > 0, enables the deny cache: the recent denials of up to that many
-	// (zone, client) pairs are remembered by Allow (up to 4 costs or sets of numbers per pair),
-	// and Denied reports the requests they cover while they can give Redis's answer (see
-	// denyCache), for at most DenyCacheMaxAge.
+	// (zone, client) pairs are remembered (up to 4 costs or sets of numbers per pair), and Decide
+	// denies the requests they cover again, with no Redis call, while they can give Redis's
+	// answer, for at most DenyCacheMaxAge.
 	DenyCacheKeys int
 	// DenyCacheMaxAge bounds how long a remembered denial is trusted after its call was sent:
 	// how long a reset, a raised limit or a Cluster release that reaches no instance's cache can
 	// leave a client denied. Default (when <= 0): DefaultDenyCacheMaxAge.
 	DenyCacheMaxAge time.Duration
-	// Pipeline, when set, carries the decisions to Redis (concurrent ones share round trips and
-	// script calls) instead of one round trip each through the client given to New. It must send to the same
-	// Redis.
-	Pipeline *Pipeline
+	// Gate, when set, guards each decision Decide sends to Redis (the handler's circuit
+	// breakers): it is asked first, with the decision's requests. Its error is Decide's, and
+	// Redis is not called; otherwise Decide calls release once with the call's outcome: nil, or
+	// the call's error.
+	Gate func(ctx context.Context, reqs []Request) (release func(error), err error)
+	// Timeout, when > 0, bounds each decision Decide sends to Redis, from when it asks Gate: the
+	// decision then fails with context.DeadlineExceeded (ctx's own deadline applies when it is
+	// earlier). 0: ctx alone bounds it.
+	Timeout time.Duration
+	// ObserveCall, when set, is given how long each decision Decide sent to Redis took, from
+	// asking Gate to the reply, answered or not.
+	ObserveCall func(time.Duration)
+	// Batcher, when set, carries the decisions to Redis (concurrent ones share round trips and
+	// script calls) instead of one round trip each through the client given to New. It must send
+	// to the same Redis.
+	Batcher *Batcher
 	// Cluster is true when the client is a Redis Cluster client: the zones of a request whose
 	// keys fall in different hash slots (different client keys) are then decided by one script
-	// call per slot, all sent in one pipeline, and the slots that admitted are released when
-	// another denied (see Allow).
+	// call per slot, and the slots that admitted are released when another denied (see
+	// Decide).
 	Cluster bool
 	// Leases enables the leases of the zones that have one (Zone.Lease): without it they are
 	// decided exactly. LeaseMetrics, when set, receives their events.
 	Leases       bool
 	LeaseMetrics LeaseMetrics
 	// CallTimeout bounds the calls a Limiter makes on its own rather than for a request: a lease
-	// grant's successor asked ahead (renew), the return of ended grants, and the Redis Cluster
-	// release that follows a decision one of whose hash slots failed. They share round
-	// trips with decisions, whose replies wait for the latest deadline of their batch, so it
-	// should be no longer than the decisions' own timeout. 0: DefaultCallTimeout.
+	// grant's successor asked ahead, the return of ended grants, and the Redis Cluster release
+	// that follows a decision one of whose hash slots failed. They share round trips with
+	// decisions, whose replies wait for the latest deadline of their batch, so it should be no
+	// longer than Timeout. 0: 100ms.
 	CallTimeout time.Duration
-	// PipelineFor, when set, chooses the Pipeline of each decision whose keys are all in one
-	// hash slot, by its first key; a nil result means Pipeline. On Redis Cluster it gives each
-	// node a pipeline of its own, so that a stalled node holds up only its own decisions (a
+	// BatcherFor, when set, chooses the Batcher of each decision whose keys are all in one
+	// hash slot, by its first key; a nil result means Batcher. On Redis Cluster it gives each
+	// node a batcher of its own, so that a stalled node holds up only its own decisions (a
 	// go-redis cluster pipeline waits for every node it sends to).
-	PipelineFor func(ctx context.Context, key string) *Pipeline
+	BatcherFor func(ctx context.Context, key string) *Batcher
 }
 
-// DefaultCallTimeout is Options.CallTimeout's default: the handler's default decision timeout.
-const DefaultCallTimeout = 100 * time.Millisecond
+// defaultCallTimeout is Options.CallTimeout's default: the handler's default decision timeout.
+const defaultCallTimeout = 100 * time.Millisecond
 
 // Limiter runs decisions on a Redis server, or on a Redis Cluster. It is safe for concurrent use.
 type Limiter struct {
@@ -200,7 +214,7 @@ type Limiter struct {
 	cluster  bool
 	now      func() time.Time
 	denials  *denyCache                    // nil: no deny cache
-	batch    *Pipeline                     // nil: a round trip per decision
+	batch    *Batcher                      // nil: a round trip per decision
 	instance string                        // random per Limiter, so sliding window members of instances differ
 	calls    atomic.Uint64                 // per-call part of the nonce
 	resets   atomic.Pointer[ResetListener] // set by ResetListener.Add
@@ -209,7 +223,10 @@ type Limiter struct {
 	live     liveSlots                     // the concurrency slots in flight, kept alive by Refresh
 	lost     lostSlots                     // concurrency slots of failed decisions and settlements, given back by Refresh
 
-	batchFor func(ctx context.Context, key string) *Pipeline // Options.PipelineFor
+	gate     func(ctx context.Context, reqs []Request) (func(error), error) // Options.Gate
+	timeout  time.Duration                                                  // Options.Timeout
+	observe  func(time.Duration)                                            // Options.ObserveCall
+	batchFor func(ctx context.Context, key string) *Batcher                 // Options.BatcherFor
 }
 
 // New returns a Limiter running its scripts through rdb.
@@ -217,11 +234,12 @@ func New(rdb Client, opts Options) *Limiter {
 	var b [8]byte
 	_, _ = rand.Read(b[:]) // crypto/rand.Read never returns an error
 	l := &Limiter{rdb: rdb, prefix: opts.KeyPrefix, cluster: opts.Cluster, now: opts.Now, instance: hex.EncodeToString(b[:]),
-		callTime: cmp.Or(opts.CallTimeout, DefaultCallTimeout)}
+		callTime: cmp.Or(opts.CallTimeout, defaultCallTimeout)}
 	if opts.DenyCacheKeys > 0 {
 		l.denials = newDenyCache(opts.DenyCacheKeys, opts.DenyCacheMaxAge)
 	}
-	l.batch, l.batchFor = opts.Pipeline, opts.PipelineFor
+	l.gate, l.timeout, l.observe = opts.Gate, opts.Timeout, opts.ObserveCall
+	l.batch, l.batchFor = opts.Batcher, opts.BatcherFor
 	if opts.Leases {
 		l.leases = newLeaseTable(opts.LeaseMetrics)
 	}
@@ -235,39 +253,93 @@ func (l *Limiter) clock() time.Time {
 	return time.Now()
 }
 
-// Denied returns the deny cache's Decision (Cached true) when a remembered denial covers the
-// request, with no Redis call; false when there is none or the deny cache is off. A covered
-// request would be denied by Allow too, so callers ask Denied first, and may do so while Redis
-// is unavailable.
-func (l *Limiter) Denied(reqs []Request) (Decision, bool) {
+// Decide decides a request against the zones of reqs: it is admitted iff every zone admits it,
+// and then every zone is charged its cost; otherwise no zone is charged. Each zone's own outcome
+// is written into its reqs[i].Result. The first of these that applies decides:
+//   - this instance's lease grants (Zone.Lease, Options.Leases), when they hold the cost of
+//     every zone of the request: admitted, with no Redis call (Redis charged the grants);
+//   - the deny cache (Options.DenyCacheKeys), when a remembered denial covers the request:
+//     denied again with Redis's figures less the time elapsed (Decision.Cached), with no Redis
+//     call; the zones it does not cover have no Result (Known false);
+//   - Options.Gate, when it refuses: its error;
+//   - Redis, with one script call (one per hash slot on Redis Cluster) bounded by
+//     Options.Timeout; a denial is remembered in the deny cache.
+//
+// Grants and remembered denials answer whatever Redis's state, with no Gate to ask: they answer
+// while Redis is unavailable. With no requests Decide returns an allowed Decision with Zone -1
+// and no Redis call. A concurrency zone's Request needs a Hold.
+//
+// On Redis Cluster (Options.Cluster), zones whose keys fall in different hash slots are decided
+// by one script call per slot, their charges held until every slot has answered: other requests
+// may be denied by a slot's hold for a round trip before its release, never admitted too much.
+// A slot's denial stands against another slot's error (Decision.Err).
+//
+// The error is Gate's, or wraps the Redis or network error (context.DeadlineExceeded when ctx
+// or Timeout expires first), or ErrBadResponse when the reply has the wrong shape. The Decision
+// is then the zero value.
+func (l *Limiter) Decide(ctx context.Context, reqs []Request) (Decision, error) {
+	if len(reqs) == 0 {
+		return Decision{Allowed: true, Zone: -1}, nil
+	}
+	// Tokens granted to this instance ahead are charged in Redis already: spent with no call.
+	if d, ok := l.leased(reqs, true); ok {
+		return d, nil
+	}
+	// A remembered denial is Redis's own answer, for as long as it stays so: no call.
+	if d, ok := l.denied(reqs); ok {
+		return d, nil
+	}
+	start := time.Now()
+	if l.timeout > 0 {
+		// A deadline with no timer of its own: the round trip's socket deadlines bound the call
+		// (see withDeadline).
+		ctx = withDeadline(ctx, start.Add(l.timeout))
+	}
+	if l.gate == nil {
+		d, err := l.allow(ctx, reqs)
+		l.observeCall(start)
+		return d, err
+	}
+	release, err := l.gate(ctx, reqs)
+	if err != nil {
+		return Decision{}, err
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			release(fmt.Errorf("rate limit decision panicked: %v", p))
+			panic(p)
+		}
+	}()
+	d, err := l.allow(ctx, reqs)
+	l.observeCall(start)
+	release(err)
+	return d, err
+}
+
+// observeCall gives ObserveCall how long since start a decision's Redis call took.
+func (l *Limiter) observeCall(start time.Time) {
+	if l.observe != nil {
+		l.observe(time.Since(start))
+	}
+}
+
+// denied returns the deny cache's Decision (Cached true) when a remembered denial covers the
+// request, with no Redis call; false when there is none or the deny cache is off.
+func (l *Limiter) denied(reqs []Request) (Decision, bool) {
 	if l.denials == nil {
 		return Decision{}, false
 	}
 	return l.denials.check(reqs, l.clock())
 }
 
-// Allow decides a request against the zones in reqs with one script call: it is admitted iff
-// every zone admits it, and then every zone is charged its cost; otherwise none is, and the
-// denial is remembered in the deny cache when it is on. With no requests it returns an allowed
-// Decision with Zone -1 and no Redis call.
-//
-// On Redis Cluster (Options.Cluster), zones whose keys fall in different hash slots are decided
-// by one script call per slot, all under way at once (one round trip each), with
-// their token bucket charges taken as holds and their window counter charges recorded; then
-// settle.lua commits every slot when all admitted (a second round trip), or releases the slots
-// that admitted when one denied or failed. A hold or record is exact both ways (see settle.lua). Between the hold and its release other requests see
-// the hold, so a release can deny too much for a round trip, never admit too much; a settle that
-// fails leaves the hold, which counts as a charge after 5s (the error is not returned: the
-// decision stands). A slot's denial stands against another slot's error (Decision.Err).
-//
-// The clock of a remembered denial starts when the call is sent, not when its reply arrives.
-//
-// A request with a lease zone (Zone.Lease, with Options.Leases) is decided by allowLeased: its
-// zones with a grant in hand are charged from it, with no Redis call for them.
-//
-// The error wraps the Redis or network error (context.DeadlineExceeded when ctx expires first),
-// or ErrBadResponse when the reply has the wrong shape. The Decision is then the zero value.
-func (l *Limiter) Allow(ctx context.Context, reqs []Request) (Decision, error) {
+// allow decides reqs in Redis (Decide's last stage): with one script call, or, on Redis Cluster
+// across hash slots, with one per slot (allowSlots: each slot's token bucket charges taken as
+// holds and its window counter charges recorded, then settle.lua commits them all, or releases
+// the slots that admitted when one denied or failed; a settle that fails leaves the hold, which
+// counts as a charge after 5s, and the decision stands). A denial is remembered in the deny cache,
+// its clock starting when the call was sent. A request with a lease zone goes to allowLeased:
+// its zones with a grant in hand are charged from it, the others decided in Redis.
+func (l *Limiter) allow(ctx context.Context, reqs []Request) (Decision, error) {
 	if len(reqs) == 0 {
 		return Decision{Allowed: true, Zone: -1}, nil
 	}
@@ -290,12 +362,12 @@ func (l *Limiter) Allow(ctx context.Context, reqs []Request) (Decision, error) {
 		}
 		return d, err
 	}
-	return l.allow(ctx, reqs, l.clock(), nil)
+	return l.allowExact(ctx, reqs, l.clock(), nil)
 }
 
-// allow is Allow's decision in Redis of reqs, sent at sent; keys are their state keys (nil:
-// computed here).
-func (l *Limiter) allow(ctx context.Context, reqs []Request, sent time.Time, keys []string) (Decision, error) {
+// allowExact decides reqs in Redis with no lease grant, its call sent at sent; keys are their
+// state keys (nil: computed here).
+func (l *Limiter) allowExact(ctx context.Context, reqs []Request, sent time.Time, keys []string) (Decision, error) {
 	if keys == nil {
 		keys = stateKeys(l.prefix, reqs)
 	}
@@ -355,12 +427,7 @@ func (l *Limiter) remember(reqs []Request, zones []zoneReply, sent time.Time) {
 // allowOne decides reqs, whose keys are all in one hash slot or on one server, with one call of
 // the decide script.
 func (l *Limiter) allowOne(ctx context.Context, reqs []Request, keys []string, args []any, into []zoneReply) (bool, []zoneReply, error) {
-	batch := l.batch
-	if l.batchFor != nil {
-		if b := l.batchFor(ctx, keys[0]); b != nil {
-			batch = b
-		}
-	}
+	batch := l.batcherFor(ctx, keys[0])
 	if batch == nil {
 		reply, err := l.run(ctx, keys, args)
 		return decodeResult(reply, err, reqs)
@@ -394,16 +461,14 @@ func (l *Limiter) run(ctx context.Context, keys []string, args []any) (any, erro
 }
 
 // scriptArgs returns decide.lua's ARGV for the decision of reqs: the time ref (the instance's
-// clock when the call is sent; "" for Redis TIME), then the decision's nonce, whether to take token bucket charges as holds, its number of
-// zones, and algorithm, quota, rate and cost per zone. (A Pipeline merges the decisions of a
-// batch into one call: mergeCalls.) A token bucket that may hold the request (maxWait) has its
-// rate sent as "<rate>,<max wait µs>"; without one the arguments are those of earlier releases.
-// A cost above the zone's MaxCost is sent as twice the quota: above the quota and exact in Lua's
-// doubles (a cost of 2^53+1 became 2^53 there, and passed a bucket of 2^53), so the request is
-// denied and nothing charged (however long a MaxWait), and the script's wait for it stays a
-// number Redis can return (a cost near 2^63 took the token bucket's retry after beyond int64: a
-// bad_response, which failed open and counted towards the circuit breaker). A sliding window
-// never adds more entries than MaxCost.
+// clock when the call is sent; "" for Redis TIME), then the decision's nonce, whether to take
+// token bucket charges as holds, its number of zones, and algorithm, quota, rate and cost per
+// zone. (A Batcher merges the decisions of a batch into one call: mergeCalls.) A token bucket
+// that may hold the request (maxWait) has its rate sent as "<rate>,<max wait µs>", else the rate
+// alone. A cost above the zone's MaxCost is sent as twice the quota (at most 2^54): above the
+// quota, so the request is denied and nothing charged (however long a MaxWait); exact in Lua's
+// doubles, which would round a larger cost; and small enough that the script's wait for it
+// stays an integer Redis can return. A sliding window never adds more entries than MaxCost.
 func (l *Limiter) scriptArgs(reqs []Request, hold bool, ref time.Time) []any {
 	args := make([]any, 4, 4+4*len(reqs))
 	if l.now != nil {
@@ -453,9 +518,9 @@ func (l *Limiter) scriptArgs(reqs []Request, hold bool, ref time.Time) []any {
 // own now (the Redis server's clock by default), so a clock skew of less than a window between
 // the instance and Redis never puts a request in the wrong window.
 func windowBounds(z *Zone, ref time.Time) string {
-	start, end := z.WindowAt(ref)
-	prev, _ := z.WindowAt(start.Add(-time.Microsecond))
-	_, next := z.WindowAt(end)
+	start, end := z.windowAt(ref)
+	prev, _ := z.windowAt(start.Add(-time.Microsecond))
+	_, next := z.windowAt(end)
 	b := make([]byte, 0, 68)
 	for i, t := range [4]time.Time{prev, start, end, next} {
 		if i > 0 {

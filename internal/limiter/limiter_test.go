@@ -47,12 +47,9 @@ func allow(t *testing.T, l *limiter.Limiter, reqs ...limiter.Request) limiter.De
 			t.Fatalf("zone: %v", err)
 		}
 	}
-	if d, ok := l.Denied(reqs); ok { // as the handler does: the deny cache first
-		return d
-	}
-	d, err := l.Allow(context.Background(), reqs)
+	d, err := l.Decide(context.Background(), reqs) // as the handler decides
 	if err != nil {
-		t.Fatalf("Allow: %v", err)
+		t.Fatalf("Decide: %v", err)
 	}
 	return d
 }
@@ -318,14 +315,14 @@ func TestRedisDownIsAnError(t *testing.T) {
 
 // TestExactUnderConcurrency is the core promise: 8 instances (separate clients and pools) racing
 // 2,000 requests for one key admit exactly the quota, for every algorithm, with and without the
-// deny cache, and with decisions sent one by one or in pipelines.
+// deny cache, and with decisions sent one by one or batched.
 func TestExactUnderConcurrency(t *testing.T) {
 	srv := redistest.Start(t)
 	noRefill := 100 / (limiter.MaxWindow.Seconds() / 2) // one token per 1.8 days: none during the test
 	for _, tc := range []struct {
-		zone      *limiter.Zone
-		denyCache int
-		pipelines int
+		zone       *limiter.Zone
+		denyCache  int
+		roundTrips int
 	}{
 		{tb("bucket", 100, noRefill), 0, 0},
 		{sw("window", 100, time.Hour), 0, 0},
@@ -344,9 +341,9 @@ func TestExactUnderConcurrency(t *testing.T) {
 				c := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 32})
 				t.Cleanup(func() { _ = c.Close() })
 				opts := limiter.Options{KeyPrefix: "rl:", DenyCacheKeys: tc.denyCache}
-				if tc.pipelines > 0 {
-					opts.Pipeline = limiter.NewPipeline(c, tc.pipelines)
-					t.Cleanup(opts.Pipeline.Close)
+				if tc.roundTrips > 0 {
+					opts.Batcher = limiter.NewBatcher(c, tc.roundTrips)
+					t.Cleanup(opts.Batcher.Close)
 				}
 				ls[i] = limiter.New(c, opts)
 			}
@@ -381,16 +378,16 @@ func TestExactUnderConcurrency(t *testing.T) {
 	}
 }
 
-// TestPipelineScriptFlushAndStall: decisions sent through a Pipeline load the script again after
+// TestBatcherScriptFlushAndStall: decisions sent through a Batcher load the script again after
 // SCRIPT FLUSH, and with Redis stalled every decision ends with a timeout error.
-func TestPipelineScriptFlushAndStall(t *testing.T) {
+func TestBatcherScriptFlushAndStall(t *testing.T) {
 	srv := redistest.Start(t)
 	clk := newClock()
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true}) // as the module's client
 	t.Cleanup(func() { _ = c.Close() })
-	p := limiter.NewPipeline(c, 2)
+	p := limiter.NewBatcher(c, 2)
 	t.Cleanup(p.Close)
-	l := limiter.New(c, limiter.Options{KeyPrefix: "rl:", Now: clk.Now, Pipeline: p})
+	l := limiter.New(c, limiter.Options{KeyPrefix: "rl:", Now: clk.Now, Batcher: p})
 	req := limiter.Request{Zone: tb("z", 3, 1), Key: "k", Cost: 1}
 	allow(t, l, req)
 	srv.Do("SCRIPT", "FLUSH")
@@ -447,7 +444,7 @@ func (h *batchSizes) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 	}
 }
 
-// TestBatchesAreExact: 2,000 concurrent decisions for 50 clients through one Pipeline share
+// TestBatchesAreExact: 2,000 concurrent decisions for 50 clients through one Batcher share
 // script calls (some carry 10 decisions or more: batching is measured, not assumed), and each
 // client gets exactly its capacity, for every algorithm.
 func TestBatchesAreExact(t *testing.T) {
@@ -459,9 +456,9 @@ func TestBatchesAreExact(t *testing.T) {
 			t.Cleanup(func() { _ = rdb.Close() })
 			sizes := &batchSizes{}
 			rdb.AddHook(sizes)
-			p := limiter.NewPipeline(rdb, 2)
+			p := limiter.NewBatcher(rdb, 2)
 			t.Cleanup(p.Close)
-			l := limiter.New(rdb, limiter.Options{KeyPrefix: "rl:", Pipeline: p})
+			l := limiter.New(rdb, limiter.Options{KeyPrefix: "rl:", Batcher: p})
 			admitted := make([]atomic.Int64, 50)
 			var failed atomic.Int64
 			var wg sync.WaitGroup
@@ -503,17 +500,17 @@ func TestBatchesAreExact(t *testing.T) {
 	}
 }
 
-// TestPipelineRepliesReachTheirCallers checks that a decision gets its own reply when the
-// pipeline's calls are used again (they are pooled) while others time out and are abandoned:
+// TestBatcherRepliesReachTheirCallers checks that a decision gets its own reply when the
+// batcher's calls are used again (they are pooled) while others time out and are abandoned:
 // every decision is the first of its own key and cost, so its Remaining names the cost it was
 // decided for; a reply meant for another caller would show another's cost.
-func TestPipelineRepliesReachTheirCallers(t *testing.T) {
+func TestBatcherRepliesReachTheirCallers(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 8, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = rdb.Close() })
-	p := limiter.NewPipeline(rdb, 2)
+	p := limiter.NewBatcher(rdb, 2)
 	t.Cleanup(p.Close)
-	l := limiter.New(rdb, limiter.Options{KeyPrefix: "rl:", Pipeline: p})
+	l := limiter.New(rdb, limiter.Options{KeyPrefix: "rl:", Batcher: p})
 	z := tb("bucket", 100, 1)
 	var answered, abandoned atomic.Int64
 	var wg sync.WaitGroup

@@ -46,7 +46,7 @@ func NewLocal(maxKeys int) *Local {
 	return &Local{maxKeys: maxKeys, zones: make(map[localZone]*lru.Cache[string, *rate.Limiter])}
 }
 
-// Allow decides reqs at time now with the semantics of Limiter.Allow (all-or-nothing; the
+// Allow decides reqs at time now with the semantics of Limiter.Decide in Redis (all-or-nothing; the
 // deciding zone chosen the same way, each zone's Result filled in), in process and without error.
 func (l *Local) Allow(reqs []Request, now time.Time) Decision {
 	if len(reqs) == 0 {

@@ -67,8 +67,8 @@ func TestLocalBoundedKeys(t *testing.T) {
 	}
 }
 
-// TestLocalDeniedRequestsStoreNothing (issue 29, finding 4; t_local_evict.sh at a smaller
-// bound): Caddyfile.example's zones, 64 buckets per zone. Alice spends her 3 login attempts and
+// TestLocalDeniedRequestsStoreNothing: a flood of denied requests with fresh keys evicts no
+// client from fail_mode local's buckets. Caddyfile.example's zones, 64 buckets per zone. Alice spends her 3 login attempts and
 // carol her 5 API requests; then one address sends 1,000 requests with fresh API keys, the
 // first 40 admitted, the rest denied by its ip zone. The denied requests store no bucket, in any
 // zone: alice's login and carol's API bucket stay spent. Control: the same without the flood.

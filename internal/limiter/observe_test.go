@@ -13,7 +13,7 @@ func TestLeasedObservesOnce(t *testing.T) {
 	l := New(nil, Options{Leases: true, Now: func() time.Time { return now }})
 	z := &Zone{Name: "api", Algorithm: TokenBucket, Capacity: 1000, RefillRate: 1, Lease: &Lease{Max: 100, TTL: time.Second}}
 	reqs := []Request{{Zone: z, Key: "alice", Cost: 3}}
-	k := keyOf(reqs[0])
+	k := zoneClientOf(reqs[0])
 	l.leases.m[k] = &grant{name: z.Name, n: numbersOf(z), units: 100, expires: now.Add(time.Second), remaining: 500}
 	observed := func() int64 {
 		l.leases.mu.Lock()

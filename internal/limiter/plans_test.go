@@ -1,6 +1,6 @@
 package limiter_test
 
-// Zones whose numbers change per request (plans and tiers, issue 21): the handler gives the
+// Zones whose numbers change per request (plans and tiers): the handler gives the
 // limiter a copy of the zone per request with the numbers resolved for it.
 
 import (

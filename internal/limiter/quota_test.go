@@ -125,9 +125,9 @@ func TestFixedWindowExactAcrossInstances(t *testing.T) {
 	for i := range ls {
 		c := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 32})
 		t.Cleanup(func() { _ = c.Close() })
-		p := limiter.NewPipeline(c, 4)
+		p := limiter.NewBatcher(c, 4)
 		t.Cleanup(p.Close)
-		ls[i] = limiter.New(c, limiter.Options{KeyPrefix: "rl:", Pipeline: p, DenyCacheKeys: 100})
+		ls[i] = limiter.New(c, limiter.Options{KeyPrefix: "rl:", Batcher: p, DenyCacheKeys: 100})
 	}
 	var admitted, failed atomic.Int64
 	var mu sync.Mutex
@@ -278,9 +278,9 @@ func TestCounterMemoryPerClient(t *testing.T) {
 	z := fw("monthly", 1_000_000, limiter.Month, nil)
 	ctx := context.Background()
 	const clients = 100_000
-	p := limiter.NewPipeline(rdb, 8)
+	p := limiter.NewBatcher(rdb, 8)
 	t.Cleanup(p.Close)
-	lp := limiter.New(rdb, limiter.Options{KeyPrefix: "rl:", Pipeline: p})
+	lp := limiter.New(rdb, limiter.Options{KeyPrefix: "rl:", Batcher: p})
 	var wg sync.WaitGroup
 	for w := 0; w < 16; w++ {
 		wg.Go(func() {

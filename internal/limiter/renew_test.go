@@ -40,7 +40,7 @@ func TestLeaseRenewWhen(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			tab := newLeaseTable(nil)
 			r := &Request{Zone: c.z, Key: "alice", Cost: 1}
-			k := keyOf(*r)
+			k := zoneClientOf(*r)
 			g := &grant{units: c.units, spent: c.spent, expires: now.Add(c.life), remaining: c.remain, n: numbersOf(c.z), noRenew: c.failed}
 			switch {
 			case c.end:
@@ -69,7 +69,7 @@ func TestLeaseSuccessor(t *testing.T) {
 	now := time.Unix(1_800_000_000, 0)
 	z := &Zone{Name: "api", Algorithm: TokenBucket, Capacity: 1e6, RefillRate: 1, Lease: &Lease{Max: 100, TTL: time.Second}}
 	r := &Request{Zone: z, Key: "alice", Cost: 1}
-	k := keyOf(*r)
+	k := zoneClientOf(*r)
 	newGrants := func() (*leaseTable, *grant, *grant) {
 		tab := newLeaseTable(nil)
 		g := &grant{units: 40, spent: 40, expires: now.Add(time.Second), n: numbersOf(z)}

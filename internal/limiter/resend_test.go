@@ -82,9 +82,9 @@ func applied(t *testing.T, srv *redistest.Server, z *Zone, client string) string
 // applied once (u 2, no hold left), and every caller gets an error.
 func TestClusterLostConnectionRunsBatchOnce(t *testing.T) {
 	c, proxy, cc := proxiedCluster(t)
-	p := NewPipeline(cc, 1)
+	p := NewBatcher(cc, 1)
 	t.Cleanup(p.Close)
-	l := New(cc, Options{KeyPrefix: "rl:", Cluster: true, Pipeline: p})
+	l := New(cc, Options{KeyPrefix: "rl:", Cluster: true, Batcher: p})
 	noRefill := 10 / (MaxWindow.Seconds() / 2)
 	zones := []*Zone{
 		{Name: "tb", Algorithm: TokenBucket, Capacity: 10, RefillRate: noRefill},
@@ -112,7 +112,7 @@ func TestClusterLostConnectionRunsBatchOnce(t *testing.T) {
 
 	c.Nodes[0].Do("SCRIPT", "LOAD", lua.Settle) // so that the settlement runs in the lost batch
 
-	// Take the pipeline's one round trip, so that the decisions and the settlement queue up and
+	// Take the batcher's one round trip, so that the decisions and the settlement queue up and
 	// go together in the next batch.
 	p.slots <- struct{}{}
 	errs := make([]error, len(reqs)+1)

@@ -14,14 +14,14 @@ type Subscriber interface {
 	Subscribe(ctx context.Context, channels ...string) *redis.PubSub
 }
 
-// ResetListener delivers the resets other instances announce (Limiter.Reset publishes the
-// state key it deleted on ResetChannel) to the Limiters added to it, which forget their cached
-// denials of that key (ForgetKey): a reset then reaches every instance's deny cache at once,
-// not only after DenyCacheMaxAge. It subscribes when one of its Limiters first caches a denial
-// (before that there is nothing to forget), on one connection dialled in the background; go-redis
-// reconnects and subscribes again after a failure (a message published while it is
-// disconnected is lost, and DenyCacheMaxAge bounds what that costs). One listener serves any
-// number of Limiters and key prefixes; it is safe for concurrent use.
+// ResetListener delivers the resets other instances announce (Limiter.Reset publishes the state key
+// it deleted on `<prefix>reset`) to the Limiters added to it, which forget their cached denials and
+// lease grants of that key: a reset then reaches every instance's deny cache at once, not only
+// after DenyCacheMaxAge. It subscribes when one of its Limiters first caches a denial (before that
+// there is nothing to forget), on one connection dialled in the background; go-redis reconnects and
+// subscribes again after a failure (a message published while it is disconnected is lost, and
+// DenyCacheMaxAge bounds what that costs). One listener serves any number of Limiters and key
+// prefixes; it is safe for concurrent use.
 type ResetListener struct {
 	// SubscribeFailed, when set (before the listener is used), is told of a subscription whose
 	// first attempt failed: go-redis subscribes again when it reconnects, but until then this
@@ -46,7 +46,7 @@ func NewResetListener(rdb Subscriber) *ResetListener {
 // Add makes l receive the resets of its key prefix, until Remove.
 func (rl *ResetListener) Add(l *Limiter) {
 	l.resets.Store(rl)
-	ch := ResetChannel(l.prefix)
+	ch := resetChannel(l.prefix)
 	rl.mu.Lock()
 	defer rl.mu.Unlock()
 	ls, ok := rl.subs[ch]
@@ -65,7 +65,7 @@ func (rl *ResetListener) Add(l *Limiter) {
 func (rl *ResetListener) Remove(l *Limiter) {
 	rl.mu.Lock()
 	defer rl.mu.Unlock()
-	delete(rl.subs[ResetChannel(l.prefix)], l)
+	delete(rl.subs[resetChannel(l.prefix)], l)
 }
 
 // listen subscribes to the channels of the Limiters added, the first time it is called.
@@ -115,7 +115,7 @@ func (rl *ResetListener) run(msgs <-chan *redis.Message) {
 	for msg := range msgs {
 		rl.mu.Lock()
 		for l := range rl.subs[msg.Channel] {
-			l.ForgetKey(msg.Payload)
+			l.forgetKey(msg.Payload)
 		}
 		rl.mu.Unlock()
 	}

@@ -15,7 +15,7 @@ import (
 // topology: a decision would be charged twice, and a release of a window counter without its
 // record taken twice. Every call is a onceCmd, whose NoRetry makes go-redis (v9) keep it to one
 // write: the plain and Sentinel clients (MaxRetries -1 besides), and the Redis Cluster client,
-// whose own loop (ClusterOptions.MaxRedirects, default 3) re-sent every command of a node's
+// whose own loop (ClusterOptions.MaxRedirects, default 3) re-sends every command of a node's
 // pipeline on EOF, a reset or a read timeout, including commands Redis had run. Each such re-send
 // in go-redis is guarded by NoRetry (Client and ClusterClient process, the cluster pipeline's
 // write, read and first-reply paths). The re-sends NoRetry leaves are safe by construction: they

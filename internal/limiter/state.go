@@ -69,12 +69,13 @@ type State struct {
 	TTL time.Duration
 }
 
-// State reads the client's state in zone z (z as passed to Allow; clientKey raw, as the
+// State reads the client's state in zone z (z as passed to Decide; clientKey raw, as the
 // handler resolved it: it is sanitised with ClientKey) without changing it: no key is created,
 // nothing expires sooner or later. The key is read in one MULTI/EXEC transaction, after the
 // time is taken (Redis TIME, unless the Limiter has its own clock), so the state is consistent.
 //
-// The error wraps the Redis or network error (context.DeadlineExceeded when ctx expires first), or ErrBadResponse.
+// The error wraps the Redis or network error (context.DeadlineExceeded when ctx expires first), or
+// ErrBadResponse.
 func (l *Limiter) State(ctx context.Context, z *Zone, clientKey string) (State, error) {
 	var err error
 	s := State{Key: StateKey(l.prefix, z, clientKey)}
@@ -284,7 +285,7 @@ func (l *Limiter) counterState(ctx context.Context, z *Zone, now int64, s *State
 	stored, _ := strconv.ParseInt(f["s"], 10, 64)
 	c, _ := strconv.ParseInt(f["c"], 10, 64)
 	if z.Algorithm == FixedWindow {
-		start, end := z.WindowAt(time.UnixMicro(now))
+		start, end := z.windowAt(time.UnixMicro(now))
 		s.WindowStart, s.WindowEnd = start, end
 		mark, count, ok := strings.Cut(value.Val(), ":")
 		if n, err := strconv.ParseInt(count, 10, 64); ok && err == nil && mark == windowMark(start.UnixMicro()) {
@@ -359,14 +360,11 @@ func number(v any) (float64, bool) {
 
 // Reset deletes the client's state in zone z from Redis, so that its next request finds a full
 // bucket or an empty window, forgets this Limiter's cached denials of it (Forget), and publishes
-// the state key on ResetChannel(prefix), so that every Limiter listening there forgets its own
-// (ForgetKey; see the handler's subscription). existed reports whether Redis held state for the
-// client. An instance that misses the message (not subscribed, or disconnected at that moment)
-// may deny the client from its deny cache for at most its DenyCacheMaxAge.
-//
-// A fixed window's or sliding window counter's count generation (genKey) is deleted with it, in
-// one transaction, so that the charges pending settlement, no longer in the count, are never
-// taken from the new count (see settle.lua).
+// the state key on the Redis channel `<prefix>reset`, so that every Limiter whose ResetListener
+// hears it forgets its own. existed reports whether Redis held state for the client. An instance
+// that misses the message (not subscribed, or disconnected at that moment) may deny the client
+// from its deny cache for at most its DenyCacheMaxAge. A charge held for settlement after the
+// response (Request.Hold) is not taken from the new state when it is settled.
 //
 // On an error other than ErrNotBroadcast nothing is forgotten; the Redis key may or may not
 // have been deleted, and calling Reset again is safe. An error wrapping ErrNotBroadcast is a
@@ -375,6 +373,9 @@ func number(v any) (float64, bool) {
 func (l *Limiter) Reset(ctx context.Context, z *Zone, clientKey string) (existed bool, err error) {
 	key := StateKey(l.prefix, z, clientKey)
 	var del *redis.IntCmd
+	// A window counter's count generation (genKey) goes with it, in one transaction: the charges
+	// pending settlement, no longer in the count, then find their generation gone and are never
+	// taken from the new count (see settle.lua).
 	_, err = l.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		del = p.Del(ctx, key)
 		if z.Algorithm == FixedWindow || z.Algorithm == SlidingWindowCounter {
@@ -389,19 +390,19 @@ func (l *Limiter) Reset(ctx context.Context, z *Zone, clientKey string) (existed
 	// After the delete, not before, so that a denial decided on the old state and recorded
 	// meanwhile is dropped too (one still in flight after Forget can outlive the reset).
 	l.Forget(z, clientKey)
-	if err := l.rdb.Publish(ctx, ResetChannel(l.prefix), key).Err(); err != nil {
-		return n > 0, fmt.Errorf("%w: redis PUBLISH %s: %w", ErrNotBroadcast, ResetChannel(l.prefix), err)
+	if err := l.rdb.Publish(ctx, resetChannel(l.prefix), key).Err(); err != nil {
+		return n > 0, fmt.Errorf("%w: redis PUBLISH %s: %w", ErrNotBroadcast, resetChannel(l.prefix), err)
 	}
 	return n > 0, nil
 }
 
 // ErrNotBroadcast is Reset's error when the reset is done but its announcement to the other
-// instances (a PUBLISH on ResetChannel) failed.
+// instances (a PUBLISH on `<prefix>reset`) failed.
 var ErrNotBroadcast = errors.New("reset done, but not announced to the other instances")
 
-// ResetChannel is the Redis pub/sub channel on which Reset announces the state keys it deleted,
+// resetChannel is the Redis pub/sub channel on which Reset announces the state keys it deleted,
 // for Limiters of the key prefix prefix: `<prefix>reset`.
-func ResetChannel(prefix string) string { return prefix + "reset" }
+func resetChannel(prefix string) string { return prefix + "reset" }
 
 // Forget removes this Limiter's cached denials of the client in the zone named as z, whatever
 // their numbers and cost, and ends its lease grants of them (see Lease), so that its next
@@ -420,11 +421,11 @@ func (l *Limiter) Forget(z *Zone, clientKey string) {
 	}
 }
 
-// ForgetKey removes this Limiter's cached denials of the state key key (as Reset publishes it):
+// forgetKey removes this Limiter's cached denials of the state key key (as Reset publishes it):
 // the zone of that name and the client of that key, whatever the cost, and ends its grants of
 // them as Forget does, returning them in the background. A key of another prefix, or not of
 // StateKey's form, is ignored. Without grants it never contacts Redis.
-func (l *Limiter) ForgetKey(key string) {
+func (l *Limiter) forgetKey(key string) {
 	if l.denials == nil && l.leases == nil {
 		return
 	}

@@ -442,12 +442,12 @@ func (z *Zone) PolicyWindow() time.Duration {
 	return time.Duration(float64(z.Capacity) / z.RefillRate * float64(time.Second))
 }
 
-// WindowAt returns the fixed window of a fixed window zone that holds t: [start, end), with
+// windowAt returns the fixed window of a fixed window zone that holds t: [start, end), with
 // start <= t < end. A Window is aligned to the Unix epoch; a Period is a calendar period in
 // Location (UTC when nil), computed by calendarWindow: a day of a daylight saving change is 23
 // or 25 hours long, a month as long as it is, and each window starts where the one before it
 // ended.
-func (z *Zone) WindowAt(t time.Time) (start, end time.Time) {
+func (z *Zone) windowAt(t time.Time) (start, end time.Time) {
 	if z.Period == NoPeriod {
 		w := z.Window.Microseconds()
 		us := t.UnixMicro()

@@ -11,7 +11,7 @@ import (
 // stages (see ServeHTTP), with what they call on the way.
 var requestPathFiles = []string{"handler.go", "resolve.go", "decide.go", "headers.go", "admit.go", "deny.go",
 	"charge.go", "waiting.go", "placeholders.go", "number.go", "breaker.go", "internal/clientip/clientip.go",
-	"internal/limiter/limiter.go", "internal/limiter/pipeline.go", "internal/limiter/script.go", "internal/limiter/deadline.go", "internal/limiter/lease.go"}
+	"internal/limiter/limiter.go", "internal/limiter/batcher.go", "internal/limiter/script.go", "internal/limiter/deadline.go", "internal/limiter/lease.go"}
 
 // TestRequestPathFunctionsAreShort: every function of the request path can be taken in at a
 // glance, 60 lines at most (issue 31).

@@ -11,10 +11,10 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// maxBatch bounds the decisions one pipeline carries.
+// maxBatch bounds the decisions one batch carries.
 const maxBatch = 128
 
-// Pipeliner is what a Pipeline needs of a client: *redis.Client and *redis.ClusterClient have it.
+// Pipeliner makes go-redis pipelines: *redis.Client and *redis.ClusterClient have it.
 type Pipeliner interface {
 	Pipeline() redis.Pipeliner
 }
@@ -25,10 +25,10 @@ type Processor interface {
 	Process(ctx context.Context, cmd redis.Cmder) error
 }
 
-// Batcher is what a Pipeline needs of a client: single commands (a script call), and go-redis
+// BatchClient is what a Batcher needs of a client: single commands (a script call), and go-redis
 // pipelines (on Redis Cluster, a batch is one script call per hash slot, all in one pipeline).
 // *redis.Client, *redis.ClusterClient and redis.UniversalClient have it.
-type Batcher interface {
+type BatchClient interface {
 	Processor
 	Pipeliner
 }
@@ -50,8 +50,8 @@ type call struct {
 	eval, migrating bool
 }
 
-// callPool holds the calls of Pipeline.run and runSettle, with their done channels, used again once
-// answered: two allocations fewer per decision.
+// callPool holds the calls of Batcher.run and runSettle, with their done channels, used again once
+// answered, so that a decision allocates neither.
 var callPool = sync.Pool{New: func() any { return &call{done: make(chan struct{}, 1)} }}
 
 // newCall returns a call of keys and args from the pool.
@@ -72,19 +72,17 @@ func (c *call) release() {
 // touch c after it.
 func (c *call) answer() { c.done <- struct{}{} }
 
-// Pipeline sends concurrent decisions to Redis in batches, with at most `slots` round trips
+// Batcher sends concurrent decisions to Redis in batches, with at most `slots` round trips
 // under way. A decision that finds a slot free is sent at once from its own goroutine (no
 // hand-off), together with the decisions waiting in the queue (up to 128 in all); one that finds
 // every slot taken waits in the queue for the next round trip. So with one decision at a time it
 // is a plain round trip, and under load many decisions share a round trip, its two system calls
 // and ONE script call: decide.lua decides a batch of decisions in order, each all-or-nothing, in
 // one EVALSHA (EVAL after NOSCRIPT). On Redis Cluster a batch is one script call per hash slot,
-// all in one go-redis pipeline (one round trip per node). How many round trips under way (the
-// handler's shared client: 1) and why: see NewPipeline's caller and `make bench`. A
-// Pipeline may serve any number of Limiters (Options.Pipeline) and outlive them; it is safe for
-// concurrent use.
-type Pipeline struct {
-	rdb     Batcher
+// all in one go-redis pipeline (one round trip per node). A Batcher may serve any number of
+// Limiters (Options.Batcher) and outlive them; it is safe for concurrent use.
+type Batcher struct {
+	rdb     BatchClient
 	cluster bool          // rdb is a Redis Cluster client: a batch is split by hash slot
 	slots   chan struct{} // one token per round trip under way
 	queue   chan *call    // decisions waiting for a slot
@@ -92,13 +90,13 @@ type Pipeline struct {
 	closed  sync.Once
 }
 
-// NewPipeline returns a Pipeline sending through rdb with at most slots (at least 1) round
+// NewBatcher returns a Batcher sending through rdb with at most slots (at least 1) round
 // trips under way. A decision's round trip runs on its caller's goroutine when a slot is free,
 // so rdb must bound socket reads and writes by the context's deadline (go-redis:
 // ContextTimeoutEnabled), or a stalled Redis holds the caller for rdb's own timeouts.
-func NewPipeline(rdb Batcher, slots int) *Pipeline {
+func NewBatcher(rdb BatchClient, slots int) *Batcher {
 	_, cluster := rdb.(*redis.ClusterClient)
-	return &Pipeline{
+	return &Batcher{
 		rdb:     rdb,
 		cluster: cluster,
 		slots:   make(chan struct{}, max(slots, 1)),
@@ -108,10 +106,10 @@ func NewPipeline(rdb Batcher, slots int) *Pipeline {
 }
 
 // Close makes decisions sent after it fail; the round trips under way finish.
-func (b *Pipeline) Close() { b.closed.Do(func() { close(b.stop) }) }
+func (b *Batcher) Close() { b.closed.Do(func() { close(b.stop) }) }
 
 // run sends one decision and waits for its part of the batch's reply, or for ctx to end.
-func (b *Pipeline) run(ctx context.Context, keys []string, args []any) ([]any, error) {
+func (b *Batcher) run(ctx context.Context, keys []string, args []any) ([]any, error) {
 	c := newCall(keys, args, false)
 	if err := b.do(ctx, c); err != nil {
 		return nil, err // c is not answered, and may still be sent: not used again
@@ -123,7 +121,7 @@ func (b *Pipeline) run(ctx context.Context, keys []string, args []any) ([]any, e
 
 // runSettle sends one settle.lua call in the next round trip, beside the decisions, and waits
 // for its reply, or for ctx to end.
-func (b *Pipeline) runSettle(ctx context.Context, keys []string, args []any) (any, error) {
+func (b *Batcher) runSettle(ctx context.Context, keys []string, args []any) (any, error) {
 	c := newCall(keys, args, true)
 	if err := b.do(ctx, c); err != nil {
 		return nil, err
@@ -134,14 +132,14 @@ func (b *Pipeline) runSettle(ctx context.Context, keys []string, args []any) (an
 }
 
 // do sends c and waits until it is answered (nil: c's reply or arr and its err are set), or
-// until ctx ends or the pipeline is closed first: that error, c unanswered.
-func (b *Pipeline) do(ctx context.Context, c *call) error {
+// until ctx ends or the batcher is closed first: that error, c unanswered.
+func (b *Batcher) do(ctx context.Context, c *call) error {
 	if err := ctx.Err(); err != nil {
 		return err // never charge for a decision nobody waits for
 	}
 	select {
 	case <-b.stop:
-		return errors.New("limiter pipeline closed")
+		return errors.New("limiter batcher closed")
 	default:
 	}
 	c.ctx = ctx
@@ -180,7 +178,7 @@ func (b *Pipeline) do(ctx context.Context, c *call) error {
 // lead holds a slot: it sends first (if any) with the decisions waiting, releases the slot, and
 // when decisions are waiting again hands them to a new goroutine holding a slot, so that a
 // request never waits on the round trips of others after its own.
-func (b *Pipeline) lead(first *call) {
+func (b *Batcher) lead(first *call) {
 	batch := make([]*call, 0, 8)
 	if first != nil {
 		batch = first.appendTo(batch)
@@ -226,7 +224,7 @@ func (c *call) appendTo(batch []*call) []*call {
 // slots of its node share. A panic while reading replies fails the batch with ErrBadResponse
 // instead of killing the process: this goroutine is not a request's, so nothing else would
 // recover it.
-func (b *Pipeline) send(batch []*call) {
+func (b *Batcher) send(batch []*call) {
 	ctx, cancel := batchContext(batch)
 	defer cancel()
 	if !b.cluster && !slices.ContainsFunc(batch, func(c *call) bool { return c.settle }) {
@@ -256,7 +254,7 @@ func (b *Pipeline) send(batch []*call) {
 // scriptCalls returns the script calls that decide batch (a batch holding settle.lua calls, or
 // on Redis Cluster): its decisions merged into one decide.lua call (one per hash slot on Redis
 // Cluster), then each settlement as it is; and, per script call, the calls of batch it answers.
-func (b *Pipeline) scriptCalls(batch []*call) (scripts []*call, answers [][]*call) {
+func (b *Batcher) scriptCalls(batch []*call) (scripts []*call, answers [][]*call) {
 	var decides, settles []*call
 	for _, c := range batch {
 		if c.settle {
@@ -283,14 +281,14 @@ func (b *Pipeline) scriptCalls(batch []*call) (scripts []*call, answers [][]*cal
 	return scripts, answers
 }
 
-// answerAll hands each of calls (those sc answers: the decisions merged into it, or sc itself,
-// a settlement) its part of sc's reply, and tells them they are answered.
-func (sc *call) answerAll(calls []*call) {
-	if !sc.settle {
-		sc.split(calls)
+// answerAll hands each of calls (those c answers: the decisions merged into it, or c itself,
+// a settlement) its part of c's reply, and tells them they are answered.
+func (c *call) answerAll(calls []*call) {
+	if !c.settle {
+		c.split(calls)
 	}
-	for _, c := range calls {
-		c.answer()
+	for _, part := range calls {
+		part.answer()
 	}
 }
 
@@ -332,32 +330,32 @@ func mergeCalls(calls []*call) *call {
 	return m
 }
 
-// split hands each of calls (the calls merged into m, in order) its part of m's reply in arr: 1 +
-// 5n values for a call of n zones (n keys, and its record keys). Every call gets m's error, or
+// split hands each of calls (the calls merged into c, in order) its part of c's reply in arr: 1 +
+// 5n values for a call of n zones (n keys, and its record keys). Every call gets c's error, or
 // ErrBadResponse when the reply is not an array of exactly their lengths.
-func (m *call) split(calls []*call) {
-	if m.err != nil {
-		for _, c := range calls {
-			c.arr, c.err = nil, m.err
+func (c *call) split(calls []*call) {
+	if c.err != nil {
+		for _, part := range calls {
+			part.arr, part.err = nil, c.err
 		}
 		return
 	}
-	arr, ok := m.reply.([]any)
+	arr, ok := c.reply.([]any)
 	want := 0
-	for _, c := range calls {
-		want += c.replyLen()
+	for _, part := range calls {
+		want += part.replyLen()
 	}
 	if !ok || len(arr) != want {
-		err := fmt.Errorf("%w: a batch of %d decisions got %T of %d values, want %d", ErrBadResponse, len(calls), m.reply, len(arr), want)
-		for _, c := range calls {
-			c.arr, c.err = nil, err
+		err := fmt.Errorf("%w: a batch of %d decisions got %T of %d values, want %d", ErrBadResponse, len(calls), c.reply, len(arr), want)
+		for _, part := range calls {
+			part.arr, part.err = nil, err
 		}
 		return
 	}
 	off := 0
-	for _, c := range calls {
-		w := c.replyLen()
-		c.arr, c.err = arr[off:off+w:off+w], nil
+	for _, part := range calls {
+		w := part.replyLen()
+		part.arr, part.err = arr[off:off+w:off+w], nil
 		off += w
 	}
 }
@@ -526,5 +524,5 @@ func batchContext(batch []*call) (context.Context, context.CancelFunc) {
 			latest = d
 		}
 	}
-	return WithDeadline(context.Background(), latest), func() {}
+	return withDeadline(context.Background(), latest), func() {}
 }
