@@ -239,6 +239,7 @@ func TestOpenAISDKRefusals(t *testing.T) {
 		redis {
 			address %s
 		}
+		timeout 2s # a loaded machine must not fail a decision or a settlement (fail_mode open)
 		zone spent {
 			match path /spent/*
 			key {http.request.header.Authorization}
@@ -321,6 +322,7 @@ func TestAnthropicSDKUsage(t *testing.T) {
 		redis {
 			address %s
 		}
+		timeout 2s # a loaded machine must not fail a decision or a settlement (fail_mode open)
 		zone tokens {
 			key {http.request.header.X-Api-Key} {http.request.header.Authorization}
 			capacity 2000
