@@ -152,6 +152,10 @@ type Zone struct {
 	// denial. 0 turns jitter off for the zone.
 	Jitter *caddy.Duration `json:"jitter,omitempty"`
 
+	// This zone's no_retry_over, instead of the handler's: used when the zone decides a denial.
+	// 0 turns it off for the zone.
+	NoRetryOver *caddy.Duration `json:"no_retry_over,omitempty"`
+
 	// Charge after the response only the requests whose status is listed: codes (401) or
 	// classes (4xx). A request is admitted only if the zone has room for its cost, which it
 	// holds while the request runs; the others get it back (a window counter's, while the
@@ -189,10 +193,18 @@ type Zone struct {
 	failMode  string // FailMode, or the handler's
 	v4, v6    int    // the prefix lengths in force
 	jitter    int64  // the Retry-After jitter in force, in seconds
-	perClient bool   // a key has a placeholder: its client keys tell clients apart (waiting.go)
+	// noRetryOver is the no_retry_over in force: a denial of a longer wait says X-Should-Retry:
+	// false; 0 never.
+	noRetryOver time.Duration
+	perClient   bool // a key has a placeholder: its client keys tell clients apart (waiting.go)
 	// keySources are, per entry of Key, how the entry is read (compileKey): an entry that is
 	// exactly one placeholder is looked up directly, with no string building (clientKey).
 	keySources []keySource
+	// usesModel: the zone's key, cost or a number uses the model placeholder; modelMatchers are,
+	// per matcher set, its matchers that use it (nil when none does). The request's body is read
+	// for them: model.go.
+	usesModel     bool
+	modelMatchers caddyhttp.MatcherSets
 
 	// Formatted once for the hot path: the quota (X-RateLimit-Limit), the quoted name and the
 	// RateLimit-Policy value, and the errors of a denial.
@@ -216,6 +228,7 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger) error {
 	for i, k := range z.Key {
 		z.keySources[i] = compileKey(k)
 	}
+	z.usesModel = z.usesModelPlaceholder()
 	var err error
 	z.lz, z.dyn, err = z.limiterZone(func(field, value string) string {
 		return z.checkPlaceholder(logger, field, value, zap.String("when_empty", "the fallback, else 500"))
@@ -249,11 +262,12 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger) error {
 		return err
 	}
 	if z.MatcherSetsRaw != nil {
+		modelNames := z.modelMatcherNames()
 		mods, err := ctx.LoadModule(z, "MatcherSetsRaw")
 		if err != nil {
 			return fmt.Errorf("zone %s: loading matchers: %w", z.Name, err)
 		}
-		if err := z.matcherSets.FromInterface(mods); err != nil {
+		if err := z.loadMatchers(mods, modelNames); err != nil {
 			return fmt.Errorf("zone %s: %w", z.Name, err)
 		}
 	}
@@ -370,6 +384,10 @@ func (z *Zone) validateFields() error {
 			return err
 		}
 	}
+	if err := checkNoRetryOver(z.NoRetryOver); err != nil {
+		err.Zone = z.Name
+		return err
+	}
 	for _, s := range z.CountStatus {
 		if _, _, err := parseStatus(s); err != nil {
 			return z.fieldError("count_status", "count_status: %v", err)
@@ -384,20 +402,25 @@ func (z *Zone) validateCharge() error {
 	if c == nil {
 		return nil
 	}
+	reads := usageFormat(c.Source) != 0 // openai_usage or anthropic_usage
 	var msg string
 	switch {
-	case c.Source != ChargeHeader && c.Source != ChargeOpenAIUsage:
-		msg = fmt.Sprintf("charge source %q must be header or openai_usage", c.Source)
+	case c.Source != ChargeHeader && !reads:
+		msg = fmt.Sprintf("charge source %q must be header, openai_usage or anthropic_usage", c.Source)
 	case c.Source == ChargeHeader && c.Header == "":
 		msg = "charge header needs a header field name"
-	case c.Source == ChargeHeader && c.Usage != "":
-		msg = "charge usage belongs to source openai_usage"
-	case c.Source == ChargeHeader && c.Missing != nil:
-		msg = "charge missing belongs to source openai_usage"
-	case c.Source == ChargeOpenAIUsage && c.Header != "":
-		msg = "charge header belongs to source header"
-	case c.Source == ChargeOpenAIUsage && c.Usage != "" && c.Usage != UsageTotal && c.Usage != UsagePrompt && c.Usage != UsageCompletion:
+	case c.Source == ChargeHeader && (c.Usage != "" || c.Weights != nil || c.Missing != nil):
+		msg = "charge usage, weights and missing belong to sources openai_usage and anthropic_usage"
+	case reads && (c.Header != "" || c.Scale != 0):
+		msg = "charge header and scale belong to source header"
+	case !(c.Scale >= 0 && c.Scale <= MaxChargeScale):
+		msg = fmt.Sprintf("charge scale %v must be greater than 0 and at most %g", c.Scale, float64(MaxChargeScale))
+	case c.Usage != "" && c.Weights != nil:
+		msg = "charge usage and weights exclude each other: weights charge every count, weighted"
+	case c.Usage != "" && c.Usage != UsageTotal && c.Usage != UsagePrompt && c.Usage != UsageCompletion:
 		msg = fmt.Sprintf("charge usage %q must be total, prompt or completion", c.Usage)
+	case c.Weights != nil && c.Weights.check() != "":
+		msg = c.Weights.check()
 	case c.Missing != nil && (*c.Missing < 0 || *c.Missing > limiter.MaxCapacity):
 		msg = fmt.Sprintf("charge missing %d must be between 0 and %d", *c.Missing, int64(limiter.MaxCapacity))
 	default:
