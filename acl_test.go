@@ -781,7 +781,7 @@ func TestRedisACLConcurrency(t *testing.T) {
 	now := time.Now()
 	clock := func() time.Time { return now }
 	for _, user := range []string{"limiter", "admin"} {
-		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: user, Password: "s3cret"})
+		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: user, Password: "s3cret", DisableIdentity: true}) // as the module connects: no CLIENT SETINFO
 		t.Cleanup(func() { _ = rdb.Close() })
 		l := limiter.New(rdb, limiter.Options{KeyPrefix: "rl:", Now: clock})
 		z := &limiter.Zone{Name: "c" + user, Algorithm: limiter.Concurrency, Limit: 1}
