@@ -13,7 +13,7 @@ import (
 )
 
 // deny answers a denied request: only the deciding zone counts it (the others were not
-// charged), it is logged at debug level and reported as an event, and it is refused with 429
+// charged; blocked when its penalty box refused it), a block it started is reported as an event, it is logged at debug level and reported as an event, and it is refused with 429
 // and Retry-After (none when waiting can never cure it: the cost exceeds the zone's quota), or,
 // a gRPC call, with grpc-status RESOURCE_EXHAUSTED and the wait as grpc-retry-pushback-ms. In
 // dry_run it is passed on instead, decided, charged, counted, headed and reported exactly as
@@ -27,6 +27,8 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, next caddyhttp.Ha
 		z.decisions[resultDryRunDenied].Inc()
 	case f.degraded:
 		z.decisions[resultLocalDenied].Inc()
+	case d.Blocked:
+		z.decisions[resultBlocked].Inc()
 	default:
 		z.decisions[resultDenied].Inc()
 	}
@@ -37,6 +39,7 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, next caddyhttp.Ha
 		h.logDenial(c, &f.outcome, f.d, f.noWait)
 	}
 	h.events.exceeded(h, &f.outcome, f.d)
+	h.events.blocked(h, f)
 	if h.DryRun {
 		return next.ServeHTTP(w, r)
 	}
