@@ -25,7 +25,7 @@ import (
 
 // Bounds of a zone's Block and BlockMax.
 const (
-	MinBlock = time.Second           // Retry-After counts whole seconds
+	MinBlock = time.Second          // Retry-After counts whole seconds
 	MaxBlock = 366 * 24 * time.Hour // as MaxWindow: every TTL stays within what Redis accepts
 )
 
