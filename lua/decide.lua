@@ -70,7 +70,8 @@
 --          (`<state key>:<nonce>`) and the generation key (`<state key>:gen`) of each of its
 --          fixed window and sliding window counter zones whose charge is to be recorded for
 --          settlement, in zone order (so a decision takes n keys or more; a record key is told
---          from the next decision's state key by its name).
+--          from the next decision's state key by its name), then the block key of each of its
+--          zones with a block (see Penalty box), in zone order.
 -- ARGV[1]  now, in µs since the Unix epoch, or "" to read the Redis server clock (TIME); one
 --          time for the whole batch.
 -- Then per decision, in order:
@@ -82,7 +83,8 @@
 --            number per zone, comma-separated: µs that zone's token bucket charge is held at
 --            most before it counts as charged (0: charge it now), or that a window counter's
 --            record lives
---   n        the number of zones
+--   n        the number of zones; with a zone's block, followed by the zones' blocks (see
+--            Penalty box)
 --   and 4 arguments per zone:
 --   algorithm  "tb" (token bucket), "sw" (sliding window log), "fw" (fixed window), "sc"
 --              (sliding window counter) or "cc" (concurrency)
@@ -98,7 +100,9 @@
 -- remaining_i, retry_after_i, reset_i, next_i } (1 + 5n integers for a decision of n zones),
 -- where
 --   allowed        1 if every zone admits the request (and all were charged), else 0
---   allowed_i      1 if zone i alone would admit the request, else 0
+--   allowed_i      1 if zone i alone would admit the request, else 0; for a zone with a block, 2
+--                  when a block in force refused it, 3 when zone i denied it and its block starts
+--                  now (see Penalty box)
 --   remaining_i    whole tokens (tb) or slots (sw) left: after this request if zone i alone
 --                  admits it, else as they are now
 --   retry_after_i  when zone i alone admits the request: its delay, µs to hold it (0 but with a
@@ -232,10 +236,69 @@ local function cc_take(w)
 end
 -- End of concurrency ------------------------------------------------------------------------
 
+-- Penalty box -------------------------------------------------------------------------------
+-- A zone with a block (the decision's argument n is then "<n>/<block>,<block_max>/..." with one
+-- "/<block µs>,<block_max µs>" per zone, "/" alone for a zone without one) takes a block key,
+-- `<prefix>{<client key>}:<zone>:block`, in its state key's hash slot: the block keys of the
+-- decision's zones with a block follow all its other keys (state, record and generation keys),
+-- in zone order. The key holds "<until>:<length>:<strikes>": when the block ends (µs), how long
+-- it was (µs), and how many blocks in a row it ends (1: a first offence).
+--   - Before the zone's algorithm, the block key is read: while a block is in force (until >
+--     now), the zone refuses the request (its algorithm does not run: nothing read, nothing
+--     charged anywhere, as for any denial), with remaining 0 and retry after, reset and next the
+--     block's remaining time; its reply's first integer is 2.
+--   - When the zone's algorithm denies the request (its cost within the quota: a cost it can
+--     never admit starts no block), the block starts in the same call: its first integer is 3,
+--     remaining 0, retry after and next the block's length, reset at least that. The length is
+--     block; with a block_max, twice the last block, at most block_max, when the key still
+--     remembers one (a repeat offender), with one strike more. The key expires when the block
+--     ends, or with a block_max as long after that as the block lasted: the strikes decay then.
+-- A zone without a block reads and writes no block key.
+
+-- block_spec parses a decision's argument n with blocks: returns n and, per zone with a block,
+-- { block µs, block_max µs }.
+local function block_spec(arg)
+  local spec, i = {}, 0
+  for b, m in string.gmatch(arg, '/(%d*),?(%d*)') do
+    i = i + 1
+    if b ~= '' then spec[i] = { tonumber(b), tonumber(m) or 0 } end
+  end
+  return tonumber(string.match(arg, '^%d+')), spec
+end
+
+-- block_read returns a block key's until, length and strikes; nil when there is none (or it
+-- cannot be read).
+local function block_read(bkey)
+  local v = redis.call('GET', bkey)
+  if not v then return nil end
+  local u, l, n = string.match(v, '^(%d+):(%d+):(%d+)$')
+  return tonumber(u), tonumber(l), tonumber(n)
+end
+
+-- block_length is the length and strikes of the block a denial starts, for a zone of block spec
+-- b, the key holding the last block's end, length and strikes (nil: none): a repeat offence
+-- while that block is remembered, as long after its end as it lasted (the key's TTL says so on
+-- the Redis clock; this, on the scripts' clock too).
+local function block_length(b, bend, last, strikes)
+  if b[2] > 0 and bend and last and strikes and now < bend + last then
+    return math.max(b[1], math.min(2 * last, b[2])), strikes + 1
+  end
+  return b[1], 1
+end
+
+-- block_write writes the block w = { key, length, strikes, block_max } starting now.
+local function block_write(w)
+  local ttl = w[2]
+  if w[4] > 0 then ttl = 2 * w[2] end -- the strikes are remembered as long again
+  redis.call('SET', w[1], string.format('%d:%d:%d', now + w[2], w[2], w[3]), 'PX', ms(ttl / 1000))
+end
+-- End of penalty box ------------------------------------------------------------------------
+
 -- decide runs one decision: n zones, whose state keys are KEYS[kbase + 1 .. kbase + n] (their
 -- record keys following) and whose arguments start at ARGV[abase]. It returns the decision's
--- reply (see above) and the number of keys it took.
-local function decide(nonce, hold, n, kbase, abase)
+-- reply (see above) and the number of keys it took. spec, when given, is the zones' blocks
+-- (block_spec).
+local function decide(nonce, hold, n, kbase, abase, spec)
   local holdmax = {} -- per zone: µs its token bucket charge is held at most; nil: charged now
   if hold == '1' then
     for i = 1, n do holdmax[i] = HOLD_MAX end
@@ -250,6 +313,14 @@ local function decide(nonce, hold, n, kbase, abase)
   local writes = {}
   local denied = {}
   local r = kbase + n + 1 -- the next record key
+  local bk, blocks -- with blocks: the next block key (after the record keys), and the blocks to start
+  if spec then
+    bk, blocks = r, {}
+    for i = 1, n do
+      local algo = ARGV[abase + 4 * (i - 1)]
+      if (algo == 'fw' or algo == 'sc') and KEYS[bk] == KEYS[kbase + i] .. ':' .. nonce then bk = bk + 2 end
+    end
+  end
 
   for i = 1, n do
     local key = KEYS[kbase + i]
@@ -269,8 +340,15 @@ local function decide(nonce, hold, n, kbase, abase)
     end
     local granted = 0
     local ok, remaining, retry, reset, nxt
+    local bkey, bend, last, strikes -- the zone's block key, and what it holds: the block's end, length, strikes
+    if spec and spec[i] then
+      bkey, bk = KEYS[bk], bk + 1
+      bend, last, strikes = block_read(bkey)
+    end
 
-    if algo == 'cc' then
+    if bend and bend > now then
+      ok, remaining, retry, reset, nxt = false, 0, bend - now, bend - now, bend - now
+    elseif algo == 'cc' then
       local w
       ok, remaining, retry, reset, nxt, w = cc_decide(key, quota, cost, nonce, holdmax[i] or HOLD_MAX)
       if w then writes[#writes + 1] = w end
@@ -440,8 +518,18 @@ local function decide(nonce, hold, n, kbase, abase)
       if est <= EPSILON then nxt = 0 else nxt = when(math.max(0, quota - remaining - 1)) end
     end
 
+    local fig = ok and 1 or 0 -- the zone's first reply integer
+    if bkey and not ok then
+      if bend and bend > now then
+        fig = 2
+      elseif cost <= quota then
+        local len, nth = block_length(spec[i], bend, last, strikes)
+        blocks[#blocks + 1] = { bkey, len, nth, spec[i][2] }
+        fig, remaining, retry, reset, nxt = 3, 0, len, math.max(reset, len), len
+      end
+    end
     if not ok then reply[1] = 0 end
-    reply[#reply + 1] = ok and 1 or 0
+    reply[#reply + 1] = fig
     reply[#reply + 1] = remaining
     reply[#reply + 1] = retry
     reply[#reply + 1] = reset
@@ -450,7 +538,11 @@ local function decide(nonce, hold, n, kbase, abase)
   end
 
   local nkeys = r - kbase - 1
+  if bk then nkeys = bk - kbase - 1 end
   if reply[1] == 0 then
+    if blocks then
+      for _, w in ipairs(blocks) do block_write(w) end
+    end
     -- Nothing charged. A state the parameters in force need longer than its TTL must not expire
     -- early (GT: only ever lengthened; a key without a TTL keeps none).
     for _, d in ipairs(denied) do
@@ -600,11 +692,13 @@ local out, o = {}, 0
 local kbase, a = 0, 2
 while a <= #ARGV do
   local nonce, hold, n = ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2])
-  local fo = hold == '0' and fast(out, o, n, kbase, a + 3)
+  local fo = n and hold == '0' and fast(out, o, n, kbase, a + 3)
   if fo then
     o, kbase = fo, kbase + n
   else
-    local r, nkeys = decide(nonce, hold, n, kbase, a + 3)
+    local spec -- n is "<n>/..." when a zone has a block: see Penalty box
+    if not n then n, spec = block_spec(ARGV[a + 2]) end
+    local r, nkeys = decide(nonce, hold, n, kbase, a + 3, spec)
     for j = 1, #r do out[o + j] = r[j] end
     o, kbase = o + #r, kbase + nkeys
   end
