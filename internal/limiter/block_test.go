@@ -116,7 +116,7 @@ func TestBlockStrikes(t *testing.T) {
 	clk.Advance(19 * time.Second) // 9s after its end: a repeat
 	offend("second", 20*time.Second)
 	clk.Advance(21 * time.Second)
-	offend("third", 35*time.Second) // 40s, at most block_max
+	offend("third", 35*time.Second)              // 40s, at most block_max
 	clk.Advance(35*time.Second + 35*time.Second) // as long after its end as it lasted: forgotten
 	if s := state(t, l, z, "mallory"); !s.Block.Until.IsZero() || s.Block.Strikes != 3 {
 		t.Fatalf("after the third: %+v", s.Block)
