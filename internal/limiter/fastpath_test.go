@@ -19,7 +19,7 @@ import (
 // drained and partly drained ones (u integral and fractional), denials and two-zone decisions
 // that one zone denies.
 func TestFastPathMatchesGeneral(t *testing.T) {
-	const call = "local fo = hold == '0' and fast(out, o, n, kbase, a + 3)"
+	const call = "local fo = n and hold == '0' and fast(out, o, n, kbase, a + 3)"
 	if !strings.Contains(lua.Decide, call) {
 		t.Fatal("decide.lua no longer calls fast() as this test expects")
 	}
