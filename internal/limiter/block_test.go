@@ -3,6 +3,8 @@ package limiter_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -175,17 +177,46 @@ func TestBlockAdmin(t *testing.T) {
 }
 
 // TestBlockZoneWithoutBlockWritesNone: a zone without a block neither reads nor writes a block
-// key, even when it denies.
+// key, even when it denies: Redis runs the same commands as before blocks existed (INFO
+// commandstats: one EVALSHA, HMGET and PEXPIRE per decision, HSET per admission, no GET or
+// SET), where a zone with a block adds one GET per decision and one SET per block started.
 func TestBlockZoneWithoutBlockWritesNone(t *testing.T) {
 	srv := redistest.Start(t)
 	l := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:"})
-	z := tb("api", 1, 1)
-	allow(t, l, limiter.Request{Zone: z, Key: "alice", Cost: 1})
-	if d := allow(t, l, limiter.Request{Zone: z, Key: "alice", Cost: 1}); d.Allowed {
-		t.Fatalf("%+v, want denied", d)
+	calls := func() map[string]string {
+		got := map[string]string{}
+		for _, line := range strings.Split(fmt.Sprint(srv.Do("INFO", "commandstats")), "\n") {
+			name, rest, ok := strings.Cut(strings.TrimPrefix(line, "cmdstat_"), ":calls=")
+			if ok && name != "info" && name != "hello" && name != "config|resetstat" && name != "script|load" {
+				got[name], _, _ = strings.Cut(rest, ",")
+			}
+		}
+		return got
 	}
-	if n := srv.Do("EXISTS", limiter.BlockKey("rl:", z, "alice")); n != int64(0) {
-		t.Fatalf("EXISTS block key = %v", n)
+	for _, c := range []struct {
+		block time.Duration
+		want  string
+	}{
+		{0, "map[evalsha:4 hmget:4 hset:1 pexpire:4 time:4]"},
+		{time.Hour, "map[evalsha:4 get:4 hmget:2 hset:1 pexpire:2 set:1 time:4]"},
+	} {
+		z := tb("api", 1, 1)
+		z.Block = c.block
+		allow(t, l, limiter.Request{Zone: z, Key: "alice", Cost: 1}) // loads the script
+		srv.Do("DEL", limiter.StateKey("rl:", z, "alice"), limiter.BlockKey("rl:", z, "alice"))
+		srv.Do("CONFIG", "RESETSTAT")
+		allow(t, l, limiter.Request{Zone: z, Key: "alice", Cost: 1})
+		for range 3 {
+			if d := allow(t, l, limiter.Request{Zone: z, Key: "alice", Cost: 1}); d.Allowed {
+				t.Fatalf("block %v: %+v, want denied", c.block, d)
+			}
+		}
+		if got := fmt.Sprint(calls()); got != c.want {
+			t.Errorf("block %v: commands %s, want %s", c.block, got, c.want)
+		}
+		if n := srv.Do("EXISTS", limiter.BlockKey("rl:", z, "alice")); (n == int64(1)) != (c.block > 0) {
+			t.Fatalf("block %v: EXISTS block key = %v", c.block, n)
+		}
 	}
 }
 
