@@ -77,10 +77,11 @@ func (e *events) blocked(h *Handler, f *flight) {
 		return
 	}
 	for i, rq := range f.reqs {
-		if rq.Result.BlockStarted <= 0 {
+		if !rq.Result.BlockStarted {
 			continue
 		}
-		data := map[string]any{"zone": rq.Zone.Name, "block_seconds": seconds(rq.Result.BlockStarted), "dry_run": h.DryRun}
+		// A started block's Next is its length.
+		data := map[string]any{"zone": rq.Zone.Name, "block_seconds": seconds(rq.Result.Next), "dry_run": h.DryRun}
 		if h.LogKey {
 			data["key"] = f.shown[i]
 		}

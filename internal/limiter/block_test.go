@@ -46,7 +46,7 @@ func TestBlockEveryAlgorithm(t *testing.T) {
 			}
 			reqs := []limiter.Request{{Zone: z, Key: "mallory", Cost: 1}}
 			d := allow(t, l, reqs...)
-			if d.Allowed || d.Blocked || d.RetryAfter != 10*time.Second || reqs[0].Result.BlockStarted != 10*time.Second {
+			if d.Allowed || d.Blocked || d.RetryAfter != 10*time.Second || !reqs[0].Result.BlockStarted || reqs[0].Result.Next != 10*time.Second {
 				t.Fatalf("over the limit: %+v (result %+v), want denied, a block of 10s started", d, reqs[0].Result)
 			}
 			clk.Advance(3 * time.Second) // the zone has room again
@@ -79,7 +79,7 @@ func TestBlockChargesNoZone(t *testing.T) {
 		t.Fatalf("first: %+v", d)
 	}
 	reqs := both()
-	if d := allow(t, l, reqs...); d.Allowed || d.Zone != 1 || reqs[1].Result.BlockStarted != time.Hour || d.RetryAfter != time.Hour {
+	if d := allow(t, l, reqs...); d.Allowed || d.Zone != 1 || !reqs[1].Result.BlockStarted || reqs[1].Result.Next != time.Hour || d.RetryAfter != time.Hour {
 		t.Fatalf("second: %+v (results %+v), want the block of login started", d, reqs)
 	}
 	for i := range 5 {
@@ -106,7 +106,7 @@ func TestBlockStrikes(t *testing.T) {
 		t.Helper()
 		allow(t, l, limiter.Request{Zone: z, Key: "mallory", Cost: 1}) // admitted: a new window
 		reqs := []limiter.Request{{Zone: z, Key: "mallory", Cost: 1}}
-		if d := allow(t, l, reqs...); d.Allowed || reqs[0].Result.BlockStarted != want || d.RetryAfter != want {
+		if d := allow(t, l, reqs...); d.Allowed || !reqs[0].Result.BlockStarted || reqs[0].Result.Next != want || d.RetryAfter != want {
 			t.Fatalf("%s: %+v (result %+v), want a block of %v", step, d, reqs[0].Result, want)
 		}
 	}
@@ -132,7 +132,7 @@ func TestBlockUnsatisfiable(t *testing.T) {
 	l := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:"})
 	z := &limiter.Zone{Name: "api", Algorithm: limiter.TokenBucket, Capacity: 5, RefillRate: 1, Block: time.Minute}
 	reqs := []limiter.Request{{Zone: z, Key: "alice", Cost: 6}}
-	if d := allow(t, l, reqs...); d.Allowed || !d.Unsatisfiable || reqs[0].Result.BlockStarted != 0 {
+	if d := allow(t, l, reqs...); d.Allowed || !d.Unsatisfiable || reqs[0].Result.BlockStarted {
 		t.Fatalf("cost 6: %+v", d)
 	}
 	if d := allow(t, l, limiter.Request{Zone: z, Key: "alice", Cost: 1}); !d.Allowed {

@@ -93,6 +93,15 @@ type Result struct {
 	Known bool
 	// Allowed is true when this zone alone would admit the request.
 	Allowed bool
+	// Blocked is true when the zone's block (Zone.Block) refused the request: the client was in
+	// the zone's penalty box already, and the zone's algorithm did not run. Remaining is then 0,
+	// and Next and Reset the block's remaining time.
+	Blocked bool
+	// BlockStarted is true when this request's denial by the zone started the zone's block
+	// (Zone.Block, doubled for a repeat offender up to Zone.BlockMax): Remaining is then 0, and
+	// Next the block's length (Reset at least that). Beside Known and Allowed, so that a Result
+	// (in every Request) is no larger for the blocks.
+	BlockStarted bool
 	// Remaining is the zone's whole tokens or window slots left: after this request when the
 	// request was admitted, else as they are (a denied request charged no zone).
 	Remaining int64
@@ -104,14 +113,6 @@ type Result struct {
 	// admitted a request that another zone denied, and is not full, it is an upper bound: the
 	// time as if the zone had been charged.
 	Reset time.Duration
-	// Blocked is true when the zone's block (Zone.Block) refused the request: the client was in
-	// the zone's penalty box already, and the zone's algorithm did not run. Remaining is then 0,
-	// and Next and Reset the block's remaining time.
-	Blocked bool
-	// BlockStarted, when > 0, is the length of the block this request's denial by the zone
-	// started (Zone.Block, doubled for a repeat offender up to Zone.BlockMax): the zone's
-	// Remaining is then 0, and Next and Reset that length.
-	BlockStarted time.Duration
 }
 
 // Decision is the outcome of one request across its zones.
@@ -727,10 +728,7 @@ func zoneResults(reqs []Request, allowed bool, zones []zoneReply) {
 		res := Result{
 			Known: true, Allowed: z.allowed, Remaining: z.remaining,
 			Next: time.Duration(z.next) * time.Microsecond, Reset: time.Duration(z.reset) * time.Microsecond,
-			Blocked: z.block == replyBlocked,
-		}
-		if z.block == replyBlockStarted {
-			res.BlockStarted = time.Duration(z.retryAfter) * time.Microsecond
+			Blocked: z.block == replyBlocked, BlockStarted: z.block == replyBlockStarted,
 		}
 		if z.allowed && !allowed {
 			// The reply gives the figures after the request, as if this zone had been charged;
