@@ -77,6 +77,9 @@ var redisUses = []redisUse{
 	// limiter.Reset (DELETE /rate_limit_redis/state): DEL of the key, PUBLISH of it on the
 	// reset channel.
 	{"limiter.Reset: the admin API's reset", grantAdmin, []string{"del", "publish"}},
+	// limiter.Block (PUT /rate_limit_redis/block): TIME, one MULTI/EXEC with SET of the block
+	// key, PUBLISH of it on the reset channel. limiter.State reads a block key with GET.
+	{"limiter.Block: the admin API's block", grantAdmin, []string{"time", "multi", "exec", "set", "publish"}},
 	// go-redis's ClusterClient: the slot map (CLUSTER SLOTS) and the commands' key positions
 	// (COMMAND), from any node.
 	{"go-redis: Redis Cluster", grantCluster, []string{"cluster|slots", "command"}},
@@ -283,6 +286,7 @@ func TestRedisACL(t *testing.T) {
 			"tb_wait capacity 1\n\t\t\trefill_rate 1\n\t\t\tmax_wait 1s",
 			"tb_hold capacity 2\n\t\t\trefill_rate 1/1h\n\t\t\tcount_status 401",
 			"tb_last capacity 3\n\t\t\trefill_rate 1/1h",
+			"sw_block algorithm sliding_window\n\t\t\tlimit 1\n\t\t\twindow 1h\n\t\t\tblock 1h\n\t\t\tblock_max 2h",
 		}
 		var b strings.Builder
 		for _, z := range zones {
@@ -459,6 +463,16 @@ func TestRedisACL(t *testing.T) {
 		// failures of the other zones having opened the circuit breaker.
 		t.Run("tb_last", func(t *testing.T) { ok(t, "first", "/tb_last/", "2") })
 
+		// The penalty box: the denial writes the block key (SET), the next decision reads it
+		// (GET) before the zone's algorithm.
+		t.Run("sw_block", func(t *testing.T) {
+			ok(t, "first", "/sw_block/", "0")
+			denied(t, "the block starts", "/sw_block/")
+			for i := range 3 {
+				denied(t, fmt.Sprintf("blocked %d", i+1), "/sw_block/")
+			}
+		})
+
 		// The reset broadcast: the client is denied from this instance's deny cache (trusted
 		// 1h), another instance resets it (DEL and PUBLISH, with the admin API's ACL), and the
 		// message, received on this instance's subscription, clears the cache.
@@ -523,6 +537,14 @@ func TestRedisACL(t *testing.T) {
 			limit 3
 			window 366d
 		}
+		zone blk {
+			match path /blk
+			key {http.request.header.X-Client}
+			capacity 3
+			refill_rate 1/1h
+			block 1h
+			block_max 2h
+		}
 	}
 	respond "ok"`, srv.Addr))
 		zones := adminJSON[[]zoneInfo](t, ac, "GET", "/rate_limit_redis/zones", 200)
@@ -530,7 +552,7 @@ func TestRedisACL(t *testing.T) {
 		for _, z := range zones {
 			names = append(names, z.Name+" "+z.Algorithm)
 		}
-		if got := strings.Join(names, ", "); got != "fw fixed_window, sc sliding_window_counter, sw sliding_window, tb token_bucket" {
+		if got := strings.Join(names, ", "); got != "blk token_bucket, fw fixed_window, sc sliding_window_counter, sw sliding_window, tb token_bucket" {
 			t.Fatalf("zones: %s", got)
 		}
 		for _, z := range []string{"tb", "sw", "fw", "sc"} {
@@ -554,6 +576,18 @@ func TestRedisACL(t *testing.T) {
 				ac.get("/"+z, "X-Client", "alice").expect(t, "after the reset", 200, "ok", "X-RateLimit-Degraded", "", "X-RateLimit-Remaining", "2")
 			})
 		}
+		t.Run("block", func(t *testing.T) {
+			if b := adminJSON[[]blockResult](t, ac, "PUT", "/rate_limit_redis/block?zone=blk&key=eve&for=10m", 200); len(b) != 1 || !b[0].Broadcast {
+				t.Fatalf("block: %+v", b)
+			}
+			ac.get("/blk", "X-Client", "eve").expect(t, "blocked", 429, "", "X-RateLimit-Degraded", "")
+			if st := adminJSON[[]clientState](t, ac, "GET", "/rate_limit_redis/state?zone=blk&key=eve", 200); len(st) != 1 || st[0].BlockedUntilMs == nil ||
+				st[0].Strikes == nil || *st[0].Strikes != 1 {
+				t.Fatalf("state of a blocked client: %+v", st)
+			}
+			adminJSON[[]resetResult](t, ac, "DELETE", "/rate_limit_redis/state?zone=blk&key=eve", 200)
+			ac.get("/blk", "X-Client", "eve").expect(t, "unblocked", 200, "ok", "X-RateLimit-Degraded", "")
+		})
 	})
 	if t.Failed() {
 		return

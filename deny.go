@@ -14,7 +14,8 @@ import (
 )
 
 // deny answers a denied request: only the deciding zone counts it (the others were not
-// charged), it is logged at debug level and reported as an event, and it is refused with 429
+// charged; counted as blocked when its penalty box refused it), a block it started is reported
+// as an event, it is logged at debug level and reported as an event, and it is refused with 429
 // and Retry-After (none when waiting can never cure it: the cost exceeds the zone's quota),
 // and X-Should-Retry: false when the wait is longer than the zone's no_retry_over or cannot
 // end; or, a gRPC call, with grpc-status RESOURCE_EXHAUSTED and the wait as
@@ -30,6 +31,8 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, next caddyhttp.Ha
 		z.decisions[resultDryRunDenied].Inc()
 	case f.degraded:
 		z.decisions[resultLocalDenied].Inc()
+	case d.Blocked:
+		z.decisions[resultBlocked].Inc()
 	default:
 		z.decisions[resultDenied].Inc()
 	}
@@ -40,6 +43,7 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, next caddyhttp.Ha
 		h.logDenial(c, &f.outcome, f.d, f.noWait)
 	}
 	h.events.exceeded(h, &f.outcome, f.d)
+	h.events.blocked(h, f)
 	if h.DryRun {
 		return next.ServeHTTP(w, r)
 	}

@@ -178,6 +178,21 @@ type Zone struct {
 	// themselves at most hold_max after it died. Default: 10m.
 	HoldMax caddy.Duration `json:"hold_max,omitempty"`
 
+	// The penalty box, as a duration (JSON: nanoseconds or a duration string): once this zone
+	// denies a client, it refuses that client for this long, on every instance at once, whatever
+	// its requests' cost; a refused request charges no zone, and its Retry-After and rate limit
+	// headers give the block's remaining time. The block is written in the same Redis call as
+	// the denial that starts it. A denial for a cost the zone can never admit starts none. 1s to
+	// 366d. Every algorithm but concurrency; not with lease. Default: 0, no penalty box (and no
+	// Redis read for one).
+	Block caddy.Duration `json:"block,omitempty"`
+
+	// With block: the longest block of a repeat offender, as a duration. A client denied again
+	// within as long after its last block ended as that block lasted is blocked for twice the
+	// last block, up to block_max; one that stays out of trouble that long starts again at
+	// block. block to 366d. Default: 0, every block lasts block.
+	BlockMax caddy.Duration `json:"block_max,omitempty"`
+
 	after *afterResponse // count_status and charge, provisioned; nil without them
 	// dyn are the numbers resolved per request, as provisioned: those given by a placeholder;
 	// empty when every number is a literal, and the zone's requests then use lz itself.
@@ -276,11 +291,12 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger) error {
 
 // limiterZone returns the zone's limiter parameters as configured: its algorithm (token_bucket
 // when none is given), each number's literal or placeholder fallback (0 without one), its period,
-// time zone, max_wait and lease; and its numbers given by placeholders, their expressions passed
+// time zone, max_wait, lease and block; and its numbers given by placeholders, their expressions passed
 // through expand (nil: as written). Its error is a *limiter.FieldError about a value that does
 // not parse.
 func (z *Zone) limiterZone(expand func(field, expr string) string) (limiter.Zone, []dynNumber, error) {
-	lz := limiter.Zone{Name: z.Name, Algorithm: limiter.TokenBucket, MaxWait: time.Duration(z.MaxWait), Lease: z.Lease.limiterLease()}
+	lz := limiter.Zone{Name: z.Name, Algorithm: limiter.TokenBucket, MaxWait: time.Duration(z.MaxWait), Lease: z.Lease.limiterLease(),
+		Block: time.Duration(z.Block), BlockMax: time.Duration(z.BlockMax)}
 	if z.Algorithm != "" {
 		algo, err := limiter.ParseAlgorithm(z.Algorithm)
 		if err != nil {

@@ -14,7 +14,8 @@
 --          (`<state key>:<nonce>`) and the generation key (`<state key>:gen`) of each of its
 --          fixed window and sliding window counter zones whose charge is to be recorded for
 --          settlement, in zone order (so a decision takes n keys or more; a record key is told
---          from the next decision's state key by its name).
+--          from the next decision's state key by its name), then the block key of each of its
+--          zones with a block (see Penalty box), in zone order.
 -- ARGV[1]  now, in µs since the Unix epoch, or "" to read the Redis server clock (TIME); one
 --          time for the whole batch.
 -- Then per decision, in order:
@@ -26,7 +27,8 @@
 --            number per zone, comma-separated: µs that zone's token bucket charge is held at
 --            most before it counts as charged (0: charge it now), or that a window counter's
 --            record or a concurrency slot lives
---   n        the number of zones
+--   n        the number of zones; with a zone's block, followed by the zones' blocks (see
+--            Penalty box)
 --   and 4 arguments per zone:
 --   algorithm  "tb" (token bucket), "sw" (sliding window log), "fw" (fixed window), "sc"
 --              (sliding window counter) or "cc" (concurrency)
@@ -42,7 +44,9 @@
 -- remaining_i, retry_after_i, reset_i, next_i, and granted_i when the zone's cost asks for a
 -- lease. A decision of n zones, k of which ask for a lease, so gives 1 + 5n + k integers:
 --   allowed        1 if every zone admits the request (and all were charged), else 0
---   allowed_i      1 if zone i alone would admit the request, else 0
+--   allowed_i      1 if zone i alone would admit the request, else 0; for a zone with a block, 2
+--                  when a block in force refused it, 3 when zone i denied it and its block starts
+--                  now (see Penalty box)
 --   remaining_i    whole units (tokens, slots) left: after this request (and its grant) if zone i
 --                  alone admits it, else as they are now
 --   retry_after_i  when zone i alone admits the request: its delay, µs to hold it (0 but with a
@@ -532,17 +536,75 @@ local function algorithm(tag)
   return sc_decide
 end
 
+-- Penalty box -----------------------------------------------------------------------------------
+-- A zone with a block (the decision's argument n is then "<n>/<block>,<block_max>/..." with one
+-- "/<block µs>,<block_max µs>" per zone, "/" alone for a zone without one) takes a block key,
+-- `<prefix>{<client key>}:<zone>:block`, in its state key's hash slot: the block keys of the
+-- decision's zones with a block follow all its other keys (state, record and generation keys),
+-- in zone order. The key holds "<until>:<length>:<strikes>": when the block ends (µs), how long
+-- it was (µs), and how many blocks in a row it ends (1: a first offence).
+--   - Before the zone's algorithm, the block key is read: while a block is in force (until >
+--     now), the zone refuses the request (its algorithm does not run: nothing read, nothing
+--     charged anywhere, as for any denial), with remaining 0 and retry after, reset and next the
+--     block's remaining time; its reply's first integer is 2.
+--   - When the zone's algorithm denies the request (its cost within the quota: a cost it can
+--     never admit starts no block), the block starts in the same call: its first integer is 3,
+--     remaining 0, retry after and next the block's length, reset at least that. The length is
+--     block; with a block_max, twice the last block, at most block_max, when the key still
+--     remembers one (a repeat offender), with one strike more. The key expires when the block
+--     ends, or with a block_max as long after that as the block lasted: the strikes decay then.
+-- A zone without a block reads and writes no block key.
+
+-- block_spec parses a decision's argument n with blocks: returns n and, per zone with a block,
+-- { block µs, block_max µs }.
+local function block_spec(arg)
+  local spec, i = {}, 0
+  for b, m in string.gmatch(arg, '/(%d*),?(%d*)') do
+    i = i + 1
+    if b ~= '' then spec[i] = { tonumber(b), tonumber(m) or 0 } end
+  end
+  return tonumber(string.match(arg, '^%d+')), spec
+end
+
+-- block_read returns a block key's until, length and strikes; nil when there is none (or it
+-- cannot be read).
+local function block_read(bkey)
+  local v = call('GET', bkey)
+  if not v then return nil end
+  local u, l, n = string.match(v, '^(%d+):(%d+):(%d+)$')
+  return tonumber(u), tonumber(l), tonumber(n)
+end
+
+-- block_length is the length and strikes of the block a denial starts, for a zone of block spec
+-- b, the key holding the last block's end, length and strikes (nil: none): a repeat offence
+-- while that block is remembered, as long after its end as it lasted (the key's TTL says so on
+-- the Redis clock; this, on the scripts' clock too).
+local function block_length(b, bend, last, strikes)
+  if b[2] > 0 and bend and last and strikes and now < bend + last then
+    return max(b[1], min(2 * last, b[2])), strikes + 1
+  end
+  return b[1], 1
+end
+
+-- block_write writes the block w = { key, length, strikes, block_max } starting now.
+local function block_write(w)
+  local ttl = w[2]
+  if w[4] > 0 then ttl = 2 * w[2] end -- the strikes are remembered as long again
+  call('SET', w[1], sformat('%d:%d:%d', now + w[2], w[2], w[3]), 'PX', ms(ttl / 1000))
+end
+
 -- Decisions -------------------------------------------------------------------------------------
 
 -- decide runs one decision: n zones, whose state keys are KEYS[kbase + 1 .. kbase + n] (their
 -- record keys following) and whose arguments start at ARGV[abase]. It returns the decision's
--- reply (see above) and the number of keys it took. Each zone decides first; when all admit,
+-- reply (see above) and the number of keys it took; spec, when given, is the zones' blocks
+-- (block_spec), read before each zone's algorithm. Each zone decides first; when all admit,
 -- each makes its write (every write sets a TTL: see each algorithm); when one denies, nothing is
 -- written, but a denying zone's state that the parameters in force need longer than its TTL is
 -- given that TTL (PEXPIRE GT: only ever lengthened), so that state never expires early after a
 -- reload that slowed the refill or lengthened the window.
 local BY_TAG = {} -- per algorithm tag, its decide function (see algorithm)
-local function decide(nonce, hold, n, kbase, abase)
+local function decide(nonce, hold, n, kbase, abase, spec)
   local holdmax = {} -- per zone: µs its charge is held (its record, its slot lives); nil: now
   if hold == '1' then
     for i = 1, n do holdmax[i] = HOLD_MAX end
@@ -557,6 +619,14 @@ local function decide(nonce, hold, n, kbase, abase)
   local writes = {} -- { take function, arguments... }, made in order when every zone admits
   local denied = {} -- { key, TTL (ms) its state needs }
   local r = kbase + n + 1 -- the next record key
+  local bk, blocks -- with blocks: the next block key (after the record keys), the blocks to start
+  if spec then
+    bk, blocks = r, {}
+    for i = 1, n do
+      local algo = ARGV[abase + 4 * (i - 1)]
+      if (algo == 'fw' or algo == 'sc') and KEYS[bk] == KEYS[kbase + i] .. ':' .. nonce then bk = bk + 2 end
+    end
+  end
 
   for i = 1, n do
     local key = KEYS[kbase + i]
@@ -572,13 +642,33 @@ local function decide(nonce, hold, n, kbase, abase)
     if (algo == 'fw' or algo == 'sc') and KEYS[r] == key .. ':' .. nonce then
       rkey, gkey, r = KEYS[r], KEYS[r + 1], r + 2
     end
-    local f = BY_TAG[algo]
-    if not f then f = algorithm(algo); BY_TAG[algo] = f end
-    local ok, remaining, retry, reset, nxt, granted =
-      f(key, quota, rate, cost, ask, nonce, holdmax[i], rkey, gkey, writes, denied)
+    local bkey, bend, last, strikes -- the zone's block key, and its block's end, length, strikes
+    if spec and spec[i] then
+      bkey, bk = KEYS[bk], bk + 1
+      bend, last, strikes = block_read(bkey)
+    end
+    local ok, remaining, retry, reset, nxt, granted
+    if bend and bend > now then -- blocked: the algorithm does not run
+      ok, remaining, retry, reset, nxt = false, 0, bend - now, bend - now, bend - now
+    else
+      local f = BY_TAG[algo]
+      if not f then f = algorithm(algo); BY_TAG[algo] = f end
+      ok, remaining, retry, reset, nxt, granted =
+        f(key, quota, rate, cost, ask, nonce, holdmax[i], rkey, gkey, writes, denied)
+    end
 
+    local fig = ok and 1 or 0 -- the zone's first reply integer
+    if bkey and not ok then
+      if bend and bend > now then
+        fig = 2
+      elseif cost <= quota then
+        local len, nth = block_length(spec[i], bend, last, strikes)
+        blocks[#blocks + 1] = { bkey, len, nth, spec[i][2] }
+        fig, remaining, retry, reset, nxt = 3, 0, len, max(reset, len), len
+      end
+    end
     if not ok then reply[1] = 0 end
-    reply[#reply + 1] = ok and 1 or 0
+    reply[#reply + 1] = fig
     reply[#reply + 1] = remaining
     reply[#reply + 1] = retry
     reply[#reply + 1] = reset
@@ -587,7 +677,11 @@ local function decide(nonce, hold, n, kbase, abase)
   end
 
   local nkeys = r - kbase - 1
+  if bk then nkeys = bk - kbase - 1 end
   if reply[1] == 0 then
+    if blocks then
+      for _, w in ipairs(blocks) do block_write(w) end
+    end
     for _, d in ipairs(denied) do
       redis.call('PEXPIRE', d[1], ms(d[2]), 'GT')
     end
@@ -657,11 +751,13 @@ local out, o = {}, 0
 local kbase, a = 0, 2
 while a <= #ARGV do
   local nonce, hold, n = ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2])
-  local fo = hold == '0' and fast(out, o, n, kbase, a + 3)
+  local fo = n and hold == '0' and fast(out, o, n, kbase, a + 3)
   if fo then
     o, kbase = fo, kbase + n
   else
-    local r, nkeys = decide(nonce, hold, n, kbase, a + 3)
+    local spec -- n is "<n>/..." when a zone has a block: see Penalty box
+    if not n then n, spec = block_spec(ARGV[a + 2]) end
+    local r, nkeys = decide(nonce, hold, n, kbase, a + 3, spec)
     for j = 1, #r do out[o + j] = r[j] end
     o, kbase = o + #r, kbase + nkeys
   end

@@ -56,7 +56,7 @@ func (l *Limiter) allowSlots(ctx context.Context, reqs []Request, keys []string,
 		}
 		greqs[g] = rs
 		args := l.scriptArgs(rs, true, now)
-		calls[g] = &call{keys: withRecords(gkeys, rs, args, true), args: args}
+		calls[g] = &call{keys: withBlocks(withRecords(gkeys, rs, args, true), gkeys, rs), args: args}
 	}
 	evalEach(ctx, l.rdb, decideScript, calls)
 

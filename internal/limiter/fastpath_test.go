@@ -19,14 +19,14 @@ import (
 // drained and partly drained ones (u integral and fractional), denials, two-zone decisions
 // that one zone denies, and buckets the previous script wrote last (t without its '+').
 func TestFastPathMatchesGeneral(t *testing.T) {
-	const call = "local fo = hold == '0' and fast(out, o, n, kbase, a + 3)"
+	const call = "local fo = n and hold == '0' and fast(out, o, n, kbase, a + 3)"
 	if !strings.Contains(lua.Decide, call) {
 		t.Fatal("decide.lua no longer calls fast() as this test expects")
 	}
 	fast := redis.NewScript(lua.Decide)
 	general := redis.NewScript(strings.Replace(lua.Decide, call, "local fo = false", 1))
 	// The sequence takes the fast path: a copy without the general path runs it.
-	const slow = "local r, nkeys = decide(nonce, hold, n, kbase, a + 3)"
+	const slow = "local r, nkeys = decide(nonce, hold, n, kbase, a + 3, spec)"
 	if strings.Count(lua.Decide, slow) != 1 {
 		t.Fatal("decide.lua no longer calls decide() as this test expects")
 	}

@@ -93,6 +93,15 @@ type Result struct {
 	Known bool
 	// Allowed is true when this zone alone would admit the request.
 	Allowed bool
+	// Blocked is true when the zone's block (Zone.Block) refused the request: the client was in
+	// the zone's penalty box already, and the zone's algorithm did not run. Remaining is then 0,
+	// and Next and Reset the block's remaining time.
+	Blocked bool
+	// BlockStarted is true when this request's denial by the zone started the zone's block
+	// (Zone.Block, doubled for a repeat offender up to Zone.BlockMax): Remaining is then 0, and
+	// Next the block's length (Reset at least that). Beside Known and Allowed, so that a Result
+	// (in every Request) is no larger for the blocks.
+	BlockStarted bool
 	// Remaining is the zone's whole tokens or window slots left: after this request when the
 	// request was admitted, else as they are (a denied request charged no zone).
 	Remaining int64
@@ -111,6 +120,9 @@ type Decision struct {
 	// Allowed is true when every zone admitted the request; each zone was then charged. When
 	// false, no zone was charged.
 	Allowed bool
+	// Blocked is true when the deciding zone's block refused the request (Result.Blocked): the
+	// client was in its penalty box already; RetryAfter is the block's remaining time.
+	Blocked bool
 	// Delay, when Allowed, is how long the caller must hold the request before it proceeds: the
 	// longest of its zones' delays. A token bucket zone with MaxWait admits a request it cannot
 	// serve now by reserving its tokens (debt), and delays it until the bucket would have held
@@ -379,7 +391,7 @@ func (l *Limiter) allowExact(ctx context.Context, reqs []Request, sent time.Time
 		allowed, zones, held, slotErr, err = l.allowSlots(ctx, reqs, keys, groups, sent)
 	} else {
 		args := l.scriptArgs(reqs, false, sent)
-		ckeys := withRecords(keys, reqs, args, false)
+		ckeys := withBlocks(withRecords(keys, reqs, args, false), keys, reqs)
 		var into [2]zoneReply // on the stack: the zones of most decisions
 		allowed, zones, err = l.allowOne(ctx, reqs, ckeys, args, into[:0])
 		if allowed {
@@ -463,7 +475,7 @@ func (l *Limiter) run(ctx context.Context, keys []string, args []any) (any, erro
 // scriptArgs returns decide.lua's ARGV for the decision of reqs: the time ref (the instance's
 // clock when the call is sent; "" for Redis TIME), then the decision's nonce, whether to take
 // token bucket charges as holds, its number of zones, and algorithm, quota, rate and cost per
-// zone. (A Batcher merges the decisions of a batch into one call: mergeCalls.) A token bucket
+// zone; with a zone's Block, the number of zones carries the zones' blocks (blockArg). (A Batcher merges the decisions of a batch into one call: mergeCalls.) A token bucket
 // that may hold the request (maxWait) has its rate sent as "<rate>,<max wait µs>", else the rate
 // alone. A cost above the zone's MaxCost is sent as twice the quota (at most 2^54): above the
 // quota, so the request is denied and nothing charged (however long a MaxWait); exact in Lua's
@@ -484,7 +496,7 @@ func (l *Limiter) scriptArgs(reqs []Request, hold bool, ref time.Time) []any {
 		// needs none, and saves its two allocations.
 		args[1] = l.instance + "." + strconv.FormatUint(l.calls.Add(1), 36)
 	}
-	args[3] = len(reqs)
+	args[3] = blockArg(reqs)
 	for _, r := range reqs {
 		cost := r.Cost
 		if unsatisfiable(r) {
@@ -534,6 +546,9 @@ func windowBounds(z *Zone, ref time.Time) string {
 // zoneReply is one zone's part of the script's reply.
 type zoneReply struct {
 	allowed bool
+	// block is replyBlocked or replyBlockStarted when a zone's block refused the request or
+	// starts now; 0 otherwise. A byte in allowed's padding.
+	block uint8
 	// granted is the tokens a grant took (a zone that asked one: Request.ask, so at most 2^31 −
 	// 1), its cost included; an int32 in allowed's padding, so that a zoneReply is no larger.
 	granted   int32
@@ -565,7 +580,7 @@ func (r *Request) width() int {
 
 // decodeReply checks and decodes the script's reply for reqs: an array of 1 + 5n integers (n
 // zones, and one more per zone that asked for a grant), the first 0 or 1, then per zone allowed
-// (0 or 1), remaining, retry after (µs; when the zone admits the request, its delay), reset (µs)
+// (0 or 1; for a zone with a Block, also replyBlocked or replyBlockStarted), remaining, retry after (µs; when the zone admits the request, its delay), reset (µs)
 // and next (µs), and for a zone that asked for a grant the tokens granted, none negative, and no
 // delay longer than the zone may hold the request (maxWait: none without MaxWait). Any other
 // shape, type or value is an error wrapping ErrBadResponse: a request is never held past its
@@ -592,6 +607,10 @@ func decodeReply(arr []any, reqs []Request, into []zoneReply) (bool, []zoneReply
 	for z := range reqs {
 		var v [replyWidth + 1]int64 // one zone's values
 		for k := range reqs[z].width() {
+			if k == 0 && blockFigure(arr[off], reqs[z]) {
+				v[0] = arr[off].(int64)
+				continue
+			}
 			if v[k], err = replyInt(arr, off+k, k == 0); err != nil {
 				return false, nil, err
 			}
@@ -601,12 +620,22 @@ func decodeReply(arr []any, reqs []Request, into []zoneReply) (bool, []zoneReply
 			return false, nil, fmt.Errorf("%w: zone %d granted %d, more than the %d asked", ErrBadResponse, z, v[5], reqs[z].ask)
 		}
 		zones[z] = zoneReply{allowed: v[0] == 1, remaining: v[1], retryAfter: v[2], reset: v[3], next: v[4], granted: int32(v[5])}
+		if v[0] > 1 {
+			zones[z].block = uint8(v[0])
+		}
 		if zones[z].allowed && zones[z].retryAfter > reqs[z].maxWait().Microseconds() {
 			return false, nil, fmt.Errorf("%w: zone %d admits with a delay of %dµs, beyond its max_wait of %v",
 				ErrBadResponse, z, zones[z].retryAfter, reqs[z].maxWait())
 		}
 	}
 	return first == 1, zones, nil
+}
+
+// blockFigure reports whether x (a zone's first reply integer) is a block figure of r's zone:
+// replyBlocked or replyBlockStarted, from a zone with a Block.
+func blockFigure(x any, r Request) bool {
+	v, ok := x.(int64)
+	return ok && r.Zone.Block > 0 && (v == replyBlocked || v == replyBlockStarted)
 }
 
 // replyInt returns arr[i], which must be an integer >= 0, and at most 1 when flag.
@@ -629,6 +658,7 @@ func pick(reqs []Request, allowed bool, zones []zoneReply) Decision {
 	z := zones[best]
 	d := Decision{
 		Allowed:   allowed,
+		Blocked:   z.block == replyBlocked,
 		Zone:      best,
 		Limit:     reqs[best].Zone.Quota(),
 		Remaining: z.remaining,
@@ -698,6 +728,7 @@ func zoneResults(reqs []Request, allowed bool, zones []zoneReply) {
 		res := Result{
 			Known: true, Allowed: z.allowed, Remaining: z.remaining,
 			Next: time.Duration(z.next) * time.Microsecond, Reset: time.Duration(z.reset) * time.Microsecond,
+			Blocked: z.block == replyBlocked, BlockStarted: z.block == replyBlockStarted,
 		}
 		if z.allowed && !allowed {
 			// The reply gives the figures after the request, as if this zone had been charged;

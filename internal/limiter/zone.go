@@ -170,6 +170,15 @@ type Zone struct {
 	// or window slots to the instance in grants that it spends in process (see Lease). nil:
 	// every request decided in Redis.
 	Lease *Lease
+	// Block, when > 0, is the zone's penalty box: once the zone denies a client, every decision
+	// of the zone refuses that client, on every instance, for Block (MinBlock to MaxBlock), and
+	// charges no zone of those requests. Any algorithm but Concurrency; not with Lease. See
+	// BlockKey. 0: no penalty box, and the zone's decisions read no block key.
+	Block time.Duration
+	// BlockMax, when > 0 (Block to MaxBlock), doubles the block of a repeat offender: a client
+	// denied again within as long after its last block ended as that block lasted gets twice
+	// that block, up to BlockMax. 0: every block lasts Block.
+	BlockMax time.Duration
 
 	// boxed are the zone's numbers as script arguments, boxed once by Prepare.
 	boxed *zoneArgs
@@ -269,7 +278,7 @@ func (z *Zone) validate() *FieldError {
 	if z.Algorithm < TokenBucket || z.Algorithm > Concurrency {
 		return z.fieldError("algorithm", "unknown algorithm %v", z.Algorithm)
 	}
-	for _, check := range []func() *FieldError{z.validateOwners, z.validateRequired, z.validateRanges, z.validateMaxCost, z.validateLease} {
+	for _, check := range []func() *FieldError{z.validateOwners, z.validateRequired, z.validateRanges, z.validateMaxCost, z.validateLease, z.validateBlock} {
 		if err := check(); err != nil {
 			return err
 		}
