@@ -70,7 +70,9 @@
 --          (`<state key>:<nonce>`) and the generation key (`<state key>:gen`) of each of its
 --          fixed window and sliding window counter zones whose charge is to be recorded for
 --          settlement, in zone order (so a decision takes n keys or more; a record key is told
---          from the next decision's state key by its name).
+--          from the next decision's state key by its name), then the override key of each zone
+--          with overrides (`<prefix>{<client key>}:<zone>:ov`), in zone order, each at the index
+--          its zone's flag gives (see "Shadow zones and overrides" below).
 -- ARGV[1]  now, in µs since the Unix epoch, or "" to read the Redis server clock (TIME); one
 --          time for the whole batch.
 -- Then per decision, in order:
@@ -85,7 +87,8 @@
 --   n        the number of zones
 --   and 4 arguments per zone:
 --   algorithm  "tb" (token bucket), "sw" (sliding window log), "fw" (fixed window), "sc"
---              (sliding window counter) or "cc" (concurrency)
+--              (sliding window counter) or "cc" (concurrency), optionally followed by flags: "s"
+--              (a shadow zone), "o<k>:<max_cost>" (overrides); see "Shadow zones and overrides"
 --   quota      tb: capacity (tokens); sw, fw, sc: limit (requests per window); cc: limit (slots)
 --   rate       tb: refill rate (tokens/s, float > 0), or "<rate>,<max_wait>" to shape: the
 --              longest the request may be held (µs, integer > 0); sw, sc: window (µs, integer > 0);
@@ -95,9 +98,11 @@
 --              to ask for a lease's grant of about ask tokens (see Leases below)
 --
 -- Reply: an array of integers, per decision in order: { allowed, then per zone i: allowed_i,
--- remaining_i, retry_after_i, reset_i, next_i } (1 + 5n integers for a decision of n zones),
+-- remaining_i, retry_after_i, reset_i, next_i } (1 + 5n integers for a decision of n zones; a
+-- zone that asks for a lease's grant has one more, a zone with overrides three more),
 -- where
---   allowed        1 if every zone admits the request (and all were charged), else 0
+--   allowed        1 if every zone admits the request (and all were charged), else 0; a shadow
+--                  zone's denial does not count
 --   allowed_i      1 if zone i alone would admit the request, else 0
 --   remaining_i    whole tokens (tb) or slots (sw) left: after this request if zone i alone
 --                  admits it, else as they are now
@@ -232,6 +237,49 @@ local function cc_take(w)
 end
 -- End of concurrency ------------------------------------------------------------------------
 
+-- Shadow zones and overrides ------------------------------------------------------------------
+-- A zone's algorithm argument may carry flags after its two-letter tag:
+--   s            a shadow zone: its denial does not deny the decision (reply[1]), and it is
+--                charged, as any zone, only when the decision admits and it admits too
+--   o<k>:<mc>    a zone with overrides: KEYS[kbase + k] is the client's override key, a hash of
+--                the numbers that take the place of the zone's (capacity, refill_rate, limit,
+--                window in µs, max_cost; see internal/limiter/override.go); mc is the zone's
+--                max_cost (0: the quota in force). The cost is the request's own, unchecked:
+--                one above the max cost in force (the override's, else mc, at most the quota
+--                in force) is denied as never admissible. The zone's reply has 3 more integers:
+--                the quota in force (0: no override), the policy window in force (µs: a token
+--                bucket's capacity / refill_rate, a window's length; 0: the zone's) and the max
+--                cost in force.
+
+-- zone_flags splits a zone's algorithm argument: its tag, whether it is a shadow zone, and its
+-- override key's index (relative to kbase) and max_cost, or nil.
+local function zone_flags(arg)
+  if #arg == 2 then return arg, false, nil, nil end
+  local flags = string.sub(arg, 3)
+  local k, mc = string.match(flags, 'o(%d+):(%d+)$')
+  return string.sub(arg, 1, 2), string.byte(flags) == 115, tonumber(k), tonumber(mc)
+end
+
+-- override reads a zone's override (okey) and returns its numbers in force: quota, rate (tb:
+-- tokens/s; sw, sc: the window in µs; fw: the window in µs or nil, the zone's bounds), the max
+-- cost in force, and whether an override was found.
+local function override(algo, okey, quota, rate, mc)
+  local v
+  if algo == 'tb' then
+    v = redis.call('HMGET', okey, 'capacity', 'refill_rate', 'max_cost')
+  else
+    v = redis.call('HMGET', okey, 'limit', 'window', 'max_cost')
+  end
+  local q, r, m = tonumber(v[1]), tonumber(v[2]), tonumber(v[3])
+  local found = q ~= nil or r ~= nil or m ~= nil
+  quota = q or quota
+  if algo == 'cc' then r = nil end
+  if algo == 'fw' then rate = r else rate = r or rate end
+  if m == nil then if mc > 0 then m = mc else m = quota end end
+  return quota, rate, math.min(m, quota), found
+end
+-- End of shadow zones and overrides -----------------------------------------------------------
+
 -- decide runs one decision: n zones, whose state keys are KEYS[kbase + 1 .. kbase + n] (their
 -- record keys following) and whose arguments start at ARGV[abase]. It returns the decision's
 -- reply (see above) and the number of keys it took.
@@ -250,11 +298,12 @@ local function decide(nonce, hold, n, kbase, abase)
   local writes = {}
   local denied = {}
   local r = kbase + n + 1 -- the next record key
+  local nkeys = 0 -- the last override key, relative to kbase
 
   for i = 1, n do
     local key = KEYS[kbase + i]
     local base = abase + 4 * (i - 1)
-    local algo = ARGV[base]
+    local algo, shadow, okey, omc = zone_flags(ARGV[base])
     local rkey, gkey -- a window counter's record and generation keys, when its charge is recorded
     if (algo == 'fw' or algo == 'sc') and KEYS[r] == key .. ':' .. nonce then
       rkey, gkey, r = KEYS[r], KEYS[r + 1], r + 2
@@ -266,6 +315,23 @@ local function decide(nonce, hold, n, kbase, abase)
     if cost == nil then
       local c, a = string.match(ARGV[base + 3], '^(%d+),(%d+)$')
       cost, ask = tonumber(c), tonumber(a)
+    end
+    local ov, orate -- with overrides: the reply's override integers; a token bucket's rate in force
+    if okey then
+      nkeys = math.max(nkeys, okey)
+      local r0, q, mcost, found = rate
+      if algo == 'tb' and rate == nil then -- "<rate>,<max_wait>"
+        r0 = tonumber(string.match(ARGV[base + 2], '^([^,]+),'))
+      end
+      q, r0, mcost, found = override(algo, KEYS[kbase + okey], quota, r0, omc)
+      if cost > mcost then cost = 2 * q end -- never admissible, as the caller sends it
+      ov = { 0, 0, mcost }
+      if found then
+        ov[1] = q
+        if algo == 'tb' then ov[2] = math.ceil(q / r0 * 1000000) elseif algo ~= 'cc' then ov[2] = r0 or 0 end
+      end
+      if algo == 'tb' then orate = r0 else rate = r0 end
+      quota = q
     end
     local granted = 0
     local ok, remaining, retry, reset, nxt
@@ -280,6 +346,7 @@ local function decide(nonce, hold, n, kbase, abase)
         local r, w = string.match(ARGV[base + 2], '^([^,]+),(%d+)$')
         rate, max_wait = tonumber(r), tonumber(w)
       end
+      rate = orate or rate
       local v = redis.call('HMGET', key, 'u', 'ts', 't', 'h')
       local used, ts, held = tonumber(v[1]), tonumber(v[2]), tonumber(v[4]) or 0
       local t = v[3]
@@ -379,6 +446,7 @@ local function decide(nonce, hold, n, kbase, abase)
       for x in string.gmatch(ARGV[base + 2], '%d+') do b[#b + 1] = tonumber(x) end
       local start, stop = b[2], b[3]
       if now < b[2] then start, stop = b[1], b[2] elseif now >= b[3] then start, stop = b[3], b[4] end
+      if okey and rate then start = now - now % rate; stop = start + rate end -- an override's window
       local mark = window_mark(start)
       local count = 0
       local v = redis.call('GET', key)
@@ -440,23 +508,29 @@ local function decide(nonce, hold, n, kbase, abase)
       if est <= EPSILON then nxt = 0 else nxt = when(math.max(0, quota - remaining - 1)) end
     end
 
-    if not ok then reply[1] = 0 end
+    if not ok and not shadow then reply[1] = 0 end
     reply[#reply + 1] = ok and 1 or 0
     reply[#reply + 1] = remaining
     reply[#reply + 1] = retry
     reply[#reply + 1] = reset
     reply[#reply + 1] = nxt
     if ask then reply[#reply + 1] = ok and granted or 0 end
+    if ov then
+      reply[#reply + 1] = ov[1]
+      reply[#reply + 1] = ov[2]
+      reply[#reply + 1] = ov[3]
+    end
   end
 
-  local nkeys = r - kbase - 1
+  nkeys = math.max(nkeys, r - kbase - 1)
+  -- A state the parameters in force need longer than its TTL must not expire early (GT: only
+  -- ever lengthened; a key without a TTL keeps none): the denying zones' (a shadow zone's, of
+  -- an admitted request, too).
+  for _, d in ipairs(denied) do
+    redis.call('PEXPIRE', d[1], ms(d[2]), 'GT')
+  end
   if reply[1] == 0 then
-    -- Nothing charged. A state the parameters in force need longer than its TTL must not expire
-    -- early (GT: only ever lengthened; a key without a TTL keeps none).
-    for _, d in ipairs(denied) do
-      redis.call('PEXPIRE', d[1], ms(d[2]), 'GT')
-    end
-    return reply, nkeys
+    return reply, nkeys -- nothing charged
   end
 
   for _, w in ipairs(writes) do
