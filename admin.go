@@ -33,6 +33,7 @@ const adminTimeout = 2 * time.Second
 //	GET    /rate_limit_redis/state?zone=<name>&key=<key>   a client's state in a zone
 //	       [&capacity=&refill_rate=&limit=&window=]      the numbers, for a zone whose numbers are placeholders
 //	DELETE /rate_limit_redis/state?zone=<name>&key=<key>   reset it: the client starts afresh
+//	PUT|GET|DELETE /rate_limit_redis/override?zone=<name>&key=<key>  a client's own numbers (override.go)
 //
 // A zone whose numbers come from placeholders has no numbers of its own outside a request: its
 // state is computed with the numbers given as query parameters of their names (in the syntax of
@@ -73,6 +74,7 @@ func (a *AdminAPI) Routes() []caddy.AdminRoute {
 	return []caddy.AdminRoute{
 		{Pattern: "/rate_limit_redis/zones", Handler: caddy.AdminHandlerFunc(a.handleZones)},
 		{Pattern: "/rate_limit_redis/state", Handler: caddy.AdminHandlerFunc(a.handleState)},
+		{Pattern: "/rate_limit_redis/override", Handler: caddy.AdminHandlerFunc(a.handleOverride)},
 	}
 }
 

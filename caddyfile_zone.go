@@ -103,7 +103,7 @@ func parseZone(d *caddyfile.Dispenser, names map[string]bool) (*Zone, error) {
 func isZoneSubdirective(name string) bool {
 	switch name {
 	case "key", "empty_key", "algorithm", "capacity", "refill_rate", "limit", "window", "period", "time_zone", "cost", "max_cost", "max_wait", "match",
-		"count_status", "charge", "hold_max", "lease":
+		"count_status", "charge", "hold_max", "lease", "overrides":
 		return true
 	}
 	return false
@@ -162,6 +162,11 @@ func (p *zoneParser) subdirective(d *caddyfile.Dispenser) error {
 		return durationArg(d, &z.HoldMax)
 	case "lease":
 		return p.parseLease(d)
+	case "overrides":
+		return flagArg(d, &z.Overrides)
+	case "dry_run":
+		// Only in a zone block: at the top level, dry_run is the handler's.
+		return flagArg(d, &z.DryRun)
 	case "fail_mode", "ipv4_prefix", "ipv6_prefix", "jitter":
 		return parseOverride(d, overrides{&z.FailMode, &z.IPv4Prefix, &z.IPv6Prefix, func(j caddy.Duration) { z.Jitter = &j }})
 	}
