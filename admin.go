@@ -138,6 +138,10 @@ type zoneInfo struct {
 	// max_cost): the placeholder expression. The number's field above is then its fallback,
 	// absent when it has none.
 	Placeholders map[string]string `json:"placeholders,omitempty"`
+	// Whether the zone reads per-client overrides (PUT /rate_limit_redis/override), and whether
+	// it is a shadow zone (its dry_run).
+	Overrides bool `json:"overrides,omitempty"`
+	DryRun    bool `json:"dry_run,omitempty"`
 	// The handler's key_prefix.
 	KeyPrefix string `json:"key_prefix"`
 	// The handler's Redis addresses (placeholders replaced) and database.
@@ -248,6 +252,7 @@ func (a *AdminAPI) handleZones(w http.ResponseWriter, r *http.Request) error {
 			Name: t.z.Name, Algorithm: t.z.lz.Algorithm.String(), KeyPrefix: t.h.KeyPrefix, Redis: t.redis, DB: t.h.Redis.DB,
 			Capacity: t.z.lz.Capacity, RefillRate: t.z.lz.RefillRate, Limit: t.z.lz.Limit, WindowMs: t.z.lz.Window.Milliseconds(),
 			Period: t.z.Period, TimeZone: t.z.TimeZone, MaxWaitMs: ceilMs(time.Duration(t.z.MaxWait)),
+			Overrides: t.z.Overrides, DryRun: t.z.DryRun,
 		}
 		for _, dn := range t.z.dyn {
 			if zi.Placeholders == nil {
@@ -264,7 +269,7 @@ func (a *AdminAPI) handleZones(w http.ResponseWriter, r *http.Request) error {
 
 func (zi zoneInfo) equal(o zoneInfo) bool {
 	return zi.Name == o.Name && zi.Algorithm == o.Algorithm && zi.Capacity == o.Capacity && zi.RefillRate == o.RefillRate &&
-		zi.Limit == o.Limit && zi.WindowMs == o.WindowMs && zi.Period == o.Period && zi.TimeZone == o.TimeZone && zi.MaxWaitMs == o.MaxWaitMs &&
+		zi.Limit == o.Limit && zi.WindowMs == o.WindowMs && zi.Period == o.Period && zi.TimeZone == o.TimeZone && zi.MaxWaitMs == o.MaxWaitMs && zi.Overrides == o.Overrides && zi.DryRun == o.DryRun &&
 		zi.KeyPrefix == o.KeyPrefix && slices.Equal(zi.Redis, o.Redis) && zi.DB == o.DB && maps.Equal(zi.Placeholders, o.Placeholders)
 }
 
