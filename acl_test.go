@@ -2,6 +2,7 @@ package ratelimitredis
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"net/http"
@@ -17,6 +18,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/limiter"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
@@ -845,5 +848,60 @@ func TestRedisACLConcurrency(t *testing.T) {
 	}
 	if log := srv.Do("ACL", "LOG"); fmt.Sprint(log) != "[]" {
 		t.Fatalf("ACL LOG: %v", log)
+	}
+}
+
+// TestRedisACLOverridesAndShadow: the documented ACL serves zones with overrides and shadow
+// zones: the decisions (the override's HMGET) under the limiter's grant, and PUT, GET and DELETE
+// /rate_limit_redis/override under the admin's.
+func TestRedisACLOverridesAndShadow(t *testing.T) {
+	srv := redistest.Start(t)
+	setUsers(t, srv, "admin", grantLimiter, grantAdmin)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("ACL LOG: %v", srv.Do("ACL", "LOG"))
+		}
+	})
+	var zones []*Zone
+	for _, algo := range []string{tokenBucketName, slidingWindowName, "fixed_window", "sliding_window_counter"} {
+		z := &Zone{Name: "ov_" + algo, Key: []string{"{http.request.header.X-API-Key}"}, Algorithm: algo, Overrides: true}
+		if algo == tokenBucketName {
+			z.Capacity, z.RefillRate = NumberOf(2), NumberOf(1.0/3600)
+		} else {
+			z.Limit, z.Window = NumberOf(2), NumberOf(time.Hour)
+		}
+		zones = append(zones, z)
+	}
+	zones = append(zones, &Zone{Name: "shadow", Key: []string{"{http.request.header.X-API-Key}"}, Capacity: NumberOf(1), RefillRate: NumberOf(1.0 / 3600), DryRun: true})
+	h := provisioned(t, &Handler{Redis: &RedisConfig{Addresses: []string{srv.Addr}, Username: "admin", Password: "s3cret"}, Zones: zones})
+	admin := &AdminAPI{live: h.live}
+	for _, z := range zones[:4] {
+		body := `{"limit": 3}`
+		if z.Algorithm == tokenBucketName {
+			body = `{"capacity": 3}`
+		}
+		if code, out := adminOverride(t, admin, http.MethodPut, "zone="+z.Name+"&key=erin", body); code != 200 || !strings.Contains(out, `"broadcast":true`) {
+			t.Fatalf("PUT %s: %d %s", z.Name, code, out)
+		}
+	}
+	for i, want := range []int{200, 200, 200, 429} {
+		req := httptest.NewRequest(http.MethodGet, "/", nil)
+		req.Header.Set("X-API-Key", "erin")
+		w, err, _ := serve(h, req)
+		code := w.Code
+		var he caddyhttp.HandlerError
+		if errors.As(err, &he) {
+			code = he.StatusCode
+		} else if err != nil {
+			t.Fatalf("request %d: %v", i+1, err)
+		}
+		if code != want || w.Header().Get("X-RateLimit-Degraded") != "" {
+			t.Fatalf("request %d: %d (degraded %q), want %d: every zone raised to 3, the shadow zone never refusing", i+1, code, w.Header().Get("X-RateLimit-Degraded"), want)
+		}
+	}
+	for _, m := range []string{http.MethodGet, http.MethodDelete} {
+		if code, out := adminOverride(t, admin, m, "zone=ov_token_bucket&key=erin", ""); code != 200 || !strings.Contains(out, `"exists":true`) {
+			t.Fatalf("%s: %d %s", m, code, out)
+		}
 	}
 }

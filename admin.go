@@ -34,6 +34,7 @@ const adminTimeout = 2 * time.Second
 //	       [&capacity=&refill_rate=&limit=&window=]      the numbers, for a zone whose numbers are placeholders
 //	DELETE /rate_limit_redis/state?zone=<name>&key=<key>   reset it: the client starts afresh, unblocked
 //	PUT    /rate_limit_redis/block?zone=<name>&key=<key>&for=<duration>   block the client (a zone with block)
+//	PUT|GET|DELETE /rate_limit_redis/override?zone=<name>&key=<key>  a client's own numbers (override.go)
 //
 // A zone whose numbers come from placeholders has no numbers of its own outside a request: its
 // state is computed with the numbers given as query parameters of their names (in the syntax of
@@ -75,6 +76,7 @@ func (a *AdminAPI) Routes() []caddy.AdminRoute {
 		{Pattern: "/rate_limit_redis/zones", Handler: caddy.AdminHandlerFunc(a.handleZones)},
 		{Pattern: "/rate_limit_redis/state", Handler: caddy.AdminHandlerFunc(a.handleState)},
 		{Pattern: "/rate_limit_redis/block", Handler: caddy.AdminHandlerFunc(a.handleBlock)},
+		{Pattern: "/rate_limit_redis/override", Handler: caddy.AdminHandlerFunc(a.handleOverride)},
 	}
 }
 
@@ -141,6 +143,10 @@ type zoneInfo struct {
 	// max_cost): the placeholder expression. The number's field above is then its fallback,
 	// absent when it has none.
 	Placeholders map[string]string `json:"placeholders,omitempty"`
+	// Whether the zone reads per-client overrides (PUT /rate_limit_redis/override), and whether
+	// it is a shadow zone (its dry_run).
+	Overrides bool `json:"overrides,omitempty"`
+	DryRun    bool `json:"dry_run,omitempty"`
 	// The handler's key_prefix.
 	KeyPrefix string `json:"key_prefix"`
 	// The handler's Redis addresses (placeholders replaced) and database.
@@ -262,6 +268,7 @@ func (a *AdminAPI) handleZones(w http.ResponseWriter, r *http.Request) error {
 			Capacity: t.z.lz.Capacity, RefillRate: t.z.lz.RefillRate, Limit: t.z.lz.Limit, WindowMs: t.z.lz.Window.Milliseconds(),
 			Period: t.z.Period, TimeZone: t.z.TimeZone, MaxWaitMs: ceilMs(time.Duration(t.z.MaxWait)),
 			BlockMs: t.z.lz.Block.Milliseconds(), BlockMaxMs: t.z.lz.BlockMax.Milliseconds(),
+			Overrides: t.z.Overrides, DryRun: t.z.DryRun,
 		}
 		for _, dn := range t.z.dyn {
 			if zi.Placeholders == nil {
@@ -280,6 +287,7 @@ func (zi zoneInfo) equal(o zoneInfo) bool {
 	return zi.Name == o.Name && zi.Algorithm == o.Algorithm && zi.Capacity == o.Capacity && zi.RefillRate == o.RefillRate &&
 		zi.Limit == o.Limit && zi.WindowMs == o.WindowMs && zi.Period == o.Period && zi.TimeZone == o.TimeZone && zi.MaxWaitMs == o.MaxWaitMs &&
 		zi.BlockMs == o.BlockMs && zi.BlockMaxMs == o.BlockMaxMs &&
+		zi.Overrides == o.Overrides && zi.DryRun == o.DryRun &&
 		zi.KeyPrefix == o.KeyPrefix && slices.Equal(zi.Redis, o.Redis) && zi.DB == o.DB && maps.Equal(zi.Placeholders, o.Placeholders)
 }
 

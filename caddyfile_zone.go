@@ -103,7 +103,7 @@ func parseZone(d *caddyfile.Dispenser, names map[string]bool) (*Zone, error) {
 func isZoneSubdirective(name string) bool {
 	switch name {
 	case "key", "empty_key", "algorithm", "capacity", "refill_rate", "limit", "window", "period", "time_zone", "cost", "max_cost", "max_wait", "match",
-		"count_status", "charge", "hold_max", "lease", "block", "block_max":
+		"count_status", "charge", "hold_max", "lease", "block", "block_max", "overrides":
 		return true
 	}
 	return false
@@ -166,6 +166,11 @@ func (p *zoneParser) subdirective(d *caddyfile.Dispenser) error {
 		return durationArg(d, &z.Block)
 	case "block_max":
 		return durationArg(d, &z.BlockMax)
+	case "overrides":
+		return flagArg(d, &z.Overrides)
+	case "dry_run":
+		// Only in a zone block: at the top level, dry_run is the handler's.
+		return flagArg(d, &z.DryRun)
 	case "fail_mode", "ipv4_prefix", "ipv6_prefix", "jitter", "no_retry_over":
 		return parseOverride(d, overrides{&z.FailMode, &z.IPv4Prefix, &z.IPv6Prefix, func(j caddy.Duration) { z.Jitter = &j }, &z.NoRetryOver})
 	}

@@ -26,6 +26,7 @@ import (
 func (h *Handler) deny(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, f *flight) error {
 	d := &f.d
 	z := h.decidingZone(f)
+	h.countShadow(f.reqs) // the shadow zones that would have denied it too
 	switch {
 	case h.DryRun:
 		z.decisions[resultDryRunDenied].Inc()

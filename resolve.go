@@ -52,7 +52,11 @@ func (h *Handler) resolve(r *http.Request, repl *caddy.Replacer, reqs []limiter.
 		if len(z.matcherSets) > 0 {
 			match, err := z.matches(r, repl, &model)
 			if err != nil {
-				return nil, nil, false, &resolveError{z, resolveMatcher, fmt.Errorf("zone %s: matching: %w", z.Name, err)}
+				err = fmt.Errorf("zone %s: matching: %w", z.Name, err)
+				if h.shadowUnresolved(z, err) {
+					continue
+				}
+				return nil, nil, false, &resolveError{z, resolveMatcher, err}
 			}
 			if !match {
 				continue
@@ -71,11 +75,18 @@ func (h *Handler) resolve(r *http.Request, repl *caddy.Replacer, reqs []limiter.
 		}
 		lz, err := z.numbers(repl)
 		if err != nil {
+			if h.shadowUnresolved(z, err) {
+				continue
+			}
 			return nil, nil, false, &resolveError{z, resolveNumbers, err}
 		}
 		cost, err := z.cost(repl)
 		if err != nil {
-			return nil, nil, false, &resolveError{z, resolveCost, fmt.Errorf("zone %s: %w", z.Name, err)}
+			err = fmt.Errorf("zone %s: %w", z.Name, err)
+			if h.shadowUnresolved(z, err) {
+				continue
+			}
+			return nil, nil, false, &resolveError{z, resolveCost, err}
 		}
 		shown = append(shown, key)
 		if h.keySecret != nil {

@@ -193,6 +193,20 @@ type Zone struct {
 	// block. block to 366d. Default: 0, every block lasts block.
 	BlockMax caddy.Duration `json:"block_max,omitempty"`
 
+	// Read per-client numbers set at run time through the admin API (PUT
+	// /rate_limit_redis/override?zone=&key=) in the same script call as the decision: a number
+	// of the client's override takes the place of the zone's (literal or placeholder), on every
+	// instance at its next decision. A zone without it reads nothing more. Not with lease,
+	// count_status or charge. See docs/admin-api.md.
+	Overrides bool `json:"overrides,omitempty"`
+
+	// Make this a shadow zone: decided and charged as an enforced zone would be (a request that
+	// every zone, this one included, admits charges it; a denied request charges nothing), but
+	// its denial never refuses the request and never stops the other zones: they are decided
+	// all-or-nothing as if it were absent. Its would-be denials count as dry_run_denied and are
+	// named in {http.rate_limit_redis.shadow_denied}. Not with max_wait, lease or empty_key deny.
+	DryRun bool `json:"dry_run,omitempty"`
+
 	after *afterResponse // count_status and charge, provisioned; nil without them
 	// dyn are the numbers resolved per request, as provisioned: those given by a placeholder;
 	// empty when every number is a literal, and the zone's requests then use lz itself.
@@ -296,7 +310,7 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger) error {
 // not parse.
 func (z *Zone) limiterZone(expand func(field, expr string) string) (limiter.Zone, []dynNumber, error) {
 	lz := limiter.Zone{Name: z.Name, Algorithm: limiter.TokenBucket, MaxWait: time.Duration(z.MaxWait), Lease: z.Lease.limiterLease(),
-		Block: time.Duration(z.Block), BlockMax: time.Duration(z.BlockMax)}
+		Block: time.Duration(z.Block), BlockMax: time.Duration(z.BlockMax), Overrides: z.Overrides, Shadow: z.DryRun}
 	if z.Algorithm != "" {
 		algo, err := limiter.ParseAlgorithm(z.Algorithm)
 		if err != nil {
@@ -451,6 +465,9 @@ func (z *Zone) validateCharge() error {
 func (z *Zone) validateTogether(lz limiter.Zone, cost int64) error {
 	after := len(z.CountStatus) > 0 || z.Charge != nil
 	if lz.Algorithm == limiter.Concurrency {
+		if err := z.validateOverridesShadow(after); err != nil {
+			return err
+		}
 		return z.validateConcurrency(cost)
 	}
 	switch {
@@ -462,6 +479,9 @@ func (z *Zone) validateTogether(lz limiter.Zone, cost int64) error {
 			"(thousands of tokens) would store thousands of entries per request; count_status works with sliding_window")
 	case z.Lease != nil && after:
 		return z.fieldError("lease", "lease excludes count_status and charge: a grant is spent as requests arrive, before any response says what to charge")
+	}
+	if err := z.validateOverridesShadow(after); err != nil {
+		return err
 	}
 	// A quota or max_cost from a placeholder bounds the cost per request (Zone.finishNumbers): a
 	// cost above the quota is a 429 without Retry-After, a max_cost above it counts as the quota.

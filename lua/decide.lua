@@ -14,8 +14,10 @@
 --          (`<state key>:<nonce>`) and the generation key (`<state key>:gen`) of each of its
 --          fixed window and sliding window counter zones whose charge is to be recorded for
 --          settlement, in zone order (so a decision takes n keys or more; a record key is told
---          from the next decision's state key by its name), then the block key of each of its
---          zones with a block (see Penalty box), in zone order.
+--          from the next decision's state key by its name), then the override key of each zone
+--          with overrides (`<prefix>{<client key>}:<zone>:ov`), in zone order, each at the index
+--          its zone's flag gives (see "Shadow zones and overrides" below), then the block key of
+--          each of its zones with a block (see Penalty box), in zone order.
 -- ARGV[1]  now, in µs since the Unix epoch, or "" to read the Redis server clock (TIME); one
 --          time for the whole batch.
 -- Then per decision, in order:
@@ -31,7 +33,8 @@
 --            Penalty box)
 --   and 4 arguments per zone:
 --   algorithm  "tb" (token bucket), "sw" (sliding window log), "fw" (fixed window), "sc"
---              (sliding window counter) or "cc" (concurrency)
+--              (sliding window counter) or "cc" (concurrency), optionally followed by flags: "s"
+--              (a shadow zone), "o<k>:<max_cost>" (overrides); see "Shadow zones and overrides"
 --   quota      tb: capacity (tokens); sw, fw, sc: limit (requests per window); cc: limit (slots)
 --   rate       tb: refill rate (tokens/s, float > 0), or "<rate>,<max_wait>" to shape: the
 --              longest the request may be held (µs, integer > 0); sw, sc: window (µs, integer > 0);
@@ -42,8 +45,11 @@
 --
 -- Reply: an array of integers, per decision in order: allowed, then per zone i: allowed_i,
 -- remaining_i, retry_after_i, reset_i, next_i, and granted_i when the zone's cost asks for a
--- lease. A decision of n zones, k of which ask for a lease, so gives 1 + 5n + k integers:
---   allowed        1 if every zone admits the request (and all were charged), else 0
+-- lease, then quota_i, window_i and max_cost_i when the zone has overrides (see "Shadow zones
+-- and overrides"). A decision of n zones, k of which ask for a lease and v have overrides, so
+-- gives 1 + 5n + k + 3v integers:
+--   allowed        1 if every zone admits the request (and all were charged), else 0; a shadow
+--                  zone's denial does not count
 --   allowed_i      1 if zone i alone would admit the request, else 0; for a zone with a block, 2
 --                  when a block in force refused it, 3 when zone i denied it and its block starts
 --                  now (see Penalty box)
@@ -593,6 +599,65 @@ local function block_write(w)
   call('SET', w[1], sformat('%d:%d:%d', now + w[2], w[2], w[3]), 'PX', ms(ttl / 1000))
 end
 
+-- Shadow zones and overrides ------------------------------------------------------------------
+-- A zone's algorithm argument may carry flags after its two-letter tag:
+--   s            a shadow zone: its denial does not deny the decision (allowed), and it is
+--                charged, as any zone, only when the decision admits and it admits too
+--   o<k>:<mc>    a zone with overrides: KEYS[kbase + k] is the client's override key, a hash of
+--                the numbers that take the place of the zone's (capacity, refill_rate, limit,
+--                window in µs, max_cost; see internal/limiter/override.go); mc is the zone's
+--                max_cost (0: the quota in force). The cost is the request's own, unchecked:
+--                one above the max cost in force (the override's, else mc, at most the quota
+--                in force) is denied as never admissible. The zone's reply has 3 more integers:
+--                the quota in force (0: no override), the policy window in force (µs: a token
+--                bucket's capacity / refill_rate, a window's length; 0: the zone's) and the max
+--                cost in force.
+
+-- zone_flags splits a zone's algorithm argument: its tag, whether it is a shadow zone, and its
+-- override key's index (relative to kbase) and max_cost, or nil.
+local function zone_flags(arg)
+  if #arg == 2 then return arg, false, nil, nil end
+  local flags = string.sub(arg, 3)
+  local k, mc = string.match(flags, 'o(%d+):(%d+)$')
+  return string.sub(arg, 1, 2), byte(flags) == 115, tonumber(k), tonumber(mc)
+end
+
+-- override reads a zone's override (okey) and returns the zone's arguments with its numbers in
+-- force (quota, rate as the ARGV above, cost: twice the quota when above the max cost in force)
+-- and the reply's three override integers.
+local function override(algo, okey, quota, rate, cost, mc)
+  local v
+  if algo == 'tb' then
+    v = call('HMGET', okey, 'capacity', 'refill_rate', 'max_cost')
+  else
+    v = call('HMGET', okey, 'limit', 'window', 'max_cost')
+  end
+  local q, r, m = tonumber(v[1]), tonumber(v[2]), tonumber(v[3])
+  local found = q ~= nil or r ~= nil or m ~= nil
+  quota = q or quota
+  local window = 0 -- the policy window in force (µs); 0: the zone's
+  if algo == 'tb' then
+    local rt, mw = string.match(rate, '^([^,]+)(.*)$') -- "<rate>[,<max_wait>]"
+    if r then rate = sformat('%.17g', r) .. mw else r = tonumber(rt) end
+    window = ceil(quota / r * 1000000)
+  elseif algo == 'fw' then
+    if r then -- the windows around now, aligned to the epoch, as the caller's bounds are
+      local s = now - now % r
+      rate, window = sformat('%d,%d,%d,%d', s - r, s, s + r, s + 2 * r), r
+    end
+  elseif algo ~= 'cc' then
+    if r then rate = sformat('%d', r) end
+    window = tonumber(rate)
+  end
+  if m == nil then
+    if mc > 0 then m = mc else m = quota end
+  end
+  m = min(m, quota)
+  if cost > m then cost = 2 * quota end -- never admissible, as the caller sends such a cost
+  if not found then return quota, rate, cost, 0, 0, m end
+  return quota, rate, cost, quota, window, m
+end
+
 -- Decisions -------------------------------------------------------------------------------------
 
 -- decide runs one decision: n zones, whose state keys are KEYS[kbase + 1 .. kbase + n] (their
@@ -619,24 +684,35 @@ local function decide(nonce, hold, n, kbase, abase, spec)
   local writes = {} -- { take function, arguments... }, made in order when every zone admits
   local denied = {} -- { key, TTL (ms) its state needs }
   local r = kbase + n + 1 -- the next record key
-  local bk, blocks -- with blocks: the next block key (after the record keys), the blocks to start
+  local bk, blocks -- with blocks: the next block key (after the record and override keys), the blocks to start
   if spec then
     bk, blocks = r, {}
+    local ov = 0 -- the decision's override keys, between its record keys and its block keys
     for i = 1, n do
-      local algo = ARGV[abase + 4 * (i - 1)]
+      local arg = ARGV[abase + 4 * (i - 1)]
+      local algo = string.sub(arg, 1, 2)
       if (algo == 'fw' or algo == 'sc') and KEYS[bk] == KEYS[kbase + i] .. ':' .. nonce then bk = bk + 2 end
+      if string.find(arg, 'o', 3, true) then ov = ov + 1 end
     end
+    bk = bk + ov
   end
+  local nkeys = 0 -- the last override key, relative to kbase
 
   for i = 1, n do
     local key = KEYS[kbase + i]
     local base = abase + 4 * (i - 1)
-    local algo, quota, rate = ARGV[base], tonumber(ARGV[base + 1]), ARGV[base + 2]
+    local algo, shadow, okey, omc = zone_flags(ARGV[base])
+    local quota, rate = tonumber(ARGV[base + 1]), ARGV[base + 2]
     local cost = tonumber(ARGV[base + 3])
     local ask -- a lease's grant asked (see lease_grant); nil: none
     if cost == nil then
       local c, a = string.match(ARGV[base + 3], '^(%d+),(%d+)$')
       cost, ask = tonumber(c), tonumber(a)
+    end
+    local oq, ow, om -- with overrides: the reply's override integers
+    if okey then
+      nkeys = max(nkeys, okey)
+      quota, rate, cost, oq, ow, om = override(algo, KEYS[kbase + okey], quota, rate, cost, omc)
     end
     local rkey, gkey -- a window counter's record and generation keys, when its charge is recorded
     if (algo == 'fw' or algo == 'sc') and KEYS[r] == key .. ':' .. nonce then
@@ -667,23 +743,29 @@ local function decide(nonce, hold, n, kbase, abase, spec)
         fig, remaining, retry, reset, nxt = 3, 0, len, max(reset, len), len
       end
     end
-    if not ok then reply[1] = 0 end
+    if not ok and not shadow then reply[1] = 0 end
     reply[#reply + 1] = fig
     reply[#reply + 1] = remaining
     reply[#reply + 1] = retry
     reply[#reply + 1] = reset
     reply[#reply + 1] = nxt
     if ask then reply[#reply + 1] = ok and granted or 0 end
+    if okey then
+      reply[#reply + 1] = oq
+      reply[#reply + 1] = ow
+      reply[#reply + 1] = om
+    end
   end
 
-  local nkeys = r - kbase - 1
-  if bk then nkeys = bk - kbase - 1 end
+  nkeys = max(nkeys, r - kbase - 1)
+  if bk then nkeys = max(nkeys, bk - kbase - 1) end
+  -- The denying zones' TTLs (a shadow zone's, of an admitted decision, too).
+  for _, d in ipairs(denied) do
+    redis.call('PEXPIRE', d[1], ms(d[2]), 'GT')
+  end
   if reply[1] == 0 then
     if blocks then
       for _, w in ipairs(blocks) do block_write(w) end
-    end
-    for _, d in ipairs(denied) do
-      redis.call('PEXPIRE', d[1], ms(d[2]), 'GT')
     end
     return reply, nkeys
   end

@@ -55,6 +55,8 @@ func (z *Zone) validateBlock() *FieldError {
 	case z.Algorithm == Concurrency:
 		return z.fieldError("block", "block does not apply to algorithm concurrency: its denials are momentary (a slot comes back whenever "+
 			"a request ends), not a client going over a rate")
+	case z.Shadow:
+		return z.fieldError("block", "block excludes dry_run in a zone: a shadow zone never refuses a client, so it has no denial to start a block with")
 	case z.Lease != nil:
 		return z.fieldError("block", "block excludes lease: a grant admits requests in process, without reading Redis, so it would not see the block")
 	case z.Block < MinBlock || z.Block > MaxBlock:

@@ -2,7 +2,6 @@ package limiter
 
 import (
 	"context"
-	"slices"
 	"sync"
 	"time"
 )
@@ -141,7 +140,7 @@ func (l *Limiter) settle(ctx context.Context, charged []*call, commit bool) []er
 	settles := make([]*call, 0, len(charged))
 	sent := make([]int, 0, len(charged)) // the index in charged of each of settles
 	for i, c := range charged {
-		if commit && !slices.Contains(c.args[4:], any("tb")) && len(c.keys) == c.zones() {
+		if commit && !c.hasBucket() && len(c.keys) == c.zones() {
 			continue // no hold to commit, no record to delete: a sliding window keeps its entries
 		}
 		// decide.lua's arguments were now, nonce, hold, n, then the zones: settle.lua takes

@@ -166,7 +166,7 @@ func (dc *denyCache) check(reqs []Request, now time.Time) (Decision, bool) {
 // hold rather than deny.
 func (dc *denyCache) record(reqs []Request, zones []zoneReply, sent time.Time) {
 	for i, z := range zones {
-		if z.allowed || unsatisfiable(reqs[i]) || z.retryAfter <= 0 || z.next <= 1 {
+		if z.allowed || reqs[i].Zone.Shadow || unsatisfiable(reqs[i]) || z.retryAfter <= 0 || z.next <= 1 {
 			continue // next 1µs: denied by Redis Cluster holds, which may be released at any moment
 		}
 		if reqs[i].NoWait && reqs[i].Zone.MaxWait > 0 {

@@ -499,29 +499,63 @@ func (l *Limiter) scriptArgs(reqs []Request, hold bool, ref time.Time) []any {
 	args[3] = blockArg(reqs)
 	for _, r := range reqs {
 		cost := r.Cost
-		if unsatisfiable(r) {
+		switch {
+		case r.Zone.Overrides:
+			// The quota and max cost in force are the override's, known to decide.lua only: it
+			// checks the cost itself (see withRecords). Above 2^54, a cost is beyond any quota.
+			cost = min(cost, 2*MaxCapacity)
+		case unsatisfiable(r):
 			cost = 2 * r.Zone.Quota() // <= 2^54
 		}
+		tag := zoneTag(r.Zone)
 		switch r.Zone.Algorithm {
 		case SlidingWindow, SlidingWindowCounter:
 			limit, window := r.Zone.windowArgs()
-			args = append(args, r.Zone.Algorithm.tag(), limit, window, cost)
+			args = append(args, tag, limit, window, cost)
 		case FixedWindow:
 			limit, _ := r.Zone.windowArgs()
-			args = append(args, "fw", limit, windowBounds(r.Zone, ref), r.costArg(cost))
+			args = append(args, tag, limit, windowBounds(r.Zone, ref), r.costArg(cost))
 		case Concurrency:
 			limit, _ := r.Zone.windowArgs()
-			args = append(args, "cc", limit, "0", cost)
+			args = append(args, tag, limit, "0", cost)
 		default:
 			capacity, rate := r.Zone.bucketArgs()
 			if w := r.maxWait(); w > 0 {
 				// go-redis formats a float64 argument so ('f', -1): the same number either way.
 				rate = strconv.FormatFloat(r.Zone.RefillRate, 'f', -1, 64) + "," + strconv.FormatInt(w.Microseconds(), 10)
 			}
-			args = append(args, "tb", capacity, rate, r.costArg(cost))
+			args = append(args, tag, capacity, rate, r.costArg(cost))
 		}
 	}
 	return args
+}
+
+// shadowTags are the algorithms' tags with the shadow flag: decide.lua's algorithm argument of
+// a shadow zone.
+var shadowTags = func() (t [len(algorithms)]string) {
+	for a := range algorithms {
+		t[a] = Algorithm(a).tag() + "s"
+	}
+	return t
+}()
+
+// zoneTag is decide.lua's algorithm argument of zone z: its algorithm's tag, followed by "s"
+// for a shadow zone. withRecords adds the override flag.
+func zoneTag(z *Zone) string {
+	if z.Shadow {
+		return shadowTags[min(int(z.Algorithm), len(shadowTags)-1)]
+	}
+	return z.Algorithm.tag()
+}
+
+// argTag returns the algorithm tag of decide.lua's algorithm argument a, without its flags
+// (shadow, override): what settle.lua and refresh.lua are told of a zone.
+func argTag(a any) string {
+	s, _ := a.(string)
+	if len(s) > 2 {
+		return s[:2]
+	}
+	return s
 }
 
 // windowBounds is decide.lua's argument for a fixed window zone at ref (the instance's clock):
@@ -555,7 +589,21 @@ type zoneReply struct {
 	remaining int64
 	// retryAfter is, when allowed, the delay: how long to hold the request (0 but with MaxWait).
 	retryAfter, reset, next int64 // µs
+	// ov, of a zone with Overrides, is the client's override in force: the quota, the policy
+	// window (µs; 0: the zone's) and the max cost that decided; the zero value when the client
+	// has none.
+	ov overrideReply
 }
+
+// overrideReply is the override in force in a zone's reply (zoneReply.ov).
+type overrideReply struct {
+	quota, windowUs, maxCost int64
+}
+
+// overrideWidth is the number of integers a zone with Overrides adds to its reply: the quota in
+// force (0: no override), the policy window in force (µs; 0: the zone's) and the max cost in
+// force.
+const overrideWidth = 3
 
 // replyWidth is the number of integers per zone in decide.lua's reply; a zone that asked for a
 // grant has one more: the tokens granted.
@@ -572,10 +620,14 @@ func (r *Request) costArg(cost int64) any {
 
 // width is the number of integers of r's zone in decide.lua's reply.
 func (r *Request) width() int {
+	w := replyWidth
 	if r.ask > 0 {
-		return replyWidth + 1
+		w++
 	}
-	return replyWidth
+	if r.Zone.Overrides {
+		w += overrideWidth
+	}
+	return w
 }
 
 // decodeReply checks and decodes the script's reply for reqs: an array of 1 + 5n integers (n
@@ -605,8 +657,9 @@ func decodeReply(arr []any, reqs []Request, into []zoneReply) (bool, []zoneReply
 	zones = zones[:n]
 	off := 1
 	for z := range reqs {
-		var v [replyWidth + 1]int64 // one zone's values
-		for k := range reqs[z].width() {
+		var v [replyWidth + 1 + overrideWidth]int64 // one zone's values
+		w := reqs[z].width()
+		for k := range w {
 			if k == 0 && blockFigure(arr[off], reqs[z]) {
 				v[0] = arr[off].(int64)
 				continue
@@ -615,11 +668,20 @@ func decodeReply(arr []any, reqs []Request, into []zoneReply) (bool, []zoneReply
 				return false, nil, err
 			}
 		}
-		off += reqs[z].width()
+		off += w
+		var ov overrideReply
+		if reqs[z].Zone.Overrides {
+			o := w - overrideWidth
+			ov = overrideReply{quota: v[o], windowUs: v[o+1], maxCost: v[o+2]}
+			v[o], v[o+1], v[o+2] = 0, 0, 0
+			if ov.quota > 0 && (ov.quota > MaxCapacity || ov.maxCost > ov.quota || ov.maxCost < 1) {
+				return false, nil, fmt.Errorf("%w: zone %d's override quota %d and max cost %d are out of range", ErrBadResponse, z, ov.quota, ov.maxCost)
+			}
+		}
 		if v[5] > int64(reqs[z].ask) {
 			return false, nil, fmt.Errorf("%w: zone %d granted %d, more than the %d asked", ErrBadResponse, z, v[5], reqs[z].ask)
 		}
-		zones[z] = zoneReply{allowed: v[0] == 1, remaining: v[1], retryAfter: v[2], reset: v[3], next: v[4], granted: int32(v[5])}
+		zones[z] = zoneReply{allowed: v[0] == 1, remaining: v[1], retryAfter: v[2], reset: v[3], next: v[4], granted: int32(v[5]), ov: ov}
 		if v[0] > 1 {
 			zones[z].block = uint8(v[0])
 		}
@@ -653,6 +715,7 @@ func replyInt(arr []any, i int, flag bool) (int64, error) {
 // pick makes the Decision from each zone's outcome, choosing the deciding zone (decidingZone),
 // and writes each zone's own outcome into reqs[i].Result (zoneResults).
 func pick(reqs []Request, allowed bool, zones []zoneReply) Decision {
+	applyOverrides(reqs, zones)
 	best := decidingZone(reqs, allowed, zones)
 	zoneResults(reqs, allowed, zones)
 	z := zones[best]
@@ -678,9 +741,21 @@ func pick(reqs []Request, allowed bool, zones []zoneReply) Decision {
 // decidingZone returns the index of the deciding zone: when denied, an unsatisfiable zone, else
 // the denying zone that takes longest to admit; when allowed, the zone with the longest delay,
 // else the one with the least remaining share of its quota (the first of equals).
+//
+// A shadow zone decides only a request of shadow zones alone (the first of them): its figures
+// are never a response's while another zone applies.
 func decidingZone(reqs []Request, allowed bool, zones []zoneReply) int {
 	best := 0
-	for i := 1; i < len(zones); i++ {
+	for best < len(reqs)-1 && reqs[best].Zone.Shadow {
+		best++
+	}
+	if reqs[best].Zone.Shadow {
+		best = 0
+	}
+	for i := best + 1; i < len(zones); i++ {
+		if reqs[i].Zone.Shadow {
+			continue
+		}
 		z, b := zones[i], zones[best]
 		if allowed {
 			if z.retryAfter != b.retryAfter { // the longest delay
