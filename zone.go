@@ -183,7 +183,7 @@ type Zone struct {
 	// its requests' cost; a refused request charges no zone, and its Retry-After and rate limit
 	// headers give the block's remaining time. The block is written in the same Redis call as
 	// the denial that starts it. A denial for a cost the zone can never admit starts none. 1s to
-	// 366d. Every algorithm but concurrency; not with lease. Default: 0, no penalty box (and no
+	// 366d. Every algorithm but concurrency; not with lease or dry_run. Default: 0, no penalty box (and no
 	// Redis read for one).
 	Block caddy.Duration `json:"block,omitempty"`
 

@@ -232,10 +232,44 @@ func TestBlockValidate(t *testing.T) {
 		{limiter.Zone{Name: "m", Algorithm: limiter.TokenBucket, Capacity: 1, RefillRate: 1, Block: time.Minute, BlockMax: time.Second}, "block_max"},
 		{limiter.Zone{Name: "n", Algorithm: limiter.TokenBucket, Capacity: 1, RefillRate: 1, BlockMax: time.Minute}, "block_max"},
 		{limiter.Zone{Name: "s", Algorithm: limiter.TokenBucket, Capacity: 1, RefillRate: 1, Block: time.Millisecond}, "block"},
+		{limiter.Zone{Name: "d", Algorithm: limiter.TokenBucket, Capacity: 1, RefillRate: 1, Block: time.Minute, Shadow: true}, "block"},
 	} {
 		var fe *limiter.FieldError
 		if err := c.z.Validate(); !errors.As(err, &fe) || fe.Field != c.field {
 			t.Errorf("zone %s: %v, want an error of field %s", c.z.Name, err, c.field)
 		}
+	}
+}
+
+// TestBlockWithOverridesAndRecords: one decision whose keys are of every kind: a fixed window
+// whose charge is recorded for settlement (record and generation keys), a token bucket with
+// overrides and a block (its override key, then its block key). The override's capacity (3,
+// not the zone's 1) decides, the denial past it starts the block, and once the bucket has
+// refilled the block still refuses, with its remaining time: each key is read as what it is.
+func TestBlockWithOverridesAndRecords(t *testing.T) {
+	srv := redistest.Start(t)
+	clk := newClock()
+	l := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:", Now: clk.Now})
+	fw := &limiter.Zone{Name: "fw", Algorithm: limiter.FixedWindow, Limit: 100, Window: time.Hour}
+	api := &limiter.Zone{Name: "api", Algorithm: limiter.TokenBucket, Capacity: 1, RefillRate: 1, Overrides: true, Block: time.Hour}
+	if err := l.SetOverride(context.Background(), api, "mallory", limiter.Override{Capacity: 3}, 0); err != nil {
+		t.Fatal(err)
+	}
+	both := func() []limiter.Request {
+		return []limiter.Request{{Zone: fw, Key: "mallory", Cost: 1, Hold: time.Minute}, {Zone: api, Key: "mallory", Cost: 1}}
+	}
+	for i := range 3 {
+		if d := allow(t, l, both()...); !d.Allowed {
+			t.Fatalf("request %d: %+v, want admitted (the override's capacity is 3)", i+1, d)
+		}
+	}
+	reqs := both()
+	if d := allow(t, l, reqs...); d.Allowed || !reqs[1].Result.BlockStarted {
+		t.Fatalf("request 4: %+v (results %+v), want denied by api and its block started", d, reqs[1].Result)
+	}
+	clk.Advance(10 * time.Second) // the bucket has refilled
+	reqs = both()
+	if d := allow(t, l, reqs...); d.Allowed || !d.Blocked || d.RetryAfter != time.Hour-10*time.Second {
+		t.Fatalf("10s later: %+v, want refused by the block, retry after %v", d, time.Hour-10*time.Second)
 	}
 }
