@@ -1,6 +1,7 @@
 # The commands of README.md and docs/development.md. Go 1.26 and (for `make test`/`make run`) redis-server are needed;
-# redis-server is installed with apt-get when missing and run as root, and so is prometheus
-# (promtool and the Prometheus end-to-end test; without it, those are skipped, saying so).
+# redis-server is installed with apt-get when missing and run as root, and so are prometheus
+# (promtool and the Prometheus end-to-end test) and Node.js with npm (the SDK tests); without
+# them, those are skipped, saying so.
 CADDY_VERSION ?= v2.11.9
 MODULE        := github.com/rate-limit-redis/caddy-rate-limit-redis
 # xcaddy needs a version for a local module; this one stands for "this checkout".
@@ -27,9 +28,11 @@ run: bin/caddy
 
 ## test: gofmt check, go vet, staticcheck (a Go tool of go.mod), the alerting rules' unit tests,
 ## and every test with the race detector against real redis-server, the Prometheus end-to-end
-## test (deploy/) with bin/caddy
+## test (deploy/) with bin/caddy, the official OpenAI and Anthropic Node SDKs (e2e/sdk_test.go;
+## node and npm are installed with apt-get when missing, the SDKs with npm)
 test: compose-check rules-check bin/caddy
 	scripts/ensure-redis.sh
+	scripts/ensure-node.sh
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 		if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
 	go vet ./...
@@ -102,6 +105,9 @@ fuzz:
 	go test -run XXX -fuzz '^FuzzUnmarshalCaddyfile$$' -fuzztime $(FUZZTIME) .
 	go test -run XXX -fuzz '^FuzzZoneNumber$$' -fuzztime $(FUZZTIME) .
 	go test -run XXX -fuzz '^FuzzUsage$$' -fuzztime $(FUZZTIME) ./internal/usage
+	go test -run XXX -fuzz '^FuzzAnthropicUsage$$' -fuzztime $(FUZZTIME) ./internal/usage
+	go test -run XXX -fuzz '^FuzzCeilScaled$$' -fuzztime $(FUZZTIME) ./internal/usage
+	go test -run XXX -fuzz '^FuzzModel$$' -fuzztime $(FUZZTIME) ./internal/usage
 	go test -run XXX -fuzz '^FuzzClientKey$$' -fuzztime $(FUZZTIME) ./internal/limiter
 	go test -run XXX -fuzz '^FuzzDecodeReply$$' -fuzztime $(FUZZTIME) ./internal/limiter
 	go test -run XXX -fuzz '^FuzzAllow$$' -fuzztime $(FUZZTIME) ./internal/limiter

@@ -2,6 +2,7 @@ package ratelimitredis
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"net/http"
@@ -17,6 +18,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/limiter"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
@@ -77,6 +80,9 @@ var redisUses = []redisUse{
 	// limiter.Reset (DELETE /rate_limit_redis/state): DEL of the key, PUBLISH of it on the
 	// reset channel.
 	{"limiter.Reset: the admin API's reset", grantAdmin, []string{"del", "publish"}},
+	// limiter.Block (PUT /rate_limit_redis/block): TIME, one MULTI/EXEC with SET of the block
+	// key, PUBLISH of it on the reset channel. limiter.State reads a block key with GET.
+	{"limiter.Block: the admin API's block", grantAdmin, []string{"time", "multi", "exec", "set", "publish"}},
 	// go-redis's ClusterClient: the slot map (CLUSTER SLOTS) and the commands' key positions
 	// (COMMAND), from any node.
 	{"go-redis: Redis Cluster", grantCluster, []string{"cluster|slots", "command"}},
@@ -283,6 +289,7 @@ func TestRedisACL(t *testing.T) {
 			"tb_wait capacity 1\n\t\t\trefill_rate 1\n\t\t\tmax_wait 1s",
 			"tb_hold capacity 2\n\t\t\trefill_rate 1/1h\n\t\t\tcount_status 401",
 			"tb_last capacity 3\n\t\t\trefill_rate 1/1h",
+			"sw_block algorithm sliding_window\n\t\t\tlimit 1\n\t\t\twindow 1h\n\t\t\tblock 1h\n\t\t\tblock_max 2h",
 		}
 		var b strings.Builder
 		for _, z := range zones {
@@ -459,6 +466,16 @@ func TestRedisACL(t *testing.T) {
 		// failures of the other zones having opened the circuit breaker.
 		t.Run("tb_last", func(t *testing.T) { ok(t, "first", "/tb_last/", "2") })
 
+		// The penalty box: the denial writes the block key (SET), the next decision reads it
+		// (GET) before the zone's algorithm.
+		t.Run("sw_block", func(t *testing.T) {
+			ok(t, "first", "/sw_block/", "0")
+			denied(t, "the block starts", "/sw_block/")
+			for i := range 3 {
+				denied(t, fmt.Sprintf("blocked %d", i+1), "/sw_block/")
+			}
+		})
+
 		// The reset broadcast: the client is denied from this instance's deny cache (trusted
 		// 1h), another instance resets it (DEL and PUBLISH, with the admin API's ACL), and the
 		// message, received on this instance's subscription, clears the cache.
@@ -523,6 +540,14 @@ func TestRedisACL(t *testing.T) {
 			limit 3
 			window 366d
 		}
+		zone blk {
+			match path /blk
+			key {http.request.header.X-Client}
+			capacity 3
+			refill_rate 1/1h
+			block 1h
+			block_max 2h
+		}
 	}
 	respond "ok"`, srv.Addr))
 		zones := adminJSON[[]zoneInfo](t, ac, "GET", "/rate_limit_redis/zones", 200)
@@ -530,7 +555,7 @@ func TestRedisACL(t *testing.T) {
 		for _, z := range zones {
 			names = append(names, z.Name+" "+z.Algorithm)
 		}
-		if got := strings.Join(names, ", "); got != "fw fixed_window, sc sliding_window_counter, sw sliding_window, tb token_bucket" {
+		if got := strings.Join(names, ", "); got != "blk token_bucket, fw fixed_window, sc sliding_window_counter, sw sliding_window, tb token_bucket" {
 			t.Fatalf("zones: %s", got)
 		}
 		for _, z := range []string{"tb", "sw", "fw", "sc"} {
@@ -554,6 +579,18 @@ func TestRedisACL(t *testing.T) {
 				ac.get("/"+z, "X-Client", "alice").expect(t, "after the reset", 200, "ok", "X-RateLimit-Degraded", "", "X-RateLimit-Remaining", "2")
 			})
 		}
+		t.Run("block", func(t *testing.T) {
+			if b := adminJSON[[]blockResult](t, ac, "PUT", "/rate_limit_redis/block?zone=blk&key=eve&for=10m", 200); len(b) != 1 || !b[0].Broadcast {
+				t.Fatalf("block: %+v", b)
+			}
+			ac.get("/blk", "X-Client", "eve").expect(t, "blocked", 429, "", "X-RateLimit-Degraded", "")
+			if st := adminJSON[[]clientState](t, ac, "GET", "/rate_limit_redis/state?zone=blk&key=eve", 200); len(st) != 1 || st[0].BlockedUntilMs == nil ||
+				st[0].Strikes == nil || *st[0].Strikes != 1 {
+				t.Fatalf("state of a blocked client: %+v", st)
+			}
+			adminJSON[[]resetResult](t, ac, "DELETE", "/rate_limit_redis/state?zone=blk&key=eve", 200)
+			ac.get("/blk", "X-Client", "eve").expect(t, "unblocked", 200, "ok", "X-RateLimit-Degraded", "")
+		})
 	})
 	if t.Failed() {
 		return
@@ -781,7 +818,7 @@ func TestRedisACLConcurrency(t *testing.T) {
 	now := time.Now()
 	clock := func() time.Time { return now }
 	for _, user := range []string{"limiter", "admin"} {
-		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: user, Password: "s3cret"})
+		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: user, Password: "s3cret", DisableIdentity: true}) // as the module connects: no CLIENT SETINFO
 		t.Cleanup(func() { _ = rdb.Close() })
 		l := limiter.New(rdb, limiter.Options{KeyPrefix: "rl:", Now: clock})
 		z := &limiter.Zone{Name: "c" + user, Algorithm: limiter.Concurrency, Limit: 1}
@@ -811,5 +848,60 @@ func TestRedisACLConcurrency(t *testing.T) {
 	}
 	if log := srv.Do("ACL", "LOG"); fmt.Sprint(log) != "[]" {
 		t.Fatalf("ACL LOG: %v", log)
+	}
+}
+
+// TestRedisACLOverridesAndShadow: the documented ACL serves zones with overrides and shadow
+// zones: the decisions (the override's HMGET) under the limiter's grant, and PUT, GET and DELETE
+// /rate_limit_redis/override under the admin's.
+func TestRedisACLOverridesAndShadow(t *testing.T) {
+	srv := redistest.Start(t)
+	setUsers(t, srv, "admin", grantLimiter, grantAdmin)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("ACL LOG: %v", srv.Do("ACL", "LOG"))
+		}
+	})
+	var zones []*Zone
+	for _, algo := range []string{tokenBucketName, slidingWindowName, "fixed_window", "sliding_window_counter"} {
+		z := &Zone{Name: "ov_" + algo, Key: []string{"{http.request.header.X-API-Key}"}, Algorithm: algo, Overrides: true}
+		if algo == tokenBucketName {
+			z.Capacity, z.RefillRate = NumberOf(2), NumberOf(1.0/3600)
+		} else {
+			z.Limit, z.Window = NumberOf(2), NumberOf(time.Hour)
+		}
+		zones = append(zones, z)
+	}
+	zones = append(zones, &Zone{Name: "shadow", Key: []string{"{http.request.header.X-API-Key}"}, Capacity: NumberOf(1), RefillRate: NumberOf(1.0 / 3600), DryRun: true})
+	h := provisioned(t, &Handler{Redis: &RedisConfig{Addresses: []string{srv.Addr}, Username: "admin", Password: "s3cret"}, Zones: zones})
+	admin := &AdminAPI{live: h.live}
+	for _, z := range zones[:4] {
+		body := `{"limit": 3}`
+		if z.Algorithm == tokenBucketName {
+			body = `{"capacity": 3}`
+		}
+		if code, out := adminOverride(t, admin, http.MethodPut, "zone="+z.Name+"&key=erin", body); code != 200 || !strings.Contains(out, `"broadcast":true`) {
+			t.Fatalf("PUT %s: %d %s", z.Name, code, out)
+		}
+	}
+	for i, want := range []int{200, 200, 200, 429} {
+		req := httptest.NewRequest(http.MethodGet, "/", nil)
+		req.Header.Set("X-API-Key", "erin")
+		w, err, _ := serve(h, req)
+		code := w.Code
+		var he caddyhttp.HandlerError
+		if errors.As(err, &he) {
+			code = he.StatusCode
+		} else if err != nil {
+			t.Fatalf("request %d: %v", i+1, err)
+		}
+		if code != want || w.Header().Get("X-RateLimit-Degraded") != "" {
+			t.Fatalf("request %d: %d (degraded %q), want %d: every zone raised to 3, the shadow zone never refusing", i+1, code, w.Header().Get("X-RateLimit-Degraded"), want)
+		}
+	}
+	for _, m := range []string{http.MethodGet, http.MethodDelete} {
+		if code, out := adminOverride(t, admin, m, "zone=ov_token_bucket&key=erin", ""); code != 200 || !strings.Contains(out, `"exists":true`) {
+			t.Fatalf("%s: %d %s", m, code, out)
+		}
 	}
 }

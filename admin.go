@@ -32,7 +32,9 @@ const adminTimeout = 2 * time.Second
 //	GET    /rate_limit_redis/zones                         the zones of the loaded config
 //	GET    /rate_limit_redis/state?zone=<name>&key=<key>   a client's state in a zone
 //	       [&capacity=&refill_rate=&limit=&window=]      the numbers, for a zone whose numbers are placeholders
-//	DELETE /rate_limit_redis/state?zone=<name>&key=<key>   reset it: the client starts afresh
+//	DELETE /rate_limit_redis/state?zone=<name>&key=<key>   reset it: the client starts afresh, unblocked
+//	PUT    /rate_limit_redis/block?zone=<name>&key=<key>&for=<duration>   block the client (a zone with block)
+//	PUT|GET|DELETE /rate_limit_redis/override?zone=<name>&key=<key>  a client's own numbers (override.go)
 //
 // A zone whose numbers come from placeholders has no numbers of its own outside a request: its
 // state is computed with the numbers given as query parameters of their names (in the syntax of
@@ -73,6 +75,8 @@ func (a *AdminAPI) Routes() []caddy.AdminRoute {
 	return []caddy.AdminRoute{
 		{Pattern: "/rate_limit_redis/zones", Handler: caddy.AdminHandlerFunc(a.handleZones)},
 		{Pattern: "/rate_limit_redis/state", Handler: caddy.AdminHandlerFunc(a.handleState)},
+		{Pattern: "/rate_limit_redis/block", Handler: caddy.AdminHandlerFunc(a.handleBlock)},
+		{Pattern: "/rate_limit_redis/override", Handler: caddy.AdminHandlerFunc(a.handleOverride)},
 	}
 }
 
@@ -132,10 +136,17 @@ type zoneInfo struct {
 	TimeZone string `json:"time_zone,omitempty"`
 	// token_bucket: the longest a request may be held (shaping), in milliseconds.
 	MaxWaitMs int64 `json:"max_wait_ms,omitempty"`
+	// The penalty box: a block's length and a repeat offender's longest, in milliseconds.
+	BlockMs    int64 `json:"block_ms,omitempty"`
+	BlockMaxMs int64 `json:"block_max_ms,omitempty"`
 	// The numbers that come from placeholders, by name (capacity, refill_rate, limit, window,
 	// max_cost): the placeholder expression. The number's field above is then its fallback,
 	// absent when it has none.
 	Placeholders map[string]string `json:"placeholders,omitempty"`
+	// Whether the zone reads per-client overrides (PUT /rate_limit_redis/override), and whether
+	// it is a shadow zone (its dry_run).
+	Overrides bool `json:"overrides,omitempty"`
+	DryRun    bool `json:"dry_run,omitempty"`
 	// The handler's key_prefix.
 	KeyPrefix string `json:"key_prefix"`
 	// The handler's Redis addresses (placeholders replaced) and database.
@@ -201,6 +212,16 @@ type clientState struct {
 	// The Redis key's time to live, in milliseconds: when the bucket is full again or the newest
 	// window entry leaves the window, as of the last admitted request. 0 when !exists.
 	TTLMs int64 `json:"ttl_ms"`
+	// A zone with block: when the client's block ends, in milliseconds since the Unix epoch
+	// (Redis server time); absent when it is not blocked. retry_after_ms is then at least the
+	// time until then.
+	BlockedUntilMs *int64 `json:"blocked_until_ms,omitempty"`
+	// A zone with block_max: how many blocks in a row the client's last block ended (1: a first
+	// offence; 0: none remembered). Its next block lasts twice the last one, up to block_max.
+	Strikes *int64 `json:"strikes,omitempty"`
+	// A zone with block_max: the length of the client's last block, in milliseconds, while it is
+	// remembered.
+	LastBlockMs *int64 `json:"last_block_ms,omitempty"`
 }
 
 // stateNumbers are the numbers a state was computed with, of a zone whose numbers come from
@@ -246,6 +267,8 @@ func (a *AdminAPI) handleZones(w http.ResponseWriter, r *http.Request) error {
 			Name: t.z.Name, Algorithm: t.z.lz.Algorithm.String(), KeyPrefix: t.h.KeyPrefix, Redis: t.redis, DB: t.h.Redis.DB,
 			Capacity: t.z.lz.Capacity, RefillRate: t.z.lz.RefillRate, Limit: t.z.lz.Limit, WindowMs: t.z.lz.Window.Milliseconds(),
 			Period: t.z.Period, TimeZone: t.z.TimeZone, MaxWaitMs: ceilMs(time.Duration(t.z.MaxWait)),
+			BlockMs: t.z.lz.Block.Milliseconds(), BlockMaxMs: t.z.lz.BlockMax.Milliseconds(),
+			Overrides: t.z.Overrides, DryRun: t.z.DryRun,
 		}
 		for _, dn := range t.z.dyn {
 			if zi.Placeholders == nil {
@@ -263,6 +286,8 @@ func (a *AdminAPI) handleZones(w http.ResponseWriter, r *http.Request) error {
 func (zi zoneInfo) equal(o zoneInfo) bool {
 	return zi.Name == o.Name && zi.Algorithm == o.Algorithm && zi.Capacity == o.Capacity && zi.RefillRate == o.RefillRate &&
 		zi.Limit == o.Limit && zi.WindowMs == o.WindowMs && zi.Period == o.Period && zi.TimeZone == o.TimeZone && zi.MaxWaitMs == o.MaxWaitMs &&
+		zi.BlockMs == o.BlockMs && zi.BlockMaxMs == o.BlockMaxMs &&
+		zi.Overrides == o.Overrides && zi.DryRun == o.DryRun &&
 		zi.KeyPrefix == o.KeyPrefix && slices.Equal(zi.Redis, o.Redis) && zi.DB == o.DB && maps.Equal(zi.Placeholders, o.Placeholders)
 }
 
@@ -353,6 +378,7 @@ func readState(ctx context.Context, w http.ResponseWriter, ts []target, key stri
 			Algorithm: lz.Algorithm.String(), Limit: lz.Quota(), Numbers: numbers, Exists: s.Exists, Remaining: s.Remaining,
 			RetryAfterMs: ceilMs(s.RetryAfter), TTLMs: s.TTL.Milliseconds(),
 		}
+		setBlockState(&cs, lz, s.Block)
 		switch lz.Algorithm {
 		case limiter.TokenBucket:
 			cs.Tokens = &s.Tokens

@@ -30,7 +30,7 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 		h.countMode(f.reqs, FailLocal, resultLocal)
 		h.countMode(f.reqs, FailOpen, resultFailOpen)
 	} else {
-		h.count(f.reqs, res)
+		h.countAdmitted(f.reqs, res)
 	}
 	if d.Held != nil {
 		slotsTaken(h, f.reqs) // given back by the settlement, on every way out

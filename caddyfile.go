@@ -60,6 +60,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		ipv4_prefix <bits>                   # key an IPv4 candidate by its /bits network, 1 to 32; default 32
 //		ipv6_prefix <bits>                   # key an IPv6 candidate by its /bits network, 1 to 128; default 64
 //		jitter      <duration>               # add 0 to this (whole seconds) to a 429's Retry-After at random; default 0
+//		no_retry_over <duration>|off         # a 429 whose Retry-After is longer also says X-Should-Retry: false; default 1m
 //		max_waiting <n>                      # requests held at once for a max_wait, a tenth per client key; default 1000
 //
 //		zone <name> {
@@ -78,7 +79,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			max_cost    <n>                  # larger costs are never admitted, nor charged after the response; default the quota (sliding_window with a placeholder cost: at most 1000)
 //			max_wait    <duration>           # token_bucket: hold a request up to this long for its turn instead of a 429; up to 1m
 //			count_status <code|Nxx>...       # charge only responses of these statuses (any algorithm)
-//			charge header <field> | openai_usage [total|prompt|completion] [missing <n>]   # charge what the response reports (at most max_cost); cost is the reservation; missing: what a 2xx without usage is charged, default max_cost (not sliding_window)
+//			charge header <field> [scale <n>] | openai_usage|anthropic_usage [total|prompt|completion|weights <kind> <n>...] [missing <n>]   # charge what the response reports (at most max_cost); cost is the reservation; scale: a decimal × n, rounded up; weights: prompt, completion, cached, cache_write; missing: what a 2xx without usage is charged, default max_cost (not sliding_window)
 //			hold_max    <duration>           # with count_status or charge: a reservation unsettled after it counts as charged; default 10m
 //			                                 # concurrency: how long a slot is held, refreshed while its request runs; a dead instance's slots free after it
 //			lease {                          # token_bucket, fixed_window: hot clients' units granted from Redis ahead, spent in process (not with max_wait, count_status, charge)
@@ -91,6 +92,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			ipv4_prefix <bits>               # this zone's, instead of the handler's
 //			ipv6_prefix <bits>
 //			jitter      <duration>           # this zone's; 0 for none
+//			no_retry_over <duration>|off     # this zone's
 //		}
 //	}
 //
@@ -98,8 +100,8 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 // also be written on one line, as in `match path /login`. Zone subdirectives written directly in
 // the top block, without a zone block, define one zone named "default"; they cannot be mixed with
 // zone blocks. A zone's fail_mode is written in a zone block only: in the top block, fail_mode is
-// the handler's, the default of every zone. ipv4_prefix, ipv6_prefix and jitter at the top level
-// apply to every zone (the shorthand's too); in a zone block, to that zone.
+// the handler's, the default of every zone. ipv4_prefix, ipv6_prefix, jitter and no_retry_over at
+// the top level apply to every zone (the shorthand's too); in a zone block, to that zone.
 //
 // Every subdirective may appear once per block (address excepted).
 //
@@ -165,8 +167,8 @@ func (h *Handler) subdirective(d *caddyfile.Dispenser) error {
 		return stringArg(d, &h.KeySecret, checkKeySecret)
 	case "timeout":
 		return durationArg(d, &h.Timeout)
-	case "fail_mode", "ipv4_prefix", "ipv6_prefix", "jitter":
-		return parseOverride(d, overrides{&h.FailMode, &h.IPv4Prefix, &h.IPv6Prefix, func(j caddy.Duration) { h.Jitter = j }})
+	case "fail_mode", "ipv4_prefix", "ipv6_prefix", "jitter", "no_retry_over":
+		return parseOverride(d, overrides{&h.FailMode, &h.IPv4Prefix, &h.IPv6Prefix, func(j caddy.Duration) { h.Jitter = j }, &h.NoRetryOver})
 	case "headers":
 		return stringArg(d, &h.Headers)
 	case "degraded_header":
@@ -206,18 +208,20 @@ func checkKeySecret(v string) error {
 	return nil
 }
 
-// overrides are the fields that the subdirectives fail_mode, ipv4_prefix, ipv6_prefix and jitter
-// set: the handler's, for every zone, at the top level; a zone's, to override the handler's, in a
-// zone block.
+// overrides are the fields that the subdirectives fail_mode, ipv4_prefix, ipv6_prefix, jitter
+// and no_retry_over set: the handler's, for every zone, at the top level; a zone's, to override
+// the handler's, in a zone block.
 type overrides struct {
 	failMode               *string
 	ipv4Prefix, ipv6Prefix *int
 	setJitter              func(caddy.Duration)
+	noRetryOver            **caddy.Duration
 }
 
-// parseOverride parses the fail_mode, ipv4_prefix, ipv6_prefix or jitter subdirective at the
-// cursor into o. Their values are checked with the handler's or the zone's (validateOptions,
-// Zone.validate), but for a prefix of 0, which JSON cannot tell from none.
+// parseOverride parses the fail_mode, ipv4_prefix, ipv6_prefix, jitter or no_retry_over
+// subdirective at the cursor into o. Their values are checked with the handler's or the zone's
+// (validateOptions, Zone.validate), but for a prefix of 0, which JSON cannot tell from none, and
+// a no_retry_over of 0, which JSON writes for off.
 func parseOverride(d *caddyfile.Dispenser, o overrides) error {
 	switch d.Val() {
 	case "fail_mode":
@@ -226,12 +230,38 @@ func parseOverride(d *caddyfile.Dispenser, o overrides) error {
 		return intArg(d, o.ipv4Prefix, "ipv4_prefix 0 must be between 1 and 32")
 	case "ipv6_prefix":
 		return intArg(d, o.ipv6Prefix, "ipv6_prefix 0 must be between 1 and 128")
+	case "no_retry_over":
+		return parseNoRetryOver(d, o.noRetryOver)
 	}
 	_, dur, err := durationValue(d)
 	if err != nil {
 		return err
 	}
 	o.setJitter(caddy.Duration(dur))
+	return nil
+}
+
+// parseNoRetryOver parses `no_retry_over <duration>|off` at the cursor into *field: off is 0, as
+// in JSON; a duration must be > 0.
+func parseNoRetryOver(d *caddyfile.Dispenser, field **caddy.Duration) error {
+	if d.NextArg() {
+		if d.Val() == "off" {
+			if d.NextArg() {
+				return d.Errf("no_retry_over: unexpected argument %q", d.Val())
+			}
+			*field = new(caddy.Duration)
+			return noBlock(d, "no_retry_over")
+		}
+		d.Prev()
+	}
+	v, dur, err := durationValue(d)
+	switch {
+	case err != nil:
+		return err
+	case dur <= 0:
+		return d.Errf("no_retry_over: %q must be > 0 (off turns it off)", v)
+	}
+	*field = new(caddy.Duration(dur))
 	return nil
 }
 

@@ -98,12 +98,12 @@ func parseZone(d *caddyfile.Dispenser, names map[string]bool) (*Zone, error) {
 
 // isZoneSubdirective reports whether name is a subdirective of a zone block, which is also the
 // shorthand for a zone named "default" when written at the top level. A zone block also holds
-// fail_mode, ipv4_prefix, ipv6_prefix and jitter, which at the top level are the handler's, for
-// every zone (overrides).
+// fail_mode, ipv4_prefix, ipv6_prefix, jitter and no_retry_over, which at the top level are the
+// handler's, for every zone (overrides).
 func isZoneSubdirective(name string) bool {
 	switch name {
 	case "key", "empty_key", "algorithm", "capacity", "refill_rate", "limit", "window", "period", "time_zone", "cost", "max_cost", "max_wait", "match",
-		"count_status", "charge", "hold_max", "lease":
+		"count_status", "charge", "hold_max", "lease", "block", "block_max", "overrides":
 		return true
 	}
 	return false
@@ -162,8 +162,17 @@ func (p *zoneParser) subdirective(d *caddyfile.Dispenser) error {
 		return durationArg(d, &z.HoldMax)
 	case "lease":
 		return p.parseLease(d)
-	case "fail_mode", "ipv4_prefix", "ipv6_prefix", "jitter":
-		return parseOverride(d, overrides{&z.FailMode, &z.IPv4Prefix, &z.IPv6Prefix, func(j caddy.Duration) { z.Jitter = &j }})
+	case "block":
+		return durationArg(d, &z.Block)
+	case "block_max":
+		return durationArg(d, &z.BlockMax)
+	case "overrides":
+		return flagArg(d, &z.Overrides)
+	case "dry_run":
+		// Only in a zone block: at the top level, dry_run is the handler's.
+		return flagArg(d, &z.DryRun)
+	case "fail_mode", "ipv4_prefix", "ipv6_prefix", "jitter", "no_retry_over":
+		return parseOverride(d, overrides{&z.FailMode, &z.IPv4Prefix, &z.IPv6Prefix, func(j caddy.Duration) { z.Jitter = &j }, &z.NoRetryOver})
 	}
 	return d.Errf("unrecognized subdirective %q", d.Val())
 }
@@ -240,43 +249,104 @@ func (p *zoneParser) number(d *caddyfile.Dispenser) error {
 
 // parseCharge parses a zone's charge subdirective at the cursor:
 //
-//	charge header <field>
-//	charge openai_usage [total|prompt|completion] [missing <n>]
+//	charge header <field> [scale <n>]
+//	charge openai_usage|anthropic_usage [total|prompt|completion | weights <kind> <n>...] [missing <n>]
+//
+// where a kind of weights is prompt, completion, cached or cache_write. The values' ranges are
+// the zone's validation's.
 func (p *zoneParser) parseCharge(d *caddyfile.Dispenser) error {
 	args := d.RemainingArgs()
 	if len(args) == 0 {
-		return d.Errf("charge: a source is required: header <field> or openai_usage [total|prompt|completion] [missing <n>]")
+		return d.Errf("charge: a source is required: header <field> [scale <n>], or openai_usage or anthropic_usage [total|prompt|completion|weights ...] [missing <n>]")
 	}
 	c := &Charge{Source: args[0]}
+	var err error
 	switch args[0] {
 	case ChargeHeader:
-		if len(args) != 2 {
-			return d.Errf("charge header: one response header field name is required (charge header X-Tokens-Used)")
-		}
-		c.Header = args[1]
-	case ChargeOpenAIUsage:
-		rest := args[1:]
-		if len(rest) > 0 && rest[0] != "missing" {
-			c.Usage, rest = rest[0], rest[1:]
-		}
-		if len(rest) > 0 && rest[0] == "missing" {
-			if len(rest) < 2 {
-				return d.Errf("charge openai_usage: missing needs the amount a response without usage is charged (missing 4000)")
-			}
-			n, err := strconv.ParseInt(rest[1], 10, 64)
-			if err != nil {
-				return d.Errf("charge openai_usage: missing %q is not an integer", rest[1])
-			}
-			c.Missing, rest = &n, rest[2:]
-		}
-		if len(rest) > 0 {
-			return d.Errf("charge openai_usage: unexpected argument %q", rest[0])
-		}
+		err = parseChargeHeader(d, c, args[1:])
+	case ChargeOpenAIUsage, ChargeAnthropicUsage:
+		err = parseChargeUsage(d, c, args[1:])
+	}
+	if err != nil {
+		return err
 	}
 	if err := noBlock(d, "charge"); err != nil {
 		return err
 	}
 	p.zone.Charge = c
+	return nil
+}
+
+// parseChargeHeader parses the arguments after `charge header`: <field> [scale <n>].
+func parseChargeHeader(d *caddyfile.Dispenser, c *Charge, args []string) error {
+	if len(args) != 1 && (len(args) != 3 || args[1] != "scale") {
+		return d.Errf("charge header: one response header field name is required, optionally with a scale (charge header X-Tokens-Used, charge header x-litellm-response-cost scale 1000000)")
+	}
+	c.Header = args[0]
+	if len(args) == 3 {
+		v, err := strconv.ParseFloat(args[2], 64)
+		if err != nil || v == 0 {
+			return d.Errf("charge header: scale %q is not a number greater than 0", args[2])
+		}
+		c.Scale = v
+	}
+	return nil
+}
+
+// parseChargeUsage parses the arguments after `charge openai_usage` (or anthropic_usage):
+// [total|prompt|completion | weights <kind> <n>...] [missing <n>].
+func parseChargeUsage(d *caddyfile.Dispenser, c *Charge, rest []string) error {
+	source := "charge " + c.Source
+	switch {
+	case len(rest) > 0 && rest[0] == "weights":
+		c.Weights = new(ChargeWeights)
+		rest = rest[1:]
+		n := 0
+		for ; len(rest) > 0 && rest[0] != "missing"; rest = rest[2:] {
+			if err := parseWeight(d, source, c.Weights, rest); err != nil {
+				return err
+			}
+			n++
+		}
+		if n == 0 {
+			return d.Errf("%s: weights needs at least one weight: prompt, completion, cached or cache_write, each followed by a number (weights prompt 1 completion 4 cached 0.1)", source)
+		}
+	case len(rest) > 0 && rest[0] != "missing":
+		c.Usage, rest = rest[0], rest[1:]
+	}
+	if len(rest) > 0 && rest[0] == "missing" {
+		if len(rest) < 2 {
+			return d.Errf("%s: missing needs the amount a response without usage is charged (missing 4000)", source)
+		}
+		n, err := strconv.ParseInt(rest[1], 10, 64)
+		if err != nil {
+			return d.Errf("%s: missing %q is not an integer", source, rest[1])
+		}
+		c.Missing, rest = &n, rest[2:]
+	}
+	if len(rest) > 0 {
+		return d.Errf("%s: unexpected argument %q", source, rest[0])
+	}
+	return nil
+}
+
+// parseWeight parses the weight at the start of args, `<kind> <n>`, into w.
+func parseWeight(d *caddyfile.Dispenser, source string, w *ChargeWeights, args []string) error {
+	fields := map[string]**float64{"prompt": &w.Prompt, "completion": &w.Completion, "cached": &w.Cached, "cache_write": &w.CacheWrite}
+	field, ok := fields[args[0]]
+	switch {
+	case !ok:
+		return d.Errf("%s: unknown weight %q: prompt, completion, cached or cache_write", source, args[0])
+	case *field != nil:
+		return d.Errf("%s: weight %s given twice", source, args[0])
+	case len(args) < 2:
+		return d.Errf("%s: weight %s needs a number", source, args[0])
+	}
+	v, err := strconv.ParseFloat(args[1], 64)
+	if err != nil {
+		return d.Errf("%s: weight %s %q is not a number", source, args[0], args[1])
+	}
+	*field = &v
 	return nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/big"
 	"mime"
 	"net/http"
 	"slices"
@@ -31,8 +32,9 @@ import (
 
 // Sources of Charge.
 const (
-	ChargeHeader      = "header"
-	ChargeOpenAIUsage = "openai_usage"
+	ChargeHeader         = "header"
+	ChargeOpenAIUsage    = "openai_usage"
+	ChargeAnthropicUsage = "anthropic_usage"
 )
 
 // Values of Charge.Usage.
@@ -52,27 +54,128 @@ const MaxHoldMax = 24 * time.Hour
 // Charge is what a zone charges once the response is complete, in place of its cost, which is
 // then a reservation taken at admission.
 type Charge struct {
-	// `header`: a non-negative integer in the response header field Header; `openai_usage`:
-	// the OpenAI-format `usage` of a JSON body, of the final event of a chat completions stream
-	// (`stream_options.include_usage`), or of a Responses API `response.completed` event.
+	// `header`: a non-negative integer in the response header field Header (with Scale, a
+	// decimal); `openai_usage`: the OpenAI-format `usage` of a JSON body, of the final event of
+	// a chat completions stream (`stream_options.include_usage`), or of a Responses API
+	// `response.completed` event; `anthropic_usage`: the `usage` of Anthropic's Messages API, of
+	// a JSON body, or of a stream (input counts in `message_start`, the output count in the last
+	// `message_delta`).
 	Source string `json:"source,omitempty"`
 
 	// header: the response header field (or trailer) holding the amount.
 	Header string `json:"header,omitempty"`
 
-	// openai_usage: which count to charge: `total` (total_tokens), `prompt` (prompt_tokens or
-	// input_tokens) or `completion` (completion_tokens or output_tokens). Default: `total`.
+	// header: read the field as a non-negative decimal (0.000123, 1.23e-05) and charge it times
+	// Scale, rounded up exactly: ceil(value × scale). For gateways that report what a request
+	// cost in dollars, such as LiteLLM's `x-litellm-response-cost`: 1000000 charges
+	// micro-dollars. Greater than 0, at most 10^15. A value that is not a decimal, a negative,
+	// or a product above 2^63 − 1 keeps the reservation, as without Scale a value that is not a
+	// non-negative integer of at most 2^63 − 1 does. Default (0): an integer, charged as it is.
+	Scale float64 `json:"scale,omitempty"`
+
+	// openai_usage, anthropic_usage: which count to charge: `total` (OpenAI's total_tokens, else
+	// the prompt and completion counts added), `prompt` (every input token: OpenAI's
+	// prompt_tokens or input_tokens, cached ones included; Anthropic's input_tokens,
+	// cache_read_input_tokens and cache_creation_input_tokens added) or `completion`
+	// (completion_tokens or output_tokens). Default: `total`, unless Weights is given.
 	Usage string `json:"usage,omitempty"`
 
-	// openai_usage: what a successful (2xx) response that reports no usage we can charge is
-	// charged, in tokens (0 to 2^53): no usage object, a count that is negative or not an
-	// integer, a body in a content coding that is not read or whose decoding stopped at its
-	// bounds, a stream cut short, a request whose client went away before the response; size it
-	// as the most one request can use (for total, the model's context length). Default (absent):
-	// the zone's max_cost (its capacity or limit unless set), the most any response can be
-	// charged, so that no client gains by making its usage go unreported. At most max_cost
-	// counts: a larger amount is charged as max_cost.
+	// openai_usage, anthropic_usage, instead of Usage: charge the counts weighted (see
+	// ChargeWeights), the sum rounded up.
+	Weights *ChargeWeights `json:"weights,omitempty"`
+
+	// openai_usage, anthropic_usage: what a successful (2xx) response that reports no usage we
+	// can charge is charged, in the zone's units (0 to 2^53): no usage object, a count that is
+	// negative or not an integer, a body in a content coding that is not read or whose decoding
+	// stopped at its bounds, a stream cut short, a request whose client went away before the
+	// response; size it as the most one request can be charged (for total, the model's context
+	// length). Default (absent): the zone's max_cost (its capacity or limit unless set), the most
+	// any response can be charged, so that no client gains by making its usage go unreported.
+	// At most max_cost counts: a larger amount is charged as max_cost.
 	Missing *int64 `json:"missing,omitempty"`
+}
+
+// ChargeWeights are what one token of each kind is charged, in the zone's units, so that a
+// budget counts what a provider bills (output tokens at several times the input, cached input
+// at a tenth): a weight is a decimal from 0 to 1,000,000, read exactly (0.1 is a tenth), and
+// the weighted sum is rounded up. With a provider's prices per million tokens as the weights,
+// the zone counts micro-dollars.
+type ChargeWeights struct {
+	// An input token neither read from nor written to the prompt cache: OpenAI's prompt_tokens
+	// (or input_tokens) less the cached ones; Anthropic's input_tokens. Default: 1.
+	Prompt *float64 `json:"prompt,omitempty"`
+
+	// An output token (completion_tokens or output_tokens, reasoning tokens included); an
+	// OpenAI usage without one (embeddings) counts its total_tokens less its prompt tokens.
+	// Default: 1.
+	Completion *float64 `json:"completion,omitempty"`
+
+	// An input token read from the prompt cache: OpenAI's prompt_tokens_details.cached_tokens
+	// (input_tokens_details.cached_tokens in the Responses API), Anthropic's
+	// cache_read_input_tokens. Default: the prompt weight.
+	Cached *float64 `json:"cached,omitempty"`
+
+	// An input token written to the prompt cache: Anthropic's cache_creation_input_tokens (OpenAI
+	// reports none). Default: the prompt weight.
+	CacheWrite *float64 `json:"cache_write,omitempty"`
+}
+
+// MaxChargeWeight bounds a weight of ChargeWeights, and MaxChargeScale Charge.Scale.
+const (
+	MaxChargeWeight = 1_000_000
+	MaxChargeScale  = 1e15
+)
+
+// usageWeights returns w as exact decimals, each weight the shortest decimal that reads as its
+// float64 (0.1 is a tenth), a default filled in where none is given.
+func (w *ChargeWeights) usageWeights() *usage.Weights {
+	prompt := decimalOf(w.Prompt, 1)
+	return &usage.Weights{Prompt: prompt, Completion: decimalOf(w.Completion, 1),
+		Cached: decimalOrRat(w.Cached, prompt), CacheWrite: decimalOrRat(w.CacheWrite, prompt)}
+}
+
+// check returns what is wrong with w: a weight out of range, or every weight 0.
+func (w *ChargeWeights) check() string {
+	all := []struct {
+		name string
+		v    *float64
+	}{{"prompt", w.Prompt}, {"completion", w.Completion}, {"cached", w.Cached}, {"cache_write", w.CacheWrite}}
+	some := false
+	for _, c := range all {
+		switch {
+		case c.v == nil:
+			some = some || c.name == "prompt" || c.name == "completion" // default 1
+		case !(*c.v >= 0 && *c.v <= MaxChargeWeight):
+			return fmt.Sprintf("charge weight %s %v must be between 0 and %d", c.name, *c.v, MaxChargeWeight)
+		case *c.v > 0:
+			some = true
+		}
+	}
+	if !some {
+		return "charge weights are all 0: the zone would charge nothing"
+	}
+	return ""
+}
+
+// decimalOf returns *v as the shortest decimal that reads as it (0.1 as a tenth), or def when
+// v is nil.
+func decimalOf(v *float64, def int64) *big.Rat {
+	if v == nil {
+		return big.NewRat(def, 1)
+	}
+	r, ok := usage.ParseDecimal(strconv.FormatFloat(*v, 'g', -1, 64))
+	if !ok {
+		return new(big.Rat) // out of range: validation refuses it first
+	}
+	return r
+}
+
+// decimalOrRat returns *v as decimalOf does, or def when v is nil.
+func decimalOrRat(v *float64, def *big.Rat) *big.Rat {
+	if v == nil {
+		return def
+	}
+	return decimalOf(v, 0)
 }
 
 // afterResponse is a zone's count_status and charge, provisioned.
@@ -80,7 +183,9 @@ type afterResponse struct {
 	statuses [600]bool // count_status: the listed codes; all false without count_status
 	counting bool      // count_status is set
 	charge   *Charge
-	body     bool // charge openai_usage: the body is read
+	format   usage.Format   // charge openai_usage or anthropic_usage: the body is read, in this format; 0 otherwise
+	weights  *usage.Weights // the charge's weights; nil without them
+	scale    *big.Rat       // charge header with a scale; nil otherwise
 	hold     time.Duration
 	charged  prometheus.Counter
 	refunded prometheus.Counter
@@ -88,7 +193,7 @@ type afterResponse struct {
 	missing  prometheus.Counter // charge: responses charged Charge.Missing
 	capped   prometheus.Counter // charge: amounts reported above max_cost, charged max_cost
 	warned   atomic.Int64       // Unix ns of the last warning of a missing usage
-	// undecoded: charge openai_usage, the compressed responses whose decoding stopped, by
+	// undecoded: a charge of usage, the compressed responses whose decoding stopped, by
 	// reason (usage.StopReasons' order); warnedUndecoded, the Unix ns of the last warning of one.
 	undecoded       [len(usage.StopReasons)]prometheus.Counter
 	warnedUndecoded atomic.Int64
@@ -119,10 +224,15 @@ func (z *Zone) provisionAfter() error {
 		a.counting = true
 	}
 	if c := z.Charge; c != nil {
-		if c.Source == ChargeOpenAIUsage && c.Usage == "" {
+		a.format = usageFormat(c.Source)
+		switch {
+		case a.format != 0 && c.Weights != nil:
+			a.weights = c.Weights.usageWeights()
+		case a.format != 0 && c.Usage == "":
 			c.Usage = UsageTotal
+		case c.Source == ChargeHeader && c.Scale != 0:
+			a.scale = decimalOf(&c.Scale, 1)
 		}
-		a.body = c.Source == ChargeOpenAIUsage
 	}
 	if limiter.ValidZoneName(z.Name) {
 		initMetrics()
@@ -132,7 +242,7 @@ func (z *Zone) provisionAfter() error {
 			a.missing = metrics.chargeMissing.WithLabelValues(z.Name)
 			a.capped = metrics.chargeCapped.WithLabelValues(z.Name)
 		}
-		if a.body {
+		if a.format != 0 {
 			for i, reason := range usage.StopReasons {
 				a.undecoded[i] = metrics.chargeUndecoded.WithLabelValues(z.Name, reason)
 			}
@@ -141,6 +251,18 @@ func (z *Zone) provisionAfter() error {
 	}
 	z.after = a
 	return nil
+}
+
+// usageFormat returns the usage format a charge of source reads, 0 for a source that reads no
+// usage.
+func usageFormat(source string) usage.Format {
+	switch source {
+	case ChargeOpenAIUsage:
+		return usage.OpenAI
+	case ChargeAnthropicUsage:
+		return usage.Anthropic
+	}
+	return 0
 }
 
 // exportSettleFailures exports the settlement failures at 0 for every reason from the load of a
@@ -167,7 +289,7 @@ func parseStatus(s string) (lo, hi int, err error) {
 // amount is what the zone charges for a response of status whose writer is cw, the request rq
 // having reserved its cost: 0 when count_status does not list the status; with charge, what
 // the response reports, at most the zone's max_cost (capped), or, when it reports nothing, the
-// cost (charge header, or an unsuccessful response) or Charge.Missing (charge openai_usage, a
+// cost (charge header, or an unsuccessful response) or Charge.Missing (a charge of usage, a
 // 2xx response: missing). With charge, a request whose client went away before the response
 // (cw.clientLeft) is a 2xx that reported nothing: the upstream may have done all of its work.
 func (a *afterResponse) amount(rq limiter.Request, status int, cw *chargeWriter) (n int64, missing, capped bool) {
@@ -181,25 +303,12 @@ func (a *afterResponse) amount(rq limiter.Request, status int, cw *chargeWriter)
 		return rq.Cost, false, false
 	}
 	most := rq.Zone.MaxCostOrQuota()
-	reported := false
-	switch a.charge.Source {
-	case ChargeHeader:
-		v := cw.Header().Get(a.charge.Header)
-		if v == "" {
-			v = cw.Header().Get(http.TrailerPrefix + a.charge.Header)
+	n, reported := a.reported(cw)
+	if !reported && a.format != 0 && status >= 200 && status < 300 {
+		if a.charge.Missing != nil {
+			return min(*a.charge.Missing, most), true, false
 		}
-		if x, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64); err == nil && x >= 0 {
-			n, reported = x, true
-		}
-	case ChargeOpenAIUsage:
-		n, reported = cw.scan.Tokens(a.charge.Usage)
-		reported = reported && cw.undecoded == "" // what the undecoded rest reports is unknown
-		if !reported && status >= 200 && status < 300 {
-			if a.charge.Missing != nil {
-				return min(*a.charge.Missing, most), true, false
-			}
-			return most, true, false
-		}
+		return most, true, false
 	}
 	if !reported {
 		return rq.Cost, false, false // the reservation stands
@@ -210,17 +319,46 @@ func (a *afterResponse) amount(rq limiter.Request, status int, cw *chargeWriter)
 	return n, false, false
 }
 
+// reported returns the amount the response seen by cw reports for the charge, and whether it
+// reports one: the header field (or trailer), an integer or, with a scale, a decimal scaled; or
+// the usage read from the body (none when its decoding stopped: what the undecoded rest
+// reports is unknown), a count or weighted.
+func (a *afterResponse) reported(cw *chargeWriter) (int64, bool) {
+	if a.format == 0 {
+		v := cw.Header().Get(a.charge.Header)
+		if v == "" {
+			v = cw.Header().Get(http.TrailerPrefix + a.charge.Header)
+		}
+		v = strings.TrimSpace(v)
+		if a.scale != nil {
+			return usage.CeilScaled(v, a.scale)
+		}
+		x, err := strconv.ParseInt(v, 10, 64)
+		return x, err == nil && x >= 0
+	}
+	scan := cw.scans[a.format]
+	if cw.undecoded != "" {
+		return 0, false
+	}
+	if a.weights != nil {
+		return scan.Weighted(a.weights)
+	}
+	return scan.Tokens(a.charge.Usage)
+}
+
 // chargeWriter sees the response of a request whose zones settle after it: its status, its
-// header, and, when a zone charges openai_usage, its body, scanned as it passes through (and
-// decoded when compressed). It buffers nothing: every write goes on to the client first, then
-// to the scanner, and Flush reaches the writer below (through Unwrap, with
-// http.ResponseController).
+// header, and, when a zone charges a usage, its body, scanned as it passes through (and decoded
+// when compressed). It buffers nothing: every write goes on to the client first, then to the
+// scanners, and Flush reaches the writer below (through Unwrap, with http.ResponseController).
 type chargeWriter struct {
 	*caddyhttp.ResponseWriterWrapper
-	status   int  // the final status written; 0 while none
-	readBody bool // a zone charges openai_usage
-	scan     *usage.Scanner
-	sink     io.Writer      // where the body goes to be scanned: scan, or dec
+	status int // the final status written; 0 while none
+	// formats: the usage formats its zones read (formats[usage.OpenAI], formats[usage.Anthropic]),
+	// each with its scanner in scans once the body is JSON or an event stream.
+	formats  [3]bool
+	readBody bool // a zone reads a usage
+	scans    [3]*usage.Scanner
+	sink     io.Writer      // where the body goes to be scanned: the scanner(s), or dec
 	dec      *usage.Decoder // the body's decoder when it is compressed
 	coding   string         // the body's content coding
 	// undecoded is why the body's decoding stopped before its end (usage.Decoder.Finish), once
@@ -255,10 +393,19 @@ func (cw *chargeWriter) startScan() {
 	if !ok {
 		return
 	}
-	cw.scan = usage.NewScanner(sse)
-	cw.sink = cw.scan
+	var sinks []io.Writer
+	for f, on := range cw.formats {
+		if on {
+			cw.scans[f] = usage.NewScanner(usage.Format(f), sse)
+			sinks = append(sinks, cw.scans[f])
+		}
+	}
+	cw.sink = sinks[0]
+	if len(sinks) > 1 {
+		cw.sink = io.MultiWriter(sinks...)
+	}
 	if coding != "identity" {
-		cw.dec = usage.NewDecoder(coding, cw.scan)
+		cw.dec = usage.NewDecoder(coding, cw.sink)
 		cw.sink = cw.dec
 	}
 }
@@ -299,12 +446,15 @@ func (cw *chargeWriter) finish() {
 func (h *Handler) serveAndSettle(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, reqs []limiter.Request, d limiter.Decision, repl *caddy.Replacer) error {
 	cw := &chargeWriter{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}}
 	for _, rq := range reqs {
-		if a := h.Zones[rq.Tag].after; rq.Hold > 0 && a != nil && a.body {
-			cw.readBody = true
+		if a := h.Zones[rq.Tag].after; rq.Hold > 0 && a != nil && a.format != 0 {
+			cw.formats[a.format], cw.readBody = true, true
 		}
 	}
 	if cw.readBody {
 		usage.AcceptReadable(r.Header)
+	}
+	if cw.formats[usage.OpenAI] {
+		publishModel(r, repl) // the body read once, for IncludeUsage and the logs
 		usage.IncludeUsage(r)
 	}
 	var charged *int64 // {http.rate_limit_redis.charged}: the first settling zone's amount

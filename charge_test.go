@@ -43,6 +43,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/llmtest"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/repocheck"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/usage"
@@ -1703,3 +1704,134 @@ const (
 	maxZstdWindow    = 8 << 20
 	zstdWindowBudget = 64 << 20
 )
+
+// TestChargeWeights: `charge openai_usage weights prompt 1 completion 4 cached 0.1` charges the
+// weighted sum, rounded up: the uncached prompt tokens at 1, the cached ones at 0.1 (a chat
+// completion's prompt_tokens_details, a Responses API body's input_tokens_details), the
+// completion at 4; an embeddings usage its prompt; a stream's usage chunk alike; a usage whose
+// cached tokens exceed its prompt is charged missing, and an amount above max_cost max_cost.
+func TestChargeWeights(t *testing.T) {
+	srv := redistest.Start(t)
+	up := startOpenAI(t)
+	cs := startCaddy(t, openAIZone(srv.Addr, up.URL, "charge openai_usage weights prompt 1 completion 4 cached 0.1 missing 8000"))
+	for i, tc := range []struct {
+		name, path, body string
+		want             float64
+	}{
+		{"chat, 600 of 1000 cached: 400 + 60 + 1600", "/v1/echo", `{"usage":{"prompt_tokens":1000,"completion_tokens":400,"total_tokens":1400,"prompt_tokens_details":{"cached_tokens":600}}}`, 2060},
+		{"responses, 999 of 1000 cached: 1 + 99.9 + 4, rounded up", "/v1/echo", `{"object":"response","usage":{"input_tokens":1000,"input_tokens_details":{"cached_tokens":999},"output_tokens":1,"total_tokens":1001}}`, 105},
+		{"embeddings", "/v1/echo", `{"object":"list","usage":{"prompt_tokens":8,"total_tokens":8}}`, 8},
+		{"stream, asked for its usage: 1000 + 16000", "/v1/chat/completions", `{"model":"m","messages":[],"stream":true}`, 17000},
+		{"cached above the prompt: missing", "/v1/echo", `{"usage":{"prompt_tokens":10,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":11}}}`, 8000},
+		{"above max_cost", "/v1/echo", `{"usage":{"prompt_tokens":1,"completion_tokens":30000}}`, 100000},
+	} {
+		key := fmt.Sprintf("w-%d", i) // of the client key's characters: never a digest
+		t.Run(tc.name, func(t *testing.T) {
+			if r := cs.send(tc.path, key, []byte(tc.body), "Accept-Encoding", "gzip"); r.status != 200 {
+				t.Fatalf("%d %q", r.status, r.body)
+			}
+			charged(t, srv, tc.name, key, tc.want)
+		})
+	}
+}
+
+// TestChargeAnthropicUsage: `charge anthropic_usage` in front of an upstream speaking
+// Anthropic's Messages API charges its usage, for a message and for a stream (input counts in
+// message_start, output in message_delta), compressed or not: total is every input token,
+// cached or not, and the output; weights charge each kind at its weight. The request goes on as
+// it came (the upstream, which refuses unknown fields, is never asked for stream_options), and
+// a stream cut short before its message_delta is charged missing.
+func TestChargeAnthropicUsage(t *testing.T) {
+	srv := redistest.Start(t)
+	up := llmtest.StartAnthropic(t, llmtest.AnthropicUsage{Input: 100, CacheWrite: 20, CacheRead: 300, Output: 50})
+	cs := startSites(t, "", openAIZone(srv.Addr, up.URL, "charge anthropic_usage total missing 9000"),
+		openAIZone(srv.Addr, up.URL, "charge anthropic_usage weights prompt 3 completion 15 cached 0.3 cache_write 3.75"))
+	total, weighted := cs[0], cs[1]
+	const message = `{"model":"claude-sonnet-4-5","max_tokens":1024,"messages":[{"role":"user","content":"Hello"}]}`
+	const stream = `{"model":"claude-sonnet-4-5","max_tokens":1024,"stream":true,"messages":[{"role":"user","content":"Hello"}]}`
+	for _, tc := range []struct {
+		name        string
+		cs          *caddyServer
+		body, gzip  string
+		cut         bool
+		want        float64
+		contentType string
+	}{
+		{"message", total, message, "", false, 470, "application/json"},
+		{"message, gzip", total, message, "gzip", false, 470, "application/json"},
+		{"stream", total, stream, "", false, 470, "text/event-stream"},
+		{"stream, gzip", total, stream, "gzip", false, 470, "text/event-stream"},
+		{"stream cut short", total, stream, "gzip", true, 9000, "text/event-stream"},
+		{"weights: 300 + 75 + 90 + 750", weighted, message, "gzip", false, 1215, "application/json"},
+		{"weights, stream", weighted, stream, "", false, 1215, "text/event-stream"},
+	} {
+		key := "a-" + strings.NewReplacer(" ", "-", ",", "", ":", "", "+", "").Replace(tc.name) // never a digest
+		t.Run(tc.name, func(t *testing.T) {
+			header := []string{"Accept-Encoding", tc.gzip}
+			if tc.cut {
+				header = append(header, "X-Cut-Short", "1")
+			}
+			r := tc.cs.send("/v1/messages", key, []byte(tc.body), header...)
+			if r.status != 200 || r.header.Get("Content-Encoding") != tc.gzip || !strings.HasPrefix(r.header.Get("Content-Type"), tc.contentType) {
+				t.Fatalf("%d %v %q", r.status, r.header, r.body)
+			}
+			bodies, _ := up.Received()
+			if got := bodies[len(bodies)-1]; string(got) != tc.body {
+				t.Fatalf("the upstream received %s, not the request as it came", got)
+			}
+			charged(t, srv, tc.name, key, tc.want)
+		})
+	}
+}
+
+// TestChargeHeaderScale: `charge header x-litellm-response-cost scale 1000000` charges a cost in
+// dollars as micro-dollars, ceil(value × 1000000), exactly; a value that is not a decimal, a
+// negative, or an overflow keeps the reservation, as `charge header` does; an amount above
+// max_cost is charged max_cost.
+func TestChargeHeaderScale(t *testing.T) {
+	srv := redistest.Start(t)
+	var routes strings.Builder
+	for _, tc := range scaleCases {
+		fmt.Fprintf(&routes, "\n\t@%s path /%s\n\theader @%s x-litellm-response-cost %q", tc.name, tc.name, tc.name, tc.value)
+	}
+	cs := startCaddy(t, fmt.Sprintf(`
+	rate_limit_redis {
+		redis {
+			address %s
+		}
+		zone tokens {
+			key {http.request.header.Authorization}
+			capacity 5000000
+			refill_rate 5000000/24h
+			cost 100
+			max_cost 1000000
+			charge header x-litellm-response-cost scale 1000000
+		}
+	}%s
+	respond "ok"`, srv.Addr, routes.String()))
+	for _, tc := range scaleCases {
+		t.Run(tc.name, func(t *testing.T) {
+			if r := cs.send("/"+tc.name, "s-"+tc.name, nil); r.status != 200 {
+				t.Fatalf("%d", r.status)
+			}
+			charged(t, srv, tc.name, "s-"+tc.name, tc.want)
+		})
+	}
+}
+
+// scaleCases are the values of x-litellm-response-cost of TestChargeHeaderScale, and what each
+// is charged (the reservation is 100; max_cost 1000000).
+var scaleCases = []struct {
+	name, value string
+	want        float64
+}{
+	{"exact", "0.000124", 124},
+	{"rounded_up", "0.0001234", 124},
+	{"python_repr", "1.23e-05", 13},
+	{"zero", "0.0", 0},
+	{"above_max_cost", "2.5", 1000000},
+	{"not_a_number", "n/a", 100},
+	{"negative", "-0.5", 100},
+	{"overflow", "1e300", 100},
+	{"empty", "", 100},
+}

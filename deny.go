@@ -3,6 +3,7 @@ package ratelimitredis
 import (
 	"net/http"
 	"strconv"
+	"time"
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -13,20 +14,26 @@ import (
 )
 
 // deny answers a denied request: only the deciding zone counts it (the others were not
-// charged), it is logged at debug level and reported as an event, and it is refused with 429
-// and Retry-After (none when waiting can never cure it: the cost exceeds the zone's quota), or,
-// a gRPC call, with grpc-status RESOURCE_EXHAUSTED and the wait as grpc-retry-pushback-ms. In
+// charged; counted as blocked when its penalty box refused it), a block it started is reported
+// as an event, it is logged at debug level and reported as an event, and it is refused with 429
+// and Retry-After (none when waiting can never cure it: the cost exceeds the zone's quota),
+// and X-Should-Retry: false when the wait is longer than the zone's no_retry_over or cannot
+// end; or, a gRPC call, with grpc-status RESOURCE_EXHAUSTED and the wait as
+// grpc-retry-pushback-ms. In
 // dry_run it is passed on instead, decided, charged, counted, headed and reported exactly as
 // enforced, without Retry-After: it belongs to a rejection, and a client that honours it on any
 // response would slow down, which dry_run must not cause.
 func (h *Handler) deny(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, f *flight) error {
 	d := &f.d
 	z := h.decidingZone(f)
+	h.countShadow(f.reqs) // the shadow zones that would have denied it too
 	switch {
 	case h.DryRun:
 		z.decisions[resultDryRunDenied].Inc()
 	case f.degraded:
 		z.decisions[resultLocalDenied].Inc()
+	case d.Blocked:
+		z.decisions[resultBlocked].Inc()
 	default:
 		z.decisions[resultDenied].Inc()
 	}
@@ -37,6 +44,7 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, next caddyhttp.Ha
 		h.logDenial(c, &f.outcome, f.d, f.noWait)
 	}
 	h.events.exceeded(h, &f.outcome, f.d)
+	h.events.blocked(h, f)
 	if h.DryRun {
 		return next.ServeHTTP(w, r)
 	}
@@ -51,6 +59,10 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, next caddyhttp.Ha
 		// RESOURCE_EXHAUSTED, written here: handle_errors cannot shape a gRPC response (grpc.go).
 		writeGRPCRefusal(w, grpcResourceExhausted, err.Error(), grpcPushback(ceilMs(d.RetryAfter), f.retryAfter, d.Unsatisfiable))
 		return nil
+	}
+	if z.noRetryOver > 0 && (d.Unsatisfiable || time.Duration(f.retryAfter)*time.Second > z.noRetryOver) {
+		// The OpenAI and Anthropic SDKs would sleep the whole wait, then retry: they fail at once.
+		w.Header()[hdrShouldRetry] = []string{"false"}
 	}
 	if h.bareDenials {
 		// No handle_errors to shape it: the response Caddy's error path would write, cheaper.

@@ -72,3 +72,81 @@ func TestLogKey(t *testing.T) {
 		})
 	}
 }
+
+// TestShouldRetry: a 429 whose Retry-After is over a minute, or whose wait cannot end (a cost
+// above the quota), says X-Should-Retry: false, through handle_errors and without it; a wait
+// of a minute or less, an allowed request, and a zone whose no_retry_over is off or longer
+// than the wait do not; the handler's no_retry_over is every zone's unless a zone has its own.
+func TestShouldRetry(t *testing.T) {
+	srv := redistest.Start(t)
+	zone := func(name, numbers, extra string) string {
+		return fmt.Sprintf(`
+		zone %s {
+			match path /%s
+			key {http.request.header.X-Client}
+			%s
+			%s
+		}`, name, name, numbers, extra)
+	}
+	sites := startSites(t, "", fmt.Sprintf(`
+	rate_limit_redis {
+		redis {
+			address %s
+		}%s%s%s%s%s%s
+	}
+	respond "ok"
+	handle_errors 429 {
+		respond "limited" 429
+	}`, srv.Addr,
+		zone("hour", "capacity 1\n\t\t\trefill_rate 1/1h", ""),
+		zone("minute", "capacity 1\n\t\t\trefill_rate 1/1m", ""),
+		zone("short", "capacity 1\n\t\t\trefill_rate 1/30s", ""),
+		zone("longer", "capacity 1\n\t\t\trefill_rate 1/1h", "no_retry_over 2h"),
+		zone("off", "capacity 1\n\t\t\trefill_rate 1/1h", "no_retry_over off"),
+		zone("big", "capacity 5\n\t\t\trefill_rate 1", "cost {http.request.header.X-Cost}")),
+		fmt.Sprintf(`
+	rate_limit_redis {
+		redis {
+			address %s
+		}
+		key_prefix bare:
+		no_retry_over 10s%s%s
+	}
+	respond "ok"`, srv.Addr,
+			zone("short", "capacity 1\n\t\t\trefill_rate 1/30s", ""),
+			zone("own", "capacity 1\n\t\t\trefill_rate 1/30s", "no_retry_over 1m")))
+	errorRoutes, bare := sites[0], sites[1]
+	for _, tc := range []struct {
+		name      string
+		cs        *caddyServer
+		path      string
+		retry     string // the 429's Retry-After
+		noRetry   bool
+		costAbove bool // the second request's cost is above the quota
+	}{
+		{"an hour", errorRoutes, "/hour", "3600", true, false},
+		{"a minute", errorRoutes, "/minute", "60", false, false},
+		{"30s", errorRoutes, "/short", "30", false, false},
+		{"an hour, no_retry_over 2h", errorRoutes, "/longer", "3600", false, false},
+		{"an hour, no_retry_over off", errorRoutes, "/off", "3600", false, false},
+		{"a cost above the quota", errorRoutes, "/big", "", true, true},
+		{"30s, the handler's no_retry_over 10s", bare, "/short", "30", true, false},
+		{"30s, the zone's no_retry_over 1m", bare, "/own", "30", false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			client := "c-" + strings.ReplaceAll(tc.name, " ", "-")
+			tc.cs.get(tc.path, "X-Client", client).expect(t, "allowed", 200, "ok", "X-Should-Retry", "")
+			cost := "1"
+			if tc.costAbove {
+				cost = "6"
+			}
+			body := "limited"
+			if tc.cs == bare {
+				body = ""
+			}
+			want := map[bool]string{true: "false"}[tc.noRetry]
+			tc.cs.get(tc.path, "X-Client", client, "X-Cost", cost).expect(t, "denied", 429, body,
+				"Retry-After", tc.retry, "X-Should-Retry", want)
+		})
+	}
+}

@@ -18,6 +18,12 @@ const (
 	// remaining, retry_after (seconds, rounded up; 0 when the cost can never pass), cached,
 	// local, dry_run, and key only with log_key (client keys can be personal data).
 	EventExceeded = "rate_limit_redis_exceeded"
+	// EventBlocked is emitted when a zone's penalty box (block) starts: the zone denied a
+	// client, which it now refuses for block_seconds on every instance (the instance whose
+	// decision started the block emits it, once). Data: zone, block_seconds (the block's length,
+	// rounded up: block, or more for a repeat offender with block_max), dry_run, and key only
+	// with log_key. An admin API block emits none.
+	EventBlocked = "rate_limit_redis_blocked"
 	// EventRedisFailing is emitted when a handler's decisions start failing (Redis down, timing
 	// out, answering garbage or over maxmemory): the handler applies fail_mode from then on.
 	// Data: reason (as in the backend_failures_total metric), fail_mode, error, redis (the
@@ -63,6 +69,24 @@ func (e *events) exceeded(h *Handler, out *outcome, d limiter.Decision) {
 		data["key"] = out.key
 	}
 	e.app.Emit(e.ctx, EventExceeded, data)
+}
+
+// blocked emits EventBlocked for each zone whose block f's denial started.
+func (e *events) blocked(h *Handler, f *flight) {
+	if e == nil || !e.app.ShouldEmit(EventBlocked) {
+		return
+	}
+	for i, rq := range f.reqs {
+		if !rq.Result.BlockStarted {
+			continue
+		}
+		// A started block's Next is its length.
+		data := map[string]any{"zone": rq.Zone.Name, "block_seconds": seconds(rq.Result.Next), "dry_run": h.DryRun}
+		if h.LogKey {
+			data["key"] = f.shown[i]
+		}
+		e.app.Emit(e.ctx, EventBlocked, data)
+	}
 }
 
 // failed records a failed decision: EventRedisFailing when the previous one succeeded.

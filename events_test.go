@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
 )
@@ -107,5 +108,58 @@ func TestEvents(t *testing.T) {
 		if got := eventCount(c.name); got != c.want {
 			t.Errorf("%s: %d events, want %d", c.name, got, c.want)
 		}
+	}
+}
+
+// TestEventBlocked: a zone with block emits one rate_limit_redis_blocked event when its denial
+// starts the block, with the block's length, and none for the requests the block then refuses,
+// which decisions_total counts as blocked.
+func TestEventBlocked(t *testing.T) {
+	received.Lock()
+	received.counts, received.data = map[string]int{}, nil
+	received.Unlock()
+	srv := redistest.Start(t)
+	addr := "127.0.0.1:" + strconv.Itoa(freeLoopbackPort(t))
+	cfg, _ := json.Marshal(map[string]any{
+		"admin":   map[string]any{"disabled": true},
+		"logging": map[string]any{"logs": map[string]any{"default": map[string]any{"level": "ERROR"}}},
+		"apps": map[string]any{
+			"events": map[string]any{"subscriptions": []any{map[string]any{
+				"events":   []string{EventBlocked},
+				"handlers": []any{map[string]any{"handler": "rate_limit_redis_test_counter"}},
+			}}},
+			"http": map[string]any{"servers": map[string]any{"s": map[string]any{
+				"listen": []string{addr},
+				"routes": []any{map[string]any{"handle": []any{
+					map[string]any{"handler": "rate_limit_redis", "redis": map[string]any{"addresses": []string{srv.Addr}}, "timeout": "10s",
+						"zones": []any{map[string]any{"name": "evblock", "capacity": 1, "refill_rate": 0.001, "block": "1h",
+							"key": []string{"{http.request.header.X-Client}"}}}},
+					map[string]any{"handler": "static_response", "body": "ok"},
+				}}},
+			}}},
+		},
+	})
+	t.Cleanup(func() { _ = caddy.Stop() })
+	if err := loadServing(t, cfg); err != nil {
+		t.Fatal(err)
+	}
+	blocked := metrics.decisions.WithLabelValues("evblock", resultBlocked.String())
+	before := testutil.ToFloat64(blocked)
+	cs := &caddyServer{t: t, base: "http://" + addr}
+	if got := cs.statuses(5, "/", "X-Client", "a"); got != "200 429 429 429 429" {
+		t.Fatalf("got %s", got)
+	}
+	redistest.WaitFor(t, 5*time.Second, "a blocked event", func() bool { return eventCount(EventBlocked) == 1 })
+	received.Lock()
+	if d := received.data[0]; d["zone"] != "evblock" || fmt.Sprint(d["block_seconds"]) != "3600" || d["key"] != nil {
+		t.Errorf("blocked event data %v, want zone evblock, block_seconds 3600 and no key (log_key off)", d)
+	}
+	received.Unlock()
+	if got := testutil.ToFloat64(blocked) - before; got != 3 {
+		t.Errorf("decisions_total{result=\"blocked\"} rose by %v, want 3", got)
+	}
+	// Emitted before the response is written (deny): every event has arrived by now.
+	if n := eventCount(EventBlocked); n != 1 {
+		t.Errorf("%d blocked events, want 1", n)
 	}
 }

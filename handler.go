@@ -31,6 +31,9 @@ var (
 	hdrPolicy     = http.CanonicalHeaderKey("RateLimit-Policy")
 	hdrRateLimit  = http.CanonicalHeaderKey("RateLimit")
 	hdrRetryAfter = http.CanonicalHeaderKey("Retry-After")
+	// hdrShouldRetry is the field the OpenAI and Anthropic SDKs read before retrying: `false`
+	// makes them fail the call at once (their shouldRetry).
+	hdrShouldRetry = http.CanonicalHeaderKey("X-Should-Retry")
 )
 
 // ServeHTTP decides the request against every zone that applies to it with one Redis call (none

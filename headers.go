@@ -52,8 +52,8 @@ func (h *Handler) setIETFFields(hdr http.Header, reqs []limiter.Request, z *Zone
 	lead := limiter.Result{Known: true, Allowed: d.Allowed, Remaining: d.Remaining, Next: d.Next, Reset: d.Reset}
 	limit := appendServiceLimit(limitBuf[:0], z, lead, maxT)
 	for i := range reqs {
-		if i == d.Zone || !reqs[i].Result.Known {
-			continue
+		if i == d.Zone || !reqs[i].Result.Known || reqs[i].Zone.Shadow {
+			continue // a shadow zone never shows: its limit is not the client's
 		}
 		other := h.Zones[reqs[i].Tag]
 		if len(policy) == 0 {
@@ -134,6 +134,7 @@ func (h *Handler) describe(w http.ResponseWriter, f *flight) {
 		zone: zone.Name, key: f.shown[d.Zone],
 		limit: d.Limit, remaining: d.Remaining,
 		reset: seconds(d.Reset), retryAfter: seconds(d.RetryAfter), waited: ceilMs(d.Delay),
+		shadowDenied: h.shadowDenied(f.reqs),
 	}
 	h.setRateLimitHeaders(w.Header(), f.reqs, z, zone, f.d, &f.outcome)
 	if !d.Allowed && !d.Unsatisfiable {
@@ -156,8 +157,8 @@ func (h *Handler) decidingZone(f *flight) *Zone {
 // outcome is known, the deciding zone first (see setIETFFields); plus X-RateLimit-Degraded when
 // fail_mode local decided.
 func (h *Handler) setRateLimitHeaders(hdr http.Header, reqs []limiter.Request, z *Zone, lz *limiter.Zone, d limiter.Decision, out *outcome) {
-	if h.Headers == HeadersOff {
-		return
+	if h.Headers == HeadersOff || lz.Shadow {
+		return // off, or every zone of the request is a shadow zone (it decides only then)
 	}
 	if h.Headers == HeadersLegacy || h.Headers == HeadersBoth {
 		// One backing array for the three values: one allocation, not three.

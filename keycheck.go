@@ -94,12 +94,20 @@ func placeholderNames(s string) []string {
 
 // placeholderProblem says why the placeholder name can have no value when this handler decides
 // a request: "auth" for {http.auth.*}, "unknown" for a name in Caddy's own {http.request.*}
-// namespace that Caddy v2.11 does not provide (with a hint of what was probably meant), or ""
-// when it may have one. Placeholders of other namespaces ({http.vars.*} of `vars` and `map`,
-// {env.*}, a plugin's, the outputs of `map`) are not judged: Caddy cannot tell which are set.
+// namespace that Caddy v2.11 does not provide, or in the handler's own namespace other than the
+// request's model (the others are set once the request is decided), with a hint of what was
+// probably meant; or "" when it may have one. Placeholders of other namespaces ({http.vars.*} of
+// `vars` and `map`, {env.*}, a plugin's, the outputs of `map`) are not judged: Caddy cannot tell
+// which are set.
 func placeholderProblem(name string) (why, hint string) {
 	if strings.HasPrefix(name, "http.auth.") {
 		return "auth", ""
+	}
+	if strings.HasPrefix(name, placeholderPrefix) && name != modelPlaceholder {
+		if strings.Contains(name, "model") {
+			hint = "{" + modelPlaceholder + "}"
+		}
+		return "unknown", hint
 	}
 	rest, ok := strings.CutPrefix(name, "http.request.")
 	if !ok || knownRequestPlaceholder(rest) {

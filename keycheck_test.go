@@ -47,6 +47,10 @@ func TestPlaceholderChecks(t *testing.T) {
 		{key: "{http.request.client_ip}", warnings: []string{"a key placeholder is not one Caddy provides|{http.request.client_ip}|{http.vars.client_ip}"}},
 		{key: "{http.request.uri.path.first}", warnings: []string{"a key placeholder is not one Caddy provides|{http.request.uri.path.first}|"}},
 		{key: "{http.request.header.}", warnings: []string{"a key placeholder is not one Caddy provides|{http.request.header.}|"}},
+		// The handler's own: the model, set before the key is resolved; the others after.
+		{key: "{http.auth.user.id}:{http.rate_limit_redis.request.model}", warnings: []string{authMsg + "|{http.auth.user.id}|"}},
+		{key: "{http.rate_limit_redis.model}", warnings: []string{"a key placeholder is not one Caddy provides|{http.rate_limit_redis.model}|{http.rate_limit_redis.request.model}"}},
+		{key: "{http.rate_limit_redis.zone}", warnings: []string{"a key placeholder is not one Caddy provides|{http.rate_limit_redis.zone}|"}},
 	} {
 		t.Run(tc.key, func(t *testing.T) {
 			core, logs := observer.New(zapcore.WarnLevel)

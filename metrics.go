@@ -68,7 +68,7 @@ var metrics struct {
 type result int
 
 // The results of a decision. In dry_run every result is counted as enforcement would count it,
-// except that a denial (resultDenied, resultLocalDenied) is resultDryRunDenied.
+// except that a denial (resultDenied, resultBlocked, resultLocalDenied) is resultDryRunDenied.
 const (
 	resultAllowed      result = iota // Redis admitted the request
 	resultDenied                     // Redis or the deny cache denied it (429), or its cost exceeds the quota
@@ -78,10 +78,11 @@ const (
 	resultLocal                      // Redis failed and fail_mode local's in-process limiter admitted it
 	resultLocalDenied                // Redis failed and fail_mode local's in-process limiter denied it
 	resultDelayed                    // Redis admitted it to be held for a max_wait (in dry_run: not held)
+	resultBlocked                    // the zone's block refused it (429): the client was in its penalty box already
 	numResults
 )
 
-var resultNames = [numResults]string{"allowed", "denied", "dry_run_denied", "fail_open", "fail_closed", "local", "local_denied", "delayed"}
+var resultNames = [numResults]string{"allowed", "denied", "dry_run_denied", "fail_open", "fail_closed", "local", "local_denied", "delayed", "blocked"}
 
 func (r result) String() string { return resultNames[r] }
 
@@ -110,7 +111,7 @@ func initMetrics() {
 			Help: "Requests denied from the in-process deny cache, without a Redis call.",
 		}))
 		m.decisions = newCounterVec("decisions_total",
-			"Rate limit decisions by zone and result: allowed, delayed, denied, dry_run_denied, fail_open, fail_closed, local, local_denied. An admitted request counts in every zone that applied, a denied one in the denying zone only.",
+			"Rate limit decisions by zone and result: allowed, delayed, denied, blocked, dry_run_denied, fail_open, fail_closed, local, local_denied (blocked: refused by the zone's penalty box, started by an earlier denial). An admitted request counts in every zone that applied, a denied one in the denying zone only.",
 			"zone", "result")
 		m.redisDuration = collect(prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: namespace, Subsystem: subsystem, Name: "redis_duration_seconds",

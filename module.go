@@ -45,6 +45,10 @@ const (
 	// default: about 40 MB when all are held, at about 40 KB per held request with its HTTP/1.1
 	// connection (measured: docs/shaping.md).
 	DefaultMaxWaiting = 1000
+	// DefaultNoRetryOver is the wait above which a 429 tells clients not to retry it
+	// (X-Should-Retry: false) by default: a minute, past which an SDK that sleeps Retry-After
+	// out before retrying (the OpenAI and Anthropic SDKs) would hang its caller.
+	DefaultNoRetryOver = time.Minute
 )
 
 // Values of Handler.FailMode.
@@ -179,6 +183,16 @@ type Handler struct {
 	// never admits a request early. A zone's own jitter overrides it. Default: 0, none.
 	Jitter caddy.Duration `json:"jitter,omitempty"`
 
+	// A 429 whose Retry-After is longer than this (a duration; JSON: nanoseconds or a duration
+	// string), or whose wait cannot end (a cost above the quota), also carries
+	// `X-Should-Retry: false`, which the OpenAI and Anthropic SDKs (and others generated like
+	// them) obey: they fail the call at once instead of sleeping through Retry-After and
+	// retrying. Shorter waits keep the plain 429, which those SDKs wait out and retry. The wait
+	// compared is the Retry-After sent, jitter included. 0 turns it off (`no_retry_over off` in
+	// the Caddyfile). A zone's own no_retry_over overrides it. gRPC calls are answered as
+	// before. Default: 1m.
+	NoRetryOver *caddy.Duration `json:"no_retry_over,omitempty"`
+
 	// The most requests this handler holds at once for their zones' `max_wait` (shaping). A
 	// request that would have to wait while as many are held (or about to be) is decided as
 	// without max_wait: admitted if a zone admits it now, else 429, charging nothing. No client
@@ -280,6 +294,12 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			jitter = *z.Jitter
 		}
 		z.jitter = int64(time.Duration(jitter) / time.Second)
+		z.noRetryOver = DefaultNoRetryOver
+		for _, d := range []*caddy.Duration{h.NoRetryOver, z.NoRetryOver} {
+			if d != nil {
+				z.noRetryOver = time.Duration(*d)
+			}
+		}
 	}
 	h.waiting = newWaitingRoom(h.MaxWaiting)
 	h.keySecret = nil
@@ -400,7 +420,19 @@ func (h *Handler) validateOptions() *limiter.FieldError {
 	if err := checkPrefixes(h.IPv4Prefix, h.IPv6Prefix); err != nil {
 		return err
 	}
+	if err := checkNoRetryOver(h.NoRetryOver); err != nil {
+		return err
+	}
 	return checkJitter(h.Jitter)
+}
+
+// checkNoRetryOver reports a no_retry_over that is negative, of the handler (a zone's sets the
+// error's Zone).
+func checkNoRetryOver(d *caddy.Duration) *limiter.FieldError {
+	if d != nil && *d < 0 {
+		return &limiter.FieldError{Field: "no_retry_over", Msg: fmt.Sprintf("no_retry_over %v must be > 0, or off", time.Duration(*d))}
+	}
+	return nil
 }
 
 // checkPrefixes reports an ipv4_prefix or ipv6_prefix out of range (0 stands for the default),

@@ -69,20 +69,23 @@ func TestCleanupLogsUnreturnedGrants(t *testing.T) {
 }
 
 // TestConfigPrefixesAndJitterAtLoad: the JSON config's values out of range are errors when it
-// loads, naming the field.
+// loads, naming the field: prefixes, jitter, no_retry_over, a charge's weight.
 func TestConfigPrefixesAndJitterAtLoad(t *testing.T) {
 	zone := func(fields string) string {
 		return `{"zones":[{"name":"a","capacity":1,"refill_rate":1` + fields + `}]}`
 	}
 	for name, tc := range map[string]struct{ json, want string }{
-		"ipv4_prefix above 32":       {`{"ipv4_prefix":33,` + zone("")[1:], "ipv4_prefix 33 must be between 1 and 32"},
-		"ipv4_prefix negative":       {`{"ipv4_prefix":-1,` + zone("")[1:], "ipv4_prefix -1 must be between 1 and 32"},
-		"ipv6_prefix above 128":      {`{"ipv6_prefix":129,` + zone("")[1:], "ipv6_prefix 129 must be between 1 and 128"},
-		"zone ipv6_prefix above 128": {zone(`,"ipv6_prefix":200`), "zone a: ipv6_prefix 200 must be between 1 and 128"},
-		"zone ipv4_prefix negative":  {zone(`,"ipv4_prefix":-8`), "zone a: ipv4_prefix -8 must be between 1 and 32"},
-		"jitter negative":            {`{"jitter":"-1s",` + zone("")[1:], "jitter -1s must be a whole number of seconds, >= 0"},
-		"jitter a fraction":          {`{"jitter":"1.5s",` + zone("")[1:], "jitter 1.5s must be a whole number of seconds, >= 0"},
-		"zone jitter a fraction":     {zone(`,"jitter":"10ms"`), "zone a: jitter 10ms must be a whole number of seconds, >= 0"},
+		"ipv4_prefix above 32":         {`{"ipv4_prefix":33,` + zone("")[1:], "ipv4_prefix 33 must be between 1 and 32"},
+		"ipv4_prefix negative":         {`{"ipv4_prefix":-1,` + zone("")[1:], "ipv4_prefix -1 must be between 1 and 32"},
+		"ipv6_prefix above 128":        {`{"ipv6_prefix":129,` + zone("")[1:], "ipv6_prefix 129 must be between 1 and 128"},
+		"zone ipv6_prefix above 128":   {zone(`,"ipv6_prefix":200`), "zone a: ipv6_prefix 200 must be between 1 and 128"},
+		"zone ipv4_prefix negative":    {zone(`,"ipv4_prefix":-8`), "zone a: ipv4_prefix -8 must be between 1 and 32"},
+		"jitter negative":              {`{"jitter":"-1s",` + zone("")[1:], "jitter -1s must be a whole number of seconds, >= 0"},
+		"jitter a fraction":            {`{"jitter":"1.5s",` + zone("")[1:], "jitter 1.5s must be a whole number of seconds, >= 0"},
+		"zone jitter a fraction":       {zone(`,"jitter":"10ms"`), "zone a: jitter 10ms must be a whole number of seconds, >= 0"},
+		"no_retry_over negative":       {`{"no_retry_over":"-1m",` + zone("")[1:], "no_retry_over -1m0s must be > 0, or off"},
+		"zone no_retry_over negative":  {zone(`,"no_retry_over":-1`), "zone a: no_retry_over -1ns must be > 0, or off"},
+		"zone charge weight above 1e6": {zone(`,"charge":{"source":"openai_usage","weights":{"completion":2e6}}`), "zone a: charge weight completion 2e+06 must be between 0 and 1000000"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			err := loadHandlerJSON(t, tc.json)

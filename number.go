@@ -455,6 +455,8 @@ func (z *Zone) finishNumbers(lz *limiter.Zone) error {
 	}
 	if lz.Algorithm == limiter.SlidingWindow && z.fixedCost == 0 {
 		mc = min(mc, MaxSlidingWindowCost)
+	} else if lz.Overrides && z.MaxCost.IsZero() {
+		mc = 0 // the quota in force: a client's override's, when it has one (decide.lua)
 	}
 	lz.MaxCost = mc
 	return nil
@@ -512,10 +514,11 @@ func unsatisfiableError(name string, lz *limiter.Zone) error {
 	return fmt.Errorf("zone %s: cost exceeds the zone's quota of %d", name, lz.Quota())
 }
 
-// quotaOf is X-RateLimit-Limit for the zone decided with lz: formatted once when the zone's
-// numbers are literal (lz is then the zone's own), per request when they come from placeholders.
+// quotaOf is X-RateLimit-Limit for the zone decided with lz: formatted once when lz is the zone's
+// own (literal numbers, and no client override in force), per request otherwise (placeholders,
+// an override: lz is then the request's).
 func (z *Zone) quotaOf(lz *limiter.Zone) string {
-	if len(z.dyn) == 0 {
+	if lz == &z.lz {
 		return z.quota
 	}
 	return strconv.FormatInt(lz.Quota(), 10)
@@ -523,7 +526,7 @@ func (z *Zone) quotaOf(lz *limiter.Zone) string {
 
 // policyOf is the RateLimit-Policy item of the zone decided with lz, as quotaOf.
 func (z *Zone) policyOf(lz *limiter.Zone) string {
-	if len(z.dyn) == 0 {
+	if lz == &z.lz {
 		return z.policy
 	}
 	return policyValue(z.quotedName, lz)
@@ -532,7 +535,7 @@ func (z *Zone) policyOf(lz *limiter.Zone) string {
 // errUnsatisfiableOf is the error of a request whose cost the zone, decided with lz, can never
 // admit, as quotaOf.
 func (z *Zone) errUnsatisfiableOf(lz *limiter.Zone) error {
-	if len(z.dyn) == 0 {
+	if lz == &z.lz {
 		return z.errUnsatisfiable
 	}
 	return unsatisfiableError(z.Name, lz)

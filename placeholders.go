@@ -18,6 +18,7 @@ import (
 //	{http.rate_limit_redis.retry_after}  the 429's Retry-After: seconds until a denied request would pass, rounded up, plus jitter; 0 when allowed
 //	{http.rate_limit_redis.waited}       milliseconds the request was held for its turn (max_wait), rounded up; 0 when not held
 //	{http.rate_limit_redis.degraded}     true when Redis failed and fail_mode decided
+//	{http.rate_limit_redis.shadow_denied} the shadow zones (a zone's dry_run) that would have denied the request, comma-separated; empty when none
 //	{http.rate_limit_redis.charged}      after the response: what the first zone with count_status or charge was charged (charge.go)
 //
 // When Redis failed under fail_mode open or closed, nothing was decided: allowed, degraded, and
@@ -40,6 +41,9 @@ type outcome struct {
 	// waited is the milliseconds the request was held for a max_wait: its delay when the hold
 	// ran to its end (in dry_run, would have), the time until its client left when it did not.
 	waited int64
+	// shadowDenied names the shadow zones (a zone's dry_run) that would have denied the request,
+	// comma-separated in zone order; "" when none did.
+	shadowDenied string
 }
 
 // provide answers the placeholders of placeholderPrefix.
@@ -77,6 +81,8 @@ func (o *outcome) provide(key string) (any, bool) {
 		return o.retryAfter, true
 	case "waited":
 		return o.waited, true
+	case "shadow_denied":
+		return o.shadowDenied, true
 	}
 	return nil, false
 }

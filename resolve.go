@@ -42,21 +42,27 @@ const (
 // resolve appends to reqs, for every zone of h that applies to r in order, the limiter request (the
 // zone's numbers, client key and cost, tagged with the zone's index in h.Zones), and to shown its
 // client key as placeholders show it; shaping is true when one of them may be held (max_wait). A
-// zone whose key is empty and whose empty_key is skip is left out. The error is a *resolveError.
+// zone whose key is empty and whose empty_key is skip is left out. The body of r is read first
+// (once) for a zone that uses the request's model (model.go). The error is a *resolveError.
 func (h *Handler) resolve(r *http.Request, repl *caddy.Replacer, reqs []limiter.Request, shown []string) (_ []limiter.Request, _ []string, shaping bool, _ error) {
 	var lastShown, lastKey string // the previous zone's, when keyed is true
-	keyed := false
-	var masked clientip.Memo // the previous IP candidate masked: zones usually share their key
+	keyed, model := false, false  // model: the model placeholder is published
+	var masked clientip.Memo      // the previous IP candidate masked: zones usually share their key
 	for i, z := range h.Zones {
 		if len(z.matcherSets) > 0 {
-			match, err := z.matcherSets.AnyMatchWithError(r)
+			match, err := z.matches(r, repl, &model)
 			if err != nil {
-				return nil, nil, false, &resolveError{z, resolveMatcher, fmt.Errorf("zone %s: matching: %w", z.Name, err)}
+				err = fmt.Errorf("zone %s: matching: %w", z.Name, err)
+				if h.shadowUnresolved(z, err) {
+					continue
+				}
+				return nil, nil, false, &resolveError{z, resolveMatcher, err}
 			}
 			if !match {
 				continue
 			}
 		}
+		readModel(r, repl, z.usesModel, &model)
 		key := z.clientKey(r, repl, &masked)
 		if key == "" {
 			z.emptyKeys.Inc()
@@ -69,11 +75,18 @@ func (h *Handler) resolve(r *http.Request, repl *caddy.Replacer, reqs []limiter.
 		}
 		lz, err := z.numbers(repl)
 		if err != nil {
+			if h.shadowUnresolved(z, err) {
+				continue
+			}
 			return nil, nil, false, &resolveError{z, resolveNumbers, err}
 		}
 		cost, err := z.cost(repl)
 		if err != nil {
-			return nil, nil, false, &resolveError{z, resolveCost, fmt.Errorf("zone %s: %w", z.Name, err)}
+			err = fmt.Errorf("zone %s: %w", z.Name, err)
+			if h.shadowUnresolved(z, err) {
+				continue
+			}
+			return nil, nil, false, &resolveError{z, resolveCost, err}
 		}
 		shown = append(shown, key)
 		if h.keySecret != nil {

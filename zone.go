@@ -152,6 +152,10 @@ type Zone struct {
 	// denial. 0 turns jitter off for the zone.
 	Jitter *caddy.Duration `json:"jitter,omitempty"`
 
+	// This zone's no_retry_over, instead of the handler's: used when the zone decides a denial.
+	// 0 turns it off for the zone.
+	NoRetryOver *caddy.Duration `json:"no_retry_over,omitempty"`
+
 	// Charge after the response only the requests whose status is listed: codes (401) or
 	// classes (4xx). A request is admitted only if the zone has room for its cost, which it
 	// holds while the request runs; the others get it back (a window counter's, while the
@@ -174,6 +178,35 @@ type Zone struct {
 	// themselves at most hold_max after it died. Default: 10m.
 	HoldMax caddy.Duration `json:"hold_max,omitempty"`
 
+	// The penalty box, as a duration (JSON: nanoseconds or a duration string): once this zone
+	// denies a client, it refuses that client for this long, on every instance at once, whatever
+	// its requests' cost; a refused request charges no zone, and its Retry-After and rate limit
+	// headers give the block's remaining time. The block is written in the same Redis call as
+	// the denial that starts it. A denial for a cost the zone can never admit starts none. 1s to
+	// 366d. Every algorithm but concurrency; not with lease or dry_run. Default: 0, no penalty box (and no
+	// Redis read for one).
+	Block caddy.Duration `json:"block,omitempty"`
+
+	// With block: the longest block of a repeat offender, as a duration. A client denied again
+	// within as long after its last block ended as that block lasted is blocked for twice the
+	// last block, up to block_max; one that stays out of trouble that long starts again at
+	// block. block to 366d. Default: 0, every block lasts block.
+	BlockMax caddy.Duration `json:"block_max,omitempty"`
+
+	// Read per-client numbers set at run time through the admin API (PUT
+	// /rate_limit_redis/override?zone=&key=) in the same script call as the decision: a number
+	// of the client's override takes the place of the zone's (literal or placeholder), on every
+	// instance at its next decision. A zone without it reads nothing more. Not with lease,
+	// count_status or charge. See docs/admin-api.md.
+	Overrides bool `json:"overrides,omitempty"`
+
+	// Make this a shadow zone: decided and charged as an enforced zone would be (a request that
+	// every zone, this one included, admits charges it; a denied request charges nothing), but
+	// its denial never refuses the request and never stops the other zones: they are decided
+	// all-or-nothing as if it were absent. Its would-be denials count as dry_run_denied and are
+	// named in {http.rate_limit_redis.shadow_denied}. Not with max_wait, lease or empty_key deny.
+	DryRun bool `json:"dry_run,omitempty"`
+
 	after *afterResponse // count_status and charge, provisioned; nil without them
 	// dyn are the numbers resolved per request, as provisioned: those given by a placeholder;
 	// empty when every number is a literal, and the zone's requests then use lz itself.
@@ -189,10 +222,18 @@ type Zone struct {
 	failMode  string // FailMode, or the handler's
 	v4, v6    int    // the prefix lengths in force
 	jitter    int64  // the Retry-After jitter in force, in seconds
-	perClient bool   // a key has a placeholder: its client keys tell clients apart (waiting.go)
+	// noRetryOver is the no_retry_over in force: a denial of a longer wait says X-Should-Retry:
+	// false; 0 never.
+	noRetryOver time.Duration
+	perClient   bool // a key has a placeholder: its client keys tell clients apart (waiting.go)
 	// keySources are, per entry of Key, how the entry is read (compileKey): an entry that is
 	// exactly one placeholder is looked up directly, with no string building (clientKey).
 	keySources []keySource
+	// usesModel: the zone's key, cost or a number uses the model placeholder; modelMatchers are,
+	// per matcher set, its matchers that use it (nil when none does). The request's body is read
+	// for them: model.go.
+	usesModel     bool
+	modelMatchers caddyhttp.MatcherSets
 
 	// Formatted once for the hot path: the quota (X-RateLimit-Limit), the quoted name and the
 	// RateLimit-Policy value, and the errors of a denial.
@@ -216,6 +257,7 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger) error {
 	for i, k := range z.Key {
 		z.keySources[i] = compileKey(k)
 	}
+	z.usesModel = z.usesModelPlaceholder()
 	var err error
 	z.lz, z.dyn, err = z.limiterZone(func(field, value string) string {
 		return z.checkPlaceholder(logger, field, value, zap.String("when_empty", "the fallback, else 500"))
@@ -249,11 +291,12 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger) error {
 		return err
 	}
 	if z.MatcherSetsRaw != nil {
+		modelNames := z.modelMatcherNames()
 		mods, err := ctx.LoadModule(z, "MatcherSetsRaw")
 		if err != nil {
 			return fmt.Errorf("zone %s: loading matchers: %w", z.Name, err)
 		}
-		if err := z.matcherSets.FromInterface(mods); err != nil {
+		if err := z.loadMatchers(mods, modelNames); err != nil {
 			return fmt.Errorf("zone %s: %w", z.Name, err)
 		}
 	}
@@ -262,11 +305,12 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger) error {
 
 // limiterZone returns the zone's limiter parameters as configured: its algorithm (token_bucket
 // when none is given), each number's literal or placeholder fallback (0 without one), its period,
-// time zone, max_wait and lease; and its numbers given by placeholders, their expressions passed
+// time zone, max_wait, lease and block; and its numbers given by placeholders, their expressions passed
 // through expand (nil: as written). Its error is a *limiter.FieldError about a value that does
 // not parse.
 func (z *Zone) limiterZone(expand func(field, expr string) string) (limiter.Zone, []dynNumber, error) {
-	lz := limiter.Zone{Name: z.Name, Algorithm: limiter.TokenBucket, MaxWait: time.Duration(z.MaxWait), Lease: z.Lease.limiterLease()}
+	lz := limiter.Zone{Name: z.Name, Algorithm: limiter.TokenBucket, MaxWait: time.Duration(z.MaxWait), Lease: z.Lease.limiterLease(),
+		Block: time.Duration(z.Block), BlockMax: time.Duration(z.BlockMax), Overrides: z.Overrides, Shadow: z.DryRun}
 	if z.Algorithm != "" {
 		algo, err := limiter.ParseAlgorithm(z.Algorithm)
 		if err != nil {
@@ -370,6 +414,10 @@ func (z *Zone) validateFields() error {
 			return err
 		}
 	}
+	if err := checkNoRetryOver(z.NoRetryOver); err != nil {
+		err.Zone = z.Name
+		return err
+	}
 	for _, s := range z.CountStatus {
 		if _, _, err := parseStatus(s); err != nil {
 			return z.fieldError("count_status", "count_status: %v", err)
@@ -384,20 +432,25 @@ func (z *Zone) validateCharge() error {
 	if c == nil {
 		return nil
 	}
+	reads := usageFormat(c.Source) != 0 // openai_usage or anthropic_usage
 	var msg string
 	switch {
-	case c.Source != ChargeHeader && c.Source != ChargeOpenAIUsage:
-		msg = fmt.Sprintf("charge source %q must be header or openai_usage", c.Source)
+	case c.Source != ChargeHeader && !reads:
+		msg = fmt.Sprintf("charge source %q must be header, openai_usage or anthropic_usage", c.Source)
 	case c.Source == ChargeHeader && c.Header == "":
 		msg = "charge header needs a header field name"
-	case c.Source == ChargeHeader && c.Usage != "":
-		msg = "charge usage belongs to source openai_usage"
-	case c.Source == ChargeHeader && c.Missing != nil:
-		msg = "charge missing belongs to source openai_usage"
-	case c.Source == ChargeOpenAIUsage && c.Header != "":
-		msg = "charge header belongs to source header"
-	case c.Source == ChargeOpenAIUsage && c.Usage != "" && c.Usage != UsageTotal && c.Usage != UsagePrompt && c.Usage != UsageCompletion:
+	case c.Source == ChargeHeader && (c.Usage != "" || c.Weights != nil || c.Missing != nil):
+		msg = "charge usage, weights and missing belong to sources openai_usage and anthropic_usage"
+	case reads && (c.Header != "" || c.Scale != 0):
+		msg = "charge header and scale belong to source header"
+	case !(c.Scale >= 0 && c.Scale <= MaxChargeScale):
+		msg = fmt.Sprintf("charge scale %v must be greater than 0 and at most %g", c.Scale, float64(MaxChargeScale))
+	case c.Usage != "" && c.Weights != nil:
+		msg = "charge usage and weights exclude each other: weights charge every count, weighted"
+	case c.Usage != "" && c.Usage != UsageTotal && c.Usage != UsagePrompt && c.Usage != UsageCompletion:
 		msg = fmt.Sprintf("charge usage %q must be total, prompt or completion", c.Usage)
+	case c.Weights != nil && c.Weights.check() != "":
+		msg = c.Weights.check()
 	case c.Missing != nil && (*c.Missing < 0 || *c.Missing > limiter.MaxCapacity):
 		msg = fmt.Sprintf("charge missing %d must be between 0 and %d", *c.Missing, int64(limiter.MaxCapacity))
 	default:
@@ -412,6 +465,9 @@ func (z *Zone) validateCharge() error {
 func (z *Zone) validateTogether(lz limiter.Zone, cost int64) error {
 	after := len(z.CountStatus) > 0 || z.Charge != nil
 	if lz.Algorithm == limiter.Concurrency {
+		if err := z.validateOverridesShadow(after); err != nil {
+			return err
+		}
 		return z.validateConcurrency(cost)
 	}
 	switch {
@@ -423,6 +479,9 @@ func (z *Zone) validateTogether(lz limiter.Zone, cost int64) error {
 			"(thousands of tokens) would store thousands of entries per request; count_status works with sliding_window")
 	case z.Lease != nil && after:
 		return z.fieldError("lease", "lease excludes count_status and charge: a grant is spent as requests arrive, before any response says what to charge")
+	}
+	if err := z.validateOverridesShadow(after); err != nil {
+		return err
 	}
 	// A quota or max_cost from a placeholder bounds the cost per request (Zone.finishNumbers): a
 	// cost above the quota is a 429 without Retry-After, a max_cost above it counts as the quota.

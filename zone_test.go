@@ -13,8 +13,8 @@ import (
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
 )
 
-// TestValidateCharging: the JSON config's count_status, charge and hold_max are checked as the
-// Caddyfile's are (Zone.validate, which the parser runs when a zone ends).
+// TestValidateCharging: the JSON config's count_status, charge, hold_max and no_retry_over are
+// checked as the Caddyfile's are (Zone.validate, which the parser runs when a zone ends).
 func TestValidateCharging(t *testing.T) {
 	t.Parallel()
 	tbz := Zone{Capacity: NumberOf(10), RefillRate: NumberOf(1)}
@@ -29,12 +29,30 @@ func TestValidateCharging(t *testing.T) {
 	}{
 		{"ok", with(tbz, func(z *Zone) { z.CountStatus, z.Charge = []string{"4xx"}, &Charge{Source: "openai_usage"} }), ""},
 		{"bad status", with(tbz, func(z *Zone) { z.CountStatus = []string{"4x"} }), `zone z: count_status: "4x" is not a status code (100 to 599) or a class such as 4xx`},
-		{"bad source", with(tbz, func(z *Zone) { z.Charge = &Charge{Source: "body"} }), `zone z: charge source "body" must be header or openai_usage`},
+		{"bad source", with(tbz, func(z *Zone) { z.Charge = &Charge{Source: "body"} }), `zone z: charge source "body" must be header, openai_usage or anthropic_usage`},
 		{"header without field", with(tbz, func(z *Zone) { z.Charge = &Charge{Source: "header"} }), `zone z: charge header needs a header field name`},
 		{"bad usage", with(tbz, func(z *Zone) { z.Charge = &Charge{Source: "openai_usage", Usage: "input"} }), `zone z: charge usage "input" must be total, prompt or completion`},
 		{"missing", with(tbz, func(z *Zone) { z.Charge = &Charge{Source: "openai_usage", Missing: new(int64(0))} }), ""},
 		{"missing negative", with(tbz, func(z *Zone) { z.Charge = &Charge{Source: "openai_usage", Missing: new(int64(-1))} }), `zone z: charge missing -1 must be between 0 and 9007199254740992`},
-		{"missing with header", with(tbz, func(z *Zone) { z.Charge = &Charge{Source: "header", Header: "X", Missing: new(int64(1))} }), `zone z: charge missing belongs to source openai_usage`},
+		{"missing with header", with(tbz, func(z *Zone) { z.Charge = &Charge{Source: "header", Header: "X", Missing: new(int64(1))} }), `zone z: charge usage, weights and missing belong to sources openai_usage and anthropic_usage`},
+		{"scale", with(tbz, func(z *Zone) { z.Charge = &Charge{Source: "header", Header: "X", Scale: 1e6} }), ""},
+		{"scale negative", with(tbz, func(z *Zone) { z.Charge = &Charge{Source: "header", Header: "X", Scale: -1} }), `zone z: charge scale -1 must be greater than 0 and at most 1e+15`},
+		{"scale with usage", with(tbz, func(z *Zone) { z.Charge = &Charge{Source: "openai_usage", Scale: 10} }), `zone z: charge header and scale belong to source header`},
+		{"weights with header", with(tbz, func(z *Zone) { z.Charge = &Charge{Source: "header", Header: "X", Weights: &ChargeWeights{}} }), `zone z: charge usage, weights and missing belong to sources openai_usage and anthropic_usage`},
+		{"anthropic", with(tbz, func(z *Zone) {
+			z.Charge = &Charge{Source: "anthropic_usage", Usage: "completion", Missing: new(int64(5))}
+		}), ""},
+		{"weights, defaults", with(tbz, func(z *Zone) { z.Charge = &Charge{Source: "anthropic_usage", Weights: &ChargeWeights{}} }), ""},
+		{"weights and usage", with(tbz, func(z *Zone) { z.Charge = &Charge{Source: "openai_usage", Usage: "total", Weights: &ChargeWeights{}} }), `zone z: charge usage and weights exclude each other: weights charge every count, weighted`},
+		{"weight negative", with(tbz, func(z *Zone) {
+			z.Charge = &Charge{Source: "openai_usage", Weights: &ChargeWeights{CacheWrite: new(-1.0)}}
+		}), `zone z: charge weight cache_write -1 must be between 0 and 1000000`},
+		{"weights all 0", with(tbz, func(z *Zone) {
+			z.Charge = &Charge{Source: "openai_usage", Weights: &ChargeWeights{Prompt: new(0.0), Completion: new(0.0), Cached: new(0.0)}}
+		}), `zone z: charge weights are all 0: the zone would charge nothing`},
+		{"weights, completion only", with(tbz, func(z *Zone) { z.Charge = &Charge{Source: "openai_usage", Weights: &ChargeWeights{Prompt: new(0.0)}} }), ""},
+		{"no_retry_over negative", with(tbz, func(z *Zone) { z.NoRetryOver = new(caddy.Duration(-time.Second)) }), `zone z: no_retry_over -1s must be > 0, or off`},
+		{"no_retry_over off", with(tbz, func(z *Zone) { z.NoRetryOver = new(caddy.Duration(0)) }), ""},
 		{"hold_max alone", with(tbz, func(z *Zone) { z.HoldMax = caddy.Duration(time.Minute) }), `zone z: hold_max applies to a zone with count_status or charge, or of algorithm concurrency`},
 		{"hold_max too long", with(tbz, func(z *Zone) { z.CountStatus, z.HoldMax = []string{"401"}, caddy.Duration(25*time.Hour) }), `zone z: hold_max 25h0m0s is out of range (at most 1d)`},
 		{"sliding window count_status", with(swz, func(z *Zone) { z.CountStatus = []string{"401"} }), ""},

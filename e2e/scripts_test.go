@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -82,7 +83,7 @@ func TestMakeRun(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(data, "caddy", "pki")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("Caddy made a local CA (%s/caddy/pki: %v): the demo must be plain HTTP", data, err)
 	}
-	if !strings.Contains(run.output(), "using the Redis at "+srv.Addr+" (Redis 7.") {
+	if !regexp.MustCompile(`using the Redis at ` + regexp.QuoteMeta(srv.Addr) + ` \((Redis|Valkey) \d+\.\d+`).MatchString(run.output()) {
 		t.Errorf("make run does not say which Redis it uses; its output:\n%s", run.output())
 	}
 }

@@ -1,134 +1,75 @@
 #!lua
 -- decide.lua: admit or deny a batch of requests, each against every zone that applies to it,
 -- each all-or-nothing, in order: one script call (one EVALSHA) for all the decisions that share a
--- round trip, so that Redis pays the call's overhead once for the batch.
+-- round trip, so that Redis pays the call's overhead once for the batch. Each algorithm's state
+-- and rule are stated with its functions below (tb_, sw_, fw_, sc_, cc_).
 --
 -- The shebang declares no flags: the script may write, and without `allow-oom` Redis refuses the
 -- whole call with an OOM error when it is over `maxmemory`, before anything runs. Nothing is
--- written before every zone has decided, and nothing at all when a zone denies except a longer
--- TTL (see Expiry).
---
--- Token bucket zone: a hash holding what the client has USED, not what it has left:
---   u   tokens used (float >= 0), drained at the refill rate in force, so that the tokens
---       available are always capacity - u under the capacity in force (a raised capacity gives
---       every client the difference at once, a lowered one takes it away at once)
---   ts  the time of u (µs)
---   t   capacity - u - held, for instances still running the previous script (which stored the
---       tokens left in t and ts). It is written with a leading '+', which the previous script
---       never writes: a t without it means the previous script wrote last, and u is stale.
---   h   the sum of the holds below, absent when there are none
---   h:<nonce>  a hold: "<cost>@<µs>", tokens reserved by a call with hold = 1 (Redis Cluster,
---       when a request's zones are in several hash slots) or a hold time (charge after the
---       response) until settle.lua commits it into u or releases it. A hold whose µs is more
---       than HOLD_MAX in the past is committed by whichever call finds it. A hold of its own
---       maximum m is written with µs = now + m - HOLD_MAX: the same form and the same rule, so
---       every script version and the admin API read it alike.
--- It admits a request iff capacity - u - held >= cost, or, with a max_wait (shaping), iff it
--- would within max_wait (and cost <= capacity): the request is then charged now, u going above
--- the capacity (a debt of at most max_wait × rate), and its delay is the time until the bucket
--- would have held cost tokens. Each reservation deepens the debt, so held requests come out in
--- order, at the refill rate, whichever instance holds them.
---
--- Sliding window log zone: a sorted set of admitted request units scored by time (µs), members
--- "<nonce>:<n>". It admits a request iff (units younger than the window) + cost <= limit.
---
--- Fixed window zone: a string "<window start>:<count>", the start in seconds since the epoch
--- (with µs when not whole); a count of another window is a count of 0. It admits a request iff
--- count + cost <= limit. The key lives until a second past the window's end.
---
--- Sliding window counter zone: a hash { s = the current window's start (µs, windows aligned to
--- the epoch), c = its count, p = the previous window's count }. It admits a request iff
--- p * (share of the previous window still inside the sliding window) + c + cost <= limit.
---
--- Concurrency zone: see the block "Concurrency" below (cc_decide, cc_take).
---
--- A window counter's charge settled after the response (count_status, charge), or released or
--- committed by settle.lua on Redis Cluster when a request's zones are in several hash slots (hold
--- = 1, or a hold time): the counters have no holds. The cost is counted at admission as any other
--- (so concurrent requests cannot overshoot), and the admission writes a record of it in a key of
--- its own, `<state key>:<nonce>` in the same hash slot: a string
--- "<window start µs>:<cost>:<generation>" that expires after the zone's hold time (hold_max;
--- HOLD_MAX with hold = 1). The generation is the count's: the value of `<state key>:gen`, which
--- the first record of a count creates (holding that record's nonce) and each record keeps alive
--- at least as long as itself, and which an admin reset deletes together with the state.
--- settle.lua deletes the record and adds the difference (what the response reports less the
--- cost; less the whole cost to give it back) to the count of the window the charge went into,
--- while that window is the current one and the count of the record's generation: once the
--- window has ended, or the state was reset, the charge is no longer in the count, and nothing is
--- given back or charged. A settle that finds no record changes nothing: settled already (a
--- retry, a call sent twice), or older than its hold time (the charge stands as taken). A count
--- may go above the limit (debt, a response that reported more than was reserved): requests are
--- then denied until the window moves (the fixed window's end; for the sliding window counter,
--- until the estimate falls to limit - cost). Why keys of their own: the fixed window's string is
--- read by the previous script with GET and an exact pattern (anything else is a count of 0, a
--- hash is WRONGTYPE), so a record (or a generation) inside it would break instances still
--- running that script during a rolling upgrade; the state keys keep their encodings, which both
--- versions read and write alike, and a client with no charge pending keeps its one small string.
+-- written before every zone of a decision has decided, and nothing at all when a zone denies
+-- except a longer TTL (see decide).
 --
 -- KEYS     the keys of every decision, in order: a decision of n zones takes the state keys of
---          its zones (`<prefix>{<client key>}:<zone>:<tb|sw|fw|sc>`), then the record key
+--          its zones (`<prefix>{<client key>}:<zone>:<tb|sw|fw|sc|cc>`), then the record key
 --          (`<state key>:<nonce>`) and the generation key (`<state key>:gen`) of each of its
 --          fixed window and sliding window counter zones whose charge is to be recorded for
 --          settlement, in zone order (so a decision takes n keys or more; a record key is told
---          from the next decision's state key by its name).
+--          from the next decision's state key by its name), then the override key of each zone
+--          with overrides (`<prefix>{<client key>}:<zone>:ov`), in zone order, each at the index
+--          its zone's flag gives (see "Shadow zones and overrides" below), then the block key of
+--          each of its zones with a block (see Penalty box), in zone order.
 -- ARGV[1]  now, in µs since the Unix epoch, or "" to read the Redis server clock (TIME); one
 --          time for the whole batch.
 -- Then per decision, in order:
 --   nonce    unique to the decision (across instances and calls): sliding window members are
 --            "<nonce>:<n>" for n = 1..cost, holds are "h:<nonce>", records "<state key>:<nonce>",
---            so settle.lua can find exactly what the decision added; "" for a decision that
---            adds none of them (no sliding window zone, hold "0")
+--            concurrency slots "<nonce>", so settle.lua can find exactly what the decision added;
+--            "" for a decision that adds none of them (no sliding window zone, hold "0")
 --   hold     "1": take token bucket charges as holds (see settle.lua); "0": charge them; or one
 --            number per zone, comma-separated: µs that zone's token bucket charge is held at
 --            most before it counts as charged (0: charge it now), or that a window counter's
---            record lives
---   n        the number of zones
+--            record or a concurrency slot lives
+--   n        the number of zones; with a zone's block, followed by the zones' blocks (see
+--            Penalty box)
 --   and 4 arguments per zone:
 --   algorithm  "tb" (token bucket), "sw" (sliding window log), "fw" (fixed window), "sc"
---              (sliding window counter) or "cc" (concurrency)
+--              (sliding window counter) or "cc" (concurrency), optionally followed by flags: "s"
+--              (a shadow zone), "o<k>:<max_cost>" (overrides); see "Shadow zones and overrides"
 --   quota      tb: capacity (tokens); sw, fw, sc: limit (requests per window); cc: limit (slots)
 --   rate       tb: refill rate (tokens/s, float > 0), or "<rate>,<max_wait>" to shape: the
 --              longest the request may be held (µs, integer > 0); sw, sc: window (µs, integer > 0);
 --              fw: "b0,b1,b2,b3" (µs): the windows [b0,b1), [b1,b2), [b2,b3) around the
 --              instance's clock, of which the one holding now is used; cc: "0" (unused)
 --   cost       tokens or window slots this request takes (integer >= 1); tb, fw: or "<cost>,<ask>"
---              to ask for a lease's grant of about ask tokens (see Leases below)
+--              to ask for a lease's grant of about ask units (see lease_grant)
 --
--- Reply: an array of integers, per decision in order: { allowed, then per zone i: allowed_i,
--- remaining_i, retry_after_i, reset_i, next_i } (1 + 5n integers for a decision of n zones),
--- where
---   allowed        1 if every zone admits the request (and all were charged), else 0
---   allowed_i      1 if zone i alone would admit the request, else 0
---   remaining_i    whole tokens (tb) or slots (sw) left: after this request if zone i alone
---                  admits it, else as they are now
+-- Reply: an array of integers, per decision in order: allowed, then per zone i: allowed_i,
+-- remaining_i, retry_after_i, reset_i, next_i, and granted_i when the zone's cost asks for a
+-- lease, then quota_i, window_i and max_cost_i when the zone has overrides (see "Shadow zones
+-- and overrides"). A decision of n zones, k of which ask for a lease and v have overrides, so
+-- gives 1 + 5n + k + 3v integers:
+--   allowed        1 if every zone admits the request (and all were charged), else 0; a shadow
+--                  zone's denial does not count
+--   allowed_i      1 if zone i alone would admit the request, else 0; for a zone with a block, 2
+--                  when a block in force refused it, 3 when zone i denied it and its block starts
+--                  now (see Penalty box)
+--   remaining_i    whole units (tokens, slots) left: after this request (and its grant) if zone i
+--                  alone admits it, else as they are now
 --   retry_after_i  when zone i alone admits the request: its delay, µs to hold it (0 but with a
 --                  max_wait); when it denies it: µs until it would admit it (with a max_wait,
 --                  holding it max_wait then), meaningless when cost > quota (it never will)
 --   reset_i        µs until zone i is back to its full quota
 --   next_i         µs until zone i has at least one more whole unit than remaining_i (the
 --                  next token, the oldest window entry leaving, the fixed window's end, the
---                  counter's estimate falling by one); 0 when it is full; 1 when
---                  only holds deny the request (a release may come at any moment)
---
--- Leases (token bucket, fixed window): a zone whose cost is "<cost>,<ask>" (ask >= cost) asks
--- for a grant. When it admits the request, it charges g units instead of cost, g =
--- lease_grant(left, cost, ask): never more than ask, never more than half of what the zone has
--- left, never less than cost. A token bucket charges them as a hold (its hold time is the
--- zone's, in the hold argument); a fixed window counts them, recorded for settlement (record and
--- generation keys given, as for a charge settled after the response). So near the limit grants
--- shrink to one request's cost, and a denial is decided on Redis's count exactly as without
--- leases. The zone's reply has a sixth integer: g (0 when denied), and its remaining is what is
--- left once g is taken. settle.lua "amount" later charges what the instance spent of g and
--- gives back the rest (a fixed window's, while its window lasts).
---
--- Expiry: every admitting write sets a TTL (a bucket expires when u has drained to 0, a window
--- when its newest entry leaves it); a denial lengthens a TTL that the parameters in force need
--- longer (PEXPIRE GT), so that state never expires early after a reload that slowed the refill
--- or lengthened the window.
+--                  counter's estimate falling by one); 0 when it is full; 1 when only holds
+--                  deny the request (a release may come at any moment), or, for a concurrency
+--                  zone, while a slot is taken
+--   granted_i      the units zone i charged for the lease (see lease_grant), 0 when it denied
 
 local EPSILON = 1e-9 -- float slack, so that refill arithmetic never loses a whole token
 local HOLD_MAX = 5000000 -- µs a hold may wait for settle.lua before it counts as a charge
 local max, min, ceil, floor, sformat, byte = math.max, math.min, math.ceil, math.floor, string.format, string.byte
+local call = redis.call -- as an upvalue: cheaper than the global on the hot path
 
 local now
 if ARGV[1] == '' then
@@ -137,6 +78,7 @@ if ARGV[1] == '' then
 else
   now = tonumber(ARGV[1])
 end
+local NOW = sformat('%d', now) -- now as a stored time
 
 -- The longest wait or TTL the script computes: 2^53 µs (285 years; a TTL in ms is at most 2^53
 -- too). Larger figures come only from settings that contradict each other over one key (a
@@ -164,7 +106,7 @@ local function ms(x)
   x = ceil(x)
   if not (x >= 1) then x = 1 elseif x > MAX_US then x = MAX_US end -- NaN: 1
   local s = MS[x]
-  if not s then s = string.format('%d', x); MS[x] = s end
+  if not s then s = sformat('%d', x); MS[x] = s end
   return s
 end
 
@@ -175,125 +117,144 @@ local function g17(x, plus)
   if x % 1 == 0 and x ~= 0 and x > -MAX_US and x < MAX_US then
     local memo = plus and PLUS or INT
     local s = memo[x]
-    if not s then s = string.format(plus and '+%d' or '%d', x); memo[x] = s end
+    if not s then s = sformat(plus and '+%d' or '%d', x); memo[x] = s end
     return s
   end
-  return string.format(plus and '+%.17g' or '%.17g', x)
+  return sformat(plus and '+%.17g' or '%.17g', x)
 end
 
--- A fixed window's start as stored with its count: seconds since the Unix epoch, with the µs
--- only when the window does not start on a whole second (a short value: one small string per
--- client).
-local function window_mark(start)
-  if start % 1000000 == 0 then return string.format('%d', start / 1000000) end
-  return string.format('%.6f', start / 1000000)
-end
-
--- lease_grant is the size of a lease's grant (see Leases above) for a bucket holding tokens >=
--- cost.
+-- lease_grant is the size of a lease's grant for a zone (token bucket, fixed window) holding
+-- tokens >= cost, asked with a cost "<cost>,<ask>" (ask >= cost): never more than ask, never
+-- more than half of what the zone has left, never less than cost. The zone charges these units
+-- instead of cost when it admits the request: a token bucket as a hold (its hold time is the
+-- zone's, in the hold argument), a fixed window in its count, recorded for settlement (record
+-- and generation keys given, as for a charge settled after the response). So near the limit
+-- grants shrink to one request's cost, and a denial is decided on Redis's count exactly as
+-- without leases. settle.lua "amount" later charges what the instance spent of the grant and
+-- gives back the rest (a fixed window's, while its window lasts).
 local function lease_grant(tokens, cost, ask)
-  return math.max(cost, math.min(ask, math.floor(tokens / 2 + EPSILON)))
+  return max(cost, min(ask, floor(tokens / 2 + EPSILON)))
 end
 
--- Concurrency ------------------------------------------------------------------------------
--- A concurrency zone's state is a sorted set of the slots of the client's requests in flight:
--- member "<nonce>" (the decision's), score its deadline (µs). A slot whose deadline is at or
--- before now is free (its instance died, or lost Redis, without giving it back). A request is
--- admitted iff fewer than limit slots are live; its slot's deadline is now + its hold time (the
--- zone's hold_max). settle.lua removes the slot (ZREM) once the response is complete;
--- refresh.lua moves the deadlines of slots still in flight on. The admission removes the slots
--- past their deadline, so the set never holds more than limit members after a write, and the
--- key expires a second after its last deadline. Reply: remaining the free slots (after this
--- request when admitted); a denial's retry after 1 s (a slot comes back when a response ends,
--- which no clock tells: the client is told to try again in a second); reset and next 1 µs while
--- a slot is taken (a slot may come back at any moment: nothing for a deny cache to keep), 0
--- when none is.
+-- Token bucket ------------------------------------------------------------------------------------
+-- State: a hash holding what the client has USED, not what it has left:
+--   u   tokens used (float >= 0), drained at the refill rate in force, so that the tokens
+--       available are always capacity - u under the capacity in force (a raised capacity gives
+--       every client the difference at once, a lowered one takes it away at once)
+--   ts  the time of u (µs)
+--   t   capacity - u - held, for instances still running the previous script (which stored the
+--       tokens left in t and ts). It is written with a leading '+', which the previous script
+--       never writes: a t without it means the previous script wrote last, and u is stale.
+--       (docs/decisions.md "Scripts" says which release drops t.)
+--   h   the sum of the holds below, absent when there are none
+--   h:<nonce>  a hold: "<cost>@<µs>", tokens reserved by a call with hold = 1 (Redis Cluster,
+--       when a request's zones are in several hash slots) or a hold time (charge after the
+--       response) until settle.lua commits it into u or releases it. A hold whose µs is more
+--       than HOLD_MAX in the past is committed by whichever call finds it. A hold of its own
+--       maximum m is written with µs = now + m - HOLD_MAX: the same form and the same rule, so
+--       every script version and the admin API read it alike.
+-- It admits a request iff capacity - u - held >= cost, or, with a max_wait (shaping), iff it
+-- would within max_wait (and cost <= capacity): the request is then charged now, u going above
+-- the capacity (a debt of at most max_wait × rate), and its delay is the time until the bucket
+-- would have held cost tokens. Each reservation deepens the debt, so held requests come out in
+-- order, at the refill rate, whichever instance holds them. The key expires when u has drained
+-- to 0 (with holds, once the last of them would count as charged, and a second).
 
--- cc_decide decides a concurrency zone: returns ok, remaining, retry, reset, next, and the write
--- to make when every zone admits (nil when it denies).
-local function cc_decide(key, quota, cost, nonce, lease)
-  local live = redis.call('ZCOUNT', key, '(' .. string.format('%d', now), '+inf')
-  if live + cost <= quota then
-    return true, quota - live - cost, 0, 1, 1, { 'cc', key, nonce, now + lease }
+-- tb_drain reads a bucket's u, ts and t (v, as HMGET returns them): the tokens used at now
+-- (drained at rate since ts) and their time, now; or, when ts is after now (`clock local` with
+-- skewed instances), those of ts, drained nothing. A bucket with no state has used 0 at now,
+-- and a third result, true.
+local function tb_drain(v, quota, rate)
+  local used, ts, t = tonumber(v[1]), tonumber(v[2]), v[3]
+  if t and ts and byte(t) ~= 43 then -- no '+': the previous script wrote last
+    used = max(0, quota - tonumber(t)) -- t is the tokens left (of the same capacity) at ts
   end
-  local taken = 0
-  if live > 0 then taken = 1 end
-  return false, math.max(0, quota - live), 1000000, taken, taken, nil
+  if used == nil or ts == nil then return 0, now, true end
+  if now > ts then return max(0, used - (now - ts) * rate / 1000000), now end
+  return used, ts
 end
 
--- cc_take takes the slot of write w = { 'cc', key, nonce, deadline }: the slots past their
--- deadline go, the new one is added, and the key lives a second past the latest deadline.
-local function cc_take(w)
-  local key = w[2]
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', now))
-  redis.call('ZADD', key, string.format('%d', w[4]), w[3])
-  local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-  redis.call('PEXPIRE', key, ms((tonumber(last[2]) - now) / 1000 + 1000))
-end
--- End of concurrency ------------------------------------------------------------------------
-
--- decide runs one decision: n zones, whose state keys are KEYS[kbase + 1 .. kbase + n] (their
--- record keys following) and whose arguments start at ARGV[abase]. It returns the decision's
--- reply (see above) and the number of keys it took.
-local function decide(nonce, hold, n, kbase, abase)
-  local holdmax = {} -- per zone: µs its token bucket charge is held at most; nil: charged now
-  if hold == '1' then
-    for i = 1, n do holdmax[i] = HOLD_MAX end
-  elseif hold ~= '0' then
-    local i = 0
-    for x in string.gmatch(hold, '%d+') do
-      i = i + 1
-      if tonumber(x) > 0 then holdmax[i] = tonumber(x) end
-    end
+-- tb_admit decides a request of cost against a bucket holding tokens (capacity - used - held,
+-- below 0 in debt) under a max_wait (0: none) and, with ask, a lease's grant asked. It returns
+-- ok, the tokens to take (cost or the grant; 0 when denied) and the zone's remaining,
+-- retry_after, reset and next (see the reply above).
+local function tb_admit(tokens, quota, rate, cost, max_wait, ask)
+  local ok, taken, delay = true, cost, 0
+  if tokens + EPSILON < cost then delay = wait(tokens, cost, rate) end -- 0 when it holds cost now
+  if delay == 0 then
+    if ask then taken = lease_grant(tokens, cost, ask) end
+  elseif delay > max_wait or cost > quota then
+    ok, taken = false, 0
+    if cost <= quota then delay = delay - max_wait end -- then admitted, and held max_wait
   end
-  local reply = { 1 }
-  local writes = {}
-  local denied = {}
-  local r = kbase + n + 1 -- the next record key
+  tokens = tokens - taken
+  local whole = floor(tokens + EPSILON)
+  local nxt = 0
+  if whole < quota then nxt = wait(tokens, max(whole, 0) + 1, rate) end
+  return ok, taken, max(0, whole), delay, wait(tokens, quota, rate), nxt
+end
 
-  for i = 1, n do
-    local key = KEYS[kbase + i]
-    local base = abase + 4 * (i - 1)
-    local algo = ARGV[base]
-    local rkey, gkey -- a window counter's record and generation keys, when its charge is recorded
-    if (algo == 'fw' or algo == 'sc') and KEYS[r] == key .. ':' .. nonce then
-      rkey, gkey, r = KEYS[r], KEYS[r + 1], r + 2
-    end
-    local quota = tonumber(ARGV[base + 1])
-    local rate = tonumber(ARGV[base + 2])
-    local cost = tonumber(ARGV[base + 3])
-    local ask -- a lease's grant asked (see Leases above); nil: none
-    if cost == nil then
-      local c, a = string.match(ARGV[base + 3], '^(%d+),(%d+)$')
-      cost, ask = tonumber(c), tonumber(a)
-    end
-    local granted = 0
-    local ok, remaining, retry, reset, nxt
+-- tb_set writes a bucket: u (used) and ts, t for the previous script, h when holds are pending
+-- (held > 0), and its TTL: until u has drained to 0, with holds until the longest of them
+-- (hwait µs, at least HOLD_MAX) would count as charged, and a second.
+local function tb_set(key, used, ts, quota, rate, held, hwait)
+  local ttl = ceil(used / rate * 1000)
+  if ts == now then ts = NOW else ts = sformat('%d', ts) end
+  if held > 0 then
+    call('HSET', key, 'u', g17(used), 'ts', ts, 't', g17(quota - used - held, true),
+      'h', sformat('%d', held))
+    ttl = ttl + ceil(max(hwait, HOLD_MAX) / 1000) + 1000
+  else
+    call('HSET', key, 'u', g17(used), 'ts', ts, 't', g17(quota - used - held, true))
+  end
+  call('PEXPIRE', key, ms(ttl))
+end
 
-    if algo == 'cc' then
-      local w
-      ok, remaining, retry, reset, nxt, w = cc_decide(key, quota, cost, nonce, holdmax[i] or HOLD_MAX)
-      if w then writes[#writes + 1] = w end
-    elseif algo == 'tb' then
+-- Algorithms ----------------------------------------------------------------------------------------
+-- algorithm returns the decide function of the algorithm tagged tag ("tb", "sw", "cc", "fw"; any
+-- other: "sc"), built with its other functions. Redis creates a script's functions anew on each
+-- call, a closure each: decide builds an algorithm's only when a decision of the call first
+-- needs it, and fast needs none. Each decide function takes (key, quota, rate, cost, ask, nonce,
+-- hmax, rkey, gkey, writes, denied): a zone's state key and arguments as the ARGV above (cost
+-- split from ask, the lease's grant asked, nil: none), its hold time (µs; nil: charged now, a
+-- record or slot living HOLD_MAX), its record and generation keys when its charge is recorded
+-- (window counters), the list of writes it appends its write to when it admits ({ its take
+-- function, arguments }), and the list of { key, TTL (ms) its state needs } it appends to when
+-- it denies; and returns ok, remaining, retry_after, reset, next and, for a lease, the units
+-- granted.
+local function algorithm(tag)
+  if tag == 'tb' then
+    -- tb_take makes the write of an admitting token bucket: w = { tb_take, key, used, ts, quota,
+    -- rate, tokens taken, held, the holds committed, the zone's hold time (nil: charge now), hwait }.
+    local function tb_take(w, nonce)
+      local key, used, ts, quota, rate, cost, held, holds = w[2], w[3], w[4], w[5], w[6], w[7], w[8], w[9]
+      local hmax, hwait = w[10], w[11]
+      if holds and #holds > 0 then redis.call('HDEL', key, unpack(holds)) end
+      if hmax then
+        held = held + cost
+        hwait = max(hwait, hmax)
+        redis.call('HSET', key, 'h:' .. nonce, sformat('%d@%d', cost, now + hmax - HOLD_MAX))
+      else
+        used = used + cost
+      end
+      if holds and not (held > 0) then redis.call('HDEL', key, 'h') end
+      tb_set(key, used, ts, quota, rate, held, hwait)
+    end
+
+    -- tb_decide decides a token bucket zone (see the state above): rate is "<rate>" or
+    -- "<rate>,<max_wait>".
+    local function tb_decide(key, quota, rate, cost, ask, nonce, hmax, rkey, gkey, writes, denied)
       local max_wait = 0
-      if rate == nil then -- "<rate>,<max_wait>"
-        local r, w = string.match(ARGV[base + 2], '^([^,]+),(%d+)$')
-        rate, max_wait = tonumber(r), tonumber(w)
+      local r = tonumber(rate)
+      if r == nil then -- "<rate>,<max_wait>"
+        local a, w = string.match(rate, '^([^,]+),(%d+)$')
+        r, max_wait = tonumber(a), tonumber(w)
       end
+      rate = r
       local v = redis.call('HMGET', key, 'u', 'ts', 't', 'h')
-      local used, ts, held = tonumber(v[1]), tonumber(v[2]), tonumber(v[4]) or 0
-      local t = v[3]
-      if t and string.sub(t, 1, 1) ~= '+' and ts then
-        -- Written last by the previous script: t is the tokens left (of the same capacity) at ts.
-        used = math.max(0, quota - tonumber(t))
-      end
-      if used == nil or ts == nil then
-        used, ts, held = 0, now, 0
-      elseif now > ts then
-        used = math.max(0, used - (now - ts) * rate / 1000000)
-        ts = now
-      end
-      -- now < ts only with `clock local` and skewed instances: keep ts, drain nothing.
+      local used, ts, empty = tb_drain(v, quota, rate)
+      local held = 0
+      if not empty then held = tonumber(v[4]) or 0 end
       local holds
       local hwait = 0 -- µs until the last hold left would count as charged
       if held > 0 then
@@ -311,201 +272,35 @@ local function decide(nonce, hold, n, kbase, abase)
               holds[#holds + 1] = f
             elseif c then
               held = held + c
-              hwait = math.max(hwait, at + HOLD_MAX - now)
+              hwait = max(hwait, at + HOLD_MAX - now)
             end
           end
         end
       end
       local tokens = quota - used - held
-      local delay = wait(tokens, cost, rate) -- 0 when the bucket holds cost now
-      if delay == 0 or (delay <= max_wait and cost <= quota) then
-        ok = true
-        retry = delay
-        granted = cost
-        if ask and delay == 0 then granted = lease_grant(tokens, cost, ask) end
-        tokens = tokens - granted
-        writes[#writes + 1] = { 'tb', key, used, ts, quota, rate, granted, held, holds, holdmax[i], hwait }
+      local ok, taken, remaining, retry, reset, nxt = tb_admit(tokens, quota, rate, cost, max_wait, ask)
+      if ok then
+        writes[#writes + 1] = { tb_take, key, used, ts, quota, rate, taken, held, holds, hmax, hwait }
       else
-        ok = false
-        retry = delay
-        if cost <= quota then retry = delay - max_wait end -- then admitted, and held max_wait
-        denied[#denied + 1] = { key, math.max(1, math.ceil((used + held) / rate * 1000)) }
-      end
-      local whole = math.floor(tokens + EPSILON)
-      remaining = math.max(0, whole)
-      reset = wait(tokens, quota, rate)
-      if whole >= quota then nxt = 0 else nxt = wait(tokens, math.max(whole, 0) + 1, rate) end
-      if not ok and held > 0 and cost <= quota and wait(tokens + held, cost, rate) <= max_wait then
-        nxt = 1 -- denied by holds that settle.lua may release at any moment: nothing to cache
-      end
-    elseif algo == 'sw' then
-      -- The window is (now - window, now]: entries scored at or before now - window have left it.
-      local from = '(' .. string.format('%d', now - rate)
-      local count = redis.call('ZCOUNT', key, from, '+inf')
-      local oldest = 0
-      if count > 0 then
-        oldest = tonumber(redis.call('ZRANGEBYSCORE', key, from, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)[2])
-      end
-      if count + cost <= quota then
-        ok = true
-        remaining = quota - count - cost
-        retry = 0
-        reset = rate
-        if count > 0 then nxt = math.max(1, oldest + rate - now) else nxt = rate end
-        writes[#writes + 1] = { 'sw', key, cost, rate }
-      else
-        ok = false
-        remaining = math.max(0, quota - count)
-        if count > 0 then nxt = math.max(1, oldest + rate - now) else nxt = 0 end
-        -- The request fits once (count + cost - quota) of the oldest entries have left.
-        local need = count + cost - quota
-        if need <= count then
-          local e = redis.call('ZRANGEBYSCORE', key, from, '+inf', 'WITHSCORES', 'LIMIT', need - 1, 1)
-          retry = math.max(1, tonumber(e[2]) + rate - now)
-        else
-          retry = rate -- cost > quota: never; reported as one window
-        end
-        if count > 0 then
-          local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-          reset = math.max(0, tonumber(last[2]) + rate - now)
-          denied[#denied + 1] = { key, math.max(1, math.ceil(reset / 1000)) }
-        else
-          reset = 0
+        denied[#denied + 1] = { key, max(1, ceil((used + held) / rate * 1000)) }
+        if held > 0 and cost <= quota and wait(tokens + held, cost, rate) <= max_wait then
+          nxt = 1 -- denied by holds that settle.lua may release at any moment: nothing to cache
         end
       end
-    elseif algo == 'fw' then
-      -- rate is "b0,b1,b2,b3": the windows [b0,b1), [b1,b2), [b2,b3) around the instance's clock.
-      local b = {}
-      for x in string.gmatch(ARGV[base + 2], '%d+') do b[#b + 1] = tonumber(x) end
-      local start, stop = b[2], b[3]
-      if now < b[2] then start, stop = b[1], b[2] elseif now >= b[3] then start, stop = b[3], b[4] end
-      local mark = window_mark(start)
-      local count = 0
-      local v = redis.call('GET', key)
-      if v then
-        local m, c = string.match(v, '^([%d.]+):(%d+)$')
-        if m == mark then count = tonumber(c) end
-      end
-      local left = math.max(1, stop - now)
-      reset = left
-      if count + cost <= quota then
-        ok = true
-        granted = cost
-        if ask then granted = lease_grant(quota - count, cost, ask) end -- a lease (see Leases)
-        remaining = quota - count - granted
-        retry = 0
-        nxt = left
-        writes[#writes + 1] = { 'fw', key, mark, count + granted, left, rec = rkey and { rkey, start, granted, holdmax[i], gkey } }
-      else
-        ok = false
-        remaining = math.max(0, quota - count)
-        retry = left -- cost > quota: never; reported as the window's end
-        if count > 0 then nxt = left else nxt = 0 end
-      end
-    else
-      -- Sliding window counter: windows of `rate` µs aligned to the epoch; s is the current
-      -- window's start, c its count, p the previous window's count.
-      local start = now - now % rate
-      local v = redis.call('HMGET', key, 's', 'c', 'p')
-      local s, cur, prev = tonumber(v[1]), 0, 0
-      if s == start then
-        cur, prev = tonumber(v[2]) or 0, tonumber(v[3]) or 0
-      elseif s == start - rate then
-        prev = tonumber(v[2]) or 0
-      end
-      local elapsed = now - start
-      local function estimate() return prev * (rate - elapsed) / rate + cur end
-      -- µs until the estimate is at most target, if nothing more is admitted: the previous
-      -- window's weight falls to 0 at the end of this window; the current count becomes the
-      -- previous one then, and falls to 0 at the end of the next.
-      local function when(target)
-        if estimate() <= target + EPSILON then return 0 end
-        if cur <= target + EPSILON then
-          return math.max(1, math.ceil(rate * (1 - (target - cur) / prev)) - elapsed)
-        end
-        return math.max(1, rate - elapsed + math.ceil(rate * (1 - target / cur)))
-      end
-      if estimate() + cost <= quota + EPSILON then
-        ok = true
-        retry = 0
-        cur = cur + cost
-        writes[#writes + 1] = { 'sc', key, start, cur, prev, 2 * rate - elapsed, rec = rkey and { rkey, start, cost, holdmax[i], gkey } }
-      else
-        ok = false
-        if cost <= quota then retry = when(quota - cost) else retry = rate end
-      end
-      local est = estimate()
-      remaining = math.max(0, math.floor(quota - est + EPSILON))
-      reset = when(0)
-      if est <= EPSILON then nxt = 0 else nxt = when(math.max(0, quota - remaining - 1)) end
+      return ok, remaining, retry, reset, nxt, taken
     end
-
-    if not ok then reply[1] = 0 end
-    reply[#reply + 1] = ok and 1 or 0
-    reply[#reply + 1] = remaining
-    reply[#reply + 1] = retry
-    reply[#reply + 1] = reset
-    reply[#reply + 1] = nxt
-    if ask then reply[#reply + 1] = ok and granted or 0 end
+    return tb_decide
   end
 
-  local nkeys = r - kbase - 1
-  if reply[1] == 0 then
-    -- Nothing charged. A state the parameters in force need longer than its TTL must not expire
-    -- early (GT: only ever lengthened; a key without a TTL keeps none).
-    for _, d in ipairs(denied) do
-      redis.call('PEXPIRE', d[1], ms(d[2]), 'GT')
-    end
-    return reply, nkeys
-  end
+  if tag == 'sw' then
+    -- Sliding window log ----------------------------------------------------------------------------
+    -- State: a sorted set of admitted request units scored by time (µs), members "<nonce>:<n>". It
+    -- admits a request iff (units younger than the window) + cost <= limit. The key expires when
+    -- its newest entry leaves the window.
 
-  for _, w in ipairs(writes) do
-    if w[1] == 'tb' then
-      local key, used, ts, quota, rate, cost, held, holds = w[2], w[3], w[4], w[5], w[6], w[7], w[8], w[9]
-      local hmax, hwait = w[10], w[11]
-      if holds and #holds > 0 then redis.call('HDEL', key, unpack(holds)) end
-      if hmax then
-        held = held + cost
-        hwait = math.max(hwait, hmax)
-        redis.call('HSET', key, 'h:' .. nonce, string.format('%d@%d', cost, now + hmax - HOLD_MAX))
-      else
-        used = used + cost
-      end
-      local fields = { 'u', g17(used), 'ts', string.format('%d', ts), 't', g17(quota - used - held, true) }
-      if held > 0 then
-        fields[#fields + 1] = 'h'
-        fields[#fields + 1] = string.format('%d', held)
-      elseif holds then
-        redis.call('HDEL', key, 'h')
-      end
-      redis.call('HSET', key, unpack(fields))
-      local ttl = math.ceil(used / rate * 1000)
-      if held > 0 then ttl = ttl + math.ceil(math.max(hwait, HOLD_MAX) / 1000) + 1000 end
-      redis.call('PEXPIRE', key, ms(ttl))
-    elseif w[1] == 'cc' then
-      cc_take(w)
-    elseif w[1] == 'fw' or w[1] == 'sc' then
-      if w[1] == 'fw' then
-        -- Kept a second past the window's end, so that a clock a little behind still finds it.
-        redis.call('SET', w[2], w[3] .. ':' .. string.format('%d', w[4]), 'PX', ms(w[5] / 1000 + 1000))
-      else
-        redis.call('HSET', w[2], 's', string.format('%d', w[3]), 'c', string.format('%d', w[4]),
-          'p', string.format('%d', w[5]))
-        redis.call('PEXPIRE', w[2], ms(w[6] / 1000))
-      end
-      local rec = w.rec -- the charge's record, for settle.lua: key, window start, cost, hold, generation key
-      if rec then
-        local ttl = ms((rec[4] or HOLD_MAX) / 1000)
-        local gen = redis.call('GET', rec[5])
-        if gen then
-          redis.call('PEXPIRE', rec[5], ttl, 'GT') -- lives at least as long as each of its records
-        else
-          gen = nonce
-          redis.call('SET', rec[5], gen, 'PX', ttl)
-        end
-        redis.call('SET', rec[1], string.format('%d:%d:', rec[2], rec[3]) .. gen, 'PX', ttl)
-      end
-    else
+    -- sw_take adds the units of w = { sw_take, key, cost, window }, the entries that have left the
+    -- window removed.
+    local function sw_take(w, nonce)
       local key, cost, window = w[2], w[3], w[4]
       redis.call('ZREMRANGEBYSCORE', key, '-inf', now - window)
       local args = {}
@@ -519,18 +314,475 @@ local function decide(nonce, hold, n, kbase, abase)
       end
       redis.call('PEXPIRE', key, ms(window / 1000))
     end
+
+    -- sw_decide decides a sliding window log zone of `window` µs, as tb_decide.
+    local function sw_decide(key, quota, window, cost, ask, nonce, hmax, rkey, gkey, writes, denied)
+      window = tonumber(window)
+      local ok, remaining, retry, reset, nxt
+      -- The window is (now - window, now]: entries scored at or before now - window have left it.
+      local from = '(' .. sformat('%d', now - window)
+      local count = redis.call('ZCOUNT', key, from, '+inf')
+      local oldest = 0
+      if count > 0 then
+        oldest = tonumber(redis.call('ZRANGEBYSCORE', key, from, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)[2])
+      end
+      if count + cost <= quota then
+        ok = true
+        remaining = quota - count - cost
+        retry = 0
+        reset = window
+        if count > 0 then nxt = max(1, oldest + window - now) else nxt = window end
+        writes[#writes + 1] = { sw_take, key, cost, window }
+      else
+        ok = false
+        remaining = max(0, quota - count)
+        if count > 0 then nxt = max(1, oldest + window - now) else nxt = 0 end
+        -- The request fits once (count + cost - quota) of the oldest entries have left.
+        local need = count + cost - quota
+        if need <= count then
+          local e = redis.call('ZRANGEBYSCORE', key, from, '+inf', 'WITHSCORES', 'LIMIT', need - 1, 1)
+          retry = max(1, tonumber(e[2]) + window - now)
+        else
+          retry = window -- cost > quota: never; reported as one window
+        end
+        if count > 0 then
+          local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+          reset = max(0, tonumber(last[2]) + window - now)
+          denied[#denied + 1] = { key, max(1, ceil(reset / 1000)) }
+        else
+          reset = 0
+        end
+      end
+      return ok, remaining, retry, reset, nxt
+    end
+    return sw_decide
   end
 
+  if tag == 'cc' then
+    -- Concurrency -----------------------------------------------------------------------------------
+    -- State: a sorted set of the slots of the client's requests in flight: member "<nonce>" (the
+    -- decision's), score its deadline (µs). A slot whose deadline is at or before now is free (its
+    -- instance died, or lost Redis, without giving it back). A request is admitted iff fewer than
+    -- limit slots are live; its slot's deadline is now + its hold time (the zone's hold_max).
+    -- settle.lua removes the slot (ZREM) once the response is complete; refresh.lua moves the
+    -- deadlines of slots still in flight on. The admission removes the slots past their deadline,
+    -- so the set never holds more than limit members after a write, and the key expires a second
+    -- after its last deadline. Reply: remaining the free slots (after this request when admitted);
+    -- a denial's retry after 1 s (a slot comes back when a response ends, which no clock tells: the
+    -- client is told to try again in a second); reset and next 1 µs while a slot is taken (a slot
+    -- may come back at any moment: nothing for a deny cache to keep), 0 when none is.
+
+    -- cc_take takes the slot of w = { cc_take, key, nonce, deadline }: the slots past their
+    -- deadline go, the new one is added, and the key lives a second past the latest deadline.
+    local function cc_take(w)
+      local key = w[2]
+      redis.call('ZREMRANGEBYSCORE', key, '-inf', sformat('%d', now))
+      redis.call('ZADD', key, sformat('%d', w[4]), w[3])
+      local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+      redis.call('PEXPIRE', key, ms((tonumber(last[2]) - now) / 1000 + 1000))
+    end
+
+    -- cc_decide decides a concurrency zone whose slot lives lease µs, as tb_decide (a denial
+    -- lengthens no TTL).
+    local function cc_decide(key, quota, rate, cost, ask, nonce, hmax, rkey, gkey, writes)
+      local lease = hmax or HOLD_MAX
+      local live = redis.call('ZCOUNT', key, '(' .. sformat('%d', now), '+inf')
+      if live + cost <= quota then
+        writes[#writes + 1] = { cc_take, key, nonce, now + lease }
+        return true, quota - live - cost, 0, 1, 1
+      end
+      local taken = 0
+      if live > 0 then taken = 1 end
+      return false, max(0, quota - live), 1000000, taken, taken
+    end
+    return cc_decide
+  end
+
+  -- Window counters' records ----------------------------------------------------------------------
+  -- A window counter's (fixed window, sliding window counter) charge settled after the response
+  -- (count_status, charge, a lease's grant), or released or committed by settle.lua on Redis
+  -- Cluster when a request's zones are in several hash slots (hold = 1, or a hold time): the
+  -- counters have no holds. The cost is counted at admission as any other (so concurrent requests
+  -- cannot overshoot), and the admission writes a record of it in a key of its own,
+  -- `<state key>:<nonce>` in the same hash slot: a string "<window start µs>:<cost>:<generation>"
+  -- that expires after the zone's hold time (hold_max; HOLD_MAX with hold = 1). The generation is
+  -- the count's: the value of `<state key>:gen`, which the first record of a count creates
+  -- (holding that record's nonce) and each record keeps alive at least as long as itself, and
+  -- which an admin reset deletes together with the state. settle.lua deletes the record and adds
+  -- the difference (what the response reports less the cost; less the whole cost to give it back)
+  -- to the count of the window the charge went into, while that window is the current one and the
+  -- count of the record's generation: once the window has ended, or the state was reset, the
+  -- charge is no longer in the count, and nothing is given back or charged. A settle that finds no
+  -- record changes nothing: settled already (a retry, a call sent twice), or older than its hold
+  -- time (the charge stands as taken). A count may go above the limit (debt, a response that
+  -- reported more than was reserved): requests are then denied until the window moves (the fixed
+  -- window's end; for the sliding window counter, until the estimate falls to limit - cost). Why
+  -- keys of their own: the fixed window's string is read by the previous script with GET and an
+  -- exact pattern (anything else is a count of 0, a hash is WRONGTYPE), so a record (or a
+  -- generation) inside it would break instances still running that script during a rolling
+  -- upgrade; the state keys keep their encodings, which both versions read and write alike, and a
+  -- client with no charge pending keeps its one small string.
+
+  -- record writes the record rec = { record key, window start, cost, hold time (nil: HOLD_MAX),
+  -- generation key }, creating the generation when there is none.
+  local function record(rec, nonce)
+    local ttl = ms((rec[4] or HOLD_MAX) / 1000)
+    local gen = redis.call('GET', rec[5])
+    if gen then
+      redis.call('PEXPIRE', rec[5], ttl, 'GT') -- lives at least as long as each of its records
+    else
+      gen = nonce
+      redis.call('SET', rec[5], gen, 'PX', ttl)
+    end
+    redis.call('SET', rec[1], sformat('%d:%d:', rec[2], rec[3]) .. gen, 'PX', ttl)
+  end
+
+  if tag == 'fw' then
+    -- Fixed window ----------------------------------------------------------------------------------
+    -- State: a string "<window start>:<count>", the start in seconds since the epoch (with µs when
+    -- not whole); a count of another window is a count of 0. It admits a request iff count + cost
+    -- <= limit. The key lives until a second past the window's end.
+
+    -- A fixed window's start as stored with its count: seconds since the Unix epoch, with the µs
+    -- only when the window does not start on a whole second (a short value: one small string per
+    -- client).
+    local function window_mark(start)
+      if start % 1000000 == 0 then return sformat('%d', start / 1000000) end
+      return sformat('%.6f', start / 1000000)
+    end
+
+    -- fw_take writes w = { fw_take, key, mark, count, µs left in the window, rec = the record }.
+    local function fw_take(w, nonce)
+      -- Kept a second past the window's end, so that a clock a little behind still finds it.
+      redis.call('SET', w[2], w[3] .. ':' .. sformat('%d', w[4]), 'PX', ms(w[5] / 1000 + 1000))
+      if w.rec then record(w.rec, nonce) end
+    end
+
+    -- fw_decide decides a fixed window zone, as tb_decide: bounds is "b0,b1,b2,b3" (see ARGV);
+    -- rkey and gkey, when given, are the keys of the charge's record (hold time hmax).
+    local function fw_decide(key, quota, bounds, cost, ask, nonce, hmax, rkey, gkey, writes)
+      local b = {}
+      for x in string.gmatch(bounds, '%d+') do b[#b + 1] = tonumber(x) end
+      local start, stop = b[2], b[3]
+      if now < b[2] then start, stop = b[1], b[2] elseif now >= b[3] then start, stop = b[3], b[4] end
+      local mark = window_mark(start)
+      local count = 0
+      local v = redis.call('GET', key)
+      if v then
+        local m, c = string.match(v, '^([%d.]+):(%d+)$')
+        if m == mark then count = tonumber(c) end
+      end
+      local left = max(1, stop - now)
+      if count + cost <= quota then
+        local granted = cost
+        if ask then granted = lease_grant(quota - count, cost, ask) end
+        local rec = rkey and { rkey, start, granted, hmax, gkey }
+        writes[#writes + 1] = { fw_take, key, mark, count + granted, left, rec = rec }
+        return true, quota - count - granted, 0, left, left, granted
+      end
+      local nxt = 0
+      if count > 0 then nxt = left end
+      return false, max(0, quota - count), left, left, nxt, 0 -- cost > quota: never; retry: the end
+    end
+    return fw_decide
+  end
+
+  -- Sliding window counter ------------------------------------------------------------------------
+  -- State: a hash { s = the current window's start (µs, windows aligned to the epoch), c = its
+  -- count, p = the previous window's count }. It admits a request iff p * (share of the previous
+  -- window still inside the sliding window) + c + cost <= limit. The key expires at the end of the
+  -- next window, when its count no longer weighs.
+
+  -- sc_take writes w = { sc_take, key, s, c, p, µs to keep it, rec = the record }.
+  local function sc_take(w, nonce)
+    redis.call('HSET', w[2], 's', sformat('%d', w[3]), 'c', sformat('%d', w[4]), 'p', sformat('%d', w[5]))
+    redis.call('PEXPIRE', w[2], ms(w[6] / 1000))
+    if w.rec then record(w.rec, nonce) end
+  end
+
+  -- sc_decide decides a sliding window counter zone of `window` µs, as fw_decide.
+  local function sc_decide(key, quota, window, cost, ask, nonce, hmax, rkey, gkey, writes)
+    window = tonumber(window)
+    local ok, retry, nxt
+    local start = now - now % window
+    local v = redis.call('HMGET', key, 's', 'c', 'p')
+    local s, cur, prev = tonumber(v[1]), 0, 0
+    if s == start then
+      cur, prev = tonumber(v[2]) or 0, tonumber(v[3]) or 0
+    elseif s == start - window then
+      prev = tonumber(v[2]) or 0
+    end
+    local elapsed = now - start
+    local function estimate() return prev * (window - elapsed) / window + cur end
+    -- µs until the estimate is at most target, if nothing more is admitted: the previous
+    -- window's weight falls to 0 at the end of this window; the current count becomes the
+    -- previous one then, and falls to 0 at the end of the next.
+    local function when(target)
+      if estimate() <= target + EPSILON then return 0 end
+      if cur <= target + EPSILON then
+        return max(1, ceil(window * (1 - (target - cur) / prev)) - elapsed)
+      end
+      return max(1, window - elapsed + ceil(window * (1 - target / cur)))
+    end
+    if estimate() + cost <= quota + EPSILON then
+      ok = true
+      retry = 0
+      cur = cur + cost
+      local rec = rkey and { rkey, start, cost, hmax, gkey }
+      writes[#writes + 1] = { sc_take, key, start, cur, prev, 2 * window - elapsed, rec = rec }
+    else
+      ok = false
+      if cost <= quota then retry = when(quota - cost) else retry = window end
+    end
+    local est = estimate()
+    local remaining = max(0, floor(quota - est + EPSILON))
+    if est <= EPSILON then nxt = 0 else nxt = when(max(0, quota - remaining - 1)) end
+    return ok, remaining, retry, when(0), nxt
+  end
+  return sc_decide
+end
+
+-- Penalty box -----------------------------------------------------------------------------------
+-- A zone with a block (the decision's argument n is then "<n>/<block>,<block_max>/..." with one
+-- "/<block µs>,<block_max µs>" per zone, "/" alone for a zone without one) takes a block key,
+-- `<prefix>{<client key>}:<zone>:block`, in its state key's hash slot: the block keys of the
+-- decision's zones with a block follow all its other keys (state, record and generation keys),
+-- in zone order. The key holds "<until>:<length>:<strikes>": when the block ends (µs), how long
+-- it was (µs), and how many blocks in a row it ends (1: a first offence).
+--   - Before the zone's algorithm, the block key is read: while a block is in force (until >
+--     now), the zone refuses the request (its algorithm does not run: nothing read, nothing
+--     charged anywhere, as for any denial), with remaining 0 and retry after, reset and next the
+--     block's remaining time; its reply's first integer is 2.
+--   - When the zone's algorithm denies the request (its cost within the quota: a cost it can
+--     never admit starts no block), the block starts in the same call: its first integer is 3,
+--     remaining 0, retry after and next the block's length, reset at least that. The length is
+--     block; with a block_max, twice the last block, at most block_max, when the key still
+--     remembers one (a repeat offender), with one strike more. The key expires when the block
+--     ends, or with a block_max as long after that as the block lasted: the strikes decay then.
+-- A zone without a block reads and writes no block key.
+
+-- block_spec parses a decision's argument n with blocks: returns n and, per zone with a block,
+-- { block µs, block_max µs }.
+local function block_spec(arg)
+  local spec, i = {}, 0
+  for b, m in string.gmatch(arg, '/(%d*),?(%d*)') do
+    i = i + 1
+    if b ~= '' then spec[i] = { tonumber(b), tonumber(m) or 0 } end
+  end
+  return tonumber(string.match(arg, '^%d+')), spec
+end
+
+-- block_read returns a block key's until, length and strikes; nil when there is none (or it
+-- cannot be read).
+local function block_read(bkey)
+  local v = call('GET', bkey)
+  if not v then return nil end
+  local u, l, n = string.match(v, '^(%d+):(%d+):(%d+)$')
+  return tonumber(u), tonumber(l), tonumber(n)
+end
+
+-- block_length is the length and strikes of the block a denial starts, for a zone of block spec
+-- b, the key holding the last block's end, length and strikes (nil: none): a repeat offence
+-- while that block is remembered, as long after its end as it lasted (the key's TTL says so on
+-- the Redis clock; this, on the scripts' clock too).
+local function block_length(b, bend, last, strikes)
+  if b[2] > 0 and bend and last and strikes and now < bend + last then
+    return max(b[1], min(2 * last, b[2])), strikes + 1
+  end
+  return b[1], 1
+end
+
+-- block_write writes the block w = { key, length, strikes, block_max } starting now.
+local function block_write(w)
+  local ttl = w[2]
+  if w[4] > 0 then ttl = 2 * w[2] end -- the strikes are remembered as long again
+  call('SET', w[1], sformat('%d:%d:%d', now + w[2], w[2], w[3]), 'PX', ms(ttl / 1000))
+end
+
+-- Shadow zones and overrides ------------------------------------------------------------------
+-- A zone's algorithm argument may carry flags after its two-letter tag:
+--   s            a shadow zone: its denial does not deny the decision (allowed), and it is
+--                charged, as any zone, only when the decision admits and it admits too
+--   o<k>:<mc>    a zone with overrides: KEYS[kbase + k] is the client's override key, a hash of
+--                the numbers that take the place of the zone's (capacity, refill_rate, limit,
+--                window in µs, max_cost; see internal/limiter/override.go); mc is the zone's
+--                max_cost (0: the quota in force). The cost is the request's own, unchecked:
+--                one above the max cost in force (the override's, else mc, at most the quota
+--                in force) is denied as never admissible. The zone's reply has 3 more integers:
+--                the quota in force (0: no override), the policy window in force (µs: a token
+--                bucket's capacity / refill_rate, a window's length; 0: the zone's) and the max
+--                cost in force.
+
+-- zone_flags splits a zone's algorithm argument: its tag, whether it is a shadow zone, and its
+-- override key's index (relative to kbase) and max_cost, or nil.
+local function zone_flags(arg)
+  if #arg == 2 then return arg, false, nil, nil end
+  local flags = string.sub(arg, 3)
+  local k, mc = string.match(flags, 'o(%d+):(%d+)$')
+  return string.sub(arg, 1, 2), byte(flags) == 115, tonumber(k), tonumber(mc)
+end
+
+-- override reads a zone's override (okey) and returns the zone's arguments with its numbers in
+-- force (quota, rate as the ARGV above, cost: twice the quota when above the max cost in force)
+-- and the reply's three override integers.
+local function override(algo, okey, quota, rate, cost, mc)
+  local v
+  if algo == 'tb' then
+    v = call('HMGET', okey, 'capacity', 'refill_rate', 'max_cost')
+  else
+    v = call('HMGET', okey, 'limit', 'window', 'max_cost')
+  end
+  local q, r, m = tonumber(v[1]), tonumber(v[2]), tonumber(v[3])
+  local found = q ~= nil or r ~= nil or m ~= nil
+  quota = q or quota
+  local window = 0 -- the policy window in force (µs); 0: the zone's
+  if algo == 'tb' then
+    local rt, mw = string.match(rate, '^([^,]+)(.*)$') -- "<rate>[,<max_wait>]"
+    if r then rate = sformat('%.17g', r) .. mw else r = tonumber(rt) end
+    window = ceil(quota / r * 1000000)
+  elseif algo == 'fw' then
+    if r then -- the windows around now, aligned to the epoch, as the caller's bounds are
+      local s = now - now % r
+      rate, window = sformat('%d,%d,%d,%d', s - r, s, s + r, s + 2 * r), r
+    end
+  elseif algo ~= 'cc' then
+    if r then rate = sformat('%d', r) end
+    window = tonumber(rate)
+  end
+  if m == nil then
+    if mc > 0 then m = mc else m = quota end
+  end
+  m = min(m, quota)
+  if cost > m then cost = 2 * quota end -- never admissible, as the caller sends such a cost
+  if not found then return quota, rate, cost, 0, 0, m end
+  return quota, rate, cost, quota, window, m
+end
+
+-- Decisions -------------------------------------------------------------------------------------
+
+-- decide runs one decision: n zones, whose state keys are KEYS[kbase + 1 .. kbase + n] (their
+-- record keys following) and whose arguments start at ARGV[abase]. It returns the decision's
+-- reply (see above) and the number of keys it took; spec, when given, is the zones' blocks
+-- (block_spec), read before each zone's algorithm. Each zone decides first; when all admit,
+-- each makes its write (every write sets a TTL: see each algorithm); when one denies, nothing is
+-- written, but a denying zone's state that the parameters in force need longer than its TTL is
+-- given that TTL (PEXPIRE GT: only ever lengthened), so that state never expires early after a
+-- reload that slowed the refill or lengthened the window.
+local BY_TAG = {} -- per algorithm tag, its decide function (see algorithm)
+local function decide(nonce, hold, n, kbase, abase, spec)
+  local holdmax = {} -- per zone: µs its charge is held (its record, its slot lives); nil: now
+  if hold == '1' then
+    for i = 1, n do holdmax[i] = HOLD_MAX end
+  elseif hold ~= '0' then
+    local i = 0
+    for x in string.gmatch(hold, '%d+') do
+      i = i + 1
+      if tonumber(x) > 0 then holdmax[i] = tonumber(x) end
+    end
+  end
+  local reply = { 1 }
+  local writes = {} -- { take function, arguments... }, made in order when every zone admits
+  local denied = {} -- { key, TTL (ms) its state needs }
+  local r = kbase + n + 1 -- the next record key
+  local bk, blocks -- with blocks: the next block key (after the record and override keys), the blocks to start
+  if spec then
+    bk, blocks = r, {}
+    local ov = 0 -- the decision's override keys, between its record keys and its block keys
+    for i = 1, n do
+      local arg = ARGV[abase + 4 * (i - 1)]
+      local algo = string.sub(arg, 1, 2)
+      if (algo == 'fw' or algo == 'sc') and KEYS[bk] == KEYS[kbase + i] .. ':' .. nonce then bk = bk + 2 end
+      if string.find(arg, 'o', 3, true) then ov = ov + 1 end
+    end
+    bk = bk + ov
+  end
+  local nkeys = 0 -- the last override key, relative to kbase
+
+  for i = 1, n do
+    local key = KEYS[kbase + i]
+    local base = abase + 4 * (i - 1)
+    local algo, shadow, okey, omc = zone_flags(ARGV[base])
+    local quota, rate = tonumber(ARGV[base + 1]), ARGV[base + 2]
+    local cost = tonumber(ARGV[base + 3])
+    local ask -- a lease's grant asked (see lease_grant); nil: none
+    if cost == nil then
+      local c, a = string.match(ARGV[base + 3], '^(%d+),(%d+)$')
+      cost, ask = tonumber(c), tonumber(a)
+    end
+    local oq, ow, om -- with overrides: the reply's override integers
+    if okey then
+      nkeys = max(nkeys, okey)
+      quota, rate, cost, oq, ow, om = override(algo, KEYS[kbase + okey], quota, rate, cost, omc)
+    end
+    local rkey, gkey -- a window counter's record and generation keys, when its charge is recorded
+    if (algo == 'fw' or algo == 'sc') and KEYS[r] == key .. ':' .. nonce then
+      rkey, gkey, r = KEYS[r], KEYS[r + 1], r + 2
+    end
+    local bkey, bend, last, strikes -- the zone's block key, and its block's end, length, strikes
+    if spec and spec[i] then
+      bkey, bk = KEYS[bk], bk + 1
+      bend, last, strikes = block_read(bkey)
+    end
+    local ok, remaining, retry, reset, nxt, granted
+    if bend and bend > now then -- blocked: the algorithm does not run
+      ok, remaining, retry, reset, nxt = false, 0, bend - now, bend - now, bend - now
+    else
+      local f = BY_TAG[algo]
+      if not f then f = algorithm(algo); BY_TAG[algo] = f end
+      ok, remaining, retry, reset, nxt, granted =
+        f(key, quota, rate, cost, ask, nonce, holdmax[i], rkey, gkey, writes, denied)
+    end
+
+    local fig = ok and 1 or 0 -- the zone's first reply integer
+    if bkey and not ok then
+      if bend and bend > now then
+        fig = 2
+      elseif cost <= quota then
+        local len, nth = block_length(spec[i], bend, last, strikes)
+        blocks[#blocks + 1] = { bkey, len, nth, spec[i][2] }
+        fig, remaining, retry, reset, nxt = 3, 0, len, max(reset, len), len
+      end
+    end
+    if not ok and not shadow then reply[1] = 0 end
+    reply[#reply + 1] = fig
+    reply[#reply + 1] = remaining
+    reply[#reply + 1] = retry
+    reply[#reply + 1] = reset
+    reply[#reply + 1] = nxt
+    if ask then reply[#reply + 1] = ok and granted or 0 end
+    if okey then
+      reply[#reply + 1] = oq
+      reply[#reply + 1] = ow
+      reply[#reply + 1] = om
+    end
+  end
+
+  nkeys = max(nkeys, r - kbase - 1)
+  if bk then nkeys = max(nkeys, bk - kbase - 1) end
+  -- The denying zones' TTLs (a shadow zone's, of an admitted decision, too).
+  for _, d in ipairs(denied) do
+    redis.call('PEXPIRE', d[1], ms(d[2]), 'GT')
+  end
+  if reply[1] == 0 then
+    if blocks then
+      for _, w in ipairs(blocks) do block_write(w) end
+    end
+    return reply, nkeys
+  end
+  for _, w in ipairs(writes) do
+    w[1](w, nonce)
+  end
   return reply, nkeys
 end
 
 -- fast decides the common case with as little work as possible: every zone a token bucket
--- without a max_wait, charged now (hold "0"), whose state has no holds (no h) and was last
--- written by this script version (t with its '+'). It leaves the same state and appends the
--- same reply (at out[o + 1 ..]) as decide would, and returns the new length of out; or false,
--- having written nothing, when the decision is not such a case (decide then runs it).
-local call = redis.call
-local NOW = sformat('%d', now) -- ts as decide writes it when the bucket drained until now
+-- without a max_wait, charged now (hold "0"), whose state has no holds (no h). It decides each
+-- zone with tb_drain and tb_admit and writes it with tb_set, as decide does, so it leaves the
+-- same state and appends the same reply (at out[o + 1 ..]) as decide would, and returns the new
+-- length of out; or false, having written nothing, when the decision is not such a case (decide
+-- then runs it). What it spares: decide's tables per decision and per write, its parsing and
+-- dispatch, and the algorithms' functions (see algorithm); each argument is converted once per
+-- batch.
 local NUM = {} -- tonumber of the batch's arguments, each string converted once
 local function num(s)
   local v = tonumber(s)
@@ -550,45 +802,26 @@ local function fast(out, o, n, kbase, abase)
   for i = 1, n do
     local key = KEYS[kbase + i]
     local v = call('HMGET', key, 'u', 'ts', 't', 'h')
-    local used, ts, t = tonumber(v[1]), tonumber(v[2]), v[3]
-    if v[4] or (t and ts and byte(t) ~= 43) then return false end -- holds, or the previous script's t
+    if v[4] then return false end -- holds: decide commits those past their time
     local base = abase + 4 * (i - 1)
     local q, c = ARGV[base + 1], ARGV[base + 3]
     local quota, rate, cost = NUM[q] or num(q), FR[i], NUM[c] or num(c)
-    if used == nil or ts == nil then
-      used, ts = 0, NOW
-    elseif now > ts then
-      used = max(0, used - (now - ts) * rate / 1000000)
-      ts = NOW
-    else
-      ts = sformat('%d', ts)
-    end
-    local tokens = quota - used
-    local delay = 0
-    if tokens + EPSILON >= cost then
-      tokens = tokens - cost
-    else
-      delay, ok = wait(tokens, cost, rate), false
-    end
-    local whole = floor(tokens + EPSILON)
-    local nxt = 0
-    if whole < quota then nxt = wait(tokens, max(whole, 0) + 1, rate) end
-    out[o + 5 * i - 3] = delay == 0 and 1 or 0
-    out[o + 5 * i - 2] = max(0, whole)
-    out[o + 5 * i - 1] = delay
-    out[o + 5 * i] = wait(tokens, quota, rate)
+    local used, ts = tb_drain(v, quota, rate)
+    local ok_i, _, remaining, retry, reset, nxt = tb_admit(quota - used, quota, rate, cost, 0)
+    if not ok_i then ok = false end
+    out[o + 5 * i - 3] = ok_i and 1 or 0
+    out[o + 5 * i - 2] = remaining
+    out[o + 5 * i - 1] = retry
+    out[o + 5 * i] = reset
     out[o + 5 * i + 1] = nxt
     FK[i], FU[i], FT[i], FQ[i], FC[i] = key, used, ts, quota, cost
   end
   out[o + 1] = ok and 1 or 0
   for i = 1, n do
-    local key, used, rate = FK[i], FU[i], FR[i]
     if ok then
-      used = used + FC[i]
-      call('HSET', key, 'u', g17(used), 'ts', FT[i], 't', g17(FQ[i] - used, true))
-      call('PEXPIRE', key, ms(ceil(used / rate * 1000)))
-    elseif out[o + 5 * i - 3] == 0 then
-      call('PEXPIRE', key, ms(max(1, ceil(used / rate * 1000))), 'GT')
+      tb_set(FK[i], FU[i] + FC[i], FT[i], FQ[i], FR[i], 0, 0)
+    elseif out[o + 5 * i - 3] == 0 then -- the TTL tb_decide asks of a denial
+      call('PEXPIRE', FK[i], ms(max(1, ceil(FU[i] / FR[i] * 1000))), 'GT')
     end
   end
   return o + 1 + 5 * n
@@ -600,11 +833,13 @@ local out, o = {}, 0
 local kbase, a = 0, 2
 while a <= #ARGV do
   local nonce, hold, n = ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2])
-  local fo = hold == '0' and fast(out, o, n, kbase, a + 3)
+  local fo = n and hold == '0' and fast(out, o, n, kbase, a + 3)
   if fo then
     o, kbase = fo, kbase + n
   else
-    local r, nkeys = decide(nonce, hold, n, kbase, a + 3)
+    local spec -- n is "<n>/..." when a zone has a block: see Penalty box
+    if not n then n, spec = block_spec(ARGV[a + 2]) end
+    local r, nkeys = decide(nonce, hold, n, kbase, a + 3, spec)
     for j = 1, #r do out[o + j] = r[j] end
     o, kbase = o + #r, kbase + nkeys
   end

@@ -1,6 +1,11 @@
 // Package lua holds the Redis Lua scripts of the limiter, embedded at build time. Each script
 // opens with a comment stating its KEYS, ARGV and reply. Each begins with a `#!lua` shebang
 // (Redis 7 script flags), so Redis 7.0 or later is required.
+//
+// Each script is embedded exactly as its file is, so that the line Redis names in a script
+// error (user_script:<line>) is the file's line. The lines that read the time (ARGV[1], or the
+// server's TIME when it is empty) are therefore copied into each script rather than prepended
+// here, which would shift every line after the shebang; a test keeps the copies identical.
 package lua
 
 import _ "embed"

@@ -105,17 +105,19 @@ esac
 hello=$(cli hello)
 field() { printf '%s\n' "$hello" | awk -v k="$1" 'prev == k { print; exit } { prev = $0 }'; }
 version=$(field version)
+server=Redis
+[ "$(field server)" = valkey ] && server=Valkey
 case "$hello" in
 *"unknown command"*) fail "it does not know HELLO, so it is older than Redis 6.0: the limiter's scripts need Redis 7.0 or later" ;;
 esac
 if [ -z "$version" ]; then
 	echo "make run: warning: could not read the version of the Redis at $addr (HELLO: ${hello%%$'\n'*}); the limiter needs 7.0 or later" >&2
 elif [ "${version%%.*}" -lt 7 ] 2>/dev/null; then
-	fail "it is Redis $version: the limiter's scripts need Redis 7.0 or later (script flags, PEXPIRE GT)"
+	fail "it is $server $version: the limiter's scripts need Redis 7.0 or later (script flags, PEXPIRE GT)"
 fi
 [ "$(field mode)" = cluster ] && fail "it is a Redis Cluster node: Caddyfile.example's one address is a standalone client (see docs/topologies.md for a cluster)"
 [ "$(field role)" = replica ] || [ "$(field role)" = slave ] && fail "it is a read-only replica: give the primary's address"
-[ -z "$redis_pid" ] && echo "using the Redis at $addr${version:+ (Redis $version)}"
+[ -z "$redis_pid" ] && echo "using the Redis at $addr${version:+ ($server $version)}"
 
 # Caddyfile.example leaves its username and password lines commented out (a placeholder that is
 # empty is a load error): uncomment those whose variable is set.

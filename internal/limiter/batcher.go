@@ -366,14 +366,30 @@ func (c *call) zones() int { return (len(c.args) - 4) / 4 }
 
 // replyLen is the length of a decide.lua call's reply: 1 + 5 per zone, and one more per zone
 // that asked for a grant (its cost sent as the string "<cost>,<ask>": Request.ask).
+//
+// A zone with Overrides has overrideWidth more (its algorithm argument carries the override
+// flag: see withRecords).
 func (c *call) replyLen() int {
 	n := 1 + replyWidth*c.zones()
 	for j := 7; j < len(c.args); j += 4 {
 		if _, ok := c.args[j].(string); ok {
 			n++
 		}
+		if hasOverride(c.args[j-3]) {
+			n += overrideWidth
+		}
 	}
 	return n
+}
+
+// hasBucket reports whether the decide.lua call c decides a token bucket zone.
+func (c *call) hasBucket() bool {
+	for j := 4; j < len(c.args); j += 4 {
+		if argTag(c.args[j]) == TokenBucket.tag() {
+			return true
+		}
+	}
+	return false
 }
 
 // bySlot groups calls by the hash slot of their keys (each call's keys share one), in order of

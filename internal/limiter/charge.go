@@ -72,7 +72,9 @@ func genKey(stateKey string) string { return stateKey + ":gen" }
 
 // withRecords returns keys (the state keys of reqs, one decide.lua call's with args) followed by
 // the record key and the generation key of each zone whose charge is recorded (recorded; the
-// call is one slot's of a decision across slots when crossSlot), in order: the call's KEYS.
+// call is one slot's of a decision across slots when crossSlot), in order, then the override key
+// of each zone with Overrides, in order: the call's KEYS. It writes the override flag into the
+// algorithm argument of each zone with Overrides (withOverrides).
 func withRecords(keys []string, reqs []Request, args []any, crossSlot bool) []string {
 	out := keys
 	for i, r := range reqs {
@@ -83,7 +85,7 @@ func withRecords(keys []string, reqs []Request, args []any, crossSlot bool) []st
 			out = append(out, recordKey(keys[i], args[1].(string)), genKey(keys[i]))
 		}
 	}
-	return out
+	return withOverrides(out, keys, reqs, args)
 }
 
 // Held is what a Decision's zones with a Hold need to be settled after the response, once, with
@@ -130,7 +132,7 @@ func newHeld(reqs []Request, keys []string, args []any, idx []int) *Held {
 		p.idx = append(p.idx, i)
 		p.hold = append(p.hold, reqs[i].Hold)
 		p.most = append(p.most, reqs[i].Zone.MaxCostOrQuota())
-		p.call = p.call || args[4+4*j] != SlidingWindow.tag()
+		p.call = p.call || argTag(args[4+4*j]) != SlidingWindow.tag()
 	}
 	if len(p.keys) == 0 {
 		return nil

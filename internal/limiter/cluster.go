@@ -2,7 +2,6 @@ package limiter
 
 import (
 	"context"
-	"slices"
 	"sync"
 	"time"
 )
@@ -56,7 +55,7 @@ func (l *Limiter) allowSlots(ctx context.Context, reqs []Request, keys []string,
 		}
 		greqs[g] = rs
 		args := l.scriptArgs(rs, true, now)
-		calls[g] = &call{keys: withRecords(gkeys, rs, args, true), args: args}
+		calls[g] = &call{keys: withBlocks(withRecords(gkeys, rs, args, true), gkeys, rs), args: args}
 	}
 	evalEach(ctx, l.rdb, decideScript, calls)
 
@@ -141,7 +140,7 @@ func (l *Limiter) settle(ctx context.Context, charged []*call, commit bool) []er
 	settles := make([]*call, 0, len(charged))
 	sent := make([]int, 0, len(charged)) // the index in charged of each of settles
 	for i, c := range charged {
-		if commit && !slices.Contains(c.args[4:], any("tb")) && len(c.keys) == c.zones() {
+		if commit && !c.hasBucket() && len(c.keys) == c.zones() {
 			continue // no hold to commit, no record to delete: a sliding window keeps its entries
 		}
 		// decide.lua's arguments were now, nonce, hold, n, then the zones: settle.lua takes

@@ -26,6 +26,7 @@ type denial struct {
 	nextAt    time.Time // when the zone's next unit arrives (sent + next)
 	resetAt   time.Time // when the zone is full again (sent + reset)
 	remaining int64     // whole tokens or slots left when it was denied
+	blocked   bool      // the zone's block refused the client, or started with this denial
 }
 
 // denyCache remembers recent denials so that a client over its limit is denied again with no
@@ -144,11 +145,11 @@ func (dc *denyCache) check(reqs []Request, now time.Time) (Decision, bool) {
 			continue
 		}
 		retry := e.until.Sub(now)
-		r.Result = Result{Known: true, Remaining: e.remaining, Next: e.nextAt.Sub(now), Reset: max(e.resetAt.Sub(now), retry)}
+		r.Result = Result{Known: true, Remaining: e.remaining, Next: e.nextAt.Sub(now), Reset: max(e.resetAt.Sub(now), retry), Blocked: e.blocked}
 		if !found || retry > d.RetryAfter {
 			d = Decision{
 				Zone: i, Limit: r.Zone.Quota(), Remaining: e.remaining,
-				RetryAfter: retry, Reset: r.Result.Reset, Next: r.Result.Next, Cached: true,
+				RetryAfter: retry, Reset: r.Result.Reset, Next: r.Result.Next, Cached: true, Blocked: e.blocked,
 			}
 			found = true
 		}
@@ -165,7 +166,7 @@ func (dc *denyCache) check(reqs []Request, now time.Time) (Decision, bool) {
 // hold rather than deny.
 func (dc *denyCache) record(reqs []Request, zones []zoneReply, sent time.Time) {
 	for i, z := range zones {
-		if z.allowed || unsatisfiable(reqs[i]) || z.retryAfter <= 0 || z.next <= 1 {
+		if z.allowed || reqs[i].Zone.Shadow || unsatisfiable(reqs[i]) || z.retryAfter <= 0 || z.next <= 1 {
 			continue // next 1µs: denied by Redis Cluster holds, which may be released at any moment
 		}
 		if reqs[i].NoWait && reqs[i].Zone.MaxWait > 0 {
@@ -180,6 +181,7 @@ func (dc *denyCache) record(reqs []Request, zones []zoneReply, sent time.Time) {
 			nextAt:    sent.Add(next),
 			resetAt:   sent.Add(time.Duration(z.reset) * time.Microsecond),
 			remaining: z.remaining,
+			blocked:   z.block != 0,
 		}}
 		k := zoneClientOf(reqs[i])
 		dc.mu.Lock()

@@ -197,6 +197,13 @@ func StateKey(prefix string, z *Zone, rawClientKey string) string {
 	return b.String()
 }
 
+// OverrideKey returns the Redis key holding a client's override of zone z's numbers (a hash of
+// the numbers' names: see SetOverride): `<prefix>{<ClientKey(rawClientKey)>}:<zone name>:ov`,
+// in the hash slot of the client's state.
+func OverrideKey(prefix string, z *Zone, rawClientKey string) string {
+	return prefix + "{" + ClientKey(rawClientKey) + "}:" + z.Name + ":ov"
+}
+
 // zoneClient is a zone, by its name, and a client, as ClientKey gives it: what the deny cache
 // and the lease grants are kept by. A comparable struct, built with no allocation for a verbatim
 // key.

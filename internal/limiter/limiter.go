@@ -93,6 +93,15 @@ type Result struct {
 	Known bool
 	// Allowed is true when this zone alone would admit the request.
 	Allowed bool
+	// Blocked is true when the zone's block (Zone.Block) refused the request: the client was in
+	// the zone's penalty box already, and the zone's algorithm did not run. Remaining is then 0,
+	// and Next and Reset the block's remaining time.
+	Blocked bool
+	// BlockStarted is true when this request's denial by the zone started the zone's block
+	// (Zone.Block, doubled for a repeat offender up to Zone.BlockMax): Remaining is then 0, and
+	// Next the block's length (Reset at least that). Beside Known and Allowed, so that a Result
+	// (in every Request) is no larger for the blocks.
+	BlockStarted bool
 	// Remaining is the zone's whole tokens or window slots left: after this request when the
 	// request was admitted, else as they are (a denied request charged no zone).
 	Remaining int64
@@ -111,6 +120,9 @@ type Decision struct {
 	// Allowed is true when every zone admitted the request; each zone was then charged. When
 	// false, no zone was charged.
 	Allowed bool
+	// Blocked is true when the deciding zone's block refused the request (Result.Blocked): the
+	// client was in its penalty box already; RetryAfter is the block's remaining time.
+	Blocked bool
 	// Delay, when Allowed, is how long the caller must hold the request before it proceeds: the
 	// longest of its zones' delays. A token bucket zone with MaxWait admits a request it cannot
 	// serve now by reserving its tokens (debt), and delays it until the bucket would have held
@@ -379,7 +391,7 @@ func (l *Limiter) allowExact(ctx context.Context, reqs []Request, sent time.Time
 		allowed, zones, held, slotErr, err = l.allowSlots(ctx, reqs, keys, groups, sent)
 	} else {
 		args := l.scriptArgs(reqs, false, sent)
-		ckeys := withRecords(keys, reqs, args, false)
+		ckeys := withBlocks(withRecords(keys, reqs, args, false), keys, reqs)
 		var into [2]zoneReply // on the stack: the zones of most decisions
 		allowed, zones, err = l.allowOne(ctx, reqs, ckeys, args, into[:0])
 		if allowed {
@@ -463,7 +475,7 @@ func (l *Limiter) run(ctx context.Context, keys []string, args []any) (any, erro
 // scriptArgs returns decide.lua's ARGV for the decision of reqs: the time ref (the instance's
 // clock when the call is sent; "" for Redis TIME), then the decision's nonce, whether to take
 // token bucket charges as holds, its number of zones, and algorithm, quota, rate and cost per
-// zone. (A Batcher merges the decisions of a batch into one call: mergeCalls.) A token bucket
+// zone; with a zone's Block, the number of zones carries the zones' blocks (blockArg). (A Batcher merges the decisions of a batch into one call: mergeCalls.) A token bucket
 // that may hold the request (maxWait) has its rate sent as "<rate>,<max wait µs>", else the rate
 // alone. A cost above the zone's MaxCost is sent as twice the quota (at most 2^54): above the
 // quota, so the request is denied and nothing charged (however long a MaxWait); exact in Lua's
@@ -484,32 +496,66 @@ func (l *Limiter) scriptArgs(reqs []Request, hold bool, ref time.Time) []any {
 		// needs none, and saves its two allocations.
 		args[1] = l.instance + "." + strconv.FormatUint(l.calls.Add(1), 36)
 	}
-	args[3] = len(reqs)
+	args[3] = blockArg(reqs)
 	for _, r := range reqs {
 		cost := r.Cost
-		if unsatisfiable(r) {
+		switch {
+		case r.Zone.Overrides:
+			// The quota and max cost in force are the override's, known to decide.lua only: it
+			// checks the cost itself (see withRecords). Above 2^54, a cost is beyond any quota.
+			cost = min(cost, 2*MaxCapacity)
+		case unsatisfiable(r):
 			cost = 2 * r.Zone.Quota() // <= 2^54
 		}
+		tag := zoneTag(r.Zone)
 		switch r.Zone.Algorithm {
 		case SlidingWindow, SlidingWindowCounter:
 			limit, window := r.Zone.windowArgs()
-			args = append(args, r.Zone.Algorithm.tag(), limit, window, cost)
+			args = append(args, tag, limit, window, cost)
 		case FixedWindow:
 			limit, _ := r.Zone.windowArgs()
-			args = append(args, "fw", limit, windowBounds(r.Zone, ref), r.costArg(cost))
+			args = append(args, tag, limit, windowBounds(r.Zone, ref), r.costArg(cost))
 		case Concurrency:
 			limit, _ := r.Zone.windowArgs()
-			args = append(args, "cc", limit, "0", cost)
+			args = append(args, tag, limit, "0", cost)
 		default:
 			capacity, rate := r.Zone.bucketArgs()
 			if w := r.maxWait(); w > 0 {
 				// go-redis formats a float64 argument so ('f', -1): the same number either way.
 				rate = strconv.FormatFloat(r.Zone.RefillRate, 'f', -1, 64) + "," + strconv.FormatInt(w.Microseconds(), 10)
 			}
-			args = append(args, "tb", capacity, rate, r.costArg(cost))
+			args = append(args, tag, capacity, rate, r.costArg(cost))
 		}
 	}
 	return args
+}
+
+// shadowTags are the algorithms' tags with the shadow flag: decide.lua's algorithm argument of
+// a shadow zone.
+var shadowTags = func() (t [len(algorithms)]string) {
+	for a := range algorithms {
+		t[a] = Algorithm(a).tag() + "s"
+	}
+	return t
+}()
+
+// zoneTag is decide.lua's algorithm argument of zone z: its algorithm's tag, followed by "s"
+// for a shadow zone. withRecords adds the override flag.
+func zoneTag(z *Zone) string {
+	if z.Shadow {
+		return shadowTags[min(int(z.Algorithm), len(shadowTags)-1)]
+	}
+	return z.Algorithm.tag()
+}
+
+// argTag returns the algorithm tag of decide.lua's algorithm argument a, without its flags
+// (shadow, override): what settle.lua and refresh.lua are told of a zone.
+func argTag(a any) string {
+	s, _ := a.(string)
+	if len(s) > 2 {
+		return s[:2]
+	}
+	return s
 }
 
 // windowBounds is decide.lua's argument for a fixed window zone at ref (the instance's clock):
@@ -534,13 +580,30 @@ func windowBounds(z *Zone, ref time.Time) string {
 // zoneReply is one zone's part of the script's reply.
 type zoneReply struct {
 	allowed bool
+	// block is replyBlocked or replyBlockStarted when a zone's block refused the request or
+	// starts now; 0 otherwise. A byte in allowed's padding.
+	block uint8
 	// granted is the tokens a grant took (a zone that asked one: Request.ask, so at most 2^31 −
 	// 1), its cost included; an int32 in allowed's padding, so that a zoneReply is no larger.
 	granted   int32
 	remaining int64
 	// retryAfter is, when allowed, the delay: how long to hold the request (0 but with MaxWait).
 	retryAfter, reset, next int64 // µs
+	// ov, of a zone with Overrides, is the client's override in force: the quota, the policy
+	// window (µs; 0: the zone's) and the max cost that decided; the zero value when the client
+	// has none.
+	ov overrideReply
 }
+
+// overrideReply is the override in force in a zone's reply (zoneReply.ov).
+type overrideReply struct {
+	quota, windowUs, maxCost int64
+}
+
+// overrideWidth is the number of integers a zone with Overrides adds to its reply: the quota in
+// force (0: no override), the policy window in force (µs; 0: the zone's) and the max cost in
+// force.
+const overrideWidth = 3
 
 // replyWidth is the number of integers per zone in decide.lua's reply; a zone that asked for a
 // grant has one more: the tokens granted.
@@ -557,15 +620,19 @@ func (r *Request) costArg(cost int64) any {
 
 // width is the number of integers of r's zone in decide.lua's reply.
 func (r *Request) width() int {
+	w := replyWidth
 	if r.ask > 0 {
-		return replyWidth + 1
+		w++
 	}
-	return replyWidth
+	if r.Zone.Overrides {
+		w += overrideWidth
+	}
+	return w
 }
 
 // decodeReply checks and decodes the script's reply for reqs: an array of 1 + 5n integers (n
 // zones, and one more per zone that asked for a grant), the first 0 or 1, then per zone allowed
-// (0 or 1), remaining, retry after (µs; when the zone admits the request, its delay), reset (µs)
+// (0 or 1; for a zone with a Block, also replyBlocked or replyBlockStarted), remaining, retry after (µs; when the zone admits the request, its delay), reset (µs)
 // and next (µs), and for a zone that asked for a grant the tokens granted, none negative, and no
 // delay longer than the zone may hold the request (maxWait: none without MaxWait). Any other
 // shape, type or value is an error wrapping ErrBadResponse: a request is never held past its
@@ -590,23 +657,47 @@ func decodeReply(arr []any, reqs []Request, into []zoneReply) (bool, []zoneReply
 	zones = zones[:n]
 	off := 1
 	for z := range reqs {
-		var v [replyWidth + 1]int64 // one zone's values
-		for k := range reqs[z].width() {
+		var v [replyWidth + 1 + overrideWidth]int64 // one zone's values
+		w := reqs[z].width()
+		for k := range w {
+			if k == 0 && blockFigure(arr[off], reqs[z]) {
+				v[0] = arr[off].(int64)
+				continue
+			}
 			if v[k], err = replyInt(arr, off+k, k == 0); err != nil {
 				return false, nil, err
 			}
 		}
-		off += reqs[z].width()
+		off += w
+		var ov overrideReply
+		if reqs[z].Zone.Overrides {
+			o := w - overrideWidth
+			ov = overrideReply{quota: v[o], windowUs: v[o+1], maxCost: v[o+2]}
+			v[o], v[o+1], v[o+2] = 0, 0, 0
+			if ov.quota > 0 && (ov.quota > MaxCapacity || ov.maxCost > ov.quota || ov.maxCost < 1) {
+				return false, nil, fmt.Errorf("%w: zone %d's override quota %d and max cost %d are out of range", ErrBadResponse, z, ov.quota, ov.maxCost)
+			}
+		}
 		if v[5] > int64(reqs[z].ask) {
 			return false, nil, fmt.Errorf("%w: zone %d granted %d, more than the %d asked", ErrBadResponse, z, v[5], reqs[z].ask)
 		}
-		zones[z] = zoneReply{allowed: v[0] == 1, remaining: v[1], retryAfter: v[2], reset: v[3], next: v[4], granted: int32(v[5])}
+		zones[z] = zoneReply{allowed: v[0] == 1, remaining: v[1], retryAfter: v[2], reset: v[3], next: v[4], granted: int32(v[5]), ov: ov}
+		if v[0] > 1 {
+			zones[z].block = uint8(v[0])
+		}
 		if zones[z].allowed && zones[z].retryAfter > reqs[z].maxWait().Microseconds() {
 			return false, nil, fmt.Errorf("%w: zone %d admits with a delay of %dµs, beyond its max_wait of %v",
 				ErrBadResponse, z, zones[z].retryAfter, reqs[z].maxWait())
 		}
 	}
 	return first == 1, zones, nil
+}
+
+// blockFigure reports whether x (a zone's first reply integer) is a block figure of r's zone:
+// replyBlocked or replyBlockStarted, from a zone with a Block.
+func blockFigure(x any, r Request) bool {
+	v, ok := x.(int64)
+	return ok && r.Zone.Block > 0 && (v == replyBlocked || v == replyBlockStarted)
 }
 
 // replyInt returns arr[i], which must be an integer >= 0, and at most 1 when flag.
@@ -624,11 +715,13 @@ func replyInt(arr []any, i int, flag bool) (int64, error) {
 // pick makes the Decision from each zone's outcome, choosing the deciding zone (decidingZone),
 // and writes each zone's own outcome into reqs[i].Result (zoneResults).
 func pick(reqs []Request, allowed bool, zones []zoneReply) Decision {
+	applyOverrides(reqs, zones)
 	best := decidingZone(reqs, allowed, zones)
 	zoneResults(reqs, allowed, zones)
 	z := zones[best]
 	d := Decision{
 		Allowed:   allowed,
+		Blocked:   z.block == replyBlocked,
 		Zone:      best,
 		Limit:     reqs[best].Zone.Quota(),
 		Remaining: z.remaining,
@@ -648,9 +741,21 @@ func pick(reqs []Request, allowed bool, zones []zoneReply) Decision {
 // decidingZone returns the index of the deciding zone: when denied, an unsatisfiable zone, else
 // the denying zone that takes longest to admit; when allowed, the zone with the longest delay,
 // else the one with the least remaining share of its quota (the first of equals).
+//
+// A shadow zone decides only a request of shadow zones alone (the first of them): its figures
+// are never a response's while another zone applies.
 func decidingZone(reqs []Request, allowed bool, zones []zoneReply) int {
 	best := 0
-	for i := 1; i < len(zones); i++ {
+	for best < len(reqs)-1 && reqs[best].Zone.Shadow {
+		best++
+	}
+	if reqs[best].Zone.Shadow {
+		best = 0
+	}
+	for i := best + 1; i < len(zones); i++ {
+		if reqs[i].Zone.Shadow {
+			continue
+		}
 		z, b := zones[i], zones[best]
 		if allowed {
 			if z.retryAfter != b.retryAfter { // the longest delay
@@ -698,6 +803,7 @@ func zoneResults(reqs []Request, allowed bool, zones []zoneReply) {
 		res := Result{
 			Known: true, Allowed: z.allowed, Remaining: z.remaining,
 			Next: time.Duration(z.next) * time.Microsecond, Reset: time.Duration(z.reset) * time.Microsecond,
+			Blocked: z.block == replyBlocked, BlockStarted: z.block == replyBlockStarted,
 		}
 		if z.allowed && !allowed {
 			// The reply gives the figures after the request, as if this zone had been charged;

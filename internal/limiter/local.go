@@ -67,7 +67,7 @@ func (l *Local) Allow(reqs []Request, now time.Time) Decision {
 	for i, r := range reqs {
 		if r.Zone.Algorithm == Concurrency {
 			zones[i] = l.slotReply(r)
-			allowed = allowed && zones[i].allowed
+			allowed = allowed && (zones[i].allowed || r.Zone.Shadow)
 			continue
 		}
 		b, isNew := l.bucket(r, now)
@@ -86,19 +86,19 @@ func (l *Local) Allow(reqs []Request, now time.Time) Decision {
 					z.retryAfter = wait - maxWait
 				}
 			}
-			allowed = allowed && z.allowed
+			allowed = allowed && (z.allowed || r.Zone.Shadow) // a shadow zone never denies
 		}
 		zones[i] = z
 	}
 	for i, r := range reqs {
 		if r.Zone.Algorithm == Concurrency {
-			if allowed {
+			if allowed && zones[i].allowed {
 				l.slots[localZone{r.Zone.Name, r.Zone.Algorithm.tag()}][ClientKey(r.Key)]++
 			}
 			continue
 		}
 		tokens := buckets[i].TokensAt(now)
-		if allowed {
+		if allowed && zones[i].allowed {
 			// Cannot fail (checked above, under l.mu): the cost is at most the burst. Unlike
 			// AllowN, ReserveN takes the bucket below zero: the debt of a held request.
 			buckets[i].ReserveN(now, int(r.Cost))

@@ -67,6 +67,9 @@ type State struct {
 	// again, or the newest window entry leaves the window, as of the last admitted request.
 	// 0 when !Exists; -1 when the key has no expiry (decide.lua always sets one).
 	TTL time.Duration
+	// Block (a zone with a Block only) is the client's penalty box: a block in force at Now, the
+	// last block remembered and its strikes. RetryAfter is then at least the time until Until.
+	Block BlockState
 }
 
 // State reads the client's state in zone z (z as passed to Decide; clientKey raw, as the
@@ -94,6 +97,9 @@ func (l *Limiter) State(ctx context.Context, z *Zone, clientKey string) (State, 
 		err = l.counterState(ctx, z, now, &s)
 	default:
 		err = l.bucketState(ctx, z, now, &s)
+	}
+	if err == nil && z.Block > 0 {
+		err = l.blockState(ctx, now, &s)
 	}
 	if err != nil {
 		return State{}, err
@@ -359,9 +365,10 @@ func number(v any) (float64, bool) {
 }
 
 // Reset deletes the client's state in zone z from Redis, so that its next request finds a full
-// bucket or an empty window, forgets this Limiter's cached denials of it (Forget), and publishes
+// bucket or an empty window, and its block (BlockKey: the block in force and the strikes
+// remembered, whether or not z has a Block now), forgets this Limiter's cached denials of it (Forget), and publishes
 // the state key on the Redis channel `<prefix>reset`, so that every Limiter whose ResetListener
-// hears it forgets its own. existed reports whether Redis held state for the client. An instance
+// hears it forgets its own. existed reports whether Redis held state or a block for the client. An instance
 // that misses the message (not subscribed, or disconnected at that moment) may deny the client
 // from its deny cache for at most its DenyCacheMaxAge. A charge held for settlement after the
 // response (Request.Hold) is not taken from the new state when it is settled.
@@ -372,18 +379,19 @@ func number(v any) (float64, bool) {
 // from their deny caches for up to their DenyCacheMaxAge.
 func (l *Limiter) Reset(ctx context.Context, z *Zone, clientKey string) (existed bool, err error) {
 	key := StateKey(l.prefix, z, clientKey)
-	var del *redis.IntCmd
+	var del, delBlock *redis.IntCmd
 	// A window counter's count generation (genKey) goes with it, in one transaction: the charges
 	// pending settlement, no longer in the count, then find their generation gone and are never
 	// taken from the new count (see settle.lua).
 	_, err = l.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		del = p.Del(ctx, key)
+		delBlock = p.Del(ctx, blockKey(key))
 		if z.Algorithm == FixedWindow || z.Algorithm == SlidingWindowCounter {
 			p.Del(ctx, genKey(key))
 		}
 		return nil
 	})
-	n := del.Val()
+	n := del.Val() + delBlock.Val()
 	if err != nil {
 		return false, fmt.Errorf("redis DEL %s: %w", key, err)
 	}

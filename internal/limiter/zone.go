@@ -170,6 +170,24 @@ type Zone struct {
 	// or window slots to the instance in grants that it spends in process (see Lease). nil:
 	// every request decided in Redis.
 	Lease *Lease
+	// Block, when > 0, is the zone's penalty box: once the zone denies a client, every decision
+	// of the zone refuses that client, on every instance, for Block (MinBlock to MaxBlock), and
+	// charges no zone of those requests. Any algorithm but Concurrency; not with Lease. See
+	// BlockKey. 0: no penalty box, and the zone's decisions read no block key.
+	Block time.Duration
+	// BlockMax, when > 0 (Block to MaxBlock), doubles the block of a repeat offender: a client
+	// denied again within as long after its last block ended as that block lasted gets twice
+	// that block, up to BlockMax. 0: every block lasts Block.
+	BlockMax time.Duration
+	// Overrides reads the client's numbers set at run time (SetOverride) in the same script call
+	// as the decision: a number stored in the client's override key (OverrideKey) takes the place
+	// of the zone's own. Not with Lease. false: the zone's numbers, and no extra read.
+	Overrides bool
+	// Shadow makes the zone a shadow zone: decided and charged as any zone when the request is
+	// admitted, but its denial never denies the request, and the other zones are decided as if it
+	// were absent (Result.Allowed false tells the caller it would have denied). Not with MaxWait
+	// (a shadow zone must not change the response, and holding a request would) or Lease.
+	Shadow bool
 
 	// boxed are the zone's numbers as script arguments, boxed once by Prepare.
 	boxed *zoneArgs
@@ -269,7 +287,7 @@ func (z *Zone) validate() *FieldError {
 	if z.Algorithm < TokenBucket || z.Algorithm > Concurrency {
 		return z.fieldError("algorithm", "unknown algorithm %v", z.Algorithm)
 	}
-	for _, check := range []func() *FieldError{z.validateOwners, z.validateRequired, z.validateRanges, z.validateMaxCost, z.validateLease} {
+	for _, check := range []func() *FieldError{z.validateOwners, z.validateRequired, z.validateRanges, z.validateMaxCost, z.validateLease, z.validateBlock, z.validateShadow} {
 		if err := check(); err != nil {
 			return err
 		}
@@ -473,6 +491,19 @@ func errLeaseAlgorithm(a Algorithm) string {
 	return fmt.Sprintf("lease applies to algorithms token_bucket and fixed_window only, not %s: "+
 		"a grant of a sliding window would need entries scored ahead, and one of a sliding window counter "+
 		"would be weighed down with the window it was counted in; neither is built", a)
+}
+
+// validateShadow checks what a shadow zone, and a zone with overrides, exclude.
+func (z *Zone) validateShadow() *FieldError {
+	switch {
+	case z.Shadow && z.MaxWait > 0:
+		return z.fieldError("dry_run", "dry_run excludes max_wait: a shadow zone must never change the response, and holding a request would")
+	case z.Shadow && z.Lease != nil:
+		return z.fieldError("dry_run", "dry_run excludes lease: a grant admits requests in process, where a shadow zone's denial is not seen")
+	case z.Overrides && z.Lease != nil:
+		return z.fieldError("overrides", "overrides excludes lease: a grant is spent in process, where a client's override is not seen")
+	}
+	return nil
 }
 
 // validateLease checks z.Lease against z's algorithm and numbers.

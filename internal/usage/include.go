@@ -3,16 +3,13 @@ package usage
 import (
 	"bytes"
 	"encoding/json"
-	"io"
-	"mime"
 	"net/http"
 	"strconv"
 	"strings"
 )
 
-// MaxIncludeUsageBody bounds the request body IncludeUsage reads, in bytes: 1 MiB, a text chat
-// of over 200,000 tokens. A larger body goes on unchanged.
-const MaxIncludeUsageBody = 1 << 20
+// MaxIncludeUsageBody bounds the request body IncludeUsage reads, in bytes: MaxRequestBody.
+const MaxIncludeUsageBody = MaxRequestBody
 
 // IncludeUsage asks a streaming chat completion for its usage, as LLM gateways do: when r's
 // body is a JSON object with "messages" and a "stream" that is true as upstreams read it
@@ -20,96 +17,47 @@ const MaxIncludeUsageBody = 1 << 20
 // "stream_options": {"include_usage": true}, it sets that, so the stream ends with a chunk
 // carrying the usage (`"choices": []`), which a Scanner reads. Anything else (not a POST of
 // JSON, a compressed body, a body over MaxIncludeUsageBody, one that does not parse, another
-// API) goes on byte for byte as it came. It reads the body before the request goes on: r.Body,
-// r.GetBody and, when the body changed, r.ContentLength and any Content-Length field are set to
-// what the upstream is to receive; closing r.Body closes the body that came.
+// API) goes on byte for byte as it came. It reads the body as readBody does (once per request,
+// with Model) before the request goes on: r.Body, r.GetBody and, when the body changed,
+// r.ContentLength and any Content-Length field are set to what the upstream is to receive;
+// closing r.Body closes the body that came.
 func IncludeUsage(r *http.Request) {
-	if r.Method != http.MethodPost || r.Body == nil || r.Body == http.NoBody || r.Header.Get("Content-Encoding") != "" {
+	if r.Method != http.MethodPost {
 		return
 	}
-	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
+	b := readBody(r)
+	if b == nil {
 		return
 	}
-	if r.ContentLength > MaxIncludeUsageBody {
-		return
-	}
-	body := r.Body
-	read, err := io.ReadAll(io.LimitReader(body, MaxIncludeUsageBody+1))
-	if err != nil || len(read) > MaxIncludeUsageBody {
-		// Unchanged: what was read, then the rest (or the read's error again).
-		r.Body = readCloser{io.MultiReader(bytes.NewReader(read), body), body}
-		return
-	}
-	out, ok := withIncludeUsage(read)
+	out, ok := withIncludeUsage(b.data, b.parse())
 	if !ok {
-		out = read
+		return
 	}
-	r.Body = readCloser{bytes.NewReader(out), body}
-	r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(out)), nil }
-	if ok {
-		r.ContentLength = int64(len(out))
-		if r.Header.Get("Content-Length") != "" {
-			r.Header.Set("Content-Length", strconv.Itoa(len(out)))
-		}
+	setBody(r, out, b.Closer, nil) // parsed again if a reader asks: its offsets moved
+	r.ContentLength = int64(len(out))
+	if r.Header.Get("Content-Length") != "" {
+		r.Header.Set("Content-Length", strconv.Itoa(len(out)))
 	}
 }
 
-// readCloser reads from Reader and closes Closer.
-type readCloser struct {
-	io.Reader
-	io.Closer
-}
-
-// withIncludeUsage returns body, a chat completions request, with "stream_options":
-// {"include_usage": true}, and true; false when it is not a streaming chat completions request
-// (a JSON object with "messages" and a "stream" that streamValue reads as true) or already asks
-// for the usage, or when it does not parse. Only what must change changes: a "stream_options"
-// member is added at the start of the object, or the last one's object gets "include_usage":
-// true (or replaces its null).
-func withIncludeUsage(body []byte) ([]byte, bool) {
-	dec := json.NewDecoder(bytes.NewReader(body))
-	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
-		return nil, false
-	}
-	stream, messages := false, false
-	var opts json.RawMessage // the last stream_options
-	var optsEnd int64
-	for dec.More() {
-		t, err := dec.Token()
-		if err != nil {
-			return nil, false
-		}
-		key, _ := t.(string)
-		var v json.RawMessage
-		if err := dec.Decode(&v); err != nil {
-			return nil, false
-		}
-		switch key {
-		case "stream":
-			stream = streamValue(v)
-		case "messages":
-			messages = true
-		case "stream_options":
-			opts, optsEnd = v, dec.InputOffset()
-		}
-	}
-	if t, err := dec.Token(); err != nil || t != json.Delim('}') {
-		return nil, false
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return nil, false // more after the object
-	}
-	if !stream || !messages {
+// withIncludeUsage returns body, a chat completions request whose fields are f, with
+// "stream_options": {"include_usage": true}, and true; false when it is not a streaming chat
+// completions request (a JSON object with "messages" and a "stream" that streamValue reads as
+// true) or already asks for the usage, or when it does not parse. Only what must change
+// changes: a "stream_options" member is added at the start of the object, or the last one's
+// object gets "include_usage": true (or replaces its null).
+func withIncludeUsage(body []byte, f *requestFields) ([]byte, bool) {
+	if !f.object || !f.stream || !f.messages {
 		return nil, false
 	}
 	add := []byte(`{"include_usage":true}`)
-	if opts == nil {
+	if f.opts == nil {
 		i := bytes.IndexByte(body, '{') + 1
 		return append(append(append(append([]byte{}, body[:i]...), `"stream_options":`...), add...), append([]byte{','}, body[i:]...)...), true
 	}
-	if string(opts) != "null" {
+	if string(f.opts) != "null" {
 		var m map[string]json.RawMessage
-		if json.Unmarshal(opts, &m) != nil {
+		if json.Unmarshal(f.opts, &m) != nil {
 			return nil, false // not an object: the upstream's to refuse
 		}
 		if string(m["include_usage"]) == "true" {
@@ -118,8 +66,8 @@ func withIncludeUsage(body []byte) ([]byte, bool) {
 		m["include_usage"] = json.RawMessage("true")
 		add, _ = json.Marshal(m)
 	}
-	start := optsEnd - int64(len(opts))
-	return append(append(append([]byte{}, body[:start]...), add...), body[optsEnd:]...), true
+	start := f.optsEnd - int64(len(f.opts))
+	return append(append(append([]byte{}, body[:start]...), add...), body[f.optsEnd:]...), true
 }
 
 // streamValue reports whether v, a request's "stream", asks for a stream as the servers that

@@ -1,7 +1,9 @@
-// Package usage reads the token usage an OpenAI-compatible API reports in a response body, as
-// the body streams by: Scanner reads it from JSON or an event stream, Decoder decodes a
-// compressed body on its way to a Scanner within bounds of memory and CPU, and IncludeUsage
-// asks a streaming chat completion for its usage. It imports nothing from Caddy.
+// Package usage reads what an LLM API reports it used, as a response body streams by, and what a
+// request asks of it: Scanner reads the token usage of an OpenAI-compatible or Anthropic API
+// from JSON or an event stream, Weights turn it into one amount, Decoder decodes a compressed
+// body on its way to a Scanner within bounds of memory and CPU, CeilScaled reads a decimal cost
+// from a header, IncludeUsage asks a streaming chat completion for its usage and Model reads the
+// model a request names. It imports nothing from Caddy.
 package usage
 
 import (
@@ -14,9 +16,26 @@ import (
 // maxUsageBytes bounds the bytes of one "usage" object the scanner keeps: OpenAI's is about 300.
 const maxUsageBytes = 4096
 
-// maxKeyBytes bounds the bytes of a key the scanner keeps to compare with "usage" and
-// "response" (longer keys are neither): "response" with every letter escaped (\u0072...).
+// maxKeyBytes bounds the bytes of a key the scanner keeps to compare with "usage", "response"
+// and "message" (longer keys are none of them): "response" with every letter escaped
+// (\u0072...).
 const maxKeyBytes = 48
+
+// Format is the wire format of the usage a Scanner reads.
+type Format uint8
+
+// The formats of usage.
+const (
+	// OpenAI is the usage of OpenAI's chat completions, completions, embeddings and Responses
+	// APIs, and of the servers compatible with them: prompt_tokens (or input_tokens, which
+	// include the cached ones: prompt_tokens_details.cached_tokens or
+	// input_tokens_details.cached_tokens), completion_tokens (or output_tokens), total_tokens.
+	OpenAI Format = iota + 1
+	// Anthropic is the usage of Anthropic's Messages API: input_tokens (those neither read from
+	// nor written to the prompt cache), cache_read_input_tokens, cache_creation_input_tokens and
+	// output_tokens; no total.
+	Anthropic
+)
 
 // The counts Tokens reports.
 const (
@@ -25,18 +44,28 @@ const (
 	Completion = "completion" // completion_tokens or output_tokens
 )
 
-// Scanner reads the OpenAI-format usage of a response body as it streams by, holding at most
+// Scanner reads the usage of a response body in one Format as it streams by, holding at most
 // maxUsageBytes + maxKeyBytes (4 KiB and 48 bytes) whatever the body's size. It reads JSON with its
-// strings and nesting tracked, and takes a "usage" object only where an OpenAI server puts it: at
-// the top level of the document, or inside the top-level "response" object (a Responses API event).
-// In an event stream (sse) each event's data is a document of its own: the usage of a chat
-// completions stream's final chunk (stream_options.include_usage; the others carry "usage": null)
-// or the response.usage of a Responses API response.completed event. A key inside a string, inside
-// a nested object or array, or spelled otherwise is never taken; a key written with escapes
-// (`"us\u0061ge"`) is the key it decodes to, as any JSON parser reads it. The last usage object
-// found decides: see Tokens. A Scanner is not safe for concurrent use.
+// strings and nesting tracked, and takes a "usage" object only where the API puts it: at the top
+// level of the document, or inside one top-level object, "response" for OpenAI (a Responses API
+// event) and "message" for Anthropic (a message_start event). In an event stream (sse) each
+// event's data is a document of its own.
+//
+// OpenAI: the usage of a chat completions stream's final chunk (stream_options.include_usage;
+// the others carry "usage": null) or the response.usage of a Responses API response.completed
+// event; the last usage object found decides.
+//
+// Anthropic: a stream's input counts come in message_start's message.usage and its output count
+// (cumulative) in the usage of its message_delta events; each count is the last one found, and a
+// stream has a usage only once a top-level usage (a message_delta's) has come, so a stream cut
+// short before it has none. A JSON body has its usage at the top level.
+//
+// A key inside a string, inside a nested object or array, or spelled otherwise is never taken; a
+// key written with escapes (`"us\u0061ge"`) is the key it decodes to, as any JSON parser reads it.
+// See Tokens and Weighted. A Scanner is not safe for concurrent use.
 type Scanner struct {
-	sse bool
+	format Format
+	sse    bool
 
 	// The event stream's line state (sse).
 	line    int // lineField, lineData or lineSkip
@@ -49,20 +78,20 @@ type Scanner struct {
 	inStr     bool
 	esc       bool
 	obj       [3]bool // obj[d]: the container at depth d (1 or 2) is an object
-	inResp    bool    // the container at depth 2 is the top-level "response" object
+	inInner   bool    // the container at depth 2 is the top-level "response" (or "message") object
 	expectKey bool    // the next string at depth 1 or 2 is a key
 	inKey     bool    // reading a key at depth 1 or 2
 	key       []byte  // its raw bytes, at most maxKeyBytes (keyLong past that)
 	keyLong   bool
-	pending   int  // what the key just read names: keyOther, keyUsage or keyResponse
+	pending   int  // what the key just read names: keyOther, keyUsage or keyInner
 	colon     bool // after that key's ':', before its value
 	capDepth  int  // > 0: capturing the usage object that opened at this depth
 	buf       []byte
 	capLong   bool
 
-	found bool        // a usage object was seen
-	last  usageCounts // the last one's counts
-	bad   bool        // the last one is not a usage we can charge (see parseUsage)
+	found bool        // a usage was seen (Anthropic: a top-level one)
+	last  usageCounts // the last one's counts (Anthropic: each count's last)
+	bad   bool        // it is not a usage we can charge (see parseUsage; Anthropic: any was not)
 }
 
 // The event stream's line states.
@@ -78,19 +107,32 @@ var newline = []byte{'\n'}
 const (
 	keyOther = iota
 	keyUsage
-	keyResponse
+	keyInner // "response" (OpenAI) or "message" (Anthropic)
 )
 
 // usageCounts are the token counts of a usage object: chat completions name them prompt_tokens
-// and completion_tokens, the Responses API input_tokens and output_tokens; both have
-// total_tokens. -1: absent (or null).
+// and completion_tokens, the Responses API and Anthropic input_tokens and output_tokens; OpenAI
+// has total_tokens and cached (prompt_tokens_details.cached_tokens, or input_tokens_details'),
+// Anthropic cacheRead (cache_read_input_tokens) and cacheWrite (cache_creation_input_tokens).
+// -1: absent (or null); cached is badCount when present but not a count (it is read for weights
+// only, so it does not make the usage bad).
 type usageCounts struct {
 	total, prompt, completion, input, output int64
+	cached, cacheRead, cacheWrite            int64
 }
 
-// NewScanner returns a scanner for a JSON body (application/json, or any +json type), or for an
-// event stream (text/event-stream) when sse. Write the body to it, in chunks of any size.
-func NewScanner(sse bool) *Scanner { return &Scanner{sse: sse} }
+// badCount is usageCounts.cached when it is present but not a non-negative integer.
+const badCount = -2
+
+// noCounts are the counts of a usage object with none.
+var noCounts = usageCounts{-1, -1, -1, -1, -1, -1, -1, -1}
+
+// NewScanner returns a scanner of the usage of format in a JSON body (application/json, or any
+// +json type), or in an event stream (text/event-stream) when sse. Write the body to it, in
+// chunks of any size.
+func NewScanner(format Format, sse bool) *Scanner {
+	return &Scanner{format: format, sse: sse, last: noCounts}
+}
 
 // Write scans p; it never fails.
 func (s *Scanner) Write(p []byte) (int, error) {
@@ -150,12 +192,12 @@ func (s *Scanner) Write(p []byte) (int, error) {
 
 // endDocument starts a new document: the next event's data.
 func (s *Scanner) endDocument() {
-	s.depth, s.inStr, s.esc, s.inResp, s.expectKey, s.inKey, s.colon, s.capDepth = 0, false, false, false, false, false, false, 0
+	s.depth, s.inStr, s.esc, s.inInner, s.expectKey, s.inKey, s.colon, s.capDepth = 0, false, false, false, false, false, false, 0
 }
 
 // scanJSON scans p, bytes of JSON: strings and nesting are tracked byte by byte; keys are read at
-// depth 1 and inside the top-level "response" object; a usage object there is kept until it
-// closes, then parsed.
+// depth 1 and inside the top-level "response" (or "message") object; a usage object there is
+// kept until it closes, then parsed.
 func (s *Scanner) scanJSON(p []byte) {
 	for i := 0; i < len(p); i++ {
 		if s.inStr && !s.inKey && !s.esc && s.capDepth == 0 {
@@ -215,11 +257,11 @@ func (s *Scanner) scanJSON(p []byte) {
 			s.depth++
 			if s.colon && c == '{' {
 				switch {
-				case s.pending == keyUsage && (s.depth == 2 || s.depth == 3 && s.inResp):
+				case s.pending == keyUsage && (s.depth == 2 || s.depth == 3 && s.inInner):
 					s.capDepth, s.capLong = s.depth, false
 					s.buf = append(s.buf[:0], '{')
-				case s.pending == keyResponse && s.depth == 2:
-					s.inResp = true
+				case s.pending == keyInner && s.depth == 2:
+					s.inInner = true
 				}
 			}
 			if s.depth <= 2 {
@@ -229,11 +271,11 @@ func (s *Scanner) scanJSON(p []byte) {
 		case '}', ']':
 			if s.capDepth > 0 && s.depth == s.capDepth {
 				s.capDepth = 0
-				s.found = true
-				s.last, s.bad = parseUsage(s.buf, s.capLong)
+				u, bad := parseUsage(s.format, s.buf, s.capLong)
+				s.take(u, bad, s.depth == 2)
 			}
 			if s.depth == 2 {
-				s.inResp = false
+				s.inInner = false
 			}
 			s.depth = max(0, s.depth-1)
 			s.expectKey = false
@@ -242,10 +284,26 @@ func (s *Scanner) scanJSON(p []byte) {
 	}
 }
 
+// take records the counts u of a usage object (bad: it is not one we can charge), at the top
+// level when top: OpenAI's last one decides; Anthropic's counts each keep their last value.
+func (s *Scanner) take(u usageCounts, bad, top bool) {
+	if s.format != Anthropic {
+		s.found, s.last, s.bad = true, u, bad
+		return
+	}
+	for i, n := range u.fields() {
+		if n != -1 {
+			*s.last.fieldsPtr()[i] = n
+		}
+	}
+	s.found = s.found || top
+	s.bad = s.bad || bad
+}
+
 // keyed reports whether the container at the current depth is one whose keys are read: the
-// top-level object, or the "response" object inside it.
+// top-level object, or the "response" (or "message") object inside it.
 func (s *Scanner) keyed() bool {
-	return s.depth == 1 && s.obj[1] || s.depth == 2 && s.inResp && s.obj[2]
+	return s.depth == 1 && s.obj[1] || s.depth == 2 && s.inInner && s.obj[2]
 }
 
 // keyName is what the key just read names, decoded as JSON decodes it.
@@ -265,16 +323,23 @@ func (s *Scanner) keyName() int {
 	case "usage":
 		return keyUsage
 	case "response":
-		return keyResponse
+		if s.format != Anthropic {
+			return keyInner
+		}
+	case "message":
+		if s.format == Anthropic {
+			return keyInner
+		}
 	}
 	return keyOther
 }
 
-// parseUsage parses a usage object; bad when it is not one we can charge: too long, not a JSON
-// object, or a count that is present but not a non-negative integer (a negative, a fraction, an
-// exponent, a string, a number above 2^63 − 1). null is absent.
-func parseUsage(b []byte, long bool) (usageCounts, bool) {
-	u := usageCounts{-1, -1, -1, -1, -1}
+// parseUsage parses a usage object of format; bad when it is not one we can charge: too long,
+// not a JSON object, or a count that is present but not a non-negative integer (a negative, a
+// fraction, an exponent, a string, a number above 2^63 − 1). null is absent. OpenAI's cached
+// count is read apart (badCount), as only weights read it.
+func parseUsage(format Format, b []byte, long bool) (usageCounts, bool) {
+	u := noCounts
 	if long {
 		return u, true
 	}
@@ -284,56 +349,152 @@ func parseUsage(b []byte, long bool) (usageCounts, bool) {
 	}
 	bad := false
 	count := func(r json.RawMessage) int64 {
-		if r == nil || string(r) == "null" {
-			return -1
-		}
-		if len(r) > 1 && r[0] == '0' || r[0] < '0' || r[0] > '9' {
-			bad = true // a sign, a leading zero, a string, an object...
-			return -1
-		}
-		n, err := strconv.ParseInt(string(r), 10, 64)
-		if err != nil {
-			bad = true // a fraction, an exponent, too large
-			return -1
-		}
+		n, ok := parseCount(r)
+		bad = bad || !ok
 		return n
 	}
-	u = usageCounts{count(raw["total_tokens"]), count(raw["prompt_tokens"]), count(raw["completion_tokens"]),
-		count(raw["input_tokens"]), count(raw["output_tokens"])}
+	if format == Anthropic {
+		u.input, u.output = count(raw["input_tokens"]), count(raw["output_tokens"])
+		u.cacheRead, u.cacheWrite = count(raw["cache_read_input_tokens"]), count(raw["cache_creation_input_tokens"])
+		return u, bad
+	}
+	u.total, u.prompt, u.completion = count(raw["total_tokens"]), count(raw["prompt_tokens"]), count(raw["completion_tokens"])
+	u.input, u.output = count(raw["input_tokens"]), count(raw["output_tokens"])
+	u.cached = cachedCount(raw["prompt_tokens_details"])
+	if u.cached == -1 {
+		u.cached = cachedCount(raw["input_tokens_details"])
+	}
 	return u, bad
 }
 
-// Tokens returns the count, in tokens, that the last usage object written so far reports for
-// which (Total, Prompt or Completion), and whether it reports one that can be charged: false
-// when no usage object was found, when the last one is bad (too long, not an object, or a count
-// present but not a non-negative integer), or when it lacks the count, and on a nil Scanner.
-// Total is total_tokens, else the prompt (or input) and completion (or output) counts added (at
-// most 2^63 − 1).
-func (s *Scanner) Tokens(which string) (int64, bool) {
+// parseCount parses r, a count of a usage object: -1 when absent or null; false when present
+// but not a non-negative integer of at most 2^63 − 1.
+func parseCount(r json.RawMessage) (int64, bool) {
+	if r == nil || string(r) == "null" {
+		return -1, true
+	}
+	if len(r) > 1 && r[0] == '0' || r[0] < '0' || r[0] > '9' {
+		return -1, false // a sign, a leading zero, a string, an object...
+	}
+	n, err := strconv.ParseInt(string(r), 10, 64)
+	if err != nil {
+		return -1, false // a fraction, an exponent, too large
+	}
+	return n, true
+}
+
+// cachedCount is the cached_tokens of details, an OpenAI usage's prompt_tokens_details or
+// input_tokens_details: -1 when absent (or details is not an object), badCount when present
+// but not a count.
+func cachedCount(details json.RawMessage) int64 {
+	var d map[string]json.RawMessage
+	if len(details) == 0 || details[0] != '{' || json.Unmarshal(details, &d) != nil {
+		return -1
+	}
+	n, ok := parseCount(d["cached_tokens"])
+	if !ok {
+		return badCount
+	}
+	return n
+}
+
+// fields are u's counts, in the order of fieldsPtr.
+func (u usageCounts) fields() [8]int64 {
+	return [8]int64{u.total, u.prompt, u.completion, u.input, u.output, u.cached, u.cacheRead, u.cacheWrite}
+}
+
+// fieldsPtr are pointers to u's counts, in the order of fields.
+func (u *usageCounts) fieldsPtr() [8]*int64 {
+	return [8]*int64{&u.total, &u.prompt, &u.completion, &u.input, &u.output, &u.cached, &u.cacheRead, &u.cacheWrite}
+}
+
+// counts are a usage's counts in one shape whatever its format; -1 where absent.
+type counts struct {
+	total                     int64 // total_tokens (OpenAI only)
+	in                        int64 // every input token: OpenAI's prompt (or input) count; Anthropic's three added
+	out                       int64 // completion_tokens or output_tokens
+	uncached, cached, written int64 // of in: neither read from nor written to the cache, read, written; for Weighted
+	cachedBad                 bool  // OpenAI's cached count is present but not a count
+}
+
+// counts returns the usage written so far in one shape, and whether there is one that can be
+// charged: false when none was found (Anthropic: no top-level usage), when it is bad, and on a
+// nil Scanner.
+func (s *Scanner) counts() (counts, bool) {
 	if s == nil || !s.found || s.bad {
-		return 0, false
+		return counts{}, false
 	}
 	u := s.last
+	if s.format == Anthropic {
+		c := counts{total: -1, in: -1, out: u.output, uncached: u.input, cached: max(u.cacheRead, 0), written: max(u.cacheWrite, 0)}
+		if u.input >= 0 {
+			c.in = addCapped(addCapped(u.input, c.cached), c.written)
+		}
+		return c, true
+	}
 	pick := func(a, b int64) int64 {
 		if a >= 0 {
 			return a
 		}
 		return b
 	}
+	c := counts{total: u.total, in: pick(u.prompt, u.input), out: pick(u.completion, u.output), cached: max(u.cached, 0), cachedBad: u.cached == badCount}
+	c.uncached = c.in - c.cached // negative (a usage that does not add up) when cached > in
+	return c, true
+}
+
+// addCapped returns a + b, at most 2^63 − 1, for a, b ≥ 0.
+func addCapped(a, b int64) int64 {
+	if n := a + b; n >= 0 {
+		return n
+	}
+	return math.MaxInt64
+}
+
+// Tokens returns the count, in tokens, that the usage written so far reports for which (Total,
+// Prompt or Completion), and whether it reports one that can be charged: false when no usage
+// was found (Anthropic: a stream cut short before its message_delta), when it is bad (too long,
+// not an object, or a count present but not a non-negative integer), or when it lacks the
+// count, and on a nil Scanner. Prompt is every input token: OpenAI's prompt_tokens (or
+// input_tokens), cached ones included; Anthropic's input_tokens, cache_read_input_tokens and
+// cache_creation_input_tokens added. Completion is completion_tokens (or output_tokens). Total
+// is total_tokens, else the prompt and completion counts added (at most 2^63 − 1).
+func (s *Scanner) Tokens(which string) (int64, bool) {
+	c, ok := s.counts()
+	if !ok {
+		return 0, false
+	}
 	var n int64
 	switch which {
 	case Prompt:
-		n = pick(u.prompt, u.input)
+		n = c.in
 	case Completion:
-		n = pick(u.completion, u.output)
+		n = c.out
 	default:
-		n = u.total
-		if in, out := pick(u.prompt, u.input), pick(u.completion, u.output); n < 0 && in >= 0 && out >= 0 {
-			n = in + out
-			if n < 0 {
-				n = math.MaxInt64
-			}
+		n = c.total
+		if n < 0 && c.in >= 0 && c.out >= 0 {
+			n = addCapped(c.in, c.out)
 		}
 	}
 	return n, n >= 0
+}
+
+// Weighted returns what the usage written so far is charged under w (Weights.Amount), and
+// whether it can be: as Tokens, it needs a usage that can be charged, with its input count and
+// its output count (or, when that is absent, a total from which the input is taken: an
+// embeddings response); OpenAI's cached count, when present, must be a count of at most the
+// input. An absent cache count is 0.
+func (s *Scanner) Weighted(w *Weights) (int64, bool) {
+	c, ok := s.counts()
+	if !ok || c.cachedBad || c.in < 0 || c.uncached < 0 {
+		return 0, false
+	}
+	out := c.out
+	if out < 0 && c.total >= c.in {
+		out = c.total - c.in
+	}
+	if out < 0 {
+		return 0, false
+	}
+	return w.Amount(c.uncached, c.cached, c.written, out), true
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"io"
 	"math"
+	"math/big"
 	"regexp"
 	"strconv"
 	"strings"
@@ -52,15 +53,39 @@ var usageCases = []usageCase{
 	{"stream: an event cut short does not carry into the next", true, "data: {\"a\":{\"b\":\"\n\ndata: {\"usage\":{\"total_tokens\":3}}\n\n", 3, -1, -1},
 }
 
-// scanUsage scans body in chunks of chunk bytes and returns the total, prompt and completion
-// counts it reads (-1: none) and the scanner.
-func scanUsage(sse bool, body string, chunk int) ([3]int64, *Scanner) {
-	s := NewScanner(sse)
+// anthropicCases are bodies of Anthropic's Messages API, and the counts the scanner must read
+// from them.
+var anthropicCases = []usageCase{
+	{"message", false, `{"id":"msg_1","type":"message","role":"assistant","content":[{"type":"text","text":"the \"usage\": {\"input_tokens\": 1}"}],"usage":{"input_tokens":100,"cache_creation_input_tokens":20,"cache_read_input_tokens":30,"output_tokens":50}}`, 200, 150, 50},
+	{"message without cache counts", false, `{"type":"message","usage":{"input_tokens":100,"output_tokens":50}}`, 150, 100, 50},
+	{"message, cache counts null", false, `{"type":"message","usage":{"input_tokens":7,"cache_creation_input_tokens":null,"cache_read_input_tokens":null,"output_tokens":5,"cache_creation":{"ephemeral_5m_input_tokens":0},"service_tier":"standard"}}`, 12, 7, 5},
+	{"stream", true, "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"content\":[],\"usage\":{\"input_tokens\":25,\"cache_creation_input_tokens\":0,\"cache_read_input_tokens\":10,\"output_tokens\":1}}}\n\nevent: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hi\"}}\n\nevent: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":15}}\n\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\n\n", 50, 35, 15},
+	{"stream, cumulative input in message_delta", true, "data: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":25,\"output_tokens\":1}}}\n\ndata: {\"type\":\"message_delta\",\"usage\":{\"input_tokens\":40,\"output_tokens\":9}}\n\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":15}}\n\n", 55, 40, 15},
+	{"stream cut short before message_delta", true, "data: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":25,\"output_tokens\":1}}}\n\ndata: {\"type\":\"content_block_delta\",\"delta\":{\"text\":\"Hi\"}}\n\n", -1, -1, -1},
+	{"stream without message_start", true, "data: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":15}}\n\n", -1, -1, 15},
+	{"a bad count anywhere", true, "data: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":-25}}}\n\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":15}}\n\n", -1, -1, -1},
+	{"a fraction", false, `{"usage":{"input_tokens":1.5,"output_tokens":1}}`, -1, -1, -1},
+	{"OpenAI's response object is not read", true, "data: {\"response\":{\"usage\":{\"input_tokens\":1,\"output_tokens\":1}}}\n\n", -1, -1, -1},
+	{"OpenAI's counts are not read", false, `{"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}`, -1, -1, -1},
+	{"reflected usage nested", false, `{"usage":{"input_tokens":9,"output_tokens":1},"content":[{"usage":{"input_tokens":0}}],"meta":{"usage":{"output_tokens":0}}}`, 10, 9, 1},
+	{"a message's nested usage", true, "data: {\"message\":{\"content\":{\"usage\":{\"input_tokens\":1}}}}\n\ndata: {\"usage\":{\"input_tokens\":3,\"output_tokens\":4}}\n\n", 7, 3, 4},
+	{"sum too large", false, `{"usage":{"input_tokens":9223372036854775807,"cache_read_input_tokens":5,"output_tokens":1}}`, math.MaxInt64, math.MaxInt64, 1},
+}
+
+// scanUsage scans body of format in chunks of chunk bytes and returns the total, prompt and
+// completion counts it reads (-1: none) and the scanner.
+func scanUsage(format Format, sse bool, body string, chunk int) ([3]int64, *Scanner) {
+	s := NewScanner(format, sse)
 	for b := body; b != ""; {
 		n := min(chunk, len(b))
 		_, _ = s.Write([]byte(b[:n]))
 		b = b[n:]
 	}
+	return tokens(s), s
+}
+
+// tokens returns the total, prompt and completion counts s reads (-1: none).
+func tokens(s *Scanner) [3]int64 {
 	var got [3]int64
 	for i, which := range []string{Total, Prompt, Completion} {
 		n, ok := s.Tokens(which)
@@ -69,25 +94,72 @@ func scanUsage(sse bool, body string, chunk int) ([3]int64, *Scanner) {
 		}
 		got[i] = n
 	}
-	return got, s
+	return got
 }
 
 // TestUsageScanner: the usage of a body, whatever the chunking, in the shapes of chat
-// completions (JSON and stream) and of the Responses API; a usage object anywhere but the top
-// level (or a Responses API event's response) is not one; a count that is negative or not an
-// integer makes the usage one that cannot be charged.
+// completions (JSON and stream) and of the Responses API, and of Anthropic's Messages API (JSON,
+// and a stream whose counts come in message_start and message_delta); a usage object anywhere
+// but the top level (or a Responses API event's response, an Anthropic event's message) is not
+// one; a count that is negative or not an integer makes the usage one that cannot be charged.
 func TestUsageScanner(t *testing.T) {
 	t.Parallel()
-	for _, tc := range usageCases {
-		want := [3]int64{tc.total, tc.prompt, tc.completion}
-		for _, chunk := range []int{1, 3, 64, 1 << 20} {
-			got, s := scanUsage(tc.sse, tc.body, chunk)
-			if got != want {
-				t.Errorf("%s, chunks of %d: total, prompt, completion = %v; want %v", tc.name, chunk, got, want)
+	for format, cases := range map[Format][]usageCase{OpenAI: usageCases, Anthropic: anthropicCases} {
+		for _, tc := range cases {
+			want := [3]int64{tc.total, tc.prompt, tc.completion}
+			for _, chunk := range []int{1, 3, 64, 1 << 20} {
+				got, s := scanUsage(format, tc.sse, tc.body, chunk)
+				if got != want {
+					t.Errorf("format %d, %s, chunks of %d: total, prompt, completion = %v; want %v", format, tc.name, chunk, got, want)
+				}
+				if cap(s.buf) > 2*maxUsageBytes || cap(s.key) > 2*maxKeyBytes {
+					t.Errorf("%s: kept %d + %d bytes", tc.name, cap(s.buf), cap(s.key))
+				}
 			}
-			if cap(s.buf) > 2*maxUsageBytes || cap(s.key) > 2*maxKeyBytes {
-				t.Errorf("%s: kept %d + %d bytes", tc.name, cap(s.buf), cap(s.key))
-			}
+		}
+	}
+}
+
+// testWeights are the weights of the tests: prompt 1, completion 4, cached 0.1, cache_write 1.25.
+var testWeights = &Weights{Prompt: big.NewRat(1, 1), Completion: big.NewRat(4, 1), Cached: big.NewRat(1, 10), CacheWrite: big.NewRat(5, 4)}
+
+// TestWeighted: what a usage is charged under weights (prompt 1, completion 4, cached 0.1,
+// cache_write 1.25), rounded up exactly; OpenAI's cached tokens are part of its prompt count,
+// Anthropic's are not part of its input_tokens; an embeddings usage (no completion count) has
+// the total less the prompt as its completion; a usage whose cached tokens exceed its prompt, or
+// whose cached count is not a count, cannot be charged.
+func TestWeighted(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		format Format
+		sse    bool
+		body   string
+		want   int64 // -1: cannot be charged
+	}{
+		{"chat, no cache", OpenAI, false, `{"usage":{"prompt_tokens":100,"completion_tokens":50,"total_tokens":150}}`, 300},
+		{"chat, 30 cached: 70 + 3 + 200", OpenAI, false, `{"usage":{"prompt_tokens":100,"completion_tokens":50,"total_tokens":150,"prompt_tokens_details":{"cached_tokens":30,"audio_tokens":0}}}`, 273},
+		{"chat, 31 cached: 69 + 3.1 + 200, rounded up", OpenAI, false, `{"usage":{"prompt_tokens":100,"completion_tokens":50,"prompt_tokens_details":{"cached_tokens":31}}}`, 273},
+		{"chat, every prompt token cached: 30 × 0.1 is exactly 3", OpenAI, false, `{"usage":{"prompt_tokens":30,"completion_tokens":0,"prompt_tokens_details":{"cached_tokens":30}}}`, 3},
+		{"chat, cached null", OpenAI, false, `{"usage":{"prompt_tokens":10,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":null}}}`, 14},
+		{"chat stream", OpenAI, true, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":10,\"completion_tokens\":1,\"prompt_tokens_details\":{\"cached_tokens\":10}}}\n\ndata: [DONE]\n\n", 5},
+		{"responses, cached in input_tokens_details", OpenAI, true, "data: {\"type\":\"response.completed\",\"response\":{\"usage\":{\"input_tokens\":40,\"input_tokens_details\":{\"cached_tokens\":20},\"output_tokens\":2,\"output_tokens_details\":{\"reasoning_tokens\":1},\"total_tokens\":42}}}\n\n", 30},
+		{"embeddings: total less prompt", OpenAI, false, `{"object":"list","usage":{"prompt_tokens":8,"total_tokens":8}}`, 8},
+		{"no prompt count", OpenAI, false, `{"usage":{"total_tokens":8}}`, -1},
+		{"cached above the prompt", OpenAI, false, `{"usage":{"prompt_tokens":10,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":11}}}`, -1},
+		{"cached a string", OpenAI, false, `{"usage":{"prompt_tokens":10,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":"1"}}}`, -1},
+		{"anthropic: 100 + 3 + 25 + 200", Anthropic, false, `{"usage":{"input_tokens":100,"cache_creation_input_tokens":20,"cache_read_input_tokens":30,"output_tokens":50}}`, 328},
+		{"anthropic stream", Anthropic, true, "data: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":25,\"cache_read_input_tokens\":10,\"output_tokens\":1}}}\n\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":15}}\n\n", 86},
+		{"anthropic stream cut short", Anthropic, true, "data: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":25,\"output_tokens\":1}}}\n\n", -1},
+		{"huge: at most 2^63 − 1", OpenAI, false, `{"usage":{"prompt_tokens":9223372036854775807,"completion_tokens":9223372036854775807}}`, math.MaxInt64},
+	} {
+		_, s := scanUsage(tc.format, tc.sse, tc.body, 7)
+		got, ok := s.Weighted(testWeights)
+		if !ok {
+			got = -1
+		}
+		if got != tc.want {
+			t.Errorf("%s: weighted %d, want %d", tc.name, got, tc.want)
 		}
 	}
 }
@@ -96,50 +168,110 @@ func TestUsageScanner(t *testing.T) {
 // scanner reads the same counts as with one write, and keeps at most its bounds; for a body that
 // is one valid JSON document, it reads what encoding/json finds at the places the scanner reads
 // (the last object value of a top-level "usage", or of "usage" in a top-level "response"
-// object), with the same rules for the counts.
+// object), with the same rules for the counts, and weighs them as big.Rat arithmetic does.
 func FuzzUsage(f *testing.F) {
 	for _, tc := range usageCases {
 		f.Add([]byte(tc.body), uint16(len(tc.body)/2))
 	}
-	f.Fuzz(func(t *testing.T, body []byte, split uint16) {
-		for _, sse := range []bool{false, true} {
-			whole, s := scanUsage(sse, string(body), len(body)+1)
-			at := int(split) % (len(body) + 1)
-			s2 := NewScanner(sse)
-			_, _ = s2.Write(body[:at])
-			_, _ = s2.Write(body[at:])
-			for i, which := range []string{Total, Prompt, Completion} {
-				n, ok := s2.Tokens(which)
-				if !ok {
-					n = -1
-				}
-				if n != whole[i] {
-					t.Fatalf("sse %v: %s = %d written at once, %d split at %d", sse, which, whole[i], n, at)
-				}
-			}
-			if cap(s.buf) > 2*maxUsageBytes || cap(s.key) > 2*maxKeyBytes || cap(s2.buf) > 2*maxUsageBytes {
-				t.Fatalf("kept %d, %d, %d bytes", cap(s.buf), cap(s.key), cap(s2.buf))
-			}
-			if sse || !json.Valid(body) {
-				continue
-			}
-			if want := referenceUsage(body); whole != want {
-				t.Fatalf("scanner: %v, encoding/json: %v", whole, want)
-			}
+	f.Fuzz(func(t *testing.T, body []byte, split uint16) { fuzzScanner(t, OpenAI, body, split) })
+}
+
+// FuzzAnthropicUsage is FuzzUsage for Anthropic's format: each count is the last found in a
+// top-level "usage" object or the "usage" of a top-level "message" object, in document order,
+// and a usage needs a top-level one.
+func FuzzAnthropicUsage(f *testing.F) {
+	for _, tc := range anthropicCases {
+		f.Add([]byte(tc.body), uint16(len(tc.body)/2))
+	}
+	f.Fuzz(func(t *testing.T, body []byte, split uint16) { fuzzScanner(t, Anthropic, body, split) })
+}
+
+// fuzzScanner checks the scanner of format on body split at split (FuzzUsage).
+func fuzzScanner(t *testing.T, format Format, body []byte, split uint16) {
+	for _, sse := range []bool{false, true} {
+		whole, s := scanUsage(format, sse, string(body), len(body)+1)
+		wholeW, okW := s.Weighted(testWeights)
+		at := int(split) % (len(body) + 1)
+		s2 := NewScanner(format, sse)
+		_, _ = s2.Write(body[:at])
+		_, _ = s2.Write(body[at:])
+		if got := tokens(s2); got != whole {
+			t.Fatalf("sse %v: counts %v written at once, %v split at %d", sse, whole, got, at)
 		}
-	})
+		if w, ok := s2.Weighted(testWeights); w != wholeW || ok != okW {
+			t.Fatalf("sse %v: weighted %d %v written at once, %d %v split at %d", sse, wholeW, okW, w, ok, at)
+		}
+		if cap(s.buf) > 2*maxUsageBytes || cap(s.key) > 2*maxKeyBytes || cap(s2.buf) > 2*maxUsageBytes {
+			t.Fatalf("kept %d, %d, %d bytes", cap(s.buf), cap(s.key), cap(s2.buf))
+		}
+		if sse || !json.Valid(body) {
+			continue
+		}
+		want, wantW := referenceUsage(format, body)
+		if !okW {
+			wholeW = -1
+		}
+		if whole != want || wholeW != wantW {
+			t.Fatalf("scanner: %v weighted %d, encoding/json: %v weighted %d", whole, wholeW, want, wantW)
+		}
+	}
 }
 
 var jsonInteger = regexp.MustCompile(`^(0|[1-9][0-9]*)$`)
 
-// referenceUsage reads the counts of body, one valid JSON document, with encoding/json: the last
-// object value of "usage" in the top-level object, or in its "response" objects, in document
-// order.
-func referenceUsage(body []byte) [3]int64 {
+// referenceUsage reads the total, prompt and completion counts of body, one valid JSON document,
+// in format, with encoding/json, and what they weigh under testWeights (-1: none): the object
+// values of "usage" in the top-level object, or in its "response" (OpenAI) or "message"
+// (Anthropic) objects, in document order; OpenAI's last decides, Anthropic's counts each keep
+// their last value and need a top-level usage.
+func referenceUsage(format Format, body []byte) ([3]int64, int64) {
 	none := [3]int64{-1, -1, -1}
-	var last json.RawMessage
-	var walk func(doc json.RawMessage, inner bool)
-	walk = func(doc json.RawMessage, inner bool) {
+	inner := "response"
+	names := []string{"total_tokens", "prompt_tokens", "completion_tokens", "input_tokens", "output_tokens"}
+	if format == Anthropic {
+		inner = "message"
+		names = []string{"input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"}
+	}
+	c := make([]int64, len(names)+1) // the counts of names, then OpenAI's cached; -1 absent
+	for i := range c {
+		c[i] = -1
+	}
+	found, bad, cachedBad := false, false, false
+	take := func(v json.RawMessage, top bool) {
+		dec := json.NewDecoder(bytes.NewReader(v))
+		dec.UseNumber()
+		var m map[string]any
+		if len(v) > maxUsageBytes || dec.Decode(&m) != nil {
+			bad = true
+			return
+		}
+		u := make([]int64, len(c))
+		for i, name := range names {
+			u[i] = refCount(m[name], &bad)
+		}
+		u[len(names)] = -1
+		if format == OpenAI {
+			for _, d := range []string{"prompt_tokens_details", "input_tokens_details"} {
+				if details, ok := m[d].(map[string]any); ok && u[len(names)] == -1 {
+					b := false
+					if u[len(names)] = refCount(details["cached_tokens"], &b); b {
+						u[len(names)] = -2
+					}
+				}
+			}
+			copy(c, u)
+			found, cachedBad = true, u[len(names)] == -2
+			return
+		}
+		for i, n := range u {
+			if n >= 0 {
+				c[i] = n
+			}
+		}
+		found = found || top
+	}
+	var walk func(doc json.RawMessage, top bool)
+	walk = func(doc json.RawMessage, top bool) {
 		dec := json.NewDecoder(bytes.NewReader(doc))
 		if t, err := dec.Token(); err != nil || t != json.Delim('{') {
 			return
@@ -153,52 +285,92 @@ func referenceUsage(body []byte) [3]int64 {
 			}
 			switch k, _ := t.(string); {
 			case k == "usage":
-				last = v
-			case k == "response" && !inner:
-				walk(v, true)
+				if format == OpenAI {
+					bad = false // the last decides
+				}
+				take(v, top)
+			case k == inner && top:
+				walk(v, false)
 			}
 		}
 	}
-	walk(body, false)
-	if last == nil || len(last) > maxUsageBytes {
-		return none
+	walk(body, true)
+	if !found || bad {
+		return none, -1
 	}
-	dec := json.NewDecoder(bytes.NewReader(last))
-	dec.UseNumber()
-	var m map[string]any
-	if dec.Decode(&m) != nil {
-		return none
-	}
-	var c [5]int64
-	for i, name := range []string{"total_tokens", "prompt_tokens", "completion_tokens", "input_tokens", "output_tokens"} {
-		c[i] = -1
-		switch v := m[name].(type) {
-		case nil:
-		case json.Number:
-			n, err := strconv.ParseInt(string(v), 10, 64)
-			if !jsonInteger.MatchString(string(v)) || err != nil {
-				return none
+	var total, in, out, uncached, cached, written int64
+	if format == Anthropic {
+		total, in, out, uncached = -1, -1, c[1], c[0]
+		cached, written = max(c[2], 0), max(c[3], 0)
+		if c[0] >= 0 {
+			in = addCapped(addCapped(c[0], cached), written)
+		}
+	} else {
+		either := func(a, b int64) int64 {
+			if a >= 0 {
+				return a
 			}
-			c[i] = n
-		default:
-			return none
+			return b
 		}
+		total, in, out, cached = c[0], either(c[1], c[3]), either(c[2], c[4]), max(c[5], 0)
+		uncached = in - cached
 	}
-	either := func(a, b int64) int64 {
-		if a >= 0 {
-			return a
-		}
-		return b
-	}
-	in, out := either(c[1], c[3]), either(c[2], c[4])
-	total := c[0]
 	if total < 0 && in >= 0 && out >= 0 {
-		total = in + out
-		if total < 0 {
-			total = math.MaxInt64
+		total = addCapped(in, out)
+	}
+	weighted := int64(-1)
+	if out < 0 && total >= in {
+		out = total - in
+	}
+	if !cachedBad && in >= 0 && uncached >= 0 && out >= 0 {
+		sum := new(big.Rat)
+		for _, term := range []struct {
+			w *big.Rat
+			n int64
+		}{{testWeights.Prompt, uncached}, {testWeights.Cached, cached}, {testWeights.CacheWrite, written}, {testWeights.Completion, out}} {
+			sum.Add(sum, new(big.Rat).Mul(term.w, new(big.Rat).SetInt64(term.n)))
+		}
+		weighted = math.MaxInt64
+		if q := new(big.Int).Add(new(big.Int).Quo(sum.Num(), sum.Denom()), big.NewInt(0)); !sum.IsInt() {
+			q.Add(q, big.NewInt(1))
+			if q.IsInt64() {
+				weighted = q.Int64()
+			}
+		} else if q.IsInt64() {
+			weighted = q.Int64()
 		}
 	}
-	return [3]int64{total, in, out}
+	return [3]int64{total, in, tokensOut(c, format)}, weighted
+}
+
+// tokensOut is the completion count of the reference counts c of format.
+func tokensOut(c []int64, format Format) int64 {
+	if format == Anthropic {
+		return c[1]
+	}
+	if c[2] >= 0 {
+		return c[2]
+	}
+	return c[4]
+}
+
+// refCount reads one count of a usage object as encoding/json decoded it (UseNumber): -1 when
+// absent or null; bad is set when it is present but not a non-negative integer of at most
+// 2^63 − 1.
+func refCount(v any, bad *bool) int64 {
+	switch v := v.(type) {
+	case nil:
+		return -1
+	case json.Number:
+		n, err := strconv.ParseInt(string(v), 10, 64)
+		if !jsonInteger.MatchString(string(v)) || err != nil {
+			*bad = true
+			return -1
+		}
+		return n
+	}
+	*bad = true
+	return -1
 }
 
 var _ io.Writer = (*Scanner)(nil)

@@ -1,0 +1,256 @@
+package ratelimitredis
+
+// Per-client overrides through the admin API: PUT, GET and DELETE
+// /rate_limit_redis/override?zone=<name>&key=<key>, for zones with `overrides`. The numbers are
+// stored in Redis (limiter.SetOverride) and read by the decision script in the decision's own
+// call, so every instance's next decision uses them.
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/limiter"
+)
+
+// maxOverrideBody bounds the JSON body of PUT /rate_limit_redis/override.
+const maxOverrideBody = 16 << 10
+
+// maxOverrideTTL bounds expires_in: the longest window a zone may have.
+const maxOverrideTTL = limiter.MaxWindow
+
+// overrideBody is the JSON body of PUT /rate_limit_redis/override: any of the zone's numbers
+// that apply to its algorithm, each as the zone's JSON takes it (a number, or a string in the
+// Caddyfile's syntax: "100/1m", "1h"; a window as a JSON number is nanoseconds), and how long
+// the override lasts.
+type overrideBody struct {
+	Capacity   Number `json:"capacity"`
+	RefillRate Number `json:"refill_rate"`
+	Limit      Number `json:"limit"`
+	Window     Number `json:"window"`
+	MaxCost    Number `json:"max_cost"`
+	// How long the override lasts (a duration string, or nanoseconds); absent: until it is
+	// deleted.
+	ExpiresIn caddy.Duration `json:"expires_in"`
+}
+
+// number returns the body's number f.
+func (b *overrideBody) number(f numField) Number {
+	return [numFields]Number{b.Capacity, b.RefillRate, b.Limit, b.Window, b.MaxCost}[f]
+}
+
+// overrideState is one entry of the replies of /rate_limit_redis/override.
+type overrideState struct {
+	// The zone's name and the client key, as given.
+	Zone string `json:"zone"`
+	Key  string `json:"key"`
+	// Which of the zone's key candidates the key is of, counted from 1.
+	Candidate int `json:"candidate"`
+	// The Redis key of the override (a hash), the Redis addresses and database.
+	RedisKey string   `json:"redis_key"`
+	Redis    []string `json:"redis"`
+	DB       int      `json:"db,omitempty"`
+	// Whether the client has an override (GET), had one (DELETE: deleted), or now has this one
+	// (PUT).
+	Exists bool `json:"exists"`
+	// The override's numbers (absent: the zone's own apply): tokens, tokens per second,
+	// requests, milliseconds, tokens or slots.
+	Capacity   int64   `json:"capacity,omitempty"`
+	RefillRate float64 `json:"refill_rate,omitempty"`
+	Limit      int64   `json:"limit,omitempty"`
+	WindowMs   int64   `json:"window_ms,omitempty"`
+	MaxCost    int64   `json:"max_cost,omitempty"`
+	// Milliseconds until the override ends; absent when it lasts until it is deleted.
+	ExpiresInMs int64 `json:"expires_in_ms,omitempty"`
+	// PUT and DELETE: whether the change was announced to the other instances, which then
+	// forget their cached denials of the client at once (else within their deny cache's
+	// max_age); broadcast_error says why not.
+	Broadcast      *bool  `json:"broadcast,omitempty"`
+	BroadcastError string `json:"broadcast_error,omitempty"`
+}
+
+// handleOverride serves PUT (set), GET (read) and DELETE (remove)
+// /rate_limit_redis/override?zone=&key=. Every loaded zone of that name must have overrides
+// (else 400). A PUT's body is validated against each such zone as the Caddyfile's numbers are
+// (same ranges, same errors; a 400 naming the field) before anything is written.
+func (a *AdminAPI) handleOverride(w http.ResponseWriter, r *http.Request) error {
+	if r.Method != http.MethodGet && r.Method != http.MethodPut && r.Method != http.MethodDelete {
+		w.Header().Set("Allow", "GET, PUT, DELETE")
+		return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: fmt.Errorf("method %s not allowed: use GET, PUT or DELETE", r.Method)}
+	}
+	q := r.URL.Query()
+	zone, key := q.Get("zone"), q.Get("key")
+	if zone == "" || key == "" {
+		return badRequest(errors.New("query parameters zone and key are required"))
+	}
+	if n, _ := limiter.ParseCandidateKey(key); n == limiter.KeyedCandidate {
+		return badRequest(errors.New("key: candidates are counted from 1 (0= is no client key's): give the key as {http.rate_limit_redis.key} shows it"))
+	}
+	ts := a.registry().targets(zone)
+	if len(ts) == 0 {
+		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("no rate_limit_redis zone named %q is loaded", zone)}
+	}
+	for _, t := range ts {
+		if !t.z.Overrides {
+			return badRequest(fmt.Errorf("zone %s has no overrides: add `overrides` to its block to set a client's numbers at run time", zone))
+		}
+	}
+	var body overrideBody
+	overrides := make([]limiter.Override, len(ts))
+	if r.Method == http.MethodPut {
+		if err := readOverrideBody(r, &body); err != nil {
+			return badRequest(err)
+		}
+		for i, t := range ts {
+			o, err := t.z.override(&body)
+			if err != nil {
+				return badRequest(err)
+			}
+			overrides[i] = o
+		}
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), adminTimeout)
+	defer cancel()
+	out := []overrideState{}
+	seen := make(map[string]bool)
+	candidate, _ := limiter.ParseCandidateKey(key)
+	for i, t := range ts {
+		lk := t.h.limiterKey(key)
+		redisKey := limiter.OverrideKey(t.h.KeyPrefix, &t.z.lz, lk)
+		if seen[t.redisID+"|"+redisKey] {
+			if r.Method != http.MethodGet {
+				t.h.limiter.Forget(&t.z.lz, lk) // written already: only this handler's deny cache is left
+			}
+			continue
+		}
+		seen[t.redisID+"|"+redisKey] = true
+		st := overrideState{Zone: t.z.Name, Key: key, Candidate: candidate, RedisKey: redisKey, Redis: t.redis, DB: t.h.Redis.DB}
+		var err error
+		switch r.Method {
+		case http.MethodPut:
+			err = t.h.limiter.SetOverride(ctx, &t.z.lz, lk, overrides[i], time.Duration(body.ExpiresIn))
+			if err == nil || errors.Is(err, limiter.ErrNotBroadcast) {
+				st.Exists = true
+				st.set(overrides[i], time.Duration(body.ExpiresIn))
+			}
+		case http.MethodDelete:
+			st.Exists, err = t.h.limiter.DeleteOverride(ctx, &t.z.lz, lk)
+		default:
+			var o limiter.Override
+			var ttl time.Duration
+			o, ttl, st.Exists, err = t.h.limiter.GetOverride(ctx, &t.z.lz, lk)
+			st.set(o, ttl)
+		}
+		if r.Method != http.MethodGet {
+			ok := !errors.Is(err, limiter.ErrNotBroadcast)
+			if !ok {
+				st.BroadcastError, err = err.Error(), nil
+			}
+			st.Broadcast = &ok
+		}
+		if err != nil {
+			return redisError(err)
+		}
+		out = append(out, st)
+	}
+	return writeJSON(w, out)
+}
+
+// set fills in the override's numbers and how long it lasts.
+func (st *overrideState) set(o limiter.Override, ttl time.Duration) {
+	st.Capacity, st.RefillRate, st.Limit, st.MaxCost = o.Capacity, o.RefillRate, o.Limit, o.MaxCost
+	st.WindowMs = ceilMs(o.Window)
+	if ttl > 0 {
+		st.ExpiresInMs = ceilMs(ttl)
+	}
+}
+
+// readOverrideBody decodes r's body, a JSON object of overrideBody's fields only.
+func readOverrideBody(r *http.Request, body *overrideBody) error {
+	data, err := io.ReadAll(io.LimitReader(r.Body, maxOverrideBody+1))
+	if err != nil {
+		return fmt.Errorf("reading the body: %w", err)
+	}
+	if len(data) > maxOverrideBody {
+		return fmt.Errorf("the body is larger than %d bytes", maxOverrideBody)
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(body); err != nil {
+		return fmt.Errorf("the body must be a JSON object of the zone's numbers (capacity, refill_rate, limit, window, max_cost) and expires_in: %w", err)
+	}
+	if dec.More() {
+		return errors.New("the body must be one JSON object")
+	}
+	switch {
+	case body.ExpiresIn < 0:
+		return fmt.Errorf("expires_in %s must be > 0 (leave it out for an override that lasts until it is deleted)", time.Duration(body.ExpiresIn))
+	case time.Duration(body.ExpiresIn) > maxOverrideTTL:
+		return fmt.Errorf("expires_in %s is out of range (at most %s)", time.Duration(body.ExpiresIn), formatDuration(maxOverrideTTL))
+	}
+	return nil
+}
+
+// override returns the limiter.Override of body's numbers for zone z, checked as the
+// Caddyfile's numbers are: each parsed with its field's grammar and range, then the zone with
+// them in place of its own (a placeholder's fallback standing for its value) against the same
+// rules (a number of another algorithm, a max_cost above the quota, a cost above it). Its error
+// is a *limiter.FieldError naming the field.
+func (z *Zone) override(body *overrideBody) (limiter.Override, error) {
+	lz := z.probe(z.lz)
+	var o limiter.Override
+	for f := range numFields {
+		n := body.number(f)
+		if n.IsZero() {
+			continue
+		}
+		if p, _ := n.placeholder(); p {
+			return o, z.fieldError(f.String(), "%s: an override is a number, not a placeholder", f)
+		}
+		v, _, err := n.parse(f, lz.Algorithm)
+		if err != nil {
+			return o, z.fieldError(f.String(), "%s: %v", f, err)
+		}
+		setLimiterNumber(&lz, f, v)
+		switch f {
+		case numCapacity:
+			o.Capacity = v.n
+		case numRefillRate:
+			o.RefillRate = v.rate
+		case numLimit:
+			o.Limit = v.n
+		case numWindow:
+			if v.dur%time.Microsecond != 0 {
+				return o, z.fieldError("window", "window %s: an override's window is whole microseconds", v.dur)
+			}
+			o.Window = v.dur
+		case numMaxCost:
+			o.MaxCost = v.n
+		}
+	}
+	if o.IsZero() {
+		return o, &limiter.FieldError{Zone: z.Name, Msg: "an override sets at least one of the zone's numbers"}
+	}
+	if o.MaxCost == 0 && lz.MaxCost > lz.Quota() {
+		lz.MaxCost = lz.Quota() // the zone's max_cost counts as the quota in force (decide.lua)
+	}
+	if err := lz.Validate(); err != nil {
+		return o, err
+	}
+	if err := z.validateTogether(lz, z.fixedCost); err != nil {
+		return o, err
+	}
+	return o, nil
+}
+
+// badRequest is the admin API's 400 with err.
+func badRequest(err error) error {
+	return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
+}

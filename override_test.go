@@ -1,0 +1,199 @@
+package ratelimitredis
+
+import (
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
+)
+
+// overrideInstances starts n instances (handlers of their own, served over HTTP, each with its
+// own admin API) sharing redis (addrs; cluster for Redis Cluster), with zones.
+func overrideInstances(t *testing.T, n int, addrs []string, cluster bool, zones func() []*Zone) (urls []string, admins []*AdminAPI) {
+	t.Helper()
+	ok := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		_, err := io.WriteString(w, "ok")
+		return err
+	})
+	for range n {
+		h, s := slotInstance(t, &Handler{Redis: &RedisConfig{Addresses: addrs, Cluster: cluster}, Headers: HeadersLegacy, Zones: zones()}, ok)
+		urls = append(urls, s.URL)
+		admins = append(admins, &AdminAPI{live: h.live})
+	}
+	return urls, admins
+}
+
+// getKey sends a request as the client of key on url and returns its status and
+// X-RateLimit-Limit.
+func getKey(t *testing.T, url, key string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("X-API-Key", key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode, resp.Header.Get("X-RateLimit-Limit")
+}
+
+// adminOverride calls the admin API's override endpoint of a and returns the status and body.
+func adminOverride(t *testing.T, a *AdminAPI, method, query, body string) (int, string) {
+	t.Helper()
+	w := httptest.NewRecorder()
+	err := a.handleOverride(w, httptest.NewRequest(method, "/rate_limit_redis/override?"+query, strings.NewReader(body)))
+	if err != nil {
+		var ae caddy.APIError
+		if errors.As(err, &ae) {
+			return ae.HTTPStatus, err.Error()
+		}
+		return http.StatusInternalServerError, err.Error()
+	}
+	return http.StatusOK, w.Body.String()
+}
+
+func apiZone(bucket bool) *Zone {
+	z := &Zone{Name: "api", Key: []string{"{http.request.header.X-API-Key}"}, Overrides: true}
+	if bucket {
+		z.Capacity, z.RefillRate = NumberOf(2), NumberOf(1.0/3600)
+	} else {
+		z.Algorithm, z.Limit, z.Window = slidingWindowName, NumberOf(2), NumberOf(time.Hour)
+	}
+	return z
+}
+
+// expectStatuses sends one request per want on urls in turn (the client key) and checks each
+// status and X-RateLimit-Limit.
+func expectStatuses(t *testing.T, step string, urls []string, key string, limit string, want ...int) {
+	t.Helper()
+	for i, w := range want {
+		code, lim := getKey(t, urls[i%len(urls)], key)
+		if code != w || lim != limit {
+			t.Fatalf("%s: request %d on instance %d: %d with X-RateLimit-Limit %q, want %d and %q", step, i+1, i%len(urls), code, lim, w, limit)
+		}
+	}
+}
+
+// testOverrideAcrossInstances: an override set on one instance's admin API changes the next
+// decision on another; its DELETE, and its expiry, restore the zone's numbers.
+func testOverrideAcrossInstances(t *testing.T, addrs []string, cluster bool) {
+	for _, bucket := range []bool{true, false} {
+		name := "sliding_window"
+		if bucket {
+			name = "token_bucket"
+		}
+		t.Run(name, func(t *testing.T) {
+			urls, admins := overrideInstances(t, 3, addrs, cluster, func() []*Zone { return []*Zone{apiZone(bucket)} })
+			key := "alice-" + name
+			expectStatuses(t, "the zone's numbers", urls, key, "2", 200, 200, 429)
+			raise := `{"capacity": 5}`
+			if !bucket {
+				raise = `{"limit": 5}`
+			}
+			if code, body := adminOverride(t, admins[1], http.MethodPut, "zone=api&key="+key, raise); code != 200 {
+				t.Fatalf("PUT override: %d %s", code, body)
+			}
+			// The next decision, on another instance, uses the override: 3 more, then denied.
+			// (Instance 2 denied the client last: its deny cache may answer until the PUT's
+			// broadcast reaches it, within its max_age.)
+			expectStatuses(t, "raised to 5 on instance 1", urls[:2], key, "5", 200, 200, 200, 429)
+			if code, body := adminOverride(t, admins[2], http.MethodGet, "zone=api&key="+key, ""); code != 200 || !strings.Contains(body, `"exists":true`) {
+				t.Fatalf("GET override: %d %s", code, body)
+			}
+			if code, body := adminOverride(t, admins[0], http.MethodDelete, "zone=api&key="+key, ""); code != 200 || !strings.Contains(body, `"exists":true`) {
+				t.Fatalf("DELETE override: %d %s", code, body)
+			}
+			expectStatuses(t, "deleted: the zone's 2 again", urls[1:], key, "2", 429)
+			// A temporary raise: admitted while it lasts, the zone's numbers once it expires.
+			raise = `{"capacity": 10, "expires_in": "300ms"}`
+			if !bucket {
+				raise = `{"limit": 10, "expires_in": "300ms"}`
+			}
+			if code, body := adminOverride(t, admins[0], http.MethodPut, "zone=api&key="+key, raise); code != 200 {
+				t.Fatalf("PUT temporary override: %d %s", code, body)
+			}
+			expectStatuses(t, "raised to 10 for 300ms", urls[:1], key, "10", 200)
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				code, lim := getKey(t, urls[1], key)
+				if code == 429 && lim == "2" {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("10s after a 300ms override: %d with X-RateLimit-Limit %q, want 429 and 2", code, lim)
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+		})
+	}
+}
+
+func TestOverrideAcrossInstances(t *testing.T) {
+	srv := redistest.Start(t)
+	testOverrideAcrossInstances(t, []string{srv.Addr}, false)
+}
+
+func TestOverrideOnCluster(t *testing.T) {
+	c := redistest.StartCluster(t, 3)
+	testOverrideAcrossInstances(t, c.Addrs(), true)
+}
+
+// TestOverrideCut: an override may lower a client's numbers: the cut client is denied, the
+// others keep the zone's.
+func TestOverrideCut(t *testing.T) {
+	srv := redistest.Start(t)
+	urls, admins := overrideInstances(t, 2, []string{srv.Addr}, false, func() []*Zone { return []*Zone{apiZone(true)} })
+	if code, body := adminOverride(t, admins[0], http.MethodPut, "zone=api&key=abuser", `{"capacity": 1, "refill_rate": "1/1h"}`); code != 200 {
+		t.Fatalf("PUT: %d %s", code, body)
+	}
+	expectStatuses(t, "cut to 1", urls, "abuser", "1", 200, 429)
+	expectStatuses(t, "another client", urls, "bob", "2", 200, 200, 429)
+}
+
+// TestOverrideBadBody: an override is validated as the Caddyfile's numbers are; a bad body is a
+// 400 that names the field, and nothing is written.
+func TestOverrideBadBody(t *testing.T) {
+	srv := redistest.Start(t)
+	_, admins := overrideInstances(t, 1, []string{srv.Addr}, false, func() []*Zone {
+		plain := &Zone{Name: "plain", Capacity: NumberOf(2), RefillRate: NumberOf(1.0)}
+		return []*Zone{apiZone(true), plain}
+	})
+	for _, c := range []struct{ query, body, want string }{
+		{"zone=api&key=a", `{"capacity": 0.5}`, `zone api: capacity: "0.5" is not an integer`},
+		{"zone=api&key=a", `{"capacity": 9007199254740993}`, "zone api: capacity: \"9007199254740993\" is out of range (1 to 9007199254740992)"},
+		{"zone=api&key=a", `{"limit": 5}`, "zone api: limit belongs to algorithm sliding_window, not token_bucket"},
+		{"zone=api&key=a", `{"refill_rate": "x/1m"}`, `zone api: refill_rate: "x/1m" is not a number of tokens`},
+		{"zone=api&key=a", `{"max_cost": 3}`, "zone api: max_cost 3 is larger than capacity 2"},
+		{"zone=api&key=a", `{"capacity": "{http.vars.plan}"}`, "zone api: capacity: an override is a number, not a placeholder"},
+		{"zone=api&key=a", `{"capacity": 5, "burst": 1}`, `unknown field "burst"`},
+		{"zone=api&key=a", `{}`, "zone api: an override sets at least one of the zone's numbers"},
+		{"zone=api&key=a", `{"capacity": 5, "expires_in": "-1s"}`, "expires_in -1s must be > 0"},
+		{"zone=plain&key=a", `{"capacity": 5}`, "zone plain has no overrides"},
+	} {
+		code, body := adminOverride(t, admins[0], http.MethodPut, c.query, c.body)
+		if code != 400 || !strings.Contains(body, c.want) {
+			t.Errorf("PUT %s %s: %d %s, want 400 with %q", c.query, c.body, code, body, c.want)
+		}
+	}
+	if keys := srv.Do("KEYS", "*ov"); len(keys.([]any)) != 0 {
+		t.Fatalf("keys after bad bodies: %v, want none", keys)
+	}
+	var st []overrideState
+	_, body := adminOverride(t, admins[0], http.MethodGet, "zone=api&key=a", "")
+	if err := json.Unmarshal([]byte(body), &st); err != nil || len(st) != 1 || st[0].Exists {
+		t.Fatalf("GET after bad bodies: %s %v, want no override", body, err)
+	}
+}
