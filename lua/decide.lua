@@ -561,42 +561,50 @@ end
 --     ends, or with a block_max as long after that as the block lasted: the strikes decay then.
 -- A zone without a block reads and writes no block key.
 
--- block_spec parses a decision's argument n with blocks: returns n and, per zone with a block,
--- { block µs, block_max µs }.
-local function block_spec(arg)
-  local spec, i = {}, 0
-  for b, m in string.gmatch(arg, '/(%d*),?(%d*)') do
-    i = i + 1
-    if b ~= '' then spec[i] = { tonumber(b), tonumber(m) or 0 } end
+-- penalty_box returns the penalty box's functions { spec, read, length, write }, built on first
+-- use, as the algorithms' are (see algorithm): a call with no block creates none of them.
+local PB
+local function penalty_box()
+  if PB then return PB end
+  -- block_spec parses a decision's argument n with blocks: returns n and, per zone with a block,
+  -- { block µs, block_max µs }.
+  local function block_spec(arg)
+    local spec, i = {}, 0
+    for b, m in string.gmatch(arg, '/(%d*),?(%d*)') do
+      i = i + 1
+      if b ~= '' then spec[i] = { tonumber(b), tonumber(m) or 0 } end
+    end
+    return tonumber(string.match(arg, '^%d+')), spec
   end
-  return tonumber(string.match(arg, '^%d+')), spec
-end
 
--- block_read returns a block key's until, length and strikes; nil when there is none (or it
--- cannot be read).
-local function block_read(bkey)
-  local v = call('GET', bkey)
-  if not v then return nil end
-  local u, l, n = string.match(v, '^(%d+):(%d+):(%d+)$')
-  return tonumber(u), tonumber(l), tonumber(n)
-end
-
--- block_length is the length and strikes of the block a denial starts, for a zone of block spec
--- b, the key holding the last block's end, length and strikes (nil: none): a repeat offence
--- while that block is remembered, as long after its end as it lasted (the key's TTL says so on
--- the Redis clock; this, on the scripts' clock too).
-local function block_length(b, bend, last, strikes)
-  if b[2] > 0 and bend and last and strikes and now < bend + last then
-    return max(b[1], min(2 * last, b[2])), strikes + 1
+  -- block_read returns a block key's until, length and strikes; nil when there is none (or it
+  -- cannot be read).
+  local function block_read(bkey)
+    local v = call('GET', bkey)
+    if not v then return nil end
+    local u, l, n = string.match(v, '^(%d+):(%d+):(%d+)$')
+    return tonumber(u), tonumber(l), tonumber(n)
   end
-  return b[1], 1
-end
 
--- block_write writes the block w = { key, length, strikes, block_max } starting now.
-local function block_write(w)
-  local ttl = w[2]
-  if w[4] > 0 then ttl = 2 * w[2] end -- the strikes are remembered as long again
-  call('SET', w[1], sformat('%d:%d:%d', now + w[2], w[2], w[3]), 'PX', ms(ttl / 1000))
+  -- block_length is the length and strikes of the block a denial starts, for a zone of block spec
+  -- b, the key holding the last block's end, length and strikes (nil: none): a repeat offence
+  -- while that block is remembered, as long after its end as it lasted (the key's TTL says so on
+  -- the Redis clock; this, on the scripts' clock too).
+  local function block_length(b, bend, last, strikes)
+    if b[2] > 0 and bend and last and strikes and now < bend + last then
+      return max(b[1], min(2 * last, b[2])), strikes + 1
+    end
+    return b[1], 1
+  end
+
+  -- block_write writes the block w = { key, length, strikes, block_max } starting now.
+  local function block_write(w)
+    local ttl = w[2]
+    if w[4] > 0 then ttl = 2 * w[2] end -- the strikes are remembered as long again
+    call('SET', w[1], sformat('%d:%d:%d', now + w[2], w[2], w[3]), 'PX', ms(ttl / 1000))
+  end
+  PB = { spec = block_spec, read = block_read, length = block_length, write = block_write }
+  return PB
 end
 
 -- Shadow zones and overrides ------------------------------------------------------------------
@@ -622,40 +630,48 @@ local function zone_flags(arg)
   return string.sub(arg, 1, 2), byte(flags) == 115, tonumber(k), tonumber(mc)
 end
 
--- override reads a zone's override (okey) and returns the zone's arguments with its numbers in
--- force (quota, rate as the ARGV above, cost: twice the quota when above the max cost in force)
--- and the reply's three override integers.
-local function override(algo, okey, quota, rate, cost, mc)
-  local v
-  if algo == 'tb' then
-    v = call('HMGET', okey, 'capacity', 'refill_rate', 'max_cost')
-  else
-    v = call('HMGET', okey, 'limit', 'window', 'max_cost')
-  end
-  local q, r, m = tonumber(v[1]), tonumber(v[2]), tonumber(v[3])
-  local found = q ~= nil or r ~= nil or m ~= nil
-  quota = q or quota
-  local window = 0 -- the policy window in force (µs); 0: the zone's
-  if algo == 'tb' then
-    local rt, mw = string.match(rate, '^([^,]+)(.*)$') -- "<rate>[,<max_wait>]"
-    if r then rate = sformat('%.17g', r) .. mw else r = tonumber(rt) end
-    window = ceil(quota / r * 1000000)
-  elseif algo == 'fw' then
-    if r then -- the windows around now, aligned to the epoch, as the caller's bounds are
-      local s = now - now % r
-      rate, window = sformat('%d,%d,%d,%d', s - r, s, s + r, s + 2 * r), r
+-- override_fn returns override, built on first use (see penalty_box): only a call with a zone
+-- with overrides creates it.
+local OV
+local function override_fn()
+  if OV then return OV end
+  -- override reads a zone's override (okey) and returns the zone's arguments with its numbers in
+  -- force (quota, rate as the ARGV above, cost: twice the quota when above the max cost in force)
+  -- and the reply's three override integers.
+  local function override(algo, okey, quota, rate, cost, mc)
+    local v
+    if algo == 'tb' then
+      v = call('HMGET', okey, 'capacity', 'refill_rate', 'max_cost')
+    else
+      v = call('HMGET', okey, 'limit', 'window', 'max_cost')
     end
-  elseif algo ~= 'cc' then
-    if r then rate = sformat('%d', r) end
-    window = tonumber(rate)
+    local q, r, m = tonumber(v[1]), tonumber(v[2]), tonumber(v[3])
+    local found = q ~= nil or r ~= nil or m ~= nil
+    quota = q or quota
+    local window = 0 -- the policy window in force (µs); 0: the zone's
+    if algo == 'tb' then
+      local rt, mw = string.match(rate, '^([^,]+)(.*)$') -- "<rate>[,<max_wait>]"
+      if r then rate = sformat('%.17g', r) .. mw else r = tonumber(rt) end
+      window = ceil(quota / r * 1000000)
+    elseif algo == 'fw' then
+      if r then -- the windows around now, aligned to the epoch, as the caller's bounds are
+        local s = now - now % r
+        rate, window = sformat('%d,%d,%d,%d', s - r, s, s + r, s + 2 * r), r
+      end
+    elseif algo ~= 'cc' then
+      if r then rate = sformat('%d', r) end
+      window = tonumber(rate)
+    end
+    if m == nil then
+      if mc > 0 then m = mc else m = quota end
+    end
+    m = min(m, quota)
+    if cost > m then cost = 2 * quota end -- never admissible, as the caller sends such a cost
+    if not found then return quota, rate, cost, 0, 0, m end
+    return quota, rate, cost, quota, window, m
   end
-  if m == nil then
-    if mc > 0 then m = mc else m = quota end
-  end
-  m = min(m, quota)
-  if cost > m then cost = 2 * quota end -- never admissible, as the caller sends such a cost
-  if not found then return quota, rate, cost, 0, 0, m end
-  return quota, rate, cost, quota, window, m
+  OV = override
+  return OV
 end
 
 -- Decisions -------------------------------------------------------------------------------------
@@ -712,7 +728,7 @@ local function decide(nonce, hold, n, kbase, abase, spec)
     local oq, ow, om -- with overrides: the reply's override integers
     if okey then
       nkeys = max(nkeys, okey)
-      quota, rate, cost, oq, ow, om = override(algo, KEYS[kbase + okey], quota, rate, cost, omc)
+      quota, rate, cost, oq, ow, om = override_fn()(algo, KEYS[kbase + okey], quota, rate, cost, omc)
     end
     local rkey, gkey -- a window counter's record and generation keys, when its charge is recorded
     if (algo == 'fw' or algo == 'sc') and KEYS[r] == key .. ':' .. nonce then
@@ -721,7 +737,7 @@ local function decide(nonce, hold, n, kbase, abase, spec)
     local bkey, bend, last, strikes -- the zone's block key, and its block's end, length, strikes
     if spec and spec[i] then
       bkey, bk = KEYS[bk], bk + 1
-      bend, last, strikes = block_read(bkey)
+      bend, last, strikes = PB.read(bkey)
     end
     local ok, remaining, retry, reset, nxt, granted
     if bend and bend > now then -- blocked: the algorithm does not run
@@ -738,7 +754,7 @@ local function decide(nonce, hold, n, kbase, abase, spec)
       if bend and bend > now then
         fig = 2
       elseif cost <= quota then
-        local len, nth = block_length(spec[i], bend, last, strikes)
+        local len, nth = PB.length(spec[i], bend, last, strikes)
         blocks[#blocks + 1] = { bkey, len, nth, spec[i][2] }
         fig, remaining, retry, reset, nxt = 3, 0, len, max(reset, len), len
       end
@@ -765,7 +781,7 @@ local function decide(nonce, hold, n, kbase, abase, spec)
   end
   if reply[1] == 0 then
     if blocks then
-      for _, w in ipairs(blocks) do block_write(w) end
+      for _, w in ipairs(blocks) do PB.write(w) end
     end
     return reply, nkeys
   end
@@ -838,7 +854,7 @@ while a <= #ARGV do
     o, kbase = fo, kbase + n
   else
     local spec -- n is "<n>/..." when a zone has a block: see Penalty box
-    if not n then n, spec = block_spec(ARGV[a + 2]) end
+    if not n then n, spec = penalty_box().spec(ARGV[a + 2]) end
     local r, nkeys = decide(nonce, hold, n, kbase, a + 3, spec)
     for j = 1, #r do out[o + j] = r[j] end
     o, kbase = o + #r, kbase + nkeys
