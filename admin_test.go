@@ -74,7 +74,8 @@ func TestAdminReadResetAllowedAgain(t *testing.T) {
 	ac.get("/", "X-Client", "alice").expect(t, "alice still denied", 429, "")
 
 	reset := adminJSON[[]resetResult](t, ac, "DELETE", "/rate_limit_redis/state?zone=api&key=alice", 200)
-	if fmt.Sprint(reset) != fmt.Sprint([]resetResult{{Zone: "api", Key: "alice", Candidate: 1, RedisKey: "rl:{alice}:api:tb", Redis: []string{srv.Addr}, Deleted: true, Broadcast: true}}) {
+	if fmt.Sprint(reset) != fmt.Sprint([]resetResult{{clientEntry: clientEntry{Zone: "api", Key: "alice", Candidate: 1, RedisKey: "rl:{alice}:api:tb", Redis: []string{srv.Addr}},
+		Deleted: true, broadcastResult: broadcastResult{Broadcast: true}}}) {
 		t.Fatalf("reset: %+v", reset)
 	}
 	if n := srv.Do("EXISTS", "rl:{alice}:api:tb"); n != int64(0) {
@@ -357,7 +358,8 @@ func TestAdminCandidateKeys(t *testing.T) {
 		}
 	}
 	reset := adminJSON[[]resetResult](t, ac, "DELETE", "/rate_limit_redis/state?zone=api&key="+url.QueryEscape(shown), 200)
-	if fmt.Sprint(reset) != fmt.Sprint([]resetResult{{Zone: "api", Key: shown, Candidate: 2, RedisKey: "rl:{2=127.0.0.1}:api:tb", Redis: []string{srv.Addr}, Deleted: true, Broadcast: true}}) {
+	if fmt.Sprint(reset) != fmt.Sprint([]resetResult{{clientEntry: clientEntry{Zone: "api", Key: shown, Candidate: 2, RedisKey: "rl:{2=127.0.0.1}:api:tb", Redis: []string{srv.Addr}},
+		Deleted: true, broadcastResult: broadcastResult{Broadcast: true}}}) {
 		t.Fatalf("reset: %+v", reset)
 	}
 	ac.get("/").expect(t, "by IP after the reset", 200, shown, "X-RateLimit-Remaining", "1")
