@@ -179,6 +179,19 @@ func TestAdminErrors(t *testing.T) {
 	if hdr := ac.expectError(t, "DELETE", "/rate_limit_redis/zones", 405, "method DELETE not allowed: use GET"); hdr.Get("Allow") != "GET" {
 		t.Fatalf("Allow: %q", hdr.Get("Allow"))
 	}
+	// /block and /override check their requests as /state does, naming their own methods and
+	// parameters.
+	if hdr := ac.expectError(t, "GET", "/rate_limit_redis/block?zone=api&key=a&for=1m", 405, "method GET not allowed: use PUT"); hdr.Get("Allow") != "PUT" {
+		t.Fatalf("Allow: %q", hdr.Get("Allow"))
+	}
+	ac.expectError(t, "PUT", "/rate_limit_redis/block?zone=api&key=a", 400, "query parameters zone, key and for are required")
+	ac.expectError(t, "PUT", "/rate_limit_redis/block?zone=nope&key=a&for=1m", 404, `no rate_limit_redis zone named "nope" is loaded`)
+	if hdr := ac.expectError(t, "POST", "/rate_limit_redis/override?zone=api&key=a", 405, "method POST not allowed: use GET, PUT or DELETE"); hdr.Get("Allow") != "GET, PUT, DELETE" {
+		t.Fatalf("Allow: %q", hdr.Get("Allow"))
+	}
+	ac.expectError(t, "GET", "/rate_limit_redis/override?key=a", 400, "query parameters zone and key are required")
+	ac.expectError(t, "GET", "/rate_limit_redis/override?zone=api&key=0%3Da", 400,
+		"key: candidates are counted from 1 (0= is no client key's): give the key as {http.rate_limit_redis.key} shows it")
 
 	// Redis stalled: the admin call gives up after its 2s timeout with 504; Redis down: 502.
 	srv.Pause()
