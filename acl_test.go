@@ -21,6 +21,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/caddytest"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/limiter"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
 )
@@ -296,7 +297,7 @@ func TestRedisACL(t *testing.T) {
 			name, rest, _ := strings.Cut(z, " ")
 			fmt.Fprintf(&b, "\n\t\tzone %s {\n\t\t\tmatch path /%s/*\n\t\t\t%s\n\t\t}", name, name, rest)
 		}
-		cs := startCaddy(t, fmt.Sprintf(`
+		cs := caddytest.Start(t, fmt.Sprintf(`
 	rate_limit_redis {
 		%s%s
 	}
@@ -329,15 +330,15 @@ func TestRedisACL(t *testing.T) {
 		// count kept, the circuit breaker opened).
 		check := func(t *testing.T, step, path string, status int, remaining string) {
 			t.Helper()
-			r := cs.get(path)
+			r := cs.Get(path)
 			body := ""
 			if status == 200 {
 				body = "ok"
 			}
-			if r.status != status || r.body != body || r.header.Get("X-RateLimit-Degraded") != "" ||
-				(remaining != "-" && r.header.Get("X-RateLimit-Remaining") != remaining) {
+			if r.Status != status || r.Body != body || r.Header.Get("X-RateLimit-Degraded") != "" ||
+				(remaining != "-" && r.Header.Get("X-RateLimit-Remaining") != remaining) {
 				t.Errorf("%s: %d %q, X-RateLimit-Degraded %q, X-RateLimit-Remaining %q; want %d %q, not degraded, remaining %q",
-					step, r.status, r.body, r.header.Get("X-RateLimit-Degraded"), r.header.Get("X-RateLimit-Remaining"), status, body, remaining)
+					step, r.Status, r.Body, r.Header.Get("X-RateLimit-Degraded"), r.Header.Get("X-RateLimit-Remaining"), status, body, remaining)
 			}
 		}
 		ok := func(t *testing.T, step, path, remaining string) { t.Helper(); check(t, step, path, 200, remaining) }
@@ -399,7 +400,7 @@ func TestRedisACL(t *testing.T) {
 			for i := range results {
 				wg.Go(func() {
 					start := time.Now()
-					resp, err := servingClient(0).Get(cs.base + "/tb_wait/")
+					resp, err := caddytest.Client(0).Get(cs.Base + "/tb_wait/")
 					if err != nil {
 						results[i].status = -1
 						return
@@ -430,7 +431,7 @@ func TestRedisACL(t *testing.T) {
 		t.Run("tb_hold", func(t *testing.T) {
 			slow := make(chan int, 1)
 			go func() {
-				resp, err := servingClient(0).Get(cs.base + "/tb_hold/slow")
+				resp, err := caddytest.Client(0).Get(cs.Base + "/tb_hold/slow")
 				if err != nil {
 					slow <- -1
 					return
@@ -450,12 +451,12 @@ func TestRedisACL(t *testing.T) {
 				t.Fatalf("the held request: %d, want 200", status)
 			}
 			redistest.WaitFor(t, 5*time.Second, "the held request given back", func() bool {
-				r := cs.get("/tb_hold/401")
-				if r.status == 401 && r.header.Get("X-RateLimit-Degraded") == "" {
+				r := cs.Get("/tb_hold/401")
+				if r.Status == 401 && r.Header.Get("X-RateLimit-Degraded") == "" {
 					return true
 				}
-				if r.status != 429 || r.header.Get("X-RateLimit-Degraded") != "" {
-					t.Fatalf("after the release: %d %v", r.status, r.header)
+				if r.Status != 429 || r.Header.Get("X-RateLimit-Degraded") != "" {
+					t.Fatalf("after the release: %d %v", r.Status, r.Header)
 				}
 				return false
 			})
@@ -496,7 +497,7 @@ func TestRedisACL(t *testing.T) {
 				t.Fatalf("reset by another instance: %v, %v", existed, err)
 			}
 			redistest.WaitFor(t, 5*time.Second, "the reset reaches this instance's deny cache", func() bool {
-				return cs.get("/bc/").status == 200
+				return cs.Get("/bc/").Status == 200
 			})
 			// go-redis checks the subscription with a PING after 3s without a message.
 			redistest.WaitFor(t, 10*time.Second, "the subscription's health check PING", func() bool {
@@ -565,7 +566,7 @@ func TestRedisACL(t *testing.T) {
 					t.Fatalf("state of a client never seen: %+v", st)
 				}
 				for i := 1; i <= 3; i++ {
-					ac.get("/"+z, "X-Client", "alice").expect(t, fmt.Sprintf("request %d", i), 200, "ok", "X-RateLimit-Degraded", "")
+					ac.Get("/"+z, "X-Client", "alice").Expect(t, fmt.Sprintf("request %d", i), 200, "ok", "X-RateLimit-Degraded", "")
 				}
 				st := adminJSON[[]clientState](t, ac, "GET", "/rate_limit_redis/state?zone="+z+"&key=alice", 200)
 				if len(st) != 1 || !st[0].Exists || st[0].Remaining != 0 || st[0].RetryAfterMs <= 0 || st[0].TTLMs <= 0 ||
@@ -576,20 +577,20 @@ func TestRedisACL(t *testing.T) {
 				if len(reset) != 1 || !reset[0].Deleted {
 					t.Fatalf("reset: %+v", reset)
 				}
-				ac.get("/"+z, "X-Client", "alice").expect(t, "after the reset", 200, "ok", "X-RateLimit-Degraded", "", "X-RateLimit-Remaining", "2")
+				ac.Get("/"+z, "X-Client", "alice").Expect(t, "after the reset", 200, "ok", "X-RateLimit-Degraded", "", "X-RateLimit-Remaining", "2")
 			})
 		}
 		t.Run("block", func(t *testing.T) {
 			if b := adminJSON[[]blockResult](t, ac, "PUT", "/rate_limit_redis/block?zone=blk&key=eve&for=10m", 200); len(b) != 1 || !b[0].Broadcast {
 				t.Fatalf("block: %+v", b)
 			}
-			ac.get("/blk", "X-Client", "eve").expect(t, "blocked", 429, "", "X-RateLimit-Degraded", "")
+			ac.Get("/blk", "X-Client", "eve").Expect(t, "blocked", 429, "", "X-RateLimit-Degraded", "")
 			if st := adminJSON[[]clientState](t, ac, "GET", "/rate_limit_redis/state?zone=blk&key=eve", 200); len(st) != 1 || st[0].BlockedUntilMs == nil ||
 				st[0].Strikes == nil || *st[0].Strikes != 1 {
 				t.Fatalf("state of a blocked client: %+v", st)
 			}
 			adminJSON[[]resetResult](t, ac, "DELETE", "/rate_limit_redis/state?zone=blk&key=eve", 200)
-			ac.get("/blk", "X-Client", "eve").expect(t, "unblocked", 200, "ok", "X-RateLimit-Degraded", "")
+			ac.Get("/blk", "X-Client", "eve").Expect(t, "unblocked", 200, "ok", "X-RateLimit-Degraded", "")
 		})
 	})
 	if t.Failed() {
@@ -641,7 +642,7 @@ func TestRedisACLMissingGrant(t *testing.T) {
 				args = append(args, r)
 			}
 			srv.Do(args...)
-			cs := startCaddy(t, fmt.Sprintf(`
+			cs := caddytest.Start(t, fmt.Sprintf(`
 	rate_limit_redis {
 		redis {
 			address %s
@@ -660,7 +661,7 @@ func TestRedisACLMissingGrant(t *testing.T) {
 			if tc.degraded != "" {
 				remaining = ""
 			}
-			cs.get("/").expect(t, "first", 200, "ok", "X-RateLimit-Degraded", tc.degraded, "X-RateLimit-Remaining", remaining)
+			cs.Get("/").Expect(t, "first", 200, "ok", "X-RateLimit-Degraded", tc.degraded, "X-RateLimit-Remaining", remaining)
 		})
 	}
 }
@@ -720,12 +721,12 @@ func TestRedisACLCluster(t *testing.T) {
 				t.Fatalf("the keys share slots: %v", slots)
 			}
 			if user == "nocluster" {
-				ac.get("/", keys...).expect(t, "without the Cluster line", 200, "ok", "X-RateLimit-Degraded", "true")
+				ac.Get("/", keys...).Expect(t, "without the Cluster line", 200, "ok", "X-RateLimit-Degraded", "true")
 				return
 			}
-			ac.get("/", keys...).expect(t, "first", 200, "ok", "X-RateLimit-Degraded", "", "X-RateLimit-Remaining", "1")
-			ac.get("/", keys...).expect(t, "second", 200, "ok", "X-RateLimit-Degraded", "", "X-RateLimit-Remaining", "0")
-			ac.get("/", keys...).expect(t, "third", 429, "", "X-RateLimit-Degraded", "")
+			ac.Get("/", keys...).Expect(t, "first", 200, "ok", "X-RateLimit-Degraded", "", "X-RateLimit-Remaining", "1")
+			ac.Get("/", keys...).Expect(t, "second", 200, "ok", "X-RateLimit-Degraded", "", "X-RateLimit-Remaining", "0")
+			ac.Get("/", keys...).Expect(t, "third", 429, "", "X-RateLimit-Degraded", "")
 			for i, z := range []string{"tb", "sw", "fw", "sc"} {
 				st := adminJSON[[]clientState](t, ac, "GET", "/rate_limit_redis/state?zone="+z+"&key="+keys[2*i+1], 200)
 				if len(st) != 1 || !st[0].Exists || (z == "tb" && (st[0].Tokens == nil || *st[0].Tokens < 0.99 || *st[0].Tokens > 1.01)) ||
@@ -766,7 +767,7 @@ func TestRedisACLSentinel(t *testing.T) {
 		name, rest, _ := strings.Cut(z, " ")
 		fmt.Fprintf(&zones, "\n\t\tzone %s {\n\t\t\tmatch path /%s\n\t\t\t%s\n\t\t}", name, name, rest)
 	}
-	cs := startCaddy(t, fmt.Sprintf(`
+	cs := caddytest.Start(t, fmt.Sprintf(`
 	rate_limit_redis {
 		redis {
 			address %s
@@ -777,9 +778,9 @@ func TestRedisACLSentinel(t *testing.T) {
 	}
 	respond "ok"`, strings.Join(ss.Addrs(), " "), ss.Master, zones.String()))
 	for _, z := range []string{"tb", "sw", "fw", "sc"} {
-		cs.get("/"+z).expect(t, z+" first", 200, "ok", "X-RateLimit-Degraded", "", "X-RateLimit-Remaining", "1")
-		cs.get("/"+z).expect(t, z+" second", 200, "ok", "X-RateLimit-Degraded", "", "X-RateLimit-Remaining", "0")
-		cs.get("/"+z).expect(t, z+" third", 429, "", "X-RateLimit-Degraded", "")
+		cs.Get("/"+z).Expect(t, z+" first", 200, "ok", "X-RateLimit-Degraded", "", "X-RateLimit-Remaining", "1")
+		cs.Get("/"+z).Expect(t, z+" second", 200, "ok", "X-RateLimit-Degraded", "", "X-RateLimit-Remaining", "0")
+		cs.Get("/"+z).Expect(t, z+" third", 429, "", "X-RateLimit-Degraded", "")
 	}
 	if log := ss.Primary.Do("ACL", "LOG"); fmt.Sprint(log) != "[]" {
 		t.Fatalf("ACL LOG: %v", log)

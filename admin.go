@@ -162,17 +162,50 @@ type slotState struct {
 	Deadline string `json:"deadline"`
 }
 
-// clientState is one entry of GET /rate_limit_redis/state.
-type clientState struct {
+// clientEntry is the fields every entry of the replies about one client in one zone begins
+// with (/state, /block, /override).
+type clientEntry struct {
 	// The zone's name and the client key, as given.
 	Zone string `json:"zone"`
 	Key  string `json:"key"`
 	// Which of the zone's key candidates the key is of, counted from 1: 2 for 2=203.0.113.7.
 	Candidate int `json:"candidate"`
-	// The Redis key of the state, the Redis addresses and database.
+	// The Redis key the entry is about (the client's state, block or override), the Redis
+	// addresses and database.
 	RedisKey string   `json:"redis_key"`
 	Redis    []string `json:"redis"`
 	DB       int      `json:"db,omitempty"`
+}
+
+// entry returns the clientEntry of client key in t's zone, whose Redis key is redisKey.
+func (t target) entry(key, redisKey string) clientEntry {
+	candidate, _ := limiter.ParseCandidateKey(key)
+	return clientEntry{Zone: t.z.Name, Key: key, Candidate: candidate, RedisKey: redisKey, Redis: t.redis, DB: t.h.Redis.DB}
+}
+
+// broadcastResult ends the entries of the replies that change a client's state (a reset, a
+// block).
+type broadcastResult struct {
+	// Whether the change was announced to the other instances, which then forget their cached
+	// denials of the client at once. When it was not (broadcast_error says why), the change is
+	// done, but they may deny the client from their deny caches for up to their
+	// deny_cache_max_age.
+	Broadcast      bool   `json:"broadcast"`
+	BroadcastError string `json:"broadcast_error,omitempty"`
+}
+
+// broadcastOf returns the broadcastResult of a change whose limiter call returned err, and err
+// with limiter.ErrNotBroadcast (the change done, not announced) taken out.
+func broadcastOf(err error) (broadcastResult, error) {
+	if errors.Is(err, limiter.ErrNotBroadcast) {
+		return broadcastResult{BroadcastError: err.Error()}, nil
+	}
+	return broadcastResult{Broadcast: true}, err
+}
+
+// clientState is one entry of GET /rate_limit_redis/state.
+type clientState struct {
+	clientEntry // redis_key: the state's
 	// token_bucket or sliding_window.
 	Algorithm string `json:"algorithm"`
 	// The zone's quota: capacity (token_bucket) or limit (sliding_window), as X-RateLimit-Limit.
@@ -235,31 +268,17 @@ type stateNumbers struct {
 
 // resetResult is one entry of DELETE /rate_limit_redis/state.
 type resetResult struct {
-	// The zone's name and the client key, as given.
-	Zone string `json:"zone"`
-	Key  string `json:"key"`
-	// Which of the zone's key candidates the key is of, counted from 1.
-	Candidate int `json:"candidate"`
-	// The Redis key deleted, the Redis addresses and database.
-	RedisKey string   `json:"redis_key"`
-	Redis    []string `json:"redis"`
-	DB       int      `json:"db,omitempty"`
+	clientEntry // redis_key: the key deleted
 	// Whether the key existed (false: the client was already in its initial state).
 	Deleted bool `json:"deleted"`
-	// Whether the reset was announced to the other instances, which then forget their cached
-	// denials of the client at once. When it was not (broadcast_error says why), the reset is
-	// done, but they may deny the client from their deny caches for up to their
-	// deny_cache_max_age.
-	Broadcast      bool   `json:"broadcast"`
-	BroadcastError string `json:"broadcast_error,omitempty"`
+	broadcastResult
 }
 
 // handleZones serves GET /rate_limit_redis/zones: every zone of the live handlers, identical
 // ones once, sorted by name and key prefix.
 func (a *AdminAPI) handleZones(w http.ResponseWriter, r *http.Request) error {
-	if r.Method != http.MethodGet {
-		w.Header().Set("Allow", http.MethodGet)
-		return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: fmt.Errorf("method %s not allowed: use GET", r.Method)}
+	if err := allowMethods(w, r, http.MethodGet); err != nil {
+		return err
 	}
 	zones := []zoneInfo{}
 	for _, t := range a.registry().targets("") {
@@ -293,22 +312,13 @@ func (zi zoneInfo) equal(o zoneInfo) bool {
 
 // handleState serves GET (read) and DELETE (reset) /rate_limit_redis/state?zone=&key=.
 func (a *AdminAPI) handleState(w http.ResponseWriter, r *http.Request) error {
-	if r.Method != http.MethodGet && r.Method != http.MethodDelete {
-		w.Header().Set("Allow", "GET, DELETE")
-		return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: fmt.Errorf("method %s not allowed: use GET or DELETE", r.Method)}
+	q, zone, key, err := clientQuery(w, r, []string{http.MethodGet, http.MethodDelete})
+	if err != nil {
+		return err
 	}
-	q := r.URL.Query()
-	zone, key := q.Get("zone"), q.Get("key")
-	if zone == "" || key == "" {
-		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: errors.New("query parameters zone and key are required")}
-	}
-	if n, _ := limiter.ParseCandidateKey(key); n == limiter.KeyedCandidate {
-		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: errors.New(
-			"key: candidates are counted from 1 (0= is no client key's): give the key as {http.rate_limit_redis.key} shows it")}
-	}
-	ts := a.registry().targets(zone)
-	if len(ts) == 0 {
-		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("no rate_limit_redis zone named %q is loaded", zone)}
+	ts, err := a.clientTargets(zone, key)
+	if err != nil {
+		return err
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), adminTimeout)
 	defer cancel()
@@ -316,6 +326,56 @@ func (a *AdminAPI) handleState(w http.ResponseWriter, r *http.Request) error {
 		return resetState(ctx, w, ts, key)
 	}
 	return readState(ctx, w, ts, key, q)
+}
+
+// allowMethods returns nil when r's method is one of methods, else the 405 naming them, with
+// the Allow header set.
+func allowMethods(w http.ResponseWriter, r *http.Request, methods ...string) error {
+	if slices.Contains(methods, r.Method) {
+		return nil
+	}
+	w.Header().Set("Allow", strings.Join(methods, ", "))
+	return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: fmt.Errorf("method %s not allowed: use %s", r.Method, wordList(methods, "or"))}
+}
+
+// clientQuery checks a request about one client: its method is one of methods (else a 405),
+// and the query parameters zone, key and those named in required are given (else a 400). It
+// returns the query, zone and key.
+func clientQuery(w http.ResponseWriter, r *http.Request, methods []string, required ...string) (q url.Values, zone, key string, err error) {
+	if err := allowMethods(w, r, methods...); err != nil {
+		return nil, "", "", err
+	}
+	q = r.URL.Query()
+	names := append([]string{"zone", "key"}, required...)
+	for _, name := range names {
+		if q.Get(name) == "" {
+			return nil, "", "", badRequest(fmt.Errorf("query parameters %s are required", wordList(names, "and")))
+		}
+	}
+	return q, q.Get("zone"), q.Get("key"), nil
+}
+
+// clientTargets returns the zones named zone of the live handlers, for a request about client
+// key: a 400 when the key is of the "0=" form, which no candidate has, a 404 when no loaded
+// zone has that name.
+func (a *AdminAPI) clientTargets(zone, key string) ([]target, error) {
+	if n, _ := limiter.ParseCandidateKey(key); n == limiter.KeyedCandidate {
+		return nil, badRequest(errors.New("key: candidates are counted from 1 (0= is no client key's): give the key as {http.rate_limit_redis.key} shows it"))
+	}
+	ts := a.registry().targets(zone)
+	if len(ts) == 0 {
+		return nil, caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("no rate_limit_redis zone named %q is loaded", zone)}
+	}
+	return ts, nil
+}
+
+// wordList joins words as a sentence does, with conj before the last: "a", "a or b",
+// "a, b or c".
+func wordList(words []string, conj string) string {
+	if len(words) == 1 {
+		return words[0]
+	}
+	return strings.Join(words[:len(words)-1], ", ") + " " + conj + " " + words[len(words)-1]
 }
 
 // stateZone returns the parameters to read zone z's state with: its own, or for a zone whose
@@ -356,7 +416,6 @@ func stateZone(z *Zone, q url.Values) (*limiter.Zone, *stateNumbers, error) {
 func readState(ctx context.Context, w http.ResponseWriter, ts []target, key string, q url.Values) error {
 	out := []clientState{}
 	seen := make(map[string]bool)
-	candidate, _ := limiter.ParseCandidateKey(key)
 	for _, t := range ts {
 		lz, numbers, err := stateZone(t.z, q)
 		if err != nil {
@@ -374,9 +433,8 @@ func readState(ctx context.Context, w http.ResponseWriter, ts []target, key stri
 			return redisError(err)
 		}
 		cs := clientState{
-			Zone: t.z.Name, Key: key, Candidate: candidate, RedisKey: s.Key, Redis: t.redis, DB: t.h.Redis.DB,
-			Algorithm: lz.Algorithm.String(), Limit: lz.Quota(), Numbers: numbers, Exists: s.Exists, Remaining: s.Remaining,
-			RetryAfterMs: ceilMs(s.RetryAfter), TTLMs: s.TTL.Milliseconds(),
+			clientEntry: t.entry(key, s.Key), Algorithm: lz.Algorithm.String(), Limit: lz.Quota(), Numbers: numbers,
+			Exists: s.Exists, Remaining: s.Remaining, RetryAfterMs: ceilMs(s.RetryAfter), TTLMs: s.TTL.Milliseconds(),
 		}
 		setBlockState(&cs, lz, s.Block)
 		switch lz.Algorithm {
@@ -412,29 +470,46 @@ func readState(ctx context.Context, w http.ResponseWriter, ts []target, key stri
 // of every handler with the zone.
 func resetState(ctx context.Context, w http.ResponseWriter, ts []target, key string) error {
 	out := []resetResult{}
-	seen := make(map[string]bool)
-	candidate, _ := limiter.ParseCandidateKey(key)
-	for _, t := range ts {
-		lk := t.h.limiterKey(key)
-		redisKey := limiter.StateKey(t.h.KeyPrefix, &t.z.lz, lk)
-		id := t.redisID + "|" + redisKey
-		if seen[id] {
-			t.h.limiter.Forget(&t.z.lz, lk) // deleted already: only this handler's deny cache and grants are left
-			continue
-		}
-		seen[id] = true
+	err := eachClientKey(ts, key, true, limiter.StateKey, func(_ int, t target, lk string, e clientEntry) error {
 		existed, err := t.h.limiter.Reset(ctx, &t.z.lz, lk)
-		notBroadcast := ""
-		if errors.Is(err, limiter.ErrNotBroadcast) {
-			notBroadcast, err = err.Error(), nil
-		}
+		b, err := broadcastOf(err)
 		if err != nil {
 			return redisError(err)
 		}
-		out = append(out, resetResult{Zone: t.z.Name, Key: key, Candidate: candidate, RedisKey: redisKey, Redis: t.redis, DB: t.h.Redis.DB,
-			Deleted: existed, Broadcast: notBroadcast == "", BroadcastError: notBroadcast})
+		out = append(out, resetResult{clientEntry: e, Deleted: existed, broadcastResult: b})
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	return writeJSON(w, out)
+}
+
+// eachClientKey calls do once for each distinct Redis key of client key among ts (the key that
+// redisKey names, in the target's Redis), with the first target that has it (ts[i]), the
+// client's limiter key lk and the reply's clientEntry. With forget (do changes the client's
+// state), each later target of a key clears its own handler's cached denials and grants of the
+// client: do clears them in the first target's handler only.
+func eachClientKey(ts []target, key string, forget bool, redisKey func(prefix string, z *limiter.Zone, lk string) string,
+	do func(i int, t target, lk string, e clientEntry) error,
+) error {
+	seen := make(map[string]bool)
+	for i, t := range ts {
+		lk := t.h.limiterKey(key)
+		rk := redisKey(t.h.KeyPrefix, &t.z.lz, lk)
+		id := t.redisID + "|" + rk
+		if seen[id] {
+			if forget {
+				t.h.limiter.Forget(&t.z.lz, lk) // changed already: only this handler's deny cache and grants are left
+			}
+			continue
+		}
+		seen[id] = true
+		if err := do(i, t, lk, t.entry(key, rk)); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // target is a zone of a live handler.

@@ -50,9 +50,9 @@ func TestAdminReadResetAllowedAgain(t *testing.T) {
 	}
 
 	// Token bucket: alice takes both tokens and is denied; the denial is now in the deny cache.
-	ac.get("/", "X-Client", "alice").expect(t, "alice 1", 200, "ok", "X-RateLimit-Remaining", "1")
-	ac.get("/", "X-Client", "alice").expect(t, "alice 2", 200, "ok", "X-RateLimit-Remaining", "0")
-	ac.get("/", "X-Client", "alice").expect(t, "alice 3", 429, "", "Retry-After", "3600")
+	ac.Get("/", "X-Client", "alice").Expect(t, "alice 1", 200, "ok", "X-RateLimit-Remaining", "1")
+	ac.Get("/", "X-Client", "alice").Expect(t, "alice 2", 200, "ok", "X-RateLimit-Remaining", "0")
+	ac.Get("/", "X-Client", "alice").Expect(t, "alice 3", 429, "", "Retry-After", "3600")
 
 	st := adminJSON[[]clientState](t, ac, "GET", "/rate_limit_redis/state?zone=api&key=alice", 200)
 	if len(st) != 1 {
@@ -71,17 +71,18 @@ func TestAdminReadResetAllowedAgain(t *testing.T) {
 	if s.TTLMs <= 7_190_000 || s.TTLMs > 7_200_000 {
 		t.Fatalf("ttl_ms %d, want just under the 2h until the bucket is full", s.TTLMs)
 	}
-	ac.get("/", "X-Client", "alice").expect(t, "alice still denied", 429, "")
+	ac.Get("/", "X-Client", "alice").Expect(t, "alice still denied", 429, "")
 
 	reset := adminJSON[[]resetResult](t, ac, "DELETE", "/rate_limit_redis/state?zone=api&key=alice", 200)
-	if fmt.Sprint(reset) != fmt.Sprint([]resetResult{{Zone: "api", Key: "alice", Candidate: 1, RedisKey: "rl:{alice}:api:tb", Redis: []string{srv.Addr}, Deleted: true, Broadcast: true}}) {
+	if fmt.Sprint(reset) != fmt.Sprint([]resetResult{{clientEntry: clientEntry{Zone: "api", Key: "alice", Candidate: 1, RedisKey: "rl:{alice}:api:tb", Redis: []string{srv.Addr}},
+		Deleted: true, broadcastResult: broadcastResult{Broadcast: true}}}) {
 		t.Fatalf("reset: %+v", reset)
 	}
 	if n := srv.Do("EXISTS", "rl:{alice}:api:tb"); n != int64(0) {
 		t.Fatalf("the bucket survived the reset (EXISTS = %v)", n)
 	}
 	// Allowed again with a full bucket: neither Redis nor this instance's deny cache denies.
-	ac.get("/", "X-Client", "alice").expect(t, "alice after reset", 200, "ok", "X-RateLimit-Remaining", "1")
+	ac.Get("/", "X-Client", "alice").Expect(t, "alice after reset", 200, "ok", "X-RateLimit-Remaining", "1")
 	st = adminJSON[[]clientState](t, ac, "GET", "/rate_limit_redis/state?zone=api&key=alice", 200)
 	if s := st[0]; !s.Exists || s.Remaining != 1 || s.RetryAfterMs != 0 {
 		t.Fatalf("state after reset and one request: %+v", s)
@@ -89,9 +90,9 @@ func TestAdminReadResetAllowedAgain(t *testing.T) {
 
 	// Sliding window: the same with bob on /login (3 per hour).
 	for i := 1; i <= 3; i++ {
-		ac.get("/login", "X-Client", "bob").expect(t, "bob login "+strconv.Itoa(i), 200, "ok")
+		ac.Get("/login", "X-Client", "bob").Expect(t, "bob login "+strconv.Itoa(i), 200, "ok")
 	}
-	ac.get("/login", "X-Client", "bob").expect(t, "bob login 4", 429, "")
+	ac.Get("/login", "X-Client", "bob").Expect(t, "bob login 4", 429, "")
 	st = adminJSON[[]clientState](t, ac, "GET", "/rate_limit_redis/state?zone=login&key=bob", 200)
 	if s := st[0]; len(st) != 1 || s.RedisKey != "rl:{bob}:login:sw" || s.Algorithm != "sliding_window" || s.Limit != 3 ||
 		!s.Exists || s.Count == nil || *s.Count != 3 || s.Tokens != nil || s.Remaining != 0 ||
@@ -102,7 +103,7 @@ func TestAdminReadResetAllowedAgain(t *testing.T) {
 	if len(reset) != 1 || !reset[0].Deleted || reset[0].RedisKey != "rl:{bob}:login:sw" {
 		t.Fatalf("reset of bob: %+v", reset)
 	}
-	ac.get("/login", "X-Client", "bob").expect(t, "bob login after reset", 200, "ok", "X-RateLimit-Remaining", "2")
+	ac.Get("/login", "X-Client", "bob").Expect(t, "bob login after reset", 200, "ok", "X-RateLimit-Remaining", "2")
 	if n := srv.Do("EXISTS", "rl:{alice}:api:tb"); n != int64(1) {
 		t.Fatal("resetting bob touched alice")
 	}
@@ -141,8 +142,8 @@ func TestAdminHostileKeyMapsToTheSameRedisKey(t *testing.T) {
 	}
 	respond "ok"`, srv.Addr))
 	key := "tok en{with}braces/" + strings.Repeat("x", 100)
-	ac.get("/", "X-API-Key", key).expect(t, "first", 200, "ok")
-	ac.get("/", "X-API-Key", key).expect(t, "second", 429, "")
+	ac.Get("/", "X-API-Key", key).Expect(t, "first", 200, "ok")
+	ac.Get("/", "X-API-Key", key).Expect(t, "second", 429, "")
 	st := adminJSON[[]clientState](t, ac, "GET", "/rate_limit_redis/state?zone=default&key="+url.QueryEscape(key), 200)
 	if s := st[0]; !s.Exists || s.Remaining != 0 || s.Key != key || !strings.HasPrefix(s.RedisKey, "rl:{~") {
 		t.Fatalf("state of a digested key: %+v", s)
@@ -151,7 +152,7 @@ func TestAdminHostileKeyMapsToTheSameRedisKey(t *testing.T) {
 	if len(reset) != 1 || !reset[0].Deleted {
 		t.Fatalf("reset: %+v", reset)
 	}
-	ac.get("/", "X-API-Key", key).expect(t, "after reset", 200, "ok")
+	ac.Get("/", "X-API-Key", key).Expect(t, "after reset", 200, "ok")
 }
 
 func TestAdminErrors(t *testing.T) {
@@ -178,6 +179,19 @@ func TestAdminErrors(t *testing.T) {
 	if hdr := ac.expectError(t, "DELETE", "/rate_limit_redis/zones", 405, "method DELETE not allowed: use GET"); hdr.Get("Allow") != "GET" {
 		t.Fatalf("Allow: %q", hdr.Get("Allow"))
 	}
+	// /block and /override check their requests as /state does, naming their own methods and
+	// parameters.
+	if hdr := ac.expectError(t, "GET", "/rate_limit_redis/block?zone=api&key=a&for=1m", 405, "method GET not allowed: use PUT"); hdr.Get("Allow") != "PUT" {
+		t.Fatalf("Allow: %q", hdr.Get("Allow"))
+	}
+	ac.expectError(t, "PUT", "/rate_limit_redis/block?zone=api&key=a", 400, "query parameters zone, key and for are required")
+	ac.expectError(t, "PUT", "/rate_limit_redis/block?zone=nope&key=a&for=1m", 404, `no rate_limit_redis zone named "nope" is loaded`)
+	if hdr := ac.expectError(t, "POST", "/rate_limit_redis/override?zone=api&key=a", 405, "method POST not allowed: use GET, PUT or DELETE"); hdr.Get("Allow") != "GET, PUT, DELETE" {
+		t.Fatalf("Allow: %q", hdr.Get("Allow"))
+	}
+	ac.expectError(t, "GET", "/rate_limit_redis/override?key=a", 400, "query parameters zone and key are required")
+	ac.expectError(t, "GET", "/rate_limit_redis/override?zone=api&key=0%3Da", 400,
+		"key: candidates are counted from 1 (0= is no client key's): give the key as {http.rate_limit_redis.key} shows it")
 
 	// Redis stalled: the admin call gives up after its 2s timeout with 504; Redis down: 502.
 	srv.Pause()
@@ -234,7 +248,7 @@ func TestAdminZoneInSeveralHandlers(t *testing.T) {
 		status int
 	}{{"/a", 200}, {"/b", 200}, {"/a", 429}, {"/b", 429}, {"/c", 200}, {"/c", 200}, {"/c", 429}} {
 		// Each 429 is in the deny cache of the handler that denied it.
-		ac.get(step.path, "X-Client", "alice").expect(t, "before reset "+step.path, step.status, body(step.status))
+		ac.Get(step.path, "X-Client", "alice").Expect(t, "before reset "+step.path, step.status, body(step.status))
 	}
 	st := adminJSON[[]clientState](t, ac, "GET", "/rate_limit_redis/state?zone=api&key=alice", 200)
 	if len(st) != 2 || st[0].RedisKey != "other:{alice}:api:tb" || st[1].RedisKey != "rl:{alice}:api:tb" ||
@@ -250,7 +264,7 @@ func TestAdminZoneInSeveralHandlers(t *testing.T) {
 		path   string
 		status int
 	}{{"/a", 200}, {"/b", 200}, {"/a", 429}, {"/c", 200}} {
-		ac.get(step.path, "X-Client", "alice").expect(t, "after reset "+step.path, step.status, body(step.status))
+		ac.Get(step.path, "X-Client", "alice").Expect(t, "after reset "+step.path, step.status, body(step.status))
 	}
 
 	// A reload replaces the handlers: the admin API sees only the new config's zones.
@@ -336,13 +350,13 @@ func TestAdminCandidateKeys(t *testing.T) {
 	}
 	respond "{http.rate_limit_redis.key}"`, srv.Addr))
 
-	shown := ac.get("/").body // the IP candidate's key, as the placeholder shows it
+	shown := ac.Get("/").Body // the IP candidate's key, as the placeholder shows it
 	if shown != "2=127.0.0.1" {
 		t.Fatalf("placeholder %q, want 2=127.0.0.1", shown)
 	}
-	ac.get("/").expect(t, "by IP 2", 200, shown, "X-RateLimit-Remaining", "0")
-	ac.get("/").expect(t, "by IP 3", 429, "")
-	ac.get("/", "X-API-Key", "127.0.0.1").expect(t, "an API key equal to the IP", 200, "127.0.0.1", "X-RateLimit-Remaining", "1")
+	ac.Get("/").Expect(t, "by IP 2", 200, shown, "X-RateLimit-Remaining", "0")
+	ac.Get("/").Expect(t, "by IP 3", 429, "")
+	ac.Get("/", "X-API-Key", "127.0.0.1").Expect(t, "an API key equal to the IP", 200, "127.0.0.1", "X-RateLimit-Remaining", "1")
 
 	st := adminJSON[[]clientState](t, ac, "GET", "/rate_limit_redis/state?zone=api&key="+url.QueryEscape(shown), 200)
 	if len(st) != 1 || st[0].Key != shown || st[0].Candidate != 2 || st[0].RedisKey != "rl:{2=127.0.0.1}:api:tb" ||
@@ -357,10 +371,11 @@ func TestAdminCandidateKeys(t *testing.T) {
 		}
 	}
 	reset := adminJSON[[]resetResult](t, ac, "DELETE", "/rate_limit_redis/state?zone=api&key="+url.QueryEscape(shown), 200)
-	if fmt.Sprint(reset) != fmt.Sprint([]resetResult{{Zone: "api", Key: shown, Candidate: 2, RedisKey: "rl:{2=127.0.0.1}:api:tb", Redis: []string{srv.Addr}, Deleted: true, Broadcast: true}}) {
+	if fmt.Sprint(reset) != fmt.Sprint([]resetResult{{clientEntry: clientEntry{Zone: "api", Key: shown, Candidate: 2, RedisKey: "rl:{2=127.0.0.1}:api:tb", Redis: []string{srv.Addr}},
+		Deleted: true, broadcastResult: broadcastResult{Broadcast: true}}}) {
 		t.Fatalf("reset: %+v", reset)
 	}
-	ac.get("/").expect(t, "by IP after the reset", 200, shown, "X-RateLimit-Remaining", "1")
+	ac.Get("/").Expect(t, "by IP after the reset", 200, shown, "X-RateLimit-Remaining", "1")
 	if srv.Do("EXISTS", "rl:{127.0.0.1}:api:tb") != int64(1) {
 		t.Fatal("resetting the IP candidate's key deleted the API key's")
 	}
@@ -393,8 +408,8 @@ func TestAdminKeySecret(t *testing.T) {
 		if key == "alice" {
 			hdr = []string{"X-API-Key", "alice"}
 		}
-		ac.get("/", hdr...).expect(t, key+" 1", 200, key)
-		ac.get("/", hdr...).expect(t, key+" 2", 429, "")
+		ac.Get("/", hdr...).Expect(t, key+" 1", 200, key)
+		ac.Get("/", hdr...).Expect(t, key+" 2", 429, "")
 		redisKey := limiter.StateKey("rl:", tbZone("api"), ks.Key(key))
 		st := adminJSON[[]clientState](t, ac, "GET", "/rate_limit_redis/state?zone=api&key="+url.QueryEscape(key), 200)
 		if len(st) != 1 || st[0].Key != key || st[0].RedisKey != redisKey || !keyedTag.MatchString(hashTag(redisKey)) ||
@@ -405,7 +420,7 @@ func TestAdminKeySecret(t *testing.T) {
 		if len(reset) != 1 || !reset[0].Deleted || reset[0].RedisKey != redisKey {
 			t.Fatalf("reset of %s: %+v", key, reset)
 		}
-		ac.get("/", hdr...).expect(t, key+" after the reset", 200, key)
+		ac.Get("/", hdr...).Expect(t, key+" after the reset", 200, key)
 	}
 }
 
@@ -437,7 +452,7 @@ func TestPlanAdminAPI(t *testing.T) {
 	}
 	respond "ok"`, srv.Addr))
 	for range 2 {
-		ac.get("/", "X-API-Key", "key-paid").expect(t, "paid", 200, "ok")
+		ac.Get("/", "X-API-Key", "key-paid").Expect(t, "paid", 200, "ok")
 	}
 	zones := adminJSON[[]zoneInfo](t, ac, "GET", "/rate_limit_redis/zones", 200)
 	if len(zones) != 2 || zones[0].Name != "api" || zones[0].Capacity != 0 || zones[0].RefillRate != 1.0/3600 ||

@@ -2,7 +2,6 @@ package ratelimitredis
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/http"
 	"time"
@@ -18,23 +17,13 @@ import (
 
 // blockResult is one entry of PUT /rate_limit_redis/block.
 type blockResult struct {
-	// The zone's name and the client key, as given.
-	Zone string `json:"zone"`
-	Key  string `json:"key"`
-	// Which of the zone's key candidates the key is of, counted from 1.
-	Candidate int `json:"candidate"`
-	// The Redis key of the block, the Redis addresses and database.
-	RedisKey string   `json:"redis_key"`
-	Redis    []string `json:"redis"`
-	DB       int      `json:"db,omitempty"`
+	clientEntry // redis_key: the block's
 	// When the block ends, in milliseconds since the Unix epoch (Redis server time).
 	BlockedUntilMs int64 `json:"blocked_until_ms"`
-	// Whether the block was announced to the other instances, which then forget their cached
-	// denials of the client at once (a cached denial of a longer block must not outlast a
-	// shorter one). The block itself reaches every instance at once: each decision of the zone
-	// reads it in Redis. broadcast_error says why it was not announced.
-	Broadcast      bool   `json:"broadcast"`
-	BroadcastError string `json:"broadcast_error,omitempty"`
+	// The block itself reaches every instance at once: each decision of the zone reads it in
+	// Redis. The announcement makes the other instances forget their cached denials of the
+	// client (a cached denial of a longer block must not outlast a shorter one).
+	broadcastResult
 }
 
 // handleBlock serves PUT /rate_limit_redis/block?zone=&key=&for=: the client is blocked in the
@@ -44,32 +33,22 @@ type blockResult struct {
 // Errors as for /state: 400 (a parameter missing or out of range, a zone without block), 404,
 // 405, 502, 504.
 func (a *AdminAPI) handleBlock(w http.ResponseWriter, r *http.Request) error {
-	if r.Method != http.MethodPut {
-		w.Header().Set("Allow", http.MethodPut)
-		return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: fmt.Errorf("method %s not allowed: use PUT", r.Method)}
+	q, zone, key, err := clientQuery(w, r, []string{http.MethodPut}, "for")
+	if err != nil {
+		return err
 	}
-	q := r.URL.Query()
-	zone, key, forText := q.Get("zone"), q.Get("key"), q.Get("for")
-	if zone == "" || key == "" || forText == "" {
-		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: errors.New("query parameters zone, key and for are required")}
-	}
+	forText := q.Get("for")
 	d, err := caddy.ParseDuration(forText)
 	if err != nil || d < limiter.MinBlock || d > limiter.MaxBlock {
-		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("for: %q must be a duration between %v and %s", forText,
-			limiter.MinBlock, formatDuration(limiter.MaxBlock))}
+		return badRequest(fmt.Errorf("for: %q must be a duration between %v and %s", forText, limiter.MinBlock, formatDuration(limiter.MaxBlock)))
 	}
-	if n, _ := limiter.ParseCandidateKey(key); n == limiter.KeyedCandidate {
-		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: errors.New(
-			"key: candidates are counted from 1 (0= is no client key's): give the key as {http.rate_limit_redis.key} shows it")}
-	}
-	ts := a.registry().targets(zone)
-	if len(ts) == 0 {
-		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("no rate_limit_redis zone named %q is loaded", zone)}
+	ts, err := a.clientTargets(zone, key)
+	if err != nil {
+		return err
 	}
 	for _, t := range ts {
 		if t.z.lz.Block <= 0 {
-			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf(
-				"zone %s has no block: give it one (block <duration>) so that its decisions read the client's block", zone)}
+			return badRequest(fmt.Errorf("zone %s has no block: give it one (block <duration>) so that its decisions read the client's block", zone))
 		}
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), adminTimeout)
@@ -81,27 +60,17 @@ func (a *AdminAPI) handleBlock(w http.ResponseWriter, r *http.Request) error {
 // cached denials of every handler with the zone.
 func blockClient(ctx context.Context, w http.ResponseWriter, ts []target, key string, d time.Duration) error {
 	out := []blockResult{}
-	seen := make(map[string]bool)
-	candidate, _ := limiter.ParseCandidateKey(key)
-	for _, t := range ts {
-		lk := t.h.limiterKey(key)
-		redisKey := limiter.BlockKey(t.h.KeyPrefix, &t.z.lz, lk)
-		id := t.redisID + "|" + redisKey
-		if seen[id] {
-			t.h.limiter.Forget(&t.z.lz, lk) // blocked already: only this handler's deny cache is left
-			continue
-		}
-		seen[id] = true
+	err := eachClientKey(ts, key, true, limiter.BlockKey, func(_ int, t target, lk string, e clientEntry) error {
 		until, err := t.h.limiter.Block(ctx, &t.z.lz, lk, d)
-		notBroadcast := ""
-		if errors.Is(err, limiter.ErrNotBroadcast) {
-			notBroadcast, err = err.Error(), nil
-		}
+		b, err := broadcastOf(err)
 		if err != nil {
 			return redisError(err)
 		}
-		out = append(out, blockResult{Zone: t.z.Name, Key: key, Candidate: candidate, RedisKey: redisKey, Redis: t.redis, DB: t.h.Redis.DB,
-			BlockedUntilMs: until.UnixMilli(), Broadcast: notBroadcast == "", BroadcastError: notBroadcast})
+		out = append(out, blockResult{clientEntry: e, BlockedUntilMs: until.UnixMilli(), broadcastResult: b})
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	return writeJSON(w, out)
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/caddytest"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
 )
 
@@ -47,12 +48,12 @@ func blockSites(addrs string) string {
 
 // retryAfterNear fails unless r is a 429 whose Retry-After (s) is in (want - 60, want], as are
 // X-RateLimit-Reset, and whose X-RateLimit-Remaining is 0: a block's remaining time.
-func retryAfterNear(t *testing.T, step string, r response, want int) {
+func retryAfterNear(t *testing.T, step string, r caddytest.Response, want int) {
 	t.Helper()
-	ra, _ := strconv.Atoi(r.header.Get("Retry-After"))
-	reset, _ := strconv.Atoi(r.header.Get("X-RateLimit-Reset"))
-	if r.status != 429 || ra <= want-60 || ra > want || reset <= want-60 || reset > want || r.header.Get("X-RateLimit-Remaining") != "0" {
-		t.Fatalf("%s: %d %v, want 429 with Retry-After and X-RateLimit-Reset just under %d, X-RateLimit-Remaining 0", step, r.status, r.header, want)
+	ra, _ := strconv.Atoi(r.Header.Get("Retry-After"))
+	reset, _ := strconv.Atoi(r.Header.Get("X-RateLimit-Reset"))
+	if r.Status != 429 || ra <= want-60 || ra > want || reset <= want-60 || reset > want || r.Header.Get("X-RateLimit-Remaining") != "0" {
+		t.Fatalf("%s: %d %v, want 429 with Retry-After and X-RateLimit-Reset just under %d, X-RateLimit-Remaining 0", step, r.Status, r.Header, want)
 	}
 }
 
@@ -80,17 +81,17 @@ func TestBlockThreeInstances(t *testing.T) {
 			}
 			ac := startCaddyAdmin(t, blockSites(addrs))
 			mallory := []string{"X-Client", "mallory", "X-Org", "acme"}
-			ac.get("/i1/login", mallory...).expect(t, "1st", 200, "ok")
-			ac.get("/i2/login", mallory...).expect(t, "2nd", 200, "ok")
-			retryAfterNear(t, "3rd, over the limit: the block starts", ac.get("/i3/login", mallory...), 3600)
+			ac.Get("/i1/login", mallory...).Expect(t, "1st", 200, "ok")
+			ac.Get("/i2/login", mallory...).Expect(t, "2nd", 200, "ok")
+			retryAfterNear(t, "3rd, over the limit: the block starts", ac.Get("/i3/login", mallory...), 3600)
 
 			// The window has room again after 1s; the block refuses on every instance.
-			waitFor(t, 10*time.Second, "login's window to have room again", func() bool {
+			redistest.WaitFor(t, 10*time.Second, "login's window to have room again", func() bool {
 				st := adminJSON[[]clientState](t, ac, "GET", "/rate_limit_redis/state?zone=login&key=mallory", 200)
 				return len(st) == 1 && st[0].Remaining == 2
 			})
 			for _, i := range []string{"1", "2", "3"} {
-				retryAfterNear(t, "blocked on /i"+i, ac.get("/i"+i+"/login", mallory...), 3600)
+				retryAfterNear(t, "blocked on /i"+i, ac.Get("/i"+i+"/login", mallory...), 3600)
 			}
 			st := adminJSON[[]clientState](t, ac, "GET", "/rate_limit_redis/state?zone=login&key=mallory", 200)
 			now := time.Now().UnixMilli()
@@ -110,7 +111,7 @@ func TestBlockThreeInstances(t *testing.T) {
 
 			adminJSON[[]resetResult](t, ac, "DELETE", "/rate_limit_redis/state?zone=login&key=mallory", 200)
 			for _, i := range []string{"1", "2"} {
-				ac.get("/i"+i+"/login", mallory...).expect(t, "after DELETE, /i"+i, 200, "ok")
+				ac.Get("/i"+i+"/login", mallory...).Expect(t, "after DELETE, /i"+i, 200, "ok")
 			}
 
 			eve := []string{"X-Client", "eve"}
@@ -119,11 +120,11 @@ func TestBlockThreeInstances(t *testing.T) {
 				t.Fatalf("PUT block: %+v", blk)
 			}
 			for _, i := range []string{"1", "2", "3"} {
-				retryAfterNear(t, "eve on /i"+i, ac.get("/i"+i+"/login", eve...), 1800)
+				retryAfterNear(t, "eve on /i"+i, ac.Get("/i"+i+"/login", eve...), 1800)
 			}
 			adminJSON[[]resetResult](t, ac, "DELETE", "/rate_limit_redis/state?zone=login&key=eve", 200)
 			for _, i := range []string{"1", "2"} {
-				ac.get("/i"+i+"/login", eve...).expect(t, "eve after DELETE, /i"+i, 200, "ok")
+				ac.Get("/i"+i+"/login", eve...).Expect(t, "eve after DELETE, /i"+i, 200, "ok")
 			}
 			ac.expectError(t, "PUT", "/rate_limit_redis/block?zone=org&key=eve&for=1m", 400,
 				"zone org has no block: give it one (block <duration>) so that its decisions read the client's block")

@@ -43,6 +43,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/caddytest"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/llmtest"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/repocheck"
@@ -145,19 +146,19 @@ func TestCountStatusLogin(t *testing.T) {
 		"sliding_window_counter": "algorithm sliding_window_counter\n\t\t\tlimit 3\n\t\t\twindow 366d",
 	} {
 		t.Run(name, func(t *testing.T) {
-			cs := startCaddy(t, instances(srv.Addr, "key {http.request.header.X-Client}\n\t\t\tcount_status 401\n\t\t\t"+zone, up.URL))
+			cs := caddytest.Start(t, instances(srv.Addr, "key {http.request.header.X-Client}\n\t\t\tcount_status 401\n\t\t\t"+zone, up.URL))
 			client := "alice-" + name
-			if got := cs.statuses(10, "/i1/login", "X-Client", client, "X-Password", "right"); got != strings.TrimSpace(strings.Repeat("200 ", 10)) {
+			if got := cs.Statuses(10, "/i1/login", "X-Client", client, "X-Password", "right"); got != strings.TrimSpace(strings.Repeat("200 ", 10)) {
 				t.Fatalf("10 correct logins: %s", got)
 			}
-			if got := cs.statuses(3, "/i2/login", "X-Client", client, "X-Password", "wrong"); got != "401 401 401" {
+			if got := cs.Statuses(3, "/i2/login", "X-Client", client, "X-Password", "wrong"); got != "401 401 401" {
 				t.Fatalf("3 wrong logins: %s", got)
 			}
-			if r := cs.get("/i3/login", "X-Client", client, "X-Password", "wrong"); r.status != 429 || r.header.Get("Retry-After") == "" {
-				t.Fatalf("4th wrong login: %d %v, want 429 with Retry-After", r.status, r.header)
+			if r := cs.Get("/i3/login", "X-Client", client, "X-Password", "wrong"); r.Status != 429 || r.Header.Get("Retry-After") == "" {
+				t.Fatalf("4th wrong login: %d %v, want 429 with Retry-After", r.Status, r.Header)
 			}
-			if r := cs.get("/i1/login", "X-Client", client, "X-Password", "right"); r.status != 429 {
-				t.Fatalf("a correct login after 3 wrong ones: %d, want 429", r.status)
+			if r := cs.Get("/i1/login", "X-Client", client, "X-Password", "right"); r.Status != 429 {
+				t.Fatalf("a correct login after 3 wrong ones: %d, want 429", r.Status)
 			}
 
 			fresh := "mallory-" + name
@@ -166,10 +167,10 @@ func TestCountStatusLogin(t *testing.T) {
 			codes := make(chan int, 30)
 			for i := range 30 {
 				wg.Go(func() {
-					req, _ := http.NewRequest(http.MethodGet, cs.base+"/i"+strconv.Itoa(1+i%3)+"/login", nil)
+					req, _ := http.NewRequest(http.MethodGet, cs.Base+"/i"+strconv.Itoa(1+i%3)+"/login", nil)
 					req.Header.Set("X-Client", fresh)
 					req.Header.Set("X-Password", "wrong")
-					resp, err := servingClient(0).Do(req)
+					resp, err := caddytest.Client(0).Do(req)
 					if err != nil {
 						t.Error(err)
 						return
@@ -201,7 +202,7 @@ func TestCountStatusBasicAuth(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cs := startCaddy(t, fmt.Sprintf(`
+	cs := caddytest.Start(t, fmt.Sprintf(`
 	rate_limit_redis {
 		redis {
 			address %s
@@ -218,9 +219,9 @@ func TestCountStatusBasicAuth(t *testing.T) {
 	}
 	respond "welcome"`, srv.Addr, hash))
 	login := func(password string) int {
-		req, _ := http.NewRequest(http.MethodGet, cs.base+"/", nil)
+		req, _ := http.NewRequest(http.MethodGet, cs.Base+"/", nil)
 		req.SetBasicAuth("alice", password)
-		resp, err := servingClient(0).Do(req)
+		resp, err := caddytest.Client(0).Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -244,7 +245,7 @@ func TestCountStatusBasicAuth(t *testing.T) {
 func TestChargeOpenAIUsage(t *testing.T) {
 	srv := redistest.Start(t)
 	up := startUpstream(t, 300)
-	cs := startCaddy(t, instances(srv.Addr, `key {http.request.header.X-API-Key}
+	cs := caddytest.Start(t, instances(srv.Addr, `key {http.request.header.X-API-Key}
 			capacity 1000
 			refill_rate 1000/1h
 			cost 100
@@ -253,18 +254,18 @@ func TestChargeOpenAIUsage(t *testing.T) {
 		key := "key-" + path
 		charged := testutil.ToFloat64(metrics.charged.WithLabelValues("default"))
 		for i := range 4 {
-			r := cs.get(path, "X-API-Key", key)
-			if r.status != 200 || !strings.Contains(r.body, `"total_tokens":300`) {
-				t.Fatalf("%s: request %d: %d %q", path, i+1, r.status, r.body)
+			r := cs.Get(path, "X-API-Key", key)
+			if r.Status != 200 || !strings.Contains(r.Body, `"total_tokens":300`) {
+				t.Fatalf("%s: request %d: %d %q", path, i+1, r.Status, r.Body)
 			}
 		}
 		if got := testutil.ToFloat64(metrics.charged.WithLabelValues("default")) - charged; got != 1200 {
 			t.Fatalf("%s: charged_total grew by %v, want 1200", path, got)
 		}
-		r := cs.get(strings.Replace(path, "/i1/", "/i3/", 1), "X-API-Key", key)
-		ra, err := strconv.Atoi(r.header.Get("Retry-After"))
-		if r.status != 429 || err != nil || ra < 1078 || ra > 1082 {
-			t.Fatalf("%s: 5th request: %d, Retry-After %q; want 429 with 1080 (±2)", path, r.status, r.header.Get("Retry-After"))
+		r := cs.Get(strings.Replace(path, "/i1/", "/i3/", 1), "X-API-Key", key)
+		ra, err := strconv.Atoi(r.Header.Get("Retry-After"))
+		if r.Status != 429 || err != nil || ra < 1078 || ra > 1082 {
+			t.Fatalf("%s: 5th request: %d, Retry-After %q; want 429 with 1080 (±2)", path, r.Status, r.Header.Get("Retry-After"))
 		}
 	}
 }
@@ -277,7 +278,7 @@ func TestChargeFixedWindowDebt(t *testing.T) {
 	srv := redistest.Start(t)
 	up := startUpstream(t, 300)
 	const window = 366 * 24 * time.Hour // windows aligned to the Unix epoch
-	cs := startCaddy(t, instances(srv.Addr, `key {http.request.header.X-API-Key}
+	cs := caddytest.Start(t, instances(srv.Addr, `key {http.request.header.X-API-Key}
 			algorithm fixed_window
 			limit 1000
 			window 366d
@@ -286,18 +287,18 @@ func TestChargeFixedWindowDebt(t *testing.T) {
 	for _, path := range []string{"/i1/chat", "/i2/chat?stream=1"} {
 		key := "fw-" + strconv.Itoa(len(path))
 		for i := range 4 {
-			if r := cs.get(path, "X-API-Key", key); r.status != 200 {
-				t.Fatalf("%s: request %d: %d %q", path, i+1, r.status, r.body)
+			if r := cs.Get(path, "X-API-Key", key); r.Status != 200 {
+				t.Fatalf("%s: request %d: %d %q", path, i+1, r.Status, r.Body)
 			}
 		}
 		if v, _ := srv.Do("GET", "rl:{"+key+"}:default:fw").(string); !strings.HasSuffix(v, ":1200") {
 			t.Fatalf("%s: the window's count %q, want 1200 (200 in debt)", path, v)
 		}
-		r := cs.get(strings.Replace(path, "/i1/", "/i3/", 1), "X-API-Key", key)
+		r := cs.Get(strings.Replace(path, "/i1/", "/i3/", 1), "X-API-Key", key)
 		left := window - time.Duration(time.Now().UnixNano()%int64(window))
-		ra, err := strconv.ParseInt(r.header.Get("Retry-After"), 10, 64)
-		if r.status != 429 || err != nil || ra < int64(left.Seconds())-2 || ra > int64(left.Seconds())+2 {
-			t.Fatalf("%s: 5th request: %d, Retry-After %q; want 429 with the window's end, %.0f s (±2)", path, r.status, r.header.Get("Retry-After"), left.Seconds())
+		ra, err := strconv.ParseInt(r.Header.Get("Retry-After"), 10, 64)
+		if r.Status != 429 || err != nil || ra < int64(left.Seconds())-2 || ra > int64(left.Seconds())+2 {
+			t.Fatalf("%s: 5th request: %d, Retry-After %q; want 429 with the window's end, %.0f s (±2)", path, r.Status, r.Header.Get("Retry-After"), left.Seconds())
 		}
 	}
 }
@@ -309,7 +310,7 @@ func TestChargeBoundUnderConcurrency(t *testing.T) {
 	srv := redistest.Start(t)
 	up := startUpstream(t, 300)
 	up.delay = 50 * time.Millisecond
-	cs := startCaddy(t, instances(srv.Addr, `key {http.request.header.X-API-Key}
+	cs := caddytest.Start(t, instances(srv.Addr, `key {http.request.header.X-API-Key}
 			capacity 1000
 			refill_rate 1000/1h
 			cost 100
@@ -318,9 +319,9 @@ func TestChargeBoundUnderConcurrency(t *testing.T) {
 	var admitted atomic.Int64
 	for i := range 20 {
 		wg.Go(func() {
-			req, _ := http.NewRequest(http.MethodGet, cs.base+"/i"+strconv.Itoa(1+i%3)+"/chat", nil)
+			req, _ := http.NewRequest(http.MethodGet, cs.Base+"/i"+strconv.Itoa(1+i%3)+"/chat", nil)
 			req.Header.Set("X-API-Key", "shared")
-			resp, err := servingClient(0).Do(req)
+			resp, err := caddytest.Client(0).Do(req)
 			if err != nil {
 				t.Error(err)
 				return
@@ -351,14 +352,14 @@ func TestChargeStreamsEveryChunkAtOnce(t *testing.T) {
 	srv := redistest.Start(t)
 	up := startUpstream(t, 300)
 	up.gate = make(chan struct{})
-	cs := startCaddy(t, instances(srv.Addr, `key {http.request.header.X-API-Key}
+	cs := caddytest.Start(t, instances(srv.Addr, `key {http.request.header.X-API-Key}
 			capacity 1000
 			refill_rate 1000/1h
 			cost 100
 			charge openai_usage`, up.URL))
-	req, _ := http.NewRequest(http.MethodGet, cs.base+"/i1/chat?stream=1", nil)
+	req, _ := http.NewRequest(http.MethodGet, cs.Base+"/i1/chat?stream=1", nil)
 	req.Header.Set("X-API-Key", "streamer")
-	resp, err := servingClient(0).Do(req)
+	resp, err := caddytest.Client(0).Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -394,7 +395,7 @@ func TestChargeStreamsEveryChunkAtOnce(t *testing.T) {
 func TestChargeLargeBodyBoundedMemory(t *testing.T) {
 	srv := redistest.Start(t)
 	up := startUpstream(t, 300)
-	cs := startCaddy(t, instances(srv.Addr, `key {http.request.header.X-API-Key}
+	cs := caddytest.Start(t, instances(srv.Addr, `key {http.request.header.X-API-Key}
 			capacity 1000
 			refill_rate 1000/1h
 			cost 100
@@ -406,7 +407,7 @@ func TestChargeLargeBodyBoundedMemory(t *testing.T) {
 	defer debug.SetGCPercent(debug.SetGCPercent(10))
 	grow := func(path, key string) int64 {
 		up.bodyBytes = 0 // warm up: the connections, buffers and goroutines of one small request
-		cs.get(path, "X-API-Key", key+"-warm")
+		cs.Get(path, "X-API-Key", key+"-warm")
 		up.bodyBytes = 100 << 20
 		before := rss(t)
 		var peak atomic.Int64
@@ -423,9 +424,9 @@ func TestChargeLargeBodyBoundedMemory(t *testing.T) {
 				}
 			}
 		}()
-		req, _ := http.NewRequest(http.MethodGet, cs.base+path, nil)
+		req, _ := http.NewRequest(http.MethodGet, cs.Base+path, nil)
 		req.Header.Set("X-API-Key", key)
-		resp, err := servingClient(0).Do(req)
+		resp, err := caddytest.Client(0).Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -468,7 +469,7 @@ func rss(t *testing.T) int64 {
 // it keeps the reservation.
 func TestChargeHeader(t *testing.T) {
 	srv := redistest.Start(t)
-	cs := startCaddy(t, fmt.Sprintf(`
+	cs := caddytest.Start(t, fmt.Sprintf(`
 	rate_limit_redis {
 		redis {
 			address %s
@@ -486,8 +487,8 @@ func TestChargeHeader(t *testing.T) {
 		path, key string
 		want      float64
 	}{{"/reported", "a", 250}, {"/silent", "b", 100}} {
-		if r := cs.get(tc.path, "X-API-Key", tc.key); r.status != 200 {
-			t.Fatalf("%s: %d", tc.path, r.status)
+		if r := cs.Get(tc.path, "X-API-Key", tc.key); r.Status != 200 {
+			t.Fatalf("%s: %d", tc.path, r.Status)
 		}
 		u, _ := strconv.ParseFloat(srv.Do("HGET", "rl:{"+tc.key+"}:default:tb", "u").(string), 64)
 		if u < tc.want-0.1 || u > tc.want || srv.Do("HGET", "rl:{"+tc.key+"}:default:tb", "h") != nil {
@@ -504,14 +505,14 @@ func TestChargeClientGoneMidStream(t *testing.T) {
 	srv := redistest.Start(t)
 	up := startUpstream(t, 300)
 	up.gate = make(chan struct{})
-	cs := startCaddy(t, instances(srv.Addr, `key {http.request.header.X-API-Key}
+	cs := caddytest.Start(t, instances(srv.Addr, `key {http.request.header.X-API-Key}
 			capacity 1000
 			refill_rate 1000/1h
 			cost 100
 			charge openai_usage`, up.URL))
-	req, _ := http.NewRequest(http.MethodGet, cs.base+"/i1/chat?stream=1", nil)
+	req, _ := http.NewRequest(http.MethodGet, cs.Base+"/i1/chat?stream=1", nil)
 	req.Header.Set("X-API-Key", "leaver")
-	resp, err := servingClient(0).Do(req)
+	resp, err := caddytest.Client(0).Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -556,7 +557,7 @@ func TestChargeBehindEncode(t *testing.T) {
 			cost 100
 			charge openai_usage
 		}`, srv.Addr)
-	cs := startCaddy(t, fmt.Sprintf(`
+	cs := caddytest.Start(t, fmt.Sprintf(`
 	handle /outside/* {
 		route {
 			encode gzip
@@ -580,12 +581,12 @@ func TestChargeBehindEncode(t *testing.T) {
 
 // chatGzip sends a request accepting gzip with API key key and returns what its zone charged
 // (in srv).
-func chatGzip(t *testing.T, cs *caddyServer, srv *redistest.Server, path, key string) float64 {
+func chatGzip(t *testing.T, cs *caddytest.Site, srv *redistest.Server, path, key string) float64 {
 	t.Helper()
-	req, _ := http.NewRequest(http.MethodGet, cs.base+path, nil)
+	req, _ := http.NewRequest(http.MethodGet, cs.Base+path, nil)
 	req.Header.Set("X-API-Key", key)
 	req.Header.Set("Accept-Encoding", "gzip")
-	resp, err := servingClient(0).Do(req)
+	resp, err := caddytest.Client(0).Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -623,7 +624,7 @@ func TestChargeStreamingDelay(t *testing.T) {
 		}
 	}))
 	t.Cleanup(up.Close)
-	cs := startCaddy(t, fmt.Sprintf(`
+	cs := caddytest.Start(t, fmt.Sprintf(`
 	route /zone/* {
 		rate_limit_redis {
 			redis {
@@ -641,9 +642,9 @@ func TestChargeStreamingDelay(t *testing.T) {
 		reverse_proxy %s
 	}`, srv.Addr, up.URL, up.URL))
 	measure := func(path string) (median, worst time.Duration) {
-		req, _ := http.NewRequest(http.MethodGet, cs.base+path, nil)
+		req, _ := http.NewRequest(http.MethodGet, cs.Base+path, nil)
 		req.Header.Set("X-API-Key", "delay")
-		resp, err := servingClient(0).Do(req)
+		resp, err := caddytest.Client(0).Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -679,7 +680,7 @@ func TestChargeStreamingDelay(t *testing.T) {
 func TestChargedPlaceholder(t *testing.T) {
 	srv := redistest.Start(t)
 	logFile := t.TempDir() + "/access.log"
-	cs := startCaddy(t, fmt.Sprintf(`
+	cs := caddytest.Start(t, fmt.Sprintf(`
 	log {
 		output file %s
 		format json
@@ -696,7 +697,7 @@ func TestChargedPlaceholder(t *testing.T) {
 	}
 	header X-Tokens-Used 250
 	respond "ok"`, logFile, srv.Addr))
-	cs.get("/")
+	cs.Get("/")
 	redistest.WaitFor(t, 5*time.Second, `the access log line with "charged":250`, func() bool {
 		b, _ := os.ReadFile(logFile)
 		return strings.Contains(string(b), `"charged":250`)
@@ -718,7 +719,7 @@ func TestChargedPlaceholderStreamLeft(t *testing.T) {
 		<-r.Context().Done() // the rest never comes: the client leaves first
 	}))
 	t.Cleanup(up.Close)
-	cs := startCaddy(t, fmt.Sprintf(`
+	cs := caddytest.Start(t, fmt.Sprintf(`
 	log {
 		output file %s
 		format json
@@ -734,7 +735,7 @@ func TestChargedPlaceholderStreamLeft(t *testing.T) {
 		charge openai_usage total missing 777
 	}
 	reverse_proxy %s`, logFile, srv.Addr, up.URL))
-	conn, err := net.Dial("tcp", strings.TrimPrefix(cs.base, "http://"))
+	conn, err := net.Dial("tcp", strings.TrimPrefix(cs.Base, "http://"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -781,7 +782,7 @@ func TestChargeClientLeavesWhileHeld(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan timed, 1)
 			go func() { done <- serveTimed(h, clientRequest("alice").WithContext(ctx)) }()
-			waitFor(t, 5*time.Second, "the request to be held", func() bool { return waitingNow(t) == 1 })
+			redistest.WaitFor(t, 5*time.Second, "the request to be held", func() bool { return waitingNow(t) == 1 })
 			cancel()
 			if r := <-done; r.status != 499 {
 				t.Fatalf("the held request: %d %v, want 499", r.status, r.err)
@@ -804,7 +805,7 @@ func TestChargeClientLeavesWhileHeld(t *testing.T) {
 func TestChargeCompressedUsage(t *testing.T) {
 	srv := redistest.Start(t)
 	up := startOpenAI(t)
-	cs := startCaddy(t, openAIZone(srv.Addr, up.URL, "charge openai_usage total"))
+	cs := caddytest.Start(t, openAIZone(srv.Addr, up.URL, "charge openai_usage total"))
 	chat := []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`)
 	for _, tc := range []struct {
 		name, accept, path  string
@@ -820,7 +821,7 @@ func TestChargeCompressedUsage(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			key := "gz-" + strings.NewReplacer(" ", "", ",", "", "(", "", ")", "").Replace(tc.name)
-			r := cs.send(tc.path, key, chat, "Accept-Encoding", tc.accept)
+			r := send(cs, tc.path, key, chat, "Accept-Encoding", tc.accept)
 			accept, _, sent := up.last()
 			if r.status != 200 || r.header.Get("Content-Encoding") != tc.coding {
 				t.Fatalf("%d, Content-Encoding %q; want 200, %q", r.status, r.header.Get("Content-Encoding"), tc.coding)
@@ -844,8 +845,8 @@ func TestChargeCompressedStream(t *testing.T) {
 	srv := redistest.Start(t)
 	up := startOpenAI(t)
 	up.gate = make(chan struct{})
-	cs := startCaddy(t, openAIZone(srv.Addr, up.URL, "charge openai_usage total"))
-	req, _ := http.NewRequest(http.MethodPost, cs.base+"/v1/chat/completions",
+	cs := caddytest.Start(t, openAIZone(srv.Addr, up.URL, "charge openai_usage total"))
+	req, _ := http.NewRequest(http.MethodPost, cs.Base+"/v1/chat/completions",
 		strings.NewReader(`{"model":"m","messages":[],"stream":true,"stream_options":{"include_usage":true}}`))
 	req.Header.Set("Authorization", "gzstream")
 	req.Header.Set("Content-Type", "application/json")
@@ -899,7 +900,7 @@ func TestChargeCompressedStream(t *testing.T) {
 func TestChargeStreamWithoutIncludeUsage(t *testing.T) {
 	srv := redistest.Start(t)
 	up := startOpenAI(t)
-	cs := startCaddy(t, openAIZone(srv.Addr, up.URL, "charge openai_usage total missing 8000"))
+	cs := caddytest.Start(t, openAIZone(srv.Addr, up.URL, "charge openai_usage total missing 8000"))
 	big := `{"model":"m","stream":true,"messages":[{"role":"user","content":"` + strings.Repeat("x", usage.MaxIncludeUsageBody) + `"}]}`
 	for _, tc := range []struct {
 		name, body  string
@@ -920,7 +921,7 @@ func TestChargeStreamWithoutIncludeUsage(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			key := "s-" + strings.NewReplacer(" ", "-", "(", "", ")", "").Replace(tc.name)
-			if r := cs.send("/v1/chat/completions", key, []byte(tc.body)); r.status != 200 {
+			if r := send(cs, "/v1/chat/completions", key, []byte(tc.body)); r.status != 200 {
 				t.Fatalf("%d %q", r.status, r.body)
 			}
 			_, got, _ := up.last()
@@ -942,7 +943,7 @@ func TestChargeStreamWithoutIncludeUsage(t *testing.T) {
 func TestChargeUsageNotSteerable(t *testing.T) {
 	srv := redistest.Start(t)
 	up := startOpenAI(t)
-	cs := startCaddy(t, openAIZone(srv.Addr, up.URL, "charge openai_usage total missing 8000"))
+	cs := caddytest.Start(t, openAIZone(srv.Addr, up.URL, "charge openai_usage total missing 8000"))
 	for _, tc := range []struct {
 		name, path, body string
 		want             float64
@@ -954,7 +955,7 @@ func TestChargeUsageNotSteerable(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			key := "steer-" + tc.name[:1]
-			if r := cs.send(tc.path, key, []byte(tc.body)); r.status != 200 {
+			if r := send(cs, tc.path, key, []byte(tc.body)); r.status != 200 {
 				t.Fatalf("%d %q", r.status, r.body)
 			}
 			charged(t, srv, tc.name, key, tc.want)
@@ -968,9 +969,9 @@ func TestChargeUsageNotSteerable(t *testing.T) {
 func TestChargeAmountCapped(t *testing.T) {
 	srv := redistest.Start(t)
 	up := startOpenAI(t)
-	cs := startCaddy(t, openAIZone(srv.Addr, up.URL, "charge openai_usage total"))
+	cs := caddytest.Start(t, openAIZone(srv.Addr, up.URL, "charge openai_usage total"))
 	before := testutil.ToFloat64(metrics.chargeCapped.WithLabelValues("tokens"))
-	if r := cs.send("/v1/echo", "huge", []byte(`{"usage":{"total_tokens":9223372036854775807}}`)); r.status != 200 {
+	if r := send(cs, "/v1/echo", "huge", []byte(`{"usage":{"total_tokens":9223372036854775807}}`)); r.status != 200 {
 		t.Fatalf("%d %q", r.status, r.body)
 	}
 	charged(t, srv, "2^63 − 1 reported", "huge", 100000)
@@ -980,7 +981,7 @@ func TestChargeAmountCapped(t *testing.T) {
 	if got := testutil.ToFloat64(metrics.chargeCapped.WithLabelValues("tokens")) - before; got != 1 {
 		t.Fatalf("charge_capped_total grew by %v, want 1", got)
 	}
-	r := cs.send("/v1/chat/completions", "huge", []byte(`{"messages":[]}`))
+	r := send(cs, "/v1/chat/completions", "huge", []byte(`{"messages":[]}`))
 	if ra, _ := strconv.Atoi(r.header.Get("Retry-After")); r.status != 429 || ra > 24*3600+1 {
 		t.Fatalf("next request: %d, Retry-After %q; want 429 within a window", r.status, r.header.Get("Retry-After"))
 	}
@@ -994,21 +995,21 @@ func TestChargeLateResponse(t *testing.T) {
 	srv := redistest.Start(t)
 	up := startOpenAI(t)
 	up.gate = make(chan struct{})
-	cs := startCaddy(t, strings.Replace(openAIZone(srv.Addr, up.URL, "charge openai_usage total"), "hold_max 30m", "hold_max 1s", 1))
+	cs := caddytest.Start(t, strings.Replace(openAIZone(srv.Addr, up.URL, "charge openai_usage total"), "hold_max 30m", "hold_max 1s", 1))
 	noHold := testutil.ToFloat64(metrics.settleFailures.WithLabelValues("no_hold"))
 	slow := make(chan rawResponse, 1)
 	go func() {
-		slow <- cs.send("/v1/chat/completions", "late", []byte(`{"messages":[],"stream":true,"stream_options":{"include_usage":true}}`))
+		slow <- send(cs, "/v1/chat/completions", "late", []byte(`{"messages":[],"stream":true,"stream_options":{"include_usage":true}}`))
 	}()
 	state := "rl:{late}:tokens:tb"
-	waitFor(t, 5*time.Second, "the slow request's hold", func() bool {
+	redistest.WaitFor(t, 5*time.Second, "the slow request's hold", func() bool {
 		m, _ := srv.Do("HGETALL", state).(map[any]any)
 		_, held := m["h"]
 		return held
 	})
 	others := 0
-	waitFor(t, 10*time.Second, "another request to commit the slow one's hold, past hold_max", func() bool {
-		if r := cs.send("/v1/small", "late", []byte(`{}`)); r.status != 200 {
+	redistest.WaitFor(t, 10*time.Second, "another request to commit the slow one's hold, past hold_max", func() bool {
+		if r := send(cs, "/v1/small", "late", []byte(`{}`)); r.status != 200 {
 			t.Fatalf("other request: %d", r.status)
 		}
 		others++
@@ -1127,7 +1128,7 @@ func TestChargeClientLeavesBeforeResponse(t *testing.T) {
 		_, _ = io.WriteString(w, `{"id":"x","choices":[],"usage":`+openAIUsage+`}`)
 	}))
 	t.Cleanup(up.Close)
-	cs := startCaddy(t, openAIZone(srv.Addr, up.URL, "charge openai_usage total"))
+	cs := caddytest.Start(t, openAIZone(srv.Addr, up.URL, "charge openai_usage total"))
 	before := testutil.ToFloat64(metrics.chargeMissing.WithLabelValues("tokens"))
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -1135,10 +1136,10 @@ func TestChargeClientLeavesBeforeResponse(t *testing.T) {
 		<-arrived // the upstream is working on it
 		cancel()
 	}()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, cs.base+"/v1/chat/completions", strings.NewReader(`{"model":"m","messages":[]}`))
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, cs.Base+"/v1/chat/completions", strings.NewReader(`{"model":"m","messages":[]}`))
 	req.Header.Set("Authorization", "leaver")
 	req.Header.Set("Content-Type", "application/json")
-	if resp, err := servingClient(0).Do(req); err == nil {
+	if resp, err := caddytest.Client(0).Do(req); err == nil {
 		resp.Body.Close()
 		t.Fatalf("got %d; the client was to hang up before the response", resp.StatusCode)
 	}
@@ -1197,7 +1198,7 @@ func TestChargeDocsLLMExample(t *testing.T) {
 	body := site[strings.Index(site, "\n")+1 : strings.LastIndex(site, "}")]
 	body = strings.Replace(body, "rate_limit_redis {", "rate_limit_redis {\n\t\tredis {\n\t\t\taddress "+srv.Addr+"\n\t\t}", 1)
 	body = strings.Replace(body, "reverse_proxy localhost:8000", "reverse_proxy "+up.URL, 1)
-	cs := startCaddy(t, body)
+	cs := caddytest.Start(t, body)
 
 	padded := `{"model":"m","messages":[{"role":"user","content":"a long prompt"}],"stream":true` + strings.Repeat(" ", usage.MaxIncludeUsageBody) + `}`
 	for _, tc := range []struct {
@@ -1217,7 +1218,7 @@ func TestChargeDocsLLMExample(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			srv.Do("DEL", "rl:{127.0.0.1}:tokens_ip:tb") // the address's budget: each case is a new day
 			key := "docs-" + strings.NewReplacer(" ", "-", `"`, "", "(", "", ")", "", ".", "").Replace(tc.name)
-			if r := cs.send("/v1/chat/completions", key, []byte(tc.body)); r.status != 200 {
+			if r := send(cs, "/v1/chat/completions", key, []byte(tc.body)); r.status != 200 {
 				t.Fatalf("%d %q", r.status, r.body)
 			}
 			mu.Lock()
@@ -1261,10 +1262,10 @@ func TestChargeDecodingBounded(t *testing.T) {
 		sentMu.Unlock()
 	}))
 	t.Cleanup(up.Close)
-	cs := startCaddy(t, openAIZone(srv.Addr, up.URL, "charge openai_usage total"))
+	cs := caddytest.Start(t, openAIZone(srv.Addr, up.URL, "charge openai_usage total"))
 	before := testutil.ToFloat64(metrics.chargeUndecoded.WithLabelValues("tokens", usage.StopRatio))
 
-	req, _ := http.NewRequest(http.MethodGet, cs.base+"/v1/chat/completions", nil)
+	req, _ := http.NewRequest(http.MethodGet, cs.Base+"/v1/chat/completions", nil)
 	req.Header.Set("Authorization", "bomb")
 	req.Header.Set("Accept-Encoding", "gzip")
 	tr := &http.Transport{DisableCompression: true}
@@ -1326,7 +1327,7 @@ func TestChargeZstdWindowsBounded(t *testing.T) {
 		}
 	}))
 	t.Cleanup(up.Close)
-	cs := startCaddy(t, openAIZone(srv.Addr, up.URL, "charge openai_usage total"))
+	cs := caddytest.Start(t, openAIZone(srv.Addr, up.URL, "charge openai_usage total"))
 	before := testutil.ToFloat64(metrics.chargeUndecoded.WithLabelValues("tokens", usage.StopMemory))
 	heap := func() uint64 {
 		runtime.GC()
@@ -1348,7 +1349,7 @@ func TestChargeZstdWindowsBounded(t *testing.T) {
 	for i := range n {
 		results[i] = make(chan result, 1)
 		go func() {
-			req, _ := http.NewRequest(http.MethodGet, cs.base+"/v1/chat/completions", nil)
+			req, _ := http.NewRequest(http.MethodGet, cs.Base+"/v1/chat/completions", nil)
 			req.Header.Set("Authorization", fmt.Sprintf("zw-%d", i))
 			req.Header.Set("Accept-Encoding", "zstd")
 			resp, err := client.Do(req)
@@ -1406,7 +1407,7 @@ func TestChargeZstdWindowsBounded(t *testing.T) {
 		t.Fatalf("charge_undecoded_total{reason=memory} grew by %v, want %d", d, refused)
 	}
 	// Every window was given back as its response ended: the next response is decoded.
-	if r := cs.send("/v1/chat/completions", "zw-after", nil, "Accept-Encoding", "zstd"); r.status != 200 || !bytes.Equal(r.body, body) {
+	if r := send(cs, "/v1/chat/completions", "zw-after", nil, "Accept-Encoding", "zstd"); r.status != 200 || !bytes.Equal(r.body, body) {
 		t.Fatalf("the next response: %d, %d bytes", r.status, len(r.body))
 	}
 	charged(t, srv, "the next response", "zw-after", 7)
@@ -1576,18 +1577,18 @@ type rawResponse struct {
 	body   []byte
 }
 
-// send sends a request of method to cs with key in Authorization, the header pairs given and
-// body (GET when nil), and returns the response undecoded.
-func (cs *caddyServer) send(path, key string, body []byte, header ...string) rawResponse {
-	cs.t.Helper()
+// send sends a request to cs with key in Authorization, the header pairs given and body (GET
+// when nil, else a POST), and returns the response undecoded.
+func send(cs *caddytest.Site, path, key string, body []byte, header ...string) rawResponse {
+	cs.T.Helper()
 	method := http.MethodGet
 	var rd io.Reader
 	if body != nil {
 		method, rd = http.MethodPost, bytes.NewReader(body)
 	}
-	req, err := http.NewRequest(method, cs.base+path, rd)
+	req, err := http.NewRequest(method, cs.Base+path, rd)
 	if err != nil {
-		cs.t.Fatal(err)
+		cs.T.Fatal(err)
 	}
 	req.Header.Set("Authorization", key)
 	if body != nil {
@@ -1599,12 +1600,12 @@ func (cs *caddyServer) send(path, key string, body []byte, header ...string) raw
 	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableCompression: true}}
 	resp, err := client.Do(req)
 	if err != nil {
-		cs.t.Fatalf("%s %s: %v", method, path, err)
+		cs.T.Fatalf("%s %s: %v", method, path, err)
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {
-		cs.t.Fatalf("%s %s: reading the body: %v", method, path, err)
+		cs.T.Fatalf("%s %s: reading the body: %v", method, path, err)
 	}
 	return rawResponse{status: resp.StatusCode, header: resp.Header, body: b}
 }
@@ -1616,7 +1617,7 @@ func tokensUsed(t *testing.T, srv *redistest.Server, key string) float64 {
 	t.Helper()
 	state := "rl:{" + key + "}:tokens:tb"
 	var u float64
-	waitFor(t, 5*time.Second, "the charge of "+key+" settled", func() bool {
+	redistest.WaitFor(t, 5*time.Second, "the charge of "+key+" settled", func() bool {
 		m, _ := srv.Do("HGETALL", state).(map[any]any)
 		_, held := m["h"]
 		u, _ = strconv.ParseFloat(fmt.Sprint(m["u"]), 64)
@@ -1713,7 +1714,7 @@ const (
 func TestChargeWeights(t *testing.T) {
 	srv := redistest.Start(t)
 	up := startOpenAI(t)
-	cs := startCaddy(t, openAIZone(srv.Addr, up.URL, "charge openai_usage weights prompt 1 completion 4 cached 0.1 missing 8000"))
+	cs := caddytest.Start(t, openAIZone(srv.Addr, up.URL, "charge openai_usage weights prompt 1 completion 4 cached 0.1 missing 8000"))
 	for i, tc := range []struct {
 		name, path, body string
 		want             float64
@@ -1727,7 +1728,7 @@ func TestChargeWeights(t *testing.T) {
 	} {
 		key := fmt.Sprintf("w-%d", i) // of the client key's characters: never a digest
 		t.Run(tc.name, func(t *testing.T) {
-			if r := cs.send(tc.path, key, []byte(tc.body), "Accept-Encoding", "gzip"); r.status != 200 {
+			if r := send(cs, tc.path, key, []byte(tc.body), "Accept-Encoding", "gzip"); r.status != 200 {
 				t.Fatalf("%d %q", r.status, r.body)
 			}
 			charged(t, srv, tc.name, key, tc.want)
@@ -1744,14 +1745,14 @@ func TestChargeWeights(t *testing.T) {
 func TestChargeAnthropicUsage(t *testing.T) {
 	srv := redistest.Start(t)
 	up := llmtest.StartAnthropic(t, llmtest.AnthropicUsage{Input: 100, CacheWrite: 20, CacheRead: 300, Output: 50})
-	cs := startSites(t, "", openAIZone(srv.Addr, up.URL, "charge anthropic_usage total missing 9000"),
+	cs := caddytest.StartSites(t, "", openAIZone(srv.Addr, up.URL, "charge anthropic_usage total missing 9000"),
 		openAIZone(srv.Addr, up.URL, "charge anthropic_usage weights prompt 3 completion 15 cached 0.3 cache_write 3.75"))
 	total, weighted := cs[0], cs[1]
 	const message = `{"model":"claude-sonnet-4-5","max_tokens":1024,"messages":[{"role":"user","content":"Hello"}]}`
 	const stream = `{"model":"claude-sonnet-4-5","max_tokens":1024,"stream":true,"messages":[{"role":"user","content":"Hello"}]}`
 	for _, tc := range []struct {
 		name        string
-		cs          *caddyServer
+		cs          *caddytest.Site
 		body, gzip  string
 		cut         bool
 		want        float64
@@ -1771,7 +1772,7 @@ func TestChargeAnthropicUsage(t *testing.T) {
 			if tc.cut {
 				header = append(header, "X-Cut-Short", "1")
 			}
-			r := tc.cs.send("/v1/messages", key, []byte(tc.body), header...)
+			r := send(tc.cs, "/v1/messages", key, []byte(tc.body), header...)
 			if r.status != 200 || r.header.Get("Content-Encoding") != tc.gzip || !strings.HasPrefix(r.header.Get("Content-Type"), tc.contentType) {
 				t.Fatalf("%d %v %q", r.status, r.header, r.body)
 			}
@@ -1794,7 +1795,7 @@ func TestChargeHeaderScale(t *testing.T) {
 	for _, tc := range scaleCases {
 		fmt.Fprintf(&routes, "\n\t@%s path /%s\n\theader @%s x-litellm-response-cost %q", tc.name, tc.name, tc.name, tc.value)
 	}
-	cs := startCaddy(t, fmt.Sprintf(`
+	cs := caddytest.Start(t, fmt.Sprintf(`
 	rate_limit_redis {
 		redis {
 			address %s
@@ -1811,7 +1812,7 @@ func TestChargeHeaderScale(t *testing.T) {
 	respond "ok"`, srv.Addr, routes.String()))
 	for _, tc := range scaleCases {
 		t.Run(tc.name, func(t *testing.T) {
-			if r := cs.send("/"+tc.name, "s-"+tc.name, nil); r.status != 200 {
+			if r := send(cs, "/"+tc.name, "s-"+tc.name, nil); r.status != 200 {
 				t.Fatalf("%d", r.status)
 			}
 			charged(t, srv, tc.name, "s-"+tc.name, tc.want)

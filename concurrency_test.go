@@ -25,6 +25,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/freeport"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/limiter"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
 )
@@ -504,7 +505,7 @@ func TestConcurrencySlotsOfKilledInstance(t *testing.T) {
 		}
 	}))
 	t.Cleanup(upstream.Close)
-	port := freeLoopbackPort(t)
+	port := freeport.Must(t)
 	dir := t.TempDir()
 	caddyfile := fmt.Sprintf(`{
 	admin off
@@ -636,11 +637,11 @@ func TestConcurrencyAdminStateAndReset(t *testing.T) {
 	var wg sync.WaitGroup
 	t.Cleanup(wg.Wait)
 	for range 2 {
-		wg.Go(func() { ac.get("/slow", "Authorization", "Bearer k") })
+		wg.Go(func() { ac.Get("/slow", "Authorization", "Bearer k") })
 	}
 	<-arrived
 	<-arrived
-	ac.get("/fast", "Authorization", "Bearer k").expect(t, "a third request", 429, "")
+	ac.Get("/fast", "Authorization", "Bearer k").Expect(t, "a third request", 429, "")
 	st := adminJSON[[]clientState](t, ac, "GET", "/rate_limit_redis/state?zone=completions&key=Bearer%20k", 200)
 	if len(st) != 1 || st[0].Algorithm != "concurrency" || st[0].Count == nil || *st[0].Count != 2 || len(st[0].Slots) != 2 ||
 		st[0].Remaining != 0 || st[0].RetryAfterMs != 1000 || st[0].Limit != 2 {
@@ -656,7 +657,7 @@ func TestConcurrencyAdminStateAndReset(t *testing.T) {
 	if len(reset) != 1 || !reset[0].Deleted {
 		t.Fatalf("reset: %+v", reset)
 	}
-	ac.get("/fast", "Authorization", "Bearer k").expect(t, "after the reset", 200, "ok", "X-RateLimit-Remaining", "1")
+	ac.Get("/fast", "Authorization", "Bearer k").Expect(t, "after the reset", 200, "ok", "X-RateLimit-Remaining", "1")
 	close(release)
 	wg.Wait()
 	st = adminJSON[[]clientState](t, ac, "GET", "/rate_limit_redis/state?zone=completions&key=Bearer%20k", 200)

@@ -22,6 +22,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/caddytest"
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/freeport"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/limiter"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
 )
@@ -31,7 +33,7 @@ import (
 // response is marked degraded; when Redis is back, Redis decides again, from its own state.
 func TestFailLocalEnforcesPerInstance(t *testing.T) {
 	srv := redistest.Start(t)
-	cs := startCaddy(t, fmt.Sprintf(`
+	cs := caddytest.Start(t, fmt.Sprintf(`
 	rate_limit_redis {
 		redis {
 			address %s
@@ -41,20 +43,20 @@ func TestFailLocalEnforcesPerInstance(t *testing.T) {
 		refill_rate 1/1h
 	}
 	respond "ok {http.rate_limit_redis.degraded}"`, srv.Addr))
-	cs.get("/").expect(t, "redis up", 200, "ok false", "X-RateLimit-Remaining", "2", "X-RateLimit-Degraded", "")
+	cs.Get("/").Expect(t, "redis up", 200, "ok false", "X-RateLimit-Remaining", "2", "X-RateLimit-Degraded", "")
 	srv.Stop()
 	for i := 1; i <= 3; i++ {
-		cs.get("/").expect(t, "local "+strconv.Itoa(i), 200, "ok true",
+		cs.Get("/").Expect(t, "local "+strconv.Itoa(i), 200, "ok true",
 			"X-RateLimit-Degraded", "true", "X-RateLimit-Limit", "3", "X-RateLimit-Remaining", strconv.Itoa(3-i))
 	}
-	cs.get("/").expect(t, "local, over the limit", 429, "",
+	cs.Get("/").Expect(t, "local, over the limit", 429, "",
 		"X-RateLimit-Degraded", "true", "Retry-After", "3600", "X-RateLimit-Remaining", "0")
 
 	srv.Restart() // empty: the client's bucket in Redis is full again
-	waitFor(t, 2*time.Second, "Redis decides again", func() bool {
-		return cs.get("/").header.Get("X-RateLimit-Degraded") == ""
+	redistest.WaitFor(t, 2*time.Second, "Redis decides again", func() bool {
+		return cs.Get("/").Header.Get("X-RateLimit-Degraded") == ""
 	})
-	cs.get("/").expect(t, "redis back", 200, "ok false", "X-RateLimit-Remaining", "1", "X-RateLimit-Degraded", "")
+	cs.Get("/").Expect(t, "redis back", 200, "ok false", "X-RateLimit-Remaining", "1", "X-RateLimit-Degraded", "")
 }
 
 // TestCircuitBreakerStopsCallingRedis: while Redis fails every script call (out of memory), the
@@ -65,7 +67,7 @@ func TestCircuitBreakerStopsCallingRedis(t *testing.T) {
 	// Long enough that the requests below all meet the open breaker, whatever the machine's load.
 	const breakerOpenFor = 3 * time.Second
 	srv := redistest.Start(t)
-	cs := startCaddy(t, fmt.Sprintf(`
+	cs := caddytest.Start(t, fmt.Sprintf(`
 	rate_limit_redis_tuned breaker_open_for=3s {
 		redis {
 			address %s
@@ -78,14 +80,14 @@ func TestCircuitBreakerStopsCallingRedis(t *testing.T) {
 	if h := liveHandler(t); h.client.breakerOpenFor != breakerOpenFor {
 		t.Fatalf("breaker open for %v, want %v", h.client.breakerOpenFor, breakerOpenFor)
 	}
-	cs.get("/").expect(t, "healthy", 200, "ok")
+	cs.Get("/").Expect(t, "healthy", 200, "ok")
 	srv.Do("CONFIG", "SET", "maxmemory-policy", "noeviction")
 	srv.Do("CONFIG", "SET", "maxmemory", "1") // every script that may write is refused: OOM
 
 	openBefore := testutil.ToFloat64(metrics.backendFailures.WithLabelValues("circuit_open"))
 	errorsBefore := testutil.ToFloat64(metrics.backendFailures.WithLabelValues("oom"))
 	for i := 0; i < breakerTrips; i++ {
-		cs.get("/").expect(t, "failing "+strconv.Itoa(i), 503, "", "Retry-After", "1")
+		cs.Get("/").Expect(t, "failing "+strconv.Itoa(i), 503, "", "Retry-After", "1")
 	}
 	if got := testutil.ToFloat64(metrics.backendFailures.WithLabelValues("oom")) - errorsBefore; got != breakerTrips {
 		t.Fatalf("oom failures = %v, want %d", got, breakerTrips)
@@ -93,7 +95,7 @@ func TestCircuitBreakerStopsCallingRedis(t *testing.T) {
 	calls := srv.ScriptCalls()
 	const whileOpen = 20
 	for i := 0; i < whileOpen; i++ {
-		cs.get("/").expect(t, "breaker open", 503, "", "Retry-After", "1")
+		cs.Get("/").Expect(t, "breaker open", 503, "", "Retry-After", "1")
 	}
 	if got := srv.ScriptCalls(); got != calls {
 		t.Fatalf("Redis saw %d script calls while the breaker was open, want 0", got-calls)
@@ -103,10 +105,10 @@ func TestCircuitBreakerStopsCallingRedis(t *testing.T) {
 	}
 
 	srv.Do("CONFIG", "SET", "maxmemory", "0")
-	waitFor(t, 2*breakerOpenFor, "the breaker closes after Redis recovers", func() bool {
-		return cs.get("/").status == 200
+	redistest.WaitFor(t, 2*breakerOpenFor, "the breaker closes after Redis recovers", func() bool {
+		return cs.Get("/").Status == 200
 	})
-	cs.get("/").expect(t, "closed again", 200, "ok")
+	cs.Get("/").Expect(t, "closed again", 200, "ok")
 }
 
 // TestCachedDenialHoldsWhileBreakerOpen: a client denied before Redis failed stays denied (from
@@ -114,7 +116,7 @@ func TestCircuitBreakerStopsCallingRedis(t *testing.T) {
 // let through degraded.
 func TestCachedDenialHoldsWhileBreakerOpen(t *testing.T) {
 	srv := redistest.Start(t)
-	cs := startCaddy(t, fmt.Sprintf(`
+	cs := caddytest.Start(t, fmt.Sprintf(`
 	rate_limit_redis {
 		redis {
 			address %s
@@ -125,13 +127,13 @@ func TestCachedDenialHoldsWhileBreakerOpen(t *testing.T) {
 		refill_rate 1/1h
 	}
 	respond "ok"`, srv.Addr))
-	cs.get("/", "X-Client", "greedy").expect(t, "first", 200, "ok")
-	cs.get("/", "X-Client", "greedy").expect(t, "denied", 429, "", "Retry-After", "3600")
+	cs.Get("/", "X-Client", "greedy").Expect(t, "first", 200, "ok")
+	cs.Get("/", "X-Client", "greedy").Expect(t, "denied", 429, "", "Retry-After", "3600")
 	srv.Stop()
 	for i := 0; i < breakerTrips+3; i++ { // trips the breaker, then meets it open
-		cs.get("/", "X-Client", "other"+strconv.Itoa(i)).expect(t, "other client, redis down", 200, "ok", "X-RateLimit-Degraded", "true")
+		cs.Get("/", "X-Client", "other"+strconv.Itoa(i)).Expect(t, "other client, redis down", 200, "ok", "X-RateLimit-Degraded", "true")
 	}
-	cs.get("/", "X-Client", "greedy").expect(t, "still denied from the cache", 429, "", "Retry-After", "3600", "X-RateLimit-Degraded", "")
+	cs.Get("/", "X-Client", "greedy").Expect(t, "still denied from the cache", 429, "", "Retry-After", "3600", "X-RateLimit-Degraded", "")
 }
 
 // TestPerZoneFailMode: with Redis down, each zone gets its own fail_mode: the login zone
@@ -141,7 +143,7 @@ func TestCachedDenialHoldsWhileBreakerOpen(t *testing.T) {
 // refused request (503, or 429 of a local zone) counts only in the zones that refused it.
 func TestPerZoneFailMode(t *testing.T) {
 	srv := redistest.Start(t)
-	cs := startCaddy(t, fmt.Sprintf(`
+	cs := caddytest.Start(t, fmt.Sprintf(`
 	rate_limit_redis {
 		redis {
 			address %s
@@ -168,7 +170,7 @@ func TestPerZoneFailMode(t *testing.T) {
 	respond "ok degraded={http.rate_limit_redis.degraded}"`, srv.Addr))
 	reg := activeRegistry(t)
 	zones := []string{"pz_api", "pz_login", "pz_upload"}
-	cs.get("/login").expect(t, "redis up", 200, "ok degraded=false", "X-RateLimit-Limit", "5")
+	cs.Get("/login").Expect(t, "redis up", 200, "ok degraded=false", "X-RateLimit-Limit", "5")
 	srv.Stop()
 
 	step := func(name string, do func(), want map[string]float64) {
@@ -189,28 +191,28 @@ func TestPerZoneFailMode(t *testing.T) {
 		expectDeltas(t, name, before, after, want)
 	}
 	step("the api zone alone fails open", func() {
-		cs.get("/").expect(t, "/", 200, "ok degraded=true", "X-RateLimit-Degraded", "true", "Retry-After", "")
+		cs.Get("/").Expect(t, "/", 200, "ok degraded=true", "X-RateLimit-Degraded", "true", "Retry-After", "")
 	}, map[string]float64{"failures": 1, "pz_api/fail_open": 1})
 	step("the login zone alone fails closed", func() {
 		// /login is in pz_api (open) and pz_login (closed): closed wins.
-		cs.get("/login").expect(t, "/login", 503, "", "Retry-After", "1", "X-RateLimit-Degraded", "")
+		cs.Get("/login").Expect(t, "/login", 503, "", "Retry-After", "1", "X-RateLimit-Degraded", "")
 	}, map[string]float64{"failures": 1, "pz_login/fail_closed": 1})
 	step("the api zone again, after the login zone's 503", func() {
-		cs.get("/").expect(t, "/ again", 200, "ok degraded=true", "X-RateLimit-Degraded", "true")
+		cs.Get("/").Expect(t, "/ again", 200, "ok degraded=true", "X-RateLimit-Degraded", "true")
 	}, map[string]float64{"failures": 1, "pz_api/fail_open": 1})
 	step("the upload zone is enforced in process; the api zone fails open", func() {
 		for i := 1; i <= 2; i++ {
-			cs.get("/upload").expect(t, "upload "+strconv.Itoa(i), 200, "ok degraded=true",
+			cs.Get("/upload").Expect(t, "upload "+strconv.Itoa(i), 200, "ok degraded=true",
 				"X-RateLimit-Degraded", "true", "X-RateLimit-Limit", "2", "X-RateLimit-Remaining", strconv.Itoa(2-i))
 		}
-		cs.get("/upload").expect(t, "upload 3", 429, "", "X-RateLimit-Degraded", "true", "Retry-After", "3600")
+		cs.Get("/upload").Expect(t, "upload 3", 429, "", "X-RateLimit-Degraded", "true", "Retry-After", "3600")
 	}, map[string]float64{"failures": 3, "pz_upload/local": 2, "pz_api/fail_open": 2, "pz_upload/local_denied": 1})
 
 	srv.Restart()
-	waitFor(t, 5*time.Second, "Redis decides again", func() bool {
-		return cs.get("/login").status == 200
+	redistest.WaitFor(t, 5*time.Second, "Redis decides again", func() bool {
+		return cs.Get("/login").Status == 200
 	})
-	cs.get("/upload").expect(t, "redis back", 200, "ok degraded=false", "X-RateLimit-Degraded", "", "X-RateLimit-Remaining", "1")
+	cs.Get("/upload").Expect(t, "redis back", 200, "ok degraded=false", "X-RateLimit-Degraded", "", "X-RateLimit-Remaining", "1")
 }
 
 // TestDegradedHeaderOff: with degraded_header off, a response decided while Redis fails carries
@@ -230,7 +232,7 @@ func TestDegradedHeaderOff(t *testing.T) {
 		t.Run(tc.mode+" "+tc.option, func(t *testing.T) {
 			srv := redistest.Start(t)
 			srv.Stop()
-			cs := startCaddy(t, fmt.Sprintf(`
+			cs := caddytest.Start(t, fmt.Sprintf(`
 	rate_limit_redis {
 		redis {
 			address %s
@@ -246,7 +248,7 @@ func TestDegradedHeaderOff(t *testing.T) {
 				limit = "10"
 			}
 			for i := 0; i < breakerTrips+2; i++ { // failed calls, then the open breaker
-				cs.get("/").expect(t, "redis down", 200, "degraded=true", "X-RateLimit-Degraded", tc.want, "X-RateLimit-Limit", limit)
+				cs.Get("/").Expect(t, "redis down", 200, "degraded=true", "X-RateLimit-Degraded", tc.want, "X-RateLimit-Limit", limit)
 			}
 		})
 	}
@@ -262,7 +264,7 @@ func TestDegradedHeaderOff(t *testing.T) {
 func TestFailLocalFloodEvictsNoOne(t *testing.T) {
 	for _, flood := range []bool{false, true} {
 		t.Run(fmt.Sprintf("flood=%t", flood), func(t *testing.T) {
-			cs := startSites(t, "\t\ttrusted_proxies static 127.0.0.1/32", fmt.Sprintf(`
+			cs := caddytest.StartSites(t, "\t\ttrusted_proxies static 127.0.0.1/32", fmt.Sprintf(`
 	rate_limit_redis_tuned local_keys=64 {
 		redis {
 			address 127.0.0.1:%d
@@ -286,14 +288,14 @@ func TestFailLocalFloodEvictsNoOne(t *testing.T) {
 			window 1h
 		}
 	}
-	respond "ok {http.rate_limit_redis.zone} degraded={http.rate_limit_redis.degraded}"`, freeLoopbackPort(t)))[0]
+	respond "ok {http.rate_limit_redis.zone} degraded={http.rate_limit_redis.degraded}"`, freeport.Must(t)))[0]
 			if h := liveHandler(t); h.localKeys != 64 {
 				t.Fatalf("local_keys %d, want 64", h.localKeys)
 			}
 			login := func() string {
 				var codes []string
 				for range 5 {
-					codes = append(codes, strconv.Itoa(cs.get("/login", "X-Forwarded-For", "198.51.100.66").status))
+					codes = append(codes, strconv.Itoa(cs.Get("/login", "X-Forwarded-For", "198.51.100.66").Status))
 				}
 				return strings.Join(codes, " ")
 			}
@@ -303,11 +305,11 @@ func TestFailLocalFloodEvictsNoOne(t *testing.T) {
 			if flood {
 				admitted := 0
 				for i := range 1000 {
-					r := cs.get("/", "X-Forwarded-For", "198.51.100.99", "X-API-Key", "fresh-"+strconv.Itoa(i))
-					if r.status == 200 {
+					r := cs.Get("/", "X-Forwarded-For", "198.51.100.99", "X-API-Key", "fresh-"+strconv.Itoa(i))
+					if r.Status == 200 {
 						admitted++
-					} else if r.status != 429 {
-						t.Fatalf("flood request %d: %d %q", i, r.status, r.body)
+					} else if r.Status != 429 {
+						t.Fatalf("flood request %d: %d %q", i, r.Status, r.Body)
 					}
 				}
 				if admitted != 40 {
@@ -329,7 +331,7 @@ func TestFailLocalFloodEvictsNoOne(t *testing.T) {
 func TestFailOpenClosedPlaceholders(t *testing.T) {
 	srv := redistest.Start(t)
 	srv.Stop()
-	cs := startCaddy(t, fmt.Sprintf(`
+	cs := caddytest.Start(t, fmt.Sprintf(`
 	rate_limit_redis {
 		redis {
 			address %s
@@ -352,10 +354,10 @@ func TestFailOpenClosedPlaceholders(t *testing.T) {
 	handle_errors {
 		respond "err zone={http.rate_limit_redis.zone} key={http.rate_limit_redis.key} limit={http.rate_limit_redis.limit} remaining={http.rate_limit_redis.remaining} degraded={http.rate_limit_redis.degraded} allowed={http.rate_limit_redis.allowed}" {err.status_code}
 	}`, srv.Addr))
-	cs.get("/", "X-API-Key", "alice").expect(t, "fail open", 200,
+	cs.Get("/", "X-API-Key", "alice").Expect(t, "fail open", 200,
 		"zone=api key=alice limit=5 remaining={http.rate_limit_redis.remaining} reset={http.rate_limit_redis.reset} retry={http.rate_limit_redis.retry_after} waited={http.rate_limit_redis.waited} degraded=true allowed=true",
 		"X-RateLimit-Degraded", "true")
-	cs.get("/login").expect(t, "fail closed", 503,
+	cs.Get("/login").Expect(t, "fail closed", 503,
 		"err zone=login key=127.0.0.1 limit=3 remaining={http.rate_limit_redis.remaining} degraded=true allowed=false",
 		"Retry-After", "1")
 }
@@ -393,7 +395,7 @@ func TestDryRunExactlyAsEnforced(t *testing.T) {
 		}`, srv.Addr, prefix, dryRun, prefix, prefix)
 	}
 	const report = `allowed={http.rate_limit_redis.allowed} zone={http.rate_limit_redis.zone} key={http.rate_limit_redis.key} limit={http.rate_limit_redis.limit} remaining={http.rate_limit_redis.remaining} reset={http.rate_limit_redis.reset} retry={http.rate_limit_redis.retry_after} degraded={http.rate_limit_redis.degraded}`
-	cs := startCaddy(t, fmt.Sprintf(`
+	cs := caddytest.Start(t, fmt.Sprintf(`
 	handle_path /enforced/* {
 		%s
 		respond "%s"
@@ -427,26 +429,26 @@ func TestDryRunExactlyAsEnforced(t *testing.T) {
 		if step.cost != "" {
 			hdr = append(hdr, "X-Cost", step.cost)
 		}
-		en := cs.get("/enforced"+step.path, hdr...)
-		dr := cs.get("/dry"+step.path, hdr...)
-		if en.status != step.enforced {
-			t.Fatalf("%s: enforced status %d %q, want %d", step.name, en.status, en.body, step.enforced)
+		en := cs.Get("/enforced"+step.path, hdr...)
+		dr := cs.Get("/dry"+step.path, hdr...)
+		if en.Status != step.enforced {
+			t.Fatalf("%s: enforced status %d %q, want %d", step.name, en.Status, en.Body, step.enforced)
 		}
-		if dr.status != 200 {
-			t.Fatalf("%s: dry run status %d %q, want 200", step.name, dr.status, dr.body)
+		if dr.Status != 200 {
+			t.Fatalf("%s: dry run status %d %q, want 200", step.name, dr.Status, dr.Body)
 		}
 		// Everything the dry run reports, with its zone names, equals what enforcement reports.
-		drBody := strings.ReplaceAll(dr.body, "zone=dr_", "zone=en_")
-		if drBody != en.body {
-			t.Fatalf("%s: dry run reports %q, enforcement %q", step.name, dr.body, en.body)
+		drBody := strings.ReplaceAll(dr.Body, "zone=dr_", "zone=en_")
+		if drBody != en.Body {
+			t.Fatalf("%s: dry run reports %q, enforcement %q", step.name, dr.Body, en.Body)
 		}
-		wantHeaders := rateLimitHeaders(en.header)
+		wantHeaders := rateLimitHeaders(en.Header)
 		delete(wantHeaders, "Retry-After")
-		if got := rateLimitHeaders(dr.header); !maps.Equal(got, wantHeaders) {
+		if got := rateLimitHeaders(dr.Header); !maps.Equal(got, wantHeaders) {
 			t.Fatalf("%s: dry run headers %v, want enforcement's without Retry-After: %v", step.name, got, wantHeaders)
 		}
 		if step.enforced == 429 && !strings.HasPrefix(drBody, "allowed=false") {
-			t.Fatalf("%s: dry run reports %q, want allowed=false", step.name, dr.body)
+			t.Fatalf("%s: dry run reports %q, want allowed=false", step.name, dr.Body)
 		}
 	}
 
@@ -478,25 +480,25 @@ func TestDryRunExactlyAsEnforced(t *testing.T) {
 func TestDryRunRedisDown(t *testing.T) {
 	for _, tc := range []struct {
 		mode   string
-		expect func(t *testing.T, cs *caddyServer)
+		expect func(t *testing.T, cs *caddytest.Site)
 	}{
-		{"closed", func(t *testing.T, cs *caddyServer) {
+		{"closed", func(t *testing.T, cs *caddytest.Site) {
 			for i := 0; i < 3; i++ {
-				cs.get("/").expect(t, "redis down", 200, "allowed=false degraded=true retry={http.rate_limit_redis.retry_after}",
+				cs.Get("/").Expect(t, "redis down", 200, "allowed=false degraded=true retry={http.rate_limit_redis.retry_after}",
 					"Retry-After", "", "X-RateLimit-Degraded", "", "X-RateLimit-Limit", "")
 			}
 		}},
-		{"local", func(t *testing.T, cs *caddyServer) {
-			cs.get("/").expect(t, "local, admitted", 200, "allowed=true degraded=true retry=0",
+		{"local", func(t *testing.T, cs *caddytest.Site) {
+			cs.Get("/").Expect(t, "local, admitted", 200, "allowed=true degraded=true retry=0",
 				"X-RateLimit-Degraded", "true", "X-RateLimit-Remaining", "0", "Retry-After", "")
-			cs.get("/").expect(t, "local, would be denied", 200, "allowed=false degraded=true retry=3600",
+			cs.Get("/").Expect(t, "local, would be denied", 200, "allowed=false degraded=true retry=3600",
 				"X-RateLimit-Degraded", "true", "X-RateLimit-Remaining", "0", "X-RateLimit-Limit", "1", "Retry-After", "")
 		}},
 	} {
 		t.Run(tc.mode, func(t *testing.T) {
 			srv := redistest.Start(t)
 			srv.Stop()
-			cs := startCaddy(t, fmt.Sprintf(`
+			cs := caddytest.Start(t, fmt.Sprintf(`
 	rate_limit_redis {
 		redis {
 			address %s
@@ -530,7 +532,7 @@ func TestDenyCacheEndToEnd(t *testing.T) {
 	} {
 		t.Run("deny_cache="+tc.name, func(t *testing.T) {
 			srv := redistest.Start(t)
-			cs := startCaddy(t, fmt.Sprintf(`
+			cs := caddytest.Start(t, fmt.Sprintf(`
 	rate_limit_redis {
 		redis {
 			address %s
@@ -541,17 +543,17 @@ func TestDenyCacheEndToEnd(t *testing.T) {
 	}
 	respond "ok"`, srv.Addr, tc.option))
 			a := srv.Time()
-			cs.get("/").expect(t, "first", 200, "ok")
-			cs.get("/").expect(t, "denied by Redis", 429, "", "X-RateLimit-Remaining", "0")
+			cs.Get("/").Expect(t, "first", 200, "ok")
+			cs.Get("/").Expect(t, "denied by Redis", 429, "", "X-RateLimit-Remaining", "0")
 			calls := srv.ScriptCalls()
 			hits := testutil.ToFloat64(metrics.denyCacheHits)
 			for i := 0; i < 10; i++ {
-				r := cs.get("/")
+				r := cs.Get("/")
 				lo := int(math.Ceil((3600*time.Second - 2*srv.Time().Sub(a)).Seconds()))
-				r.expect(t, "denied again", 429, "", "X-RateLimit-Limit", "1", "X-RateLimit-Remaining", "0")
+				r.Expect(t, "denied again", 429, "", "X-RateLimit-Limit", "1", "X-RateLimit-Remaining", "0")
 				for _, h := range []string{"Retry-After", "X-RateLimit-Reset"} {
-					if got, err := strconv.Atoi(r.header.Get(h)); err != nil || got < lo || got > 3600 {
-						t.Fatalf("denied again: %s %q, want %d to 3600", h, r.header.Get(h), lo)
+					if got, err := strconv.Atoi(r.Header.Get(h)); err != nil || got < lo || got > 3600 {
+						t.Fatalf("denied again: %s %q, want %d to 3600", h, r.Header.Get(h), lo)
 					}
 				}
 			}
@@ -572,7 +574,7 @@ func TestDenyCacheEndToEnd(t *testing.T) {
 // (the entry had expired, as it should), until a pair fits in the second, for 30s at most.
 func TestDenyCacheOnByDefault(t *testing.T) {
 	srv := redistest.Start(t)
-	cs := startCaddy(t, fmt.Sprintf(`
+	cs := caddytest.Start(t, fmt.Sprintf(`
 	rate_limit_redis {
 		redis {
 			address %s
@@ -581,15 +583,15 @@ func TestDenyCacheOnByDefault(t *testing.T) {
 		refill_rate 1/1h
 	}
 	respond "ok"`, srv.Addr))
-	cs.get("/").expect(t, "first", 200, "ok")
+	cs.Get("/").Expect(t, "first", 200, "ok")
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		c := time.Now()
 		calls := srv.ScriptCalls()
-		cs.get("/").expect(t, "denied", 429, "")
+		cs.Get("/").Expect(t, "denied", 429, "")
 		fromRedis := srv.ScriptCalls() == calls+1
 		calls, hits := srv.ScriptCalls(), testutil.ToFloat64(metrics.denyCacheHits)
-		cs.get("/").expect(t, "denied again", 429, "")
+		cs.Get("/").Expect(t, "denied again", 429, "")
 		hit := srv.ScriptCalls() == calls && testutil.ToFloat64(metrics.denyCacheHits) == hits+1
 		if hit {
 			return
@@ -609,7 +611,7 @@ func TestDenyCacheOnByDefault(t *testing.T) {
 // under the reason oom.
 func TestOverMemoryCountedAsOOM(t *testing.T) {
 	srv := redistest.Start(t, "--maxmemory", "3mb", "--maxmemory-policy", "noeviction")
-	cs := startCaddy(t, fmt.Sprintf(`rate_limit_redis {
+	cs := caddytest.Start(t, fmt.Sprintf(`rate_limit_redis {
 		redis {
 			address %s
 		}
@@ -625,10 +627,10 @@ func TestOverMemoryCountedAsOOM(t *testing.T) {
 	// its probes meet OOM again.
 	sent := 0
 	for ; sent < 100_000 && oom()-start < breakerTrips; sent++ {
-		cs.get("/", "X-API-Key", "key-"+strconv.Itoa(sent))
+		cs.Get("/", "X-API-Key", "key-"+strconv.Itoa(sent))
 	}
 	for i := 0; i < sent; i++ {
-		cs.get("/", "X-API-Key", "more-"+strconv.Itoa(i))
+		cs.Get("/", "X-API-Key", "more-"+strconv.Itoa(i))
 	}
 	if oom()-start < breakerTrips {
 		t.Fatalf("%.0f decisions counted as oom after %d fresh keys, want at least %d", oom()-start, 2*sent, breakerTrips)
@@ -798,7 +800,7 @@ func TestGarbageRepliesApplyFailMode(t *testing.T) {
 		for _, mode := range []string{FailOpen, FailClosed} {
 			t.Run(tc.name+"/"+mode, func(t *testing.T) {
 				addr := redistest.StartGarbage(t, tc.reply, tc.hangUp)
-				cs := startCaddy(t, fmt.Sprintf(`
+				cs := caddytest.Start(t, fmt.Sprintf(`
 	rate_limit_redis {
 		redis {
 			address %s
@@ -811,10 +813,10 @@ func TestGarbageRepliesApplyFailMode(t *testing.T) {
 	handle_errors {
 		respond "err degraded={http.rate_limit_redis.degraded}" {err.status_code}
 	}`, addr, mode))
-				lc := newLoadClient(t, cs)
+				lc := caddytest.NewLoadClient(cs)
 				for i := range 2 { // the second on a pooled connection, unless the first was dropped
 					step := "request " + strconv.Itoa(i+1)
-					r, err := lc.get("/")
+					r, err := lc.Get("/")
 					if err != nil && tc.bug != "" {
 						t.Skipf("BUG: %s (%s: %v)", tc.bug, step, err)
 					}
@@ -822,10 +824,10 @@ func TestGarbageRepliesApplyFailMode(t *testing.T) {
 						t.Fatalf("%s: %v", step, err)
 					}
 					if mode == FailOpen {
-						r.expect(t, step, 200, "degraded=true", "X-RateLimit-Degraded", "true",
+						r.Expect(t, step, 200, "degraded=true", "X-RateLimit-Degraded", "true",
 							"X-RateLimit-Limit", "", "Retry-After", "")
 					} else {
-						r.expect(t, step, 503, "err degraded=true", "Retry-After", "1",
+						r.Expect(t, step, 503, "err degraded=true", "Retry-After", "1",
 							"X-RateLimit-Limit", "", "X-RateLimit-Degraded", "")
 					}
 				}

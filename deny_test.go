@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/caddytest"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
 )
 
@@ -37,11 +38,11 @@ func TestLogKey(t *testing.T) {
 		}
 	}
 	respond "ok"`, srv.Addr, option))
-			lc.get("/", "X-Client", key).expect(t, "allowed", 200, "ok")
-			lc.get("/", "X-Client", key).expect(t, "denied by Redis", 429, "")
-			lc.get("/", "X-Client", key).expect(t, "denied from the deny cache", 429, "")
+			lc.Get("/", "X-Client", key).Expect(t, "allowed", 200, "ok")
+			lc.Get("/", "X-Client", key).Expect(t, "denied by Redis", 429, "")
+			lc.Get("/", "X-Client", key).Expect(t, "denied from the deny cache", 429, "")
 			srv.Stop() // failures are logged too: they must not hold the key either
-			lc.get("/", "X-Client", "another-"+key).expect(t, "redis down", 200, "ok")
+			lc.Get("/", "X-Client", "another-"+key).Expect(t, "redis down", 200, "ok")
 
 			lines := ours(lc.lines())
 			denials := withMsg(lines, "rate limited")
@@ -88,7 +89,7 @@ func TestShouldRetry(t *testing.T) {
 			%s
 		}`, name, name, numbers, extra)
 	}
-	sites := startSites(t, "", fmt.Sprintf(`
+	sites := caddytest.StartSites(t, "", fmt.Sprintf(`
 	rate_limit_redis {
 		redis {
 			address %s
@@ -118,7 +119,7 @@ func TestShouldRetry(t *testing.T) {
 	errorRoutes, bare := sites[0], sites[1]
 	for _, tc := range []struct {
 		name      string
-		cs        *caddyServer
+		cs        *caddytest.Site
 		path      string
 		retry     string // the 429's Retry-After
 		noRetry   bool
@@ -135,7 +136,7 @@ func TestShouldRetry(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			client := "c-" + strings.ReplaceAll(tc.name, " ", "-")
-			tc.cs.get(tc.path, "X-Client", client).expect(t, "allowed", 200, "ok", "X-Should-Retry", "")
+			tc.cs.Get(tc.path, "X-Client", client).Expect(t, "allowed", 200, "ok", "X-Should-Retry", "")
 			cost := "1"
 			if tc.costAbove {
 				cost = "6"
@@ -145,7 +146,7 @@ func TestShouldRetry(t *testing.T) {
 				body = ""
 			}
 			want := map[bool]string{true: "false"}[tc.noRetry]
-			tc.cs.get(tc.path, "X-Client", client, "X-Cost", cost).expect(t, "denied", 429, body,
+			tc.cs.Get(tc.path, "X-Client", client, "X-Cost", cost).Expect(t, "denied", 429, body,
 				"Retry-After", tc.retry, "X-Should-Retry", want)
 		})
 	}

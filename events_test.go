@@ -12,6 +12,8 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/caddytest"
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/freeport"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
 )
 
@@ -55,7 +57,7 @@ func TestEvents(t *testing.T) {
 	received.counts, received.data = map[string]int{}, nil
 	received.Unlock()
 	srv := redistest.Start(t)
-	addr := "127.0.0.1:" + strconv.Itoa(freeLoopbackPort(t))
+	addr := "127.0.0.1:" + strconv.Itoa(freeport.Must(t))
 	cfg, _ := json.Marshal(map[string]any{
 		"admin":   map[string]any{"disabled": true},
 		"logging": map[string]any{"logs": map[string]any{"default": map[string]any{"level": "ERROR"}}},
@@ -77,11 +79,11 @@ func TestEvents(t *testing.T) {
 		},
 	})
 	t.Cleanup(func() { _ = caddy.Stop() })
-	if err := loadServing(t, cfg); err != nil {
+	if err := caddytest.LoadServing(t, cfg); err != nil {
 		t.Fatal(err)
 	}
-	cs := &caddyServer{t: t, base: "http://" + addr}
-	if got := cs.statuses(6, "/", "X-Client", "a"); got != "200 200 429 429 429 429" {
+	cs := &caddytest.Site{T: t, Base: "http://" + addr}
+	if got := cs.Statuses(6, "/", "X-Client", "a"); got != "200 200 429 429 429 429" {
 		t.Fatalf("got %s", got)
 	}
 	redistest.WaitFor(t, 5*time.Second, "4 exceeded events", func() bool { return eventCount(EventExceeded) == 4 })
@@ -93,13 +95,13 @@ func TestEvents(t *testing.T) {
 
 	srv.Stop()
 	for i := 0; i < 20; i++ { // fail_mode open: 200, degraded; the breaker opens after 5
-		if r := cs.get("/", "X-Client", strconv.Itoa(i)); r.status != 200 {
-			t.Fatalf("Redis down, request %d: %d, want 200 (fail_mode open)", i, r.status)
+		if r := cs.Get("/", "X-Client", strconv.Itoa(i)); r.Status != 200 {
+			t.Fatalf("Redis down, request %d: %d, want 200 (fail_mode open)", i, r.Status)
 		}
 	}
 	srv.Restart()
 	redistest.WaitFor(t, 10*time.Second, "a decision by Redis again", func() bool {
-		return cs.get("/", "X-Client", "b").header.Get("X-RateLimit-Degraded") == "" && eventCount(EventRedisRecovered) == 1
+		return cs.Get("/", "X-Client", "b").Header.Get("X-RateLimit-Degraded") == "" && eventCount(EventRedisRecovered) == 1
 	})
 	for _, c := range []struct {
 		name string
@@ -119,7 +121,7 @@ func TestEventBlocked(t *testing.T) {
 	received.counts, received.data = map[string]int{}, nil
 	received.Unlock()
 	srv := redistest.Start(t)
-	addr := "127.0.0.1:" + strconv.Itoa(freeLoopbackPort(t))
+	addr := "127.0.0.1:" + strconv.Itoa(freeport.Must(t))
 	cfg, _ := json.Marshal(map[string]any{
 		"admin":   map[string]any{"disabled": true},
 		"logging": map[string]any{"logs": map[string]any{"default": map[string]any{"level": "ERROR"}}},
@@ -140,13 +142,13 @@ func TestEventBlocked(t *testing.T) {
 		},
 	})
 	t.Cleanup(func() { _ = caddy.Stop() })
-	if err := loadServing(t, cfg); err != nil {
+	if err := caddytest.LoadServing(t, cfg); err != nil {
 		t.Fatal(err)
 	}
 	blocked := metrics.decisions.WithLabelValues("evblock", resultBlocked.String())
 	before := testutil.ToFloat64(blocked)
-	cs := &caddyServer{t: t, base: "http://" + addr}
-	if got := cs.statuses(5, "/", "X-Client", "a"); got != "200 429 429 429 429" {
+	cs := &caddytest.Site{T: t, Base: "http://" + addr}
+	if got := cs.Statuses(5, "/", "X-Client", "a"); got != "200 429 429 429 429" {
 		t.Fatalf("got %s", got)
 	}
 	redistest.WaitFor(t, 5*time.Second, "a blocked event", func() bool { return eventCount(EventBlocked) == 1 })

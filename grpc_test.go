@@ -23,6 +23,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/caddytest"
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/freeport"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
 )
 
@@ -66,7 +68,7 @@ func (up *grpcUpstream) calls() []time.Time {
 // then extra, then reverse_proxy over h2c to upstream. It returns the site's host:port.
 func startGRPCSite(t *testing.T, limit, extra string, upstream *grpcUpstream) string {
 	t.Helper()
-	port := freeLoopbackPort(t)
+	port := freeport.Must(t)
 	t.Cleanup(func() { _ = caddy.Stop() })
 	caddyfile := fmt.Sprintf(`{
 	admin off
@@ -85,7 +87,7 @@ func startGRPCSite(t *testing.T, limit, extra string, upstream *grpcUpstream) st
 	reverse_proxy h2c://%s
 }
 `, port, strings.TrimSpace(limit+"\n\t"+extra), upstream.addr)
-	if err := loadCaddyfile(t, caddyfile); err != nil {
+	if err := caddytest.LoadCaddyfile(t, caddyfile); err != nil {
 		t.Fatal(err)
 	}
 	return "127.0.0.1:" + strconv.Itoa(port)
@@ -165,10 +167,10 @@ func healthCheck(t *testing.T, c healthpb.HealthClient, key string, md ...string
 }
 
 // plainGet sends an HTTP/1.1 GET to addr as client key, with the other headers given.
-func plainGet(t *testing.T, addr, key string, header ...string) response {
+func plainGet(t *testing.T, addr, key string, header ...string) caddytest.Response {
 	t.Helper()
-	cs := &caddyServer{t: t, base: "http://" + addr}
-	return cs.get("/", append([]string{"X-Client", key}, header...)...)
+	cs := &caddytest.Site{T: t, Base: "http://" + addr}
+	return cs.Get("/", append([]string{"X-Client", key}, header...)...)
 }
 
 // TestGRPCDenialIsResourceExhausted: a grpc-go client whose call is denied, through Caddy's
@@ -221,9 +223,9 @@ func TestGRPCDenialIsResourceExhausted(t *testing.T) {
 		t.Fatalf("decisions_total{result=denied} rose by %v, want 1", got)
 	}
 
-	plainGet(t, addr, "a").expect(t, "plain HTTP, same client", 429, "limited zone=grpc_api",
+	plainGet(t, addr, "a").Expect(t, "plain HTTP, same client", 429, "limited zone=grpc_api",
 		"Retry-After", "3600", "Grpc-Status", "", "Content-Type", "text/plain; charset=utf-8")
-	plainGet(t, addr, "a", "Content-Type", "application/grpc").expect(t, "gRPC's content-type over HTTP/1.1", 429,
+	plainGet(t, addr, "a", "Content-Type", "application/grpc").Expect(t, "gRPC's content-type over HTTP/1.1", 429,
 		"limited zone=grpc_api", "Grpc-Status", "")
 	if got := denied() - before; got != 3 {
 		t.Fatalf("decisions_total{result=denied} rose by %v, want 3", got)
@@ -348,7 +350,7 @@ func TestGRPCFailClosedIsUnavailable(t *testing.T) {
 	if got := first(md, "grpc-retry-pushback-ms"); got != "1000" || first(md, "cache-control") != "no-store" {
 		t.Fatalf("grpc-retry-pushback-ms %q, metadata %v; want 1000 and cache-control no-store", got, md)
 	}
-	plainGet(t, addr, "a").expect(t, "plain HTTP", 503, "", "Retry-After", "1", "Grpc-Status", "", "Cache-Control", "no-store")
+	plainGet(t, addr, "a").Expect(t, "plain HTTP", 503, "", "Retry-After", "1", "Grpc-Status", "", "Cache-Control", "no-store")
 	if n := len(up.calls()); n != 0 {
 		t.Fatalf("the upstream had %d calls, want 0", n)
 	}
@@ -376,7 +378,7 @@ func TestGRPCStatusOff(t *testing.T) {
 	if st, _ := healthCheck(t, c, "a"); st.Code() != codes.Unavailable || !strings.Contains(st.Message(), "429") {
 		t.Fatalf("denied call with grpc_status off: %v, want UNAVAILABLE from the 429", st)
 	}
-	plainGet(t, addr, "a").expect(t, "plain HTTP", 429, "", "Retry-After", "3600", "Cache-Control", "no-store")
+	plainGet(t, addr, "a").Expect(t, "plain HTTP", 429, "", "Retry-After", "3600", "Cache-Control", "no-store")
 }
 
 // TestGRPCMessage: grpc-message percent-encodes the bytes outside 0x20-0x7E, and '%', with
@@ -454,7 +456,7 @@ func TestGRPCPushback(t *testing.T) {
 
 // h2cDo sends a request of method over cleartext HTTP/2 (prior knowledge, as a client of an
 // h2c site, or a browser of an HTTPS one) to addr as client key, with the other headers given.
-func h2cDo(t *testing.T, method, addr, key string, header ...string) response {
+func h2cDo(t *testing.T, method, addr, key string, header ...string) caddytest.Response {
 	t.Helper()
 	var p http.Protocols
 	p.SetUnencryptedHTTP2(true)
@@ -477,7 +479,7 @@ func h2cDo(t *testing.T, method, addr, key string, header ...string) response {
 		t.Fatalf("%s over HTTP/%d, want HTTP/2", method, resp.ProtoMajor)
 	}
 	b, _ := io.ReadAll(resp.Body)
-	return response{status: resp.StatusCode, header: resp.Header, body: string(b)}
+	return caddytest.Response{Status: resp.StatusCode, Header: resp.Header, Body: string(b)}
 }
 
 // TestGRPCFormOnlyForGRPCCalls: the denial of a request over HTTP/2 that is not a gRPC call
@@ -502,11 +504,11 @@ func TestGRPCFormOnlyForGRPCCalls(t *testing.T) {
 	if st, _ := healthCheck(t, c, "a"); st.Code() != codes.OK {
 		t.Fatalf("first call: %v", st)
 	}
-	h2cDo(t, http.MethodGet, addr, "a", "Content-Type", "application/grpc").expect(t, "GET over HTTP/2 with gRPC's content-type", 429,
+	h2cDo(t, http.MethodGet, addr, "a", "Content-Type", "application/grpc").Expect(t, "GET over HTTP/2 with gRPC's content-type", 429,
 		"custom 429 page", "Grpc-Status", "", "Cache-Control", "no-store")
-	h2cDo(t, http.MethodPost, addr, "a", "Content-Type", "text/plain").expect(t, "POST over HTTP/2", 429,
+	h2cDo(t, http.MethodPost, addr, "a", "Content-Type", "text/plain").Expect(t, "POST over HTTP/2", 429,
 		"custom 429 page", "Grpc-Status", "", "Cache-Control", "no-store")
-	plainGet(t, addr, "a").expect(t, "GET over HTTP/1.1", 429, "custom 429 page", "Cache-Control", "no-store")
+	plainGet(t, addr, "a").Expect(t, "GET over HTTP/1.1", 429, "custom 429 page", "Cache-Control", "no-store")
 	st, md := healthCheck(t, c, "a")
 	if st.Code() != codes.ResourceExhausted || first(md, "cache-control") != "no-store" {
 		t.Fatalf("gRPC call: %v, metadata %v; want ResourceExhausted and cache-control no-store", st, md)
@@ -568,8 +570,8 @@ func TestGRPCOtherRefusals(t *testing.T) {
 		for i := 0; i+1 < len(tc.md); i += 2 {
 			header = append(header, http.CanonicalHeaderKey(tc.md[i]), tc.md[i+1])
 		}
-		if r := plainGet(t, addr, "a", header...); r.status != tc.status || r.header.Get("Cache-Control") != "no-store" || r.header.Get("Grpc-Status") != "" {
-			t.Errorf("%s, plain HTTP: %d %v; want %d with Cache-Control no-store", tc.name, r.status, r.header, tc.status)
+		if r := plainGet(t, addr, "a", header...); r.Status != tc.status || r.Header.Get("Cache-Control") != "no-store" || r.Header.Get("Grpc-Status") != "" {
+			t.Errorf("%s, plain HTTP: %d %v; want %d with Cache-Control no-store", tc.name, r.Status, r.Header, tc.status)
 		}
 	}
 	if n := len(up.calls()); n != 0 {

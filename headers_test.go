@@ -18,6 +18,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/caddytest"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
 )
 
@@ -30,11 +31,11 @@ type sfItem struct {
 // parseField parses the field name of r with a real RFC 8941/9651 parser (dunglas/httpsfv) and
 // checks what both drafts require of its members: each an Item whose value is a String, with
 // only Integer parameters, among them every one of required.
-func parseField(t *testing.T, r response, name string, required ...string) []sfItem {
+func parseField(t *testing.T, r caddytest.Response, name string, required ...string) []sfItem {
 	t.Helper()
-	values := r.header.Values(name)
+	values := r.Header.Values(name)
 	if len(values) == 0 {
-		t.Fatalf("%s missing (all: %v)", name, r.header)
+		t.Fatalf("%s missing (all: %v)", name, r.Header)
 	}
 	list, err := httpsfv.UnmarshalList(values)
 	if err != nil {
@@ -72,7 +73,7 @@ func parseField(t *testing.T, r response, name string, required ...string) []sfI
 // ietf parses both IETF fields of r and checks them against each other and the response: the
 // same policies in the same order, no policy twice, w > 0, and on a 429 with Retry-After, every
 // t at most the Retry-After. It returns the RateLimit items.
-func ietf(t *testing.T, step string, r response) []sfItem {
+func ietf(t *testing.T, step string, r caddytest.Response) []sfItem {
 	t.Helper()
 	policies := parseField(t, r, "RateLimit-Policy", "q", "w")
 	limits := parseField(t, r, "RateLimit", "r", "t")
@@ -89,14 +90,14 @@ func ietf(t *testing.T, step string, r response) []sfItem {
 			t.Fatalf("%s: %v: w must be > 0", step, policies[i])
 		}
 	}
-	if ra := r.header.Get("Retry-After"); ra != "" {
+	if ra := r.Header.Get("Retry-After"); ra != "" {
 		retry, err := strconv.ParseInt(ra, 10, 64)
 		if err != nil {
 			t.Fatalf("%s: Retry-After %q", step, ra)
 		}
 		for _, l := range limits {
 			if l.params["t"] > retry {
-				t.Fatalf("%s: %s t=%d is after Retry-After %d (%v)", step, l.name, l.params["t"], retry, r.header)
+				t.Fatalf("%s: %s t=%d is after Retry-After %d (%v)", step, l.name, l.params["t"], retry, r.Header)
 			}
 		}
 	}
@@ -108,7 +109,7 @@ func ietf(t *testing.T, step string, r response) []sfItem {
 // member; the legacy headers describe the deciding zone only.
 func TestIETFFieldsEveryZone(t *testing.T) {
 	srv := redistest.Start(t)
-	cs := startCaddy(t, fmt.Sprintf(`
+	cs := caddytest.Start(t, fmt.Sprintf(`
 	rate_limit_redis {
 		redis {
 			address %s
@@ -129,19 +130,19 @@ func TestIETFFieldsEveryZone(t *testing.T) {
 
 	// One zone: a full bucket of 3 refilling 1 per 2s, one request taken; the next token is 2s
 	// away, the bucket full again in 2s.
-	r := cs.get("/")
-	r.expect(t, "one zone", 200, "ok", "RateLimit-Policy", `"api";q=3;w=6`, "RateLimit", `"api";r=2;t=2`,
+	r := cs.Get("/")
+	r.Expect(t, "one zone", 200, "ok", "RateLimit-Policy", `"api";q=3;w=6`, "RateLimit", `"api";r=2;t=2`,
 		"X-RateLimit-Limit", "3", "X-RateLimit-Remaining", "2", "X-RateLimit-Reset", "2")
 	ietf(t, "one zone", r)
 
 	// Two zones: api decides (1 of 3 left is less than login's 1 of 2), then login.
-	r = cs.get("/login")
-	if r.status != 200 || r.header.Get("RateLimit-Policy") != `"api";q=3;w=6, "login";q=2;w=60` || r.header.Get("X-RateLimit-Limit") != "3" {
-		t.Fatalf("two zones: %d %v", r.status, r.header)
+	r = cs.Get("/login")
+	if r.Status != 200 || r.Header.Get("RateLimit-Policy") != `"api";q=3;w=6, "login";q=2;w=60` || r.Header.Get("X-RateLimit-Limit") != "3" {
+		t.Fatalf("two zones: %d %v", r.Status, r.Header)
 	}
 	items := ietf(t, "two zones", r)
 	if items[0].name != "api" || items[0].params["r"] != 1 || items[1].name != "login" || items[1].params["r"] != 1 || items[1].params["t"] != 60 {
-		t.Fatalf("two zones: RateLimit %q, want api r=1 then login r=1 t=60", r.header.Get("RateLimit"))
+		t.Fatalf("two zones: RateLimit %q, want api r=1 then login r=1 t=60", r.Header.Get("RateLimit"))
 	}
 	if tt := items[0].params["t"]; tt < 1 || tt > 2 {
 		t.Fatalf("two zones: api t=%d, want the next token, 1 or 2s away", tt)
@@ -149,33 +150,33 @@ func TestIETFFieldsEveryZone(t *testing.T) {
 
 	// login denies: it decides, and is first; api follows, uncharged. The legacy headers are
 	// login's. Then the deny cache answers, listing what it knows.
-	cs.get("/login")
+	cs.Get("/login")
 	for i := range 3 {
 		step := "login denies " + strconv.Itoa(i)
-		r = cs.get("/login")
-		if r.status != 429 || r.header.Get("X-RateLimit-Limit") != "2" || r.header.Get("Retry-After") == "" {
-			t.Fatalf("%s: %d %v", step, r.status, r.header)
+		r = cs.Get("/login")
+		if r.Status != 429 || r.Header.Get("X-RateLimit-Limit") != "2" || r.Header.Get("Retry-After") == "" {
+			t.Fatalf("%s: %d %v", step, r.Status, r.Header)
 		}
 		items = ietf(t, step, r)
 		if items[0].name != "login" || items[0].params["r"] != 0 {
-			t.Fatalf("%s: RateLimit %q, want login first with r=0", step, r.header.Get("RateLimit"))
+			t.Fatalf("%s: RateLimit %q, want login first with r=0", step, r.Header.Get("RateLimit"))
 		}
 		if i == 0 && (len(items) != 2 || items[1].name != "api") {
-			t.Fatalf("%s: RateLimit %q, want login then api", step, r.header.Get("RateLimit"))
+			t.Fatalf("%s: RateLimit %q, want login then api", step, r.Header.Get("RateLimit"))
 		}
 	}
 
 	// api alone, empty (already, or after this request): a 429 whose t is its Retry-After (only
 	// time cures it).
-	cs.get("/")
-	r = cs.get("/")
-	if r.status != 429 {
-		t.Fatalf("api empty: %d", r.status)
+	cs.Get("/")
+	r = cs.Get("/")
+	if r.Status != 429 {
+		t.Fatalf("api empty: %d", r.Status)
 	}
 	items = ietf(t, "api empty", r)
-	if len(items) != 1 || strconv.FormatInt(items[0].params["t"], 10) != r.header.Get("Retry-After") {
+	if len(items) != 1 || strconv.FormatInt(items[0].params["t"], 10) != r.Header.Get("Retry-After") {
 		t.Fatalf("api empty: RateLimit %q, Retry-After %q: want one item whose t is the Retry-After",
-			r.header.Get("RateLimit"), r.header.Get("Retry-After"))
+			r.Header.Get("RateLimit"), r.Header.Get("Retry-After"))
 	}
 }
 
@@ -187,7 +188,7 @@ func TestIETFFieldsEveryZone(t *testing.T) {
 // was sent), measured on Redis's clock around the requests.
 func TestRateLimitTTokenBucket(t *testing.T) {
 	srv := redistest.Start(t)
-	cs := startCaddy(t, fmt.Sprintf(`
+	cs := caddytest.Start(t, fmt.Sprintf(`
 	rate_limit_redis {
 		redis {
 			address %s
@@ -198,14 +199,14 @@ func TestRateLimitTTokenBucket(t *testing.T) {
 	}
 	respond "ok"`, srv.Addr))
 	a := srv.Time()
-	r := cs.get("/")
-	r.expect(t, "first", 200, "ok", "RateLimit", `"default";r=2;t=2`, "X-RateLimit-Reset", "2")
+	r := cs.Get("/")
+	r.Expect(t, "first", 200, "ok", "RateLimit", `"default";r=2;t=2`, "X-RateLimit-Reset", "2")
 	ietf(t, "first", r)
 	for i := 2; i <= 3; i++ {
-		r = cs.get("/")
+		r = cs.Get("/")
 		items := ietf(t, "request "+strconv.Itoa(i), r)
-		if tt := items[0].params["t"]; r.status != 200 || tt < 1 || tt > 2 {
-			t.Fatalf("request %d: %d, RateLimit %q: want t <= 2", i, r.status, r.header.Get("RateLimit"))
+		if tt := items[0].params["t"]; r.Status != 200 || tt < 1 || tt > 2 {
+			t.Fatalf("request %d: %d, RateLimit %q: want t <= 2", i, r.Status, r.Header.Get("RateLimit"))
 		}
 	}
 	// Empty now: time until full is about 6s, the next token about 2s away. The 3 tokens used
@@ -214,14 +215,14 @@ func TestRateLimitTTokenBucket(t *testing.T) {
 	// lowers that by up to the time since a again.
 	for i := range 5 {
 		step := "denial " + strconv.Itoa(i)
-		r = cs.get("/")
+		r = cs.Get("/")
 		d := srv.Time()
 		items := ietf(t, step, r)
-		if r.status != 429 || strconv.FormatInt(items[0].params["t"], 10) != r.header.Get("Retry-After") {
-			t.Fatalf("%s: %d, RateLimit %q, Retry-After %q: want t = Retry-After", step, r.status, r.header.Get("RateLimit"), r.header.Get("Retry-After"))
+		if r.Status != 429 || strconv.FormatInt(items[0].params["t"], 10) != r.Header.Get("Retry-After") {
+			t.Fatalf("%s: %d, RateLimit %q, Retry-After %q: want t = Retry-After", step, r.Status, r.Header.Get("RateLimit"), r.Header.Get("Retry-After"))
 		}
 		lo := int(math.Ceil((6*time.Second - 2*d.Sub(a)).Seconds()))
-		if reset, _ := strconv.Atoi(r.header.Get("X-RateLimit-Reset")); reset < lo || reset > 6 {
+		if reset, _ := strconv.Atoi(r.Header.Get("X-RateLimit-Reset")); reset < lo || reset > 6 {
 			t.Fatalf("%s: X-RateLimit-Reset %d, want the time until full, %d to 6s", step, reset, lo)
 		}
 	}
@@ -237,7 +238,7 @@ func TestRateLimitTTokenBucket(t *testing.T) {
 func TestRateLimitTSlidingWindow(t *testing.T) {
 	srv := redistest.Start(t)
 	const window = 3 * time.Second
-	cs := startCaddy(t, fmt.Sprintf(`
+	cs := caddytest.Start(t, fmt.Sprintf(`
 	rate_limit_redis {
 		redis {
 			address %s
@@ -252,9 +253,9 @@ func TestRateLimitTSlidingWindow(t *testing.T) {
 	respond "ok"`, srv.Addr))
 	ceilSeconds := func(d time.Duration) int64 { return int64(math.Ceil(d.Seconds())) }
 	a := srv.Time()
-	r := cs.get("/")
+	r := cs.Get("/")
 	b := srv.Time()
-	r.expect(t, "first", 200, "ok", "RateLimit", `"default";r=1;t=3`)
+	r.Expect(t, "first", 200, "ok", "RateLimit", `"default";r=1;t=3`)
 	ietf(t, "first", r)
 	deadline := time.Now().Add(10 * time.Second)
 	sawLower, denials := false, 0
@@ -263,7 +264,7 @@ func TestRateLimitTSlidingWindow(t *testing.T) {
 			t.Fatalf("no t below 3 within 10s")
 		}
 		c := srv.Time()
-		r = cs.get("/")
+		r = cs.Get("/")
 		d := srv.Time()
 		step := "request " + strconv.Itoa(i)
 		items := ietf(t, step, r)
@@ -273,11 +274,11 @@ func TestRateLimitTSlidingWindow(t *testing.T) {
 			t.Fatalf("%s: t=%d, want the time until the oldest entry leaves: %d to %d", step, got, lo, hi)
 		}
 		switch {
-		case i == 2 && r.status != 200, i > 2 && r.status != 429:
-			t.Fatalf("%s: status %d", step, r.status)
-		case r.status == 429:
+		case i == 2 && r.Status != 200, i > 2 && r.Status != 429:
+			t.Fatalf("%s: status %d", step, r.Status)
+		case r.Status == 429:
 			denials++
-			if ra := r.header.Get("Retry-After"); ra != strconv.FormatInt(got, 10) {
+			if ra := r.Header.Get("Retry-After"); ra != strconv.FormatInt(got, 10) {
 				t.Fatalf("%s: Retry-After %s, t=%d: want equal (the request waits for the oldest entry)", step, ra, got)
 			}
 		}
@@ -291,7 +292,7 @@ func TestRateLimitTSlidingWindow(t *testing.T) {
 // next slot was 3600s away once sent t=3600 beside Retry-After: 10).
 func TestRateLimitTCappedOnDenial(t *testing.T) {
 	srv := redistest.Start(t)
-	cs := startCaddy(t, fmt.Sprintf(`
+	cs := caddytest.Start(t, fmt.Sprintf(`
 	rate_limit_redis {
 		redis {
 			address %s
@@ -308,12 +309,12 @@ func TestRateLimitTCappedOnDenial(t *testing.T) {
 		}
 	}
 	respond "ok"`, srv.Addr))
-	r := cs.get("/")
-	r.expect(t, "first", 200, "ok", "RateLimit-Policy", `"burst";q=1;w=10, "hourly";q=100;w=3600`,
+	r := cs.Get("/")
+	r.Expect(t, "first", 200, "ok", "RateLimit-Policy", `"burst";q=1;w=10, "hourly";q=100;w=3600`,
 		"RateLimit", `"burst";r=0;t=10, "hourly";r=99;t=3600`)
 	ietf(t, "first", r)
-	r = cs.get("/")
-	r.expect(t, "denied by burst", 429, "", "Retry-After", "10", "RateLimit", `"burst";r=0;t=10, "hourly";r=99;t=10`)
+	r = cs.Get("/")
+	r.Expect(t, "denied by burst", 429, "", "Retry-After", "10", "RateLimit", `"burst";r=0;t=10, "hourly";r=99;t=10`)
 	ietf(t, "denied by burst", r)
 }
 
@@ -322,7 +323,7 @@ func TestRateLimitTCappedOnDenial(t *testing.T) {
 // rate); t rounds up to 1.
 func TestSubSecondWindows(t *testing.T) {
 	srv := redistest.Start(t)
-	cs := startCaddy(t, fmt.Sprintf(`
+	cs := caddytest.Start(t, fmt.Sprintf(`
 	rate_limit_redis {
 		redis {
 			address %s
@@ -341,22 +342,22 @@ func TestSubSecondWindows(t *testing.T) {
 		}
 	}
 	respond "ok"`, srv.Addr))
-	r := cs.get("/window")
-	r.expect(t, "window", 200, "ok", "RateLimit-Policy", `"window";q=100;w=1`, "RateLimit", `"window";r=9;t=1`,
+	r := cs.Get("/window")
+	r.Expect(t, "window", 200, "ok", "RateLimit-Policy", `"window";q=100;w=1`, "RateLimit", `"window";r=9;t=1`,
 		"X-RateLimit-Limit", "10", "X-RateLimit-Reset", "1")
 	ietf(t, "window", r)
-	r = cs.get("/bucket")
-	r.expect(t, "bucket", 200, "ok", "RateLimit-Policy", `"bucket";q=100;w=1`, "RateLimit", `"bucket";r=9;t=1`)
+	r = cs.Get("/bucket")
+	r.Expect(t, "bucket", 200, "ok", "RateLimit-Policy", `"bucket";q=100;w=1`, "RateLimit", `"bucket";r=9;t=1`)
 	ietf(t, "bucket", r)
 	// A burst over the window: every 429 has t = Retry-After = 1.
 	denied := 0
 	for i := range 30 {
-		r = cs.get("/window")
+		r = cs.Get("/window")
 		ietf(t, "burst "+strconv.Itoa(i), r)
-		if r.status == 429 {
+		if r.Status == 429 {
 			denied++
-			if r.header.Get("Retry-After") != "1" || !strings.HasSuffix(r.header.Get("RateLimit"), ";t=1") {
-				t.Fatalf("burst %d: Retry-After %q, RateLimit %q", i, r.header.Get("Retry-After"), r.header.Get("RateLimit"))
+			if r.Header.Get("Retry-After") != "1" || !strings.HasSuffix(r.Header.Get("RateLimit"), ";t=1") {
+				t.Fatalf("burst %d: Retry-After %q, RateLimit %q", i, r.Header.Get("Retry-After"), r.Header.Get("RateLimit"))
 			}
 		}
 	}
@@ -393,26 +394,26 @@ func TestMethodsCount(t *testing.T) {
 	countAll := strings.Replace(strings.Replace(preflightExample, "rate_limit_redis {\n", redisBlock, 1),
 		"\t\tmatch {\n\t\t\tnot method OPTIONS\n\t\t}\n", "", 1)
 	example := strings.Replace(strings.Replace(preflightExample, "rate_limit_redis {\n", redisBlock, 1), "zone api", "zone api2", 1)
-	sites := startSites(t, "", countAll+"\nrespond \"ok\"", example+"\nrespond \"ok\"")
+	sites := caddytest.StartSites(t, "", countAll+"\nrespond \"ok\"", example+"\nrespond \"ok\"")
 
 	remaining := 100
 	for _, method := range []string{"GET", "HEAD", "OPTIONS", "POST", "OPTIONS"} {
 		remaining--
-		r := sites[0].do(method, "/")
-		if r.status != 200 || r.header.Get("X-RateLimit-Remaining") != strconv.Itoa(remaining) {
-			t.Fatalf("no match, %s: %d, X-RateLimit-Remaining %q, want %d", method, r.status, r.header.Get("X-RateLimit-Remaining"), remaining)
+		r := sites[0].Do(method, "/")
+		if r.Status != 200 || r.Header.Get("X-RateLimit-Remaining") != strconv.Itoa(remaining) {
+			t.Fatalf("no match, %s: %d, X-RateLimit-Remaining %q, want %d", method, r.Status, r.Header.Get("X-RateLimit-Remaining"), remaining)
 		}
 	}
 	remaining = 100
 	for _, method := range []string{"OPTIONS", "GET", "OPTIONS", "HEAD", "OPTIONS", "OPTIONS", "GET"} {
-		r := sites[1].do(method, "/", "Origin", "https://app.example", "Access-Control-Request-Method", "PUT")
+		r := sites[1].Do(method, "/", "Origin", "https://app.example", "Access-Control-Request-Method", "PUT")
 		want := ""
 		if method != "OPTIONS" {
 			remaining--
 			want = strconv.Itoa(remaining)
 		}
-		if r.status != 200 || r.header.Get("X-RateLimit-Remaining") != want {
-			t.Fatalf("not method OPTIONS, %s: %d, X-RateLimit-Remaining %q, want %q", method, r.status, r.header.Get("X-RateLimit-Remaining"), want)
+		if r.Status != 200 || r.Header.Get("X-RateLimit-Remaining") != want {
+			t.Fatalf("not method OPTIONS, %s: %d, X-RateLimit-Remaining %q, want %q", method, r.Status, r.Header.Get("X-RateLimit-Remaining"), want)
 		}
 	}
 }
@@ -423,7 +424,7 @@ func TestMethodsCount(t *testing.T) {
 // cache) is unchanged, so a client is admitted as soon as the exact wait has passed.
 func TestJitter(t *testing.T) {
 	srv := redistest.Start(t)
-	cs := startCaddy(t, fmt.Sprintf(`
+	cs := caddytest.Start(t, fmt.Sprintf(`
 	rate_limit_redis {
 		redis {
 			address %s
@@ -458,16 +459,16 @@ func TestJitter(t *testing.T) {
 		path   string
 		jitter int64
 	}{{"/api", 10}, {"/calm", 0}} {
-		cs.get(tc.path)
+		cs.Get(tc.path)
 		seen := make(map[int64]bool)
 		for i := range 200 {
-			r := cs.get(tc.path)
+			r := cs.Get(tc.path)
 			step := fmt.Sprintf("%s denial %d", tc.path, i)
 			items := ietf(t, step, r)
-			exact, _ := strconv.ParseInt(r.header.Get("X-RateLimit-Reset"), 10, 64)
-			retry, err := strconv.ParseInt(r.header.Get("Retry-After"), 10, 64)
-			if r.status != 429 || err != nil || r.body != r.header.Get("Retry-After") {
-				t.Fatalf("%s: %d %q, Retry-After %q: want a 429 whose body (the placeholder) is its Retry-After", step, r.status, r.body, r.header.Get("Retry-After"))
+			exact, _ := strconv.ParseInt(r.Header.Get("X-RateLimit-Reset"), 10, 64)
+			retry, err := strconv.ParseInt(r.Header.Get("Retry-After"), 10, 64)
+			if r.Status != 429 || err != nil || r.Body != r.Header.Get("Retry-After") {
+				t.Fatalf("%s: %d %q, Retry-After %q: want a 429 whose body (the placeholder) is its Retry-After", step, r.Status, r.Body, r.Header.Get("Retry-After"))
 			}
 			if items[0].params["t"] != exact || retry < exact || retry > exact+tc.jitter {
 				t.Fatalf("%s: Retry-After %d, t=%d, exact %d: want t exact and Retry-After in [exact, exact+%d]",
@@ -486,14 +487,14 @@ func TestJitter(t *testing.T) {
 	// 1 token per 2s and up to 30s of jitter: admitted again after about 2s, whatever the
 	// Retry-After said.
 	start := time.Now()
-	cs.get("/quick").expect(t, "quick", 200, "ok")
+	cs.Get("/quick").Expect(t, "quick", 200, "ok")
 	jittered := false
 	for {
-		r := cs.get("/quick")
-		if r.status == 200 {
+		r := cs.Get("/quick")
+		if r.Status == 200 {
 			break
 		}
-		if ra, _ := strconv.Atoi(r.header.Get("Retry-After")); ra > 2 {
+		if ra, _ := strconv.Atoi(r.Header.Get("Retry-After")); ra > 2 {
 			jittered = true
 		}
 		if time.Since(start) > 5*time.Second {
@@ -546,7 +547,7 @@ func TestEndToEndHeadersOffAndIETF(t *testing.T) {
 		{"ietf", []string{"RateLimit", "RateLimit-Policy"}, []string{"X-RateLimit-Limit"}},
 		{"legacy", []string{"X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset"}, []string{"RateLimit"}},
 	} {
-		cs := startCaddy(t, fmt.Sprintf(`
+		cs := caddytest.Start(t, fmt.Sprintf(`
 	rate_limit_redis {
 		redis {
 			address %s
@@ -559,19 +560,19 @@ func TestEndToEndHeadersOffAndIETF(t *testing.T) {
 		}
 	}
 	respond "ok"`, srv.Addr, tc.mode, tc.mode))
-		r := cs.get("/")
+		r := cs.Get("/")
 		for _, h := range tc.present {
-			if r.header.Get(h) == "" {
+			if r.Header.Get(h) == "" {
 				t.Errorf("headers %s: %s missing", tc.mode, h)
 			}
 		}
 		for _, h := range tc.absent {
-			if r.header.Get(h) != "" {
+			if r.Header.Get(h) != "" {
 				t.Errorf("headers %s: %s present", tc.mode, h)
 			}
 		}
 		if tc.mode == "ietf" {
-			r.expect(t, "ietf", 200, "ok", "RateLimit-Policy", `"z`+tc.mode+`";q=10;w=10`, "RateLimit", `"z`+tc.mode+`";r=9;t=10`)
+			r.Expect(t, "ietf", 200, "ok", "RateLimit-Policy", `"z`+tc.mode+`";q=10;w=10`, "RateLimit", `"z`+tc.mode+`";r=9;t=10`)
 		}
 		_ = caddy.Stop()
 	}

@@ -30,7 +30,6 @@ import (
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/caddytest"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/freeport"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/limiter"
-	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
 )
 
 // The handler, provisioned as Caddy would, and served with httptest.
@@ -143,136 +142,6 @@ func liveHandler(t testing.TB) *Handler {
 	return nil
 }
 
-// Caddy in this process (internal/caddytest), one site or several on loopback ports.
-
-// caddyServer runs Caddy in this process with the given site block (a Caddyfile body served on
-// a free loopback port), and stops it when the test ends. Caddy holds one config per process,
-// so these tests do not run in parallel.
-type caddyServer struct {
-	t    *testing.T
-	base string // http://127.0.0.1:port
-}
-
-// freeLoopbackPort returns a loopback TCP port that was free a moment ago, never one it (or
-// redistest) returned before in this process: the sites of one test get distinct ports.
-func freeLoopbackPort(t *testing.T) int {
-	t.Helper()
-	return freeport.Must(t)
-}
-
-// startCaddy runs Caddy in this process with one site (startSites).
-func startCaddy(t *testing.T, site string) *caddyServer {
-	t.Helper()
-	return startSites(t, "", site)[0]
-}
-
-// load adapts the Caddyfile and loads it with loadServing, as `caddy run` or `caddy reload`
-// would; the error is the adapter's, the loader's or the wait's.
-func (cs *caddyServer) load(site string, port int) error {
-	return loadCaddyfile(cs.t, caddytest.Caddyfile("off", "", []int{port}, []string{site}))
-}
-
-// loadCaddyfile adapts a whole Caddyfile and loads it (caddytest.LoadCaddyfile).
-func loadCaddyfile(t testing.TB, caddyfile string) error {
-	t.Helper()
-	return caddytest.LoadCaddyfile(t, caddyfile)
-}
-
-// loadServing loads a JSON config and returns once it alone serves (caddytest.LoadServing).
-func loadServing(t testing.TB, cfg []byte) error {
-	t.Helper()
-	return caddytest.LoadServing(t, cfg)
-}
-
-// servingClient returns a client for the config Caddy serves now (caddytest.Client).
-func servingClient(timeout time.Duration) *http.Client { return caddytest.Client(timeout) }
-
-// startSites runs Caddy in this process with the given `servers` global options and one site
-// per body, each on its own free loopback port, and stops it when the test ends
-// (caddytest.StartSites).
-func startSites(t *testing.T, serverOptions string, sites ...string) []*caddyServer {
-	t.Helper()
-	var servers []*caddyServer
-	for _, base := range caddytest.StartSites(t, serverOptions, sites...) {
-		servers = append(servers, &caddyServer{t: t, base: base})
-	}
-	return servers
-}
-
-// Requests to the sites of a caddyServer.
-
-type response struct {
-	status int
-	header http.Header
-	body   string
-}
-
-func (cs *caddyServer) get(path string, header ...string) response {
-	cs.t.Helper()
-	return cs.do(http.MethodGet, path, header...)
-}
-
-// expect checks status, body and the named headers exactly (an empty value means absent).
-func (r response) expect(t *testing.T, step string, status int, body string, headers ...string) {
-	t.Helper()
-	caddytest.Expect(t, step, r.status, r.header, r.body, status, body, headers...)
-}
-
-// do sends a request with the given method and header name/value pairs.
-func (cs *caddyServer) do(method, path string, header ...string) response {
-	cs.t.Helper()
-	status, h, body, err := caddytest.Do(method, cs.base+path, header...)
-	if err != nil {
-		cs.t.Fatalf("%s %s: %v", method, path, err)
-	}
-	return response{status: status, header: h, body: body}
-}
-
-// reload loads site into the running Caddy of cs, on the same port, and returns once it serves
-// alone (cs.load).
-func (cs *caddyServer) reload(site string) {
-	cs.t.Helper()
-	port, err := strconv.Atoi(strings.TrimPrefix(cs.base, "http://127.0.0.1:"))
-	if err != nil {
-		cs.t.Fatal(err)
-	}
-	if err := cs.load(site, port); err != nil {
-		cs.t.Fatalf("reload: %v", err)
-	}
-}
-
-// statuses sends n requests and returns their status codes, space separated.
-func (cs *caddyServer) statuses(n int, path string, header ...string) string {
-	codes := make([]string, n)
-	for i := range codes {
-		codes[i] = strconv.Itoa(cs.get(path, header...).status)
-	}
-	return strings.Join(codes, " ")
-}
-
-// loadClient sends requests to a caddyServer from any goroutine: unlike caddyServer.get it
-// returns transport errors instead of failing the test. Each request goes on the transport of
-// the config serving when it starts (servingClient); its 5s timeout turns a hung request into
-// an error.
-type loadClient struct {
-	base string
-}
-
-func newLoadClient(t *testing.T, cs *caddyServer) *loadClient {
-	return &loadClient{base: cs.base}
-}
-
-func (lc *loadClient) get(path string, header ...string) (response, error) {
-	status, h, body, err := caddytest.Do(http.MethodGet, lc.base+path, header...)
-	return response{status: status, header: h, body: body}, err
-}
-
-// waitFor is redistest.WaitFor.
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	redistest.WaitFor(t, d, what, cond)
-}
-
 // Configs that fail to load.
 
 // wantLoadError loads a config whose one route is the rate_limit_redis handler handlerJSON (its
@@ -316,20 +185,20 @@ func loadHandlerJSON(t *testing.T, handlerJSON string) error {
 // adminCaddy is Caddy running in this process with its admin endpoint on a free loopback port,
 // so that the admin API module is served as by `caddy run`.
 type adminCaddy struct {
-	*caddyServer
+	*caddytest.Site
 	admin string // http://127.0.0.1:port of the admin endpoint
 	port  int    // of the site
 }
 
-// startCaddyAdmin is startCaddy with the admin endpoint on. When the test ends it loads a config
-// with the admin endpoint off, which stops the admin server, then stops Caddy.
+// startCaddyAdmin is caddytest.Start with the admin endpoint on. When the test ends it loads a
+// config with the admin endpoint off, which stops the admin server, then stops Caddy.
 func startCaddyAdmin(t *testing.T, site string) *adminCaddy {
 	t.Helper()
-	port, adminPort := freeLoopbackPort(t), freeLoopbackPort(t)
+	port, adminPort := freeport.Must(t), freeport.Must(t)
 	ac := &adminCaddy{
-		caddyServer: &caddyServer{t: t, base: "http://127.0.0.1:" + strconv.Itoa(port)},
-		admin:       "http://127.0.0.1:" + strconv.Itoa(adminPort),
-		port:        port,
+		Site:  &caddytest.Site{T: t, Base: "http://127.0.0.1:" + strconv.Itoa(port)},
+		admin: "http://127.0.0.1:" + strconv.Itoa(adminPort),
+		port:  port,
 	}
 	t.Cleanup(func() {
 		_ = caddy.Load([]byte(`{"admin":{"disabled":true,"config":{"persist":false}},"logging":{"logs":{"default":{"level":"ERROR"}}}}`), true)
@@ -340,11 +209,11 @@ func startCaddyAdmin(t *testing.T, site string) *adminCaddy {
 }
 
 // reload loads a new config with the same admin endpoint and site port, as `caddy reload` would,
-// and returns once it serves alone (loadServing).
+// and returns once it serves alone (caddytest.LoadServing).
 func (ac *adminCaddy) reload(t *testing.T, site string) {
 	t.Helper()
 	caddyfile := caddytest.Caddyfile(strings.TrimPrefix(ac.admin, "http://"), "", []int{ac.port}, []string{site})
-	if err := loadCaddyfile(t, caddyfile); err != nil {
+	if err := caddytest.LoadCaddyfile(t, caddyfile); err != nil {
 		t.Fatalf("loading: %v", err)
 	}
 }
@@ -356,7 +225,7 @@ func (ac *adminCaddy) call(t *testing.T, method, path string) (int, string, http
 	if err != nil {
 		t.Fatal(err)
 	}
-	resp, err := servingClient(10 * time.Second).Do(req)
+	resp, err := caddytest.Client(10 * time.Second).Do(req)
 	if err != nil {
 		t.Fatalf("%s %s: %v", method, path, err)
 	}
@@ -410,11 +279,11 @@ func (ac *adminCaddy) expectError(t *testing.T, method, path string, status int,
 
 // Caddy with every log written to files, read back as JSON lines.
 
-// loggedCaddy is Caddy run in this process (as startCaddy does) with every log at DEBUG, as
+// loggedCaddy is Caddy run in this process (as caddytest.Start does) with every log at DEBUG, as
 // JSON, written to files: Caddy's default log (which the handler's ctx.Logger() and the
 // circuit breaker write to, and Caddy its own lines and handler errors) and the site's access log.
 type loggedCaddy struct {
-	*caddyServer
+	*caddytest.Site
 	port    int
 	logDir  string
 	adapted [][]byte // the JSON of every config loaded
@@ -422,11 +291,11 @@ type loggedCaddy struct {
 
 func startLoggedCaddy(t *testing.T, site string) *loggedCaddy {
 	t.Helper()
-	port := freeLoopbackPort(t)
+	port := freeport.Must(t)
 	lc := &loggedCaddy{
-		caddyServer: &caddyServer{t: t, base: "http://127.0.0.1:" + strconv.Itoa(port)},
-		port:        port,
-		logDir:      t.TempDir(),
+		Site:   &caddytest.Site{T: t, Base: "http://127.0.0.1:" + strconv.Itoa(port)},
+		port:   port,
+		logDir: t.TempDir(),
 	}
 	t.Cleanup(func() { _ = caddy.Stop() })
 	if err := lc.load(site); err != nil {
@@ -435,7 +304,8 @@ func startLoggedCaddy(t *testing.T, site string) *loggedCaddy {
 	return lc
 }
 
-// load adapts and loads the site (again: a reload) with loadServing, keeping the adapted JSON.
+// load adapts and loads the site (again: a reload) with caddytest.LoadServing, keeping the
+// adapted JSON.
 func (lc *loggedCaddy) load(site string) error {
 	caddyfile := fmt.Sprintf(`{
 	admin off
@@ -466,7 +336,7 @@ func (lc *loggedCaddy) load(site string) error {
 		return fmt.Errorf("adapting: %w", err)
 	}
 	lc.adapted = append(lc.adapted, cfg)
-	return loadServing(lc.t, cfg)
+	return caddytest.LoadServing(lc.T, cfg)
 }
 
 // logLine is one JSON log line, as written and as decoded.
@@ -478,12 +348,12 @@ type logLine struct {
 // lines returns every line written to the logs so far. Caddy writes them synchronously, so a
 // request's lines are there once its response has come.
 func (lc *loggedCaddy) lines() []logLine {
-	lc.t.Helper()
+	lc.T.Helper()
 	var out []logLine
 	for _, name := range []string{"caddy.log", "access.log"} {
 		b, err := os.ReadFile(filepath.Join(lc.logDir, name))
 		if err != nil && !os.IsNotExist(err) {
-			lc.t.Fatal(err)
+			lc.T.Fatal(err)
 		}
 		for l := range strings.SplitSeq(strings.TrimSpace(string(b)), "\n") {
 			if l == "" {
@@ -491,7 +361,7 @@ func (lc *loggedCaddy) lines() []logLine {
 			}
 			var f map[string]any
 			if err := json.Unmarshal([]byte(l), &f); err != nil {
-				lc.t.Fatalf("%s: a line that is not JSON: %q", name, l)
+				lc.T.Fatalf("%s: a line that is not JSON: %q", name, l)
 			}
 			out = append(out, logLine{raw: l, fields: f})
 		}
@@ -650,16 +520,6 @@ func expectDeltas(t *testing.T, step string, before, after snapshot, want map[st
 const metricEmptyKeys = "caddy_rate_limit_redis_empty_key_total"
 
 // Redis keys.
-
-// redisKeys returns every key of srv.
-func redisKeys(t *testing.T, srv *redistest.Server) []string {
-	t.Helper()
-	keys, err := srv.Client().Keys(t.Context(), "*").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return keys
-}
 
 // hashTag is the part of key that Redis Cluster hashes: between the first { and the first }
 // after it, when that is not empty; else the whole key.

@@ -10,6 +10,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/caddytest"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/limiter"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
 )
@@ -76,11 +77,11 @@ func TestEndToEndLease(t *testing.T) {
 		}
 	}
 	respond "ok"`, srv.Addr)
-	cs := startCaddy(t, site)
+	cs := caddytest.Start(t, site)
 	local := testutil.ToFloat64(metrics.leaseLocal.WithLabelValues("api"))
 	grants := testutil.ToFloat64(metrics.leaseGrants.WithLabelValues("api"))
 	calls := srv.ScriptCalls()
-	if got := cs.statuses(30, "/", "X-Key", "k"); got != strings.TrimSpace(strings.Repeat("200 ", 30)) {
+	if got := cs.Statuses(30, "/", "X-Key", "k"); got != strings.TrimSpace(strings.Repeat("200 ", 30)) {
 		t.Fatalf("30 requests under a capacity of 100: %s", got)
 	}
 	// Most from grants: the first requests show the client's rate, then grants (each renewed
@@ -98,7 +99,7 @@ func TestEndToEndLease(t *testing.T) {
 	if srv.Do("HGET", key, "h") == nil {
 		t.Fatal("no grant held in Redis")
 	}
-	cs.reload(site)                             // the previous config's Cleanup returns its grants
+	cs.Reload(site)                             // the previous config's Cleanup returns its grants
 	deadline := time.Now().Add(5 * time.Second) // well inside the grant's ttl of 1m
 	for srv.Do("HGET", key, "h") != nil {
 		if time.Now().After(deadline) {
@@ -106,7 +107,7 @@ func TestEndToEndLease(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if got := cs.statuses(71, "/", "X-Key", "k"); got != strings.TrimSpace(strings.Repeat("200 ", 70))+" 429" {
+	if got := cs.Statuses(71, "/", "X-Key", "k"); got != strings.TrimSpace(strings.Repeat("200 ", 70))+" 429" {
 		t.Fatalf("after the reload: %s, want exactly the 70 left", got)
 	}
 }
@@ -133,7 +134,7 @@ func TestAdminResetDropsLease(t *testing.T) {
 	}
 	respond "ok"`, srv.Addr))
 	local := testutil.ToFloat64(metrics.leaseLocal.WithLabelValues("api"))
-	if got := ac.statuses(10, "/", "X-Client", "alice"); got != strings.TrimSpace(strings.Repeat("200 ", 10)) {
+	if got := ac.Statuses(10, "/", "X-Client", "alice"); got != strings.TrimSpace(strings.Repeat("200 ", 10)) {
 		t.Fatalf("before the reset: %s", got)
 	}
 	if testutil.ToFloat64(metrics.leaseLocal.WithLabelValues("api")) == local {
@@ -147,7 +148,7 @@ func TestAdminResetDropsLease(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	adminJSON[[]resetResult](t, ac, "DELETE", "/rate_limit_redis/state?zone=api&key=alice", 200)
-	if got := ac.statuses(51, "/", "X-Client", "alice"); got != strings.TrimSpace(strings.Repeat("200 ", 50))+" 429" {
+	if got := ac.Statuses(51, "/", "X-Client", "alice"); got != strings.TrimSpace(strings.Repeat("200 ", 50))+" 429" {
 		t.Fatalf("after the reset: %s, want exactly the capacity of 50", got)
 	}
 }

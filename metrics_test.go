@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/caddytest"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
 )
 
@@ -22,7 +23,7 @@ import (
 // is answered from the cache however slow the machine.
 func TestMetricsDecisions(t *testing.T) {
 	srv := redistest.Start(t)
-	cs := startCaddy(t, fmt.Sprintf(`
+	cs := caddytest.Start(t, fmt.Sprintf(`
 	rate_limit_redis {
 		redis {
 			address %s
@@ -55,24 +56,24 @@ func TestMetricsDecisions(t *testing.T) {
 	}
 
 	step("two logins, allowed in both zones", func() {
-		cs.get("/login", "X-Client", "a").expect(t, "login 1", 200, "ok")
-		cs.get("/login", "X-Client", "a").expect(t, "login 2", 200, "ok")
+		cs.Get("/login", "X-Client", "a").Expect(t, "login 1", 200, "ok")
+		cs.Get("/login", "X-Client", "a").Expect(t, "login 2", 200, "ok")
 	}, map[string]float64{"md_api/allowed": 2, "md_login/allowed": 2, "calls": 2})
 	step("a third login, denied by md_login only", func() {
-		cs.get("/login", "X-Client", "a").expect(t, "login 3", 429, "", "X-RateLimit-Limit", "2")
+		cs.Get("/login", "X-Client", "a").Expect(t, "login 3", 429, "", "X-RateLimit-Limit", "2")
 	}, map[string]float64{"md_login/denied": 1, "calls": 1})
 	step("the same login again, denied from the deny cache", func() {
-		cs.get("/login", "X-Client", "a").expect(t, "login 4", 429, "", "X-RateLimit-Limit", "2")
+		cs.Get("/login", "X-Client", "a").Expect(t, "login 4", 429, "", "X-RateLimit-Limit", "2")
 	}, map[string]float64{"md_login/denied": 1, "cache_hit": 1})
 	step("a cost above the quota: denied, no Retry-After", func() {
-		cs.get("/", "X-Client", "a", "X-Cost", "4").expect(t, "cost 4", 429, "", "Retry-After", "")
+		cs.Get("/", "X-Client", "a", "X-Cost", "4").Expect(t, "cost 4", 429, "", "Retry-After", "")
 	}, map[string]float64{"md_api/denied": 1, "calls": 1})
 	step("a bad cost is no decision", func() {
-		cs.get("/", "X-Client", "a", "X-Cost", "x").expect(t, "cost x", 400, "")
+		cs.Get("/", "X-Client", "a", "X-Cost", "x").Expect(t, "cost x", 400, "")
 	}, nil)
 	step("the last token, then md_api denies", func() {
-		cs.get("/", "X-Client", "a").expect(t, "last token", 200, "ok", "X-RateLimit-Remaining", "0")
-		cs.get("/", "X-Client", "a").expect(t, "no token", 429, "")
+		cs.Get("/", "X-Client", "a").Expect(t, "last token", 200, "ok", "X-RateLimit-Remaining", "0")
+		cs.Get("/", "X-Client", "a").Expect(t, "no token", 429, "")
 	}, map[string]float64{"md_api/allowed": 1, "md_api/denied": 1, "calls": 2})
 
 	// Never a per-client series: 20 more clients add none.
@@ -81,7 +82,7 @@ func TestMetricsDecisions(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := 0; i < 20; i++ {
-		cs.get("/", "X-Client", "client"+strconv.Itoa(i)).expect(t, "another client", 200, "ok")
+		cs.Get("/", "X-Client", "client"+strconv.Itoa(i)).Expect(t, "another client", 200, "ok")
 	}
 	if m, _ := testutil.GatherAndCount(reg, metricDecisions); m != n {
 		t.Fatalf("decisions_total has %d series after 20 new clients, had %d", m, n)
@@ -148,7 +149,7 @@ func TestMetricsFailModes(t *testing.T) {
 			srv := redistest.Start(t)
 			a, b := "mf_a_"+strings.ReplaceAll(tc.name, " ", "_"), "mf_b_"+strings.ReplaceAll(tc.name, " ", "_")
 			// breaker_open_for=1m: every request after the trips meets the breaker open.
-			cs := startCaddy(t, fmt.Sprintf(`
+			cs := caddytest.Start(t, fmt.Sprintf(`
 	rate_limit_redis_tuned breaker_open_for=1m {
 		redis {
 			address %s
@@ -168,7 +169,7 @@ func TestMetricsFailModes(t *testing.T) {
 			srv.Stop()
 			before := takeSnapshot(t, reg, a, b)
 			for i := 1; i <= requests; i++ {
-				r := cs.get("/")
+				r := cs.Get("/")
 				want := tc.status
 				if want == 0 { // local: two admitted, then 429
 					want = 200
@@ -176,8 +177,8 @@ func TestMetricsFailModes(t *testing.T) {
 						want = 429
 					}
 				}
-				if r.status != want {
-					t.Fatalf("request %d: status %d, want %d", i, r.status, want)
+				if r.Status != want {
+					t.Fatalf("request %d: status %d, want %d", i, r.Status, want)
 				}
 			}
 			want := map[string]float64{
@@ -217,22 +218,22 @@ func TestMetricsAcrossReload(t *testing.T) {
 		}
 		respond "ok"
 	}`, srv.Addr)
-	cs := startCaddy(t, site)
-	port, err := strconv.Atoi(strings.TrimPrefix(cs.base, "http://127.0.0.1:"))
+	cs := caddytest.Start(t, site)
+	port, err := strconv.Atoi(strings.TrimPrefix(cs.Base, "http://127.0.0.1:"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	reg1 := activeRegistry(t)
 	base := takeSnapshot(t, reg1, "mr")
 
-	cs.get("/", "X-Client", "a").expect(t, "1", 200, "ok")
-	cs.get("/", "X-Client", "a").expect(t, "2", 200, "ok")
-	cs.get("/", "X-Client", "a").expect(t, "3", 429, "")
+	cs.Get("/", "X-Client", "a").Expect(t, "1", 200, "ok")
+	cs.Get("/", "X-Client", "a").Expect(t, "2", 200, "ok")
+	cs.Get("/", "X-Client", "a").Expect(t, "3", 429, "")
 	beforeReload := takeSnapshot(t, reg1, "mr")
 	expectDeltas(t, "before the reload", base, beforeReload, map[string]float64{"mr/allowed": 2, "mr/denied": 1, "calls": 3})
 	scraped(t, cs, "mr", "allowed", beforeReload["mr/allowed"])
 
-	if err := cs.load(site, port); err != nil {
+	if err := cs.Load(site, port); err != nil {
 		t.Fatalf("reload: %v", err)
 	}
 	reg2 := activeRegistry(t)
@@ -248,8 +249,8 @@ func TestMetricsAcrossReload(t *testing.T) {
 	}
 
 	// The new handler has an empty deny cache: Redis denies again. Then another client.
-	cs.get("/", "X-Client", "a").expect(t, "4", 429, "")
-	cs.get("/", "X-Client", "b").expect(t, "5", 200, "ok")
+	cs.Get("/", "X-Client", "a").Expect(t, "4", 429, "")
+	cs.Get("/", "X-Client", "b").Expect(t, "5", 200, "ok")
 	after := takeSnapshot(t, reg2, "mr")
 	expectDeltas(t, "after the reload", beforeReload, after, map[string]float64{"mr/allowed": 1, "mr/denied": 1, "calls": 2})
 	scraped(t, cs, "mr", "allowed", after["mr/allowed"])
@@ -258,20 +259,20 @@ func TestMetricsAcrossReload(t *testing.T) {
 
 // scraped checks that Caddy's /metrics (the `metrics` handler) shows decisions_total of zone
 // and result at value.
-func scraped(t *testing.T, cs *caddyServer, zone, result string, value float64) {
+func scraped(t *testing.T, cs *caddytest.Site, zone, result string, value float64) {
 	t.Helper()
-	r := cs.get("/metrics")
+	r := cs.Get("/metrics")
 	line := fmt.Sprintf(`%s{result=%q,zone=%q} %s`, metricDecisions, result, zone, strconv.FormatFloat(value, 'g', -1, 64))
-	for l := range strings.SplitSeq(r.body, "\n") {
+	for l := range strings.SplitSeq(r.Body, "\n") {
 		if l == line {
 			return
 		}
 	}
 	var ours []string
-	for l := range strings.SplitSeq(r.body, "\n") {
+	for l := range strings.SplitSeq(r.Body, "\n") {
 		if strings.HasPrefix(l, allMetricsPrefix) {
 			ours = append(ours, l)
 		}
 	}
-	t.Fatalf("/metrics (status %d) has no line %q; its lines of the module:\n%s", r.status, line, strings.Join(ours, "\n"))
+	t.Fatalf("/metrics (status %d) has no line %q; its lines of the module:\n%s", r.Status, line, strings.Join(ours, "\n"))
 }

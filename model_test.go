@@ -16,6 +16,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/caddytest"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/usage"
 )
@@ -84,27 +85,27 @@ func TestModelPlaceholder(t *testing.T) {
 		_, _ = io.WriteString(w, "echo")
 	}))
 	t.Cleanup(up.Close)
-	cs := startCaddy(t, modelSite(srv.Addr, up.URL))
-	post := func(path, user, body string) response {
+	cs := caddytest.Start(t, modelSite(srv.Addr, up.URL))
+	post := func(path, user, body string) caddytest.Response {
 		t.Helper()
-		req, err := http.NewRequest(http.MethodPost, cs.base+path, strings.NewReader(body))
+		req, err := http.NewRequest(http.MethodPost, cs.Base+path, strings.NewReader(body))
 		if err != nil {
 			t.Fatal(err)
 		}
 		req.Header.Set("X-User", user)
 		req.Header.Set("Content-Type", "application/json")
-		resp, err := servingClient(10 * time.Second).Do(req)
+		resp, err := caddytest.Client(10 * time.Second).Do(req)
 		if err != nil {
 			t.Fatalf("POST %s: %v", path, err)
 		}
 		defer resp.Body.Close()
 		b, _ := io.ReadAll(resp.Body)
-		return response{status: resp.StatusCode, header: resp.Header, body: string(b)}
+		return caddytest.Response{Status: resp.StatusCode, Header: resp.Header, Body: string(b)}
 	}
 	statuses := func(n int, path, user, body string) string {
 		var s []string
 		for range n {
-			s = append(s, fmt.Sprint(post(path, user, body).status))
+			s = append(s, fmt.Sprint(post(path, user, body).Status))
 		}
 		return strings.Join(s, " ")
 	}
@@ -126,12 +127,12 @@ func TestModelPlaceholder(t *testing.T) {
 	}
 	for _, k := range []string{"rl:{alice:gpt-4o}:permodel:tb", "rl:{alice:claude-sonnet-4-5}:permodel:tb", "rl:{alice:}:permodel:tb", "rl:{gpt-4o}:modelonly:tb"} {
 		if srv.Do("EXISTS", k).(int64) != 1 {
-			t.Errorf("no state %s: %v", k, redisKeys(t, srv))
+			t.Errorf("no state %s: %v", k, srv.Keys(t))
 		}
 	}
-	post("/llm/chat", "erin", gpt).expect(t, "the model for the next handlers", 200, "model=gpt-4o")
-	post("/plain/x", "erin", gpt).expect(t, "a zone that does not use the model: not read", 200, "model={http.rate_limit_redis.request.model}")
-	post("/echo/x", "erin", claude).expect(t, "proxied", 200, "echo")
+	post("/llm/chat", "erin", gpt).Expect(t, "the model for the next handlers", 200, "model=gpt-4o")
+	post("/plain/x", "erin", gpt).Expect(t, "a zone that does not use the model: not read", 200, "model={http.rate_limit_redis.request.model}")
+	post("/echo/x", "erin", claude).Expect(t, "proxied", 200, "echo")
 	if want := "claude-sonnet-4-5 " + claude; len(echoed) != 1 || echoed[0] != want {
 		t.Fatalf("the upstream received %q, want %q", echoed, want)
 	}
@@ -189,7 +190,7 @@ func TestModelReadOnlyWhenUsed(t *testing.T) {
 		}
 	}
 	if srv.Do("EXISTS", "rl:{frank:gpt-4o}:permodel:tb").(int64) != 1 {
-		t.Fatalf("no state keyed on the model: %v", redisKeys(t, srv))
+		t.Fatalf("no state keyed on the model: %v", srv.Keys(t))
 	}
 }
 

@@ -48,15 +48,7 @@ func (b *overrideBody) number(f numField) Number {
 
 // overrideState is one entry of the replies of /rate_limit_redis/override.
 type overrideState struct {
-	// The zone's name and the client key, as given.
-	Zone string `json:"zone"`
-	Key  string `json:"key"`
-	// Which of the zone's key candidates the key is of, counted from 1.
-	Candidate int `json:"candidate"`
-	// The Redis key of the override (a hash), the Redis addresses and database.
-	RedisKey string   `json:"redis_key"`
-	Redis    []string `json:"redis"`
-	DB       int      `json:"db,omitempty"`
+	clientEntry // redis_key: the override's (a hash)
 	// Whether the client has an override (GET), had one (DELETE: deleted), or now has this one
 	// (PUT).
 	Exists bool `json:"exists"`
@@ -81,21 +73,13 @@ type overrideState struct {
 // (else 400). A PUT's body is validated against each such zone as the Caddyfile's numbers are
 // (same ranges, same errors; a 400 naming the field) before anything is written.
 func (a *AdminAPI) handleOverride(w http.ResponseWriter, r *http.Request) error {
-	if r.Method != http.MethodGet && r.Method != http.MethodPut && r.Method != http.MethodDelete {
-		w.Header().Set("Allow", "GET, PUT, DELETE")
-		return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: fmt.Errorf("method %s not allowed: use GET, PUT or DELETE", r.Method)}
+	_, zone, key, err := clientQuery(w, r, []string{http.MethodGet, http.MethodPut, http.MethodDelete})
+	if err != nil {
+		return err
 	}
-	q := r.URL.Query()
-	zone, key := q.Get("zone"), q.Get("key")
-	if zone == "" || key == "" {
-		return badRequest(errors.New("query parameters zone and key are required"))
-	}
-	if n, _ := limiter.ParseCandidateKey(key); n == limiter.KeyedCandidate {
-		return badRequest(errors.New("key: candidates are counted from 1 (0= is no client key's): give the key as {http.rate_limit_redis.key} shows it"))
-	}
-	ts := a.registry().targets(zone)
-	if len(ts) == 0 {
-		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("no rate_limit_redis zone named %q is loaded", zone)}
+	ts, err := a.clientTargets(zone, key)
+	if err != nil {
+		return err
 	}
 	for _, t := range ts {
 		if !t.z.Overrides {
@@ -119,19 +103,8 @@ func (a *AdminAPI) handleOverride(w http.ResponseWriter, r *http.Request) error 
 	ctx, cancel := context.WithTimeout(r.Context(), adminTimeout)
 	defer cancel()
 	out := []overrideState{}
-	seen := make(map[string]bool)
-	candidate, _ := limiter.ParseCandidateKey(key)
-	for i, t := range ts {
-		lk := t.h.limiterKey(key)
-		redisKey := limiter.OverrideKey(t.h.KeyPrefix, &t.z.lz, lk)
-		if seen[t.redisID+"|"+redisKey] {
-			if r.Method != http.MethodGet {
-				t.h.limiter.Forget(&t.z.lz, lk) // written already: only this handler's deny cache is left
-			}
-			continue
-		}
-		seen[t.redisID+"|"+redisKey] = true
-		st := overrideState{Zone: t.z.Name, Key: key, Candidate: candidate, RedisKey: redisKey, Redis: t.redis, DB: t.h.Redis.DB}
+	err = eachClientKey(ts, key, r.Method != http.MethodGet, limiter.OverrideKey, func(i int, t target, lk string, e clientEntry) error {
+		st := overrideState{clientEntry: e}
 		var err error
 		switch r.Method {
 		case http.MethodPut:
@@ -149,16 +122,18 @@ func (a *AdminAPI) handleOverride(w http.ResponseWriter, r *http.Request) error 
 			st.set(o, ttl)
 		}
 		if r.Method != http.MethodGet {
-			ok := !errors.Is(err, limiter.ErrNotBroadcast)
-			if !ok {
-				st.BroadcastError, err = err.Error(), nil
-			}
-			st.Broadcast = &ok
+			var b broadcastResult
+			b, err = broadcastOf(err)
+			st.Broadcast, st.BroadcastError = &b.Broadcast, b.BroadcastError
 		}
 		if err != nil {
 			return redisError(err)
 		}
 		out = append(out, st)
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	return writeJSON(w, out)
 }

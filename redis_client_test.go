@@ -30,6 +30,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/caddytest"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/limiter"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/lua"
@@ -105,7 +106,7 @@ func TestClusterBreakerPerNode(t *testing.T) {
 		}
 	}
 	for _, u := range append(slices.Clone(healthy), byNode[stalled]...) {
-		lc.get("/", "X-User", u).expect(t, "redis up: "+u, 200, "ok", "X-RateLimit-Remaining", "2")
+		lc.Get("/", "X-User", u).Expect(t, "redis up: "+u, 200, "ok", "X-RateLimit-Remaining", "2")
 	}
 	nodeBreaker := func(n *redistest.Server) *breaker {
 		v, ok := shared.nodes.Load(n.Addr)
@@ -120,26 +121,26 @@ func TestClusterBreakerPerNode(t *testing.T) {
 	// The stalled node's clients: breakerTrips decisions in flight together, each waiting for
 	// the timeout...
 	sent := nodeBreaker(stalled).allowed.Load()
-	load := newLoadClient(t, lc.caddyServer)
+	load := caddytest.NewLoadClient(lc.Site)
 	var wg sync.WaitGroup
 	stalledStatus := make([]int, breakerTrips)
 	for i := range breakerTrips {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r, err := load.get("/", "X-User", byNode[stalled][i%2])
+			r, err := load.Get("/", "X-User", byNode[stalled][i%2])
 			if err == nil {
-				stalledStatus[i] = r.status
+				stalledStatus[i] = r.Status
 			}
 		}()
 	}
-	waitFor(t, 900*time.Millisecond, "the stalled node's decisions are under way", func() bool {
+	redistest.WaitFor(t, 900*time.Millisecond, "the stalled node's decisions are under way", func() bool {
 		return nodeBreaker(stalled).allowed.Load() == sent+breakerTrips
 	})
 	// ... while the other nodes' clients are decided exactly, without waiting for them.
 	start := time.Now()
 	for _, u := range healthy {
-		lc.get("/", "X-User", u).expect(t, "healthy node, stalled one in flight: "+u, 200, "ok", "X-RateLimit-Remaining", "1")
+		lc.Get("/", "X-User", u).Expect(t, "healthy node, stalled one in flight: "+u, 200, "ok", "X-RateLimit-Remaining", "1")
 	}
 	if d := time.Since(start); d >= time.Second {
 		t.Errorf("the healthy nodes' %d decisions took %v: they waited for the stalled node", len(healthy), d)
@@ -156,16 +157,16 @@ func TestClusterBreakerPerNode(t *testing.T) {
 	// Now at once: the open breaker answers.
 	for _, u := range byNode[stalled] {
 		start := time.Now()
-		lc.get("/", "X-User", u).expect(t, "stalled node, breaker open: "+u, 503, "", "Retry-After", "1")
+		lc.Get("/", "X-User", u).Expect(t, "stalled node, breaker open: "+u, 503, "", "Retry-After", "1")
 		if d := time.Since(start); d >= time.Second {
 			t.Errorf("a decision for the open breaker's node took %v", d)
 		}
 	}
 	// A request on a healthy node and on the stalled one: refused at once, nothing charged.
-	lc.get("/", "X-User", healthy[0], "X-Org", byNode[stalled][0]).expect(t, "zones on two nodes, one open", 503, "", "Retry-After", "1")
+	lc.Get("/", "X-User", healthy[0], "X-Org", byNode[stalled][0]).Expect(t, "zones on two nodes, one open", 503, "", "Retry-After", "1")
 	for _, u := range healthy {
-		lc.get("/", "X-User", u).expect(t, "healthy node: "+u, 200, "ok", "X-RateLimit-Remaining", "0")
-		lc.get("/", "X-User", u).expect(t, "healthy node, exhausted: "+u, 429, "", "X-RateLimit-Remaining", "0")
+		lc.Get("/", "X-User", u).Expect(t, "healthy node: "+u, 200, "ok", "X-RateLimit-Remaining", "0")
+		lc.Get("/", "X-User", u).Expect(t, "healthy node, exhausted: "+u, 429, "", "X-RateLimit-Remaining", "0")
 	}
 	for _, n := range c.Nodes {
 		b := nodeBreaker(n)
@@ -185,8 +186,8 @@ func TestClusterBreakerPerNode(t *testing.T) {
 	}
 
 	stalled.Resume()
-	waitFor(t, 2*breakerOpenFor+5*time.Second, "a probe closes the node's breaker once it answers", func() bool {
-		return lc.get("/", "X-User", byNode[stalled][0]).status == http.StatusOK
+	redistest.WaitFor(t, 2*breakerOpenFor+5*time.Second, "a probe closes the node's breaker once it answers", func() bool {
+		return lc.Get("/", "X-User", byNode[stalled][0]).Status == http.StatusOK
 	})
 	if st := nodeBreaker(stalled).State(); st != gobreaker.StateClosed {
 		t.Fatalf("the node's breaker is %s after it answered, want closed", st)
@@ -207,7 +208,7 @@ func TestClusterBreakerPerNode(t *testing.T) {
 // moving client is never admitted more than Redis counts.
 func TestClusterReshardFailsOnlyTheMovingSlot(t *testing.T) {
 	c := redistest.StartCluster(t, 3)
-	cs := startCaddy(t, fmt.Sprintf(`
+	cs := caddytest.Start(t, fmt.Sprintf(`
 	rate_limit_redis {
 		redis {
 			address %s
@@ -246,7 +247,7 @@ func TestClusterReshardFailsOnlyTheMovingSlot(t *testing.T) {
 	}
 	// The token bucket's key first, then the padding, then the fixed window's key: a migration
 	// moves a slot's newest keys first, so the two keys move at either end of it.
-	cs.get("/tbonly", "X-K", moving).expect(t, "the token bucket's key", 200, "ok")
+	cs.Get("/tbonly", "X-K", moving).Expect(t, "the token bucket's key", 200, "ok")
 	pad := from.Client()
 	for i := 0; i < 5000; i += 500 {
 		p := pad.Pipeline()
@@ -257,7 +258,7 @@ func TestClusterReshardFailsOnlyTheMovingSlot(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	cs.get("/both", "X-K", moving).expect(t, "the fixed window's key", 200, "ok")
+	cs.Get("/both", "X-K", moving).Expect(t, "the fixed window's key", 200, "ok")
 
 	type answer struct {
 		at     time.Time
@@ -268,7 +269,7 @@ func TestClusterReshardFailsOnlyTheMovingSlot(t *testing.T) {
 	var bystanderSent atomic.Int64
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
-	lc := newLoadClient(t, cs)
+	lc := caddytest.NewLoadClient(cs)
 	for _, k := range []string{moving, moving, bystander} {
 		wg.Go(func() {
 			for {
@@ -277,13 +278,13 @@ func TestClusterReshardFailsOnlyTheMovingSlot(t *testing.T) {
 					return
 				default:
 				}
-				r, err := lc.get("/both", "X-K", k)
+				r, err := lc.Get("/both", "X-K", k)
 				if err != nil {
 					t.Error(err)
 					return
 				}
 				mu.Lock()
-				answers[k] = append(answers[k], answer{time.Now(), r.status})
+				answers[k] = append(answers[k], answer{time.Now(), r.Status})
 				mu.Unlock()
 				if k == bystander {
 					bystanderSent.Add(1)
@@ -481,7 +482,7 @@ func TestSentinelFailover(t *testing.T) {
 	}
 	defer func() { close(stop); wg.Wait() }()
 
-	waitFor(t, 10*time.Second, "150 admitted requests", func() bool { return admitted.Load() >= 150 })
+	redistest.WaitFor(t, 10*time.Second, "150 admitted requests", func() bool { return admitted.Load() >= 150 })
 	ss.Primary.Stop() // SIGKILL
 	killAt := time.Now()
 	killed.Store(true)
@@ -491,7 +492,7 @@ func TestSentinelFailover(t *testing.T) {
 	for w := range at {
 		at[w] = iterations[w].Load()
 	}
-	waitFor(t, 5*time.Second, "the workers to move past the kill", func() bool {
+	redistest.WaitFor(t, 5*time.Second, "the workers to move past the kill", func() bool {
 		for w := range at {
 			if iterations[w].Load() < at[w]+2 {
 				return false
@@ -509,7 +510,7 @@ func TestSentinelFailover(t *testing.T) {
 	}
 	onReplica := int64(math.Floor(tokens + 1e-9)) // what the new primary will have to give
 
-	waitFor(t, 30*time.Second, "decisions to resume and the bucket to run out", func() bool {
+	redistest.WaitFor(t, 30*time.Second, "decisions to resume and the bucket to run out", func() bool {
 		return recoveredAt.Load() != 0 && denied.Load() >= 10
 	})
 	close(stop)

@@ -23,6 +23,8 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/caddytest"
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/freeport"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
 )
 
@@ -151,12 +153,12 @@ func TestEmptyResolvedRedisSettingRefused(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Setenv("UNSET_NAME", "")
 			site := "\trate_limit_redis {\n\t\tredis {\n\t\t\t" + tc.redis + "\n\t\t}" + zone
-			cs := &caddyServer{t: t}
-			port := freeLoopbackPort(t)
+			cs := &caddytest.Site{T: t}
+			port := freeport.Must(t)
 			if err := validateSite(site, port); err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("caddy validate: error %v, want one saying %q", err, tc.want)
 			}
-			err := cs.load(site, port)
+			err := cs.Load(site, port)
 			if err == nil {
 				_ = caddy.Stop()
 				t.Fatalf("caddy run: config loaded; want an error saying %q", tc.want)
@@ -169,8 +171,8 @@ func TestEmptyResolvedRedisSettingRefused(t *testing.T) {
 
 	t.Run("set", func(t *testing.T) {
 		t.Setenv("UNSET_NAME", srv.Addr)
-		cs := startCaddy(t, "\trate_limit_redis {\n\t\tredis {\n\t\t\taddress {env.UNSET_NAME}\n\t\t}"+zone)
-		cs.get("/").expect(t, "address from the environment", 200, "ok", "X-RateLimit-Remaining", "4")
+		cs := caddytest.Start(t, "\trate_limit_redis {\n\t\tredis {\n\t\t\taddress {env.UNSET_NAME}\n\t\t}"+zone)
+		cs.Get("/").Expect(t, "address from the environment", 200, "ok", "X-RateLimit-Remaining", "4")
 	})
 }
 
@@ -199,8 +201,8 @@ func TestPasswordNeverShows(t *testing.T) {
 	lc := startLoggedCaddy(t, site)
 
 	// The right password: Redis decides.
-	lc.get("/").expect(t, "authenticated", 200, "ok", "X-RateLimit-Limit", "1")
-	lc.get("/").expect(t, "denied by Redis", 429, "", "Retry-After", "3600")
+	lc.Get("/").Expect(t, "authenticated", 200, "ok", "X-RateLimit-Limit", "1")
+	lc.Get("/").Expect(t, "denied by Redis", 429, "", "Retry-After", "3600")
 
 	// A wrong one: Redis refuses every connection, the breaker opens, fail_mode closed answers.
 	t.Setenv("RL_TEST_REDIS_PASSWORD", wrong)
@@ -208,7 +210,7 @@ func TestPasswordNeverShows(t *testing.T) {
 		t.Fatalf("reload: %v", err)
 	}
 	for i := 0; i < breakerTrips+2; i++ {
-		lc.get("/").expect(t, "wrong password", 503, "", "Retry-After", "1")
+		lc.Get("/").Expect(t, "wrong password", 503, "", "Retry-After", "1")
 	}
 
 	// Errors returned by the handler itself, with the password from the environment and
@@ -302,8 +304,8 @@ func TestPasswordNeverShows(t *testing.T) {
 	}
 }
 
-// validateSite adapts the site as cs.load does and validates it as `caddy validate` does:
-// provisioned, never started.
+// validateSite adapts the site as caddytest.Site.Load does and validates it as `caddy validate`
+// does: provisioned, never started.
 func validateSite(site string, port int) error {
 	caddyfile := fmt.Sprintf("{\n\tadmin off\n\tauto_https off\n\tpersist_config off\n}\n:%d {\n\tbind 127.0.0.1\n%s\n}\n", port, site)
 	cfgJSON, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(caddyfile), nil)

@@ -39,6 +39,7 @@ import (
 
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/caddytest"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/clientip"
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/freeport"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/limiter"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
 )
@@ -51,7 +52,7 @@ import (
 // mimicking the candidate's form (X-API-Key: 2=<ip>).
 func TestCandidateNamespaces(t *testing.T) {
 	srv := redistest.Start(t)
-	cs := startSites(t, "\t\ttrusted_proxies static 127.0.0.1/8", fmt.Sprintf(`
+	cs := caddytest.StartSites(t, "\t\ttrusted_proxies static 127.0.0.1/8", fmt.Sprintf(`
 	rate_limit_redis {
 		redis {
 			address %s
@@ -65,23 +66,23 @@ func TestCandidateNamespaces(t *testing.T) {
 	respond "{http.rate_limit_redis.key}"`, srv.Addr))[0]
 	const victim, attacker = "203.0.113.7", "198.51.100.1"
 
-	cs.get("/", "X-Forwarded-For", victim).expect(t, "victim 1", 200, "2="+victim, "X-RateLimit-Remaining", "3")
+	cs.Get("/", "X-Forwarded-For", victim).Expect(t, "victim 1", 200, "2="+victim, "X-RateLimit-Remaining", "3")
 	for i := 1; i <= 4; i++ {
 		// Its own bucket, full at first: 3 2 1 0, not the victim's 2 1 0 then 429.
-		cs.get("/", "X-Forwarded-For", attacker, "X-API-Key", victim).expect(t, "attacker "+strconv.Itoa(i), 200, victim,
+		cs.Get("/", "X-Forwarded-For", attacker, "X-API-Key", victim).Expect(t, "attacker "+strconv.Itoa(i), 200, victim,
 			"X-RateLimit-Remaining", strconv.Itoa(4-i))
 	}
-	cs.get("/", "X-Forwarded-For", attacker, "X-API-Key", victim).expect(t, "attacker 5", 429, "")
-	cs.get("/", "X-Forwarded-For", attacker, "X-API-Key", "2="+victim).expect(t, "attacker mimicking the IP candidate", 200,
+	cs.Get("/", "X-Forwarded-For", attacker, "X-API-Key", victim).Expect(t, "attacker 5", 429, "")
+	cs.Get("/", "X-Forwarded-For", attacker, "X-API-Key", "2="+victim).Expect(t, "attacker mimicking the IP candidate", 200,
 		"1=2="+victim, "X-RateLimit-Remaining", "3")
 	for i := 2; i <= 4; i++ {
-		cs.get("/", "X-Forwarded-For", victim).expect(t, "victim "+strconv.Itoa(i), 200, "2="+victim,
+		cs.Get("/", "X-Forwarded-For", victim).Expect(t, "victim "+strconv.Itoa(i), 200, "2="+victim,
 			"X-RateLimit-Remaining", strconv.Itoa(4-i))
 	}
-	cs.get("/", "X-Forwarded-For", victim).expect(t, "victim 5: its burst of 4 spent by itself alone", 429, "")
-	cs.get("/", "X-Forwarded-For", attacker).expect(t, "the attacker's IP", 200, "2="+attacker, "X-RateLimit-Remaining", "3")
+	cs.Get("/", "X-Forwarded-For", victim).Expect(t, "victim 5: its burst of 4 spent by itself alone", 429, "")
+	cs.Get("/", "X-Forwarded-For", attacker).Expect(t, "the attacker's IP", 200, "2="+attacker, "X-RateLimit-Remaining", "3")
 
-	keys := redisKeys(t, srv)
+	keys := srv.Keys(t)
 	slices.Sort(keys)
 	want := []string{
 		"rl:{2=" + attacker + "}:api:tb",
@@ -127,16 +128,16 @@ func TestKeySecret(t *testing.T) {
 	}
 	respond "{http.rate_limit_redis.key}"`, srv.Addr, keySecret)
 	}
-	sites := startSites(t, "", site("{env.RL_TEST_KEY_SECRET}"), site(secret), site(other))
+	sites := caddytest.StartSites(t, "", site("{env.RL_TEST_KEY_SECRET}"), site(secret), site(other))
 	a, b, c := sites[0], sites[1], sites[2]
 	const apiKey = "sk-live-4f9a2c"
-	a.get("/", "X-API-Key", apiKey).expect(t, "site A", 200, apiKey, "X-RateLimit-Remaining", "2")
-	b.get("/", "X-API-Key", apiKey).expect(t, "site B, same secret: same bucket", 200, apiKey, "X-RateLimit-Remaining", "1")
-	c.get("/", "X-API-Key", apiKey).expect(t, "site C, another secret: another bucket", 200, apiKey, "X-RateLimit-Remaining", "2")
-	a.get("/").expect(t, "site A by IP", 200, "2=127.0.0.1", "X-RateLimit-Remaining", "2")
-	a.get("/", "X-API-Key", "127.0.0.1").expect(t, "site A, the IP as an API key", 200, "127.0.0.1", "X-RateLimit-Remaining", "2")
+	a.Get("/", "X-API-Key", apiKey).Expect(t, "site A", 200, apiKey, "X-RateLimit-Remaining", "2")
+	b.Get("/", "X-API-Key", apiKey).Expect(t, "site B, same secret: same bucket", 200, apiKey, "X-RateLimit-Remaining", "1")
+	c.Get("/", "X-API-Key", apiKey).Expect(t, "site C, another secret: another bucket", 200, apiKey, "X-RateLimit-Remaining", "2")
+	a.Get("/").Expect(t, "site A by IP", 200, "2=127.0.0.1", "X-RateLimit-Remaining", "2")
+	a.Get("/", "X-API-Key", "127.0.0.1").Expect(t, "site A, the IP as an API key", 200, "127.0.0.1", "X-RateLimit-Remaining", "2")
 
-	keys := redisKeys(t, srv)
+	keys := srv.Keys(t)
 	ks, ko := limiter.NewKeySecret([]byte(secret)), limiter.NewKeySecret([]byte(other))
 	want := []string{
 		limiter.StateKey("rl:", tbZone("api"), ks.Key(apiKey)),
@@ -179,17 +180,17 @@ func TestKeySecretNeverShows(t *testing.T) {
 	}
 	respond "ok"`, srv.Addr)
 	lc := startLoggedCaddy(t, site)
-	lc.get("/", "X-API-Key", "k").expect(t, "allowed", 200, "ok")
-	lc.get("/", "X-API-Key", "k").expect(t, "denied", 429, "")
-	lc.get("/", "X-API-Key", "k").expect(t, "denied from the deny cache", 429, "")
+	lc.Get("/", "X-API-Key", "k").Expect(t, "allowed", 200, "ok")
+	lc.Get("/", "X-API-Key", "k").Expect(t, "denied", 429, "")
+	lc.Get("/", "X-API-Key", "k").Expect(t, "denied from the deny cache", 429, "")
 	t.Setenv("RL_TEST_KEY_SECRET", second)
 	if err := lc.load(site); err != nil {
 		t.Fatalf("reload: %v", err)
 	}
-	lc.get("/", "X-API-Key", "k").expect(t, "another secret: a new bucket", 200, "ok")
-	lc.get("/", "X-API-Key", "k").expect(t, "denied under the new secret", 429, "")
+	lc.Get("/", "X-API-Key", "k").Expect(t, "another secret: a new bucket", 200, "ok")
+	lc.Get("/", "X-API-Key", "k").Expect(t, "denied under the new secret", 429, "")
 	srv.Stop()
-	lc.get("/", "X-API-Key", "k2").expect(t, "redis down", 200, "ok")
+	lc.Get("/", "X-API-Key", "k2").Expect(t, "redis down", 200, "ok")
 
 	var errs []error
 	for _, keySecret := range []string{"{env.RL_TEST_KEY_SECRET}", second} {
@@ -280,7 +281,7 @@ const (
 // never reaches it.
 func TestLimitAfterAuthentication(t *testing.T) {
 	srv := redistest.Start(t)
-	cs := startCaddy(t, fmt.Sprintf(`
+	cs := caddytest.Start(t, fmt.Sprintf(`
 	rate_limit_redis {
 		redis {
 			address %[1]s
@@ -315,19 +316,19 @@ func TestLimitAfterAuthentication(t *testing.T) {
 	}
 	status := func(step string, hdr []string, want int) {
 		t.Helper()
-		if r := cs.get("/", hdr...); r.status != want {
-			t.Fatalf("%s: %d %q, want %d", step, r.status, r.body, want)
+		if r := cs.Get("/", hdr...); r.Status != want {
+			t.Fatalf("%s: %d %q, want %d", step, r.Status, r.Body, want)
 		}
 	}
 	status("wrong password", auth("alice", "guess"), 401)
-	cs.get("/", auth("alice", "alice-pw")...).expect(t, "alice 1", 200, "hello alice")
-	cs.get("/", auth("alice", "alice-pw")...).expect(t, "alice 2", 200, "hello alice")
+	cs.Get("/", auth("alice", "alice-pw")...).Expect(t, "alice 1", 200, "hello alice")
+	cs.Get("/", auth("alice", "alice-pw")...).Expect(t, "alice 2", 200, "hello alice")
 	status("alice 3: her user zone", auth("alice", "alice-pw"), 429)
-	cs.get("/", auth("bob", "bob-pw")...).expect(t, "bob: his own user bucket", 200, "hello bob")
+	cs.Get("/", auth("bob", "bob-pw")...).Expect(t, "bob: his own user bucket", 200, "hello bob")
 	status("wrong password again", auth("alice", "guess2"), 401)
 	status("the IP zone caps guessing", auth("alice", "guess3"), 429)
 
-	keys := redisKeys(t, srv)
+	keys := srv.Keys(t)
 	slices.Sort(keys)
 	if want := []string{"rl:{127.0.0.1}:ip:tb", "rl:{alice}:user:tb", "rl:{bob}:user:tb"}; !slices.Equal(keys, want) {
 		t.Fatalf("Redis keys %q, want %q: the failed logins must not reach the user zone", keys, want)
@@ -404,7 +405,7 @@ func TestIPPrefixKeys(t *testing.T) {
 	}
 	respond "{http.rate_limit_redis.key}"`, srv.Addr, options, zone)
 	}
-	sites := startSites(t, "\t\ttrusted_proxies static 127.0.0.1/32",
+	sites := caddytest.StartSites(t, "\t\ttrusted_proxies static 127.0.0.1/32",
 		site("", "dflt"),
 		site("ipv6_prefix 128\n\t\tipv4_prefix 24", "full"),
 		strings.Replace(site("ipv6_prefix 128", "wide"), "capacity 2", "ipv6_prefix 48\n\t\t\tcapacity 2", 1),
@@ -414,12 +415,12 @@ func TestIPPrefixKeys(t *testing.T) {
 		status    int
 		key       string // the placeholder, when admitted
 	}
-	run := func(cs *caddyServer, name string, steps []step) {
+	run := func(cs *caddytest.Site, name string, steps []step) {
 		t.Helper()
 		for i, s := range steps {
-			r := cs.get("/", "X-Forwarded-For", s.xff, "X-User", s.user)
-			if r.status != s.status || (s.status == 200 && r.body != s.key) {
-				t.Fatalf("%s step %d (%s %s): %d %q, want %d %q", name, i, s.xff, s.user, r.status, r.body, s.status, s.key)
+			r := cs.Get("/", "X-Forwarded-For", s.xff, "X-User", s.user)
+			if r.Status != s.status || (s.status == 200 && r.Body != s.key) {
+				t.Fatalf("%s step %d (%s %s): %d %q, want %d %q", name, i, s.xff, s.user, r.Status, r.Body, s.status, s.key)
 			}
 		}
 	}
@@ -458,7 +459,7 @@ func TestIPPrefixKeys(t *testing.T) {
 		{xff: "2001:db8:0:ffff::1", status: 429},
 		{xff: "2001:db9::1", status: 200, key: "2=2001:db9::/48"},
 	})
-	keys := redisKeys(t, srv)
+	keys := srv.Keys(t)
 	for _, want := range []string{"rl:{2=2001:db8::/64}:dflt:tb", "rl:{2=198.51.100.0/24}:full:tb", "rl:{2=2001:db8::/48}:wide:tb"} {
 		if !slices.Contains(keys, want) {
 			t.Errorf("Redis key %s missing: %q", want, keys)
@@ -523,11 +524,11 @@ func TestNAT64Keys(t *testing.T) {
 			refill_rate 1/1h
 		}
 	}`, srv.Addr) + respond
-	sites := startSites(t, "\t\ttrusted_proxies static 127.0.0.1/32", single, mapped, split)
-	statuses := func(cs *caddyServer, xff ...string) string {
+	sites := caddytest.StartSites(t, "\t\ttrusted_proxies static 127.0.0.1/32", single, mapped, split)
+	statuses := func(cs *caddytest.Site, xff ...string) string {
 		var got []string
 		for _, x := range xff {
-			got = append(got, strconv.Itoa(cs.get("/", "X-Forwarded-For", x).status))
+			got = append(got, strconv.Itoa(cs.Get("/", "X-Forwarded-For", x).Status))
 		}
 		return strings.Join(got, " ")
 	}
@@ -538,11 +539,11 @@ func TestNAT64Keys(t *testing.T) {
 	}
 	for i, want := range []string{"ip nat64-c000:201", "ip_nat64 64:ff9b::c000:201"} {
 		cs := sites[1+i]
-		cs.get("/", "X-Forwarded-For", a).expect(t, "nat64 "+want, 200, want)
+		cs.Get("/", "X-Forwarded-For", a).Expect(t, "nat64 "+want, 200, want)
 		if got := statuses(cs, a, a, b, b, b); got != "200 429 200 200 429" {
 			t.Fatalf("%s: %s; want 200 429 200 200 429 (a bucket per IPv4 client)", want, got)
 		}
-		cs.get("/", "X-Forwarded-For", "2001:db8::1").expect(t, "native IPv6", 200, "ip 2001:db8::/64")
+		cs.Get("/", "X-Forwarded-For", "2001:db8::1").Expect(t, "native IPv6", 200, "ip 2001:db8::/64")
 		// 64:ff9b::1:0:0:1 is in 64:ff9b::/64 but not the /96: keyed as any IPv6 client.
 		if got := statuses(cs, "2001:db8::2", "2001:db8::3", "64:ff9b::1:0:0:1", "64:ff9b::1:0:0:2", "64:ff9b::1:0:0:3"); got != "200 429 200 200 429" {
 			t.Fatalf("native IPv6 (%s): %s; want 200 429 200 200 429 (one bucket per /64)", want, got)
@@ -583,22 +584,22 @@ func TestEmptyKeyAnonymousClient(t *testing.T) {
 	}{
 		{EmptyKeyShared, func(t *testing.T, lc *loggedCaddy) {
 			for i := 1; i <= 3; i++ {
-				lc.get("/").expect(t, "anonymous "+strconv.Itoa(i)+": admitted, then refused by basic_auth", 401, "")
+				lc.Get("/").Expect(t, "anonymous "+strconv.Itoa(i)+": admitted, then refused by basic_auth", 401, "")
 			}
-			lc.get("/").expect(t, "anonymous 4: the shared bucket is empty", 429, "", "Retry-After", "3600", "X-RateLimit-Limit", "3")
-			lc.get("/", alice...).expect(t, "alice, locked out by the anonymous client", 429, "", "Retry-After", "3600")
+			lc.Get("/").Expect(t, "anonymous 4: the shared bucket is empty", 429, "", "Retry-After", "3600", "X-RateLimit-Limit", "3")
+			lc.Get("/", alice...).Expect(t, "alice, locked out by the anonymous client", 429, "", "Retry-After", "3600")
 		}, 5},
 		{EmptyKeySkip, func(t *testing.T, lc *loggedCaddy) {
 			for i := 1; i <= 5; i++ {
-				lc.get("/").expect(t, "anonymous "+strconv.Itoa(i)+": not limited", 401, "", "X-RateLimit-Limit", "")
+				lc.Get("/").Expect(t, "anonymous "+strconv.Itoa(i)+": not limited", 401, "", "X-RateLimit-Limit", "")
 			}
 			for i := 1; i <= 5; i++ {
-				lc.get("/", alice...).expect(t, "alice "+strconv.Itoa(i)+": not limited", 200, "user=alice", "X-RateLimit-Limit", "")
+				lc.Get("/", alice...).Expect(t, "alice "+strconv.Itoa(i)+": not limited", 200, "user=alice", "X-RateLimit-Limit", "")
 			}
 		}, 10},
 		{EmptyKeyDeny, func(t *testing.T, lc *loggedCaddy) {
-			lc.get("/").expect(t, "anonymous", 403, "", "Retry-After", "", "X-RateLimit-Limit", "")
-			lc.get("/", alice...).expect(t, "alice: the key is empty before basic_auth", 403, "", "Retry-After", "")
+			lc.Get("/").Expect(t, "anonymous", 403, "", "Retry-After", "", "X-RateLimit-Limit", "")
+			lc.Get("/", alice...).Expect(t, "alice: the key is empty before basic_auth", 403, "", "Retry-After", "")
 		}, 2},
 	} {
 		t.Run(tc.emptyKey, func(t *testing.T) {
@@ -629,14 +630,14 @@ func TestEmptyKeyAnonymousClient(t *testing.T) {
 		reg := activeRegistry(t)
 		before := metricValue(t, reg, metricEmptyKeys, "zone", zone)
 		for i := 1; i <= 5; i++ {
-			lc.get("/").expect(t, "anonymous: refused by basic_auth first", 401, "")
+			lc.Get("/").Expect(t, "anonymous: refused by basic_auth first", 401, "")
 		}
 		for i := 1; i <= 3; i++ {
-			lc.get("/", alice...).expect(t, "alice "+strconv.Itoa(i), 200, "user=alice key=alice",
+			lc.Get("/", alice...).Expect(t, "alice "+strconv.Itoa(i), 200, "user=alice key=alice",
 				"X-RateLimit-Remaining", strconv.Itoa(3-i))
 		}
-		lc.get("/", alice...).expect(t, "alice over her limit", 429, "", "Retry-After", "3600")
-		lc.get("/", bob...).expect(t, "bob has a bucket of his own", 200, "user=bob key=bob", "X-RateLimit-Remaining", "2")
+		lc.Get("/", alice...).Expect(t, "alice over her limit", 429, "", "Retry-After", "3600")
+		lc.Get("/", bob...).Expect(t, "bob has a bucket of his own", 200, "user=bob key=bob", "X-RateLimit-Remaining", "2")
 		if got := metricValue(t, reg, metricEmptyKeys, "zone", zone) - before; got != 0 {
 			t.Errorf("empty_key_total{zone=%q} +%v, want 0", zone, got)
 		}
@@ -699,7 +700,7 @@ func TestEmptyKeyDenyDryRun(t *testing.T) {
 // client has its own bucket.
 func TestJSONClientIPShorthand(t *testing.T) {
 	srv := redistest.Start(t)
-	port := freeLoopbackPort(t)
+	port := freeport.Must(t)
 	logFile := filepath.Join(t.TempDir(), "caddy.log")
 	cfg := fmt.Sprintf(`{
   "admin": {"disabled": true},
@@ -716,17 +717,17 @@ func TestJSONClientIPShorthand(t *testing.T) {
   }}}}
 }`, logFile, port, srv.Addr)
 	t.Cleanup(func() { _ = caddy.Stop() })
-	if err := loadServing(t, []byte(cfg)); err != nil {
+	if err := caddytest.LoadServing(t, []byte(cfg)); err != nil {
 		t.Fatal(err)
 	}
-	cs := &caddyServer{t: t, base: "http://127.0.0.1:" + strconv.Itoa(port)}
+	cs := &caddytest.Site{T: t, Base: "http://127.0.0.1:" + strconv.Itoa(port)}
 
 	for i := 1; i <= 5; i++ {
 		ip := "203.0.113." + strconv.Itoa(i)
-		cs.get("/", "X-Forwarded-For", ip).expect(t, "client "+ip, 200, "ip="+ip+" key=["+ip+"] remaining=2")
+		cs.Get("/", "X-Forwarded-For", ip).Expect(t, "client "+ip, 200, "ip="+ip+" key=["+ip+"] remaining=2")
 	}
 	ip := "203.0.113.1"
-	cs.get("/", "X-Forwarded-For", ip).expect(t, "client 1 again", 200, "ip="+ip+" key=["+ip+"] remaining=1")
+	cs.Get("/", "X-Forwarded-For", ip).Expect(t, "client 1 again", 200, "ip="+ip+" key=["+ip+"] remaining=1")
 
 	b, err := os.ReadFile(logFile)
 	if err != nil {
@@ -833,12 +834,12 @@ func TestPlanChangeWithoutReload(t *testing.T) {
 			t.Helper()
 			var codes []string
 			for {
-				r := cs.get(path, "X-Client", "alice", "X-Quota", q)
-				if r.header.Get("X-RateLimit-Limit") != q || (r.status == 200 && r.body != q) {
-					t.Fatalf("%s quota %s: X-RateLimit-Limit %q, {http.rate_limit_redis.limit} %q", algorithm, q, r.header.Get("X-RateLimit-Limit"), r.body)
+				r := cs.Get(path, "X-Client", "alice", "X-Quota", q)
+				if r.Header.Get("X-RateLimit-Limit") != q || (r.Status == 200 && r.Body != q) {
+					t.Fatalf("%s quota %s: X-RateLimit-Limit %q, {http.rate_limit_redis.limit} %q", algorithm, q, r.Header.Get("X-RateLimit-Limit"), r.Body)
 				}
-				codes = append(codes, strconv.Itoa(r.status))
-				if r.status != 200 {
+				codes = append(codes, strconv.Itoa(r.Status))
+				if r.Status != 200 {
 					return strings.Join(codes, " ")
 				}
 			}
@@ -847,15 +848,15 @@ func TestPlanChangeWithoutReload(t *testing.T) {
 			t.Fatalf("%s quota 3: %s", algorithm, got)
 		}
 		calls := srv.ScriptCalls()
-		if r := cs.get(path, "X-Client", "alice", "X-Quota", "3"); r.status != 429 || srv.ScriptCalls() != calls {
-			t.Fatalf("%s quota 3 again: %d with %d script calls, want 429 from the deny cache", algorithm, r.status, srv.ScriptCalls()-calls)
+		if r := cs.Get(path, "X-Client", "alice", "X-Quota", "3"); r.Status != 429 || srv.ScriptCalls() != calls {
+			t.Fatalf("%s quota 3 again: %d with %d script calls, want 429 from the deny cache", algorithm, r.Status, srv.ScriptCalls()-calls)
 		}
 		if got := quota("10"); got != strings.Repeat("200 ", 7)+"429" {
 			t.Fatalf("%s moved to quota 10: %s, want exactly 7 more", algorithm, got)
 		}
-		r := cs.get(path, "X-Client", "alice", "X-Quota", "3")
-		if ra, _ := strconv.Atoi(r.header.Get("Retry-After")); r.status != 429 || ra < 1 || r.header.Get("X-RateLimit-Remaining") != "0" {
-			t.Fatalf("%s back to quota 3 with 10 used: %d %v", algorithm, r.status, r.header)
+		r := cs.Get(path, "X-Client", "alice", "X-Quota", "3")
+		if ra, _ := strconv.Atoi(r.Header.Get("Retry-After")); r.Status != 429 || ra < 1 || r.Header.Get("X-RateLimit-Remaining") != "0" {
+			t.Fatalf("%s back to quota 3 with 10 used: %d %v", algorithm, r.Status, r.Header)
 		}
 	}
 }
@@ -935,27 +936,27 @@ func TestPlanHostileValues(t *testing.T) {
 		placeholder := "{http.request.header." + tc.header + "}"
 		number := map[string]string{"X-Capacity": "capacity", "X-Rate": "refill_rate", "X-Limit": "limit", "X-Window": "window"}[tc.header]
 		want := fmt.Sprintf("500 zone %s: %s %s: %s", zone, number, placeholder, tc.want)
-		cs.get(tc.path, headers...).expect(t, fmt.Sprintf("%s %s %.40q", tc.path, tc.header, tc.value), 500, want,
+		cs.Get(tc.path, headers...).Expect(t, fmt.Sprintf("%s %s %.40q", tc.path, tc.header, tc.value), 500, want,
 			"X-RateLimit-Limit", "", "Retry-After", "")
-		dry.get(tc.path, headers...).expect(t, fmt.Sprintf("dry_run %s %s %.40q", tc.path, tc.header, tc.value), 200, "ok")
+		dry.Get(tc.path, headers...).Expect(t, fmt.Sprintf("dry_run %s %s %.40q", tc.path, tc.header, tc.value), 200, "ok")
 	}
 	// The fill time of capacity and refill_rate together: 5 tokens at 1e-300/s.
-	cs.get("/bare", "X-Client", "mallory", "X-Capacity", "5", "X-Rate", "1e-300").expect(t, "refill beyond 366d", 500,
+	cs.Get("/bare", "X-Client", "mallory", "X-Capacity", "5", "X-Rate", "1e-300").Expect(t, "refill beyond 366d", 500,
 		"500 zone bare: capacity 5 and refill_rate 1e-300: an empty bucket would take 5e+300s to refill; at most 366d is supported")
 	// Empty: the fallback, or a 500 without one.
-	cs.get("/bare", "X-Client", "mallory").expect(t, "empty without a fallback", 500,
+	cs.Get("/bare", "X-Client", "mallory").Expect(t, "empty without a fallback", 500,
 		"500 zone bare: capacity {http.request.header.X-Capacity}: the placeholder is empty and capacity has no fallback "+
 			"(write one after the placeholder: capacity {http.request.header.X-Capacity} <n>)")
 	if n := srv.ScriptCalls(); n != 0 {
 		t.Fatalf("%d script calls: a hostile number reached Redis", n)
 	}
-	cs.get("/fallback", "X-Client", "mallory", "X-Capacity", "").expect(t, "empty with a fallback", 200, "ok",
+	cs.Get("/fallback", "X-Client", "mallory", "X-Capacity", "").Expect(t, "empty with a fallback", 200, "ok",
 		"X-RateLimit-Limit", "5", "X-RateLimit-Remaining", "4")
-	cs.get("/fallback", "X-Client", "mallory").expect(t, "absent with a fallback", 200, "ok",
+	cs.Get("/fallback", "X-Client", "mallory").Expect(t, "absent with a fallback", 200, "ok",
 		"X-RateLimit-Limit", "5", "X-RateLimit-Remaining", "3")
-	cs.get("/window", "X-Client", "mallory").expect(t, "window, both empty: the fallbacks", 200, "ok",
+	cs.Get("/window", "X-Client", "mallory").Expect(t, "window, both empty: the fallbacks", 200, "ok",
 		"X-RateLimit-Limit", "5", "X-RateLimit-Remaining", "4")
-	cs.get("/bare", "X-Client", "mallory", "X-Capacity", "2").expect(t, "bare, a good value: nothing was charged before", 200, "ok",
+	cs.Get("/bare", "X-Client", "mallory", "X-Capacity", "2").Expect(t, "bare, a good value: nothing was charged before", 200, "ok",
 		"X-RateLimit-Limit", "2", "X-RateLimit-Remaining", "1")
 }
 
@@ -978,7 +979,7 @@ func TestPlanNumberErrorLogged(t *testing.T) {
 		respond "sorry" 500
 	}
 	respond "ok"`, srv.Addr))
-	lc.get("/", "X-Capacity", "-1"+strings.Repeat("0", 1000)).expect(t, "hostile capacity", 500, "sorry")
+	lc.Get("/", "X-Capacity", "-1"+strings.Repeat("0", 1000)).Expect(t, "hostile capacity", 500, "sorry")
 	lines := withMsg(ours(lc.lines()), "a zone number from a placeholder is unusable")
 	want := `zone plan: capacity {http.request.header.X-Capacity}: "-1000000000000000000000000000000"… (1002 bytes) is too long: a number is at most 64 bytes`
 	if len(lines) != 1 || lines[0].fields["level"] != "error" || lines[0].fields["zone"] != "plan" || lines[0].fields["error"] != want {
@@ -1007,27 +1008,27 @@ func TestAbuseHugeAPIKey(t *testing.T) {
 
 	t.Run("default max_header_size", func(t *testing.T) {
 		srv := redistest.Start(t)
-		cs := startSites(t, "", site(srv.Addr))[0]
-		if r := cs.get("/", "X-API-Key", huge); r.status != http.StatusRequestHeaderFieldsTooLarge {
-			t.Fatalf("got %d %q, want 431", r.status, r.body)
+		cs := caddytest.StartSites(t, "", site(srv.Addr))[0]
+		if r := cs.Get("/", "X-API-Key", huge); r.Status != http.StatusRequestHeaderFieldsTooLarge {
+			t.Fatalf("got %d %q, want 431", r.Status, r.Body)
 		}
 		if n := srv.ScriptCalls(); n != 0 {
 			t.Fatalf("%d script calls: the request reached the limiter", n)
 		}
-		if keys := redisKeys(t, srv); len(keys) != 0 {
+		if keys := srv.Keys(t); len(keys) != 0 {
 			t.Fatalf("Redis keys %q, want none", keys)
 		}
 	})
 
 	t.Run("max_header_size 128KB", func(t *testing.T) {
 		srv := redistest.Start(t)
-		cs := startSites(t, "\t\tmax_header_size 128KB", site(srv.Addr))[0]
-		cs.get("/", "X-API-Key", huge).expect(t, "first", 200, "ok", "X-RateLimit-Remaining", "1")
-		cs.get("/", "X-API-Key", huge).expect(t, "second", 200, "ok", "X-RateLimit-Remaining", "0")
-		cs.get("/", "X-API-Key", huge).expect(t, "third", 429, "")
-		cs.get("/", "X-API-Key", other).expect(t, "a key differing in its last byte", 200, "ok", "X-RateLimit-Remaining", "1")
+		cs := caddytest.StartSites(t, "\t\tmax_header_size 128KB", site(srv.Addr))[0]
+		cs.Get("/", "X-API-Key", huge).Expect(t, "first", 200, "ok", "X-RateLimit-Remaining", "1")
+		cs.Get("/", "X-API-Key", huge).Expect(t, "second", 200, "ok", "X-RateLimit-Remaining", "0")
+		cs.Get("/", "X-API-Key", huge).Expect(t, "third", 429, "")
+		cs.Get("/", "X-API-Key", other).Expect(t, "a key differing in its last byte", 200, "ok", "X-RateLimit-Remaining", "1")
 
-		keys := redisKeys(t, srv)
+		keys := srv.Keys(t)
 		want := map[string]bool{
 			limiter.StateKey("rl:", tbZone("default"), huge):  true,
 			limiter.StateKey("rl:", tbZone("default"), other): true,
@@ -1051,7 +1052,7 @@ func TestAbuseBraceKeys(t *testing.T) {
 	srv := redistest.Start(t)
 	// Only asked CLUSTER KEYSLOT: the hash slot as Redis computes it.
 	slots := redistest.Start(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
-	cs := startSites(t, "", fmt.Sprintf(`
+	cs := caddytest.StartSites(t, "", fmt.Sprintf(`
 	rate_limit_redis {
 		redis {
 			address %s
@@ -1076,9 +1077,9 @@ func TestAbuseBraceKeys(t *testing.T) {
 		strings.Repeat("{", 1000) + strings.Repeat("}", 1000),
 	}
 	for _, raw := range raws {
-		cs.get("/", "X-API-Key", raw).expect(t, "key "+raw[:min(len(raw), 20)], 200, "ok", "X-RateLimit-Remaining", "4")
+		cs.Get("/", "X-API-Key", raw).Expect(t, "key "+raw[:min(len(raw), 20)], 200, "ok", "X-RateLimit-Remaining", "4")
 	}
-	keys := redisKeys(t, srv)
+	keys := srv.Keys(t)
 	if len(keys) != 2*len(raws) {
 		t.Fatalf("%d Redis keys, want %d: %q", len(keys), 2*len(raws), keys)
 	}
@@ -1112,7 +1113,7 @@ func TestAbuseBraceKeys(t *testing.T) {
 // parameter), each distinct value is its own client, counted under a digest in one hash tag.
 func TestAbuseNULAndCRLF(t *testing.T) {
 	srv := redistest.Start(t)
-	cs := startSites(t, "", fmt.Sprintf(`
+	cs := caddytest.StartSites(t, "", fmt.Sprintf(`
 	rate_limit_redis {
 		redis {
 			address %s
@@ -1124,7 +1125,7 @@ func TestAbuseNULAndCRLF(t *testing.T) {
 	respond "ok"`, srv.Addr))[0]
 
 	for name, value := range map[string]string{"NUL": "a\x00b", "CR": "a\rb", "DEL": "a\x7fb"} {
-		status := rawRequest(t, cs.base, "GET / HTTP/1.1\r\nHost: x\r\nX-API-Key: "+value+"\r\n\r\n")
+		status := rawRequest(t, cs.Base, "GET / HTTP/1.1\r\nHost: x\r\nX-API-Key: "+value+"\r\n\r\n")
 		if status != "HTTP/1.1 400 Bad Request" {
 			t.Fatalf("%s in a header: got %q, want 400", name, status)
 		}
@@ -1136,11 +1137,11 @@ func TestAbuseNULAndCRLF(t *testing.T) {
 	raws := []string{"a\x00b", "a\r\nb", "a\nb", "\r\n", "\x00", "a\x00b\x00", "ab"}
 	for _, raw := range raws {
 		path := "/?k=" + url.QueryEscape(raw)
-		cs.get(path).expect(t, fmt.Sprintf("%q first", raw), 200, "ok", "X-RateLimit-Remaining", "1")
-		cs.get(path).expect(t, fmt.Sprintf("%q second", raw), 200, "ok", "X-RateLimit-Remaining", "0")
-		cs.get(path).expect(t, fmt.Sprintf("%q third", raw), 429, "")
+		cs.Get(path).Expect(t, fmt.Sprintf("%q first", raw), 200, "ok", "X-RateLimit-Remaining", "1")
+		cs.Get(path).Expect(t, fmt.Sprintf("%q second", raw), 200, "ok", "X-RateLimit-Remaining", "0")
+		cs.Get(path).Expect(t, fmt.Sprintf("%q third", raw), 429, "")
 	}
-	keys := redisKeys(t, srv)
+	keys := srv.Keys(t)
 	if len(keys) != len(raws) {
 		t.Fatalf("%d Redis keys, want one per client key (%d): %q", len(keys), len(raws), keys)
 	}
@@ -1268,8 +1269,8 @@ func TestAbuseManyClients(t *testing.T) {
 		rdb.MemoryUsage(ctx, limiter.StateKey("rl:", bulk, "bulk"), 0).Val()/1000)
 
 	// The keys expire: memory is bounded by the clients of the last window.
-	waitFor(t, window+30*time.Second, "every key expired", func() bool { return rdb.DBSize(ctx).Val() == 0 })
-	waitFor(t, 30*time.Second, "used_memory back within 10% of the burst's", func() bool {
+	redistest.WaitFor(t, window+30*time.Second, "every key expired", func() bool { return rdb.DBSize(ctx).Val() == 0 })
+	redistest.WaitFor(t, 30*time.Second, "used_memory back within 10% of the burst's", func() bool {
 		return usedMemory(rdb.Info(ctx, "memory").Val())-baseline < (peak-baseline)/10
 	})
 	t.Logf("after expiry: used_memory %d bytes above the baseline (%d at the end of the burst)",
@@ -1295,19 +1296,19 @@ func rawRequest(t *testing.T, base, request string) string {
 	return strings.TrimSpace(line)
 }
 
-// reloadableSites is startSites that can load new site bodies on the same ports, as `caddy
-// reload` does.
-func reloadableSites(t *testing.T, serverOptions string, sites ...string) ([]*caddyServer, func(sites ...string)) {
+// reloadableSites is caddytest.StartSites that can load new site bodies on the same ports, as
+// `caddy reload` does.
+func reloadableSites(t *testing.T, serverOptions string, sites ...string) ([]*caddytest.Site, func(sites ...string)) {
 	t.Helper()
 	ports := make([]int, len(sites))
-	servers := make([]*caddyServer, len(sites))
+	servers := make([]*caddytest.Site, len(sites))
 	for i := range sites {
-		ports[i] = freeLoopbackPort(t)
-		servers[i] = &caddyServer{t: t, base: "http://127.0.0.1:" + strconv.Itoa(ports[i])}
+		ports[i] = freeport.Must(t)
+		servers[i] = &caddytest.Site{T: t, Base: "http://127.0.0.1:" + strconv.Itoa(ports[i])}
 	}
 	load := func(sites ...string) {
 		t.Helper()
-		if err := loadCaddyfile(t, caddytest.Caddyfile("off", serverOptions, ports, sites)); err != nil {
+		if err := caddytest.LoadCaddyfile(t, caddytest.Caddyfile("off", serverOptions, ports, sites)); err != nil {
 			t.Fatalf("loading: %v", err)
 		}
 	}
@@ -1319,9 +1320,9 @@ func reloadableSites(t *testing.T, serverOptions string, sites ...string) ([]*ca
 // burst sends n requests with the header X-API-Key: key at once, spread over servers, and
 // returns how many were admitted; each response must be a 200 or a 429 with the plan's quota
 // in X-RateLimit-Limit and RateLimit-Policy.
-func burst(t *testing.T, servers []*caddyServer, key string, n int, quota int, window int) int {
+func burst(t *testing.T, servers []*caddytest.Site, key string, n int, quota int, window int) int {
 	t.Helper()
-	client := servingClient(10 * time.Second)
+	client := caddytest.Client(10 * time.Second)
 	var (
 		wg       sync.WaitGroup
 		mu       sync.Mutex
@@ -1331,7 +1332,7 @@ func burst(t *testing.T, servers []*caddyServer, key string, n int, quota int, w
 	start := make(chan struct{})
 	for i := range n {
 		wg.Go(func() {
-			req, _ := http.NewRequest(http.MethodGet, servers[i%len(servers)].base+"/", nil)
+			req, _ := http.NewRequest(http.MethodGet, servers[i%len(servers)].Base+"/", nil)
 			req.Header.Set("X-API-Key", key)
 			<-start
 			resp, err := client.Do(req)

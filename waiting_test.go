@@ -31,6 +31,8 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/caddytest"
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/freeport"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/limiter"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
 )
@@ -38,8 +40,8 @@ import (
 // shapedGet is one GET /shaped through cs from the client address ip (X-Forwarded-For, the
 // server trusting loopback), with X-API-Key key when not empty: the status and the milliseconds
 // the body says it waited; status 0 when the request failed (its context ended).
-func shapedGet(ctx context.Context, cs *caddyServer, ip, key string) (status, waited int) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, cs.base+"/shaped", nil)
+func shapedGet(ctx context.Context, cs *caddytest.Site, ip, key string) (status, waited int) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, cs.Base+"/shaped", nil)
 	if err != nil {
 		return 0, 0
 	}
@@ -47,7 +49,7 @@ func shapedGet(ctx context.Context, cs *caddyServer, ip, key string) (status, wa
 	if key != "" {
 		req.Header.Set("X-API-Key", key)
 	}
-	resp, err := servingClient(30 * time.Second).Do(req)
+	resp, err := caddytest.Client(30 * time.Second).Do(req)
 	if err != nil {
 		return 0, 0
 	}
@@ -64,7 +66,7 @@ func shapedGet(ctx context.Context, cs *caddyServer, ip, key string) (status, wa
 // client's burst of 4 then still waits: 200 200 at once, then 200 after about 1s and 2s, no 429.
 func TestShapingFairShare(t *testing.T) {
 	srv := redistest.Start(t)
-	cs := startSites(t, "\t\ttrusted_proxies static 127.0.0.1/32", fmt.Sprintf(`
+	cs := caddytest.StartSites(t, "\t\ttrusted_proxies static 127.0.0.1/32", fmt.Sprintf(`
 	rate_limit_redis {
 		redis {
 			address %s
@@ -105,7 +107,7 @@ func TestShapingFairShare(t *testing.T) {
 		return n
 	}
 	// Every request of the flood answered or held: its places are taken.
-	waitFor(t, 10*time.Second, "the flood's requests to be answered or held", func() bool { return done()+int(waitingNow(t)) == 24 })
+	redistest.WaitFor(t, 10*time.Second, "the flood's requests to be answered or held", func() bool { return done()+int(waitingNow(t)) == 24 })
 	floodHeld := waitingNow(t)
 	mu.Lock()
 	floodAnswered := maps.Clone(answered)
@@ -159,7 +161,7 @@ func TestShapingFairShareLiteralKey(t *testing.T) {
 	for i := range 5 {
 		go func() { results <- serveTimed(h, clientRequest(strconv.Itoa(i)).WithContext(ctx)) }()
 	}
-	waitFor(t, 5*time.Second, "5 requests held", func() bool { return h.waiting.held() == 5 || len(results) > 0 })
+	redistest.WaitFor(t, 5*time.Second, "5 requests held", func() bool { return h.waiting.held() == 5 || len(results) > 0 })
 	cancel()
 	for range 5 {
 		if r := <-results; r.status != 499 {
@@ -241,7 +243,7 @@ func TestShapingNetworkShare(t *testing.T) {
 	} {
 		t.Run("ipv6_prefix "+tc.prefix, func(t *testing.T) {
 			srv := redistest.Start(t)
-			cs := startSites(t, "\t\ttrusted_proxies static 127.0.0.1/32", fmt.Sprintf(`
+			cs := caddytest.StartSites(t, "\t\ttrusted_proxies static 127.0.0.1/32", fmt.Sprintf(`
 	rate_limit_redis {
 		redis {
 			address %s
@@ -274,7 +276,7 @@ func TestShapingNetworkShare(t *testing.T) {
 				for range 11 {
 					send(ip)
 				}
-				waitFor(t, 10*time.Second, "the requests of "+ip+" to be answered or held", func() bool {
+				redistest.WaitFor(t, 10*time.Second, "the requests of "+ip+" to be answered or held", func() bool {
 					return answered.Load()+int64(waitingNow(t)) == int64(11*(a+1))
 				})
 			}
@@ -290,7 +292,7 @@ func TestShapingNetworkShare(t *testing.T) {
 				s, _ := shapedGet(octx, cs, "203.0.113.50", "")
 				other <- s
 			}()
-			waitFor(t, 10*time.Second, "the other client's second request to be answered or held", func() bool {
+			redistest.WaitFor(t, 10*time.Second, "the other client's second request to be answered or held", func() bool {
 				return len(other) > 0 || waitingNow(t) > tc.held
 			})
 			cancel()
@@ -456,7 +458,7 @@ func TestShapingClientLeaves(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan timed, 1)
 		go func() { done <- serveTimed(h, clientRequest("alice").WithContext(ctx)) }()
-		waitFor(t, 5*time.Second, "the request to be held", func() bool { return waitingNow(t) == 1 })
+		redistest.WaitFor(t, 5*time.Second, "the request to be held", func() bool { return waitingNow(t) == 1 })
 		left := time.Now()
 		cancel()
 		r := <-done
@@ -482,7 +484,7 @@ func TestShapingClientLeaves(t *testing.T) {
 	}
 
 	// Through Caddy, over a connection the client closes.
-	cs := startCaddy(t, fmt.Sprintf(`
+	cs := caddytest.Start(t, fmt.Sprintf(`
 	rate_limit_redis {
 		redis {
 			address %s
@@ -495,15 +497,15 @@ func TestShapingClientLeaves(t *testing.T) {
 		}
 	}
 	respond "ok"`, srv.Addr))
-	cs.get("/", "X-Client", "bob").expect(t, "the token", 200, "ok")
-	conn, err := net.Dial("tcp", strings.TrimPrefix(cs.base, "http://"))
+	cs.Get("/", "X-Client", "bob").Expect(t, "the token", 200, "ok")
+	conn, err := net.Dial("tcp", strings.TrimPrefix(cs.Base, "http://"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := io.WriteString(conn, "GET / HTTP/1.1\r\nHost: x\r\nX-Client: bob\r\n\r\n"); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 5*time.Second, "the request to be held", func() bool { return waitingNow(t) == 1 })
+	redistest.WaitFor(t, 5*time.Second, "the request to be held", func() bool { return waitingNow(t) == 1 })
 	left := time.Now()
 	_ = conn.Close()
 	for waitingNow(t) != 0 { // a tight poll: the point is how soon
@@ -544,7 +546,7 @@ func TestShapingThroughCaddy(t *testing.T) {
 		respond "allowed={http.rate_limit_redis.allowed} waited={http.rate_limit_redis.waited} remaining={http.rate_limit_redis.remaining} retry={http.rate_limit_redis.retry_after}"
 	}`, path, srv.Addr, extra, zone, rate, maxWait)
 	}
-	cs := startCaddy(t, handler("/real", "shapec", "10", "1s", "")+handler("/slow", "shapes", "1", "5s", "\n\t\t\tmax_waiting 1")+
+	cs := caddytest.Start(t, handler("/real", "shapec", "10", "1s", "")+handler("/slow", "shapes", "1", "5s", "\n\t\t\tmax_waiting 1")+
 		handler("/dry", "shaped", "10", "1s", "\n\t\t\tdry_run")+`
 	handle_errors {
 		respond "{err.status_code} waited={http.rate_limit_redis.waited}"
@@ -557,36 +559,36 @@ func TestShapingThroughCaddy(t *testing.T) {
 	}
 	delaysBefore := delays()
 
-	cs.get("/real", "X-Client", "a").expect(t, "1st", 200, "allowed=true waited=0 remaining=1 retry=0")
-	cs.get("/real", "X-Client", "a").expect(t, "2nd", 200, "allowed=true waited=0 remaining=0 retry=0")
+	cs.Get("/real", "X-Client", "a").Expect(t, "1st", 200, "allowed=true waited=0 remaining=1 retry=0")
+	cs.Get("/real", "X-Client", "a").Expect(t, "2nd", 200, "allowed=true waited=0 remaining=0 retry=0")
 	sent := time.Now()
-	r := cs.get("/real", "X-Client", "a")
+	r := cs.Get("/real", "X-Client", "a")
 	took := time.Since(sent)
 	var waited int
-	if _, err := fmt.Sscanf(r.body, "allowed=true waited=%d remaining=0 retry=0", &waited); err != nil || r.status != 200 || waited < 1 || waited > 100 {
-		t.Fatalf("3rd: %d %q, want 200 and held up to 100ms", r.status, r.body)
+	if _, err := fmt.Sscanf(r.Body, "allowed=true waited=%d remaining=0 retry=0", &waited); err != nil || r.Status != 200 || waited < 1 || waited > 100 {
+		t.Fatalf("3rd: %d %q, want 200 and held up to 100ms", r.Status, r.Body)
 	}
 	if took < time.Duration(waited-1)*time.Millisecond {
 		t.Fatalf("3rd: answered %v after it was sent, but says it waited %dms", took, waited)
 	}
 	// Released with no token left, the bucket is full again 2 tokens later: 200ms, 1s.
-	r.expect(t, "3rd", 200, r.body, "X-RateLimit-Remaining", "0", "X-RateLimit-Reset", "1", "RateLimit", `"shapec";r=0;t=1`, "Retry-After", "")
+	r.Expect(t, "3rd", 200, r.Body, "X-RateLimit-Remaining", "0", "X-RateLimit-Reset", "1", "RateLimit", `"shapec";r=0;t=1`, "Retry-After", "")
 
 	// max_waiting 1: while one request is held, another that would wait is a 429 at once, and
 	// charges nothing.
-	cs.get("/slow", "X-Client", "b").expect(t, "b 1st", 200, "allowed=true waited=0 remaining=1 retry=0")
-	cs.get("/slow", "X-Client", "b").expect(t, "b 2nd", 200, "allowed=true waited=0 remaining=0 retry=0")
-	heldDone := make(chan response, 1)
-	go func() { heldDone <- cs.get("/slow", "X-Client", "b") }()
-	waitFor(t, 5*time.Second, "the request to be held", func() bool { return waitingNow(t) == 1 })
-	full := cs.get("/slow", "X-Client", "b")
-	if full.status != 429 || full.body != "429 waited=0" || full.header.Get("Retry-After") != "2" {
+	cs.Get("/slow", "X-Client", "b").Expect(t, "b 1st", 200, "allowed=true waited=0 remaining=1 retry=0")
+	cs.Get("/slow", "X-Client", "b").Expect(t, "b 2nd", 200, "allowed=true waited=0 remaining=0 retry=0")
+	heldDone := make(chan caddytest.Response, 1)
+	go func() { heldDone <- cs.Get("/slow", "X-Client", "b") }()
+	redistest.WaitFor(t, 5*time.Second, "the request to be held", func() bool { return waitingNow(t) == 1 })
+	full := cs.Get("/slow", "X-Client", "b")
+	if full.Status != 429 || full.Body != "429 waited=0" || full.Header.Get("Retry-After") != "2" {
 		t.Fatalf("a second request while max_waiting 1 is held: %d %q Retry-After %q; want 429, waited 0, Retry-After 2 (a wait of up to 2s)",
-			full.status, full.body, full.header.Get("Retry-After"))
+			full.Status, full.Body, full.Header.Get("Retry-After"))
 	}
 	first := <-heldDone
-	if _, err := fmt.Sscanf(first.body, "allowed=true waited=%d", &waited); err != nil || first.status != 200 || waited < 900 || waited > 1000 {
-		t.Fatalf("the held one: %d %q, want 200 after about 1s", first.status, first.body)
+	if _, err := fmt.Sscanf(first.Body, "allowed=true waited=%d", &waited); err != nil || first.Status != 200 || waited < 900 || waited > 1000 {
+		t.Fatalf("the held one: %d %q, want 200 after about 1s", first.Status, first.Body)
 	}
 	st, err := limiter.New(srv.Client(), limiter.Options{KeyPrefix: DefaultKeyPrefix}).State(context.Background(),
 		&limiter.Zone{Name: "shapes", Algorithm: limiter.TokenBucket, Capacity: 2, RefillRate: 1}, "b")
@@ -595,13 +597,13 @@ func TestShapingThroughCaddy(t *testing.T) {
 	}
 
 	// dry_run: never held; reported and counted as if it were.
-	cs.get("/dry", "X-Client", "c").expect(t, "dry 1st", 200, "allowed=true waited=0 remaining=1 retry=0")
-	cs.get("/dry", "X-Client", "c").expect(t, "dry 2nd", 200, "allowed=true waited=0 remaining=0 retry=0")
+	cs.Get("/dry", "X-Client", "c").Expect(t, "dry 1st", 200, "allowed=true waited=0 remaining=1 retry=0")
+	cs.Get("/dry", "X-Client", "c").Expect(t, "dry 2nd", 200, "allowed=true waited=0 remaining=0 retry=0")
 	sent = time.Now()
-	r = cs.get("/dry", "X-Client", "c")
+	r = cs.Get("/dry", "X-Client", "c")
 	took = time.Since(sent)
-	if _, err := fmt.Sscanf(r.body, "allowed=true waited=%d remaining=0 retry=0", &waited); err != nil || r.status != 200 || waited < 50 || waited > 100 {
-		t.Fatalf("dry 3rd: %d %q, want 200, reporting a wait of up to 100ms", r.status, r.body)
+	if _, err := fmt.Sscanf(r.Body, "allowed=true waited=%d remaining=0 retry=0", &waited); err != nil || r.Status != 200 || waited < 50 || waited > 100 {
+		t.Fatalf("dry 3rd: %d %q, want 200, reporting a wait of up to 100ms", r.Status, r.Body)
 	}
 	if took >= time.Duration(waited)*time.Millisecond {
 		t.Fatalf("dry 3rd: answered %v after it was sent: held, in dry_run", took)
@@ -630,7 +632,7 @@ func TestShapingThroughCaddy(t *testing.T) {
 // all with X-RateLimit-Degraded.
 func TestShapingFailLocal(t *testing.T) {
 	h := provisioned(t, &Handler{
-		Redis:    &RedisConfig{Addresses: []string{"127.0.0.1:" + strconv.Itoa(freeLoopbackPort(t))}},
+		Redis:    &RedisConfig{Addresses: []string{"127.0.0.1:" + strconv.Itoa(freeport.Must(t))}},
 		FailMode: FailLocal,
 		Zones: []*Zone{{Name: "shapelocal", Key: []string{"{http.request.header.X-Client}"}, Capacity: NumberOf(2), RefillRate: NumberOf(10),
 			MaxWait: caddy.Duration(300 * time.Millisecond)}},
@@ -694,7 +696,7 @@ func TestShapingAdminShowsDebt(t *testing.T) {
 	}
 	respond "ok"`, srv.Addr))
 	for range 15 { // 10 tokens, then 5 reservations
-		ac.get("/", "X-Client", "d").expect(t, "dry run", 200, "ok")
+		ac.Get("/", "X-Client", "d").Expect(t, "dry run", 200, "ok")
 	}
 	zones := adminJSON[[]zoneInfo](t, ac, http.MethodGet, "/rate_limit_redis/zones", 200)
 	if len(zones) != 1 || zones[0].MaxWaitMs != 2000 {
@@ -763,7 +765,7 @@ func TestShapingConfig(t *testing.T) {
 func TestShapingCostPerHeldRequest(t *testing.T) {
 	const n = 300
 	srv := redistest.Start(t)
-	cs := startCaddy(t, fmt.Sprintf(`
+	cs := caddytest.Start(t, fmt.Sprintf(`
 	rate_limit_redis {
 		redis {
 			address %s
@@ -801,26 +803,26 @@ func TestShapingCostPerHeldRequest(t *testing.T) {
 	g0, b0 := measure()
 	conns := make([]net.Conn, n)
 	for i := range conns {
-		c, err := net.Dial("tcp", strings.TrimPrefix(cs.base, "http://"))
+		c, err := net.Dial("tcp", strings.TrimPrefix(cs.Base, "http://"))
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = c.Close() })
 		conns[i] = c
 	}
-	waitFor(t, 10*time.Second, "the connections to be accepted", func() bool { g, _ := measure(); return g >= g0+n })
+	redistest.WaitFor(t, 10*time.Second, "the connections to be accepted", func() bool { g, _ := measure(); return g >= g0+n })
 	g1, b1 := measure()
 	for _, c := range conns {
 		if _, err := io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\nX-Client: k\r\n\r\n"); err != nil {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, 10*time.Second, "every request to be held", func() bool { return waitingNow(t) == n })
+	redistest.WaitFor(t, 10*time.Second, "every request to be held", func() bool { return waitingNow(t) == n })
 	g2, b2 := measure()
 	for _, c := range conns {
 		_ = c.Close()
 	}
-	waitFor(t, 10*time.Second, "the held requests to end with their clients", func() bool { return waitingNow(t) == 0 })
+	redistest.WaitFor(t, 10*time.Second, "the held requests to end with their clients", func() bool { return waitingNow(t) == 0 })
 	perConn, perHeld := float64(g1-g0)/n, float64(g2-g1)/n
 	t.Logf("%d connections: %.2f goroutines and %.1f KB each idle; held, %.2f goroutines and %.1f KB more each",
 		n, perConn, float64(int64(b1)-int64(b0))/n/1024, perHeld, float64(int64(b2)-int64(b1))/n/1024)

@@ -104,18 +104,18 @@ func TestEndToEndDailyQuota(t *testing.T) {
 		}
 	}
 	for i := 1; i <= 3; i++ {
-		r := ac.get("/", "X-API-Key", "alice")
-		if r.status != 200 || r.header.Get("X-RateLimit-Remaining") != strconv.Itoa(3-i) ||
-			r.header.Get("RateLimit-Policy") != `"daily";q=3;w=86400` {
-			t.Fatalf("request %d: %d %v", i, r.status, r.header)
+		r := ac.Get("/", "X-API-Key", "alice")
+		if r.Status != 200 || r.Header.Get("X-RateLimit-Remaining") != strconv.Itoa(3-i) ||
+			r.Header.Get("RateLimit-Policy") != `"daily";q=3;w=86400` {
+			t.Fatalf("request %d: %d %v", i, r.Status, r.Header)
 		}
-		near("request "+strconv.Itoa(i), "X-RateLimit-Reset", r.header.Get("X-RateLimit-Reset"), toMidnight())
+		near("request "+strconv.Itoa(i), "X-RateLimit-Reset", r.Header.Get("X-RateLimit-Reset"), toMidnight())
 	}
-	r := ac.get("/", "X-API-Key", "alice")
-	if r.status != 429 {
-		t.Fatalf("4th request: %d, want 429", r.status)
+	r := ac.Get("/", "X-API-Key", "alice")
+	if r.Status != 429 {
+		t.Fatalf("4th request: %d, want 429", r.Status)
 	}
-	near("4th request", "Retry-After", r.header.Get("Retry-After"), toMidnight())
+	near("4th request", "Retry-After", r.Header.Get("Retry-After"), toMidnight())
 	st := adminJSON[[]clientState](t, ac, "GET", "/rate_limit_redis/state?zone=daily&key=alice", 200)
 	today := time.Now().UTC().Truncate(24 * time.Hour)
 	if len(st) != 1 || st[0].Count == nil || *st[0].Count != 3 || st[0].Remaining != 0 || st[0].Algorithm != "fixed_window" ||
@@ -123,7 +123,7 @@ func TestEndToEndDailyQuota(t *testing.T) {
 		t.Fatalf("state: %+v, want count 3 in today's window", st)
 	}
 	adminJSON[[]resetResult](t, ac, "DELETE", "/rate_limit_redis/state?zone=daily&key=alice", 200)
-	if r := ac.get("/", "X-API-Key", "alice"); r.status != 200 || r.header.Get("X-RateLimit-Remaining") != "2" {
-		t.Fatalf("after the reset: %d %v, want 200 with 2 left", r.status, r.header)
+	if r := ac.Get("/", "X-API-Key", "alice"); r.Status != 200 || r.Header.Get("X-RateLimit-Remaining") != "2" {
+		t.Fatalf("after the reset: %d %v, want 200 with 2 left", r.Status, r.Header)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/caddytest"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
 )
 
@@ -17,7 +18,7 @@ import (
 // charges neither.
 func TestEndToEndCluster(t *testing.T) {
 	c := redistest.StartCluster(t, 3)
-	cs := startCaddy(t, fmt.Sprintf(`
+	cs := caddytest.Start(t, fmt.Sprintf(`
 	rate_limit_redis {
 		redis {
 			address %s
@@ -49,7 +50,7 @@ func TestEndToEndCluster(t *testing.T) {
 			users = append(users, u)
 		}
 	}
-	lc := newLoadClient(t, cs)
+	lc := caddytest.NewLoadClient(cs)
 	const perUser = 600
 	admitted := make([]atomic.Int64, len(users))
 	var failed atomic.Int64
@@ -61,11 +62,11 @@ func TestEndToEndCluster(t *testing.T) {
 		go func(u int) {
 			defer wg.Done()
 			defer func() { <-sem }()
-			r, err := lc.get("/", "X-User", users[u])
+			r, err := lc.Get("/", "X-User", users[u])
 			switch {
-			case err != nil || (r.status != 200 && r.status != 429):
+			case err != nil || (r.Status != 200 && r.Status != 429):
 				failed.Add(1)
-			case r.status == 200:
+			case r.Status == 200:
 				admitted[u].Add(1)
 			}
 		}(i % len(users))
@@ -85,11 +86,11 @@ func TestEndToEndCluster(t *testing.T) {
 	if a, b := c.Nodes[0].Do("CLUSTER", "KEYSLOT", "cross-a"), c.Nodes[0].Do("CLUSTER", "KEYSLOT", "cross-b"); a == b {
 		t.Fatalf("the test's keys share slot %v", a)
 	}
-	cs.get("/", "X-User", "cross-a", "X-Org", "cross-b").expect(t, "first request", 200, "ok", "X-RateLimit-Remaining", "0")
-	cs.get("/", "X-User", "cross-a", "X-Org", "cross-b").expect(t, "org exhausted", 429, "", "X-RateLimit-Limit", "1")
+	cs.Get("/", "X-User", "cross-a", "X-Org", "cross-b").Expect(t, "first request", 200, "ok", "X-RateLimit-Remaining", "0")
+	cs.Get("/", "X-User", "cross-a", "X-Org", "cross-b").Expect(t, "org exhausted", 429, "", "X-RateLimit-Limit", "1")
 	// The user zone held the second request's charge in its slot, then released it: 19 left,
 	// so the next request without an org leaves 18.
-	cs.get("/", "X-User", "cross-a").expect(t, "user alone", 200, "ok", "X-RateLimit-Remaining", "18")
+	cs.Get("/", "X-User", "cross-a").Expect(t, "user alone", 200, "ok", "X-RateLimit-Remaining", "18")
 	if v := c.Client().HGet(t.Context(), userKey, "t").Val(); !strings.HasPrefix(v, "+18") {
 		t.Fatalf("user bucket holds %q tokens, want 18.x", v)
 	}

@@ -6,12 +6,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/caddytest"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
 )
 
 func TestEndToEndCostPlaceholder(t *testing.T) {
 	srv := redistest.Start(t)
-	cs := startCaddy(t, fmt.Sprintf(`
+	cs := caddytest.Start(t, fmt.Sprintf(`
 	rate_limit_redis {
 		redis {
 			address %s
@@ -21,13 +22,13 @@ func TestEndToEndCostPlaceholder(t *testing.T) {
 		cost {http.request.header.X-Cost}
 	}
 	respond "ok"`, srv.Addr))
-	cs.get("/", "X-Cost", "4").expect(t, "cost 4", 200, "ok", "X-RateLimit-Remaining", "6")
-	cs.get("/").expect(t, "no cost header counts 1", 200, "ok", "X-RateLimit-Remaining", "5")
+	cs.Get("/", "X-Cost", "4").Expect(t, "cost 4", 200, "ok", "X-RateLimit-Remaining", "6")
+	cs.Get("/").Expect(t, "no cost header counts 1", 200, "ok", "X-RateLimit-Remaining", "5")
 	for _, bad := range []string{"abc", "0", "-3", "1.5", "NaN", "99999999999999999999"} {
-		cs.get("/", "X-Cost", bad).expect(t, "cost "+bad, 400, "")
+		cs.Get("/", "X-Cost", bad).Expect(t, "cost "+bad, 400, "")
 	}
-	cs.get("/", "X-Cost", "11").expect(t, "cost above capacity", 429, "", "Retry-After", "", "X-RateLimit-Remaining", "5")
-	cs.get("/", "X-Cost", "5").expect(t, "bad costs charged nothing", 200, "ok", "X-RateLimit-Remaining", "0")
+	cs.Get("/", "X-Cost", "11").Expect(t, "cost above capacity", 429, "", "Retry-After", "", "X-RateLimit-Remaining", "5")
+	cs.Get("/", "X-Cost", "5").Expect(t, "bad costs charged nothing", 200, "ok", "X-RateLimit-Remaining", "0")
 }
 
 // TestAbuseCostPlaceholder: every kind of hostile cost, end to end, with the statuses of DESIGN
@@ -35,7 +36,7 @@ func TestEndToEndCostPlaceholder(t *testing.T) {
 // capacity or limit is 429 without Retry-After. None of them charges the zone.
 func TestAbuseCostPlaceholder(t *testing.T) {
 	srv := redistest.Start(t)
-	cs := startSites(t, "", fmt.Sprintf(`
+	cs := caddytest.StartSites(t, "", fmt.Sprintf(`
 	rate_limit_redis {
 		redis {
 			address %s
@@ -59,28 +60,28 @@ func TestAbuseCostPlaceholder(t *testing.T) {
 	bad := []string{"-1", "0", "-0", "00", "NaN", "nan", "Inf", "+Inf", "1e3", "0x10", "1.0", "1,000", "abc", "٣",
 		"3 3", "+", "-", "99999999999999999999", "-9223372036854775808", "{http.request.header.X-Cost}"}
 	for _, path := range []string{"/tb", "/sw"} {
-		cs.get(path, "X-Cost", "").expect(t, path+" empty cost counts 1", 200, "ok", "X-RateLimit-Remaining", "9")
-		cs.get(path).expect(t, path+" no cost header counts 1", 200, "ok", "X-RateLimit-Remaining", "8")
-		cs.get(path, "X-Cost", "+2").expect(t, path+" cost +2", 200, "ok", "X-RateLimit-Remaining", "6")
+		cs.Get(path, "X-Cost", "").Expect(t, path+" empty cost counts 1", 200, "ok", "X-RateLimit-Remaining", "9")
+		cs.Get(path).Expect(t, path+" no cost header counts 1", 200, "ok", "X-RateLimit-Remaining", "8")
+		cs.Get(path, "X-Cost", "+2").Expect(t, path+" cost +2", 200, "ok", "X-RateLimit-Remaining", "6")
 		for _, cost := range bad {
-			cs.get(path, "X-Cost", cost).expect(t, fmt.Sprintf("%s cost %q", path, cost), 400, "", "Retry-After", "", "X-RateLimit-Remaining", "")
+			cs.Get(path, "X-Cost", cost).Expect(t, fmt.Sprintf("%s cost %q", path, cost), 400, "", "Retry-After", "", "X-RateLimit-Remaining", "")
 		}
 		// Decided by Redis, again and again: a huge cost once made the script's retry after
 		// overflow, a bad_response that failed open and, five times over, opened the circuit
 		// breaker for every client.
 		for range 3 {
 			for _, cost := range []string{"11", "9007199254740993", "9223372036854775807"} {
-				cs.get(path, "X-Cost", cost).expect(t, fmt.Sprintf("%s cost %s above the quota", path, cost), 429, "",
+				cs.Get(path, "X-Cost", cost).Expect(t, fmt.Sprintf("%s cost %s above the quota", path, cost), 429, "",
 					"Retry-After", "", "X-RateLimit-Remaining", "6", "X-RateLimit-Degraded", "")
 			}
 		}
 		// Nothing above was charged: 6 left, so 7 waits (with Retry-After) and 6 passes.
-		r := cs.get(path, "X-Cost", "7")
-		r.expect(t, path+" cost 7 of 6 left", 429, "", "X-RateLimit-Remaining", "6")
-		if ra, _ := strconv.Atoi(r.header.Get("Retry-After")); ra < 1 {
-			t.Fatalf("%s: Retry-After %q on a denial that waiting cures", path, r.header.Get("Retry-After"))
+		r := cs.Get(path, "X-Cost", "7")
+		r.Expect(t, path+" cost 7 of 6 left", 429, "", "X-RateLimit-Remaining", "6")
+		if ra, _ := strconv.Atoi(r.Header.Get("Retry-After")); ra < 1 {
+			t.Fatalf("%s: Retry-After %q on a denial that waiting cures", path, r.Header.Get("Retry-After"))
 		}
-		cs.get(path, "X-Cost", "6").expect(t, path+" cost 6 of 6 left", 200, "ok", "X-RateLimit-Remaining", "0", "X-RateLimit-Degraded", "")
+		cs.Get(path, "X-Cost", "6").Expect(t, path+" cost 6 of 6 left", 200, "ok", "X-RateLimit-Remaining", "0", "X-RateLimit-Degraded", "")
 	}
 }
 
@@ -89,7 +90,7 @@ func TestAbuseCostPlaceholder(t *testing.T) {
 // without holding Redis, and a login zone on the same Redis stays limited meanwhile.
 func TestClientCostBounded(t *testing.T) {
 	srv := redistest.Start(t, "--slowlog-log-slower-than", "50000") // 50ms: a cost of 1000 may take 10ms on a loaded machine; 300,000 would take far longer
-	cs := startCaddy(t, fmt.Sprintf(`rate_limit_redis {
+	cs := caddytest.Start(t, fmt.Sprintf(`rate_limit_redis {
 		redis {
 			address %s
 		}
@@ -109,15 +110,15 @@ func TestClientCostBounded(t *testing.T) {
 	}
 	respond "ok"`, srv.Addr))
 	start := time.Now()
-	r := cs.get("/", "X-API-Key", "attacker", "X-Cost", "300000")
-	if r.status != 429 || r.header.Get("Retry-After") != "" {
-		t.Fatalf("cost 300000: %d Retry-After %q, want 429 without Retry-After", r.status, r.header.Get("Retry-After"))
+	r := cs.Get("/", "X-API-Key", "attacker", "X-Cost", "300000")
+	if r.Status != 429 || r.Header.Get("Retry-After") != "" {
+		t.Fatalf("cost 300000: %d Retry-After %q, want 429 without Retry-After", r.Status, r.Header.Get("Retry-After"))
 	}
 	t.Logf("cost 300000 answered in %v", time.Since(start))
-	if r := cs.get("/", "X-API-Key", "attacker", "X-Cost", "1000"); r.status != 200 {
-		t.Fatalf("cost 1000 (the default max_cost): %d, want 200", r.status)
+	if r := cs.Get("/", "X-API-Key", "attacker", "X-Cost", "1000"); r.Status != 200 {
+		t.Fatalf("cost 1000 (the default max_cost): %d, want 200", r.Status)
 	}
-	if got := cs.statuses(4, "/login"); got != "200 200 200 429" {
+	if got := cs.Statuses(4, "/login"); got != "200 200 200 429" {
 		t.Fatalf("login zone: %s, want 200 200 200 429", got)
 	}
 	if n := srv.Do("SLOWLOG", "LEN").(int64); n != 0 {

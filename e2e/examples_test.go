@@ -11,6 +11,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/caddytest"
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/freeport"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
 )
 
@@ -38,23 +40,23 @@ func TestExamplesAreSafe(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			site := freeLoopbackPort(t)
+			site := freeport.Must(t)
 			caddyfile := string(src)
 			for _, r := range [][2]string{
 				{"\tadmin localhost:2019\n", "\tadmin off\n\tpersist_config off\n\tlog {\n\t\tlevel ERROR\n\t}\n"},
 				{"\tadmin {$ADMIN_ADDRESS:localhost:2019}\n", "\tadmin off\n\tpersist_config off\n\tlog {\n\t\tlevel ERROR\n\t}\n"},
 				{"\n:8080 {\n", fmt.Sprintf("\n:%d {\n\tbind 127.0.0.1\n", site)},
 				{"\n{$SITE_ADDRESS::8080} {\n", fmt.Sprintf("\n:%d {\n\tbind 127.0.0.1\n", site)},
-				{"\n:2020 {\n", fmt.Sprintf("\n:%d {\n\tbind 127.0.0.1\n", freeLoopbackPort(t))},
+				{"\n:2020 {\n", fmt.Sprintf("\n:%d {\n\tbind 127.0.0.1\n", freeport.Must(t))},
 			} {
 				caddyfile = strings.Replace(caddyfile, r[0], r[1], 1)
 			}
 			t.Setenv("REDIS_ADDR", srv.Addr)
 			t.Cleanup(func() { _ = caddy.Stop() })
-			if err := loadCaddyfile(t, caddyfile); err != nil {
+			if err := caddytest.LoadCaddyfile(t, caddyfile); err != nil {
 				t.Fatal(err)
 			}
-			cs := &caddyServer{t: t, base: "http://127.0.0.1:" + strconv.Itoa(site)}
+			cs := &caddytest.Site{T: t, Base: "http://127.0.0.1:" + strconv.Itoa(site)}
 
 			// 3 logins per minute per IP, whatever the form of the path (each with a new API
 			// key, so that only the login and ip zones can deny). deploy/Caddyfile's /login asks
@@ -64,19 +66,19 @@ func TestExamplesAreSafe(t *testing.T) {
 				login = 401
 			}
 			for i, path := range []string{"/login", "/login/", "/LOGIN/x"} {
-				if r := cs.get(path, "X-API-Key", "login"+strconv.Itoa(i)); r.status != login {
-					t.Fatalf("login %d (%s): %d %q, want %d", i+1, path, r.status, r.body, login)
+				if r := cs.Get(path, "X-API-Key", "login"+strconv.Itoa(i)); r.Status != login {
+					t.Fatalf("login %d (%s): %d %q, want %d", i+1, path, r.Status, r.Body, login)
 				}
 			}
 			for _, path := range []string{"/login", "/login/", "/login/x", "/Login", "/login%2F"} {
-				r := cs.get(path, "X-API-Key", "login-4"+path)
-				if r.status != 429 || !strings.Contains(r.body, `"zone":"login"`) {
-					t.Fatalf("4th login (%s): %d %q, want 429 from zone login", path, r.status, r.body)
+				r := cs.Get(path, "X-API-Key", "login-4"+path)
+				if r.Status != 429 || !strings.Contains(r.Body, `"zone":"login"`) {
+					t.Fatalf("4th login (%s): %d %q, want 429 from zone login", path, r.Status, r.Body)
 				}
 			}
 			// What docs/caddyfile.md warns of: a form the match does not list is not the login zone's.
-			if r := cs.get("/login;jsessionid=1", "X-API-Key", "login-5"); r.status != login {
-				t.Fatalf("/login;jsessionid=1: %d %q; docs/caddyfile.md says path /login /login/* does not match it", r.status, r.body)
+			if r := cs.Get("/login;jsessionid=1", "X-API-Key", "login-5"); r.Status != login {
+				t.Fatalf("/login;jsessionid=1: %d %q; docs/caddyfile.md says path /login /login/* does not match it", r.Status, r.Body)
 			}
 
 			// A new API key per request: each has a full api bucket, but the ip zone (a burst
@@ -84,15 +86,15 @@ func TestExamplesAreSafe(t *testing.T) {
 			start := time.Now()
 			admitted := 0
 			for ; admitted <= 10*ex.ipBurst; admitted++ {
-				r := cs.get("/", "X-API-Key", "rotated-"+strconv.Itoa(admitted))
-				if r.status == 429 {
-					if !strings.Contains(r.body, `"zone":"ip"`) {
-						t.Fatalf("rotated key %d: %q, want a 429 from zone ip", admitted, r.body)
+				r := cs.Get("/", "X-API-Key", "rotated-"+strconv.Itoa(admitted))
+				if r.Status == 429 {
+					if !strings.Contains(r.Body, `"zone":"ip"`) {
+						t.Fatalf("rotated key %d: %q, want a 429 from zone ip", admitted, r.Body)
 					}
 					break
 				}
-				if r.status != 200 {
-					t.Fatalf("rotated key %d: %d %q", admitted, r.status, r.body)
+				if r.Status != 200 {
+					t.Fatalf("rotated key %d: %d %q", admitted, r.Status, r.Body)
 				}
 			}
 			refilled := int(time.Since(start).Seconds()*ex.ipPerSec) + 1
@@ -112,7 +114,7 @@ func TestComposeCaddyfileServesMetrics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	site, metricsPort := freeLoopbackPort(t), freeLoopbackPort(t)
+	site, metricsPort := freeport.Must(t), freeport.Must(t)
 	caddyfile := string(src)
 	for _, r := range [][2]string{
 		{"\tadmin localhost:2019\n", "\tadmin off\n\tpersist_config off\n\tlog {\n\t\tlevel ERROR\n\t}\n"},
@@ -126,13 +128,13 @@ func TestComposeCaddyfileServesMetrics(t *testing.T) {
 	}
 	t.Setenv("REDIS_ADDR", srv.Addr)
 	t.Cleanup(func() { _ = caddy.Stop() })
-	if err := loadCaddyfile(t, caddyfile); err != nil {
+	if err := caddytest.LoadCaddyfile(t, caddyfile); err != nil {
 		t.Fatal(err)
 	}
 
 	get := func(url string) (int, string) {
 		t.Helper()
-		resp, err := servingClient(5 * time.Second).Get(url)
+		resp, err := caddytest.Client(5 * time.Second).Get(url)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	ratelimitredis "github.com/rate-limit-redis/caddy-rate-limit-redis"
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/caddytest"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/lua"
 )
@@ -53,7 +54,7 @@ func TestRecoveryAfterRedisLosesStateOrScripts(t *testing.T) {
 	} {
 		t.Run(tc.event, func(t *testing.T) {
 			srv := redistest.Start(t)
-			cs := startCaddy(t, fmt.Sprintf(`
+			cs := caddytest.Start(t, fmt.Sprintf(`
 	rate_limit_redis {
 		redis {
 			address %s
@@ -63,9 +64,9 @@ func TestRecoveryAfterRedisLosesStateOrScripts(t *testing.T) {
 		refill_rate 1/1h
 	}
 	respond "ok"`, srv.Addr))
-			lc := newLoadClient(t, cs)
-			cs.get("/").expect(t, "1st request", 200, "ok", "X-RateLimit-Remaining", "2")
-			cs.get("/").expect(t, "2nd request", 200, "ok", "X-RateLimit-Remaining", "1")
+			lc := caddytest.NewLoadClient(cs)
+			cs.Get("/").Expect(t, "1st request", 200, "ok", "X-RateLimit-Remaining", "2")
+			cs.Get("/").Expect(t, "2nd request", 200, "ok", "X-RateLimit-Remaining", "1")
 			if !scriptCached(t, srv) {
 				t.Fatal("decide.lua is not in the script cache after two decisions")
 			}
@@ -76,20 +77,20 @@ func TestRecoveryAfterRedisLosesStateOrScripts(t *testing.T) {
 			}
 
 			// The first request after the event: no retry loop.
-			r, err := lc.get("/")
+			r, err := lc.Get("/")
 			if err != nil {
 				t.Fatalf("first request after %s: %v", tc.event, err)
 			}
-			if tc.event == "restart" && r.status == http.StatusServiceUnavailable {
-				t.Skipf("BUG: the first request after a Redis restart failed (503) instead of reconnecting; headers %v", r.header)
+			if tc.event == "restart" && r.Status == http.StatusServiceUnavailable {
+				t.Skipf("BUG: the first request after a Redis restart failed (503) instead of reconnecting; headers %v", r.Header)
 			}
 			if tc.stateKept {
-				r.expect(t, "first request after "+tc.event, 200, "ok",
+				r.Expect(t, "first request after "+tc.event, 200, "ok",
 					"X-RateLimit-Remaining", "0", "X-RateLimit-Degraded", "")
-				cs.get("/").expect(t, "second request after "+tc.event, 429, "",
+				cs.Get("/").Expect(t, "second request after "+tc.event, 429, "",
 					"X-RateLimit-Remaining", "0", "Retry-After", "3600", "X-RateLimit-Degraded", "")
 			} else {
-				r.expect(t, "first request after "+tc.event, 200, "ok",
+				r.Expect(t, "first request after "+tc.event, 200, "ok",
 					"X-RateLimit-Remaining", "2", "X-RateLimit-Degraded", "")
 			}
 			if !scriptCached(t, srv) {
@@ -101,7 +102,7 @@ func TestRecoveryAfterRedisLosesStateOrScripts(t *testing.T) {
 
 // loadResult is one request sent by a load goroutine.
 type loadResult struct {
-	resp           response
+	resp           caddytest.Response
 	err            error
 	decidedBefore  bool // the whole request happened before the kill began
 	startedAfterIt bool // the request was sent after Redis was dead
@@ -117,7 +118,7 @@ func TestRedisKilledMidLoad(t *testing.T) {
 	for _, mode := range []string{ratelimitredis.FailOpen, ratelimitredis.FailClosed} {
 		t.Run(mode, func(t *testing.T) {
 			srv := redistest.Start(t)
-			cs := startCaddy(t, fmt.Sprintf(`
+			cs := caddytest.Start(t, fmt.Sprintf(`
 	rate_limit_redis {
 		redis {
 			address %s
@@ -135,7 +136,7 @@ func TestRedisKilledMidLoad(t *testing.T) {
 		}
 	}
 	respond "ok"`, srv.Addr, mode))
-			lc := newLoadClient(t, cs)
+			lc := caddytest.NewLoadClient(cs)
 
 			var killing, killed, stop atomic.Bool
 			var done, doneAfterKill atomic.Int64
@@ -147,7 +148,7 @@ func TestRedisKilledMidLoad(t *testing.T) {
 					defer wg.Done()
 					for i := 0; i < maxPerWorker && !stop.Load(); i++ {
 						after := killed.Load()
-						r, err := lc.get("/")
+						r, err := lc.Get("/")
 						res := loadResult{resp: r, err: err, decidedBefore: !killing.Load(), startedAfterIt: after}
 						results[w] = append(results[w], res)
 						done.Add(1)
@@ -159,11 +160,11 @@ func TestRedisKilledMidLoad(t *testing.T) {
 			}
 			t.Cleanup(func() { stop.Store(true); wg.Wait() }) // should the test fail midway
 
-			waitFor(t, 10*time.Second, "the load sent fewer than 20 requests", func() bool { return done.Load() >= 20 })
+			redistest.WaitFor(t, 10*time.Second, "the load sent fewer than 20 requests", func() bool { return done.Load() >= 20 })
 			killing.Store(true)
 			srv.Stop()
 			killed.Store(true)
-			waitFor(t, 10*time.Second, "fewer than 40 requests sent after the kill", func() bool { return doneAfterKill.Load() >= 40 })
+			redistest.WaitFor(t, 10*time.Second, "fewer than 40 requests sent after the kill", func() bool { return doneAfterKill.Load() >= 40 })
 			stop.Store(true)
 			wg.Wait()
 
@@ -175,35 +176,35 @@ func TestRedisKilledMidLoad(t *testing.T) {
 					if res.err != nil {
 						t.Fatalf("a request failed: %v", res.err)
 					}
-					deg := r.header.Get("X-RateLimit-Degraded")
+					deg := r.Header.Get("X-RateLimit-Degraded")
 					if deg == "true" {
 						degraded++
 					}
 					switch {
-					case r.status == 503:
+					case r.Status == 503:
 						unavailable++
-						if ra := r.header.Get("Retry-After"); ra != "1" {
+						if ra := r.Header.Get("Retry-After"); ra != "1" {
 							t.Fatalf("a 503 has Retry-After %q, want 1", ra)
 						}
-					case r.status != 200:
-						t.Fatalf("a response is %d %q", r.status, r.body)
+					case r.Status != 200:
+						t.Fatalf("a response is %d %q", r.Status, r.Body)
 					}
-					if mode == ratelimitredis.FailOpen && r.status != 200 {
-						t.Fatalf("fail_mode open: a response is %d", r.status)
+					if mode == ratelimitredis.FailOpen && r.Status != 200 {
+						t.Fatalf("fail_mode open: a response is %d", r.Status)
 					}
 					if res.decidedBefore {
 						before++
-						if r.status != 200 || deg != "" || r.header.Get("X-RateLimit-Limit") != "1000000" {
-							t.Fatalf("a request completed before the kill was not decided by Redis: %d, headers %v", r.status, r.header)
+						if r.Status != 200 || deg != "" || r.Header.Get("X-RateLimit-Limit") != "1000000" {
+							t.Fatalf("a request completed before the kill was not decided by Redis: %d, headers %v", r.Status, r.Header)
 						}
 					}
 					if res.startedAfterIt {
 						after++
 						if mode == ratelimitredis.FailOpen && deg != "true" {
-							t.Fatalf("fail_mode open: a request sent after the kill is not degraded: headers %v", r.header)
+							t.Fatalf("fail_mode open: a request sent after the kill is not degraded: headers %v", r.Header)
 						}
-						if mode == ratelimitredis.FailClosed && r.status != 503 {
-							t.Fatalf("fail_mode closed: a request sent after the kill is %d, want 503", r.status)
+						if mode == ratelimitredis.FailClosed && r.Status != 503 {
+							t.Fatalf("fail_mode closed: a request sent after the kill is %d, want 503", r.Status)
 						}
 					}
 				}
@@ -218,22 +219,22 @@ func TestRedisKilledMidLoad(t *testing.T) {
 			}
 
 			srv.Restart()
-			waitFor(t, time.Second, "Redis restarted but requests are still not decided by it", func() bool {
-				r, err := lc.get("/")
-				return err == nil && r.status == 200 && r.header.Get("X-RateLimit-Degraded") == "" &&
-					r.header.Get("X-RateLimit-Limit") == "1000000"
+			redistest.WaitFor(t, time.Second, "Redis restarted but requests are still not decided by it", func() bool {
+				r, err := lc.Get("/")
+				return err == nil && r.Status == 200 && r.Header.Get("X-RateLimit-Degraded") == "" &&
+					r.Header.Get("X-RateLimit-Limit") == "1000000"
 			})
 			for i := 1; i <= 10; i++ {
 				step := "verify request " + strconv.Itoa(i)
-				r, err := lc.get("/", "X-Phase", "verify")
+				r, err := lc.Get("/", "X-Phase", "verify")
 				if err != nil {
 					t.Fatalf("%s: %v", step, err)
 				}
 				if i <= 5 {
-					r.expect(t, step, 200, "ok", "X-RateLimit-Limit", "5",
+					r.Expect(t, step, 200, "ok", "X-RateLimit-Limit", "5",
 						"X-RateLimit-Remaining", strconv.Itoa(5-i), "X-RateLimit-Degraded", "")
 				} else {
-					r.expect(t, step, 429, "", "X-RateLimit-Limit", "5",
+					r.Expect(t, step, 429, "", "X-RateLimit-Limit", "5",
 						"X-RateLimit-Remaining", "0", "X-RateLimit-Degraded", "")
 				}
 			}
@@ -251,7 +252,7 @@ const hugeArrayChild = "RATELIMITREDIS_HUGE_ARRAY_CHILD"
 func TestGarbageArrayLengthKeepsCaddyUp(t *testing.T) {
 	if os.Getenv(hugeArrayChild) == "1" {
 		addr := redistest.StartGarbage(t, "*1099511627776\r\n", true)
-		cs := startCaddy(t, fmt.Sprintf(`
+		cs := caddytest.Start(t, fmt.Sprintf(`
 	rate_limit_redis {
 		redis {
 			address %s
@@ -261,8 +262,8 @@ func TestGarbageArrayLengthKeepsCaddyUp(t *testing.T) {
 		refill_rate 1
 	}
 	respond "ok"`, addr))
-		r, err := newLoadClient(t, cs).get("/")
-		fmt.Printf("child result: status=%d retry-after=%q err=%v\n", r.status, r.header.Get("Retry-After"), err)
+		r, err := caddytest.NewLoadClient(cs).Get("/")
+		fmt.Printf("child result: status=%d retry-after=%q err=%v\n", r.Status, r.Header.Get("Retry-After"), err)
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -290,7 +291,7 @@ func TestGarbageArrayLengthKeepsCaddyUp(t *testing.T) {
 func TestStalledRedisFailsFast(t *testing.T) {
 	const stalled = 50
 	srv := redistest.Start(t)
-	cs := startCaddy(t, fmt.Sprintf(`
+	cs := caddytest.Start(t, fmt.Sprintf(`
 	rate_limit_redis {
 		redis {
 			address %s
@@ -301,21 +302,21 @@ func TestStalledRedisFailsFast(t *testing.T) {
 		refill_rate 1000
 	}
 	respond "ok"`, srv.Addr))
-	lc := newLoadClient(t, cs)
-	cs.get("/").expect(t, "before the stall", 200, "ok", "X-RateLimit-Limit", "1000")
+	lc := caddytest.NewLoadClient(cs)
+	cs.Get("/").Expect(t, "before the stall", 200, "ok", "X-RateLimit-Limit", "1000")
 
 	srv.Pause()
 	latencies := make([]time.Duration, 0, stalled)
 	for i := 1; i <= stalled; i++ {
 		step := "stalled request " + strconv.Itoa(i)
 		start := time.Now()
-		r, err := lc.get("/")
+		r, err := lc.Get("/")
 		latencies = append(latencies, time.Since(start))
 		if err != nil {
 			srv.Resume()
 			t.Fatalf("%s: %v", step, err)
 		}
-		r.expect(t, step, 503, "", "Retry-After", "1", "X-RateLimit-Limit", "")
+		r.Expect(t, step, 503, "", "Retry-After", "1", "X-RateLimit-Limit", "")
 	}
 	srv.Resume()
 	t.Logf("latency of the first stalled requests, in order: %v", latencies[:8])
@@ -324,9 +325,9 @@ func TestStalledRedisFailsFast(t *testing.T) {
 	t.Logf("latency of %d requests during the stall (timeout 100ms): min %v, p50 %v, p90 %v, p99 %v, max %v",
 		len(latencies), latencies[0], pct(50), pct(90), pct(99), latencies[len(latencies)-1])
 
-	waitFor(t, 5*time.Second, "Redis resumed but requests are still not decided by it", func() bool {
-		r, err := lc.get("/")
-		return err == nil && r.status == 200 && r.header.Get("X-RateLimit-Limit") == "1000"
+	redistest.WaitFor(t, 5*time.Second, "Redis resumed but requests are still not decided by it", func() bool {
+		r, err := lc.Get("/")
+		return err == nil && r.Status == 200 && r.Header.Get("X-RateLimit-Limit") == "1000"
 	})
 }
 
@@ -343,7 +344,7 @@ func TestEndToEndFailModes(t *testing.T) {
 		t.Run(tc.mode, func(t *testing.T) {
 			srv := redistest.Start(t)
 			srv.Stop() // Caddy must start while Redis is down
-			cs := startCaddy(t, fmt.Sprintf(`
+			cs := caddytest.Start(t, fmt.Sprintf(`
 	rate_limit_redis {
 		redis {
 			address %s
@@ -357,15 +358,15 @@ func TestEndToEndFailModes(t *testing.T) {
 		respond "err degraded={http.rate_limit_redis.degraded} allowed={http.rate_limit_redis.allowed}" {err.status_code}
 	}`, srv.Addr, tc.mode))
 			for i := 0; i < 3; i++ {
-				cs.get("/").expect(t, "redis down", tc.status, tc.body, tc.hdrs...)
+				cs.Get("/").Expect(t, "redis down", tc.status, tc.body, tc.hdrs...)
 			}
 			srv.Restart()
 			// Redis is back: the next request is decided by Redis again (pooled connections
 			// to the dead server are replaced on use).
-			waitFor(t, 5*time.Second, "Redis decides again after it came back", func() bool {
-				return cs.get("/").header.Get("X-RateLimit-Limit") == "10"
+			redistest.WaitFor(t, 5*time.Second, "Redis decides again after it came back", func() bool {
+				return cs.Get("/").Header.Get("X-RateLimit-Limit") == "10"
 			})
-			cs.get("/").expect(t, "redis back", 200, "degraded=false allowed=true", "X-RateLimit-Degraded", "", "X-RateLimit-Limit", "10")
+			cs.Get("/").Expect(t, "redis back", 200, "degraded=false allowed=true", "X-RateLimit-Degraded", "", "X-RateLimit-Limit", "10")
 		})
 	}
 }

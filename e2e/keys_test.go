@@ -6,12 +6,13 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/caddytest"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
 )
 
 func TestEndToEndHostileKeys(t *testing.T) {
 	srv := redistest.Start(t)
-	cs := startCaddy(t, fmt.Sprintf(`
+	cs := caddytest.Start(t, fmt.Sprintf(`
 	rate_limit_redis {
 		redis {
 			address %s
@@ -23,13 +24,13 @@ func TestEndToEndHostileKeys(t *testing.T) {
 	respond "ok"`, srv.Addr))
 	huge := strings.Repeat("k", 10_000) // Caddy rejects headers over 16 kB by default (431) before any handler
 	for _, k := range []string{huge, "}{", "{x}"} {
-		cs.get("/", "X-API-Key", k).expect(t, "first", 200, "ok", "X-RateLimit-Remaining", "1")
-		cs.get("/", "X-API-Key", k).expect(t, "second", 200, "ok", "X-RateLimit-Remaining", "0")
-		cs.get("/", "X-API-Key", k).expect(t, "third", 429, "")
+		cs.Get("/", "X-API-Key", k).Expect(t, "first", 200, "ok", "X-RateLimit-Remaining", "1")
+		cs.Get("/", "X-API-Key", k).Expect(t, "second", 200, "ok", "X-RateLimit-Remaining", "0")
+		cs.Get("/", "X-API-Key", k).Expect(t, "third", 429, "")
 	}
 	// No key header at all: every such request shares the zone's one key.
-	cs.get("/").expect(t, "no key", 200, "ok", "X-RateLimit-Remaining", "1")
-	cs.get("/").expect(t, "no key again", 200, "ok", "X-RateLimit-Remaining", "0")
+	cs.Get("/").Expect(t, "no key", 200, "ok", "X-RateLimit-Remaining", "1")
+	cs.Get("/").Expect(t, "no key again", 200, "ok", "X-RateLimit-Remaining", "0")
 	for _, k := range srv.Client().Keys(t.Context(), "*").Val() {
 		if len(k) > 80 || strings.Count(k, "{") != 1 || strings.Count(k, "}") != 1 {
 			t.Errorf("Redis key %q is unbounded or escapes its hash tag", k)
@@ -57,40 +58,40 @@ func TestAbuseForwardedFor(t *testing.T) {
 
 	t.Run("no trusted_proxies", func(t *testing.T) {
 		srv := redistest.Start(t)
-		cs := startSites(t, "", site(srv.Addr))[0]
+		cs := caddytest.StartSites(t, "", site(srv.Addr))[0]
 		for i := 1; i <= 3; i++ {
 			xff := fmt.Sprintf("203.0.113.%d", i)
-			cs.get("/", "X-Forwarded-For", xff, "X-Real-IP", xff).expect(t, "XFF "+xff, 200, "127.0.0.1", "X-RateLimit-Remaining", strconv.Itoa(3-i))
+			cs.Get("/", "X-Forwarded-For", xff, "X-Real-IP", xff).Expect(t, "XFF "+xff, 200, "127.0.0.1", "X-RateLimit-Remaining", strconv.Itoa(3-i))
 		}
-		cs.get("/", "X-Forwarded-For", "203.0.113.4").expect(t, "fourth XFF", 429, "")
-		if keys := redisKeys(t, srv); len(keys) != 1 || keys[0] != "rl:{127.0.0.1}:default:tb" {
+		cs.Get("/", "X-Forwarded-For", "203.0.113.4").Expect(t, "fourth XFF", 429, "")
+		if keys := srv.Keys(t); len(keys) != 1 || keys[0] != "rl:{127.0.0.1}:default:tb" {
 			t.Fatalf("Redis keys %q, want only the peer's", keys)
 		}
 	})
 
 	t.Run("trusted_proxies", func(t *testing.T) {
 		srv := redistest.Start(t)
-		cs := startSites(t, "\t\ttrusted_proxies static 127.0.0.1/8", site(srv.Addr))[0]
+		cs := caddytest.StartSites(t, "\t\ttrusted_proxies static 127.0.0.1/8", site(srv.Addr))[0]
 		for i := 1; i <= 3; i++ {
 			xff := fmt.Sprintf("203.0.113.%d", i)
-			cs.get("/", "X-Forwarded-For", xff).expect(t, "XFF "+xff, 200, xff, "X-RateLimit-Remaining", "2")
+			cs.Get("/", "X-Forwarded-For", xff).Expect(t, "XFF "+xff, 200, xff, "X-RateLimit-Remaining", "2")
 		}
 		// The first valid address wins: behind a proxy that appends, a forged first entry does.
-		cs.get("/", "X-Forwarded-For", "198.51.100.7, 203.0.113.1").expect(t, "forged first entry", 200, "198.51.100.7", "X-RateLimit-Remaining", "2")
+		cs.Get("/", "X-Forwarded-For", "198.51.100.7, 203.0.113.1").Expect(t, "forged first entry", 200, "198.51.100.7", "X-RateLimit-Remaining", "2")
 	})
 
 	t.Run("trusted_proxies_strict", func(t *testing.T) {
 		srv := redistest.Start(t)
-		cs := startSites(t, "\t\ttrusted_proxies static 127.0.0.1/8\n\t\ttrusted_proxies_strict", site(srv.Addr))[0]
+		cs := caddytest.StartSites(t, "\t\ttrusted_proxies static 127.0.0.1/8\n\t\ttrusted_proxies_strict", site(srv.Addr))[0]
 		// The proxy appends the address it saw (203.0.113.1) to whatever the client sent.
 		for i := 1; i <= 3; i++ {
 			forged := fmt.Sprintf("198.51.100.%d", i)
-			cs.get("/", "X-Forwarded-For", forged+", 203.0.113.1").expect(t, "forged "+forged, 200, "203.0.113.1", "X-RateLimit-Remaining", strconv.Itoa(3-i))
+			cs.Get("/", "X-Forwarded-For", forged+", 203.0.113.1").Expect(t, "forged "+forged, 200, "203.0.113.1", "X-RateLimit-Remaining", strconv.Itoa(3-i))
 		}
-		cs.get("/", "X-Forwarded-For", "198.51.100.4, 203.0.113.1").expect(t, "fourth forged entry", 429, "")
-		cs.get("/", "X-Forwarded-For", "203.0.113.2").expect(t, "another client", 200, "203.0.113.2", "X-RateLimit-Remaining", "2")
+		cs.Get("/", "X-Forwarded-For", "198.51.100.4, 203.0.113.1").Expect(t, "fourth forged entry", 429, "")
+		cs.Get("/", "X-Forwarded-For", "203.0.113.2").Expect(t, "another client", 200, "203.0.113.2", "X-RateLimit-Remaining", "2")
 		// Trusted hops on the right are skipped.
-		cs.get("/", "X-Forwarded-For", "203.0.113.3, 127.0.0.5").expect(t, "through two proxies", 200, "203.0.113.3", "X-RateLimit-Remaining", "2")
+		cs.Get("/", "X-Forwarded-For", "203.0.113.3, 127.0.0.5").Expect(t, "through two proxies", 200, "203.0.113.3", "X-RateLimit-Remaining", "2")
 	})
 }
 
@@ -113,16 +114,16 @@ func TestAbuseZoneSharedAcrossSites(t *testing.T) {
 	}
 	respond "ok"`, srv.Addr, prefix)
 	}
-	sites := startSites(t, "", site("rl:"), site("rl:"), site("other:"))
+	sites := caddytest.StartSites(t, "", site("rl:"), site("rl:"), site("other:"))
 	a, b, c := sites[0], sites[1], sites[2]
-	a.get("/").expect(t, "site A", 200, "ok", "X-RateLimit-Remaining", "3")
-	b.get("/").expect(t, "site B, same zone", 200, "ok", "X-RateLimit-Remaining", "2")
-	a.get("/").expect(t, "site A again", 200, "ok", "X-RateLimit-Remaining", "1")
-	b.get("/").expect(t, "site B again", 200, "ok", "X-RateLimit-Remaining", "0")
-	a.get("/").expect(t, "site A, spent by both", 429, "")
-	b.get("/").expect(t, "site B, spent by both", 429, "")
-	c.get("/").expect(t, "site C, other key_prefix", 200, "ok", "X-RateLimit-Remaining", "3")
-	keys := redisKeys(t, srv)
+	a.Get("/").Expect(t, "site A", 200, "ok", "X-RateLimit-Remaining", "3")
+	b.Get("/").Expect(t, "site B, same zone", 200, "ok", "X-RateLimit-Remaining", "2")
+	a.Get("/").Expect(t, "site A again", 200, "ok", "X-RateLimit-Remaining", "1")
+	b.Get("/").Expect(t, "site B again", 200, "ok", "X-RateLimit-Remaining", "0")
+	a.Get("/").Expect(t, "site A, spent by both", 429, "")
+	b.Get("/").Expect(t, "site B, spent by both", 429, "")
+	c.Get("/").Expect(t, "site C, other key_prefix", 200, "ok", "X-RateLimit-Remaining", "3")
+	keys := srv.Keys(t)
 	if len(keys) != 2 {
 		t.Fatalf("Redis keys %q, want rl:{127.0.0.1}:api:tb and other:{127.0.0.1}:api:tb", keys)
 	}

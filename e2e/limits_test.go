@@ -5,12 +5,13 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/caddytest"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
 )
 
 func TestEndToEndTokenBucket(t *testing.T) {
 	srv := redistest.Start(t)
-	cs := startCaddy(t, fmt.Sprintf(`
+	cs := caddytest.Start(t, fmt.Sprintf(`
 	rate_limit_redis {
 		redis {
 			address %s
@@ -29,12 +30,12 @@ func TestEndToEndTokenBucket(t *testing.T) {
 	for i := 1; i <= 3; i++ {
 		rem := strconv.Itoa(3 - i)
 		reset := strconv.Itoa(3600 * i)
-		cs.get("/").expect(t, "request "+strconv.Itoa(i), 200, "ok true default "+rem,
+		cs.Get("/").Expect(t, "request "+strconv.Itoa(i), 200, "ok true default "+rem,
 			"X-RateLimit-Limit", "3", "X-RateLimit-Remaining", rem, "X-RateLimit-Reset", reset,
 			"RateLimit-Policy", `"default";q=3;w=10800`, "RateLimit", `"default";r=`+rem+`;t=3600`,
 			"Retry-After", "")
 	}
-	cs.get("/").expect(t, "4th request", 429,
+	cs.Get("/").Expect(t, "4th request", 429,
 		"limited zone=default key=127.0.0.1 limit=3 remaining=0 retry=3600 degraded=false",
 		"Retry-After", "3600", "X-RateLimit-Limit", "3", "X-RateLimit-Remaining", "0", "X-RateLimit-Reset", "10800",
 		"RateLimit", `"default";r=0;t=3600`)
@@ -42,7 +43,7 @@ func TestEndToEndTokenBucket(t *testing.T) {
 
 func TestEndToEndZonesFromDesign(t *testing.T) {
 	srv := redistest.Start(t)
-	cs := startCaddy(t, fmt.Sprintf(`
+	cs := caddytest.Start(t, fmt.Sprintf(`
 	rate_limit_redis {
 		redis {
 			address %s
@@ -67,18 +68,18 @@ func TestEndToEndZonesFromDesign(t *testing.T) {
 
 	// /login: the login zone (5/min) decides, having the least remaining share.
 	for i := 1; i <= 5; i++ {
-		cs.get("/login").expect(t, "login "+strconv.Itoa(i), 200, "ok",
+		cs.Get("/login").Expect(t, "login "+strconv.Itoa(i), 200, "ok",
 			"X-RateLimit-Limit", "5", "X-RateLimit-Remaining", strconv.Itoa(5-i))
 	}
-	r := cs.get("/login")
-	r.expect(t, "6th login", 429, "login", "X-RateLimit-Limit", "5", "X-RateLimit-Remaining", "0")
-	if ra, _ := strconv.Atoi(r.header.Get("Retry-After")); ra < 59 || ra > 60 {
-		t.Fatalf("Retry-After = %q, want the ~60s until the first login leaves the window", r.header.Get("Retry-After"))
+	r := cs.Get("/login")
+	r.Expect(t, "6th login", 429, "login", "X-RateLimit-Limit", "5", "X-RateLimit-Remaining", "0")
+	if ra, _ := strconv.Atoi(r.Header.Get("Retry-After")); ra < 59 || ra > 60 {
+		t.Fatalf("Retry-After = %q, want the ~60s until the first login leaves the window", r.Header.Get("Retry-After"))
 	}
 	// The api zone was charged 5 tokens, not 6: the denied login charged no zone.
-	cs.get("/").expect(t, "api by IP", 200, "ok", "X-RateLimit-Limit", "100", "X-RateLimit-Remaining", "94")
+	cs.Get("/").Expect(t, "api by IP", 200, "ok", "X-RateLimit-Limit", "100", "X-RateLimit-Remaining", "94")
 	// An API key is its own client.
-	cs.get("/", "X-API-Key", "k1").expect(t, "api by key", 200, "ok", "X-RateLimit-Remaining", "99")
+	cs.Get("/", "X-API-Key", "k1").Expect(t, "api by key", 200, "ok", "X-RateLimit-Remaining", "99")
 	if v := srv.Do("HGET", "rl:{k1}:api:tb", "t"); v == nil {
 		t.Fatal("no bucket under the API key's hash tag")
 	}
@@ -86,7 +87,7 @@ func TestEndToEndZonesFromDesign(t *testing.T) {
 
 func TestEndToEndDryRun(t *testing.T) {
 	srv := redistest.Start(t)
-	cs := startCaddy(t, fmt.Sprintf(`
+	cs := caddytest.Start(t, fmt.Sprintf(`
 	rate_limit_redis {
 		redis {
 			address %s
@@ -96,8 +97,8 @@ func TestEndToEndDryRun(t *testing.T) {
 		refill_rate 1/1h
 	}
 	respond "allowed={http.rate_limit_redis.allowed} retry={http.rate_limit_redis.retry_after}"`, srv.Addr))
-	cs.get("/").expect(t, "first", 200, "allowed=true retry=0", "X-RateLimit-Remaining", "0")
-	cs.get("/").expect(t, "over the limit, dry run", 200, "allowed=false retry=3600",
+	cs.Get("/").Expect(t, "first", 200, "allowed=true retry=0", "X-RateLimit-Remaining", "0")
+	cs.Get("/").Expect(t, "over the limit, dry run", 200, "allowed=false retry=3600",
 		"X-RateLimit-Remaining", "0", "Retry-After", "")
 }
 
@@ -105,7 +106,7 @@ func TestEndToEndDryRun(t *testing.T) {
 // limit and then denies, with a Retry-After.
 func TestEndToEndSlidingWindowCounter(t *testing.T) {
 	srv := redistest.Start(t)
-	cs := startCaddy(t, fmt.Sprintf(`
+	cs := caddytest.Start(t, fmt.Sprintf(`
 	rate_limit_redis {
 		redis {
 			address %s
@@ -115,10 +116,10 @@ func TestEndToEndSlidingWindowCounter(t *testing.T) {
 		window 1h
 	}
 	respond "ok"`, srv.Addr))
-	if got := cs.statuses(3, "/"); got != "200 200 429" {
+	if got := cs.Statuses(3, "/"); got != "200 200 429" {
 		t.Fatalf("got %s, want 200 200 429", got)
 	}
-	if ra, err := strconv.Atoi(cs.get("/").header.Get("Retry-After")); err != nil || ra < 1 || ra > 7200 {
+	if ra, err := strconv.Atoi(cs.Get("/").Header.Get("Retry-After")); err != nil || ra < 1 || ra > 7200 {
 		t.Fatalf("Retry-After %d, %v: want the wait until the estimate falls below the limit", ra, err)
 	}
 }
@@ -128,7 +129,7 @@ func TestEndToEndSlidingWindowCounter(t *testing.T) {
 // the capacity no Retry-After.
 func TestDenyCacheAnswersAsRedis(t *testing.T) {
 	srv := redistest.Start(t)
-	cs := startCaddy(t, fmt.Sprintf(`rate_limit_redis {
+	cs := caddytest.Start(t, fmt.Sprintf(`rate_limit_redis {
 		redis {
 			address %s
 		}
@@ -138,8 +139,8 @@ func TestDenyCacheAnswersAsRedis(t *testing.T) {
 	}
 	respond "ok"`, srv.Addr))
 	retry := func(cost string) (int, string) {
-		r := cs.get("/", "X-Cost", cost)
-		return r.status, r.header.Get("Retry-After")
+		r := cs.Get("/", "X-Cost", cost)
+		return r.Status, r.Header.Get("Retry-After")
 	}
 	for _, step := range []struct {
 		cost, retry string

@@ -15,6 +15,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/caddytest"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
 )
 
@@ -53,15 +54,15 @@ func TestReloadsUnderLoad(t *testing.T) {
 	}
 	respond %q`, srv.Addr, poolSize, capacity, body)
 	}
-	cs := startCaddy(t, site("a"))
-	port, err := strconv.Atoi(strings.TrimPrefix(cs.base, "http://127.0.0.1:"))
+	cs := caddytest.Start(t, site("a"))
+	port, err := strconv.Atoi(strings.TrimPrefix(cs.Base, "http://127.0.0.1:"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	lc := newLoadClient(t, cs)
+	lc := caddytest.NewLoadClient(cs)
 
 	idle := mon.connected() // Redis is dialled lazily: the monitor alone
-	cs.get("/").expect(t, "warm-up", 200, "a", "X-RateLimit-Remaining", strconv.Itoa(capacity-1))
+	cs.Get("/").Expect(t, "warm-up", 200, "a", "X-RateLimit-Remaining", strconv.Itoa(capacity-1))
 	warm := mon.others()
 	t.Logf("connected_clients: %d before the first request, %d after it (the monitor included)", idle, mon.connected())
 	if len(warm) == 0 {
@@ -79,22 +80,22 @@ func TestReloadsUnderLoad(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := 0; i < maxPerWorker && !stop.Load(); i++ {
-				r, err := lc.get("/")
+				r, err := lc.Get("/")
 				for attempt := 1; err != nil && attempt <= 2; attempt++ { // no response at all: Caddy's listener handover
 					resent.Add(1)
 					firstResent.CompareAndSwap(nil, err.Error())
-					r, err = lc.get("/")
+					r, err = lc.Get("/")
 				}
 				done.Add(1)
 				switch {
 				case err != nil:
 					failures[w] = append(failures[w], err.Error())
-				case r.status != 200 || (r.body != "a" && r.body != "b") || r.header.Get("X-RateLimit-Degraded") != "":
-					failures[w] = append(failures[w], fmt.Sprintf("%d %q, headers %v", r.status, r.body, r.header))
+				case r.Status != 200 || (r.Body != "a" && r.Body != "b") || r.Header.Get("X-RateLimit-Degraded") != "":
+					failures[w] = append(failures[w], fmt.Sprintf("%d %q, headers %v", r.Status, r.Body, r.Header))
 				default:
-					n, err := strconv.Atoi(r.header.Get("X-RateLimit-Remaining"))
+					n, err := strconv.Atoi(r.Header.Get("X-RateLimit-Remaining"))
 					if err != nil {
-						failures[w] = append(failures[w], fmt.Sprintf("X-RateLimit-Remaining %q", r.header.Get("X-RateLimit-Remaining")))
+						failures[w] = append(failures[w], fmt.Sprintf("X-RateLimit-Remaining %q", r.Header.Get("X-RateLimit-Remaining")))
 					} else {
 						remaining[w] = append(remaining[w], n)
 					}
@@ -108,12 +109,12 @@ func TestReloadsUnderLoad(t *testing.T) {
 	for i := 1; i <= reloads; i++ {
 		// Some requests complete between any two reloads: the reloads happen under load.
 		n := done.Load()
-		waitFor(t, 5*time.Second, "no request completed between two reloads", func() bool { return done.Load() > n })
+		redistest.WaitFor(t, 5*time.Second, "no request completed between two reloads", func() bool { return done.Load() > n })
 		body = "a"
 		if i%2 == 1 {
 			body = "b"
 		}
-		if err := cs.load(site(body), port); err != nil {
+		if err := cs.Load(site(body), port); err != nil {
 			t.Fatalf("reload %d: %v", i, err)
 		}
 		maxConnected = max(maxConnected, mon.connected())
@@ -138,7 +139,7 @@ func TestReloadsUnderLoad(t *testing.T) {
 			t.Fatalf("the responses' X-RateLimit-Remaining, sorted, are %d at index %d, want %d: a counted request was not answered, or one was counted twice", n, i, want)
 		}
 	}
-	cs.get("/").expect(t, "after the reloads", 200, body, "X-RateLimit-Remaining", strconv.Itoa(capacity-2-len(all)))
+	cs.Get("/").Expect(t, "after the reloads", 200, body, "X-RateLimit-Remaining", strconv.Itoa(capacity-2-len(all)))
 
 	if maxConnected > idle+poolSize {
 		t.Fatalf("connected_clients reached %d during the reloads, above %d (the monitor + pool_size %d)", maxConnected, idle+poolSize, poolSize)
@@ -152,7 +153,7 @@ func TestReloadsUnderLoad(t *testing.T) {
 	if err := caddy.Stop(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 5*time.Second, "Caddy stopped but its Redis connections stay open", func() bool { return mon.connected() == idle })
+	redistest.WaitFor(t, 5*time.Second, "Caddy stopped but its Redis connections stay open", func() bool { return mon.connected() == idle })
 }
 
 // TestReloadChangesCapacityAtOnce: a reload that raises a token bucket's capacity gives an
@@ -172,19 +173,19 @@ func TestReloadChangesCapacityAtOnce(t *testing.T) {
 	}
 	respond "ok"`, srv.Addr, capacity)
 	}
-	cs := startCaddy(t, site(2))
-	if got := cs.statuses(4, "/", "X-Key", "k"); got != "200 200 429 429" {
+	cs := caddytest.Start(t, site(2))
+	if got := cs.Statuses(4, "/", "X-Key", "k"); got != "200 200 429 429" {
 		t.Fatalf("capacity 2: %s", got)
 	}
-	cs.reload(site(12))
-	if got := cs.statuses(11, "/", "X-Key", "k"); got != strings.TrimSpace(strings.Repeat("200 ", 10))+" 429" {
+	cs.Reload(site(12))
+	if got := cs.Statuses(11, "/", "X-Key", "k"); got != strings.TrimSpace(strings.Repeat("200 ", 10))+" 429" {
 		t.Fatalf("raised to 12: %s, want exactly 10 more then 429", got)
 	}
-	cs.reload(site(5))
-	r := cs.get("/", "X-Key", "k")
+	cs.Reload(site(5))
+	r := cs.Get("/", "X-Key", "k")
 	// 12 used under capacity 5: 8 tokens must drain, at 1 per hour, before a cost of 1 fits.
-	if ra, _ := strconv.Atoi(r.header.Get("Retry-After")); r.status != 429 || ra < 8*3600-2 || ra > 8*3600 {
-		t.Fatalf("lowered to 5: %d Retry-After %q, want 429 after 8h", r.status, r.header.Get("Retry-After"))
+	if ra, _ := strconv.Atoi(r.Header.Get("Retry-After")); r.Status != 429 || ra < 8*3600-2 || ra > 8*3600 {
+		t.Fatalf("lowered to 5: %d Retry-After %q, want 429 after 8h", r.Status, r.Header.Get("Retry-After"))
 	}
 }
 

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/freeport"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
 )
 
@@ -32,11 +33,11 @@ func TestMakeRun(t *testing.T) {
 		t.Skip("CADDY_BINARY is not set: run `make test`, which builds bin/caddy from this checkout and sets it")
 	}
 	srv := redistest.StartWithPassword(t, "x")
-	site := "127.0.0.1:" + strconv.Itoa(freeLoopbackPort(t))
+	site := "127.0.0.1:" + strconv.Itoa(freeport.Must(t))
 	data := t.TempDir()
 	env := []string{
 		"CADDY_BINARY=" + caddyBin, "REDIS_ADDR=" + srv.Addr,
-		"SITE_ADDRESS=" + site, "ADMIN_ADDRESS=127.0.0.1:" + strconv.Itoa(freeLoopbackPort(t)),
+		"SITE_ADDRESS=" + site, "ADMIN_ADDRESS=127.0.0.1:" + strconv.Itoa(freeport.Must(t)),
 		"XDG_CONFIG_HOME=" + t.TempDir(), "XDG_DATA_HOME=" + data,
 	}
 
@@ -96,7 +97,7 @@ func TestMakeSmoke(t *testing.T) {
 	if caddyBin == "" {
 		t.Skip("CADDY_BINARY is not set: run `make test`, which builds bin/caddy from this checkout and sets it")
 	}
-	nothing := "127.0.0.1:" + strconv.Itoa(freeLoopbackPort(t))
+	nothing := "127.0.0.1:" + strconv.Itoa(freeport.Must(t))
 	cmd := exec.Command("scripts/smoke.sh")
 	cmd.Env = append(os.Environ(), "CADDY_BINARY="+caddyBin, "SITE_ADDRESS="+nothing, "ADMIN_ADDRESS="+nothing)
 	out, err := cmd.CombinedOutput()

@@ -24,6 +24,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/caddytest"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/llmtest"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
 )
@@ -231,7 +232,7 @@ func TestOpenAISDKRefusals(t *testing.T) {
 	dir := nodeSDKs(t)
 	srv := redistest.Start(t)
 	up := openAIUpstream(t)
-	cs := startCaddy(t, fmt.Sprintf(`
+	cs := caddytest.Start(t, fmt.Sprintf(`
 	rate_limit_redis {
 		redis {
 			address %s
@@ -258,7 +259,7 @@ func TestOpenAISDKRefusals(t *testing.T) {
 	handle_path /fast/* {
 		reverse_proxy %[2]s
 	}`, srv.Addr, up.URL))
-	proxy := startCountingProxy(t, cs.base)
+	proxy := startCountingProxy(t, cs.Base)
 
 	spent := func(call string, stream bool) sdkCall {
 		return sdkCall{SDK: "openai", Base: proxy.URL + "/spent/v1", Key: "sk-alice", Stream: stream, Headers: map[string]string{"X-Call": call}}
@@ -314,7 +315,7 @@ func TestAnthropicSDKUsage(t *testing.T) {
 	srv := redistest.Start(t)
 	usage := llmtest.AnthropicUsage{Input: 100, CacheWrite: 20, CacheRead: 300, Output: 50}
 	up := llmtest.StartAnthropic(t, usage)
-	cs := startCaddy(t, fmt.Sprintf(`
+	cs := caddytest.Start(t, fmt.Sprintf(`
 	rate_limit_redis {
 		redis {
 			address %s
@@ -329,7 +330,7 @@ func TestAnthropicSDKUsage(t *testing.T) {
 		}
 	}
 	reverse_proxy %s`, srv.Addr, up.URL))
-	proxy := startCountingProxy(t, cs.base)
+	proxy := startCountingProxy(t, cs.Base)
 	call := func(name string, stream, identity bool) sdkCall {
 		return sdkCall{SDK: "anthropic", Base: proxy.URL, Key: "sk-ant-alice", Stream: stream, Identity: identity, Headers: map[string]string{"X-Call": name}}
 	}
@@ -351,11 +352,11 @@ func TestAnthropicSDKUsage(t *testing.T) {
 	}
 	// 4 × 470 charged once settled, less a day's refill of 2000 over the test's seconds. The SDK
 	// sends its key as Authorization: Bearer, a key with a space, kept as a digest.
-	keys := redisKeys(t, srv)
+	keys := srv.Keys(t)
 	if len(keys) != 1 {
 		t.Fatalf("keys %v, want the one client's", keys)
 	}
-	waitFor(t, 5*time.Second, "the charges settled", func() bool { return srv.Do("HEXISTS", keys[0], "h").(int64) == 0 })
+	redistest.WaitFor(t, 5*time.Second, "the charges settled", func() bool { return srv.Do("HEXISTS", keys[0], "h").(int64) == 0 })
 	used, _ := strconv.ParseFloat(fmt.Sprint(srv.Do("HGET", keys[0], "u")), 64)
 	if want := float64(4 * usage.Total()); used > want || used < want-2 {
 		t.Fatalf("charged %v, want %v", used, want)

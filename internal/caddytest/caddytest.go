@@ -1,7 +1,8 @@
 // Package caddytest runs Caddy in the test's process, as `caddy run` and `caddy reload` would,
 // for the tests of the module's packages: it loads a config (JSON, a Caddyfile, or site blocks
 // on loopback ports) and returns once that config alone serves, and gives a client that talks to
-// it. Caddy holds one config per process, so the tests that use it do not run in parallel.
+// it, and the sites it serves (Site) with their requests. Caddy holds one config per process, so
+// the tests that use it do not run in parallel.
 package caddytest
 
 import (
@@ -20,8 +21,6 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	_ "github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile" // the caddyfile adapter
-
-	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/freeport"
 )
 
 // Caddyfile returns a Caddyfile of the global options the tests run with (the admin endpoint at
@@ -38,25 +37,6 @@ func Caddyfile(admin, serverOptions string, ports []int, sites []string) string 
 		fmt.Fprintf(&b, ":%d {\n\tbind 127.0.0.1\n%s\n}\n", ports[i], site)
 	}
 	return b.String()
-}
-
-// StartSites runs Caddy with the `servers` global options serverOptions (none when empty) and
-// one site per body, each at 127.0.0.1 on a free port of its own, stops it when the test ends,
-// and returns the sites' base URLs (http://127.0.0.1:port). It fails t when the config does not
-// load and serve.
-func StartSites(t testing.TB, serverOptions string, sites ...string) []string {
-	t.Helper()
-	ports := make([]int, len(sites))
-	bases := make([]string, len(sites))
-	for i := range sites {
-		ports[i] = freeport.Must(t)
-		bases[i] = "http://127.0.0.1:" + strconv.Itoa(ports[i])
-	}
-	t.Cleanup(func() { _ = caddy.Stop() })
-	if err := LoadCaddyfile(t, Caddyfile("off", serverOptions, ports, sites)); err != nil {
-		t.Fatalf("loading: %v", err)
-	}
-	return bases
 }
 
 // LoadCaddyfile adapts a whole Caddyfile, logs the adapter's warnings, and loads the result
@@ -259,42 +239,4 @@ func withGenerationRoute(cfg []byte, n uint64) (out []byte, listen, admin []stri
 	}
 	out, err = json.Marshal(c)
 	return out, listen, admin, err
-}
-
-// Do sends a request of method to url with the header name/value pairs given, through Client
-// with a 5s timeout, and returns the response's status, header and body. The error is the
-// request's, or the body's read ("reading the body: ...").
-func Do(method, url string, header ...string) (status int, h http.Header, body string, err error) {
-	req, err := http.NewRequest(method, url, nil)
-	if err != nil {
-		return 0, nil, "", err
-	}
-	for i := 0; i+1 < len(header); i += 2 {
-		req.Header.Set(header[i], header[i+1])
-	}
-	resp, err := Client(5 * time.Second).Do(req)
-	if err != nil {
-		return 0, nil, "", err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return 0, nil, "", fmt.Errorf("reading the body: %w", err)
-	}
-	return resp.StatusCode, resp.Header, string(b), nil
-}
-
-// Expect fails t unless a response of status, header and body has wantStatus, wantBody and the
-// header fields named in headers (name/value pairs) exactly; an empty value means absent. step
-// names the request in the failure.
-func Expect(t testing.TB, step string, status int, header http.Header, body string, wantStatus int, wantBody string, headers ...string) {
-	t.Helper()
-	if status != wantStatus || body != wantBody {
-		t.Fatalf("%s: got %d %q, want %d %q", step, status, body, wantStatus, wantBody)
-	}
-	for i := 0; i+1 < len(headers); i += 2 {
-		if got := header.Get(headers[i]); got != headers[i+1] {
-			t.Fatalf("%s: header %s = %q, want %q (all: %v)", step, headers[i], got, headers[i+1], header)
-		}
-	}
 }

@@ -214,6 +214,16 @@ func (s *Server) Errors(code string) int {
 	return n
 }
 
+// Keys returns every key of the server (KEYS *), failing t on an error.
+func (s *Server) Keys(t testing.TB) []string {
+	t.Helper()
+	keys, err := s.Client().Keys(t.Context(), "*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return keys
+}
+
 // Do runs one command on a fresh connection and returns its reply: nil for redis.Nil. Any other
 // error fails the test.
 func (s *Server) Do(args ...any) any {
