@@ -530,22 +530,24 @@ func (l *Limiter) scriptArgs(reqs []Request, hold bool, ref time.Time) []any {
 	return args
 }
 
-// shadowTags are the algorithms' tags with the shadow flag: decide.lua's algorithm argument of
-// a shadow zone.
-var shadowTags = func() (t [len(algorithms)]string) {
+// tagArgs are decide.lua's algorithm arguments, boxed once (a string boxed per call would be an
+// allocation per zone of every decision): per algorithm, its tag, and its tag with the shadow
+// flag "s" (a shadow zone).
+var tagArgs = func() (t [len(algorithms)][2]any) {
 	for a := range algorithms {
-		t[a] = Algorithm(a).tag() + "s"
+		t[a] = [2]any{Algorithm(a).tag(), Algorithm(a).tag() + "s"}
 	}
 	return t
 }()
 
-// zoneTag is decide.lua's algorithm argument of zone z: its algorithm's tag, followed by "s"
-// for a shadow zone. withRecords adds the override flag.
-func zoneTag(z *Zone) string {
+// zoneTag is decide.lua's algorithm argument of zone z, boxed: its algorithm's tag, followed by
+// "s" for a shadow zone. withRecords adds the override flag.
+func zoneTag(z *Zone) any {
+	t := &tagArgs[min(int(z.Algorithm), len(tagArgs)-1)]
 	if z.Shadow {
-		return shadowTags[min(int(z.Algorithm), len(shadowTags)-1)]
+		return t[1]
 	}
-	return z.Algorithm.tag()
+	return t[0]
 }
 
 // argTag returns the algorithm tag of decide.lua's algorithm argument a, without its flags
