@@ -14,5 +14,7 @@ if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
 fi
 echo "installing Node.js and npm with apt-get" >&2
 export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
-apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
+# A failed install is not a failure of the module: the SDK tests then skip, saying why.
+if ! { apt-get update -qq && apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null; }; then
+	echo "SKIPPING the SDK tests: apt-get could not install nodejs and npm." >&2
+fi
