@@ -49,21 +49,20 @@ func eventCount(name string) int {
 	return received.counts[name]
 }
 
-// TestEvents: a handler subscribed through Caddy's events app receives exactly one
-// rate_limit_redis_exceeded event per denied request, and one rate_limit_redis_failing and one
-// rate_limit_redis_recovered per Redis outage, however many requests it fails.
-func TestEvents(t *testing.T) {
+// eventSite resets the events received, and runs in Caddy one site whose handler has the one
+// zone given (its JSON) and reports the named events to rate_limit_redis_test_counter.
+func eventSite(t *testing.T, srv *redistest.Server, events []string, zone map[string]any) *caddytest.Site {
+	t.Helper()
 	received.Lock()
 	received.counts, received.data = map[string]int{}, nil
 	received.Unlock()
-	srv := redistest.Start(t)
 	addr := "127.0.0.1:" + strconv.Itoa(freeport.Must(t))
 	cfg, _ := json.Marshal(map[string]any{
 		"admin":   map[string]any{"disabled": true},
 		"logging": map[string]any{"logs": map[string]any{"default": map[string]any{"level": "ERROR"}}},
 		"apps": map[string]any{
 			"events": map[string]any{"subscriptions": []any{map[string]any{
-				"events":   []string{EventExceeded, EventRedisFailing, EventRedisRecovered},
+				"events":   events,
 				"handlers": []any{map[string]any{"handler": "rate_limit_redis_test_counter"}},
 			}}},
 			"http": map[string]any{"servers": map[string]any{"s": map[string]any{
@@ -72,7 +71,7 @@ func TestEvents(t *testing.T) {
 					// timeout: a loaded machine must not make a decision fail open (100ms by default: a
 					// third request once got 200).
 					map[string]any{"handler": "rate_limit_redis", "redis": map[string]any{"addresses": []string{srv.Addr}}, "timeout": "10s",
-						"zones": []any{map[string]any{"name": "api", "capacity": 2, "refill_rate": 0.001, "key": []string{"{http.request.header.X-Client}"}}}},
+						"zones": []any{zone}},
 					map[string]any{"handler": "static_response", "body": "ok"},
 				}}},
 			}}},
@@ -82,7 +81,16 @@ func TestEvents(t *testing.T) {
 	if err := caddytest.LoadServing(t, cfg); err != nil {
 		t.Fatal(err)
 	}
-	cs := &caddytest.Site{T: t, Base: "http://" + addr}
+	return &caddytest.Site{T: t, Base: "http://" + addr}
+}
+
+// TestEvents: a handler subscribed through Caddy's events app receives exactly one
+// rate_limit_redis_exceeded event per denied request, and one rate_limit_redis_failing and one
+// rate_limit_redis_recovered per Redis outage, however many requests it fails.
+func TestEvents(t *testing.T) {
+	srv := redistest.Start(t)
+	cs := eventSite(t, srv, []string{EventExceeded, EventRedisFailing, EventRedisRecovered},
+		map[string]any{"name": "api", "capacity": 2, "refill_rate": 0.001, "key": []string{"{http.request.header.X-Client}"}})
 	if got := cs.Statuses(6, "/", "X-Client", "a"); got != "200 200 429 429 429 429" {
 		t.Fatalf("got %s", got)
 	}
@@ -117,37 +125,11 @@ func TestEvents(t *testing.T) {
 // starts the block, with the block's length, and none for the requests the block then refuses,
 // which decisions_total counts as blocked.
 func TestEventBlocked(t *testing.T) {
-	received.Lock()
-	received.counts, received.data = map[string]int{}, nil
-	received.Unlock()
 	srv := redistest.Start(t)
-	addr := "127.0.0.1:" + strconv.Itoa(freeport.Must(t))
-	cfg, _ := json.Marshal(map[string]any{
-		"admin":   map[string]any{"disabled": true},
-		"logging": map[string]any{"logs": map[string]any{"default": map[string]any{"level": "ERROR"}}},
-		"apps": map[string]any{
-			"events": map[string]any{"subscriptions": []any{map[string]any{
-				"events":   []string{EventBlocked},
-				"handlers": []any{map[string]any{"handler": "rate_limit_redis_test_counter"}},
-			}}},
-			"http": map[string]any{"servers": map[string]any{"s": map[string]any{
-				"listen": []string{addr},
-				"routes": []any{map[string]any{"handle": []any{
-					map[string]any{"handler": "rate_limit_redis", "redis": map[string]any{"addresses": []string{srv.Addr}}, "timeout": "10s",
-						"zones": []any{map[string]any{"name": "evblock", "capacity": 1, "refill_rate": 0.001, "block": "1h",
-							"key": []string{"{http.request.header.X-Client}"}}}},
-					map[string]any{"handler": "static_response", "body": "ok"},
-				}}},
-			}}},
-		},
-	})
-	t.Cleanup(func() { _ = caddy.Stop() })
-	if err := caddytest.LoadServing(t, cfg); err != nil {
-		t.Fatal(err)
-	}
+	cs := eventSite(t, srv, []string{EventBlocked}, map[string]any{"name": "evblock", "capacity": 1, "refill_rate": 0.001, "block": "1h",
+		"key": []string{"{http.request.header.X-Client}"}})
 	blocked := metrics.decisions.WithLabelValues("evblock", resultBlocked.String())
 	before := testutil.ToFloat64(blocked)
-	cs := &caddytest.Site{T: t, Base: "http://" + addr}
 	if got := cs.Statuses(5, "/", "X-Client", "a"); got != "200 429 429 429 429" {
 		t.Fatalf("got %s", got)
 	}
