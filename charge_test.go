@@ -796,7 +796,7 @@ func TestChargeClientLeavesWhileHeld(t *testing.T) {
 	}
 }
 
-// TestChargeCompressedUsage (security review III, finding 2, t_charge.sh b): a client accepting
+// TestChargeCompressedUsage (t_charge.sh b): a client accepting
 // a compression the upstream uses is charged the usage reported, 5000, not the reservation
 // (500): gzip (the OpenAI SDKs' default), deflate (zlib and raw) and zstd bodies are decoded as
 // they pass, and the client receives exactly the bytes the upstream sent. Brotli, which the
@@ -892,7 +892,7 @@ func TestChargeCompressedStream(t *testing.T) {
 	charged(t, srv, "gzip stream", "gzstream", 5000)
 }
 
-// TestChargeStreamWithoutIncludeUsage (security review III, finding 2, t_charge.sh c): a
+// TestChargeStreamWithoutIncludeUsage (t_charge.sh c): a
 // streaming chat completion whose client did not ask for stream_options.include_usage is asked
 // for it on its way to the upstream, and charged the usage reported (5000), not the reservation
 // (500); a request that needs no change, or cannot be read, reaches the upstream byte for byte
@@ -937,7 +937,7 @@ func TestChargeStreamWithoutIncludeUsage(t *testing.T) {
 	}
 }
 
-// TestChargeUsageNotSteerable (security review III, finding 3, t_charge.sh d, e, f, g): the
+// TestChargeUsageNotSteerable (t_charge.sh d, e, f, g): the
 // client's JSON reflected by the upstream cannot set its charge; a usage with a negative part is
 // charged the zone's missing amount, never less.
 func TestChargeUsageNotSteerable(t *testing.T) {
@@ -963,7 +963,7 @@ func TestChargeUsageNotSteerable(t *testing.T) {
 	}
 }
 
-// TestChargeAmountCapped (security review III, finding 6, t_charge.sh h): a usage of 2^63 − 1
+// TestChargeAmountCapped (t_charge.sh h): a usage of 2^63 − 1
 // tokens on a bucket of 100,000 refilled in 24 h is charged max_cost (the capacity): the key's
 // TTL is at most two windows (48 h), not 285,000 years, and the capping is counted.
 func TestChargeAmountCapped(t *testing.T) {
@@ -987,7 +987,7 @@ func TestChargeAmountCapped(t *testing.T) {
 	}
 }
 
-// TestChargeLateResponse (security review III, finding 2, t_holdmax.sh): a 5000-token response
+// TestChargeLateResponse (t_holdmax.sh): a 5000-token response
 // that completes after hold_max (1 s), while other requests of the client touch its bucket (and
 // so commit its hold as the 500 reserved), is charged 5000 all the same, and no settlement
 // fails for want of its hold.

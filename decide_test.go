@@ -254,7 +254,7 @@ func TestDegradedHeaderOff(t *testing.T) {
 	}
 }
 
-// TestFailLocalFloodEvictsNoOne (issue 29, finding 4; t_local_evict.sh and its control
+// TestFailLocalFloodEvictsNoOne (t_local_evict.sh and its control
 // t_local_control.sh): Caddyfile.example's zones with fail_mode local and Redis down, 64
 // buckets per zone instead of 65,536. One address spends its 3 login attempts; another sends
 // 1,000 requests with fresh X-API-Keys (40 admitted by its ip zone, the rest 429). The login

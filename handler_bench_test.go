@@ -171,7 +171,7 @@ func BenchmarkServeHTTPDenyCached(b *testing.B) {
 	runServeHTTP(b, h, false, false)
 }
 
-// BenchmarkServeHTTPLeased: 10 hot clients of a lease zone far under their limit (issue 32),
+// BenchmarkServeHTTPLeased: 10 hot clients of a lease zone far under their limit,
 // almost every request admitted from a grant with no Redis call.
 func BenchmarkServeHTTPLeased(b *testing.B) {
 	z := allowedZone("a")
@@ -192,7 +192,7 @@ func serveSerial(b *testing.B, h *Handler, clients int, wantAllowed bool) {
 }
 
 // BenchmarkServeHTTPLeaseRare: the allowed path of BenchmarkServeHTTPAllowed1Zone with a lease
-// on the zone: 10,000 clients, none hot enough for a grant (issue 32: no worse than without).
+// on the zone: 10,000 clients, none hot enough for a grant (it must cost no more than without lease).
 func BenchmarkServeHTTPLeaseRare(b *testing.B) {
 	z := allowedZone("a")
 	z.Lease = &Lease{Max: 200, TTL: caddy.Duration(250 * time.Millisecond)}

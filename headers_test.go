@@ -104,7 +104,7 @@ func ietf(t *testing.T, step string, r caddytest.Response) []sfItem {
 	return limits
 }
 
-// TestIETFFieldsEveryZone (issue 19.4): RateLimit-Policy and RateLimit carry one item per zone
+// TestIETFFieldsEveryZone: RateLimit-Policy and RateLimit carry one item per zone
 // that applied to the request, the deciding zone first, each a valid Structured Field List
 // member; the legacy headers describe the deciding zone only.
 func TestIETFFieldsEveryZone(t *testing.T) {
@@ -180,7 +180,7 @@ func TestIETFFieldsEveryZone(t *testing.T) {
 	}
 }
 
-// TestRateLimitTTokenBucket (issue 22): t is the whole seconds until the next token: after one
+// TestRateLimitTTokenBucket: t is the whole seconds until the next token: after one
 // request to a full bucket of 3 refilling 1 per 2s, 2; on every 429, the Retry-After exactly
 // (cost 1: the next token is what the request waits for), while X-RateLimit-Reset keeps meaning
 // the time until the bucket is full: 6s less the time since the first request at most (less at
@@ -228,7 +228,7 @@ func TestRateLimitTTokenBucket(t *testing.T) {
 	}
 }
 
-// TestRateLimitTSlidingWindow (issue 22): a sliding window's t is the time until its oldest
+// TestRateLimitTSlidingWindow: a sliding window's t is the time until its oldest
 // entry leaves the window, to the second, on admissions and on 429s (where it is the
 // Retry-After). Each response's t is checked against the bounds Redis's clock gives (TIME read
 // before the request is sent and after its reply: the clock the script reads, so no skew or
@@ -288,8 +288,8 @@ func TestRateLimitTSlidingWindow(t *testing.T) {
 }
 
 // TestRateLimitTCappedOnDenial: on a 429, an item of a zone that would have admitted the request
-// has its r as it is (uncharged) and a t no later than the Retry-After (issue 22: the zone whose
-// next slot was 3600s away once sent t=3600 beside Retry-After: 10).
+// has its r as it is (uncharged) and a t no later than the Retry-After (not the zone's own next
+// unit: 3600s away beside a Retry-After of 10).
 func TestRateLimitTCappedOnDenial(t *testing.T) {
 	srv := redistest.Start(t)
 	cs := caddytest.Start(t, fmt.Sprintf(`
@@ -318,7 +318,7 @@ func TestRateLimitTCappedOnDenial(t *testing.T) {
 	ietf(t, "denied by burst", r)
 }
 
-// TestSubSecondWindows (issue 22): a window under a second is advertised as the rate per
+// TestSubSecondWindows: a window under a second is advertised as the rate per
 // second over w=1 (10 per 100ms is q=100;w=1), not rounded up to 1s (q=10;w=1, a tenth of the
 // rate); t rounds up to 1.
 func TestSubSecondWindows(t *testing.T) {
@@ -379,7 +379,7 @@ const preflightExample = `rate_limit_redis {
 	}
 }`
 
-// TestMethodsCount (issue 22): every method counts, HEAD and OPTIONS included, unless a zone's
+// TestMethodsCount: every method counts, HEAD and OPTIONS included, unless a zone's
 // match leaves them out, as the example of docs/responses.md does for preflights.
 func TestMethodsCount(t *testing.T) {
 	doc, err := os.ReadFile("docs/responses.md")
@@ -418,7 +418,7 @@ func TestMethodsCount(t *testing.T) {
 	}
 }
 
-// TestJitter (issue 19.3): with jitter, a 429's Retry-After is the exact wait plus 0 to jitter
+// TestJitter: with jitter, a 429's Retry-After is the exact wait plus 0 to jitter
 // whole seconds, not constant across denials, and the placeholder carries the value sent; a
 // zone's jitter 0 turns it off; the exact wait (RateLimit's t, X-RateLimit-Reset, the deny
 // cache) is unchanged, so a client is admitted as soon as the exact wait has passed.

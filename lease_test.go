@@ -15,7 +15,7 @@ import (
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
 )
 
-// TestLeaseCaddyfile: issue 32's lease block adapts to the zone's JSON `lease`, and a lease block
+// TestLeaseCaddyfile: the lease block adapts to the zone's JSON `lease`, and a lease block
 // missing a part, or out of range, is an error naming it.
 func TestLeaseCaddyfile(t *testing.T) {
 	adapt := func(block string) (string, error) {

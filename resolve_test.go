@@ -383,7 +383,7 @@ func TestKeyPlaceholderLookedUpAsReplaceAll(t *testing.T) {
 	}
 }
 
-// TestIPPrefixKeys (issue 19.1), end to end through Caddy behind a trusted proxy: IPv6 clients
+// TestIPPrefixKeys, end to end through Caddy behind a trusted proxy: IPv6 clients
 // are keyed by their /64 by default, so addresses of one /64 share a bucket (capacity 2: 200
 // 200 429) and another /64 has its own; ipv6_prefix 128 separates addresses again; a zone's
 // prefix overrides the handler's; ipv4_prefix groups IPv4 clients (IPv4-mapped addresses
@@ -467,7 +467,7 @@ func TestIPPrefixKeys(t *testing.T) {
 	}
 }
 
-// TestNAT64Keys (issue 29, docs/security.md): behind a NAT64/SIIT translator IPv4 clients are
+// TestNAT64Keys (docs/security.md): behind a NAT64/SIIT translator IPv4 clients are
 // seen as 64:ff9b::<IPv4>. By default they all share the /64 64:ff9b::/64 (capacity 2: two
 // IPv4 clients spend it for every other). docs/security.md's two ways key them by /96+32, each
 // IPv4 client on its own, while native IPv6 clients stay keyed by /64: a map whose output every
@@ -551,7 +551,7 @@ func TestNAT64Keys(t *testing.T) {
 	}
 }
 
-// TestEmptyKeyAnonymousClient ports the security review's finding: a zone keyed on
+// TestEmptyKeyAnonymousClient: a zone keyed on
 // {http.auth.user.id} with rate_limit_redis in its default place, before basic_auth, sees every
 // request with an empty key. Under each empty_key the warning is logged at load, the requests are
 // counted in empty_key_total, and: shared — one anonymous client's requests exhaust the one
@@ -693,7 +693,7 @@ func TestEmptyKeyDenyDryRun(t *testing.T) {
 	}
 }
 
-// TestJSONClientIPShorthand ports the review's JSON config (json-clientip.json): "key":
+// TestJSONClientIPShorthand (a JSON config, json-clientip.json): "key":
 // ["{client_ip}"] is Caddyfile shorthand, which Caddy does not expand in JSON; it used to be an
 // unknown placeholder, always empty, so five clients shared one bucket (200 200 200 429 429).
 // It is now read as the Caddyfile reads it, {http.vars.client_ip}, with a warning at load: each
@@ -861,8 +861,8 @@ func TestPlanChangeWithoutReload(t *testing.T) {
 	}
 }
 
-// TestPlanHostileValues: zone numbers from a header a client could set, with the values of
-// issue 21 and more: each is a 500 whose error (what Caddy logs, shown here by handle_errors)
+// TestPlanHostileValues: zone numbers from a header a client could set, with hostile values:
+// each is a 500 whose error (what Caddy logs, shown here by handle_errors)
 // names the zone, the number, its placeholder and why, quoting at most 32 bytes of the value;
 // none reaches Redis or charges anything. An empty value takes the fallback; without one it
 // is a 500 too. In dry_run the request goes on.

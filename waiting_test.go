@@ -59,7 +59,7 @@ func shapedGet(ctx context.Context, cs *caddytest.Site, ip, key string) (status,
 	return resp.StatusCode, waited
 }
 
-// TestShapingFairShare (issue 29, finding 5; shaping_flood.py against the reproduction's S9):
+// TestShapingFairShare (shaping_flood.py against the reproduction's S9):
 // max_waiting 20, capacity 2, refill 1/s, max_wait 10s, keyed on the API key or the address.
 // One address sends 24 requests at once under two invented API keys: each key holds at most
 // its share, 2 places (a tenth), the rest of its burst is decided without waiting. Another

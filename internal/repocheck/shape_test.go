@@ -14,7 +14,7 @@ var requestPathFiles = []string{"handler.go", "resolve.go", "decide.go", "header
 	"internal/limiter/limiter.go", "internal/limiter/batcher.go", "internal/limiter/script.go", "internal/limiter/deadline.go", "internal/limiter/lease.go"}
 
 // TestRequestPathFunctionsAreShort: every function of the request path can be taken in at a
-// glance, 60 lines at most (issue 31).
+// glance, 60 lines at most.
 func TestRequestPathFunctionsAreShort(t *testing.T) {
 	t.Parallel()
 	const maxLines = 60

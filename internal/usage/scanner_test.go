@@ -34,7 +34,7 @@ var usageCases = []usageCase{
 	{"too big", false, `{"usage":{"x":"` + strings.Repeat("a", maxUsageBytes) + `","total_tokens":5}}`, -1, -1, -1},
 	{"escaped key usage", false, `{"us\u0061ge":{"total_tokens":7}}`, 7, -1, -1},
 
-	// Security review III, finding 3: reflected client data cannot set the charge.
+	// Reflected client data cannot set the charge.
 	{"reflected JSON after the usage (t_charge d)", false, `{"usage":{"total_tokens":5000},"echo":{"usage":{"total_tokens":0}}}`, 5000, -1, -1},
 	{"reflected JSON in an array", false, `{"usage":{"total_tokens":5000},"messages":[{"usage":{"total_tokens":0}}]}`, 5000, -1, -1},
 	{"a key a\"usage, nested (t_charge e)", false, `{"usage":{"total_tokens":5000},"meta":{"a\"usage":{"total_tokens":0}}}`, 5000, -1, -1},
