@@ -124,3 +124,23 @@ func TestReleaseCheck(t *testing.T) {
 		})
 	}
 }
+
+// TestReadmeFrontPage: README.md stays under 15,000 bytes, and its first screen (40 lines) names
+// the licence, links LICENSE and gives the xcaddy build of a release.
+func TestReadmeFrontPage(t *testing.T) {
+	t.Parallel()
+	b, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(b) >= 15000 {
+		t.Errorf("README.md is %d bytes, want under 15,000: move detail to docs/", len(b))
+	}
+	lines := strings.SplitN(string(b), "\n", 41)
+	first := strings.Join(lines[:min(40, len(lines))], "\n")
+	for _, want := range []string{"Apache License 2.0", "](LICENSE)", "xcaddy build --with\ngithub.com/rate-limit-redis/caddy-rate-limit-redis@v"} {
+		if !strings.Contains(first, want) {
+			t.Errorf("the first 40 lines of README.md do not contain %q", want)
+		}
+	}
+}
