@@ -11,7 +11,7 @@ LOCAL_VERSION := v0.0.0-00010101000000-000000000000
 TEST_PACKAGES := ./internal/caddytest ./internal/freeport ./internal/redistest ./internal/repocheck
 SOURCES       := $(shell find . \( -path ./bin -o -path ./bench $(patsubst %,-o -path %,$(TEST_PACKAGES)) \) -prune -o \( -name '*.go' ! -name '*_test.go' -o -name '*.lua' \) -print) go.mod go.sum
 
-.PHONY: build run test compose-check rules-check e2e fmt adapt smoke bench fuzz
+.PHONY: build run test compose-check rules-check e2e fmt adapt smoke bench fuzz release-check
 
 ## build: bin/caddy, Caddy $(CADDY_VERSION) with this module (README.md "Install" gives this recipe;
 ## TestReadmeInstall checks that they agree)
@@ -26,7 +26,8 @@ bin/caddy: $(SOURCES)
 run: bin/caddy
 	scripts/run.sh
 
-## test: gofmt check, go vet, staticcheck (a Go tool of go.mod), the alerting rules' unit tests,
+## test: gofmt check, go vet, staticcheck and actionlint on .github/workflows (Go tools of go.mod),
+## the alerting rules' unit tests,
 ## and every test with the race detector against real redis-server, the Prometheus end-to-end
 ## test (deploy/) with bin/caddy, the official OpenAI and Anthropic Node SDKs (e2e/sdk_test.go;
 ## node and npm are installed with apt-get when missing, the SDKs with npm)
@@ -37,6 +38,7 @@ test: compose-check rules-check bin/caddy
 		if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
 	go vet ./...
 	go tool staticcheck ./...
+	go tool actionlint .github/workflows/*.yml
 	CADDY_BINARY=$(CURDIR)/bin/caddy go test -race -count=1 ./...
 
 ## rules-check: promtool checks the alerting rules (deploy/prometheus) and runs their unit tests
@@ -57,6 +59,12 @@ e2e: bin/caddy
 compose-check:
 	scripts/ensure-compose.sh
 	docker-compose -f docker-compose.yml config -q
+
+## release-check: fails, naming each problem, on what would break the release of VERSION (default:
+## the newest version of CHANGELOG.md): no CHANGELOG entry for it, no LICENSE, a replace in
+## go.mod, go.mod or go.sum not tidy, docs that say it is not published (docs/releasing.md)
+release-check:
+	scripts/release-check.sh
 
 ## smoke: bin/caddy with Caddyfile.example on a throwaway Redis, checked with curl
 smoke: bin/caddy

@@ -59,10 +59,11 @@ type Charge struct {
 	// a chat completions stream (`stream_options.include_usage`), or of a Responses API
 	// `response.completed` event; `anthropic_usage`: the `usage` of Anthropic's Messages API, of
 	// a JSON body, or of a stream (input counts in `message_start`, the output count in the last
-	// `message_delta`).
+	// `message_delta`). Required.
 	Source string `json:"source,omitempty"`
 
 	// header: the response header field (or trailer) holding the amount.
+	// Required with source `header`.
 	Header string `json:"header,omitempty"`
 
 	// header: read the field as a non-negative decimal (0.000123, 1.23e-05) and charge it times
@@ -81,7 +82,7 @@ type Charge struct {
 	Usage string `json:"usage,omitempty"`
 
 	// openai_usage, anthropic_usage, instead of Usage: charge the counts weighted (see
-	// ChargeWeights), the sum rounded up.
+	// ChargeWeights), the sum rounded up. Default: none, Usage decides.
 	Weights *ChargeWeights `json:"weights,omitempty"`
 
 	// openai_usage, anthropic_usage: what a successful (2xx) response that reports no usage we

@@ -20,12 +20,12 @@ import (
 // charge, nor on the sliding window algorithms. See docs/decisions.md ("Leases").
 type Lease struct {
 	// The most tokens one grant takes: 1 to 2^53. A client is granted about 1.25 × its rate on
-	// this instance × ttl, at most this and at most half of what Redis has left.
+	// this instance × ttl, at most this and at most half of what Redis has left. Required.
 	Max int64 `json:"max,omitempty"`
 
 	// A grant's lifetime, as a duration (JSON: nanoseconds or a duration string): 10ms to 1m.
 	// Its unspent tokens go back to Redis when it ends; those of an instance that crashed count
-	// as spent 1s after it.
+	// as spent 1s after it. Required.
 	TTL caddy.Duration `json:"ttl,omitempty"`
 }
 

@@ -125,6 +125,7 @@ type Handler struct {
 	GRPCStatus *bool `json:"grpc_status,omitempty"`
 
 	// Decide and report (headers, placeholders) as usual, but never reject a request.
+	// Default: false.
 	DryRun bool `json:"dry_run,omitempty"`
 
 	// Whether denials are cached in process (the deny cache). When a zone denies a client, this
@@ -147,7 +148,7 @@ type Handler struct {
 	// Include the client key in the handler's log lines (the debug line of each denial). Client
 	// keys (IP addresses, API keys) can be personal data or credentials, so by default no log
 	// line of the handler holds one; the `{http.rate_limit_redis.key}` placeholder is there for
-	// access logs that choose to.
+	// access logs that choose to. Default: false.
 	LogKey bool `json:"log_key,omitempty"`
 
 	// A secret under which every client key is replaced, in Redis and in the deny cache, by a
@@ -162,6 +163,7 @@ type Handler struct {
 	// admin API maps the key it is given through the same secret. Changing the secret (or setting
 	// or removing it) starts every client of every zone afresh. Handlers sharing a zone's state
 	// (same Redis, key_prefix and zone name) must use the same secret.
+	// Default: none, client keys are not keyed digests.
 	KeySecret string `json:"key_secret,omitempty"`
 
 	// The prefix length, 1 to 32, to which every zone masks a key candidate that is an IPv4

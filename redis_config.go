@@ -25,12 +25,12 @@ type RedisConfig struct {
 	Addresses []string `json:"addresses,omitempty"`
 
 	// The ACL user name. Placeholders are replaced when the config loads; one that is empty then
-	// is a load error, as for every string of the redis block.
+	// is a load error, as for every string of the redis block. Default: none, Redis's `default` user.
 	Username string `json:"username,omitempty"`
 
 	// The password (of the ACL user, or of `requirepass`). Use a placeholder such as
 	// {env.REDIS_PASSWORD} to keep it out of the config; it is replaced when the config loads and
-	// never logged.
+	// never logged. Default: none, no AUTH.
 	Password string `json:"password,omitempty"`
 
 	// The database number (standalone and Sentinel only: Redis Cluster has only 0). Default: 0.
@@ -38,13 +38,15 @@ type RedisConfig struct {
 
 	// The Sentinel master name: when set, the addresses are Sentinels, which name the current
 	// primary; decisions follow a failover with no reload. Exclusive with Cluster.
+	// Default: none, no Sentinel.
 	Sentinel string `json:"sentinel,omitempty"`
 
 	// Use Redis Cluster even with a single seed address.
+	// Default: false, Redis Cluster only with more than one address and no sentinel.
 	Cluster bool `json:"cluster,omitempty"`
 
 	// Connect with TLS (to every cluster node, and to the Sentinels as well as the data nodes).
-	// The PEM files are read when the config loads.
+	// The PEM files are read when the config loads. Default: none, plain TCP.
 	TLS *TLSConfig `json:"tls,omitempty"`
 
 	// The maximum number of connections to each Redis server. Default: go-redis's, 10 per CPU.
@@ -62,15 +64,16 @@ type TLSConfig struct {
 	CA string `json:"ca,omitempty"`
 
 	// A PEM client certificate file, for servers that require client certificates.
+	// Default: none, no client certificate.
 	Cert string `json:"cert,omitempty"`
 
-	// The PEM private key file of Cert.
+	// The PEM private key file of Cert. Required with Cert.
 	Key string `json:"key,omitempty"`
 
 	// The server name to verify the certificate against. Default: the host of the address.
 	ServerName string `json:"server_name,omitempty"`
 
-	// Skip verifying the server certificate. For testing only.
+	// Skip verifying the server certificate. For testing only. Default: false.
 	InsecureSkipVerify bool `json:"insecure_skip_verify,omitempty"`
 }
 

@@ -37,7 +37,7 @@ var (
 type Zone struct {
 	// The zone's name: 1 to 64 characters of [A-Za-z0-9_.-], unique within the handler. It is part
 	// of every Redis key of the zone, so two handlers with a zone of the same name and key prefix
-	// share its state.
+	// share its state. Required.
 	Name string `json:"name,omitempty"`
 
 	// Placeholders resolved per request to find the client key; the first that is not empty wins.
@@ -73,18 +73,20 @@ type Zone struct {
 	// placeholder's value has the Caddyfile's syntax and range; one that is empty without a
 	// fallback, does not parse or is out of range rejects the request with 500 and an error
 	// naming the zone, the number and why (logged at error level); nothing is charged.
+	// Required for token_bucket; not allowed with the other algorithms.
 	Capacity Number `json:"capacity,omitzero"`
 
 	// token_bucket: tokens added per second (a float; 100 per minute is 1.6667). Must be > 0. Or
 	// a placeholder, optionally with a fallback, as for capacity: "{http.vars.plan_rate} 10"; its
 	// value is written as in the Caddyfile, tokens per second or per a duration ("100/1m").
+	// Required for token_bucket; not allowed with the other algorithms.
 	RefillRate Number `json:"refill_rate,omitzero"`
 
 	// sliding_window, fixed_window, sliding_window_counter: requests admitted per window; 1 to
 	// 1,000,000 for sliding_window (one Redis entry per request), to 2^53 for the others (one
 	// counter per client). concurrency: requests of a client in flight at once, 1 to 100,000 (one
 	// Redis entry per request in flight). Or a placeholder, optionally with a fallback, as for
-	// capacity.
+	// capacity. Required for every algorithm but token_bucket.
 	Limit Number `json:"limit,omitzero"`
 
 	// sliding_window, fixed_window, sliding_window_counter: the window length, as a duration
@@ -92,11 +94,12 @@ type Zone struct {
 	// duration are aligned to the Unix epoch (a 1h window starts on the hour, UTC). Or a
 	// placeholder, optionally with a fallback, as for capacity: "{http.vars.plan_window} 1h"; its
 	// value is a duration string ("1h", "1d").
+	// Required for sliding_window and sliding_window_counter, and for fixed_window without period.
 	Window Number `json:"window,omitzero"`
 
 	// fixed_window, instead of window: a calendar period, `hour`, `day`, `week` (from Monday) or
 	// `month`, starting at its start in `time_zone`. The count starts again at 0 when the period
-	// does; X-RateLimit-Reset and Retry-After say when.
+	// does; X-RateLimit-Reset and Retry-After say when. Default: none, the windows are of `window`.
 	Period string `json:"period,omitempty"`
 
 	// fixed_window with a period: the IANA time zone of the calendar (Europe/Paris), from Go's
@@ -136,6 +139,7 @@ type Zone struct {
 	// `fail_mode`, which is the default. When the zones of a request have different modes and
 	// Redis fails, closed wins over local, and local over open: a closed zone answers 503; else
 	// the local zones are enforced in process and the open zones let the request through.
+	// Default: the handler's fail_mode.
 	FailMode string `json:"fail_mode,omitempty"`
 
 	// The zone applies only to requests matching one of these matcher sets (as in a route's
@@ -143,27 +147,31 @@ type Zone struct {
 	MatcherSetsRaw caddyhttp.RawMatcherSets `json:"match,omitempty" caddy:"namespace=http.matchers"`
 
 	// This zone's IPv4 prefix length (1 to 32), instead of the handler's ipv4_prefix.
+	// Default: the handler's.
 	IPv4Prefix int `json:"ipv4_prefix,omitempty"`
 
 	// This zone's IPv6 prefix length (1 to 128), instead of the handler's ipv6_prefix.
+	// Default: the handler's.
 	IPv6Prefix int `json:"ipv6_prefix,omitempty"`
 
 	// This zone's Retry-After jitter, instead of the handler's: used when the zone decides a
-	// denial. 0 turns jitter off for the zone.
+	// denial. 0 turns jitter off for the zone. Default: the handler's.
 	Jitter *caddy.Duration `json:"jitter,omitempty"`
 
 	// This zone's no_retry_over, instead of the handler's: used when the zone decides a denial.
-	// 0 turns it off for the zone.
+	// 0 turns it off for the zone. Default: the handler's.
 	NoRetryOver *caddy.Duration `json:"no_retry_over,omitempty"`
 
 	// Charge after the response only the requests whose status is listed: codes (401) or
 	// classes (4xx). A request is admitted only if the zone has room for its cost, which it
 	// holds while the request runs; the others get it back (a window counter's, while the
 	// window it was charged in lasts). Every algorithm.
+	// Default: none, every admitted request is charged its cost.
 	CountStatus []string `json:"count_status,omitempty"`
 
 	// Charge what the response reports in place of the cost, which becomes a reservation
 	// (token_bucket, fixed_window and sliding_window_counter; not sliding_window). See Charge.
+	// Default: none, a request is charged its cost when admitted.
 	Charge *Charge `json:"charge,omitempty"`
 
 	// token_bucket and fixed_window: lease the tokens (window slots) of this instance's hot
@@ -197,7 +205,7 @@ type Zone struct {
 	// /rate_limit_redis/override?zone=&key=) in the same script call as the decision: a number
 	// of the client's override takes the place of the zone's (literal or placeholder), on every
 	// instance at its next decision. A zone without it reads nothing more. Not with lease,
-	// count_status or charge. See docs/admin-api.md.
+	// count_status or charge. See docs/admin-api.md. Default: false.
 	Overrides bool `json:"overrides,omitempty"`
 
 	// Make this a shadow zone: decided and charged as an enforced zone would be (a request that
@@ -205,6 +213,7 @@ type Zone struct {
 	// its denial never refuses the request and never stops the other zones: they are decided
 	// all-or-nothing as if it were absent. Its would-be denials count as dry_run_denied and are
 	// named in {http.rate_limit_redis.shadow_denied}. Not with max_wait, lease or empty_key deny.
+	// Default: false, the zone is enforced.
 	DryRun bool `json:"dry_run,omitempty"`
 
 	after *afterResponse // count_status and charge, provisioned; nil without them

@@ -10,7 +10,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 )
 
@@ -135,7 +134,7 @@ func TestReadmeListsEveryDocPage(t *testing.T) {
 // TestDocCaddyfilesFormatAndAdapt: every ```caddyfile block of README.md and docs/*.md, and
 // Caddyfile.example and deploy/Caddyfile, is as
 // `caddy fmt` writes it (caddyfile.Format, what `caddy fmt` runs, changes nothing) and adapts as
-// `caddy adapt` would, with no error and no warning, so an example copied from the manual
+// `caddy adapt` would, with no error, no warning returned and no line logged at WARN or above, so an example copied from the manual
 // parses, and `caddy run` does not warn that it is not formatted. A block that is a site's
 // contents (it does not start with a site address or the global options) is adapted indented
 // inside a site. The directive's syntax summary is not a Caddyfile: it is a ```text block.
@@ -169,12 +168,15 @@ func TestDocCaddyfilesFormatAndAdapt(t *testing.T) {
 			site.WriteString("}\n")
 			src = site.String()
 		}
-		_, warnings, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(src), map[string]any{"filename": b.Where})
+		_, warnings, logged, err := adaptLogged([]byte(src), b.Where)
 		if err != nil {
 			t.Errorf("%s: the Caddyfile example does not adapt: %v\n%s", b.Where, err, src)
 		}
 		for _, w := range warnings {
 			t.Errorf("%s: adapting the Caddyfile example warns: %s\n%s", b.Where, w, src)
+		}
+		for _, l := range logged {
+			t.Errorf("%s: adapting the Caddyfile example logs %s\n%s", b.Where, l, src)
 		}
 	}
 }
