@@ -44,12 +44,13 @@ const adminTimeout = 2 * time.Second
 //
 // key is the client key as the {http.rate_limit_redis.key} placeholder shows it, before
 // sanitising: the value of the zone's first key candidate as it is (an API key), the n-th's as
-// "<n>=value" (2=203.0.113.7). It is mapped to the Redis key as requests' keys are, through the
-// handler's key_secret when it has one. Replies are JSON arrays; errors are Caddy's admin API
-// errors, {"error": "<message>"}, with status 400 (a parameter missing, or a key of the "0="
-// form, which no candidate has),
+// "<n>=value" (2=203.0.113.7). It is mapped as requests' keys are: an IP address masked to the
+// zone's prefix (Zone.adminKey), then to the Redis key through the handler's key_secret when it
+// has one. Replies are JSON arrays; errors are Caddy's admin API errors, {"error": "<message>"},
+// with status 400 (a parameter missing, or a key no request of the zone can have: the "0=" form,
+// a candidate the zone lacks, a network wider than its prefix),
 // 404 (no loaded zone has that name), 405 (method), 502 (Redis failed) or 504 (Redis did not
-// answer within 2s).
+// answer within 2s; a change may have been made all the same).
 //
 // The zones are those of every rate_limit_redis handler loaded. The same zone name may be in
 // several handlers; handlers using the same Redis (addresses and db), key_prefix and zone name
@@ -165,9 +166,15 @@ type slotState struct {
 // clientEntry is the fields every entry of the replies about one client in one zone begins
 // with (/state, /block, /override).
 type clientEntry struct {
-	// The zone's name and the client key, as given.
+	// The zone's name, and the client key used: the key as given, mapped as a request's key is
+	// (an IP address masked to the zone's prefix: ::1 is ::/64 in a zone of ipv6_prefix 64).
 	Zone string `json:"zone"`
 	Key  string `json:"key"`
+	// The client key as given, when the mapping changed it.
+	KeyGiven string `json:"key_given,omitempty"`
+	// Why the key may not name the client meant: a first candidate's value that is an IP
+	// address, in a zone whose IP address is another candidate.
+	Warning string `json:"warning,omitempty"`
 	// Which of the zone's key candidates the key is of, counted from 1: 2 for 2=203.0.113.7.
 	Candidate int `json:"candidate"`
 	// The Redis key the entry is about (the client's state, block or override), the Redis
@@ -177,10 +184,14 @@ type clientEntry struct {
 	DB       int      `json:"db,omitempty"`
 }
 
-// entry returns the clientEntry of client key in t's zone, whose Redis key is redisKey.
-func (t target) entry(key, redisKey string) clientEntry {
-	candidate, _ := limiter.ParseCandidateKey(key)
-	return clientEntry{Zone: t.z.Name, Key: key, Candidate: candidate, RedisKey: redisKey, Redis: t.redis, DB: t.h.Redis.DB}
+// entry returns the clientEntry of t's client in t's zone, whose Redis key is redisKey.
+func (t target) entry(redisKey string) clientEntry {
+	candidate, _ := limiter.ParseCandidateKey(t.key)
+	e := clientEntry{Zone: t.z.Name, Key: t.key, Warning: t.warning, Candidate: candidate, RedisKey: redisKey, Redis: t.redis, DB: t.h.Redis.DB}
+	if t.key != t.given {
+		e.KeyGiven = t.given
+	}
+	return e
 }
 
 // broadcastResult ends the entries of the replies that change a client's state (a reset, a
@@ -208,10 +219,12 @@ type clientState struct {
 	clientEntry // redis_key: the state's
 	// token_bucket or sliding_window.
 	Algorithm string `json:"algorithm"`
-	// The zone's quota: capacity (token_bucket) or limit (sliding_window), as X-RateLimit-Limit.
+	// The quota in force: capacity (token_bucket) or limit (sliding_window), as
+	// X-RateLimit-Limit (the client's override's when it has one).
 	Limit int64 `json:"limit"`
-	// A zone whose numbers come from placeholders: the numbers the state was computed with
-	// (from the query parameters, else the fallbacks). Absent for a zone of literal numbers.
+	// The numbers the state was computed with, for a zone whose numbers come from placeholders
+	// (from the query parameters, else the fallbacks) or a client with an override (its numbers
+	// in place of the zone's). Absent otherwise.
 	Numbers *stateNumbers `json:"numbers,omitempty"`
 	// Whether Redis holds state for the client: false for a client never seen or whose state
 	// expired (a full bucket, an empty window). Reading never creates it.
@@ -237,7 +250,8 @@ type clientState struct {
 	// fixed_window: the window holding now, [start, end), in RFC 3339 (UTC).
 	WindowStart string `json:"window_start,omitempty"`
 	WindowEnd   string `json:"window_end,omitempty"`
-	// Whole tokens or window slots left now: what X-RateLimit-Remaining would say.
+	// Whole tokens or window slots left now: what X-RateLimit-Remaining would say (0 while the
+	// client is blocked).
 	Remaining int64 `json:"remaining"`
 	// Milliseconds (rounded up) until a request of cost 1 would be admitted (with max_wait,
 	// admitted and held); 0: it would be now.
@@ -258,12 +272,15 @@ type clientState struct {
 }
 
 // stateNumbers are the numbers a state was computed with, of a zone whose numbers come from
-// placeholders.
+// placeholders or of a client with an override: tokens, tokens per second, requests or slots,
+// milliseconds.
 type stateNumbers struct {
 	Capacity   int64   `json:"capacity,omitempty"`
 	RefillRate float64 `json:"refill_rate,omitempty"`
 	Limit      int64   `json:"limit,omitempty"`
 	WindowMs   int64   `json:"window_ms,omitempty"`
+	// Whether the client's override is in them.
+	Override bool `json:"override,omitempty"`
 }
 
 // resetResult is one entry of DELETE /rate_limit_redis/state.
@@ -323,9 +340,9 @@ func (a *AdminAPI) handleState(w http.ResponseWriter, r *http.Request) error {
 	ctx, cancel := context.WithTimeout(r.Context(), adminTimeout)
 	defer cancel()
 	if r.Method == http.MethodDelete {
-		return resetState(ctx, w, ts, key)
+		return resetState(ctx, w, ts)
 	}
-	return readState(ctx, w, ts, key, q)
+	return readState(ctx, w, ts, q)
 }
 
 // allowMethods returns nil when r's method is one of methods, else the 405 naming them, with
@@ -356,8 +373,9 @@ func clientQuery(w http.ResponseWriter, r *http.Request, methods []string, requi
 }
 
 // clientTargets returns the zones named zone of the live handlers, for a request about client
-// key: a 400 when the key is of the "0=" form, which no candidate has, a 404 when no loaded
-// zone has that name.
+// key, each with the key mapped as its zone maps a request's (Zone.adminKey): a 400 when the key
+// is of the "0=" form, which no candidate has, or no request of a zone can have it, a 404 when
+// no loaded zone has that name.
 func (a *AdminAPI) clientTargets(zone, key string) ([]target, error) {
 	if n, _ := limiter.ParseCandidateKey(key); n == limiter.KeyedCandidate {
 		return nil, badRequest(errors.New("key: candidates are counted from 1 (0= is no client key's): give the key as {http.rate_limit_redis.key} shows it"))
@@ -365,6 +383,13 @@ func (a *AdminAPI) clientTargets(zone, key string) ([]target, error) {
 	ts := a.registry().targets(zone)
 	if len(ts) == 0 {
 		return nil, caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("no rate_limit_redis zone named %q is loaded", zone)}
+	}
+	for i := range ts {
+		mapped, warning, err := ts[i].z.adminKey(key)
+		if err != nil {
+			return nil, badRequest(err)
+		}
+		ts[i].key, ts[i].given, ts[i].warning = mapped, key, warning
 	}
 	return ts, nil
 }
@@ -413,7 +438,7 @@ func stateZone(z *Zone, q url.Values) (*limiter.Zone, *stateNumbers, error) {
 
 // readState reads the client's state once per distinct Redis key and zone parameters. q holds
 // the numbers of zones whose numbers come from placeholders (see stateZone).
-func readState(ctx context.Context, w http.ResponseWriter, ts []target, key string, q url.Values) error {
+func readState(ctx context.Context, w http.ResponseWriter, ts []target, q url.Values) error {
 	out := []clientState{}
 	seen := make(map[string]bool)
 	for _, t := range ts {
@@ -421,7 +446,7 @@ func readState(ctx context.Context, w http.ResponseWriter, ts []target, key stri
 		if err != nil {
 			return err
 		}
-		lk := t.h.limiterKey(key)
+		lk := t.h.limiterKey(t.key)
 		id := fmt.Sprintf("%s|%s|%d|%g|%d|%d|%s|%s|%d", t.redisID, limiter.StateKey(t.h.KeyPrefix, lz, lk),
 			lz.Capacity, lz.RefillRate, lz.Limit, lz.Window, t.z.Period, t.z.TimeZone, lz.MaxWait)
 		if seen[id] {
@@ -432,8 +457,13 @@ func readState(ctx context.Context, w http.ResponseWriter, ts []target, key stri
 		if err != nil {
 			return redisError(err)
 		}
+		if !s.Override.IsZero() {
+			oz := s.Override.Apply(lz)
+			lz = &oz
+			numbers = &stateNumbers{Capacity: lz.Capacity, RefillRate: lz.RefillRate, Limit: lz.Limit, WindowMs: lz.Window.Milliseconds(), Override: true}
+		}
 		cs := clientState{
-			clientEntry: t.entry(key, s.Key), Algorithm: lz.Algorithm.String(), Limit: lz.Quota(), Numbers: numbers,
+			clientEntry: t.entry(s.Key), Algorithm: lz.Algorithm.String(), Limit: lz.Quota(), Numbers: numbers,
 			Exists: s.Exists, Remaining: s.Remaining, RetryAfterMs: ceilMs(s.RetryAfter), TTLMs: s.TTL.Milliseconds(),
 		}
 		setBlockState(&cs, lz, s.Block)
@@ -468,9 +498,9 @@ func readState(ctx context.Context, w http.ResponseWriter, ts []target, key stri
 
 // resetState deletes each distinct Redis key of the client once, and clears the cached denial
 // of every handler with the zone.
-func resetState(ctx context.Context, w http.ResponseWriter, ts []target, key string) error {
+func resetState(ctx context.Context, w http.ResponseWriter, ts []target) error {
 	out := []resetResult{}
-	err := eachClientKey(ts, key, true, limiter.StateKey, func(_ int, t target, lk string, e clientEntry) error {
+	err := eachClientKey(ts, true, limiter.StateKey, func(_ int, t target, lk string, e clientEntry) error {
 		existed, err := t.h.limiter.Reset(ctx, &t.z.lz, lk)
 		b, err := broadcastOf(err)
 		if err != nil {
@@ -485,17 +515,17 @@ func resetState(ctx context.Context, w http.ResponseWriter, ts []target, key str
 	return writeJSON(w, out)
 }
 
-// eachClientKey calls do once for each distinct Redis key of client key among ts (the key that
+// eachClientKey calls do once for each distinct Redis key of the targets' client among ts (the key that
 // redisKey names, in the target's Redis), with the first target that has it (ts[i]), the
 // client's limiter key lk and the reply's clientEntry. With forget (do changes the client's
 // state), each later target of a key clears its own handler's cached denials and grants of the
 // client: do clears them in the first target's handler only.
-func eachClientKey(ts []target, key string, forget bool, redisKey func(prefix string, z *limiter.Zone, lk string) string,
+func eachClientKey(ts []target, forget bool, redisKey func(prefix string, z *limiter.Zone, lk string) string,
 	do func(i int, t target, lk string, e clientEntry) error,
 ) error {
 	seen := make(map[string]bool)
 	for i, t := range ts {
-		lk := t.h.limiterKey(key)
+		lk := t.h.limiterKey(t.key)
 		rk := redisKey(t.h.KeyPrefix, &t.z.lz, lk)
 		id := t.redisID + "|" + rk
 		if seen[id] {
@@ -505,7 +535,7 @@ func eachClientKey(ts []target, key string, forget bool, redisKey func(prefix st
 			continue
 		}
 		seen[id] = true
-		if err := do(i, t, lk, t.entry(key, rk)); err != nil {
+		if err := do(i, t, lk, t.entry(rk)); err != nil {
 			return err
 		}
 	}
@@ -518,6 +548,9 @@ type target struct {
 	z       *Zone
 	redis   []string // the addresses of the handler's Redis client, placeholders replaced
 	redisID string   // which Redis data the handler reaches: addresses, Sentinel master, db
+	// The client key of an admin request about one client: as given, as the zone maps it
+	// (clientTargets), and the mapping's warning.
+	given, key, warning string
 }
 
 // targets returns the zones named name of r's handlers (every zone when name is ""), sorted by

@@ -53,14 +53,14 @@ func (a *AdminAPI) handleBlock(w http.ResponseWriter, r *http.Request) error {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), adminTimeout)
 	defer cancel()
-	return blockClient(ctx, w, ts, key, d)
+	return blockClient(ctx, w, ts, d)
 }
 
 // blockClient writes the block of each distinct Redis key of the client once, and clears the
 // cached denials of every handler with the zone.
-func blockClient(ctx context.Context, w http.ResponseWriter, ts []target, key string, d time.Duration) error {
+func blockClient(ctx context.Context, w http.ResponseWriter, ts []target, d time.Duration) error {
 	out := []blockResult{}
-	err := eachClientKey(ts, key, true, limiter.BlockKey, func(_ int, t target, lk string, e clientEntry) error {
+	err := eachClientKey(ts, true, limiter.BlockKey, func(_ int, t target, lk string, e clientEntry) error {
 		until, err := t.h.limiter.Block(ctx, &t.z.lz, lk, d)
 		b, err := broadcastOf(err)
 		if err != nil {

@@ -1,6 +1,7 @@
 package ratelimitredis
 
 import (
+	"slices"
 	"strconv"
 	"strings"
 
@@ -16,13 +17,20 @@ import (
 // runs: a shorthand written in JSON (expanded), an {http.auth.*} placeholder (set by
 // authentication, which the Caddyfile orders after this handler), a name of Caddy's
 // {http.request.*} namespace that Caddy does not provide. A key whose placeholders are all empty
-// gets the zone's empty_key; the warnings say so.
+// gets the zone's empty_key; the warnings say so. A zone with block and empty_key shared whose key
+// can be empty (no candidate is the client's IP) gets a warning too: one keyless client's block
+// is every keyless client's.
 func (z *Zone) checkPlaceholders(logger *zap.Logger) {
 	emptyKey := zap.String("empty_key", z.EmptyKey)
 	for i, k := range z.Key {
 		z.Key[i] = z.checkPlaceholder(logger, "key", k, emptyKey)
 	}
 	z.Cost = z.checkPlaceholder(logger, "cost", z.Cost, emptyKey)
+	if z.Block > 0 && z.EmptyKey == EmptyKeyShared && slices.ContainsFunc(z.Key, hasPlaceholder) && !slices.ContainsFunc(z.Key, ipCandidate) {
+		logger.Warn("a zone with block and empty_key shared: every request whose key placeholders are all empty shares one "+
+			"client key, so one such client's denial blocks them all; give the key a last candidate of {client_ip}, or "+
+			"empty_key skip or deny", zap.String("zone", z.Name), zap.Strings("key", z.Key))
+	}
 }
 
 // checkPlaceholder expands and checks the placeholders of value, the zone's field, and returns

@@ -4,7 +4,9 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
@@ -93,4 +95,34 @@ func orEmpty(v any) any {
 		return ""
 	}
 	return v
+}
+
+// TestBlockSharedEmptyKeyWarning: a zone with block and empty_key shared whose key can be empty
+// is warned about at load (every keyless client shares one block); a key with an IP candidate,
+// another empty_key or no block is not.
+func TestBlockSharedEmptyKeyWarning(t *testing.T) {
+	t.Parallel()
+	header, ip := "{http.request.header.X-API-Key}", "{http.vars.client_ip}"
+	for _, tc := range []struct {
+		name     string
+		key      []string
+		emptyKey string
+		block    time.Duration
+		warned   bool
+	}{
+		{"a header, shared, block", []string{header}, EmptyKeyShared, time.Minute, true},
+		{"two headers, shared, block", []string{header, "{http.request.header.X-User}"}, EmptyKeyShared, time.Minute, true},
+		{"a header, skip", []string{header}, EmptyKeySkip, time.Minute, false},
+		{"a header, deny", []string{header}, EmptyKeyDeny, time.Minute, false},
+		{"a header, then the IP", []string{header, ip}, EmptyKeyShared, time.Minute, false},
+		{"the remote host", []string{"{http.request.remote.host}"}, EmptyKeyShared, time.Minute, false},
+		{"no block", []string{header}, EmptyKeyShared, 0, false},
+	} {
+		core, logs := observer.New(zapcore.WarnLevel)
+		z := &Zone{Name: "b", Key: tc.key, Cost: "1", EmptyKey: tc.emptyKey, Block: caddy.Duration(tc.block)}
+		z.checkPlaceholders(zap.New(core))
+		if got := logs.FilterMessageSnippet("a zone with block and empty_key shared").Len(); got != map[bool]int{true: 1}[tc.warned] {
+			t.Errorf("%s: %d warnings, want warned=%v: %v", tc.name, got, tc.warned, logs.All())
+		}
+	}
 }

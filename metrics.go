@@ -111,7 +111,7 @@ func initMetrics() {
 			Help: "Requests denied from the in-process deny cache, without a Redis call.",
 		}))
 		m.decisions = newCounterVec("decisions_total",
-			"Rate limit decisions by zone and result: allowed, delayed, denied, blocked, dry_run_denied, fail_open, fail_closed, local, local_denied (blocked: refused by the zone's penalty box, started by an earlier denial). An admitted request counts in every zone that applied, a denied one in the denying zone only.",
+			"Rate limit decisions by zone and result: allowed, delayed, denied, blocked, dry_run_denied, fail_open, fail_closed, local, local_denied (blocked: refused by the zone's penalty box, started by an earlier denial; dry_run_denied: a lower bound while an enforced zone denies, since a request refused from the deny cache decides no shadow zone). An admitted request counts in every zone that applied, a denied one in the denying zone only.",
 			"zone", "result")
 		m.redisDuration = collect(prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: namespace, Subsystem: subsystem, Name: "redis_duration_seconds",

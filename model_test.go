@@ -17,6 +17,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/caddytest"
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/limiter"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/usage"
 )
@@ -74,8 +75,9 @@ func modelSite(redisAddr, upstream string) string {
 // TestModelPlaceholder: {http.rate_limit_redis.request.model} holds the model of the request's
 // JSON body: a zone keyed on the user and the model gives each pair its own budget (sized here
 // by a map of the model), a matcher can select a model, and the upstream gets the body as it
-// came. A body that is not JSON, too large or names no model has an empty model: a key with
-// other parts still has them, and a key of the model alone is empty (empty_key deny: 403).
+// came. A body that is not JSON or is too large has the unreadable model, whose budget is the
+// map's default. A body that names no model has an empty model: a key with other parts still has
+// them, and a key of the model alone is empty (empty_key deny: 403).
 func TestModelPlaceholder(t *testing.T) {
 	srv := redistest.Start(t)
 	var echoed []string // the bodies and X-Model the upstream received
@@ -114,7 +116,7 @@ func TestModelPlaceholder(t *testing.T) {
 		{"alice, gpt-4o: capacity 3 (the map)", "/llm/chat", "alice", gpt, "200 200 200 429"},
 		{"alice, another model: its own budget of 2", "/llm/chat", "alice", claude, "200 200 429"},
 		{"bob, gpt-4o: his own", "/llm/chat", "bob", gpt, "200 200 200 429"},
-		{"alice, not JSON: the model is empty, the key alice:", "/llm/chat", "alice", `model=gpt-4o`, "200 200 429"},
+		{"alice, not JSON: the model is unreadable, the map's default", "/llm/chat", "alice", `model=gpt-4o`, "200 200 429"},
 		{"alice, over 1 MiB: alike", "/llm/chat", "alice", `{"model":"gpt-4o","pad":"` + strings.Repeat(" ", usage.MaxRequestBody) + `"}`, "429"},
 		{"a matcher of gpt-4o", "/m/x", "carol", gpt, "200 429"},
 		{"the matcher, another model", "/m/x", "carol", claude, "200 200 200"},
@@ -125,7 +127,8 @@ func TestModelPlaceholder(t *testing.T) {
 			t.Fatalf("%s: %s, want %s", tc.step, got, tc.want)
 		}
 	}
-	for _, k := range []string{"rl:{alice:gpt-4o}:permodel:tb", "rl:{alice:claude-sonnet-4-5}:permodel:tb", "rl:{alice:}:permodel:tb", "rl:{gpt-4o}:modelonly:tb"} {
+	unreadable := limiter.StateKey("rl:", tbZone("permodel"), "alice:"+usage.UnreadableModel)
+	for _, k := range []string{"rl:{alice:gpt-4o}:permodel:tb", "rl:{alice:claude-sonnet-4-5}:permodel:tb", unreadable, "rl:{gpt-4o}:modelonly:tb"} {
 		if srv.Do("EXISTS", k).(int64) != 1 {
 			t.Errorf("no state %s: %v", k, srv.Keys(t))
 		}
@@ -206,3 +209,62 @@ func (b *countingBody) Read(p []byte) (int, error) {
 }
 
 func (*countingBody) Close() error { return nil }
+
+// TestModelBudgetCannotBeSplit: a budget per user and model cannot be split by how the body is
+// sent. The same model sent without a Content-Type, or as text/plain, is charged to the same
+// budget; a body whose model upstreams may read differently ("Model" beside "model", bytes after
+// the object) is charged to the unreadable model's budget, the map's default, never to the
+// budget of the model it names.
+func TestModelBudgetCannotBeSplit(t *testing.T) {
+	srv := redistest.Start(t)
+	cs := caddytest.Start(t, fmt.Sprintf(`
+	map {http.rate_limit_redis.request.model} {model_capacity} {
+		small 5
+		default 2
+	}
+	rate_limit_redis {
+		redis {
+			address %s
+		}
+		key {http.request.header.X-User}:{http.rate_limit_redis.request.model}
+		capacity {model_capacity} 1
+		refill_rate 1/1h
+	}
+	respond "model={http.rate_limit_redis.request.model}"`, srv.Addr))
+	post := func(step, ct, body string, status int, model, limit string, hdr ...string) {
+		t.Helper()
+		req, err := http.NewRequest(http.MethodPost, cs.Base+"/v1/chat/completions", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("X-User", "alice")
+		if ct != "" {
+			req.Header.Set("Content-Type", ct)
+		}
+		resp, err := caddytest.Client(10 * time.Second).Do(req)
+		if err != nil {
+			t.Fatalf("%s: %v", step, err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		want := ""
+		if status == 200 {
+			want = "model=" + model
+		}
+		caddytest.Response{Status: resp.StatusCode, Header: resp.Header, Body: string(b)}.Expect(t, step, status, want, append([]string{"X-RateLimit-Limit", limit}, hdr...)...)
+	}
+	big := `{"model":"big","messages":[]}`
+	post("big, JSON", "application/json", big, 200, "big", "2")
+	post("big, no Content-Type", "", big, 200, "big", "2")
+	post("big, text/plain: the same budget, spent", "text/plain", big, 429, "big", "2")
+	post("big, a form type: the same", "application/x-www-form-urlencoded", big, 429, "big", "2")
+
+	for i, body := range []string{`{"model":"small","Model":"big"}`, `{"MODEL":"big","model":"small"}`, `{"model":"small"} x`} {
+		status := 200
+		if i == 2 {
+			status = 429
+		}
+		post("ambiguous "+body, "application/json", body, status, usage.UnreadableModel, "2")
+	}
+	post("small, JSON: its own budget, untouched", "application/json", `{"model":"small"}`, 200, "small", "5", "X-RateLimit-Remaining", "4")
+}

@@ -36,9 +36,10 @@ type overrideBody struct {
 	Limit      Number `json:"limit"`
 	Window     Number `json:"window"`
 	MaxCost    Number `json:"max_cost"`
-	// How long the override lasts (a duration string, or nanoseconds); absent: until it is
-	// deleted.
-	ExpiresIn caddy.Duration `json:"expires_in"`
+	// How long the override lasts (a duration string, or nanoseconds), 1ms to 366d; absent:
+	// until it is deleted. Kept as written, for the errors; readOverrideBody parses it.
+	ExpiresIn json.RawMessage `json:"expires_in"`
+	expiresIn time.Duration
 }
 
 // number returns the body's number f.
@@ -103,15 +104,15 @@ func (a *AdminAPI) handleOverride(w http.ResponseWriter, r *http.Request) error 
 	ctx, cancel := context.WithTimeout(r.Context(), adminTimeout)
 	defer cancel()
 	out := []overrideState{}
-	err = eachClientKey(ts, key, r.Method != http.MethodGet, limiter.OverrideKey, func(i int, t target, lk string, e clientEntry) error {
+	err = eachClientKey(ts, r.Method != http.MethodGet, limiter.OverrideKey, func(i int, t target, lk string, e clientEntry) error {
 		st := overrideState{clientEntry: e}
 		var err error
 		switch r.Method {
 		case http.MethodPut:
-			err = t.h.limiter.SetOverride(ctx, &t.z.lz, lk, overrides[i], time.Duration(body.ExpiresIn))
+			err = t.h.limiter.SetOverride(ctx, &t.z.lz, lk, overrides[i], body.expiresIn)
 			if err == nil || errors.Is(err, limiter.ErrNotBroadcast) {
 				st.Exists = true
-				st.set(overrides[i], time.Duration(body.ExpiresIn))
+				st.set(overrides[i], body.expiresIn)
 			}
 		case http.MethodDelete:
 			st.Exists, err = t.h.limiter.DeleteOverride(ctx, &t.z.lz, lk)
@@ -164,12 +165,20 @@ func readOverrideBody(r *http.Request, body *overrideBody) error {
 	if dec.More() {
 		return errors.New("the body must be one JSON object")
 	}
-	switch {
-	case body.ExpiresIn < 0:
-		return fmt.Errorf("expires_in %s must be > 0 (leave it out for an override that lasts until it is deleted)", time.Duration(body.ExpiresIn))
-	case time.Duration(body.ExpiresIn) > maxOverrideTTL:
-		return fmt.Errorf("expires_in %s is out of range (at most %s)", time.Duration(body.ExpiresIn), formatDuration(maxOverrideTTL))
+	if body.ExpiresIn == nil {
+		return nil
 	}
+	var d caddy.Duration
+	if err := d.UnmarshalJSON(body.ExpiresIn); err != nil {
+		return fmt.Errorf("expires_in %s: %w", body.ExpiresIn, err)
+	}
+	switch {
+	case time.Duration(d) < time.Millisecond:
+		return fmt.Errorf("expires_in %s must be at least 1ms (leave it out for an override that lasts until it is deleted)", body.ExpiresIn)
+	case time.Duration(d) > maxOverrideTTL:
+		return fmt.Errorf("expires_in %s is out of range (at most %s)", body.ExpiresIn, formatDuration(maxOverrideTTL))
+	}
+	body.expiresIn = time.Duration(d)
 	return nil
 }
 

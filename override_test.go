@@ -180,7 +180,12 @@ func TestOverrideBadBody(t *testing.T) {
 		{"zone=api&key=a", `{"capacity": "{http.vars.plan}"}`, "zone api: capacity: an override is a number, not a placeholder"},
 		{"zone=api&key=a", `{"capacity": 5, "burst": 1}`, `unknown field "burst"`},
 		{"zone=api&key=a", `{}`, "zone api: an override sets at least one of the zone's numbers"},
-		{"zone=api&key=a", `{"capacity": 5, "expires_in": "-1s"}`, "expires_in -1s must be > 0"},
+		{"zone=api&key=a", `{"capacity": 5, "expires_in": "-1s"}`, `expires_in "-1s" must be at least 1ms`},
+		{"zone=api&key=a", `{"capacity": 5, "expires_in": "0s"}`, `expires_in "0s" must be at least 1ms`},
+		{"zone=api&key=a", `{"capacity": 5, "expires_in": 0}`, "expires_in 0 must be at least 1ms"},
+		{"zone=api&key=a", `{"capacity": 5, "expires_in": 1}`, "expires_in 1 must be at least 1ms"},
+		{"zone=api&key=a", `{"capacity": 5, "expires_in": "1us"}`, `expires_in "1us" must be at least 1ms`},
+		{"zone=api&key=a", `{"capacity": 5, "expires_in": "400d"}`, `expires_in "400d" is out of range (at most 366d)`},
 		{"zone=plain&key=a", `{"capacity": 5}`, "zone plain has no overrides"},
 	} {
 		code, body := adminOverride(t, admins[0], http.MethodPut, c.query, c.body)

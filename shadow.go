@@ -54,13 +54,17 @@ func (h *Handler) countShadow(reqs []limiter.Request) {
 }
 
 // shadowUnresolved reports whether the resolve error err of zone z leaves z out of the request
-// rather than refusing it: z is a shadow zone, which never refuses. It is logged as the refusal
-// would have been (error level: the configuration or what feeds its placeholders is wrong).
+// rather than refusing it: z is a shadow zone, which never refuses. It is logged at error level
+// (the configuration or what feeds its placeholders is wrong), at most once a minute per zone:
+// every request may have it.
 func (h *Handler) shadowUnresolved(z *Zone, err error) bool {
 	if !z.DryRun {
 		return false
 	}
-	if c := h.logger.Check(zapcore.ErrorLevel, "shadow zone left out of the request"); c != nil {
+	if !onceAMinute(z.shadowLogged) {
+		return true
+	}
+	if c := h.logger.Check(zapcore.ErrorLevel, "shadow zone left out of the request (logged at most once a minute per zone)"); c != nil {
 		c.Write(zap.String("zone", z.Name), zap.Error(err))
 	}
 	return true

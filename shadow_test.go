@@ -3,10 +3,15 @@ package ratelimitredis
 import (
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -149,5 +154,37 @@ func TestCaddyfileOverridesAndDryRun(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%q: %v, want %q", c.block, err, c.want)
 		}
+	}
+}
+
+// TestShadowZoneLeftOutLoggedOnceAMinute: a shadow zone whose number cannot be resolved is left
+// out of every request, and that is logged once a minute per zone, not once per request.
+func TestShadowZoneLeftOutLoggedOnceAMinute(t *testing.T) {
+	srv := redistest.Start(t)
+	key := []string{"{http.request.header.X-API-Key}"}
+	h := provisioned(t, &Handler{Redis: &RedisConfig{Addresses: []string{srv.Addr}}, Zones: []*Zone{
+		{Name: "api", Key: key, Capacity: NumberOf(100), RefillRate: NumberOf(1)},
+		{Name: "trial", Key: key, Capacity: NumberText("{http.request.header.X-Trial-Capacity}"), RefillRate: NumberOf(1), DryRun: true},
+	}})
+	core, logs := observer.New(zapcore.ErrorLevel)
+	h.logger = zap.New(core)
+	send := func(n int) {
+		t.Helper()
+		for range n {
+			r := httptest.NewRequest(http.MethodGet, "/", nil)
+			r.Header.Set("X-API-Key", "alice")
+			if w, err, next := serve(h, r); err != nil || !next || w.Code != http.StatusOK {
+				t.Fatalf("request: %d %v, next called %v: want the next handler", w.Code, err, next)
+			}
+		}
+	}
+	send(20)
+	if n := logs.FilterMessageSnippet("shadow zone left out").Len(); n != 1 {
+		t.Fatalf("%d log lines for 20 requests, want 1", n)
+	}
+	h.Zones[1].shadowLogged.Add(-int64(time.Minute)) // as if a minute had passed
+	send(5)
+	if n := logs.FilterMessageSnippet("shadow zone left out").Len(); n != 2 {
+		t.Fatalf("%d log lines a minute later, want 2", n)
 	}
 }

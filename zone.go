@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -243,6 +244,9 @@ type Zone struct {
 	// for them: model.go.
 	usesModel     bool
 	modelMatchers caddyhttp.MatcherSets
+	// shadowLogged is when a request last left this shadow zone out (Unix ns): logged at most
+	// once a minute (shadowUnresolved).
+	shadowLogged *atomic.Int64
 
 	// Formatted once for the hot path: the quota (X-RateLimit-Limit), the quoted name and the
 	// RateLimit-Policy value, and the errors of a denial.
@@ -251,6 +255,7 @@ type Zone struct {
 }
 
 func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger) error {
+	z.shadowLogged = new(atomic.Int64)
 	if len(z.Key) == 0 {
 		z.Key = []string{DefaultKey}
 	}

@@ -54,7 +54,7 @@ type State struct {
 	// WindowStart and WindowEnd (fixed window only) are the window holding Now: [start, end).
 	WindowStart, WindowEnd time.Time
 	// Remaining is the whole tokens or window slots a request could take at Now: what
-	// X-RateLimit-Remaining would say before the request.
+	// X-RateLimit-Remaining would say before the request. 0 while the client is blocked.
 	Remaining int64
 	// RetryAfter is how long from Now until a request of cost 1 would be admitted: 0 when it
 	// would be admitted now. With a MaxWait, admitted includes admitted and held.
@@ -70,11 +70,15 @@ type State struct {
 	// Block (a zone with a Block only) is the client's penalty box: a block in force at Now, the
 	// last block remembered and its strikes. RetryAfter is then at least the time until Until.
 	Block BlockState
+	// Override (a zone with Overrides only) is the client's override, zero when it has none.
+	// The state is computed with the numbers in force, Override.Apply(z), as decisions use them.
+	Override Override
 }
 
 // State reads the client's state in zone z (z as passed to Decide; clientKey raw, as the
 // handler resolved it: it is sanitised with ClientKey) without changing it: no key is created,
-// nothing expires sooner or later. The key is read in one MULTI/EXEC transaction, after the
+// nothing expires sooner or later. A zone with Overrides reads the client's override first, and
+// computes the state with its numbers. The state's key is read in one MULTI/EXEC transaction, after the
 // time is taken (Redis TIME, unless the Limiter has its own clock), so the state is consistent.
 //
 // The error wraps the Redis or network error (context.DeadlineExceeded when ctx expires first), or
@@ -88,6 +92,16 @@ func (l *Limiter) State(ctx context.Context, z *Zone, clientKey string) (State, 
 		return State{}, fmt.Errorf("redis TIME: %w", err)
 	}
 	now := s.Now.UnixMicro()
+	if z.Overrides {
+		o, _, found, err := l.GetOverride(ctx, z, clientKey)
+		if err != nil {
+			return State{}, err
+		}
+		if found {
+			oz := o.Apply(z)
+			z, s.Override = &oz, o
+		}
+	}
 	switch z.Algorithm {
 	case SlidingWindow:
 		err = l.windowState(ctx, z, now, &s)
@@ -103,6 +117,9 @@ func (l *Limiter) State(ctx context.Context, z *Zone, clientKey string) (State, 
 	}
 	if err != nil {
 		return State{}, err
+	}
+	if !s.Block.Until.IsZero() {
+		s.Remaining = 0 // a blocked client's requests are refused, as X-RateLimit-Remaining says
 	}
 	return s, nil
 }

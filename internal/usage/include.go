@@ -17,7 +17,8 @@ const MaxIncludeUsageBody = MaxRequestBody
 // "stream_options": {"include_usage": true}, it sets that, so the stream ends with a chunk
 // carrying the usage (`"choices": []`), which a Scanner reads. Anything else (not a POST of
 // JSON, a compressed body, a body over MaxIncludeUsageBody, one that does not parse, another
-// API) goes on byte for byte as it came. It reads the body as readBody does (once per request,
+// API) goes on byte for byte as it came. The Content-Type is not looked at, as Model does not
+// look at it. It reads the body as readBody does (once per request,
 // with Model) before the request goes on: r.Body, r.GetBody and, when the body changed,
 // r.ContentLength and any Content-Length field are set to what the upstream is to receive;
 // closing r.Body closes the body that came.

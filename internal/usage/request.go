@@ -4,16 +4,22 @@ import (
 	"bytes"
 	"encoding/json"
 	"io"
-	"mime"
 	"net/http"
+	"strings"
 )
 
 // MaxRequestBody bounds the request body the readers of a request (IncludeUsage, Model) read,
 // in bytes: 1 MiB, a text chat of over 200,000 tokens. A larger body goes on unchanged, unread.
 const MaxRequestBody = 1 << 20
 
-// MaxModelBytes bounds the model Model reads, in bytes: a longer "model" reads as none.
+// MaxModelBytes bounds the model Model reads, in bytes: a longer "model" reads as
+// UnreadableModel.
 const MaxModelBytes = 256
+
+// UnreadableModel is Model's answer for a body whose model cannot be known as every upstream
+// reads it. A model name cannot be it: it begins with "?", which no model name does. A map of
+// the model sends it to its default.
+const UnreadableModel = "?unreadable"
 
 // bufferedBody is a request body that readBody has read into memory: data, replayed to whoever
 // reads the request next; closing it closes the body that came.
@@ -31,9 +37,9 @@ type unreadBody struct {
 	io.Closer
 }
 
-// readBody returns r's body, read into memory, when it is one the request readers read: JSON
-// (Content-Type application/json, or any +json type), not compressed (no Content-Encoding), of
-// at most MaxRequestBody bytes; nil otherwise. The body goes on byte for byte as it came: r.Body
+// readBody returns r's body, read into memory, when it is one the request readers read: not
+// compressed (no Content-Encoding), of at most MaxRequestBody bytes, whatever its Content-Type
+// (FastAPI and Go servers read a JSON body sent with none, or with text/plain); nil otherwise. The body goes on byte for byte as it came: r.Body
 // (and r.GetBody, when it was read whole) replay it. A request's body is read at most once: a
 // second call gives the same bytes, or nil, without reading. Reading waits for the client to
 // send the body (within the server's read timeouts).
@@ -48,10 +54,6 @@ func readBody(r *http.Request) *bufferedBody {
 		return nil
 	}
 	if r.Body == nil || r.Body == http.NoBody || r.Header.Get("Content-Encoding") != "" || r.ContentLength > MaxRequestBody {
-		return nil
-	}
-	mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
-	if err != nil || mt != "application/json" && !(len(mt) > 5 && mt[len(mt)-5:] == "+json") {
 		return nil
 	}
 	body := r.Body
@@ -77,6 +79,8 @@ func setBody(r *http.Request, data []byte, c io.Closer, parsed *requestFields) *
 type requestFields struct {
 	object   bool            // the body is one JSON object, and nothing after it
 	model    string          // "model" when it is a string of at most MaxModelBytes, else ""
+	badModel bool            // the last "model" is not such a string
+	folded   bool            // a name equal to "model" under case folding ("Model") is given
 	stream   bool            // "stream" read as an upstream reads it: streamValue
 	messages bool            // "messages" is present
 	opts     json.RawMessage // "stream_options"
@@ -112,9 +116,11 @@ func parseRequest(body []byte) requestFields {
 		}
 		switch key {
 		case "model":
-			f.model = ""
-			if s := ""; json.Unmarshal(v, &s) == nil && len(s) <= MaxModelBytes {
+			f.model, f.badModel = "", false
+			if s := ""; v[0] == '"' && json.Unmarshal(v, &s) == nil && len(s) <= MaxModelBytes {
 				f.model = s
+			} else {
+				f.badModel = true
 			}
 		case "stream":
 			f.stream = streamValue(v)
@@ -122,6 +128,10 @@ func parseRequest(body []byte) requestFields {
 			f.messages = true
 		case "stream_options":
 			f.opts, f.optsEnd = v, dec.InputOffset()
+		default:
+			if strings.EqualFold(key, "model") {
+				f.folded = true // Go's encoding/json reads "Model" as "model"; pydantic does not
+			}
 		}
 	}
 	if t, err := dec.Token(); err != nil || t != json.Delim('}') {
@@ -135,14 +145,27 @@ func parseRequest(body []byte) requestFields {
 }
 
 // Model returns the "model" of r's body, as an OpenAI-compatible or Anthropic upstream reads it
-// (the last one given): "" when the body is not one readBody reads (not JSON, compressed, over
-// MaxRequestBody), is not one JSON object, has no "model", or one that is not a string or is
-// longer than MaxModelBytes. It reads the body as readBody does: once per request, passing it
-// on unchanged.
+// (the last one given), whatever the body's Content-Type: "" when r's body is empty or its JSON
+// object has no "model". It is UnreadableModel when upstreams may read another model or none:
+// a body that readBody does not read (compressed, over MaxRequestBody, its reading failed),
+// that is not one JSON object with nothing after it, whose "model" is not a string or is longer
+// than MaxModelBytes, or that has a member whose name is "model" under case folding ("Model",
+// which Go servers read as the model). It reads the body as readBody does: once per request,
+// passing it on unchanged.
 func Model(r *http.Request) string {
-	b := readBody(r)
-	if b == nil {
+	if r.Body == nil || r.Body == http.NoBody {
 		return ""
 	}
-	return b.parse().model
+	b := readBody(r)
+	if b == nil {
+		return UnreadableModel
+	}
+	if len(b.data) == 0 {
+		return ""
+	}
+	f := b.parse()
+	if !f.object || f.badModel || f.folded {
+		return UnreadableModel
+	}
+	return f.model
 }

@@ -20,9 +20,10 @@ func jsonRequest(method, ct, body string) *http.Request {
 	return r
 }
 
-// TestModel: the "model" of a JSON body, the last one given, as the upstream reads it; none
-// for a body that is not one JSON object, another content type, a compressed body, one over
-// 1 MiB, a model that is not a string or is longer than 256 bytes.
+// TestModel: the "model" of a JSON body, the last one given, as the upstream reads it, whatever
+// the Content-Type; none for a body without one; UnreadableModel for a body that is not one
+// JSON object, a compressed body, one over 1 MiB, a model that is not a string or is longer
+// than 256 bytes, and a name equal to "model" under case folding.
 func TestModel(t *testing.T) {
 	t.Parallel()
 	long := strings.Repeat("m", MaxModelBytes)
@@ -35,17 +36,28 @@ func TestModel(t *testing.T) {
 		{"a +json type", "application/vnd.api+json", `{"model":"m"}`, "m", false},
 		{"escaped", "application/json", `{"mod\u0065l":"gpt-\u0034o"}`, "gpt-4o", false},
 		{"the last of two", "application/json", `{"model":"a","model":"b"}`, "b", false},
-		{"a string, then not", "application/json", `{"model":"a","model":1}`, "", false},
+		{"a string, then not", "application/json", `{"model":"a","model":1}`, UnreadableModel, false},
+		{"not a string, then one", "application/json", `{"model":1,"model":"a"}`, "a", false},
+		{"null", "application/json", `{"model":null}`, UnreadableModel, false},
+		{"no model", "application/json", `{"messages":[]}`, "", false},
 		{"nested only", "application/json", `{"messages":[{"model":"a"}],"meta":{"model":"b"}}`, "", false},
+		{"Model beside model", "application/json", `{"model":"small","Model":"big"}`, UnreadableModel, false},
+		{"MODEL before model", "application/json", `{"MODEL":"big","model":"small"}`, UnreadableModel, false},
+		{"Model alone", "application/json", `{"Model":"big"}`, UnreadableModel, false},
+		{"modelx is another name", "application/json", `{"model":"a","modelx":"b","Models":"c"}`, "a", false},
 		{"256 bytes", "application/json", `{"model":"` + long + `"}`, long, false},
-		{"257 bytes", "application/json", `{"model":"` + long + `m"}`, "", false},
-		{"not JSON", "application/json", `{"model":"a"`, "", false},
-		{"more after the object", "application/json", `{"model":"a"} {}`, "", false},
-		{"an array", "application/json", `[{"model":"a"}]`, "", false},
-		{"text", "text/plain", `{"model":"a"}`, "", false},
-		{"no content type", "", `{"model":"a"}`, "", false},
-		{"compressed", "application/json", `{"model":"a"}`, "", true},
-		{"over 1 MiB", "application/json", `{"model":"a","pad":"` + strings.Repeat(" ", MaxRequestBody) + `"}`, "", false},
+		{"257 bytes", "application/json", `{"model":"` + long + `m"}`, UnreadableModel, false},
+		{"not JSON", "application/json", `{"model":"a"`, UnreadableModel, false},
+		{"more after the object", "application/json", `{"model":"a"} {}`, UnreadableModel, false},
+		{"bytes after the object", "application/json", `{"model":"a"} x`, UnreadableModel, false},
+		{"an array", "application/json", `[{"model":"a"}]`, UnreadableModel, false},
+		{"text", "text/plain", `{"model":"a"}`, "a", false},
+		{"no content type", "", `{"model":"a"}`, "a", false},
+		{"a form type", "application/x-www-form-urlencoded", `{"model":"a"}`, "a", false},
+		{"a form", "application/x-www-form-urlencoded", `model=a`, UnreadableModel, false},
+		{"compressed", "application/json", `{"model":"a"}`, UnreadableModel, true},
+		{"over 1 MiB", "application/json", `{"model":"a","pad":"` + strings.Repeat(" ", MaxRequestBody) + `"}`, UnreadableModel, false},
+		{"no body", "", "", "", false},
 	} {
 		r := jsonRequest(http.MethodPost, tc.ct, tc.body)
 		if tc.encoded {
@@ -128,7 +140,7 @@ func TestBodyReadOnce(t *testing.T) {
 	cb := &countingBody{Reader: strings.NewReader(big)}
 	r := jsonRequest(http.MethodPost, "application/json", "")
 	r.Body, r.ContentLength = cb, -1 // chunked: the size is known once read
-	if Model(r) != "" {
+	if Model(r) != UnreadableModel {
 		t.Fatal("a body over the bound has a model")
 	}
 	reads := cb.reads
@@ -155,13 +167,13 @@ func (b *failingBody) Read(p []byte) (int, error) {
 
 func (*failingBody) Close() error { return nil }
 
-// TestBodyReadFails: a body whose reading fails has no model, and the upstream's read gets
+// TestBodyReadFails: a body whose reading fails has the unreadable model, and the upstream's read gets
 // what was read, then the same error.
 func TestBodyReadFails(t *testing.T) {
 	t.Parallel()
 	r := jsonRequest(http.MethodPost, "application/json", "")
 	r.Body, r.ContentLength = &failingBody{}, -1
-	if m := Model(r); m != "" {
+	if m := Model(r); m != UnreadableModel {
 		t.Fatalf("model %q", m)
 	}
 	sent, err := io.ReadAll(r.Body)
@@ -207,23 +219,37 @@ func TestIncludeUsage(t *testing.T) {
 }
 
 // FuzzModel: for any body, Model reads what encoding/json finds as the last top-level "model"
-// of a body that is one JSON object (when a string of at most MaxModelBytes), and the body goes
-// on byte for byte.
+// of a body that is one JSON object, when that is a string of at most MaxModelBytes and no other
+// top-level name equals "model" under case folding; "" when it has no "model";
+// UnreadableModel for any other body. The body goes on byte for byte.
 func FuzzModel(f *testing.F) {
-	for _, b := range []string{`{"model":"gpt-4o","messages":[]}`, `{"model":"a","model":"b"}`, `{"mod\u0065l":"x"}`, `{"model":1}`, `[{"model":"a"}]`, `{"model":"a"} x`, `{"model":"\ud800"}`} {
+	for _, b := range []string{`{"model":"gpt-4o","messages":[]}`, `{"model":"a","model":"b"}`, `{"mod\u0065l":"x"}`, `{"model":1}`,
+		`[{"model":"a"}]`, `{"model":"a"} x`, `{"model":"\ud800"}`, `{"model":"a","Model":"b"}`, `{"MODEL":"b"}`, `{"mOdEl":"b","model":"a"}`,
+		`{"model":null}`, `{}`, `model=a`, ``} {
 		f.Add([]byte(b))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
-		r := jsonRequest(http.MethodPost, "application/json", string(body))
+		r := jsonRequest(http.MethodPost, "text/plain", string(body))
 		got := Model(r)
 		if sent, _ := io.ReadAll(r.Body); !bytes.Equal(sent, body) {
 			t.Fatalf("the body went on changed: %q", sent)
 		}
-		want := ""
+		want := UnreadableModel
 		var m map[string]json.RawMessage
-		if json.Unmarshal(body, &m) == nil && m != nil {
+		if len(body) == 0 {
+			want = ""
+		} else if json.Unmarshal(body, &m) == nil && m != nil {
 			var s string
-			if json.Unmarshal(m["model"], &s) == nil && len(s) <= MaxModelBytes {
+			raw, ok := m["model"]
+			folded := false
+			for name := range m {
+				folded = folded || name != "model" && strings.EqualFold(name, "model")
+			}
+			switch {
+			case folded:
+			case !ok:
+				want = ""
+			case raw[0] == '"' && json.Unmarshal(raw, &s) == nil && len(s) <= MaxModelBytes:
 				want = s
 			}
 		}
