@@ -362,8 +362,8 @@ func (l *Limiter) renewGrant(r Request) {
 	ctx := withDeadline(context.Background(), time.Now().Add(min(l.callTime, r.Zone.Lease.TTL)))
 	sub := []Request{r}
 	keys := stateKeys(l.prefix, sub)
-	args := l.scriptArgs(sub, false, sent)
-	allowed, zones, err := l.allowOne(ctx, sub, withRecords(keys, sub, args, false), args, nil)
+	ckeys, args := l.encodeDecision(sub, keys, false, sent)
+	allowed, zones, err := l.allowOne(ctx, sub, ckeys, args, nil)
 	t.mu.Lock()
 	a := t.answered(k)
 	if err != nil || !allowed {
@@ -528,8 +528,7 @@ func (l *Limiter) decideLeased(ctx context.Context, reqs, sub []Request, keys []
 		}
 		return allowed, zones, held, slotErr, err
 	}
-	args := l.scriptArgs(sub, false, sent)
-	ckeys := withRecords(keys, sub, args, false)
+	ckeys, args := l.encodeDecision(sub, keys, false, sent)
 	allowed, zones, err = l.allowOne(ctx, sub, ckeys, args, nil)
 	if err != nil {
 		l.lose(sub, ckeys, args) // a concurrency zone's slot may have been taken: given back by Refresh
