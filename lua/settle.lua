@@ -127,7 +127,7 @@ end
 for i = 1, n do
   local key = KEYS[i]
   local base = 4 + 4 * (i - 1)
-  local algo = string.sub(ARGV[base], 1, 2) -- without decide.lua's flags (shadow, override)
+  local algo = ARGV[base]
   local quota = tonumber(ARGV[base + 1])
   local rate = tonumber(string.match(ARGV[base + 2], '^[^,]*')) -- tb: "<rate>[,<max_wait>]"
   local amount, late

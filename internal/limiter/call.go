@@ -17,30 +17,62 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
+// zoneArgN is the number of decide.lua arguments per zone: algorithm tag, quota, rate, cost and
+// flags.
+const zoneArgN = 5
+
 // encodeDecision returns decide.lua's KEYS and ARGV for the decision of reqs, whose state keys
-// are state, its call sent at ref (the instance's clock). The keys are the state keys, then the
-// record and generation keys of each zone whose charge is recorded, then the override key of
-// each zone with Overrides, then the block key of each zone with a Block, each kind in zone
-// order. crossSlot is set for one hash slot's call of a decision across slots: its token bucket
-// charges are taken as holds and its window counter charges recorded (see allowSlots).
+// are state, its call sent at ref (the instance's clock). crossSlot is set for one hash slot's
+// call of a decision across slots: its token bucket charges are taken as holds and its window
+// counter charges recorded (see allowSlots).
+//
+// KEYS are the state keys; then the record and generation keys of each zone whose charge is
+// recorded (recorded), in zone order; then, per zone in order, its override key (Overrides) and
+// its block key (Block). ARGV is the time ref ("" for Redis TIME), the decision's nonce, its hold
+// argument (holdArg), its number of zones, then zoneArgN per zone: algorithm tag, quota, rate,
+// cost and flags (zoneFlags).
 func (l *Limiter) encodeDecision(reqs []Request, state []string, crossSlot bool, ref time.Time) (keys []string, args []any) {
 	args = l.scriptArgs(reqs, crossSlot, ref)
-	keys = withRecords(state, reqs, args, crossSlot)
-	keys = withOverrides(keys, state, reqs, args)
-	return withBlocks(keys, state, reqs), args
+	keys = state
+	extra := false // keys beyond the state keys: keys is then a copy
+	for i, r := range reqs {
+		if recorded(r, crossSlot) {
+			if !extra {
+				keys, extra = append(make([]string, 0, len(state)+2*len(reqs)), state...), true
+			}
+			keys = append(keys, recordKey(state[i], args[1].(string)), genKey(state[i]))
+		}
+	}
+	for i, r := range reqs {
+		if !r.Zone.Overrides && r.Zone.Block <= 0 {
+			continue
+		}
+		if !extra {
+			keys, extra = append(make([]string, 0, len(state)+2*len(reqs)), state...), true
+		}
+		okey, bkey := 0, 0
+		if r.Zone.Overrides {
+			keys = append(keys, overrideKeyOf(state[i]))
+			okey = len(keys)
+		}
+		if r.Zone.Block > 0 {
+			keys = append(keys, blockKey(state[i]))
+			bkey = len(keys)
+		}
+		args[4+zoneArgN*i+4] = zoneFlags(r.Zone, okey, bkey)
+	}
+	return keys, args
 }
 
-// scriptArgs returns decide.lua's ARGV for the decision of reqs: the time ref (the instance's
-// clock when the call is sent; "" for Redis TIME), then the decision's nonce, whether to take
-// token bucket charges as holds, its number of zones, and algorithm, quota, rate and cost per
-// zone; with a zone's Block, the number of zones carries the zones' blocks (blockArg). (A Batcher merges the decisions of a batch into one call: mergeCalls.) A token bucket
+// scriptArgs returns decide.lua's ARGV for the decision of reqs (see encodeDecision), each zone's
+// flags "" or "s" (a shadow zone): encodeDecision writes the flags that name keys. A token bucket
 // that may hold the request (maxWait) has its rate sent as "<rate>,<max wait µs>", else the rate
 // alone. A cost above the zone's MaxCost is sent as twice the quota (at most 2^54): above the
 // quota, so the request is denied and nothing charged (however long a MaxWait); exact in Lua's
 // doubles, which would round a larger cost; and small enough that the script's wait for it
 // stays an integer Redis can return. A sliding window never adds more entries than MaxCost.
 func (l *Limiter) scriptArgs(reqs []Request, hold bool, ref time.Time) []any {
-	args := make([]any, 4, 4+4*len(reqs))
+	args := make([]any, 4, 4+zoneArgN*len(reqs))
 	if l.now != nil {
 		args[0] = ref.UnixMicro()
 	} else {
@@ -54,161 +86,103 @@ func (l *Limiter) scriptArgs(reqs []Request, hold bool, ref time.Time) []any {
 		// needs none, and saves its two allocations.
 		args[1] = l.instance + "." + strconv.FormatUint(l.calls.Add(1), 36)
 	}
-	args[3] = blockArg(reqs)
+	args[3] = len(reqs)
 	for _, r := range reqs {
 		cost := r.Cost
 		switch {
 		case r.Zone.Overrides:
 			// The quota and max cost in force are the override's, known to decide.lua only: it
-			// checks the cost itself (see withOverrides). Above 2^54, a cost is beyond any quota.
+			// checks the cost itself (see zoneFlags). Above 2^54, a cost is beyond any quota.
 			cost = min(cost, 2*MaxCapacity)
 		case unsatisfiable(r):
 			cost = 2 * r.Zone.Quota() // <= 2^54
 		}
-		tag := zoneTag(r.Zone)
+		tag := tagArgs[min(int(r.Zone.Algorithm), len(tagArgs)-1)]
+		var flags any = ""
+		if r.Zone.Shadow {
+			flags = "s"
+		}
 		switch r.Zone.Algorithm {
 		case SlidingWindow, SlidingWindowCounter:
 			limit, window := r.Zone.windowArgs()
-			args = append(args, tag, limit, window, cost)
+			args = append(args, tag, limit, window, cost, flags)
 		case FixedWindow:
 			limit, _ := r.Zone.windowArgs()
-			args = append(args, tag, limit, windowBounds(r.Zone, ref), r.costArg(cost))
+			args = append(args, tag, limit, windowBounds(r.Zone, ref), r.costArg(cost), flags)
 		case Concurrency:
 			limit, _ := r.Zone.windowArgs()
-			args = append(args, tag, limit, "0", cost)
+			args = append(args, tag, limit, "0", cost, flags)
 		default:
 			capacity, rate := r.Zone.bucketArgs()
 			if w := r.maxWait(); w > 0 {
 				// go-redis formats a float64 argument so ('f', -1): the same number either way.
 				rate = strconv.FormatFloat(r.Zone.RefillRate, 'f', -1, 64) + "," + strconv.FormatInt(w.Microseconds(), 10)
 			}
-			args = append(args, tag, capacity, rate, r.costArg(cost))
+			args = append(args, tag, capacity, rate, r.costArg(cost), flags)
 		}
 	}
 	return args
 }
 
 // tagArgs are decide.lua's algorithm arguments, boxed once (a string boxed per call would be an
-// allocation per zone of every decision): per algorithm, its tag, and its tag with the shadow
-// flag "s" (a shadow zone).
-var tagArgs = func() (t [len(algorithms)][2]any) {
+// allocation per zone of every decision): per algorithm, its tag.
+var tagArgs = func() (t [len(algorithms)]any) {
 	for a := range algorithms {
-		t[a] = [2]any{Algorithm(a).tag(), Algorithm(a).tag() + "s"}
+		t[a] = Algorithm(a).tag()
 	}
 	return t
 }()
 
-// zoneTag is decide.lua's algorithm argument of zone z, boxed: its algorithm's tag, followed by
-// "s" for a shadow zone. withOverrides adds the override flag.
-func zoneTag(z *Zone) any {
-	t := &tagArgs[min(int(z.Algorithm), len(tagArgs)-1)]
+// zoneFlags is decide.lua's flags argument of zone z, whose override key is KEYS[okey] and block
+// key KEYS[bkey] of its decision (from 1; 0: none): "s" for a shadow zone; "o<okey>:<max cost>"
+// with Overrides, the max cost the zone's MaxCost (0: the quota in force); "b<block µs>,<block_max
+// µs>:<bkey>" with a Block.
+func zoneFlags(z *Zone, okey, bkey int) string {
+	b := make([]byte, 0, 48)
 	if z.Shadow {
-		return t[1]
+		b = append(b, 's')
 	}
-	return t[0]
-}
-
-// argTag returns the algorithm tag of decide.lua's algorithm argument a, without its flags
-// (shadow, override): what settle.lua and refresh.lua are told of a zone.
-func argTag(a any) string {
-	s, _ := a.(string)
-	if len(s) > 2 {
-		return s[:2]
-	}
-	return s
-}
-
-// withRecords returns keys (the state keys of reqs, one decide.lua call's with args) followed by
-// the record key and the generation key of each zone whose charge is recorded (recorded; the
-// call is one slot's of a decision across slots when crossSlot), in order.
-func withRecords(keys []string, reqs []Request, args []any, crossSlot bool) []string {
-	out := keys
-	for i, r := range reqs {
-		if recorded(r, crossSlot) {
-			if len(out) == len(keys) {
-				out = append(make([]string, 0, len(keys)+2*len(reqs)), keys...)
-			}
-			out = append(out, recordKey(keys[i], args[1].(string)), genKey(keys[i]))
-		}
-	}
-	return out
-}
-
-// hasOverride reports whether a, decide.lua's algorithm argument of a zone, carries the override
-// flag (withOverrides).
-func hasOverride(a any) bool {
-	s, _ := a.(string)
-	return len(s) > 2 && strings.IndexByte(s[2:], 'o') >= 0
-}
-
-// withOverrides returns keys (one decide.lua call's KEYS so far; state the state keys of reqs)
-// with the override key of each zone of reqs with Overrides appended, and writes into that
-// zone's algorithm argument in args the override flag: "o<k>:<max cost>", where k is the key's
-// index in the call's KEYS (from 1) and max cost the zone's MaxCost (0: the quota in force).
-func withOverrides(keys, state []string, reqs []Request, args []any) []string {
-	out := keys
-	for i, r := range reqs {
-		if !r.Zone.Overrides {
-			continue
-		}
-		if len(out) == len(keys) {
-			out = append(make([]string, 0, len(keys)+len(reqs)), keys...)
-		}
-		out = append(out, overrideKeyOf(state[i]))
-		mc := r.Zone.MaxCost
-		if r.Zone.Algorithm == Concurrency {
+	if okey > 0 {
+		mc := z.MaxCost
+		if z.Algorithm == Concurrency {
 			mc = 0
 		}
-		args[4+4*i] = args[4+4*i].(string) + "o" + strconv.Itoa(len(out)) + ":" + strconv.FormatInt(mc, 10)
+		b = append(b, 'o')
+		b = strconv.AppendInt(b, int64(okey), 10)
+		b = append(b, ':')
+		b = strconv.AppendInt(b, mc, 10)
 	}
-	return out
-}
-
-// blockArg is decide.lua's per-decision argument n for reqs: the number of zones, or when a zone
-// has a Block, "<n>" followed by "/<block µs>,<block_max µs>" for each zone, "/" alone for a
-// zone without one. The script then takes a block key per such zone, after the call's other keys
-// (withBlocks).
-func blockArg(reqs []Request) any {
-	blocks := false
-	for i := range reqs {
-		blocks = blocks || reqs[i].Zone.Block > 0
-	}
-	if !blocks {
-		return len(reqs)
-	}
-	b := strconv.AppendInt(make([]byte, 0, 2+24*len(reqs)), int64(len(reqs)), 10)
-	for i := range reqs {
-		b = append(b, '/')
-		if z := reqs[i].Zone; z.Block > 0 {
-			b = strconv.AppendInt(b, z.Block.Microseconds(), 10)
-			b = append(b, ',')
-			b = strconv.AppendInt(b, z.BlockMax.Microseconds(), 10)
-		}
+	if bkey > 0 {
+		b = append(b, 'b')
+		b = strconv.AppendInt(b, z.Block.Microseconds(), 10)
+		b = append(b, ',')
+		b = strconv.AppendInt(b, z.BlockMax.Microseconds(), 10)
+		b = append(b, ':')
+		b = strconv.AppendInt(b, int64(bkey), 10)
 	}
 	return string(b)
 }
 
-// withBlocks returns ckeys (one decide.lua call's keys: the state keys of reqs, stateKeys, then
-// their record keys) followed by the block key of each zone of reqs with a Block, in order.
-func withBlocks(ckeys, stateKeys []string, reqs []Request) []string {
-	out := ckeys
-	for i := range reqs {
-		if reqs[i].Zone.Block > 0 {
-			if len(out) == len(ckeys) {
-				out = append(make([]string, 0, len(ckeys)+len(reqs)), ckeys...)
-			}
-			out = append(out, blockKey(stateKeys[i]))
-		}
-	}
-	return out
+// argTag returns the algorithm tag of decide.lua's algorithm argument a: what settle.lua and
+// refresh.lua are told of a zone.
+func argTag(a any) string {
+	s, _ := a.(string)
+	return s
 }
 
-// The block figure of a zone's reply (its first integer): 0 denied, 1 admitted, and for a zone
-// with a Block, replyBlocked when a block in force refused the request (the zone's algorithm did
-// not run) and replyBlockStarted when the zone denied it and its block starts now.
+// hasFlag reports whether flags, decide.lua's flags argument of a zone, holds flag f: 'o'
+// (overrides) or 'b' (a block).
+func hasFlag(flags any, f byte) bool {
+	s, _ := flags.(string)
+	return strings.IndexByte(s, f) >= 0
+}
+
+// The block integer of a zone with a Block in decide.lua's reply: 0 when its block played no
+// part, replyBlocked when a block in force refused the request (the zone's algorithm did not
+// run), replyBlockStarted when the zone denied it and its block starts now.
 const (
-	replyBlocked      = 2
-	replyBlockStarted = 3
+	replyBlocked      = 1
+	replyBlockStarted = 2
 )
 
 // zoneReply is one zone's part of the script's reply.
@@ -258,6 +232,9 @@ func (r *Request) width() int {
 	if r.ask > 0 {
 		w++
 	}
+	if r.Zone.Block > 0 {
+		w++
+	}
 	if r.Zone.Overrides {
 		w += overrideWidth
 	}
@@ -280,14 +257,15 @@ func decodeResult(reply any, err error, reqs []Request) (bool, []zoneReply, erro
 	return decodeReply(arr, reqs, nil)
 }
 
-// decodeReply checks and decodes the script's reply for reqs: an array of 1 + 5n integers (n
-// zones, and one more per zone that asked for a grant), the first 0 or 1, then per zone allowed
-// (0 or 1; for a zone with a Block, also replyBlocked or replyBlockStarted), remaining, retry after (µs; when the zone admits the request, its delay), reset (µs)
-// and next (µs), and for a zone that asked for a grant the tokens granted, none negative, and no
-// delay longer than the zone may hold the request (maxWait: none without MaxWait). Any other
-// shape, type or value is an error wrapping ErrBadResponse: a request is never held past its
-// MaxWait, whatever Redis replies. The zones are decoded into into's array when it has room for
-// them.
+// decodeReply checks and decodes the script's reply for reqs: an array of integers, the first 0
+// or 1, then per zone: allowed (0 or 1), remaining, retry after (µs; when the zone admits the
+// request, its delay), reset (µs) and next (µs); then the tokens granted for a zone that asked for
+// a grant (at most what it asked); then the block integer (0, replyBlocked or replyBlockStarted)
+// for a zone with a Block; then the quota, policy window (µs) and max cost in force for a zone
+// with Overrides (overrideWidth). None is negative, and no delay is longer than the zone may hold
+// the request (maxWait: none without MaxWait). Any other shape, type or value is an error
+// wrapping ErrBadResponse: a request is never held past its MaxWait, whatever Redis replies. The
+// zones are decoded into into's array when it has room for them.
 func decodeReply(arr []any, reqs []Request, into []zoneReply) (bool, []zoneReply, error) {
 	n, want := len(reqs), 1
 	for i := range reqs {
@@ -296,7 +274,7 @@ func decodeReply(arr []any, reqs []Request, into []zoneReply) (bool, []zoneReply
 	if len(arr) != want {
 		return false, nil, fmt.Errorf("%w: got %d values, want %d", ErrBadResponse, len(arr), want)
 	}
-	first, err := replyInt(arr, 0, true)
+	first, err := replyInt(arr, 0, 1)
 	if err != nil {
 		return false, nil, err
 	}
@@ -307,56 +285,62 @@ func decodeReply(arr []any, reqs []Request, into []zoneReply) (bool, []zoneReply
 	zones = zones[:n]
 	off := 1
 	for z := range reqs {
-		var v [replyWidth + 1 + overrideWidth]int64 // one zone's values
-		w := reqs[z].width()
-		for k := range w {
-			if k == 0 && blockFigure(arr[off], reqs[z]) {
-				v[0] = arr[off].(int64)
-				continue
+		r := &reqs[z]
+		var v [replyWidth]int64 // the zone's first values
+		for k := range replyWidth {
+			most := int64(-1) // no bound
+			if k == 0 {
+				most = 1
 			}
-			if v[k], err = replyInt(arr, off+k, k == 0); err != nil {
+			if v[k], err = replyInt(arr, off+k, most); err != nil {
 				return false, nil, err
 			}
 		}
-		off += w
-		var ov overrideReply
-		if reqs[z].Zone.Overrides {
-			o := w - overrideWidth
-			ov = overrideReply{quota: v[o], windowUs: v[o+1], maxCost: v[o+2]}
-			v[o], v[o+1], v[o+2] = 0, 0, 0
+		off += replyWidth
+		zones[z] = zoneReply{allowed: v[0] == 1, remaining: v[1], retryAfter: v[2], reset: v[3], next: v[4]}
+		if r.ask > 0 {
+			g, err := replyInt(arr, off, int64(r.ask))
+			if err != nil {
+				return false, nil, fmt.Errorf("zone %d's grant: %w", z, err)
+			}
+			zones[z].granted, off = int32(g), off+1
+		}
+		if r.Zone.Block > 0 {
+			b, err := replyInt(arr, off, replyBlockStarted)
+			if err != nil {
+				return false, nil, fmt.Errorf("zone %d's block: %w", z, err)
+			}
+			zones[z].block, off = uint8(b), off+1
+		}
+		if r.Zone.Overrides {
+			var o [overrideWidth]int64
+			for k := range overrideWidth {
+				if o[k], err = replyInt(arr, off+k, -1); err != nil {
+					return false, nil, err
+				}
+			}
+			off += overrideWidth
+			ov := overrideReply{quota: o[0], windowUs: o[1], maxCost: o[2]}
 			if ov.quota > 0 && (ov.quota > MaxCapacity || ov.maxCost > ov.quota || ov.maxCost < 1) {
 				return false, nil, fmt.Errorf("%w: zone %d's override quota %d and max cost %d are out of range", ErrBadResponse, z, ov.quota, ov.maxCost)
 			}
+			zones[z].ov = ov
 		}
-		if v[5] > int64(reqs[z].ask) {
-			return false, nil, fmt.Errorf("%w: zone %d granted %d, more than the %d asked", ErrBadResponse, z, v[5], reqs[z].ask)
-		}
-		zones[z] = zoneReply{allowed: v[0] == 1, remaining: v[1], retryAfter: v[2], reset: v[3], next: v[4], granted: int32(v[5]), ov: ov}
-		if v[0] > 1 {
-			zones[z].block = uint8(v[0])
-		}
-		if zones[z].allowed && zones[z].retryAfter > reqs[z].maxWait().Microseconds() {
+		if zones[z].allowed && zones[z].retryAfter > r.maxWait().Microseconds() {
 			return false, nil, fmt.Errorf("%w: zone %d admits with a delay of %dµs, beyond its max_wait of %v",
-				ErrBadResponse, z, zones[z].retryAfter, reqs[z].maxWait())
+				ErrBadResponse, z, zones[z].retryAfter, r.maxWait())
 		}
 	}
 	return first == 1, zones, nil
 }
 
-// blockFigure reports whether x (a zone's first reply integer) is a block figure of r's zone:
-// replyBlocked or replyBlockStarted, from a zone with a Block.
-func blockFigure(x any, r Request) bool {
-	v, ok := x.(int64)
-	return ok && r.Zone.Block > 0 && (v == replyBlocked || v == replyBlockStarted)
-}
-
-// replyInt returns arr[i], which must be an integer >= 0, and at most 1 when flag.
-func replyInt(arr []any, i int, flag bool) (int64, error) {
+// replyInt returns arr[i], which must be an integer >= 0, and at most most (-1: no bound).
+func replyInt(arr []any, i int, most int64) (int64, error) {
 	x, ok := arr[i].(int64)
 	if !ok {
 		return 0, fmt.Errorf("%w: value %d is %T, want an integer", ErrBadResponse, i, arr[i])
 	}
-	if x < 0 || (flag && x > 1) {
+	if x < 0 || (most >= 0 && x > most) {
 		return 0, fmt.Errorf("%w: value %d is %d, out of range", ErrBadResponse, i, x)
 	}
 	return x, nil
@@ -382,30 +366,50 @@ func mergeCalls(calls []*call) *call {
 	return m
 }
 
-// zones is the number of zones a decide.lua call decides: 4 arguments each after now, nonce,
-// hold and n.
+// zones is the number of zones a decide.lua call of one decision decides.
 func (c *call) zones() int { return argZones(c.args) }
 
 // argZones is the number of zones of one decision whose decide.lua arguments are args (as
-// encodeDecision returns them): 4 arguments each after now, nonce, hold and n.
-func argZones(args []any) int { return (len(args) - 4) / 4 }
+// encodeDecision returns them): zoneArgN each after now, nonce, hold and n.
+func argZones(args []any) int { return (len(args) - 4) / zoneArgN }
 
-// zoneArgsOf returns the 4 decide.lua arguments of zone j of one decision whose arguments are args:
-// algorithm (with its flags), quota, rate and cost.
-func zoneArgsOf(args []any, j int) []any { return args[4+4*j : 8+4*j : 8+4*j] }
+// zoneArgsOf returns the first 4 decide.lua arguments of zone j of one decision whose arguments
+// are args: algorithm tag, quota, rate and cost, as settle.lua takes them.
+func zoneArgsOf(args []any, j int) []any {
+	b := 4 + zoneArgN*j
+	return args[b : b+4 : b+4]
+}
 
-// replyLen is the length of a decide.lua call's reply: 1 + 5 per zone, and one more per zone
-// that asked for a grant (its cost sent as the string "<cost>,<ask>": Request.ask).
-//
-// A zone with Overrides has overrideWidth more (its algorithm argument carries the override
-// flag: see withOverrides).
+// flagsOf returns the flags argument of zone j of one decision whose arguments are args.
+func flagsOf(args []any, j int) any { return args[4+zoneArgN*j+4] }
+
+// settleArgs returns settle.lua's ARGV for the decision of decide.lua arguments args: now, its
+// nonce, mode, then each zone's algorithm tag, quota, rate and cost.
+func settleArgs(args []any, now any, mode string) []any {
+	n := argZones(args)
+	out := make([]any, 0, 3+4*n)
+	out = append(out, now, args[1], mode)
+	for j := range n {
+		out = append(out, zoneArgsOf(args, j)...)
+	}
+	return out
+}
+
+// replyLen is the length of the reply of a decide.lua call of one decision: 1 + replyWidth per
+// zone, one more per zone that asked for a grant (its cost sent as the string "<cost>,<ask>":
+// Request.ask), one more per zone with a block and overrideWidth more per zone with overrides
+// (their flags: zoneFlags).
 func (c *call) replyLen() int {
 	n := 1 + replyWidth*c.zones()
-	for j := 7; j < len(c.args); j += 4 {
-		if _, ok := c.args[j].(string); ok {
+	for j := range c.zones() {
+		if _, ok := zoneArgsOf(c.args, j)[3].(string); ok {
 			n++
 		}
-		if hasOverride(c.args[j-3]) {
+		f := flagsOf(c.args, j)
+		if hasFlag(f, 'b') {
+			n++
+		}
+		if hasFlag(f, 'o') {
 			n += overrideWidth
 		}
 	}
@@ -414,10 +418,31 @@ func (c *call) replyLen() int {
 
 // hasBucket reports whether the decide.lua call c decides a token bucket zone.
 func (c *call) hasBucket() bool {
-	for j := 4; j < len(c.args); j += 4 {
-		if argTag(c.args[j]) == TokenBucket.tag() {
+	for j := range c.zones() {
+		if argTag(zoneArgsOf(c.args, j)[0]) == TokenBucket.tag() {
 			return true
 		}
 	}
 	return false
+}
+
+// withoutHeld returns c (one slot's decide.lua call of a decision across slots, of the zones idx
+// of reqs) without its zones that have a Hold: what the Redis Cluster two-phase decision commits
+// at once (a token bucket's hold, a window counter's record).
+func withoutHeld(c *call, reqs []Request, idx []int) *call {
+	out := &call{args: append([]any{}, c.args[:4]...)}
+	var records []string
+	for j, i := range idx {
+		if reqs[i].Hold > 0 {
+			continue
+		}
+		out.keys = append(out.keys, c.keys[j])
+		out.args = append(out.args, c.args[4+zoneArgN*j:4+zoneArgN*(j+1)]...)
+		if recorded(reqs[i], true) {
+			records = append(records, recordKey(c.keys[j], c.args[1].(string)), genKey(c.keys[j]))
+		}
+	}
+	out.args[3] = len(out.keys)
+	out.keys = append(out.keys, records...)
+	return out
 }

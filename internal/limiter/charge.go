@@ -141,27 +141,6 @@ func (h *Held) merge(other *Held) *Held {
 	return h
 }
 
-// withoutHeld returns c (one slot's decide.lua call of a decision across slots, of the zones idx
-// of reqs) without its zones that have a Hold: what the Redis Cluster two-phase decision commits
-// at once (a token bucket's hold, a window counter's record).
-func withoutHeld(c *call, reqs []Request, idx []int) *call {
-	out := &call{args: append([]any{}, c.args[:4]...)}
-	var records []string
-	for j, i := range idx {
-		if reqs[i].Hold > 0 {
-			continue
-		}
-		out.keys = append(out.keys, c.keys[j])
-		out.args = append(out.args, c.args[4+4*j:8+4*j]...)
-		if recorded(reqs[i], true) {
-			records = append(records, recordKey(c.keys[j], c.args[1].(string)), genKey(c.keys[j]))
-		}
-	}
-	out.args[3] = len(out.keys)
-	out.keys = append(out.keys, records...)
-	return out
-}
-
 // ErrNotHeld is returned by Settle, wrapped, for the zones whose hold (or record) it did not
 // find: settled already, or counted as charged for being older than its Hold, or gone with its
 // state (an admin reset, an expiry).

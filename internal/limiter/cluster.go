@@ -145,8 +145,7 @@ func (l *Limiter) settle(ctx context.Context, charged []*call, commit bool) []er
 		}
 		// decide.lua's arguments were now, nonce, hold, n, then the zones: settle.lua takes
 		// now, the same nonce, the mode, then the same zones and costs.
-		args := append([]any{now, c.args[1], mode}, c.args[4:]...)
-		settles = append(settles, &call{keys: c.keys, args: args})
+		settles = append(settles, &call{keys: c.keys, args: settleArgs(c.args, now, mode)})
 		sent = append(sent, i)
 	}
 	evalEach(ctx, l.rdb, settleScript, settles)
