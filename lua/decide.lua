@@ -211,8 +211,8 @@ local function tb_set(key, used, ts, quota, rate, held, hwait)
 end
 
 -- Algorithms ----------------------------------------------------------------------------------------
--- algorithm returns the decide function of the algorithm tagged tag ("tb", "sw", "cc", "fw"; any
--- other: "sc"), built with its other functions. Redis creates a script's functions anew on each
+-- algorithm returns the decide function of the algorithm tagged tag ("tb", "sw", "cc", "fw" or
+-- "sc"; any other is an error), built with its other functions. Redis creates a script's functions anew on each
 -- call, a closure each: decide builds an algorithm's only when a decision of the call first
 -- needs it, and fast needs none. Each decide function takes (key, quota, rate, cost, ask, nonce,
 -- hmax, rkey, gkey, writes, denied): a zone's state key and arguments as the ARGV above (cost
@@ -486,6 +486,8 @@ local function algorithm(tag)
     end
     return fw_decide
   end
+
+  if tag ~= 'sc' then error('decide: unknown algorithm ' .. tostring(tag)) end
 
   -- Sliding window counter ------------------------------------------------------------------------
   -- State: a hash { s = the current window's start (µs, windows aligned to the epoch), c = its

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -128,5 +129,19 @@ func TestCallLayoutRuns(t *testing.T) {
 	}
 	if zones[1].granted != 20 || zones[3].allowed || zones[2].remaining != 48 || zones[4].remaining != 2 {
 		t.Errorf("zones %+v, want fw granted 20, sc 48 left, sh denied, cc 2 slots left", zones)
+	}
+}
+
+// TestUnknownAlgorithmIsAnError: decide.lua refuses a zone whose algorithm tag it does not know
+// with an error naming it, and writes nothing, instead of deciding it by another algorithm.
+func TestUnknownAlgorithmIsAnError(t *testing.T) {
+	srv := redistest.Start(t)
+	l := New(srv.Client(), Options{KeyPrefix: "rl:"})
+	_, err := l.run(context.Background(), []string{"rl:{c}:x:zz"}, []any{"", "", "0", 1, "zz", 5, 1_000_000, 1, ""})
+	if err == nil || !strings.Contains(err.Error(), "unknown algorithm zz") {
+		t.Fatalf("an unknown tag: %v, want an error naming it", err)
+	}
+	if n := srv.Do("DBSIZE"); n != int64(0) {
+		t.Fatalf("%v keys written, want none", n)
 	}
 }
