@@ -610,6 +610,26 @@ end
 --                bucket's capacity / refill_rate, a window's length; 0: the zone's) and the max
 --                cost in force.
 
+-- The ranges of a zone's numbers, as internal/limiter/zone.go checks them: a quota of 1 to
+-- QUOTA_MAX[algorithm], a window of 1 ms to 366 days (µs), a refill rate > 0, a max_cost of 1
+-- or more; each an integer but the rate.
+local QUOTA_MAX = { tb = MAX_US, sw = 1000000, fw = MAX_US, sc = MAX_US, cc = 100000 }
+local WINDOW_MIN, WINDOW_MAX = 1000, 366 * 24 * 3600 * 1000000
+
+-- in_range returns an override's quota q, rate or window r and max cost m for algorithm algo,
+-- each nil when absent or outside the algorithm's range (an override written under another
+-- algorithm, before a reload changed the zone's): the zone's own number then applies.
+local function in_range(algo, q, r, m)
+  if q and not (q >= 1 and q <= QUOTA_MAX[algo] and q % 1 == 0) then q = nil end
+  if m and not (m >= 1 and m % 1 == 0) then m = nil end
+  if r and algo == 'tb' then
+    if not (r > 0 and r < math.huge) then r = nil end
+  elseif r and not (r >= WINDOW_MIN and r <= WINDOW_MAX and r % 1 == 0) then
+    r = nil
+  end
+  return q, r, m
+end
+
 -- override_fn returns override, built on first use (see penalty_box): only a call with a zone
 -- with overrides creates it.
 local OV
@@ -625,7 +645,7 @@ local function override_fn()
     else
       v = call('HMGET', okey, 'limit', 'window', 'max_cost')
     end
-    local q, r, m = tonumber(v[1]), tonumber(v[2]), tonumber(v[3])
+    local q, r, m = in_range(algo, tonumber(v[1]), tonumber(v[2]), tonumber(v[3]))
     local found = q ~= nil or r ~= nil or m ~= nil
     quota = q or quota
     local window = 0 -- the policy window in force (µs); 0: the zone's
