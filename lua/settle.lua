@@ -30,7 +30,8 @@
 -- freed); a commit keeps it. See cc_settle below.
 --
 -- KEYS and ARGV are those of one decision of the decide.lua call being settled, except that the
--- mode stands in place of the hold and n is left out (n is told by the number of arguments):
+-- mode stands in place of the hold, n is left out (n is told by the number of arguments) and
+-- each zone's flags are left out (internal/limiter/call.go settleArgs):
 -- KEYS     the state key of each zone i, then the record and generation keys, as decide.lua
 --          took them.
 -- ARGV[1]  now, in µs since the Unix epoch, or "" to read the Redis server clock (TIME).
