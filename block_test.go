@@ -131,3 +131,59 @@ func TestBlockThreeInstances(t *testing.T) {
 		})
 	}
 }
+
+// TestBlockBesideLeaseHandler: a route whose requests go through a zone with a block and a
+// lease zone of the same client, fail_mode closed. Once the client is hot (the lease zone asks
+// for grants), its requests are still decided: exactly 20 admitted, then 429s, never a 503; and a
+// bystander on another route of the same Redis is admitted.
+func TestBlockBesideLeaseHandler(t *testing.T) {
+	srv := redistest.Start(t)
+	cs := caddytest.Start(t, fmt.Sprintf(`route /a {
+		rate_limit_redis {
+			redis {
+				address %[1]s
+			}
+			timeout 2s
+			fail_mode closed
+			zone login {
+				key {http.request.header.X-Key}
+				algorithm sliding_window
+				limit 20
+				window 1h
+				block 1h
+			}
+			zone api {
+				key {http.request.header.X-Key}
+				capacity 1000
+				refill_rate 1/1h
+				lease {
+					max 20
+					ttl 1m
+				}
+			}
+		}
+		respond "ok"
+	}
+	route /b {
+		rate_limit_redis {
+			redis {
+				address %[1]s
+			}
+			timeout 2s
+			fail_mode closed
+			zone other {
+				key {http.request.header.X-Key}
+				capacity 1000
+				refill_rate 1/1h
+			}
+		}
+		respond "ok"
+	}`, srv.Addr))
+	want := strings.TrimSpace(strings.Repeat("200 ", 20) + strings.Repeat("429 ", 40))
+	if got := cs.Statuses(60, "/a", "X-Key", "mallory"); got != want {
+		t.Errorf("60 requests through the block and lease zones: %s, want %s", got, want)
+	}
+	if got := cs.Statuses(5, "/b", "X-Key", "bystander"); got != "200 200 200 200 200" {
+		t.Fatalf("a bystander on another route: %s, want 5 × 200", got)
+	}
+}

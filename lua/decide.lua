@@ -13,11 +13,9 @@
 --          its zones (`<prefix>{<client key>}:<zone>:<tb|sw|fw|sc|cc>`), then the record key
 --          (`<state key>:<nonce>`) and the generation key (`<state key>:gen`) of each of its
 --          fixed window and sliding window counter zones whose charge is to be recorded for
---          settlement, in zone order (so a decision takes n keys or more; a record key is told
---          from the next decision's state key by its name), then the override key of each zone
---          with overrides (`<prefix>{<client key>}:<zone>:ov`), in zone order, each at the index
---          its zone's flag gives (see "Shadow zones and overrides" below), then the block key of
---          each of its zones with a block (see Penalty box), in zone order.
+--          settlement, in zone order (a record key is told from the next decision's state key by
+--          its name), then the keys its zones' flags name (override and block keys, each at the
+--          index within the decision its flag gives); so a decision takes n keys or more.
 -- ARGV[1]  now, in µs since the Unix epoch, or "" to read the Redis server clock (TIME); one
 --          time for the whole batch.
 -- Then per decision, in order:
@@ -29,12 +27,10 @@
 --            number per zone, comma-separated: µs that zone's token bucket charge is held at
 --            most before it counts as charged (0: charge it now), or that a window counter's
 --            record or a concurrency slot lives
---   n        the number of zones; with a zone's block, followed by the zones' blocks (see
---            Penalty box)
---   and 4 arguments per zone:
+--   n        the number of zones
+--   and 5 arguments per zone (read by read_decision):
 --   algorithm  "tb" (token bucket), "sw" (sliding window log), "fw" (fixed window), "sc"
---              (sliding window counter) or "cc" (concurrency), optionally followed by flags: "s"
---              (a shadow zone), "o<k>:<max_cost>" (overrides); see "Shadow zones and overrides"
+--              (sliding window counter) or "cc" (concurrency)
 --   quota      tb: capacity (tokens); sw, fw, sc: limit (requests per window); cc: limit (slots)
 --   rate       tb: refill rate (tokens/s, float > 0), or "<rate>,<max_wait>" to shape: the
 --              longest the request may be held (µs, integer > 0); sw, sc: window (µs, integer > 0);
@@ -42,17 +38,19 @@
 --              instance's clock, of which the one holding now is used; cc: "0" (unused)
 --   cost       tokens or window slots this request takes (integer >= 1); tb, fw: or "<cost>,<ask>"
 --              to ask for a lease's grant of about ask units (see lease_grant)
+--   flags      "" or, in this order: "s" (a shadow zone), "o<k>:<max_cost>" (overrides, the
+--              override key the decision's key k; see "Shadow zones and overrides"),
+--              "b<block>,<block_max>:<k>" (a block, µs, the block key the decision's key k; see
+--              Penalty box)
 --
 -- Reply: an array of integers, per decision in order: allowed, then per zone i: allowed_i,
--- remaining_i, retry_after_i, reset_i, next_i, and granted_i when the zone's cost asks for a
--- lease, then quota_i, window_i and max_cost_i when the zone has overrides (see "Shadow zones
--- and overrides"). A decision of n zones, k of which ask for a lease and v have overrides, so
--- gives 1 + 5n + k + 3v integers:
+-- remaining_i, retry_after_i, reset_i, next_i, then granted_i when the zone's cost asks for a
+-- lease, then block_i when the zone has a block, then quota_i, window_i and max_cost_i when the
+-- zone has overrides (see "Shadow zones and overrides"). A decision of n zones, k of which ask
+-- for a lease, b have a block and v have overrides, so gives 1 + 5n + k + b + 3v integers:
 --   allowed        1 if every zone admits the request (and all were charged), else 0; a shadow
 --                  zone's denial does not count
---   allowed_i      1 if zone i alone would admit the request, else 0; for a zone with a block, 2
---                  when a block in force refused it, 3 when zone i denied it and its block starts
---                  now (see Penalty box)
+--   allowed_i      1 if zone i alone would admit the request, else 0
 --   remaining_i    whole units (tokens, slots) left: after this request (and its grant) if zone i
 --                  alone admits it, else as they are now
 --   retry_after_i  when zone i alone admits the request: its delay, µs to hold it (0 but with a
@@ -65,6 +63,8 @@
 --                  deny the request (a release may come at any moment), or, for a concurrency
 --                  zone, while a slot is taken
 --   granted_i      the units zone i charged for the lease (see lease_grant), 0 when it denied
+--   block_i        1 when a block in force refused the request, 2 when zone i denied it and its
+--                  block starts now, else 0 (see Penalty box)
 
 local EPSILON = 1e-9 -- float slack, so that refill arithmetic never loses a whole token
 local HOLD_MAX = 5000000 -- µs a hold may wait for settle.lua before it counts as a charge
@@ -211,8 +211,8 @@ local function tb_set(key, used, ts, quota, rate, held, hwait)
 end
 
 -- Algorithms ----------------------------------------------------------------------------------------
--- algorithm returns the decide function of the algorithm tagged tag ("tb", "sw", "cc", "fw"; any
--- other: "sc"), built with its other functions. Redis creates a script's functions anew on each
+-- algorithm returns the decide function of the algorithm tagged tag ("tb", "sw", "cc", "fw" or
+-- "sc"; any other is an error), built with its other functions. Redis creates a script's functions anew on each
 -- call, a closure each: decide builds an algorithm's only when a decision of the call first
 -- needs it, and fast needs none. Each decide function takes (key, quota, rate, cost, ask, nonce,
 -- hmax, rkey, gkey, writes, denied): a zone's state key and arguments as the ARGV above (cost
@@ -487,6 +487,8 @@ local function algorithm(tag)
     return fw_decide
   end
 
+  if tag ~= 'sc' then error('decide: unknown algorithm ' .. tostring(tag)) end
+
   -- Sliding window counter ------------------------------------------------------------------------
   -- State: a hash { s = the current window's start (µs, windows aligned to the epoch), c = its
   -- count, p = the previous window's count }. It admits a request iff p * (share of the previous
@@ -543,40 +545,27 @@ local function algorithm(tag)
 end
 
 -- Penalty box -----------------------------------------------------------------------------------
--- A zone with a block (the decision's argument n is then "<n>/<block>,<block_max>/..." with one
--- "/<block µs>,<block_max µs>" per zone, "/" alone for a zone without one) takes a block key,
--- `<prefix>{<client key>}:<zone>:block`, in its state key's hash slot: the block keys of the
--- decision's zones with a block follow all its other keys (state, record and generation keys),
--- in zone order. The key holds "<until>:<length>:<strikes>": when the block ends (µs), how long
+-- A zone with a block (its flag "b<block µs>,<block_max µs>:<k>") takes a block key,
+-- `<prefix>{<client key>}:<zone>:block`, in its state key's hash slot, at the decision's key k.
+-- The key holds "<until>:<length>:<strikes>": when the block ends (µs), how long
 -- it was (µs), and how many blocks in a row it ends (1: a first offence).
 --   - Before the zone's algorithm, the block key is read: while a block is in force (until >
 --     now), the zone refuses the request (its algorithm does not run: nothing read, nothing
 --     charged anywhere, as for any denial), with remaining 0 and retry after, reset and next the
---     block's remaining time; its reply's first integer is 2.
+--     block's remaining time; its block integer is 1.
 --   - When the zone's algorithm denies the request (its cost within the quota: a cost it can
---     never admit starts no block), the block starts in the same call: its first integer is 3,
+--     never admit starts no block), the block starts in the same call: its block integer is 2,
 --     remaining 0, retry after and next the block's length, reset at least that. The length is
 --     block; with a block_max, twice the last block, at most block_max, when the key still
 --     remembers one (a repeat offender), with one strike more. The key expires when the block
 --     ends, or with a block_max as long after that as the block lasted: the strikes decay then.
 -- A zone without a block reads and writes no block key.
 
--- penalty_box returns the penalty box's functions { spec, read, length, write }, built on first
+-- penalty_box returns the penalty box's functions { read, length, write }, built on first
 -- use, as the algorithms' are (see algorithm): a call with no block creates none of them.
 local PB
 local function penalty_box()
   if PB then return PB end
-  -- block_spec parses a decision's argument n with blocks: returns n and, per zone with a block,
-  -- { block µs, block_max µs }.
-  local function block_spec(arg)
-    local spec, i = {}, 0
-    for b, m in string.gmatch(arg, '/(%d*),?(%d*)') do
-      i = i + 1
-      if b ~= '' then spec[i] = { tonumber(b), tonumber(m) or 0 } end
-    end
-    return tonumber(string.match(arg, '^%d+')), spec
-  end
-
   -- block_read returns a block key's until, length and strikes; nil when there is none (or it
   -- cannot be read).
   local function block_read(bkey)
@@ -603,16 +592,16 @@ local function penalty_box()
     if w[4] > 0 then ttl = 2 * w[2] end -- the strikes are remembered as long again
     call('SET', w[1], sformat('%d:%d:%d', now + w[2], w[2], w[3]), 'PX', ms(ttl / 1000))
   end
-  PB = { spec = block_spec, read = block_read, length = block_length, write = block_write }
+  PB = { read = block_read, length = block_length, write = block_write }
   return PB
 end
 
 -- Shadow zones and overrides ------------------------------------------------------------------
--- A zone's algorithm argument may carry flags after its two-letter tag:
+-- A zone's flags argument holds, in this order, any of:
 --   s            a shadow zone: its denial does not deny the decision (allowed), and it is
 --                charged, as any zone, only when the decision admits and it admits too
---   o<k>:<mc>    a zone with overrides: KEYS[kbase + k] is the client's override key, a hash of
---                the numbers that take the place of the zone's (capacity, refill_rate, limit,
+--   o<k>:<mc>    a zone with overrides: the decision's key k is the client's override key, a
+--                hash of the numbers that take the place of the zone's (capacity, refill_rate, limit,
 --                window in µs, max_cost; see internal/limiter/override.go); mc is the zone's
 --                max_cost (0: the quota in force). The cost is the request's own, unchecked:
 --                one above the max cost in force (the override's, else mc, at most the quota
@@ -621,13 +610,24 @@ end
 --                bucket's capacity / refill_rate, a window's length; 0: the zone's) and the max
 --                cost in force.
 
--- zone_flags splits a zone's algorithm argument: its tag, whether it is a shadow zone, and its
--- override key's index (relative to kbase) and max_cost, or nil.
-local function zone_flags(arg)
-  if #arg == 2 then return arg, false, nil, nil end
-  local flags = string.sub(arg, 3)
-  local k, mc = string.match(flags, 'o(%d+):(%d+)$')
-  return string.sub(arg, 1, 2), byte(flags) == 115, tonumber(k), tonumber(mc)
+-- The ranges of a zone's numbers, as internal/limiter/zone.go checks them: a quota of 1 to
+-- QUOTA_MAX[algorithm], a window of 1 ms to 366 days (µs), a refill rate > 0, a max_cost of 1
+-- or more; each an integer but the rate.
+local QUOTA_MAX = { tb = MAX_US, sw = 1000000, fw = MAX_US, sc = MAX_US, cc = 100000 }
+local WINDOW_MIN, WINDOW_MAX = 1000, 366 * 24 * 3600 * 1000000
+
+-- in_range returns an override's quota q, rate or window r and max cost m for algorithm algo,
+-- each nil when absent or outside the algorithm's range (an override written under another
+-- algorithm, before a reload changed the zone's): the zone's own number then applies.
+local function in_range(algo, q, r, m)
+  if q and not (q >= 1 and q <= QUOTA_MAX[algo] and q % 1 == 0) then q = nil end
+  if m and not (m >= 1 and m % 1 == 0) then m = nil end
+  if r and algo == 'tb' then
+    if not (r > 0 and r < math.huge) then r = nil end
+  elseif r and not (r >= WINDOW_MIN and r <= WINDOW_MAX and r % 1 == 0) then
+    r = nil
+  end
+  return q, r, m
 end
 
 -- override_fn returns override, built on first use (see penalty_box): only a call with a zone
@@ -645,7 +645,7 @@ local function override_fn()
     else
       v = call('HMGET', okey, 'limit', 'window', 'max_cost')
     end
-    local q, r, m = tonumber(v[1]), tonumber(v[2]), tonumber(v[3])
+    local q, r, m = in_range(algo, tonumber(v[1]), tonumber(v[2]), tonumber(v[3]))
     local found = q ~= nil or r ~= nil or m ~= nil
     quota = q or quota
     local window = 0 -- the policy window in force (µs); 0: the zone's
@@ -676,16 +676,59 @@ end
 
 -- Decisions -------------------------------------------------------------------------------------
 
--- decide runs one decision: n zones, whose state keys are KEYS[kbase + 1 .. kbase + n] (their
--- record keys following) and whose arguments start at ARGV[abase]. It returns the decision's
--- reply (see above) and the number of keys it took; spec, when given, is the zones' blocks
--- (block_spec), read before each zone's algorithm. Each zone decides first; when all admit,
+-- read_decision reads the decision whose arguments start at ARGV[a] (its nonce) and whose keys
+-- start at KEYS[kbase + 1]. It returns its nonce, hold and a table per zone { tag, quota, rate,
+-- cost, ask, shadow, key, rkey, gkey, okey, omc, block, bkey }: the algorithm tag, the quota and
+-- cost as numbers, the rate as sent, the lease's grant asked (nil: none), whether it is a shadow
+-- zone, its state key, its record and generation keys (when its charge is recorded), its
+-- override key and max cost (overrides), its block { block µs, block_max µs } and block key;
+-- then the number of keys the decision takes. The only code that reads a decision's ARGV and KEYS
+-- besides fast.
+local function read_decision(a, kbase)
+  local nonce, hold, n = ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2])
+  if not n then error('decide: bad zone count ' .. tostring(ARGV[a + 2])) end
+  local zones = {}
+  local r = kbase + n + 1 -- the next record key
+  local last = n -- the last key the decision takes, relative to kbase
+  for i = 1, n do
+    local base = a + 3 + 5 * (i - 1)
+    local z = { tag = ARGV[base], quota = tonumber(ARGV[base + 1]), rate = ARGV[base + 2],
+      cost = tonumber(ARGV[base + 3]), key = KEYS[kbase + i] }
+    if z.cost == nil then
+      local c, k = string.match(ARGV[base + 3], '^(%d+),(%d+)$')
+      z.cost, z.ask = tonumber(c), tonumber(k)
+    end
+    if (z.tag == 'fw' or z.tag == 'sc') and KEYS[r] == z.key .. ':' .. nonce then
+      z.rkey, z.gkey, r = KEYS[r], KEYS[r + 1], r + 2
+    end
+    local flags = ARGV[base + 4]
+    if flags ~= '' then
+      z.shadow = byte(flags) == 115 -- 's'
+      local k, mc = string.match(flags, 'o(%d+):(%d+)')
+      if k then
+        k = tonumber(k)
+        z.okey, z.omc, last = KEYS[kbase + k], tonumber(mc), max(last, k)
+      end
+      local b, bm, bk = string.match(flags, 'b(%d+),(%d+):(%d+)')
+      if b then
+        bk = tonumber(bk)
+        z.block, z.bkey, last = { tonumber(b), tonumber(bm) }, KEYS[kbase + bk], max(last, bk)
+      end
+    end
+    zones[i] = z
+  end
+  return nonce, hold, zones, max(last, r - kbase - 1)
+end
+
+-- decide runs one decision of zones (read_decision) and returns its reply (see above). Each zone
+-- decides first (a zone with a block reads its block key before its algorithm); when all admit,
 -- each makes its write (every write sets a TTL: see each algorithm); when one denies, nothing is
--- written, but a denying zone's state that the parameters in force need longer than its TTL is
--- given that TTL (PEXPIRE GT: only ever lengthened), so that state never expires early after a
--- reload that slowed the refill or lengthened the window.
+-- written but the blocks it starts, and a denying zone's state that the parameters in force need
+-- longer than its TTL is given that TTL (PEXPIRE GT: only ever lengthened), so that state never
+-- expires early after a reload that slowed the refill or lengthened the window.
 local BY_TAG = {} -- per algorithm tag, its decide function (see algorithm)
-local function decide(nonce, hold, n, kbase, abase, spec)
+local function decide(nonce, hold, zones)
+  local n = #zones
   local holdmax = {} -- per zone: µs its charge is held (its record, its slot lives); nil: now
   if hold == '1' then
     for i = 1, n do holdmax[i] = HOLD_MAX end
@@ -699,82 +742,49 @@ local function decide(nonce, hold, n, kbase, abase, spec)
   local reply = { 1 }
   local writes = {} -- { take function, arguments... }, made in order when every zone admits
   local denied = {} -- { key, TTL (ms) its state needs }
-  local r = kbase + n + 1 -- the next record key
-  local bk, blocks -- with blocks: the next block key (after the record and override keys), the blocks to start
-  if spec then
-    bk, blocks = r, {}
-    local ov = 0 -- the decision's override keys, between its record keys and its block keys
-    for i = 1, n do
-      local arg = ARGV[abase + 4 * (i - 1)]
-      local algo = string.sub(arg, 1, 2)
-      if (algo == 'fw' or algo == 'sc') and KEYS[bk] == KEYS[kbase + i] .. ':' .. nonce then bk = bk + 2 end
-      if string.find(arg, 'o', 3, true) then ov = ov + 1 end
-    end
-    bk = bk + ov
-  end
-  local nkeys = 0 -- the last override key, relative to kbase
+  local blocks -- the blocks to start: { key, length, strikes, block_max }
 
   for i = 1, n do
-    local key = KEYS[kbase + i]
-    local base = abase + 4 * (i - 1)
-    local algo, shadow, okey, omc = zone_flags(ARGV[base])
-    local quota, rate = tonumber(ARGV[base + 1]), ARGV[base + 2]
-    local cost = tonumber(ARGV[base + 3])
-    local ask -- a lease's grant asked (see lease_grant); nil: none
-    if cost == nil then
-      local c, a = string.match(ARGV[base + 3], '^(%d+),(%d+)$')
-      cost, ask = tonumber(c), tonumber(a)
-    end
+    local z = zones[i]
+    local algo, quota, rate, cost = z.tag, z.quota, z.rate, z.cost
     local oq, ow, om -- with overrides: the reply's override integers
-    if okey then
-      nkeys = max(nkeys, okey)
-      quota, rate, cost, oq, ow, om = override_fn()(algo, KEYS[kbase + okey], quota, rate, cost, omc)
+    if z.okey then
+      quota, rate, cost, oq, ow, om = override_fn()(algo, z.okey, quota, rate, cost, z.omc)
     end
-    local rkey, gkey -- a window counter's record and generation keys, when its charge is recorded
-    if (algo == 'fw' or algo == 'sc') and KEYS[r] == key .. ':' .. nonce then
-      rkey, gkey, r = KEYS[r], KEYS[r + 1], r + 2
-    end
-    local bkey, bend, last, strikes -- the zone's block key, and its block's end, length, strikes
-    if spec and spec[i] then
-      bkey, bk = KEYS[bk], bk + 1
-      bend, last, strikes = PB.read(bkey)
-    end
+    local bend, last, strikes -- the zone's block's end, length, strikes
+    if z.bkey then bend, last, strikes = penalty_box().read(z.bkey) end
     local ok, remaining, retry, reset, nxt, granted
+    local fig = 0 -- the zone's block integer
     if bend and bend > now then -- blocked: the algorithm does not run
-      ok, remaining, retry, reset, nxt = false, 0, bend - now, bend - now, bend - now
+      ok, remaining, retry, reset, nxt, fig = false, 0, bend - now, bend - now, bend - now, 1
     else
       local f = BY_TAG[algo]
       if not f then f = algorithm(algo); BY_TAG[algo] = f end
       ok, remaining, retry, reset, nxt, granted =
-        f(key, quota, rate, cost, ask, nonce, holdmax[i], rkey, gkey, writes, denied)
-    end
-
-    local fig = ok and 1 or 0 -- the zone's first reply integer
-    if bkey and not ok then
-      if bend and bend > now then
-        fig = 2
-      elseif cost <= quota then
-        local len, nth = PB.length(spec[i], bend, last, strikes)
-        blocks[#blocks + 1] = { bkey, len, nth, spec[i][2] }
-        fig, remaining, retry, reset, nxt = 3, 0, len, max(reset, len), len
+        f(z.key, quota, rate, cost, z.ask, nonce, holdmax[i], z.rkey, z.gkey, writes, denied)
+      if z.bkey and not ok and cost <= quota then
+        local len, nth = PB.length(z.block, bend, last, strikes)
+        blocks = blocks or {}
+        blocks[#blocks + 1] = { z.bkey, len, nth, z.block[2] }
+        fig, remaining, retry, reset, nxt = 2, 0, len, max(reset, len), len
       end
     end
-    if not ok and not shadow then reply[1] = 0 end
-    reply[#reply + 1] = fig
+
+    if not ok and not z.shadow then reply[1] = 0 end
+    reply[#reply + 1] = ok and 1 or 0
     reply[#reply + 1] = remaining
     reply[#reply + 1] = retry
     reply[#reply + 1] = reset
     reply[#reply + 1] = nxt
-    if ask then reply[#reply + 1] = ok and granted or 0 end
-    if okey then
+    if z.ask then reply[#reply + 1] = ok and granted or 0 end
+    if z.bkey then reply[#reply + 1] = fig end
+    if z.okey then
       reply[#reply + 1] = oq
       reply[#reply + 1] = ow
       reply[#reply + 1] = om
     end
   end
 
-  nkeys = max(nkeys, r - kbase - 1)
-  if bk then nkeys = max(nkeys, bk - kbase - 1) end
   -- The denying zones' TTLs (a shadow zone's, of an admitted decision, too).
   for _, d in ipairs(denied) do
     redis.call('PEXPIRE', d[1], ms(d[2]), 'GT')
@@ -783,16 +793,17 @@ local function decide(nonce, hold, n, kbase, abase, spec)
     if blocks then
       for _, w in ipairs(blocks) do PB.write(w) end
     end
-    return reply, nkeys
+    return reply
   end
   for _, w in ipairs(writes) do
     w[1](w, nonce)
   end
-  return reply, nkeys
+  return reply
 end
 
 -- fast decides the common case with as little work as possible: every zone a token bucket
--- without a max_wait, charged now (hold "0"), whose state has no holds (no h). It decides each
+-- without a max_wait and without flags, charged now (hold "0"), whose state has no holds (no h).
+-- It reads the decision's ARGV and KEYS itself, in read_decision's layout, building no table. It decides each
 -- zone with tb_drain and tb_admit and writes it with tb_set, as decide does, so it leaves the
 -- same state and appends the same reply (at out[o + 1 ..]) as decide would, and returns the new
 -- length of out; or false, having written nothing, when the decision is not such a case (decide
@@ -808,10 +819,10 @@ end
 local FK, FU, FT, FQ, FR, FC = {}, {}, {}, {}, {}, {} -- per zone: key, used, ts, quota, rate, cost
 local function fast(out, o, n, kbase, abase)
   for i = 1, n do
-    local base = abase + 4 * (i - 1)
+    local base = abase + 5 * (i - 1)
     local r = ARGV[base + 2]
     local rate = NUM[r] or num(r)
-    if ARGV[base] ~= 'tb' or rate == nil then return false end
+    if ARGV[base] ~= 'tb' or rate == nil or ARGV[base + 4] ~= '' then return false end
     FR[i] = rate
   end
   local ok = true
@@ -819,7 +830,7 @@ local function fast(out, o, n, kbase, abase)
     local key = KEYS[kbase + i]
     local v = call('HMGET', key, 'u', 'ts', 't', 'h')
     if v[4] then return false end -- holds: decide commits those past their time
-    local base = abase + 4 * (i - 1)
+    local base = abase + 5 * (i - 1)
     local q, c = ARGV[base + 1], ARGV[base + 3]
     local quota, rate, cost = NUM[q] or num(q), FR[i], NUM[c] or num(c)
     local used, ts = tb_drain(v, quota, rate)
@@ -848,17 +859,16 @@ end
 local out, o = {}, 0
 local kbase, a = 0, 2
 while a <= #ARGV do
-  local nonce, hold, n = ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2])
-  local fo = n and hold == '0' and fast(out, o, n, kbase, a + 3)
+  local n = tonumber(ARGV[a + 2])
+  local fo = n and ARGV[a + 1] == '0' and fast(out, o, n, kbase, a + 3)
   if fo then
     o, kbase = fo, kbase + n
   else
-    local spec -- n is "<n>/..." when a zone has a block: see Penalty box
-    if not n then n, spec = penalty_box().spec(ARGV[a + 2]) end
-    local r, nkeys = decide(nonce, hold, n, kbase, a + 3, spec)
+    local nonce, hold, zones, nkeys = read_decision(a, kbase)
+    local r = decide(nonce, hold, zones)
     for j = 1, #r do out[o + j] = r[j] end
-    o, kbase = o + #r, kbase + nkeys
+    o, kbase, n = o + #r, kbase + nkeys, #zones
   end
-  a = a + 3 + 4 * n
+  a = a + 3 + 5 * n
 end
 return out

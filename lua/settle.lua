@@ -30,7 +30,8 @@
 -- freed); a commit keeps it. See cc_settle below.
 --
 -- KEYS and ARGV are those of one decision of the decide.lua call being settled, except that the
--- mode stands in place of the hold and n is left out (n is told by the number of arguments):
+-- mode stands in place of the hold, n is left out (n is told by the number of arguments) and
+-- each zone's flags are left out (internal/limiter/call.go settleArgs):
 -- KEYS     the state key of each zone i, then the record and generation keys, as decide.lua
 --          took them.
 -- ARGV[1]  now, in µs since the Unix epoch, or "" to read the Redis server clock (TIME).
@@ -127,7 +128,7 @@ end
 for i = 1, n do
   local key = KEYS[i]
   local base = 4 + 4 * (i - 1)
-  local algo = string.sub(ARGV[base], 1, 2) -- without decide.lua's flags (shadow, override)
+  local algo = ARGV[base]
   local quota = tonumber(ARGV[base + 1])
   local rate = tonumber(string.match(ARGV[base + 2], '^[^,]*')) -- tb: "<rate>[,<max_wait>]"
   local amount, late

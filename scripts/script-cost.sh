@@ -6,6 +6,8 @@
 # own time per decision (INFO commandstats, cmdstat_evalsha usec). Noisy on a shared machine:
 # compare two scripts by running them in turn, several times (docs/performance.md).
 #   scripts/script-cost.sh [SCRIPT]   (default lua/decide.lua; e.g. an older version to compare)
+# A script whose zones take 4 arguments (no flags argument: before the layout of
+# internal/limiter/call.go gave each zone one) is run with ZONE_ARGS=4.
 set -euo pipefail
 script=${1:-lua/decide.lua}
 port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
@@ -21,6 +23,7 @@ for n in ${NS:-1 4 8 16 32}; do
 	for i in $(seq "$n"); do
 		keys+=("cost:{__rand_int__}$i:z:tb")
 		args+=("" 0 1 tb 1000000000 1000000000 1) # nonce, hold, zones, algorithm, capacity, rate, cost
+		if [ "${ZONE_ARGS:-5}" = 5 ]; then args+=(""); fi # flags: none
 	done
 	calls=$((200000 / n))
 	redis-cli -p "$port" config resetstat >/dev/null

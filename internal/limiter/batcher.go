@@ -310,26 +310,6 @@ func sendLater(rdb Pipeliner, later []*call, answers [][]*call, sent int) {
 	}
 }
 
-// mergeCalls returns the one decide.lua call that decides calls in order: their keys one after
-// the other, and their arguments after one time (the first call's: "" for the Redis clock).
-func mergeCalls(calls []*call) *call {
-	if len(calls) == 1 {
-		return calls[0] // split then hands it its whole reply
-	}
-	nk, na := 0, 1
-	for _, c := range calls {
-		nk += len(c.keys)
-		na += len(c.args) - 1
-	}
-	m := &call{keys: make([]string, 0, nk), args: make([]any, 1, na)}
-	m.args[0] = calls[0].args[0]
-	for _, c := range calls {
-		m.keys = append(m.keys, c.keys...)
-		m.args = append(m.args, c.args[1:]...)
-	}
-	return m
-}
-
 // split hands each of calls (the calls merged into c, in order) its part of c's reply in arr: 1 +
 // 5n values for a call of n zones (n keys, and its record keys). Every call gets c's error, or
 // ErrBadResponse when the reply is not an array of exactly their lengths.
@@ -358,38 +338,6 @@ func (c *call) split(calls []*call) {
 		part.arr, part.err = arr[off:off+w:off+w], nil
 		off += w
 	}
-}
-
-// zones is the number of zones a decide.lua call decides: 4 arguments each after now, nonce,
-// hold and n.
-func (c *call) zones() int { return (len(c.args) - 4) / 4 }
-
-// replyLen is the length of a decide.lua call's reply: 1 + 5 per zone, and one more per zone
-// that asked for a grant (its cost sent as the string "<cost>,<ask>": Request.ask).
-//
-// A zone with Overrides has overrideWidth more (its algorithm argument carries the override
-// flag: see withRecords).
-func (c *call) replyLen() int {
-	n := 1 + replyWidth*c.zones()
-	for j := 7; j < len(c.args); j += 4 {
-		if _, ok := c.args[j].(string); ok {
-			n++
-		}
-		if hasOverride(c.args[j-3]) {
-			n += overrideWidth
-		}
-	}
-	return n
-}
-
-// hasBucket reports whether the decide.lua call c decides a token bucket zone.
-func (c *call) hasBucket() bool {
-	for j := 4; j < len(c.args); j += 4 {
-		if argTag(c.args[j]) == TokenBucket.tag() {
-			return true
-		}
-	}
-	return false
 }
 
 // bySlot groups calls by the hash slot of their keys (each call's keys share one), in order of

@@ -67,53 +67,6 @@ func (z *Zone) validateBlock() *FieldError {
 	return nil
 }
 
-// blockArg is decide.lua's per-decision argument n for reqs: the number of zones, or when a zone
-// has a Block, "<n>" followed by "/<block µs>,<block_max µs>" for each zone, "/" alone for a
-// zone without one. The script then takes a block key per such zone, after the call's other keys
-// (withBlocks).
-func blockArg(reqs []Request) any {
-	blocks := false
-	for i := range reqs {
-		blocks = blocks || reqs[i].Zone.Block > 0
-	}
-	if !blocks {
-		return len(reqs)
-	}
-	b := strconv.AppendInt(make([]byte, 0, 2+24*len(reqs)), int64(len(reqs)), 10)
-	for i := range reqs {
-		b = append(b, '/')
-		if z := reqs[i].Zone; z.Block > 0 {
-			b = strconv.AppendInt(b, z.Block.Microseconds(), 10)
-			b = append(b, ',')
-			b = strconv.AppendInt(b, z.BlockMax.Microseconds(), 10)
-		}
-	}
-	return string(b)
-}
-
-// withBlocks returns ckeys (one decide.lua call's keys: the state keys of reqs, stateKeys, then
-// their record keys) followed by the block key of each zone of reqs with a Block, in order.
-func withBlocks(ckeys, stateKeys []string, reqs []Request) []string {
-	out := ckeys
-	for i := range reqs {
-		if reqs[i].Zone.Block > 0 {
-			if len(out) == len(ckeys) {
-				out = append(make([]string, 0, len(ckeys)+len(reqs)), ckeys...)
-			}
-			out = append(out, blockKey(stateKeys[i]))
-		}
-	}
-	return out
-}
-
-// The block figure of a zone's reply (its first integer): 0 denied, 1 admitted, and for a zone
-// with a Block, replyBlocked when a block in force refused the request (the zone's algorithm did
-// not run) and replyBlockStarted when the zone denied it and its block starts now.
-const (
-	replyBlocked      = 2
-	replyBlockStarted = 3
-)
-
 // BlockState is a client's block in a zone, as Limiter.State reads it.
 type BlockState struct {
 	// Until is when the block ends, on the scripts' clock; the zero Time when the client is not

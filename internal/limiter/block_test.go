@@ -273,3 +273,66 @@ func TestBlockWithOverridesAndRecords(t *testing.T) {
 		t.Fatalf("10s later: %+v, want refused by the block, retry after %v", d, time.Hour-10*time.Second)
 	}
 }
+
+// blockBesideLease decides 60 requests of one client through two zones: login, a sliding window
+// of 20 an hour with a block, and api, a lease zone whose client is hot (warmed up alone, so that
+// the requests ask for grants). It checks that no decision fails, that exactly 20 are admitted,
+// that the 21st denial starts the block and every later one is refused by it, and that api,
+// once its grants are returned, has been charged exactly the warm-up and the 20 admitted.
+func blockBesideLease(t *testing.T, l *limiter.Limiter, key string) {
+	t.Helper()
+	ctx := context.Background()
+	t.Cleanup(func() { _ = l.ReturnLeases(ctx) })
+	login := &limiter.Zone{Name: "login", Algorithm: limiter.SlidingWindow, Limit: 20, Window: time.Hour, Block: time.Hour}
+	api := leaseZone(1000, 10, 10*time.Second)
+	const warm = 20
+	for i := range warm {
+		if d := allow(t, l, limiter.Request{Zone: api, Key: key, Cost: 1}); !d.Allowed {
+			t.Fatalf("warm-up %d: %+v, want admitted", i+1, d)
+		}
+	}
+	admitted := 0
+	for i := range 60 {
+		reqs := []limiter.Request{{Zone: login, Key: key, Cost: 1}, {Zone: api, Key: key, Cost: 1}}
+		d := allow(t, l, reqs...)
+		switch {
+		case i < 20:
+			if !d.Allowed {
+				t.Fatalf("request %d: %+v, want admitted", i+1, d)
+			}
+			admitted++
+		case i == 20:
+			if d.Allowed || !reqs[0].Result.BlockStarted {
+				t.Fatalf("request 21: %+v (result %+v), want denied by login, its block started", d, reqs[0].Result)
+			}
+		default:
+			if d.Allowed || !d.Blocked {
+				t.Fatalf("request %d: %+v, want refused by login's block", i+1, d)
+			}
+		}
+	}
+	if err := l.ReturnLeases(ctx); err != nil {
+		t.Fatal(err)
+	}
+	st, err := l.State(ctx, api, key)
+	if err != nil || st.Remaining != 1000-warm-int64(admitted) {
+		t.Fatalf("api has %d left (%v), want %d: charged only for the warm-up and the %d admitted", st.Remaining, err, 1000-warm-admitted, admitted)
+	}
+}
+
+// TestBlockBesideLease: a zone with a block and a lease zone on the same requests of one
+// client, the lease client hot: decided exactly, the block starting and refusing, on one
+// Redis server.
+func TestBlockBesideLease(t *testing.T) {
+	srv := redistest.Start(t)
+	l := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:", Leases: true})
+	blockBesideLease(t, l, "mallory")
+}
+
+// TestBlockBesideLeaseOnCluster: the same on a 3-primary Redis Cluster, both zones keyed on the
+// same client (one hash slot).
+func TestBlockBesideLeaseOnCluster(t *testing.T) {
+	c := redistest.StartCluster(t, 3)
+	l := clusterLimiter(t, c, limiter.Options{Leases: true})
+	blockBesideLease(t, l, "mallory")
+}

@@ -70,24 +70,6 @@ func recordKey(stateKey, nonce string) string { return stateKey + ":" + nonce }
 // no longer in the count (see decide.lua).
 func genKey(stateKey string) string { return stateKey + ":gen" }
 
-// withRecords returns keys (the state keys of reqs, one decide.lua call's with args) followed by
-// the record key and the generation key of each zone whose charge is recorded (recorded; the
-// call is one slot's of a decision across slots when crossSlot), in order, then the override key
-// of each zone with Overrides, in order: the call's KEYS. It writes the override flag into the
-// algorithm argument of each zone with Overrides (withOverrides).
-func withRecords(keys []string, reqs []Request, args []any, crossSlot bool) []string {
-	out := keys
-	for i, r := range reqs {
-		if recorded(r, crossSlot) {
-			if len(out) == len(keys) {
-				out = append(make([]string, 0, len(keys)+2*len(reqs)), keys...)
-			}
-			out = append(out, recordKey(keys[i], args[1].(string)), genKey(keys[i]))
-		}
-	}
-	return withOverrides(out, keys, reqs, args)
-}
-
 // Held is what a Decision's zones with a Hold need to be settled after the response, once, with
 // Limiter.Settle (or given up with Limiter.Drop).
 type Held struct {
@@ -118,8 +100,7 @@ type heldPart struct {
 // same). nil when no zone has a Hold.
 func newHeld(reqs []Request, keys []string, args []any, idx []int) *Held {
 	var p heldPart
-	n := (len(args) - 4) / 4
-	for j := range n {
+	for j := range argZones(args) {
 		i := j
 		if idx != nil {
 			i = idx[j]
@@ -128,11 +109,12 @@ func newHeld(reqs []Request, keys []string, args []any, idx []int) *Held {
 			continue
 		}
 		p.keys = append(p.keys, keys[j])
-		p.zones = append(p.zones, args[4+4*j:8+4*j]...)
+		za := zoneArgsOf(args, j)
+		p.zones = append(p.zones, za...)
 		p.idx = append(p.idx, i)
 		p.hold = append(p.hold, reqs[i].Hold)
 		p.most = append(p.most, reqs[i].Zone.MaxCostOrQuota())
-		p.call = p.call || argTag(args[4+4*j]) != SlidingWindow.tag()
+		p.call = p.call || argTag(za[0]) != SlidingWindow.tag()
 	}
 	if len(p.keys) == 0 {
 		return nil
@@ -157,27 +139,6 @@ func (h *Held) merge(other *Held) *Held {
 	}
 	h.parts = append(h.parts, other.parts...)
 	return h
-}
-
-// withoutHeld returns c (one slot's decide.lua call of a decision across slots, of the zones idx
-// of reqs) without its zones that have a Hold: what the Redis Cluster two-phase decision commits
-// at once (a token bucket's hold, a window counter's record).
-func withoutHeld(c *call, reqs []Request, idx []int) *call {
-	out := &call{args: append([]any{}, c.args[:4]...)}
-	var records []string
-	for j, i := range idx {
-		if reqs[i].Hold > 0 {
-			continue
-		}
-		out.keys = append(out.keys, c.keys[j])
-		out.args = append(out.args, c.args[4+4*j:8+4*j]...)
-		if recorded(reqs[i], true) {
-			records = append(records, recordKey(c.keys[j], c.args[1].(string)), genKey(c.keys[j]))
-		}
-	}
-	out.args[3] = len(out.keys)
-	out.keys = append(out.keys, records...)
-	return out
 }
 
 // ErrNotHeld is returned by Settle, wrapped, for the zones whose hold (or record) it did not

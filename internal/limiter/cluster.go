@@ -38,7 +38,7 @@ func (l *Limiter) slotGroups(keys []string) [][]int {
 
 // allowSlots decides reqs, whose keys are in several hash slots, with one decide script call
 // per slot group, all under way at once (evalEach), taking token bucket charges as holds and
-// recording window counter charges (withRecords); then it commits every group when all admitted,
+// recording window counter charges (encodeDecision); then it commits every group when all admitted,
 // or releases the groups that admitted when one denied or failed (see settle.lua): before it
 // returns when every group answered and ctx has time left, else in the background, within
 // Options.CallTimeout, so that a failure is not answered later than ctx's deadline. A group that
@@ -54,8 +54,8 @@ func (l *Limiter) allowSlots(ctx context.Context, reqs []Request, keys []string,
 			rs[j], gkeys[j] = reqs[i], keys[i]
 		}
 		greqs[g] = rs
-		args := l.scriptArgs(rs, true, now)
-		calls[g] = &call{keys: withBlocks(withRecords(gkeys, rs, args, true), gkeys, rs), args: args}
+		ckeys, args := l.encodeDecision(rs, gkeys, true, now)
+		calls[g] = &call{keys: ckeys, args: args}
 	}
 	evalEach(ctx, l.rdb, decideScript, calls)
 
@@ -145,8 +145,7 @@ func (l *Limiter) settle(ctx context.Context, charged []*call, commit bool) []er
 		}
 		// decide.lua's arguments were now, nonce, hold, n, then the zones: settle.lua takes
 		// now, the same nonce, the mode, then the same zones and costs.
-		args := append([]any{now, c.args[1], mode}, c.args[4:]...)
-		settles = append(settles, &call{keys: c.keys, args: args})
+		settles = append(settles, &call{keys: c.keys, args: settleArgs(c.args, now, mode)})
 		sent = append(sent, i)
 	}
 	evalEach(ctx, l.rdb, settleScript, settles)

@@ -19,14 +19,14 @@ import (
 // drained and partly drained ones (u integral and fractional), denials, two-zone decisions
 // that one zone denies, and buckets the previous script wrote last (t without its '+').
 func TestFastPathMatchesGeneral(t *testing.T) {
-	const call = "local fo = n and hold == '0' and fast(out, o, n, kbase, a + 3)"
+	const call = "local fo = n and ARGV[a + 1] == '0' and fast(out, o, n, kbase, a + 3)"
 	if !strings.Contains(lua.Decide, call) {
 		t.Fatal("decide.lua no longer calls fast() as this test expects")
 	}
 	fast := redis.NewScript(lua.Decide)
 	general := redis.NewScript(strings.Replace(lua.Decide, call, "local fo = false", 1))
 	// The sequence takes the fast path: a copy without the general path runs it.
-	const slow = "local r, nkeys = decide(nonce, hold, n, kbase, a + 3, spec)"
+	const slow = "local r = decide(nonce, hold, zones)"
 	if strings.Count(lua.Decide, slow) != 1 {
 		t.Fatal("decide.lua no longer calls decide() as this test expects")
 	}
@@ -44,8 +44,8 @@ func TestFastPathMatchesGeneral(t *testing.T) {
 	now := int64(1_700_000_000_000_000)
 	batch := func(cost int64) []any {
 		return []any{now,
-			"", "0", 1, "tb", 5, 0.5, cost, // zone a alone
-			"", "0", 2, "tb", 5, 0.5, 1, "tb", 3, 2.5, cost, // zones a and b
+			"", "0", 1, "tb", 5, 0.5, cost, "", // zone a alone
+			"", "0", 2, "tb", 5, 0.5, 1, "", "tb", 3, 2.5, cost, "", // zones a and b
 		}
 	}
 	steps := []int64{0, 0, 123_457, 1_000_001, 7, 2_000_000, 333_333, 30_000_000, 0, 1, 999_999, 4_000_000, 250_001}

@@ -362,8 +362,8 @@ func (l *Limiter) renewGrant(r Request) {
 	ctx := withDeadline(context.Background(), time.Now().Add(min(l.callTime, r.Zone.Lease.TTL)))
 	sub := []Request{r}
 	keys := stateKeys(l.prefix, sub)
-	args := l.scriptArgs(sub, false, sent)
-	allowed, zones, err := l.allowOne(ctx, sub, withRecords(keys, sub, args, false), args, nil)
+	ckeys, args := l.encodeDecision(sub, keys, false, sent)
+	allowed, zones, err := l.allowOne(ctx, sub, ckeys, args, nil)
 	t.mu.Lock()
 	a := t.answered(k)
 	if err != nil || !allowed {
@@ -528,8 +528,7 @@ func (l *Limiter) decideLeased(ctx context.Context, reqs, sub []Request, keys []
 		}
 		return allowed, zones, held, slotErr, err
 	}
-	args := l.scriptArgs(sub, false, sent)
-	ckeys := withRecords(keys, sub, args, false)
+	ckeys, args := l.encodeDecision(sub, keys, false, sent)
 	allowed, zones, err = l.allowOne(ctx, sub, ckeys, args, nil)
 	if err != nil {
 		l.lose(sub, ckeys, args) // a concurrency zone's slot may have been taken: given back by Refresh
@@ -610,6 +609,10 @@ func (t *leaseTable) install(reqs, sub []Request, idx []int, p leasePlan, keys [
 	return late
 }
 
+// grantZone returns settle.lua's zone arguments of a grant of units, of the zone whose decide.lua
+// arguments are za (zoneArgsOf): its algorithm tag, quota and rate, and units as its cost.
+func grantZone(za []any, units int64) []any { return []any{za[0], za[1], za[2], units} }
+
 // newGrant is the grant of the j-th zone of a decide.lua call with args, whose state key is key,
 // sent at sent, and zr its reply (granted). A fixed window's grant ends at the latest at its
 // window's end: the reply's reset, counted from when the call was sent (before Redis's now), so
@@ -618,7 +621,7 @@ func newGrant(zone string, r *Request, key string, args []any, j int, zr zoneRep
 	nonce := args[1].(string)
 	g := &grant{
 		name: zone, keys: []string{key}, nonce: nonce, units: int64(zr.granted), spent: r.Cost, n: numbersOf(r.Zone),
-		zone:    []any{args[4+4*j], args[5+4*j], args[6+4*j], int64(zr.granted)},
+		zone:    grantZone(zoneArgsOf(args, j), int64(zr.granted)),
 		expires: sent.Add(r.Zone.Lease.TTL), remaining: zr.remaining,
 	}
 	if r.Zone.Algorithm == FixedWindow {

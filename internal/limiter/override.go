@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -72,39 +71,9 @@ func (o Override) Apply(z *Zone) Zone {
 // overrideFields are the override hash's field names, in the order of Override's fields.
 var overrideFields = [...]string{"capacity", "refill_rate", "limit", "window", "max_cost"}
 
-// hasOverride reports whether a, decide.lua's algorithm argument of a zone, carries the override
-// flag (withOverrides).
-func hasOverride(a any) bool {
-	s, _ := a.(string)
-	return len(s) > 2 && strings.IndexByte(s[2:], 'o') >= 0
-}
-
 // overrideKeyOf returns the override key of the zone and client whose state key is stateKey
 // (`…:<zone>:<tag>`, the tag two letters): `…:<zone>:ov`.
 func overrideKeyOf(stateKey string) string { return stateKey[:len(stateKey)-2] + "ov" }
-
-// withOverrides returns keys (one decide.lua call's KEYS so far; state the state keys of reqs)
-// with the override key of each zone of reqs with Overrides appended, and writes into that
-// zone's algorithm argument in args the override flag: "o<k>:<max cost>", where k is the key's
-// index in the call's KEYS (from 1) and max cost the zone's MaxCost (0: the quota in force).
-func withOverrides(keys, state []string, reqs []Request, args []any) []string {
-	out := keys
-	for i, r := range reqs {
-		if !r.Zone.Overrides {
-			continue
-		}
-		if len(out) == len(keys) {
-			out = append(make([]string, 0, len(keys)+len(reqs)), keys...)
-		}
-		out = append(out, overrideKeyOf(state[i]))
-		mc := r.Zone.MaxCost
-		if r.Zone.Algorithm == Concurrency {
-			mc = 0
-		}
-		args[4+4*i] = args[4+4*i].(string) + "o" + strconv.Itoa(len(out)) + ":" + strconv.FormatInt(mc, 10)
-	}
-	return out
-}
 
 // applyOverrides sets the Zone of each of reqs whose reply has an override in force (zones) to a
 // copy of it with the override's numbers, so that the Decision, each Result and the caller see

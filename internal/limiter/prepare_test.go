@@ -22,10 +22,10 @@ func TestPreparedZoneArgs(t *testing.T) {
 		{Zone: &changedBucket, Cost: 1}, {Zone: &changedWindow, Cost: 1},
 	}, false, time.Now())
 	want := []any{
-		"tb", int64(1000), 2.5, int64(1),
-		"sc", int64(300), int64(60_000_000), int64(1),
-		"tb", int64(7000), 0.5, int64(1),
-		"sc", int64(900), int64(3_600_000_000), int64(1),
+		"tb", int64(1000), 2.5, int64(1), "",
+		"sc", int64(300), int64(60_000_000), int64(1), "",
+		"tb", int64(7000), 0.5, int64(1), "",
+		"sc", int64(900), int64(3_600_000_000), int64(1), "",
 	}
 	got := args[4:]
 	if len(got) != len(want) {

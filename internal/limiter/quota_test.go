@@ -179,7 +179,7 @@ func TestFixedWindowFollowsTheScriptClock(t *testing.T) {
 	for _, c := range []struct{ now, start int64 }{{50, 0}, {150, 100}, {250, 200}} {
 		key := "rl:{k}:skew:fw"
 		srv.Do("DEL", key)
-		reply, err := decide.Run(context.Background(), srv.Client(), []string{key}, c.now, "n", "0", 1, "fw", 5, "0,100,200,300", 1).Int64Slice()
+		reply, err := decide.Run(context.Background(), srv.Client(), []string{key}, c.now, "n", "0", 1, "fw", 5, "0,100,200,300", 1, "").Int64Slice()
 		if err != nil || reply[0] != 1 {
 			t.Fatalf("now %d: %v, %v", c.now, reply, err)
 		}

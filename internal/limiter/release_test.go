@@ -86,8 +86,8 @@ func crossSlotCharge(t *testing.T, l *Limiter, rq Request) *call {
 	t.Helper()
 	reqs := []Request{rq}
 	keys := []string{StateKey(l.prefix, rq.Zone, rq.Key)}
-	args := l.scriptArgs(reqs, true, l.now())
-	c := &call{keys: withRecords(keys, reqs, args, true), args: args}
+	ckeys, args := l.encodeDecision(reqs, keys, true, l.now())
+	c := &call{keys: ckeys, args: args}
 	evalEach(context.Background(), l.rdb, decideScript, []*call{c})
 	if ok, _, err := decodeResult(c.reply, c.err, reqs); err != nil || !ok {
 		t.Fatalf("the cross-slot charge: %v, %v", ok, err)
