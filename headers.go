@@ -121,9 +121,10 @@ func (h *Handler) describe(w http.ResponseWriter, f *flight) {
 		h.events.succeeded() // Redis answered
 	}
 	if d.Err != nil {
-		// A Redis Cluster slot failed while another denied the request: the denial stands.
+		// A Redis Cluster slot failed while the decision stands: another slot denied the request,
+		// or the slot held only shadow zones, which were left out.
 		metrics.backendFailures.WithLabelValues(string(failureReason(d.Err))).Inc()
-		if c := h.logger.Check(zapcore.DebugLevel, "rate limit decision failed in one hash slot; another slot's denial stands"); c != nil {
+		if c := h.logger.Check(zapcore.DebugLevel, "rate limit decision failed in one hash slot; the decision stands (another slot denied, or the slot held only shadow zones)"); c != nil {
 			c.Write(zap.String("reason", string(failureReason(d.Err))), zap.Error(d.Err))
 		}
 	}

@@ -96,16 +96,17 @@ type heldPart struct {
 }
 
 // newHeld returns the Held of the zones with a Hold among those decided by one decide.lua call
-// with keys and args; idx maps the call's zones to the requests given to Decide (nil: the
-// same). nil when no zone has a Hold.
-func newHeld(reqs []Request, keys []string, args []any, idx []int) *Held {
+// with keys and args that admitted its request, zones its reply (per zone of the call); idx maps
+// the call's zones to the requests given to Decide (nil: the same). A shadow zone that would have
+// denied the request was not charged, so it holds nothing to settle. nil when no zone holds one.
+func newHeld(reqs []Request, keys []string, args []any, idx []int, zones []zoneReply) *Held {
 	var p heldPart
 	for j := range argZones(args) {
 		i := j
 		if idx != nil {
 			i = idx[j]
 		}
-		if reqs[i].Hold <= 0 {
+		if reqs[i].Hold <= 0 || reqs[i].Zone.Shadow && !zones[j].allowed {
 			continue
 		}
 		p.keys = append(p.keys, keys[j])

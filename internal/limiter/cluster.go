@@ -1,6 +1,7 @@
 package limiter
 
 import (
+	"cmp"
 	"context"
 	"sync"
 	"time"
@@ -60,19 +61,28 @@ func (l *Limiter) allowSlots(ctx context.Context, reqs []Request, keys []string,
 	evalEach(ctx, l.rdb, decideScript, calls)
 
 	zones = make([]zoneReply, len(reqs))
+	gzones := make([][]zoneReply, len(calls)) // each group's reply; nil for a group that failed
 	allowed = true
 	denied := false
 	var charged []int // the groups that admitted
+	var shadowErr error
+	var shadowFailed []int // the groups of shadow zones alone that failed
 	for g, c := range calls {
 		ok, zs, err := decodeResult(c.reply, c.err, greqs[g])
 		if err != nil {
-			allowed = false
-			if slotErr == nil {
-				slotErr = err
-			}
 			l.lose(greqs[g], c.keys, c.args)
+			if shadowOnly(greqs[g]) {
+				// A shadow zone never refuses a request: one that cannot be decided is left out
+				// (its zones not Known), and the enforced zones decide.
+				shadowFailed = append(shadowFailed, g)
+				shadowErr = cmp.Or(shadowErr, err)
+				continue
+			}
+			allowed = false
+			slotErr = cmp.Or(slotErr, err)
 			continue
 		}
+		gzones[g] = zs
 		if ok {
 			charged = append(charged, g)
 		} else {
@@ -82,13 +92,25 @@ func (l *Limiter) allowSlots(ctx context.Context, reqs []Request, keys []string,
 			zones[i] = zs[j]
 		}
 	}
+	if len(shadowFailed) > 0 {
+		// Its call may have run: what it took is given back (a shadow zone is charged only with
+		// a decision that knows it admitted), in the background, as its node may not answer.
+		go func() {
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.callTime)
+			defer cancel()
+			l.release(ctx, calls, greqs, shadowFailed)
+		}()
+	}
 	switch {
 	case allowed:
 		// The zones held until after the response stay held: commit only the others.
-		commits := make([]*call, len(calls))
+		commits := make([]*call, 0, len(calls))
 		for g, c := range calls {
-			held = newHeld(reqs, c.keys, c.args, groups[g]).merge(held)
-			commits[g] = withoutHeld(c, reqs, groups[g])
+			if gzones[g] == nil {
+				continue
+			}
+			held = newHeld(reqs, c.keys, c.args, groups[g], gzones[g]).merge(held)
+			commits = append(commits, withoutHeld(c, reqs, groups[g]))
 		}
 		l.settle(ctx, commits, true)
 	case len(charged) == 0:
@@ -104,7 +126,17 @@ func (l *Limiter) allowSlots(ctx context.Context, reqs []Request, keys []string,
 	if slotErr != nil && !denied {
 		return false, nil, nil, nil, slotErr
 	}
-	return allowed, zones, held, slotErr, nil
+	return allowed, zones, held, cmp.Or(slotErr, shadowErr), nil
+}
+
+// shadowOnly reports whether every one of reqs is a shadow zone's.
+func shadowOnly(reqs []Request) bool {
+	for _, r := range reqs {
+		if !r.Zone.Shadow {
+			return false
+		}
+	}
+	return true
 }
 
 // release gives back what the groups at charged of a decision across hash slots (calls, of the

@@ -206,6 +206,37 @@ func TestClusterDenialStandsAgainstSlotError(t *testing.T) {
 	}
 }
 
+// TestClusterShadowSlotFailureLeftOut: when the node of a slot that holds only a shadow zone
+// fails, the shadow zone is left out (not Known, its error in Decision.Err) and the enforced
+// zone in a healthy slot decides and is charged, exactly; a shadow zone never refuses a request.
+func TestClusterShadowSlotFailureLeftOut(t *testing.T) {
+	c := redistest.StartCluster(t, 2)
+	perNode := clientsOn(t, c, 1)
+	alice, bob := perNode[0][0], perNode[1][0]
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs(), MaxRetries: -1, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = cc.Close() })
+	l := limiter.New(cc, limiter.Options{KeyPrefix: "rl:", Cluster: true})
+	enforced, shadow := tb("e", 3, 1.0/3600), tb("s", 100, 1.0/3600)
+	shadow.Shadow = true
+	mustAllow(t, l, limiter.Request{Zone: shadow, Key: bob, Cost: 1})
+	c.Nodes[1].Pause() // the shadow zone's node stalls
+	defer c.Nodes[1].Resume()
+	for i := range 4 {
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		reqs := []limiter.Request{{Zone: enforced, Key: alice, Cost: 1}, {Zone: shadow, Key: bob, Cost: 1}}
+		d, err := l.Allow(ctx, reqs)
+		cancel()
+		if err != nil || d.Allowed != (i < 3) || d.Zone != 0 || d.Err == nil || reqs[1].Result.Known {
+			t.Fatalf("request %d: %+v (shadow zone %+v), %v; want decided by zone e alone (admitted: %v), the shadow slot's error in Err",
+				i+1, d, reqs[1].Result, err, i < 3)
+		}
+	}
+	st, err := l.State(context.Background(), enforced, alice)
+	if err != nil || st.Remaining != 0 {
+		t.Fatalf("zone e: %+v, %v; want its 3 tokens charged by the 3 admitted requests", st, err)
+	}
+}
+
 // TestLocalTimeNeverGoesBack: fail_mode local's limiter never credits a refill twice when
 // requests reach it out of time order.
 func TestLocalTimeNeverGoesBack(t *testing.T) {

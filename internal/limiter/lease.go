@@ -536,7 +536,7 @@ func (l *Limiter) decideLeased(ctx context.Context, reqs, sub []Request, keys []
 	if err != nil || !allowed {
 		return allowed, zones, nil, nil, err
 	}
-	if held = newHeld(reqs, ckeys, args, idx); held != nil {
+	if held = newHeld(reqs, ckeys, args, idx, zones); held != nil {
 		held.sent = sent
 		l.track(held, sent) // a concurrency zone's slot, kept alive while its request runs
 	}

@@ -151,9 +151,10 @@ type Decision struct {
 	Unsatisfiable bool
 	// Cached is true when the denial came from the deny cache, with no Redis call.
 	Cached bool
-	// Err, on a denial, is the error of a Redis Cluster hash slot that failed while another slot
-	// denied the request: the denial stands (Decide returns no error), and Err is there to be
-	// counted and logged.
+	// Err is the error of a Redis Cluster hash slot that failed while the decision stands: on a
+	// denial, another slot denied the request; on any decision, the slot held shadow zones only,
+	// which are left out (their Results not Known). Decide returns no error then, and Err is
+	// there to be counted and logged.
 	Err error
 	// Held, when the request was allowed and a zone's Request had a Hold, is what Settle needs
 	// to settle those zones; nil otherwise.
@@ -393,7 +394,7 @@ func (l *Limiter) allowExact(ctx context.Context, reqs []Request, sent time.Time
 		var into [2]zoneReply // on the stack: the zones of most decisions
 		allowed, zones, err = l.allowOne(ctx, reqs, ckeys, args, into[:0])
 		if allowed {
-			held = newHeld(reqs, ckeys, args, nil)
+			held = newHeld(reqs, ckeys, args, nil, zones)
 		} else if err != nil {
 			l.lose(reqs, ckeys, args) // its slot may have been taken: given back by Refresh
 		}
