@@ -678,9 +678,6 @@ func TestGarbageRepliesFailureReason(t *testing.T) {
 			default:
 				return
 			}
-			if tc.bug != "" {
-				t.Skipf("BUG: %s (got %s)", tc.bug, got)
-			}
 			t.Fatalf("got %s, want an error of reason %s", got, tc.reason)
 		})
 	}
@@ -770,7 +767,6 @@ var garbageReplies = []struct {
 	reply  string
 	hangUp bool   // close the connection after the reply
 	reason string // failureReason of the limiter's error
-	bug    string // a known bug that makes the case fail; the case is skipped only when it does
 }{
 	{name: "simple string", reply: "+OK\r\n", reason: "bad_response"},
 	{name: "integer", reply: ":7\r\n", reason: "bad_response"},
@@ -817,9 +813,6 @@ func TestGarbageRepliesApplyFailMode(t *testing.T) {
 				for i := range 2 { // the second on a pooled connection, unless the first was dropped
 					step := "request " + strconv.Itoa(i+1)
 					r, err := lc.Get("/")
-					if err != nil && tc.bug != "" {
-						t.Skipf("BUG: %s (%s: %v)", tc.bug, step, err)
-					}
 					if err != nil {
 						t.Fatalf("%s: %v", step, err)
 					}
