@@ -230,8 +230,9 @@ type Handler struct {
 	live *registry
 
 	// Settings that tests change before Provision; 0 is the default.
-	localKeys      int           // the client buckets fail_mode local keeps per zone: limiter.DefaultLocalKeys
-	breakerOpenFor time.Duration // how long a circuit breaker stays open: defaultBreakerOpenFor
+	localKeys      int              // the client buckets fail_mode local keeps per zone: limiter.DefaultLocalKeys
+	breakerOpenFor time.Duration    // how long a circuit breaker stays open: defaultBreakerOpenFor
+	now            func() time.Time // the Go side's clock (limiter.Options.Clock): time.Now when nil
 }
 
 // CaddyModule returns the Caddy module information. Its receiver is a pointer, and it is
@@ -349,6 +350,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.Clock == ClockLocal {
 		opts.Now = time.Now
 	}
+	opts.Clock = h.now
 	// A grant's renewal and return share decisions' round trips; a Redis Cluster release follows
 	// a decision that failed.
 	opts.CallTimeout = time.Duration(h.Timeout)
