@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -68,17 +69,43 @@ func serve(h *Handler, r *http.Request) (*httptest.ResponseRecorder, error, bool
 // Settings no config sets, for the tests that run Caddy.
 
 // tunedHandler is the handler with the settings tests change that no config sets
-// (Handler.breakerOpenFor, Handler.localKeys), for tests that run Caddy: the module
+// (Handler.breakerOpenFor, Handler.localKeys, Handler.now), for tests that run Caddy: the module
 // http.handlers.rate_limit_redis_tuned and its directive, which exist in the test binary only.
 // The directive takes the settings as arguments, then rate_limit_redis's block:
 //
-//	rate_limit_redis_tuned breaker_open_for=3s local_keys=64 {
+//	rate_limit_redis_tuned breaker_open_for=3s local_keys=64 clock=TestName {
 //		...
 //	}
 type tunedHandler struct {
 	Handler
 	BreakerOpenFor caddy.Duration `json:"breaker_open_for,omitempty"`
 	LocalKeys      int            `json:"local_keys,omitempty"`
+	// Clock names a fakeClock of fakeClocks: the handler's Go-side clock (Handler.now).
+	Clock string `json:"clock,omitempty"`
+}
+
+// fakeClock is a clock that moves only when a test advances it.
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+// Now returns the clock's time.
+func (c *fakeClock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+
+// Advance moves the clock forward by d.
+func (c *fakeClock) Advance(d time.Duration) { c.mu.Lock(); c.t = c.t.Add(d); c.mu.Unlock() }
+
+// fakeClocks holds the clocks rate_limit_redis_tuned's clock=<name> setting names.
+var fakeClocks sync.Map // string -> *fakeClock
+
+// newFakeClock registers a fakeClock at the real time under t's name, for clock=<t.Name()>,
+// until t ends.
+func newFakeClock(t *testing.T) *fakeClock {
+	c := &fakeClock{t: time.Now()}
+	fakeClocks.Store(t.Name(), c)
+	t.Cleanup(func() { fakeClocks.Delete(t.Name()) })
+	return c
 }
 
 func init() {
@@ -97,6 +124,13 @@ func (*tunedHandler) CaddyModule() caddy.ModuleInfo {
 // Provision sets the settings, then provisions the handler.
 func (th *tunedHandler) Provision(ctx caddy.Context) error {
 	th.breakerOpenFor, th.localKeys = time.Duration(th.BreakerOpenFor), th.LocalKeys
+	if th.Clock != "" {
+		c, ok := fakeClocks.Load(th.Clock)
+		if !ok {
+			return fmt.Errorf("no fake clock %q", th.Clock)
+		}
+		th.now = c.(*fakeClock).Now
+	}
 	return th.Handler.Provision(ctx)
 }
 
@@ -119,6 +153,8 @@ func (th *tunedHandler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.Errf("%s: %v", name, err)
 			}
 			th.LocalKeys = n
+		case "clock":
+			th.Clock = value
 		default:
 			return d.Errf("unknown setting %q", d.Val())
 		}
@@ -369,11 +405,12 @@ func (lc *loggedCaddy) lines() []logLine {
 	return out
 }
 
-// ours returns the lines of the handler's logger (ctx.Logger() and the circuit breaker).
+// ours returns the lines of the handler's logger (ctx.Logger() and the circuit breaker), of
+// rate_limit_redis or of rate_limit_redis_tuned.
 func ours(lines []logLine) []logLine {
 	var out []logLine
 	for _, l := range lines {
-		if l.fields["logger"] == "http.handlers.rate_limit_redis" {
+		if lg := l.fields["logger"]; lg == "http.handlers.rate_limit_redis" || lg == "http.handlers.rate_limit_redis_tuned" {
 			out = append(out, l)
 		}
 	}

@@ -17,19 +17,15 @@ import (
 // applied to it and a denied one only in the denying zone; a denial from the deny cache is
 // `denied` plus a deny cache hit, with no Redis call observed; a cost above the quota is
 // `denied`; a bad cost (400) is no decision. The Redis call histogram counts exactly the calls
-// made. Read from the registry of Caddy's running config, after real requests. The deny cache
-// trusts a denial for max_age after its call (1s by default, which a loaded machine once spent
-// between the third login and the fourth): 1h here, the zones' own windows, so the fourth login
-// is answered from the cache however slow the machine.
+// made. Read from the registry of Caddy's running config, after real requests. The handler's
+// Go-side clock stands still, so the fourth login is within the deny cache's max_age of the third.
 func TestMetricsDecisions(t *testing.T) {
 	srv := redistest.Start(t)
+	newFakeClock(t)
 	cs := caddytest.Start(t, fmt.Sprintf(`
-	rate_limit_redis {
+	rate_limit_redis_tuned clock=%s {
 		redis {
 			address %s
-		}
-		deny_cache {
-			max_age 1h
 		}
 		zone md_api {
 			key {http.request.header.X-Client}
@@ -45,7 +41,7 @@ func TestMetricsDecisions(t *testing.T) {
 			window 1h
 		}
 	}
-	respond "ok"`, srv.Addr))
+	respond "ok"`, t.Name(), srv.Addr))
 	reg := activeRegistry(t)
 	zones := []string{"md_api", "md_login"}
 	step := func(name string, do func(), want map[string]float64) {

@@ -232,8 +232,9 @@ type Handler struct {
 	live *registry
 
 	// Settings that tests change before Provision; 0 is the default.
-	localKeys      int           // the client buckets fail_mode local keeps per zone: limiter.DefaultLocalKeys
-	breakerOpenFor time.Duration // how long a circuit breaker stays open: defaultBreakerOpenFor
+	localKeys      int              // the client buckets fail_mode local keeps per zone: limiter.DefaultLocalKeys
+	breakerOpenFor time.Duration    // how long a circuit breaker stays open: defaultBreakerOpenFor
+	now            func() time.Time // the Go side's clock (limiter.Options.Clock): time.Now when nil
 }
 
 // CaddyModule returns the Caddy module information. Its receiver is a pointer, and it is
@@ -277,31 +278,15 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.degradedHeader = h.Headers != HeadersOff && (h.DegradedHeader == nil || *h.DegradedHeader)
 	h.grpcStatus = h.GRPCStatus == nil || *h.GRPCStatus
 	needLocal := h.FailMode == FailLocal
+	in := inherited{failMode: h.FailMode, v4: h.IPv4Prefix, v6: h.IPv6Prefix, jitter: h.Jitter, noRetryOver: h.NoRetryOver}
 	for _, z := range h.Zones {
-		if err := z.provision(ctx, h.logger); err != nil {
+		if err := z.provision(ctx, h.logger, in); err != nil {
 			return err
 		}
 		if z.MaxWait > 0 && h.MaxWaiting == 0 {
 			h.MaxWaiting = DefaultMaxWaiting
 		}
-		z.failMode = z.FailMode
-		if z.failMode == "" {
-			z.failMode = h.FailMode
-		}
 		needLocal = needLocal || z.failMode == FailLocal
-		z.v4 = cmp.Or(z.IPv4Prefix, h.IPv4Prefix, DefaultIPv4Prefix)
-		z.v6 = cmp.Or(z.IPv6Prefix, h.IPv6Prefix, DefaultIPv6Prefix)
-		jitter := h.Jitter
-		if z.Jitter != nil {
-			jitter = *z.Jitter
-		}
-		z.jitter = int64(time.Duration(jitter) / time.Second)
-		z.noRetryOver = DefaultNoRetryOver
-		for _, d := range []*caddy.Duration{h.NoRetryOver, z.NoRetryOver} {
-			if d != nil {
-				z.noRetryOver = time.Duration(*d)
-			}
-		}
 	}
 	h.waiting = newWaitingRoom(h.MaxWaiting)
 	h.keySecret = nil
@@ -331,6 +316,19 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if needLocal {
 		h.local = limiter.NewLocal(cmp.Or(h.localKeys, limiter.DefaultLocalKeys))
 	}
+	h.limiter = limiter.New(client.rdb, h.limiterOptions(client))
+	client.resets.Add(h.limiter)
+	h.startRefresher()
+	h.events = newEvents(ctx, client.addrs)
+	if h.live == nil {
+		h.live = handlers
+	}
+	h.live.add(h) // for the admin API
+	return nil
+}
+
+// limiterOptions returns the options of the handler's limiter, which decides through client.
+func (h *Handler) limiterOptions(client *sharedClient) limiter.Options {
 	opts := limiter.Options{KeyPrefix: h.KeyPrefix}
 	if h.DenyCache == nil || *h.DenyCache {
 		opts.DenyCacheKeys = limiter.DefaultDenyCacheKeys
@@ -351,21 +349,14 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.Clock == ClockLocal {
 		opts.Now = time.Now
 	}
+	opts.Clock = h.now
 	// A grant's renewal and return share decisions' round trips; a Redis Cluster release follows
 	// a decision that failed.
 	opts.CallTimeout = time.Duration(h.Timeout)
 	if slices.ContainsFunc(h.Zones, func(z *Zone) bool { return z.Lease != nil }) {
 		opts.Leases, opts.LeaseMetrics = true, newPromLease(h.Zones)
 	}
-	h.limiter = limiter.New(client.rdb, opts)
-	client.resets.Add(h.limiter)
-	h.startRefresher()
-	h.events = newEvents(ctx, client.addrs)
-	if h.live == nil {
-		h.live = handlers
-	}
-	h.live.add(h) // for the admin API
-	return nil
+	return opts
 }
 
 // Validate checks the provisioned configuration: the handler's options and each zone, with the

@@ -38,14 +38,48 @@ const (
 	numFields
 )
 
-var numFieldNames = [numFields]string{"capacity", "refill_rate", "limit", "window", "max_cost"}
+// numberFields holds, for each numField, its name and where the field is kept: in a Zone, in an
+// override's body, in a limiter.Zone and in a limiter.Override. A new number is a new row here.
+var numberFields = [numFields]struct {
+	name     string
+	zone     func(*Zone) *Number
+	body     func(*overrideBody) Number
+	set      func(*limiter.Zone, numValue)
+	override func(*limiter.Override, numValue)
+}{
+	numCapacity: {"capacity",
+		func(z *Zone) *Number { return &z.Capacity },
+		func(b *overrideBody) Number { return b.Capacity },
+		func(lz *limiter.Zone, v numValue) { lz.Capacity = v.n },
+		func(o *limiter.Override, v numValue) { o.Capacity = v.n }},
+	numRefillRate: {"refill_rate",
+		func(z *Zone) *Number { return &z.RefillRate },
+		func(b *overrideBody) Number { return b.RefillRate },
+		func(lz *limiter.Zone, v numValue) { lz.RefillRate = v.rate },
+		func(o *limiter.Override, v numValue) { o.RefillRate = v.rate }},
+	numLimit: {"limit",
+		func(z *Zone) *Number { return &z.Limit },
+		func(b *overrideBody) Number { return b.Limit },
+		func(lz *limiter.Zone, v numValue) { lz.Limit = v.n },
+		func(o *limiter.Override, v numValue) { o.Limit = v.n }},
+	numWindow: {"window",
+		func(z *Zone) *Number { return &z.Window },
+		func(b *overrideBody) Number { return b.Window },
+		func(lz *limiter.Zone, v numValue) { lz.Window = v.dur },
+		func(o *limiter.Override, v numValue) { o.Window = v.dur }},
+	numMaxCost: {"max_cost",
+		func(z *Zone) *Number { return &z.MaxCost },
+		func(b *overrideBody) Number { return b.MaxCost },
+		func(lz *limiter.Zone, v numValue) { lz.MaxCost = v.n },
+		func(o *limiter.Override, v numValue) { o.MaxCost = v.n }},
+}
 
-func (f numField) String() string { return numFieldNames[f] }
+func (f numField) String() string { return numberFields[f].name }
 
 // numFieldNamed returns the numField of a subdirective or JSON field name.
 func numFieldNamed(name string) (numField, bool) {
-	for f, n := range numFieldNames {
-		if n == name {
+	for f, n := range numberFields {
+		if n.name == name {
 			return numField(f), true
 		}
 	}
@@ -330,25 +364,10 @@ func maxInt(f numField, algo limiter.Algorithm) int64 {
 }
 
 // setLimiterNumber writes v, a value of field f, into lz.
-func setLimiterNumber(lz *limiter.Zone, f numField, v numValue) {
-	switch f {
-	case numCapacity:
-		lz.Capacity = v.n
-	case numRefillRate:
-		lz.RefillRate = v.rate
-	case numLimit:
-		lz.Limit = v.n
-	case numWindow:
-		lz.Window = v.dur
-	case numMaxCost:
-		lz.MaxCost = v.n
-	}
-}
+func setLimiterNumber(lz *limiter.Zone, f numField, v numValue) { numberFields[f].set(lz, v) }
 
 // number returns the zone's number f.
-func (z *Zone) number(f numField) *Number {
-	return [numFields]*Number{&z.Capacity, &z.RefillRate, &z.Limit, &z.Window, &z.MaxCost}[f]
-}
+func (z *Zone) number(f numField) *Number { return numberFields[f].zone(z) }
 
 // quotaPlaceholder reports whether the quota (capacity or limit) of a zone of algorithm algo
 // comes from a placeholder.

@@ -254,7 +254,7 @@ func TestZoneJSONNumbers(t *testing.T) {
 			if b, _ := json.Marshal(&z); tc.want != "" && string(b) != tc.want {
 				t.Errorf("%s:\n got %s\nwant %s", tc.in, b, tc.want)
 			}
-			err = z.provision(ctx, ctx.Logger())
+			err = z.provision(ctx, ctx.Logger(), inherited{})
 		}
 		if tc.err != "" {
 			if err == nil || err.Error() != tc.err {
@@ -338,7 +338,7 @@ func dynZone(t testing.TB, algorithm string, placeholderCost bool) *Zone {
 	}
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: t.Context()})
 	t.Cleanup(cancel)
-	if err := z.provision(ctx, ctx.Logger()); err != nil {
+	if err := z.provision(ctx, ctx.Logger(), inherited{}); err != nil {
 		t.Fatal(err)
 	}
 	return z
@@ -410,7 +410,7 @@ func TestLiteralNumbersCostNothing(t *testing.T) {
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: t.Context()})
 	defer cancel()
 	lit := &Zone{Name: "a", Capacity: NumberOf(10), RefillRate: NumberOf(1)}
-	if err := lit.provision(ctx, ctx.Logger()); err != nil {
+	if err := lit.provision(ctx, ctx.Logger(), inherited{}); err != nil {
 		t.Fatal(err)
 	}
 	repl := caddy.NewReplacer()

@@ -43,9 +43,7 @@ type overrideBody struct {
 }
 
 // number returns the body's number f.
-func (b *overrideBody) number(f numField) Number {
-	return [numFields]Number{b.Capacity, b.RefillRate, b.Limit, b.Window, b.MaxCost}[f]
-}
+func (b *overrideBody) number(f numField) Number { return numberFields[f].body(b) }
 
 // overrideState is one entry of the replies of /rate_limit_redis/override.
 type overrideState struct {
@@ -202,22 +200,11 @@ func (z *Zone) override(body *overrideBody) (limiter.Override, error) {
 		if err != nil {
 			return o, z.fieldError(f.String(), "%s: %v", f, err)
 		}
-		setLimiterNumber(&lz, f, v)
-		switch f {
-		case numCapacity:
-			o.Capacity = v.n
-		case numRefillRate:
-			o.RefillRate = v.rate
-		case numLimit:
-			o.Limit = v.n
-		case numWindow:
-			if v.dur%time.Microsecond != 0 {
-				return o, z.fieldError("window", "window %s: an override's window is whole microseconds", v.dur)
-			}
-			o.Window = v.dur
-		case numMaxCost:
-			o.MaxCost = v.n
+		if f == numWindow && v.dur%time.Microsecond != 0 {
+			return o, z.fieldError("window", "window %s: an override's window is whole microseconds", v.dur)
 		}
+		setLimiterNumber(&lz, f, v)
+		numberFields[f].override(&o, v)
 	}
 	if o.IsZero() {
 		return o, &limiter.FieldError{Zone: z.Name, Msg: "an override sets at least one of the zone's numbers"}

@@ -254,7 +254,8 @@ type Zone struct {
 	errLimited, errUnsatisfiable, errEmptyKey error
 }
 
-func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger) error {
+func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger, in inherited) error {
+	z.inherit(in)
 	z.shadowLogged = new(atomic.Int64)
 	if len(z.Key) == 0 {
 		z.Key = []string{DefaultKey}
@@ -531,4 +532,31 @@ func (z *Zone) validateConcurrency(cost int64) error {
 		return z.fieldError("hold_max", "hold_max %s: a %s zone's slots are refreshed every third of it; at least %s", time.Duration(z.HoldMax), concurrencyName, MinSlotHold)
 	}
 	return nil
+}
+
+// inherited is what a zone takes from its handler when it does not set its own.
+type inherited struct {
+	failMode    string
+	v4, v6      int // prefix lengths: 0 for the default
+	jitter      caddy.Duration
+	noRetryOver *caddy.Duration
+}
+
+// inherit sets the values in force of the options a zone inherits: the zone's own, else the
+// handler's (in), else the defaults.
+func (z *Zone) inherit(in inherited) {
+	z.failMode = cmp.Or(z.FailMode, in.failMode)
+	z.v4 = cmp.Or(z.IPv4Prefix, in.v4, DefaultIPv4Prefix)
+	z.v6 = cmp.Or(z.IPv6Prefix, in.v6, DefaultIPv6Prefix)
+	jitter := in.jitter
+	if z.Jitter != nil {
+		jitter = *z.Jitter
+	}
+	z.jitter = int64(time.Duration(jitter) / time.Second)
+	z.noRetryOver = DefaultNoRetryOver
+	for _, d := range []*caddy.Duration{in.noRetryOver, z.NoRetryOver} {
+		if d != nil {
+			z.noRetryOver = time.Duration(*d)
+		}
+	}
 }

@@ -127,3 +127,32 @@ func TestEndToEndDailyQuota(t *testing.T) {
 		t.Fatalf("after the reset: %d %v, want 200 with 2 left", r.Status, r.Header)
 	}
 }
+
+// TestZoneInherit: a zone's fail_mode, prefix lengths, jitter and no_retry_over in force are its
+// own when set (an explicit zero jitter or no_retry_over included), else the handler's, else
+// the defaults.
+func TestZoneInherit(t *testing.T) {
+	d := func(v time.Duration) *caddy.Duration { c := caddy.Duration(v); return &c }
+	handler := inherited{failMode: FailClosed, v4: 24, v6: 48, jitter: caddy.Duration(3 * time.Second), noRetryOver: d(time.Hour)}
+	for _, tc := range []struct {
+		name        string
+		zone        Zone
+		in          inherited
+		failMode    string
+		v4, v6      int
+		jitter      int64
+		noRetryOver time.Duration
+	}{
+		{"defaults", Zone{}, inherited{}, "", DefaultIPv4Prefix, DefaultIPv6Prefix, 0, DefaultNoRetryOver},
+		{"the handler's", Zone{}, handler, FailClosed, 24, 48, 3, time.Hour},
+		{"the zone's own", Zone{FailMode: FailLocal, IPv4Prefix: 16, IPv6Prefix: 56, Jitter: d(0), NoRetryOver: d(0)},
+			handler, FailLocal, 16, 56, 0, 0},
+	} {
+		z := tc.zone
+		z.inherit(tc.in)
+		if z.failMode != tc.failMode || z.v4 != tc.v4 || z.v6 != tc.v6 || z.jitter != tc.jitter || z.noRetryOver != tc.noRetryOver {
+			t.Errorf("%s: fail_mode %q, prefixes %d/%d, jitter %ds, no_retry_over %v; want %q, %d/%d, %ds, %v", tc.name,
+				z.failMode, z.v4, z.v6, z.jitter, z.noRetryOver, tc.failMode, tc.v4, tc.v6, tc.jitter, tc.noRetryOver)
+		}
+	}
+}

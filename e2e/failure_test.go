@@ -81,8 +81,8 @@ func TestRecoveryAfterRedisLosesStateOrScripts(t *testing.T) {
 			if err != nil {
 				t.Fatalf("first request after %s: %v", tc.event, err)
 			}
-			if tc.event == "restart" && r.Status == http.StatusServiceUnavailable {
-				t.Skipf("BUG: the first request after a Redis restart failed (503) instead of reconnecting; headers %v", r.Header)
+			if r.Status == http.StatusServiceUnavailable {
+				t.Fatalf("the first request after %s failed (503) instead of reconnecting; headers %v", tc.event, r.Header)
 			}
 			if tc.stateKept {
 				r.Expect(t, "first request after "+tc.event, 200, "ok",
@@ -242,14 +242,15 @@ func TestRedisKilledMidLoad(t *testing.T) {
 	}
 }
 
-// hugeArrayChild names the environment variable that makes TestGarbageArrayLengthKeepsCaddyUp
+// hugeArrayChild names the environment variable that makes TestKnownBugGarbageArrayLengthKillsCaddy
 // the child process it starts.
 const hugeArrayChild = "RATELIMITREDIS_HUGE_ARRAY_CHILD"
 
-// TestGarbageArrayLengthKeepsCaddyUp: a Redis reply declaring an array of 2^40 elements (and then
-// closing the connection) costs one failed decision, a 503 with fail_mode closed, not the
-// process. It runs in a child process, since a failure is the process dying.
-func TestGarbageArrayLengthKeepsCaddyUp(t *testing.T) {
+// TestKnownBugGarbageArrayLengthKillsCaddy checks that a Redis reply declaring an array of 2^40
+// elements (and then closing the connection) costs one failed decision, a 503 with fail_mode
+// closed, not the process. It runs in a child process, since a failure is the process dying.
+// It is skipped: the bug it names is not fixed.
+func TestKnownBugGarbageArrayLengthKillsCaddy(t *testing.T) {
 	if os.Getenv(hugeArrayChild) == "1" {
 		addr := redistest.StartGarbage(t, "*1099511627776\r\n", true)
 		cs := caddytest.Start(t, fmt.Sprintf(`
@@ -266,9 +267,15 @@ func TestGarbageArrayLengthKeepsCaddyUp(t *testing.T) {
 		fmt.Printf("child result: status=%d retry-after=%q err=%v\n", r.Status, r.Header.Get("Retry-After"), err)
 		return
 	}
+	t.Skip("known bug: go-redis allocates a reply's declared array length before reading the elements, " +
+		"so a reply declaring 2^40 elements kills the process (fatal error: runtime: out of memory); " +
+		"remove this skip with the fix")
+	if testing.Short() {
+		t.Skip("runs Caddy: skipped with -short")
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestGarbageArrayLengthKeepsCaddyUp$", "-test.count=1")
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestKnownBugGarbageArrayLengthKillsCaddy$", "-test.count=1")
 	cmd.Env = append(os.Environ(), hugeArrayChild+"=1")
 	out, err := cmd.CombinedOutput()
 	if strings.Contains(string(out), `child result: status=503 retry-after="1" err=<nil>`) && err == nil {
@@ -279,7 +286,7 @@ func TestGarbageArrayLengthKeepsCaddyUp(t *testing.T) {
 		tail = tail[:600]
 	}
 	if strings.Contains(string(out), "out of memory") {
-		t.Skipf("BUG: a Redis reply declaring a 2^40-element array kills the whole Caddy process (go-redis allocates the declared length): %v\n%s", err, tail)
+		t.Fatalf("a Redis reply declaring a 2^40-element array killed the Caddy process (out of memory): %v\n%s", err, tail)
 	}
 	t.Fatalf("child process: %v\n%s", err, tail)
 }

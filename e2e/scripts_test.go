@@ -93,6 +93,7 @@ func TestMakeRun(t *testing.T) {
 // ADMIN_ADDRESS exported as a user of `make run` may have them, pointing where nothing answers:
 // the smoke test must use addresses of its own and pass.
 func TestMakeSmoke(t *testing.T) {
+	redistest.SkipShort(t) // smoke.sh starts its own redis-server
 	caddyBin := os.Getenv("CADDY_BINARY")
 	if caddyBin == "" {
 		t.Skip("CADDY_BINARY is not set: run `make test`, which builds bin/caddy from this checkout and sets it")

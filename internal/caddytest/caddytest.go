@@ -99,9 +99,13 @@ func Client(timeout time.Duration) *http.Client {
 // route answers with the new generation on the new generation's transport; and once no earlier
 // config's socket is left on the admin endpoint's address, if any. Then it makes that
 // generation the one Client uses and closes the previous one's idle connections. The error is
-// the loader's (the previous config then goes on serving) or the wait's.
+// the loader's (the previous config then goes on serving) or the wait's. It skips the test under
+// `go test -short`.
 func LoadServing(t testing.TB, cfg []byte) error {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("runs Caddy: skipped with -short")
+	}
 	g := &generation{n: generations.Add(1), transport: &http.Transport{MaxIdleConnsPerHost: 64}}
 	t.Cleanup(g.transport.CloseIdleConnections)
 	cfg, servers, admin, err := withGenerationRoute(cfg, g.n)

@@ -16,6 +16,7 @@ import (
 // Redis's WRONGPASS error, with decisions sent one by one and in a pipeline, never a
 // bad response (go-redis leaves a pipeline's commands unset when AUTH fails).
 func TestWrongPasswordIsARedisError(t *testing.T) {
+	t.Parallel()
 	srv := redistest.StartWithPassword(t, "right")
 	for _, pipelined := range []bool{false, true} {
 		c := redis.NewClient(&redis.Options{Addr: srv.Addr, Password: "wrong", ContextTimeoutEnabled: true})

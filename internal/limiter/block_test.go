@@ -28,6 +28,7 @@ func blocked(t *testing.T, step string, l *limiter.Limiter, z *limiter.Zone, key
 // window past) the client is still refused, with Retry-After the block's remaining time, until
 // the block ends; then the algorithm decides again.
 func TestBlockEveryAlgorithm(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	for _, z := range []*limiter.Zone{
 		{Name: "tb", Algorithm: limiter.TokenBucket, Capacity: 2, RefillRate: 2},
@@ -67,6 +68,7 @@ func TestBlockEveryAlgorithm(t *testing.T) {
 // TestBlockChargesNoZone: a request refused by one zone's block charges none of its other
 // zones (all-or-nothing), and the denial that starts a block charges none either.
 func TestBlockChargesNoZone(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	clk := newClock()
 	l := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:", Now: clk.Now})
@@ -98,6 +100,7 @@ func TestBlockChargesNoZone(t *testing.T) {
 // ended as that block lasted gets twice the last block, up to block_max; one that stays out
 // that long starts again at block. State reports the block and its strikes.
 func TestBlockStrikes(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	clk := newClock()
 	l := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:", Now: clk.Now})
@@ -128,6 +131,7 @@ func TestBlockStrikes(t *testing.T) {
 
 // TestBlockUnsatisfiable: a cost the zone can never admit is denied without starting a block.
 func TestBlockUnsatisfiable(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	l := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:"})
 	z := &limiter.Zone{Name: "api", Algorithm: limiter.TokenBucket, Capacity: 5, RefillRate: 1, Block: time.Minute}
@@ -144,6 +148,7 @@ func TestBlockUnsatisfiable(t *testing.T) {
 // another instance with a deny cache, and Reset lifts the block: the next request is decided
 // by the zone's algorithm. A zone without a Block cannot be blocked.
 func TestBlockAdmin(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	ctx := context.Background()
 	a := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:", DenyCacheKeys: 100})
@@ -181,6 +186,7 @@ func TestBlockAdmin(t *testing.T) {
 // commandstats: one EVALSHA, HMGET and PEXPIRE per decision, HSET per admission, no GET or
 // SET), where a zone with a block adds one GET per decision and one SET per block started.
 func TestBlockZoneWithoutBlockWritesNone(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	l := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:"})
 	calls := func() map[string]string {
@@ -247,6 +253,7 @@ func TestBlockValidate(t *testing.T) {
 // not the zone's 1) decides, the denial past it starts the block, and once the bucket has
 // refilled the block still refuses, with its remaining time: each key is read as what it is.
 func TestBlockWithOverridesAndRecords(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	clk := newClock()
 	l := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:", Now: clk.Now})

@@ -92,6 +92,7 @@ func zoneNames(t *testing.T) []string {
 // (the window was [Sat 00:00, Sat 23:00), which does not hold 23:30, and the next one had no
 // length: every request was admitted).
 func TestDayWindowWhereMidnightIsSkipped(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	for _, c := range []struct{ tz, at, start, end string }{
 		{"America/Santiago", "2026-09-05T23:30:00-04:00", "2026-09-05T00:00:00-04:00", "2026-09-06T01:00:00-03:00"},

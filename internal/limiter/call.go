@@ -313,18 +313,10 @@ func decodeReply(arr []any, reqs []Request, into []zoneReply) (bool, []zoneReply
 			zones[z].block, off = uint8(b), off+1
 		}
 		if r.Zone.Overrides {
-			var o [overrideWidth]int64
-			for k := range overrideWidth {
-				if o[k], err = replyInt(arr, off+k, -1); err != nil {
-					return false, nil, err
-				}
+			if zones[z].ov, err = decodeOverride(arr, off, z); err != nil {
+				return false, nil, err
 			}
 			off += overrideWidth
-			ov := overrideReply{quota: o[0], windowUs: o[1], maxCost: o[2]}
-			if ov.quota > 0 && (ov.quota > MaxCapacity || ov.maxCost > ov.quota || ov.maxCost < 1) {
-				return false, nil, fmt.Errorf("%w: zone %d's override quota %d and max cost %d are out of range", ErrBadResponse, z, ov.quota, ov.maxCost)
-			}
-			zones[z].ov = ov
 		}
 		if zones[z].allowed && zones[z].retryAfter > r.maxWait().Microseconds() {
 			return false, nil, fmt.Errorf("%w: zone %d admits with a delay of %dµs, beyond its max_wait of %v",
@@ -332,6 +324,22 @@ func decodeReply(arr []any, reqs []Request, into []zoneReply) (bool, []zoneReply
 		}
 	}
 	return first == 1, zones, nil
+}
+
+// decodeOverride decodes zone z's override integers (overrideWidth of them) at arr[off].
+func decodeOverride(arr []any, off, z int) (overrideReply, error) {
+	var o [overrideWidth]int64
+	for k := range overrideWidth {
+		var err error
+		if o[k], err = replyInt(arr, off+k, -1); err != nil {
+			return overrideReply{}, err
+		}
+	}
+	ov := overrideReply{quota: o[0], windowUs: o[1], maxCost: o[2]}
+	if ov.quota > 0 && (ov.quota > MaxCapacity || ov.maxCost > ov.quota || ov.maxCost < 1) {
+		return overrideReply{}, fmt.Errorf("%w: zone %d's override quota %d and max cost %d are out of range", ErrBadResponse, z, ov.quota, ov.maxCost)
+	}
+	return ov, nil
 }
 
 // replyInt returns arr[i], which must be an integer >= 0, and at most most (-1: no bound).

@@ -28,6 +28,7 @@ func used(t *testing.T, srv *redistest.Server, key string) float64 {
 // bucket is charged 5000 for it, as when the response is quick. Settled to less than the cost,
 // the difference is given back.
 func TestSettleLateAppliesTheDifference(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	clk := newClock()
 	l := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:", Now: clk.Now})
@@ -60,6 +61,7 @@ func TestSettleLateAppliesTheDifference(t *testing.T) {
 // one capacity whatever the number of responses settled: 2^63 − 1 tokens reported on a bucket of
 // 1000 tokens refilled in an hour leave it 2000 used, its key's TTL at most two hours.
 func TestSettleCapsTheAmount(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	l := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:"})
 	capped := &limiter.Zone{Name: "capped", Algorithm: limiter.TokenBucket, Capacity: 1000, RefillRate: 1000.0 / 3600, MaxCost: 300}
@@ -100,6 +102,7 @@ func TestSettleCapsTheAmount(t *testing.T) {
 // zone's windows (a fixed window's, a second past its end) plus, while charges are pending, the
 // hold time and a second.
 func TestKeyTTLWithinTheZonesWindows(t *testing.T) {
+	t.Parallel()
 	const window, hold = time.Hour, 10 * time.Minute
 	for _, z := range []*limiter.Zone{
 		tb("b", 1000, 1000.0/3600),

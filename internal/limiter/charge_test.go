@@ -25,6 +25,7 @@ func settle(t *testing.T, l *limiter.Limiter, d limiter.Decision, amounts ...int
 // settled to 300 four times: the 4th puts the bucket 200 in debt, and the 5th waits for the debt
 // and its cost, 300 tokens: 1080 s. A second settle of the same decision changes nothing.
 func TestSettleChargesTheReportedAmount(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	clk := newClock()
 	l := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:", Now: clk.Now})
@@ -62,6 +63,7 @@ func TestSettleChargesTheReportedAmount(t *testing.T) {
 // time has passed, and then counts as charged when a decision finds it: a settle after that
 // applies its difference all the same (settled to 0, the charge is given back).
 func TestSettleReleaseAndKeep(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	clk := newClock()
 	l := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:", Now: clk.Now})
@@ -114,6 +116,7 @@ func TestSettleReleaseAndKeep(t *testing.T) {
 // TestHoldOutlivesTheBucketsTTL: a hold of 10 minutes on a bucket that would be full again in a
 // second keeps the bucket alive until it can be settled.
 func TestHoldOutlivesTheBucketsTTL(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	l := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:"})
 	d := allow(t, l, limiter.Request{Zone: tb("fast", 10, 10), Key: "k", Cost: 5, Hold: 10 * time.Minute})
@@ -132,6 +135,7 @@ func TestHoldOutlivesTheBucketsTTL(t *testing.T) {
 // TestSlidingWindowCountStatus: a sliding window's entries are its charge: settled to 0 they
 // are removed, settled to the cost they stay (with no Redis call).
 func TestSlidingWindowCountStatus(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	l := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:"})
 	req := limiter.Request{Zone: sw("login", 3, time.Hour), Key: "eve", Cost: 1, Hold: 10 * time.Minute}
@@ -158,6 +162,7 @@ func TestSlidingWindowCountStatus(t *testing.T) {
 // leaves the held one held (no 5 s expiry); Settle then charges the reported amount; a denial
 // by the other slot releases the held zone too.
 func TestClusterHeldZoneAcrossSlots(t *testing.T) {
+	t.Parallel()
 	c := redistest.StartCluster(t, 3)
 	perNode := clientsOn(t, c, 1)
 	alice, bob := perNode[0][0], perNode[1][0]
@@ -197,6 +202,7 @@ func TestClusterHeldZoneAcrossSlots(t *testing.T) {
 // their batches: 300 concurrent requests of cost 1, settled to 0, 1 or 2 in turn, leave the
 // bucket charged exactly the sum, and every settlement finds its hold.
 func TestSettleOnBatcherUnderConcurrency(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	rdb := srv.Client()
 	p := limiter.NewBatcher(rdb, 2)

@@ -55,6 +55,7 @@ func count(t *testing.T, srv *redistest.Server, z *limiter.Zone, client string) 
 // next hour, as the 1200 counted weigh less). A second settle of the same decision changes
 // nothing, and no record is left.
 func TestSettleWindowCounterChargesTheReportedAmount(t *testing.T) {
+	t.Parallel()
 	for _, z := range windowCounters("llm", 1000) {
 		t.Run(z.Algorithm.String(), func(t *testing.T) {
 			srv := redistest.Start(t)
@@ -104,6 +105,7 @@ func TestSettleWindowCounterChargesTheReportedAmount(t *testing.T) {
 // to 0) leaves the count as it was, so 10 of them all pass; 3 kept fill the limit, and the 4th is
 // denied until the window moves. A pending charge's record lives as long as its hold.
 func TestWindowCounterCountStatus(t *testing.T) {
+	t.Parallel()
 	for _, z := range windowCounters("login", 3) {
 		t.Run(z.Algorithm.String(), func(t *testing.T) {
 			srv := redistest.Start(t)
@@ -155,6 +157,7 @@ func TestWindowCounterCountStatus(t *testing.T) {
 // previous count a sliding window counter weighs) is left alone, the record is deleted, and
 // Settle reports the zone not settled, with no error.
 func TestWindowCounterSettleAfterTheWindow(t *testing.T) {
+	t.Parallel()
 	for _, z := range windowCounters("llm", 1000) {
 		t.Run(z.Algorithm.String(), func(t *testing.T) {
 			srv := redistest.Start(t)
@@ -191,6 +194,7 @@ func TestWindowCounterSettleAfterTheWindow(t *testing.T) {
 // other's counts. With every charge of this version given back, the previous version's
 // requests alone fill the limit, exactly.
 func TestWindowCounterPreviousScriptOverlap(t *testing.T) {
+	t.Parallel()
 	for _, z := range windowCounters("login", 5) {
 		t.Run(z.Algorithm.String(), func(t *testing.T) {
 			srv := redistest.Start(t)
@@ -258,6 +262,7 @@ var decideV2 string
 // settles each slot with its own call (charged 250 in place of 100, and given back), once; a
 // denial by the bucket's slot releases the held zones through their records, exactly.
 func TestClusterWindowCountersAcrossSlots(t *testing.T) {
+	t.Parallel()
 	c := redistest.StartCluster(t, 3)
 	perNode := clientsOn(t, c, 1)
 	alice, bob, carol := perNode[0][0], perNode[1][0], perNode[2][0]
@@ -317,6 +322,7 @@ func TestClusterWindowCountersAcrossSlots(t *testing.T) {
 // that keeps the whole charge forgets nothing. (A token bucket's denials that a release could
 // cure are never cached: see TestSettleReleaseAndKeep.)
 func TestRefundForgetsCachedDenials(t *testing.T) {
+	t.Parallel()
 	for _, z := range append(windowCounters("login", 2), sw("login", 2, time.Hour)) {
 		t.Run(z.Algorithm.String(), func(t *testing.T) {
 			srv := redistest.Start(t)

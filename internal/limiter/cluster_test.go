@@ -49,6 +49,7 @@ func clientsOn(t *testing.T, c *redistest.Cluster, n int) [][]string {
 // TestClusterExactUnderConcurrency: on a 3-primary cluster, 4 instances race 2,000 requests
 // for each of 6 clients (2 on each primary), capacity/limit 100: each client gets exactly 100.
 func TestClusterExactUnderConcurrency(t *testing.T) {
+	t.Parallel()
 	c := redistest.StartCluster(t, 3)
 	perNode := clientsOn(t, c, 2)
 	var clients []string
@@ -113,6 +114,7 @@ func TestClusterExactUnderConcurrency(t *testing.T) {
 // different slots (on different nodes) is decided per slot; when one slot denies, the zone of
 // the other slot, which admitted, is refunded: neither is charged.
 func TestClusterCrossSlotDenialChargesNeither(t *testing.T) {
+	t.Parallel()
 	c := redistest.StartCluster(t, 3)
 	perNode := clientsOn(t, c, 1)
 	alice, bob := perNode[0][0], perNode[1][0]         // on node 0 and node 1
@@ -179,6 +181,7 @@ func zoneState(t *testing.T, s *redistest.Server, key string) string {
 // each with capacity 30, are hammered while the slot migrates to another node two keys at a time
 // (ASK redirections during the migration, MOVED after it); each zone admits exactly 30.
 func TestClusterReshardingKeepsExactCounts(t *testing.T) {
+	t.Parallel()
 	c := redistest.StartCluster(t, 3)
 	const zones, capacity = 24, 30
 	const client = "alice"
@@ -283,6 +286,7 @@ func TestClusterReshardingKeepsExactCounts(t *testing.T) {
 // nothing); the limiter sends it again (go-redis no longer does: see limiter/script.go) until the
 // migration has moved the other key, and the request is admitted, each zone charged once.
 func TestClusterTryAgainDuringMigration(t *testing.T) {
+	t.Parallel()
 	c := redistest.StartCluster(t, 3)
 	const client = "alice"
 	slot := int(c.Nodes[0].Do("CLUSTER", "KEYSLOT", client).(int64))

@@ -30,6 +30,7 @@ func settleAll(t *testing.T, l *limiter.Limiter, d limiter.Decision) {
 // is settled; the denial is not cached (a slot may come back at any moment), and a denial
 // takes no slot.
 func TestConcurrencyAdmitsLimitInFlight(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	l := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:", DenyCacheKeys: 100})
 	z := cc("conc", 3)
@@ -73,6 +74,7 @@ func TestConcurrencyAdmitsLimitInFlight(t *testing.T) {
 // TestConcurrencyAllOrNothing: a request whose other zone denies takes no slot, and a request
 // denied by its concurrency zone charges no other zone.
 func TestConcurrencyAllOrNothing(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	l := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:"})
 	zc, zt := cc("conc", 1), tb("bucket", 2, 0.001)
@@ -104,6 +106,7 @@ func TestConcurrencyAllOrNothing(t *testing.T) {
 // hold time is kept for 10 hold times and more, freed at once by its settlement, and never taken again
 // by a refresh; a refresh that comes after a slot's deadline does not revive it.
 func TestConcurrencyHoldAndRefresh(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	clk := newClock()
 	ctx := context.Background()
@@ -168,6 +171,7 @@ func TestConcurrencyHoldAndRefresh(t *testing.T) {
 // requests its instances abandon, and its size (MEMORY USAGE) with every slot taken, for limit
 // 5 and 100, is logged for docs/decisions.md.
 func TestConcurrencyMemoryBound(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	clk := newClock()
 	for _, limit := range []int64{5, 100} {
@@ -200,6 +204,7 @@ func TestConcurrencyMemoryBound(t *testing.T) {
 // gives back; a denial by the other slot releases the slot at once; Refresh moves on the slots
 // of clients on different nodes.
 func TestConcurrencyCluster(t *testing.T) {
+	t.Parallel()
 	c := redistest.StartCluster(t, 3)
 	perNode := clientsOn(t, c, 1)
 	alice, bob := perNode[0][0], perNode[1][0]

@@ -78,6 +78,7 @@ func mustAllow(t *testing.T, l *limiter.Limiter, reqs ...limiter.Request) limite
 // first slot's bucket exactly as it would be had the request never come, even when the bucket
 // would have refilled to its capacity in between, and another request took tokens meanwhile.
 func TestClusterReleaseIsExact(t *testing.T) {
+	t.Parallel()
 	for _, redisClock := range []bool{false, true} {
 		t.Run("redis clock "+strconv.FormatBool(redisClock), func(t *testing.T) {
 			ccX, ccY := oneNodeCluster(t), (*redis.ClusterClient)(nil)
@@ -136,6 +137,7 @@ func TestClusterReleaseIsExact(t *testing.T) {
 // TestClusterReleaseTouchesOnlyItsBucket: a release reaches only the bucket it charged: not one
 // recreated after a reset (or an expiry) between the hold and the release.
 func TestClusterReleaseTouchesOnlyItsBucket(t *testing.T) {
+	t.Parallel()
 	cc := oneNodeCluster(t)
 	clk := newClock()
 	opts := limiter.Options{KeyPrefix: "rl:", Cluster: true, Now: clk.Now}
@@ -162,6 +164,7 @@ func TestClusterReleaseTouchesOnlyItsBucket(t *testing.T) {
 // TestClusterHoldDenialNotCached: a denial caused only by another request's hold is not cached,
 // so that the hold's release is seen at once.
 func TestClusterHoldDenialNotCached(t *testing.T) {
+	t.Parallel()
 	cc := oneNodeCluster(t)
 	clk := newClock()
 	X := limiter.New(cc, limiter.Options{KeyPrefix: "rl:", Cluster: true, Now: clk.Now})
@@ -187,6 +190,7 @@ func TestClusterHoldDenialNotCached(t *testing.T) {
 // TestClusterDenialStandsAgainstSlotError: when one slot's node fails and another slot denies,
 // the request is denied (not failed), and the error is reported in Decision.Err.
 func TestClusterDenialStandsAgainstSlotError(t *testing.T) {
+	t.Parallel()
 	c := redistest.StartCluster(t, 2)
 	perNode := clientsOn(t, c, 1)
 	alice, bob := perNode[0][0], perNode[1][0]
@@ -259,6 +263,7 @@ func TestLocalTimeNeverGoesBack(t *testing.T) {
 // TestBucketTTLNotEarly: a token bucket's key never expires before its used tokens have drained
 // (Redis clock, many parameter sets).
 func TestBucketTTLNotEarly(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	rdb := srv.Client()
 	ctx := context.Background()
@@ -288,6 +293,7 @@ func TestBucketTTLNotEarly(t *testing.T) {
 // lengthens the key's TTL to what the parameters in force need, so the state never vanishes
 // early.
 func TestDenialLengthensTTL(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	l := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:"})
 	mustAllow(t, l, limiter.Request{Zone: tb("api", 100, 100), Key: "frank", Cost: 100}) // TTL 1s
@@ -311,6 +317,7 @@ func TestDenialLengthensTTL(t *testing.T) {
 // TestRetryAfterNeverShort: a request retried exactly its Retry-After later is admitted, for
 // large costs and awkward rates where float rounding could make the wait 1µs short.
 func TestRetryAfterNeverShort(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	clk := newClock()
 	l := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:", Now: clk.Now})
@@ -339,6 +346,7 @@ var decideV1 string
 // (which stored the tokens left) and this one (which stores what is used) share buckets: each
 // reads the other's writes, and together they admit exactly the capacity.
 func TestPreviousEncodingOverlap(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	rdb := srv.Client()
 	clk := newClock()
@@ -371,6 +379,7 @@ func TestPreviousEncodingOverlap(t *testing.T) {
 // TestCapacityChangeTakesEffect: a token bucket stores what is used, so a raised capacity gives
 // a client the difference at once and a lowered one takes it away at once.
 func TestCapacityChangeTakesEffect(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	clk := newClock()
 	l := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:", Now: clk.Now})
@@ -400,6 +409,7 @@ func TestCapacityChangeTakesEffect(t *testing.T) {
 // from their deny caches; a reset through one reaches the other's cache through Redis pub/sub
 // at once, and without the broadcast the other admits the client within its max age.
 func TestResetReachesOtherInstances(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	z := sw("quota", 3, time.Hour)
 	req := []limiter.Request{{Zone: z, Key: "client", Cost: 1}}
@@ -462,6 +472,7 @@ func TestResetReachesOtherInstances(t *testing.T) {
 // TestOverMemoryRefusesTheWholeCall: Redis over maxmemory (noeviction) refuses every decision
 // with OOM before it runs, so a flood of fresh clients cannot grow Redis past its limit.
 func TestOverMemoryRefusesTheWholeCall(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t, "--maxmemory", "2mb", "--maxmemory-policy", "noeviction")
 	l := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:"})
 	window, bucket := sw("day", 100, 24*time.Hour), tb("api", 100, 1)

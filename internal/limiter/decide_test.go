@@ -49,6 +49,7 @@ func (g *recordingGate) counts() (asked, released int) {
 // (Decision.Cached), without asking Gate. (Script calls are not counted here: the grants that
 // successors replaced are returned in the background.)
 func TestDecideOrder(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	clk := newClock()
 	g := new(recordingGate)
@@ -139,6 +140,7 @@ func TestDecideOrder(t *testing.T) {
 // Options.Timeout. A refusal is Decide's error, and Redis is not called; otherwise Gate is told
 // the call's outcome (nil, or its error) and ObserveCall how long it took, once per call.
 func TestDecideGate(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	g := new(recordingGate)
 	var observed []time.Duration

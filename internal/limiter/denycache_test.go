@@ -16,6 +16,7 @@ import (
 // with no script call, with the Retry-After, reset and next unit Redis would give, until the
 // zone can admit (max_age set long enough not to matter here).
 func TestDenyCacheServesDenialsWithoutRedis(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	clk := newClock()
 	l := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:", Now: clk.Now, DenyCacheKeys: 100, DenyCacheMaxAge: time.Minute})
@@ -42,6 +43,7 @@ func TestDenyCacheServesDenialsWithoutRedis(t *testing.T) {
 // TestDenyCacheMaxAge: a cached denial is trusted for at most DenyCacheMaxAge after its call was
 // sent, however long its Retry-After; then Redis is asked again and the fresh denial cached.
 func TestDenyCacheMaxAge(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	clk := newClock()
 	l := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:", Now: clk.Now, DenyCacheKeys: 100, DenyCacheMaxAge: time.Second})
@@ -71,6 +73,7 @@ func TestDenyCacheMaxAge(t *testing.T) {
 // may fit, a cost of 6 waits longer than the entry knows, and a cost above the quota gets no
 // Retry-After; neither another zone nor another client.
 func TestDenyCacheCoversOnlyTheSameCost(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	clk := newClock()
 	l := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:", Now: clk.Now, DenyCacheKeys: 100, DenyCacheMaxAge: time.Hour})
@@ -105,6 +108,7 @@ func TestDenyCacheCoversOnlyTheSameCost(t *testing.T) {
 // arrives, so its Remaining is Redis's: a cost-5 denial of an empty 1/s bucket is cached for 1s,
 // not for the 5s of its Retry-After.
 func TestDenyCacheUntilTheNextUnit(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	clk := newClock()
 	l := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:", Now: clk.Now, DenyCacheKeys: 100, DenyCacheMaxAge: time.Hour})
@@ -125,6 +129,7 @@ func TestDenyCacheUntilTheNextUnit(t *testing.T) {
 // TestDenyCacheStartsWhenSent: a cached denial's clock starts when its call was sent, so a slow
 // reply does not make it outlive Redis's answer.
 func TestDenyCacheStartsWhenSent(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	clk := newClock()
 	rdb := srv.Client()
@@ -171,6 +176,7 @@ func (h *slowReply) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 // TestDenyCacheBoundPerClient: a client's denials in a zone are kept for up to 4 costs, the
 // newest: a fifth cost's denial pushes out the oldest, which Redis then answers again.
 func TestDenyCacheBoundPerClient(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	clk := newClock()
 	l := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:", Now: clk.Now, DenyCacheKeys: 100, DenyCacheMaxAge: time.Hour})

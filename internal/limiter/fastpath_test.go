@@ -19,6 +19,7 @@ import (
 // drained and partly drained ones (u integral and fractional), denials, two-zone decisions
 // that one zone denies, and buckets the previous script wrote last (t without its '+').
 func TestFastPathMatchesGeneral(t *testing.T) {
+	// Not parallel: it bounds two TTLs set in one transaction to 1ms of each other.
 	const call = "local fo = n and ARGV[a + 1] == '0' and fast(out, o, n, kbase, a + 3)"
 	if !strings.Contains(lua.Decide, call) {
 		t.Fatal("decide.lua no longer calls fast() as this test expects")

@@ -150,6 +150,7 @@ func burstsToTheLimit(t *testing.T, ls []*limiter.Limiter, z *limiter.Zone, limi
 // admitted is back in Redis. Cold (the burst is the client's first traffic: its grants grow
 // during the burst) and warm (each instance holds a grant when the burst comes).
 func TestLeaseBurstThreeInstances(t *testing.T) {
+	t.Parallel()
 	for _, warm := range []int{0, 10} {
 		t.Run(fmt.Sprintf("warm-up %d", warm), func(t *testing.T) {
 			srv := redistest.Start(t)
@@ -221,6 +222,7 @@ func drain(t *testing.T, l *limiter.Limiter, z *limiter.Zone, key string) (admit
 // is less), admits exactly 10, and its denial comes from Redis's count (Allow, remaining 0), not
 // from a grant.
 func TestLeaseGrantsShrinkNearTheLimit(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	z := leaseZone(10, 50, 10*time.Second)
 	l, counts, _ := countedInstance(t, srv)
@@ -252,6 +254,7 @@ func TestLeaseGrantsShrinkNearTheLimit(t *testing.T) {
 // instance is denied when Redis's count (grants included) has no room, and never before; once
 // the grant ends, its unspent tokens are returned, and the second instance gets exactly them.
 func TestLeaseDenialIsRedisCount(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	z := leaseZone(40, 8, 500*time.Millisecond)
 	a, ca, _ := countedInstance(t, srv)
@@ -292,6 +295,7 @@ func TestLeaseDenialIsRedisCount(t *testing.T) {
 // successor's) never exceed max; and Redis has charged exactly what was admitted once they are
 // returned.
 func TestLeaseRenewedBeforeItRunsOut(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	z := leaseZone(100000, 20, 10*time.Second)
 	l, counts, _ := countedInstance(t, srv)
@@ -331,6 +335,7 @@ func TestLeaseRenewedBeforeItRunsOut(t *testing.T) {
 // none again while it lasts: its client's requests are still admitted from it, with no call
 // each past the handler's circuit breaker.
 func TestLeaseRenewalFailsOnce(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	z := leaseZone(100000, 40, 10*time.Second)
 	l, counts, _ := countedInstance(t, srv)
@@ -366,6 +371,7 @@ func TestLeaseRenewalFailsOnce(t *testing.T) {
 // TestLeaseReturnLeases: retiring a Limiter (a reload's Cleanup) gives its grants' unspent
 // tokens back to Redis at once, not after their TTL.
 func TestLeaseReturnLeases(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	z := leaseZone(100, 50, time.Minute)
 	a, ca, _ := countedInstance(t, srv)
@@ -398,6 +404,7 @@ func TestLeaseReturnLeases(t *testing.T) {
 // of the key (the reset broadcast): the client then gets the capacity once, never a grant from
 // before the reset on top of it.
 func TestLeaseResetDropsGrants(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	z := leaseZone(30, 10, time.Minute)
 	a, ca, ac := countedInstance(t, srv)
@@ -440,6 +447,7 @@ func TestLeaseResetDropsGrants(t *testing.T) {
 // a restart that lost Redis's state, the client is admitted at most the capacity plus the grant
 // in hand (the bound of a state loss: N × max per key).
 func TestLeaseRedisStalled(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	z := leaseZone(1000, 20, 2*time.Second)
 	a, ca, _ := countedInstance(t, srv)
@@ -525,6 +533,7 @@ func TestLeaseRedisStalled(t *testing.T) {
 // TestLeaseRareClientsNeverLease: 10,000 clients of a lease zone sending a request each (the
 // allowed scenario's load) are decided exactly as without lease: one script call each, no grant.
 func TestLeaseRareClientsNeverLease(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	z := leaseZone(1000, 200, 250*time.Millisecond)
 	l, counts, _ := countedInstance(t, srv)
@@ -552,6 +561,7 @@ func TestLeaseRareClientsNeverLease(t *testing.T) {
 // a request of a lease zone with a grant in hand and a zone of another hash slot stays
 // all-or-nothing: when the other zone denies, the unit taken from the grant is given back.
 func TestLeaseOnCluster(t *testing.T) {
+	t.Parallel()
 	cc := oneNodeCluster(t)
 	p := limiter.NewBatcher(cc, 1)
 	t.Cleanup(p.Close)
@@ -637,6 +647,7 @@ func fwLeft(t *testing.T, srv *redistest.Server, l *limiter.Limiter, z *limiter.
 // TestLeaseFixedWindowBurst: the three-instance bursts on a fixed window of 300 per hour, in
 // the middle of the window.
 func TestLeaseFixedWindowBurst(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	now := windowClock(time.Now().Truncate(time.Hour).Add(30 * time.Minute))
 	z := &limiter.Zone{Name: "api", Algorithm: limiter.FixedWindow, Limit: 300, Window: time.Hour, Lease: &limiter.Lease{Max: 50, TTL: time.Second}}
@@ -649,6 +660,7 @@ func TestLeaseFixedWindowBurst(t *testing.T) {
 // spent after it: the next window's requests are decided on the next window's count, which
 // admits exactly its limit.
 func TestLeaseFixedWindowGrantEndsWithItsWindow(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	now := windowClock(time.Now().Truncate(time.Hour).Add(time.Hour - 300*time.Millisecond))
 	z := &limiter.Zone{Name: "api", Algorithm: limiter.FixedWindow, Limit: 100, Window: time.Hour, Lease: &limiter.Lease{Max: 40, TTL: time.Minute}}
@@ -703,6 +715,7 @@ func (h *heldCalls) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 // the grant has ended (its ttl passed) and is a denial. The cost is given back all the same: the
 // grant's return waits for it, and the bucket is charged exactly the admitted requests.
 func TestLeaseGivenBackAfterItsGrantEnded(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	clk := newClock()
 	gate := &heldCalls{held: make(chan struct{}), release: make(chan struct{})}

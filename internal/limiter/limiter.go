@@ -166,9 +166,12 @@ type Options struct {
 	// KeyPrefix is prepended to every Redis key. It must not contain '{' or '}'.
 	KeyPrefix string
 	// Now, when set, is the clock the scripts use (`clock local`); when nil they read the Redis
-	// server's TIME, so that instances with skewed clocks agree. The deny cache uses it too
-	// (time.Now when nil).
+	// server's TIME, so that instances with skewed clocks agree. The Go side uses it too, unless
+	// Clock is set.
 	Now func() time.Time
+	// Clock, when set, is the Go side's clock: the deny cache's ages, lease grants, holds and
+	// lost slots. It changes nothing the scripts compute. Default: Now, else time.Now.
+	Clock func() time.Time
 	// DenyCacheKeys, when > 0, enables the deny cache: the recent denials of up to that many
 	// (zone, client) pairs are remembered (up to 4 costs or sets of numbers per pair), and Decide
 	// denies the requests they cover again, with no Redis call, while they can give Redis's
@@ -224,7 +227,8 @@ type Limiter struct {
 	rdb      Client
 	prefix   string
 	cluster  bool
-	now      func() time.Time
+	now      func() time.Time              // Options.Now: the scripts' clock when set
+	goClock  func() time.Time              // Options.Clock, else Options.Now
 	denials  *denyCache                    // nil: no deny cache
 	batch    *Batcher                      // nil: a round trip per decision
 	instance string                        // random per Limiter, so sliding window members of instances differ
@@ -245,8 +249,11 @@ type Limiter struct {
 func New(rdb Client, opts Options) *Limiter {
 	var b [8]byte
 	_, _ = rand.Read(b[:]) // crypto/rand.Read never returns an error
-	l := &Limiter{rdb: rdb, prefix: opts.KeyPrefix, cluster: opts.Cluster, now: opts.Now, instance: hex.EncodeToString(b[:]),
+	l := &Limiter{rdb: rdb, prefix: opts.KeyPrefix, cluster: opts.Cluster, now: opts.Now, goClock: opts.Clock, instance: hex.EncodeToString(b[:]),
 		callTime: cmp.Or(opts.CallTimeout, defaultCallTimeout)}
+	if l.goClock == nil {
+		l.goClock = opts.Now
+	}
 	if opts.DenyCacheKeys > 0 {
 		l.denials = newDenyCache(opts.DenyCacheKeys, opts.DenyCacheMaxAge)
 	}
@@ -258,9 +265,10 @@ func New(rdb Client, opts Options) *Limiter {
 	return l
 }
 
+// clock is the Go side's time (Options.Clock).
 func (l *Limiter) clock() time.Time {
-	if l.now != nil {
-		return l.now()
+	if l.goClock != nil {
+		return l.goClock()
 	}
 	return time.Now()
 }

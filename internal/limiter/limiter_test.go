@@ -62,6 +62,7 @@ func want(t *testing.T, step string, got, want limiter.Decision) {
 }
 
 func TestTokenBucketArithmetic(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	clk := newClock()
 	l := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:", Now: clk.Now})
@@ -107,6 +108,7 @@ func TestTokenBucketArithmetic(t *testing.T) {
 }
 
 func TestTokenBucketFractionalRefill(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	clk := newClock()
 	l := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:", Now: clk.Now})
@@ -126,6 +128,7 @@ func TestTokenBucketFractionalRefill(t *testing.T) {
 }
 
 func TestTokenBucketTTL(t *testing.T) {
+	// Not parallel: it bounds a PTTL to 100ms of real time.
 	srv := redistest.Start(t)
 	clk := newClock()
 	l := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:", Now: clk.Now})
@@ -138,6 +141,7 @@ func TestTokenBucketTTL(t *testing.T) {
 }
 
 func TestSlidingWindowArithmetic(t *testing.T) {
+	// Not parallel: it bounds a PTTL to 100ms of real time.
 	srv := redistest.Start(t)
 	clk := newClock()
 	l := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:", Now: clk.Now})
@@ -169,6 +173,7 @@ func TestSlidingWindowArithmetic(t *testing.T) {
 }
 
 func TestSlidingWindowSameMicrosecondCountsTwice(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	clk := newClock() // never advanced: every request has the same timestamp
 	a := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:", Now: clk.Now})
@@ -188,6 +193,7 @@ func TestSlidingWindowSameMicrosecondCountsTwice(t *testing.T) {
 }
 
 func TestMultiZoneAllOrNothing(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	clk := newClock()
 	l := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:", Now: clk.Now})
@@ -216,6 +222,7 @@ func TestMultiZoneAllOrNothing(t *testing.T) {
 }
 
 func TestDenyingZoneWithLongestWaitDecides(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	clk := newClock()
 	l := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:", Now: clk.Now})
@@ -228,6 +235,7 @@ func TestDenyingZoneWithLongestWaitDecides(t *testing.T) {
 }
 
 func TestKeySanitising(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	l := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:"})
 	z := tb("z", 10, 1)
@@ -263,6 +271,7 @@ func TestKeySanitising(t *testing.T) {
 }
 
 func TestNoScriptAfterScriptFlush(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	clk := newClock()
 	l := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:", Now: clk.Now})
@@ -284,6 +293,7 @@ func TestNoScriptAfterScriptFlush(t *testing.T) {
 }
 
 func TestRedisClockByDefault(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	l := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:"})
 	z := tb("z", 2, 0.001)
@@ -302,6 +312,7 @@ func TestRedisClockByDefault(t *testing.T) {
 }
 
 func TestRedisDownIsAnError(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1})
 	defer c.Close()
@@ -317,6 +328,7 @@ func TestRedisDownIsAnError(t *testing.T) {
 // 2,000 requests for one key admit exactly the quota, for every algorithm, with and without the
 // deny cache, and with decisions sent one by one or batched.
 func TestExactUnderConcurrency(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	noRefill := 100 / (limiter.MaxWindow.Seconds() / 2) // one token per 1.8 days: none during the test
 	for _, tc := range []struct {
@@ -381,6 +393,7 @@ func TestExactUnderConcurrency(t *testing.T) {
 // TestBatcherScriptFlushAndStall: decisions sent through a Batcher load the script again after
 // SCRIPT FLUSH, and with Redis stalled every decision ends with a timeout error.
 func TestBatcherScriptFlushAndStall(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	clk := newClock()
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true}) // as the module's client
@@ -448,6 +461,7 @@ func (h *batchSizes) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 // script calls (some carry 10 decisions or more: batching is measured, not assumed), and each
 // client gets exactly its capacity, for every algorithm.
 func TestBatchesAreExact(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	noRefill := 20 / (limiter.MaxWindow.Seconds() / 2)
 	for _, z := range []*limiter.Zone{tb("bucket", 20, noRefill), sw("window", 20, time.Hour), fw("fixed", 20, limiter.Month, nil), sc("counter", 20, time.Hour)} {
@@ -505,6 +519,7 @@ func TestBatchesAreExact(t *testing.T) {
 // every decision is the first of its own key and cost, so its Remaining names the cost it was
 // decided for; a reply meant for another caller would show another's cost.
 func TestBatcherRepliesReachTheirCallers(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 8, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = rdb.Close() })

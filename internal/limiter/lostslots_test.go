@@ -17,6 +17,7 @@ import (
 // as the node is back. And the other way round: the concurrency zone on the stalled node, whose
 // decision the node runs when it resumes, taking a slot no request holds: Refresh gives it back.
 func TestConcurrencyClusterFailureGivesSlotsBack(t *testing.T) {
+	t.Parallel()
 	c := redistest.StartCluster(t, 3)
 	for _, n := range c.Nodes {
 		n.Do("CONFIG", "SET", "cluster-require-full-coverage", "no") // the others serve while one stalls
@@ -86,6 +87,7 @@ func TestConcurrencyClusterFailureGivesSlotsBack(t *testing.T) {
 // that find it absent, not sooner (a Redis that answered the first may not yet have run what
 // was already written to it).
 func TestConcurrencyLostSlotNeverTaken(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	l := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:"})
 	ctx, cancel := context.WithCancel(context.Background())
@@ -107,6 +109,7 @@ func TestConcurrencyLostSlotNeverTaken(t *testing.T) {
 // circuit breaker is open at the end of the response) is given back by the next Refresh, not
 // left to its deadline.
 func TestConcurrencyDroppedSlotGivenBack(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	l := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:"})
 	z := cc("conc", 1)

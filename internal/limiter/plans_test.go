@@ -17,6 +17,7 @@ import (
 // gets the difference at once (a bucket stores what is used), one with a smaller capacity goes
 // to Redis too. Forget clears the zone's entries under every number.
 func TestDenyCacheKeyedByNumbers(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	clk := newClock()
 	l := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:", Now: clk.Now, DenyCacheKeys: 100, DenyCacheMaxAge: time.Minute})
@@ -63,6 +64,7 @@ func TestDenyCacheKeyedByNumbers(t *testing.T) {
 // TestDeniedAllocatesNothing: answering from the deny cache allocates nothing, for the zone's
 // own parameters as for a per-request copy.
 func TestDeniedAllocatesNothing(t *testing.T) {
+	// Not parallel: testing.AllocsPerRun refuses a parallel test.
 	srv := redistest.Start(t)
 	l := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:", DenyCacheKeys: 100, DenyCacheMaxAge: time.Minute})
 	z := tb("z", 1, 0.001)

@@ -79,6 +79,7 @@ func TestWindowAtBoundaries(t *testing.T) {
 // window's end, and starts again at 0 when the next window starts, whatever its length (a
 // leap-year February, a 23-hour day).
 func TestFixedWindowArithmetic(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	paris := mustLoad(t, "Europe/Paris")
 	for _, c := range []struct {
@@ -115,6 +116,7 @@ func TestFixedWindowArithmetic(t *testing.T) {
 // of 50 per UTC day (the Redis server's clock): exactly 50 pass, and every 429's Retry-After is
 // the time until the next UTC midnight.
 func TestFixedWindowExactAcrossInstances(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	z := fw("quota", 50, limiter.Day, nil)
 	// Not across a midnight: the count would start again in the middle of the test.
@@ -174,6 +176,7 @@ func TestFixedWindowExactAcrossInstances(t *testing.T) {
 // own clock, the script takes the one that holds its own (the Redis server's) time, so a skew
 // of less than a window never puts a request in the wrong window.
 func TestFixedWindowFollowsTheScriptClock(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	decide := redis.NewScript(lua.Decide)
 	for _, c := range []struct{ now, start int64 }{{50, 0}, {150, 100}, {250, 200}} {
@@ -199,6 +202,7 @@ func TestFixedWindowFollowsTheScriptClock(t *testing.T) {
 // TestSlidingWindowCounterArithmetic: the estimate weighs the previous window by its share still
 // inside the sliding window.
 func TestSlidingWindowCounterArithmetic(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	clk := &clock{t: time.Unix(1_700_000_000, 0)} // a multiple of 10s: a window starts here
 	l := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:", Now: clk.Now})
@@ -224,6 +228,7 @@ func TestSlidingWindowCounterArithmetic(t *testing.T) {
 // on the same bursty request stream: the counter never lets more than 2 × limit requests into
 // any sliding window (its documented bound), and the figures are logged for docs/decisions.md.
 func TestSlidingWindowCounterErrorBound(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	clk := &clock{t: time.Unix(1_700_000_000, 0)}
 	l := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:", Now: clk.Now})
@@ -273,6 +278,7 @@ func maxInWindow(times []time.Time, w time.Duration) int {
 // TestCounterMemoryPerClient: 100,000 clients on a monthly quota of 1,000,000, a few requests
 // each: every client is one small hash, whatever the limit.
 func TestCounterMemoryPerClient(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	rdb := srv.Client()
 	z := fw("monthly", 1_000_000, limiter.Month, nil)

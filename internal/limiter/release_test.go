@@ -116,6 +116,7 @@ func admitted(t *testing.T, l *Limiter, z *Zone, client string, n int) int {
 // release arrives: the count stays 10, and a request of cost 4 is denied (it was admitted, 14 for
 // a limit of 10).
 func TestCrossSlotReleaseAfterReset(t *testing.T) {
+	t.Parallel()
 	releaseTopologies(t, func(t *testing.T, l *Limiter, clk *testClock, count func(*Zone, string) int64) {
 		for _, z := range windowCounterZones(10) {
 			t.Run(z.Algorithm.String(), func(t *testing.T) {
@@ -143,6 +144,7 @@ func TestCrossSlotReleaseAfterReset(t *testing.T) {
 // one's release, sent twice, takes 4 off once: count 6, then exactly 4 more requests of cost 1
 // are admitted.
 func TestCrossSlotReleaseTwice(t *testing.T) {
+	t.Parallel()
 	releaseTopologies(t, func(t *testing.T, l *Limiter, clk *testClock, count func(*Zone, string) int64) {
 		for _, z := range windowCounterZones(10) {
 			t.Run(z.Algorithm.String(), func(t *testing.T) {
@@ -169,6 +171,7 @@ func TestCrossSlotReleaseTwice(t *testing.T) {
 // window counter, whose estimate weighs the 3 of the window before): the release takes nothing
 // from the next window's count, and none of 4 more requests is admitted (3 were).
 func TestCrossSlotReleaseInTheNextWindow(t *testing.T) {
+	t.Parallel()
 	releaseTopologies(t, func(t *testing.T, l *Limiter, clk *testClock, count func(*Zone, string) int64) {
 		for _, z := range windowCounterZones(5) {
 			t.Run(z.Algorithm.String(), func(t *testing.T) {
@@ -202,6 +205,7 @@ func TestCrossSlotReleaseInTheNextWindow(t *testing.T) {
 // an admin reset changes nothing: the client reset while the response was under way is charged
 // only what it asks for after the reset, and the settlement reports ErrNotHeld.
 func TestSettleAfterReset(t *testing.T) {
+	t.Parallel()
 	releaseTopologies(t, func(t *testing.T, l *Limiter, clk *testClock, count func(*Zone, string) int64) {
 		for _, z := range windowCounterZones(1000) {
 			t.Run(z.Algorithm.String(), func(t *testing.T) {

@@ -81,6 +81,7 @@ func applied(t *testing.T, srv *redistest.Server, z *Zone, client string) string
 // them all: every decision is charged exactly once (u 1, count 1, 1 entry), the settlement is
 // applied once (u 2, no hold left), and every caller gets an error.
 func TestClusterLostConnectionRunsBatchOnce(t *testing.T) {
+	t.Parallel()
 	c, proxy, cc := proxiedCluster(t)
 	p := NewBatcher(cc, 1)
 	t.Cleanup(p.Close)
@@ -165,6 +166,7 @@ func TestClusterLostConnectionRunsBatchOnce(t *testing.T) {
 // release is lost after Redis ran it, q's count is still the first request's 1 (the release was
 // applied once), and the request is still denied.
 func TestClusterLostReleaseRunsOnce(t *testing.T) {
+	t.Parallel()
 	c, proxy, cc := proxiedCluster(t)
 	l := New(cc, Options{KeyPrefix: "rl:", Cluster: true})
 	q := &Zone{Name: "q", Algorithm: FixedWindow, Limit: 10, Window: time.Hour}

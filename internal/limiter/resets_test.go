@@ -15,6 +15,7 @@ import (
 // TestResetListenerSubscribeFailed: a listener whose first subscription fails (its Redis does
 // not answer) tells SubscribeFailed, naming the channel.
 func TestResetListenerSubscribeFailed(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	down := redis.NewClient(&redis.Options{Addr: "127.0.0.1:" + strconv.Itoa(freeport.Must(t)), MaxRetries: -1, DialTimeout: time.Second})
 	t.Cleanup(func() { _ = down.Close() })

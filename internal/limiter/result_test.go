@@ -22,6 +22,7 @@ func results(t *testing.T, step string, reqs []limiter.Request, want ...limiter.
 // decides, on admissions and on denials (a zone that would have admitted a denied request shows
 // its figures as they are, uncharged).
 func TestResultOfEveryZone(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	clk := newClock()
 	l := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:", Now: clk.Now})
@@ -49,6 +50,7 @@ func TestResultOfEveryZone(t *testing.T) {
 // TestResultOfCachedDenial: a denial from the deny cache knows only the zones it covers; the
 // others are not Known, whatever a previous decision wrote into the requests.
 func TestResultOfCachedDenial(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	clk := newClock()
 	l := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:", Now: clk.Now, DenyCacheKeys: 100, DenyCacheMaxAge: time.Minute})

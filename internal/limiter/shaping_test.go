@@ -27,6 +27,7 @@ func shaped(name string, capacity int64, rate float64, maxWait time.Duration) *l
 // wait 2.1s and is denied, charging nothing, with Retry-After the 100ms until it would be
 // admitted (and held 2s). 100ms later, exactly that.
 func TestShapingSchedule(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	clk := newClock()
 	l := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:", Now: clk.Now})
@@ -65,6 +66,7 @@ func TestShapingSchedule(t *testing.T) {
 // TestShapingNeverForAnUnsatisfiableCost: a cost above the capacity (or max_cost) is never
 // admitted, even where the debt allowed by max_wait would cover it.
 func TestShapingNeverForAnUnsatisfiableCost(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	clk := newClock()
 	l := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:", Now: clk.Now})
@@ -80,6 +82,7 @@ func TestShapingNeverForAnUnsatisfiableCost(t *testing.T) {
 // admitted only if the bucket holds its cost now; its denial says when that is, and is not
 // remembered by the deny cache, so that the next request, which may wait, is decided by Redis.
 func TestShapingNoWait(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	clk := newClock()
 	l := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:", Now: clk.Now, DenyCacheKeys: 100, DenyCacheMaxAge: time.Minute})
@@ -101,6 +104,7 @@ func TestShapingNoWait(t *testing.T) {
 // TestShapingDenyCacheNeverHidesAWait: a denial of a shaping zone is cached only until the
 // request would be admitted with a hold: the first request after it is decided by Redis and held.
 func TestShapingDenyCacheNeverHidesAWait(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	clk := newClock()
 	l := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:", Now: clk.Now, DenyCacheKeys: 100, DenyCacheMaxAge: time.Minute})
@@ -120,6 +124,7 @@ func TestShapingDenyCacheNeverHidesAWait(t *testing.T) {
 // TestShapingAllZonesOrNone: the longest delay of a request's zones applies, and its zone
 // decides; a zone that denies leaves every other zone uncharged, the shaping ones included.
 func TestShapingAllZonesOrNone(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	clk := newClock()
 	l := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:", Now: clk.Now})
@@ -142,6 +147,7 @@ func TestShapingAllZonesOrNone(t *testing.T) {
 // slot with token bucket holds, then committed (settle.lua): a shaping zone's hold is committed
 // as debt, and the next request waits behind it.
 func TestShapingOnClusterAcrossSlots(t *testing.T) {
+	t.Parallel()
 	cc := oneNodeCluster(t)
 	clk := newClock()
 	l := limiter.New(cc, limiter.Options{KeyPrefix: "rl:", Cluster: true, Now: clk.Now})
@@ -164,6 +170,7 @@ func TestShapingOnClusterAcrossSlots(t *testing.T) {
 // reply), is the bucket's turn for one token: the times at which the final debt, drained at the
 // refill rate, falls back to each of the 20 tokens owed, 100ms apart, each taken exactly once.
 func TestShapingAcrossInstances(t *testing.T) {
+	// Not parallel: its 60 requests must reach Redis within one refill (100ms).
 	srv := redistest.Start(t)
 	z := shaped("api", 10, 10, 2*time.Second)
 	var ls []*limiter.Limiter

@@ -10,6 +10,7 @@ import (
 // TestHashSlotMatchesRedis: hashSlot gives the slot a Redis Cluster node computes (CLUSTER
 // KEYSLOT) for keys with and without hash tags, empty tags and unbalanced braces.
 func TestHashSlotMatchesRedis(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
 	keys := []string{"", "a", "{", "}", "{}", "{}x", "x{}y", "{a}", "rl:{alice}:api:tb", "{a}{b}", "a{b}c{d}e", "{{a}}", "}{a}", "~x-y_z", "\x00\xff"}
 	for i := 0; i < 200; i++ {

@@ -41,6 +41,7 @@ func checkState(t *testing.T, step string, s, want limiter.State, ttlMin, ttlMax
 }
 
 func TestStateTokenBucket(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	clk := newClock()
 	l := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:", Now: clk.Now})
@@ -83,6 +84,7 @@ func TestStateTokenBucket(t *testing.T) {
 }
 
 func TestStateTokenBucketRedisClock(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	l := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:"})
 	z := tb("slow", 2, 1.0/3600) // one token per hour
@@ -103,6 +105,7 @@ func TestStateTokenBucketRedisClock(t *testing.T) {
 }
 
 func TestStateSlidingWindow(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	clk := newClock()
 	l := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:", Now: clk.Now})
@@ -157,6 +160,7 @@ func TestStateSlidingWindow(t *testing.T) {
 }
 
 func TestStateBadStoredValues(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	l := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:", Now: newClock().Now})
 	z := tb("api", 5, 1)
@@ -173,6 +177,7 @@ func TestStateBadStoredValues(t *testing.T) {
 }
 
 func TestStateSanitisesTheClientKey(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	l := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "p:", Now: newClock().Now})
 	z := tb("api", 5, 1)
@@ -185,6 +190,7 @@ func TestStateSanitisesTheClientKey(t *testing.T) {
 }
 
 func TestReset(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	clk := newClock()
 	l := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:", Now: clk.Now, DenyCacheKeys: 100})
@@ -225,6 +231,7 @@ func TestReset(t *testing.T) {
 // TestResetNotBroadcast: a reset whose announcement Redis refuses (a user without PUBLISH) is
 // done, and says it was not broadcast.
 func TestResetNotBroadcast(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	srv.Do("ACL", "SETUSER", "nopublish", "on", ">s3cret", "~*", "&*", "+@all", "-publish")
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "nopublish", Password: "s3cret"})
@@ -242,6 +249,7 @@ func TestResetNotBroadcast(t *testing.T) {
 }
 
 func TestForget(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	l := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:", Now: newClock().Now, DenyCacheKeys: 100})
 	z := sw("w", 1, time.Hour)
@@ -262,6 +270,7 @@ func TestForget(t *testing.T) {
 }
 
 func TestStateRedisFailures(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	// As the module's client: the context's deadline bounds every socket wait, one retry.
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true, MaxRetries: 1})

@@ -57,6 +57,7 @@ func StartWithPassword(t testing.TB, password string, extra ...string) *Server {
 
 func startServer(t testing.TB, password string, extra []string) *Server {
 	t.Helper()
+	SkipShort(t)
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		t.Fatal("redis-server is not installed: run `make test`, which installs it, or `apt-get install redis-server`")
 	}
@@ -79,6 +80,15 @@ func startServer(t testing.TB, password string, extra []string) *Server {
 	}
 	t.Fatalf("starting redis-server: %v", lastErr)
 	return nil
+}
+
+// SkipShort skips the test under `go test -short`, which runs only the tests that need neither
+// redis-server nor Caddy. Every start of a redis-server calls it.
+func SkipShort(t testing.TB) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("starts redis-server: skipped with -short")
+	}
 }
 
 // freePort is a free loopback TCP port no other freePort or freeport.Get of this process
