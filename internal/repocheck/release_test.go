@@ -50,7 +50,11 @@ func TestReleaseCheck(t *testing.T) {
 			name: "no CHANGELOG entry for the version",
 			defect: func(t *testing.T, dir string) {
 				edit("CHANGELOG.md", func(s string) string {
-					return strings.Replace(s, "\n## [Unreleased]\n", "\n## [Unreleased]\n\n## [9.9.9] - 2030-01-01\n", 1)
+					// An empty section for 9.9.9 between Unreleased (and its entries) and the
+					// newest release.
+					u := strings.Index(s, "\n## [Unreleased]\n") + 1
+					next := u + strings.Index(s[u+1:], "\n## [") + 1
+					return s[:next] + "\n## [9.9.9] - 2030-01-01\n" + s[next:]
 				})(t, dir)
 			},
 			want: "no entry for v9.9.9",
