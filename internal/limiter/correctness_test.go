@@ -187,16 +187,23 @@ func TestClusterHoldDenialNotCached(t *testing.T) {
 	}
 }
 
+// twoNodeCluster starts a 2-primary Redis Cluster and returns it, a Limiter on it whose calls
+// end at their context's deadline (a stalled node fails its slot alone), and a client key whose
+// slot each node owns.
+func twoNodeCluster(t *testing.T) (c *redistest.Cluster, l *limiter.Limiter, alice, bob string) {
+	t.Helper()
+	c = redistest.StartCluster(t, 2)
+	perNode := clientsOn(t, c, 1)
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs(), MaxRetries: -1, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = cc.Close() })
+	return c, limiter.New(cc, limiter.Options{KeyPrefix: "rl:", Cluster: true}), perNode[0][0], perNode[1][0]
+}
+
 // TestClusterDenialStandsAgainstSlotError: when one slot's node fails and another slot denies,
 // the request is denied (not failed), and the error is reported in Decision.Err.
 func TestClusterDenialStandsAgainstSlotError(t *testing.T) {
 	t.Parallel()
-	c := redistest.StartCluster(t, 2)
-	perNode := clientsOn(t, c, 1)
-	alice, bob := perNode[0][0], perNode[1][0]
-	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs(), MaxRetries: -1, ContextTimeoutEnabled: true})
-	t.Cleanup(func() { _ = cc.Close() })
-	l := limiter.New(cc, limiter.Options{KeyPrefix: "rl:", Cluster: true})
+	c, l, alice, bob := twoNodeCluster(t)
 	za, zb := tb("a", 10, 1), sw("b", 1, time.Hour)
 	mustAllow(t, l, limiter.Request{Zone: zb, Key: bob, Cost: 1}) // bob's slot now denies
 	mustAllow(t, l, limiter.Request{Zone: za, Key: alice, Cost: 1})
@@ -214,12 +221,7 @@ func TestClusterDenialStandsAgainstSlotError(t *testing.T) {
 // fails, the shadow zone is left out (not Known, its error in Decision.Err) and the enforced
 // zone in a healthy slot decides and is charged, exactly; a shadow zone never refuses a request.
 func TestClusterShadowSlotFailureLeftOut(t *testing.T) {
-	c := redistest.StartCluster(t, 2)
-	perNode := clientsOn(t, c, 1)
-	alice, bob := perNode[0][0], perNode[1][0]
-	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs(), MaxRetries: -1, ContextTimeoutEnabled: true})
-	t.Cleanup(func() { _ = cc.Close() })
-	l := limiter.New(cc, limiter.Options{KeyPrefix: "rl:", Cluster: true})
+	c, l, alice, bob := twoNodeCluster(t)
 	enforced, shadow := tb("e", 3, 1.0/3600), tb("s", 100, 1.0/3600)
 	shadow.Shadow = true
 	mustAllow(t, l, limiter.Request{Zone: shadow, Key: bob, Cost: 1})
