@@ -474,6 +474,9 @@ func (z *Zone) finishNumbers(lz *limiter.Zone) error {
 	}
 	if lz.Algorithm == limiter.SlidingWindow && z.fixedCost == 0 {
 		mc = min(mc, MaxSlidingWindowCost)
+		if lz.Overrides && z.MaxCost.IsZero() {
+			mc = MaxSlidingWindowCost // at most the quota in force, a client's override's when it has one (decide.lua)
+		}
 	} else if lz.Overrides && z.MaxCost.IsZero() {
 		mc = 0 // the quota in force: a client's override's, when it has one (decide.lua)
 	}

@@ -212,6 +212,9 @@ func (z *Zone) override(body *overrideBody) (limiter.Override, error) {
 	if o.MaxCost == 0 && lz.MaxCost > lz.Quota() {
 		lz.MaxCost = lz.Quota() // the zone's max_cost counts as the quota in force (decide.lua)
 	}
+	// The numbers in force are checked as a zone's without overrides: an override's max_cost
+	// is at most its quota in force.
+	lz.Overrides = false
 	if err := lz.Validate(); err != nil {
 		return o, err
 	}

@@ -202,3 +202,44 @@ func TestOverrideBadBody(t *testing.T) {
 		t.Fatalf("GET after bad bodies: %s %v, want no override", body, err)
 	}
 }
+
+// TestOverrideRaisesSlidingWindowCost: on a sliding_window zone whose cost is a placeholder (its
+// max_cost at most 1000, set at load), a client's override that raises limit raises the largest
+// cost admitted with it; a client without one is still bounded by the zone's own limit, with no
+// Retry-After (waiting never cures it). Ported from correctness-5/ov_range.py.
+func TestOverrideRaisesSlidingWindowCost(t *testing.T) {
+	srv := redistest.Start(t)
+	urls, admins := overrideInstances(t, 1, []string{srv.Addr}, false, func() []*Zone {
+		return []*Zone{{Name: "w", Key: []string{"{http.request.header.X-API-Key}"}, Algorithm: slidingWindowName,
+			Limit: NumberOf(100), Window: NumberOf(time.Minute), Cost: "{http.request.header.X-Cost}", Overrides: true}}
+	})
+	if code, body := adminOverride(t, admins[0], http.MethodPut, "zone=w&key=alice", `{"limit": 1000}`); code != http.StatusOK {
+		t.Fatalf("PUT override: %d %s", code, body)
+	}
+	for _, c := range []struct {
+		key, cost string
+		status    int
+		retry     bool
+	}{
+		{"alice", "500", http.StatusOK, false},
+		{"alice", "400", http.StatusOK, false},
+		{"bob", "101", http.StatusTooManyRequests, false},
+		{"bob", "100", http.StatusOK, false},
+	} {
+		req, err := http.NewRequest(http.MethodGet, urls[0], nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("X-API-Key", c.key)
+		req.Header.Set("X-Cost", c.cost)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != c.status || (resp.Header.Get("Retry-After") != "") != c.retry {
+			t.Fatalf("%s, cost %s: %d (Retry-After %q), want %d (a Retry-After: %v)", c.key, c.cost, resp.StatusCode, resp.Header.Get("Retry-After"), c.status, c.retry)
+		}
+	}
+}

@@ -285,6 +285,10 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger, in inherited) er
 	}
 	if z.MaxCost.IsZero() && z.lz.Algorithm == limiter.SlidingWindow && hasPlaceholder(z.Cost) && len(z.dyn) == 0 {
 		z.lz.MaxCost = min(z.lz.Limit, MaxSlidingWindowCost) // with placeholder numbers: per request
+		if z.lz.Overrides {
+			// The quota in force bounds it in decide.lua: a client's override may raise it.
+			z.lz.MaxCost = MaxSlidingWindowCost
+		}
 	}
 	z.lz.Prepare()                    // after every number of lz is set
 	z.quotedName = `"` + z.Name + `"` // zone names are [A-Za-z0-9_.-]: nothing to escape

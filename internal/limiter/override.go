@@ -81,7 +81,16 @@ func overrideKeyOf(stateKey string) string { return stateKey[:len(stateKey)-2] +
 func applyOverrides(reqs []Request, zones []zoneReply) {
 	for i := range zones {
 		ov := zones[i].ov
-		if ov.quota == 0 || !reqs[i].Zone.Overrides {
+		if !reqs[i].Zone.Overrides {
+			continue
+		}
+		if ov.quota == 0 {
+			if z := reqs[i].Zone; z.MaxCost > z.Quota() && ov.maxCost > 0 {
+				// No override: the max cost in force is the zone's, at most its own quota.
+				c := *z
+				c.boxed, c.MaxCost = nil, ov.maxCost
+				reqs[i].Zone = &c
+			}
 			continue
 		}
 		c := *reqs[i].Zone

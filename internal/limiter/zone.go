@@ -157,7 +157,9 @@ type Zone struct {
 	// saving changes. nil: UTC.
 	Location *time.Location
 	// MaxCost is the largest cost a request may take (1 to Quota); a request of a larger cost can
-	// never be admitted (Redis is asked for the state, and charges nothing). 0: the quota.
+	// never be admitted (Redis is asked for the state, and charges nothing). 0: the quota. With
+	// Overrides it may be above the zone's own Quota: the quota in force (a client's override's)
+	// bounds it in the script.
 	MaxCost int64
 	// MaxWait (token bucket only; 0 to MaxMaxWait) shapes instead of rejecting: a request the
 	// bucket cannot serve now but would within MaxWait is admitted at once by reserving its
@@ -416,8 +418,10 @@ func (z *Zone) validateMaxCost() *FieldError {
 	switch {
 	case z.MaxCost < 0:
 		return z.fieldError("max_cost", "max_cost %d must be between 1 and the zone's %s", z.MaxCost, quota)
-	case z.MaxCost > z.Quota():
+	case z.MaxCost > z.Quota() && !z.Overrides:
 		return z.fieldError("max_cost", "max_cost %d is larger than %s %d", z.MaxCost, quota, z.Quota())
+	case z.MaxCost > MaxCapacity:
+		return z.fieldError("max_cost", "max_cost %d is larger than %d", z.MaxCost, int64(MaxCapacity))
 	}
 	return nil
 }
