@@ -59,7 +59,7 @@ func (l *Limiter) encodeDecision(reqs []Request, state []string, crossSlot bool,
 			keys = append(keys, blockKey(state[i]))
 			bkey = len(keys)
 		}
-		args[4+zoneArgN*i+4] = zoneFlags(r.Zone, okey, bkey)
+		args[4+zoneArgN*i+4] = zoneFlags(&r, okey, bkey)
 	}
 	return keys, args
 }
@@ -99,8 +99,11 @@ func (l *Limiter) scriptArgs(reqs []Request, hold bool, ref time.Time) []any {
 		}
 		tag := tagArgs[min(int(r.Zone.Algorithm), len(tagArgs)-1)]
 		var flags any = ""
-		if r.Zone.Shadow {
+		switch {
+		case r.Zone.Shadow:
 			flags = "s"
+		case r.ask > 0 && r.Zone.UpTo:
+			flags = "u"
 		}
 		switch r.Zone.Algorithm {
 		case SlidingWindow, SlidingWindowCounter:
@@ -133,14 +136,19 @@ var tagArgs = func() (t [len(algorithms)]any) {
 	return t
 }()
 
-// zoneFlags is decide.lua's flags argument of zone z, whose override key is KEYS[okey] and block
-// key KEYS[bkey] of its decision (from 1; 0: none): "s" for a shadow zone; "o<okey>:<max cost>"
+// zoneFlags is decide.lua's flags argument of r's zone z, whose override key is KEYS[okey] and
+// block key KEYS[bkey] of its decision (from 1; 0: none): "s" for a shadow zone; "u" for a zone
+// with UpTo whose request has a bound (SetUpTo); "o<okey>:<max cost>"
 // with Overrides, the max cost the zone's MaxCost (0: the quota in force); "b<block µs>,<block_max
 // µs>:<bkey>" with a Block.
-func zoneFlags(z *Zone, okey, bkey int) string {
+func zoneFlags(r *Request, okey, bkey int) string {
+	z := r.Zone
 	b := make([]byte, 0, 48)
 	if z.Shadow {
 		b = append(b, 's')
+	}
+	if z.UpTo && r.ask > 0 {
+		b = append(b, 'u')
 	}
 	if okey > 0 {
 		mc := z.MaxCost

@@ -22,7 +22,7 @@ const holdMaxDefault = 5_000_000 // µs
 func holdArg(reqs []Request, cluster bool) string {
 	own := false
 	for _, r := range reqs {
-		own = own || r.Hold > 0 || r.ask > 0
+		own = own || r.Hold > 0 || r.leases()
 	}
 	switch {
 	case !own && cluster:
@@ -39,7 +39,7 @@ func holdArg(reqs []Request, cluster bool) string {
 		switch {
 		case r.Hold > 0:
 			us = max(r.Hold.Microseconds(), 1)
-		case r.ask > 0:
+		case r.leases():
 			us = leaseHold(r.Zone) // a grant: held until it is returned
 		case cluster:
 			us = holdMaxDefault
@@ -56,7 +56,7 @@ func holdArg(reqs []Request, cluster bool) string {
 // holds: the record is what ties a settlement to its charge, so that it changes the count only
 // while the charge is in it (see settle.lua).
 func recorded(r Request, crossSlot bool) bool {
-	return (r.Hold > 0 || crossSlot || r.ask > 0) && (r.Zone.Algorithm == FixedWindow || r.Zone.Algorithm == SlidingWindowCounter)
+	return (r.Hold > 0 || crossSlot || r.leases()) && (r.Zone.Algorithm == FixedWindow || r.Zone.Algorithm == SlidingWindowCounter)
 }
 
 // recordKey returns the Redis key in which the decision of nonce records the charge of a fixed
@@ -111,6 +111,9 @@ func newHeld(reqs []Request, keys []string, args []any, idx []int, zones []zoneR
 		}
 		p.keys = append(p.keys, keys[j])
 		za := zoneArgsOf(args, j)
+		if reqs[i].ask > 0 {
+			za = grantZone(za, int64(zones[j].granted)) // its hold is the grant
+		}
 		p.zones = append(p.zones, za...)
 		p.idx = append(p.idx, i)
 		p.hold = append(p.hold, reqs[i].Hold)

@@ -92,6 +92,18 @@ var zoneOptions = []zoneOption{
 		algorithms: []limiter.Algorithm{limiter.TokenBucket},
 		set:        func(z *limiter.Zone, _ *limiter.Request) { z.MaxWait = time.Second },
 	},
+	{
+		// The request asks for up to far more than any quota: its first admission takes all the
+		// zone holds, so the client is admitted once (settled to what it reserved). Last in this
+		// list, so that its quota is the one in force when it shares a zone with another option.
+		name: "cap_output", fields: []string{"Zone.UpTo"},
+		algorithms: []limiter.Algorithm{limiter.TokenBucket, limiter.FixedWindow},
+		set: func(z *limiter.Zone, r *limiter.Request) {
+			z.UpTo = true
+			r.SetUpTo(1000)
+		},
+		quota: func(*limiter.Zone) int64 { return 1 },
+	},
 }
 
 // applies returns the algorithms o applies to.
@@ -320,7 +332,9 @@ func decideCombination(l *limiter.Limiter, c combination, za, zb *limiter.Zone, 
 		}
 		admitted++
 		if settle {
-			if _, err := l.Settle(ctx, d.Held, []int64{1, 1}); err != nil {
+			// Each zone is charged what it reserved: its cost, or what a bound granted.
+			amounts := []int64{max(reqs[0].Cost, int64(reqs[0].Result.Granted)), max(reqs[1].Cost, int64(reqs[1].Result.Granted))}
+			if _, err := l.Settle(ctx, d.Held, amounts); err != nil {
 				return fmt.Errorf("request %d: Settle: %v", i+1, err)
 			}
 		}

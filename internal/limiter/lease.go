@@ -485,7 +485,9 @@ func (l *Limiter) allowLeased(ctx context.Context, reqs []Request) (Decision, er
 	for i := range reqs {
 		if p.local[i] == nil {
 			r := reqs[i]
-			r.ask = p.asks[i]
+			if r.Zone.Lease != nil {
+				r.ask = p.asks[i] // a zone with UpTo keeps its bound
+			}
 			sub, skeys, idx = append(sub, r), append(skeys, keys[i]), append(idx, i)
 		}
 	}
@@ -802,6 +804,10 @@ func (l *Limiter) batcherFor(ctx context.Context, key string) *Batcher {
 // leaseHold is decide.lua's hold time of a grant for zone z (a token bucket's hold, a fixed
 // window's record), in µs: TTL + leaseReturnMargin.
 func leaseHold(z *Zone) int64 { return (z.Lease.TTL + leaseReturnMargin).Microseconds() }
+
+// leases reports whether r asks for a lease's grant (its zone has a Lease), rather than for the
+// bound of a zone with UpTo.
+func (r *Request) leases() bool { return r.ask > 0 && !r.Zone.UpTo }
 
 // leasing reports whether a zone of reqs leases.
 func leasing(reqs []Request) bool {

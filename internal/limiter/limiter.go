@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -62,7 +63,8 @@ type Request struct {
 	// decided so is not remembered in the deny cache: with room to wait, the answer may differ.
 	NoWait bool
 	// ask, when > 0, asks decide.lua for a grant of about that many tokens (a lease zone's hot
-	// client: allowLeased), sent as the cost "<cost>,<ask>". An int32 beside NoWait, in the
+	// client: allowLeased), or of up to that many (a zone with UpTo: SetUpTo), sent as the cost
+	// "<cost>,<ask>". An int32 beside NoWait, in the
 	// padding before Hold, so that a Request is no larger for it.
 	ask int32
 	// Hold, when > 0, makes the zone's charge a hold to be settled after the response with
@@ -76,6 +78,15 @@ type Request struct {
 	// Tag is the caller's, carried with the request and never read by the Limiter: the handler's
 	// index of the request's zone.
 	Tag int
+}
+
+// SetUpTo gives r, whose zone has UpTo, an upper bound of its charge: units (at most 2^31 − 1).
+// The zone then charges all it holds, at least r.Cost and at most units (Result.Granted). A
+// bound at or below r.Cost, or a zone without UpTo, changes nothing.
+func (r *Request) SetUpTo(units int64) {
+	if r.Zone.UpTo && units > r.Cost {
+		r.ask = int32(min(units, math.MaxInt32))
+	}
 }
 
 // maxWait is how long r may be held: its zone's MaxWait (token bucket only), unless NoWait.
@@ -101,6 +112,9 @@ type Result struct {
 	// Next the block's length (Reset at least that). Beside Known and Allowed, so that a Result
 	// (in every Request) is no larger for the blocks.
 	BlockStarted bool
+	// Granted is the units a zone with UpTo charged a request given a bound (Request.SetUpTo),
+	// when it admitted it: its Cost to its bound; 0 otherwise.
+	Granted int32
 	// Remaining is the zone's whole tokens or window slots left: after this request when the
 	// request was admitted, else as they are (a denied request charged no zone).
 	Remaining int64
@@ -575,12 +589,15 @@ func zoneResults(reqs []Request, allowed bool, zones []zoneReply) {
 			Next: time.Duration(z.next) * time.Microsecond, Reset: time.Duration(z.reset) * time.Microsecond,
 			Blocked: z.block == replyBlocked, BlockStarted: z.block == replyBlockStarted,
 		}
+		if reqs[i].Zone.UpTo && z.allowed && allowed {
+			res.Granted = z.granted
+		}
 		if z.allowed && !allowed {
 			// The reply gives the figures after the request, as if this zone had been charged;
 			// it was not. Whole units are the cost more, the next unit as far (the same
 			// fraction of a token, the same oldest entry), unless that makes the zone full.
 			quota := reqs[i].Zone.Quota()
-			res.Remaining = min(res.Remaining+reqs[i].Cost, quota)
+			res.Remaining = min(res.Remaining+max(reqs[i].Cost, int64(z.granted)), quota)
 			if res.Remaining >= quota {
 				res.Next, res.Reset = 0, 0
 			}

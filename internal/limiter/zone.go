@@ -190,6 +190,13 @@ type Zone struct {
 	// were absent (Result.Allowed false tells the caller it would have denied). Not with MaxWait
 	// (a shadow zone must not change the response, and holding a request would) or Lease.
 	Shadow bool
+	// UpTo makes a request's cost a range: a Request given an upper bound (Request.SetUpTo) is
+	// charged all the units the zone holds, at least its Cost and at most that bound
+	// (Result.Granted), as a hold when it has a Hold. It reserves what a request may use when
+	// that is bounded but not known (an LLM request's output cap, rewritten to what was
+	// granted). Token bucket and fixed window; not with Lease or Shadow. false: a request is
+	// charged its Cost.
+	UpTo bool
 
 	// boxed are the zone's numbers as script arguments, boxed once by Prepare.
 	boxed *zoneArgs
@@ -289,7 +296,7 @@ func (z *Zone) validate() *FieldError {
 	if z.Algorithm < TokenBucket || z.Algorithm > Concurrency {
 		return z.fieldError("algorithm", "unknown algorithm %v", z.Algorithm)
 	}
-	for _, check := range []func() *FieldError{z.validateOwners, z.validateRequired, z.validateRanges, z.validateMaxCost, z.validateLease, z.validateBlock, z.validateShadow} {
+	for _, check := range []func() *FieldError{z.validateOwners, z.validateRequired, z.validateRanges, z.validateMaxCost, z.validateLease, z.validateBlock, z.validateShadow, z.validateUpTo} {
 		if err := check(); err != nil {
 			return err
 		}
@@ -506,6 +513,21 @@ func (z *Zone) validateShadow() *FieldError {
 		return z.fieldError("dry_run", "dry_run excludes lease: a grant admits requests in process, where a shadow zone's denial is not seen")
 	case z.Overrides && z.Lease != nil:
 		return z.fieldError("overrides", "overrides excludes lease: a grant is spent in process, where a client's override is not seen")
+	}
+	return nil
+}
+
+// validateUpTo checks what a zone with UpTo excludes.
+func (z *Zone) validateUpTo() *FieldError {
+	switch {
+	case !z.UpTo:
+		return nil
+	case z.Algorithm != TokenBucket && z.Algorithm != FixedWindow:
+		return z.fieldError("cap_output", "cap_output needs algorithm token_bucket or fixed_window, not %s", z.Algorithm)
+	case z.Lease != nil:
+		return z.fieldError("cap_output", "cap_output excludes lease: a grant is spent in process, where the bound of each request is not known")
+	case z.Shadow:
+		return z.fieldError("cap_output", "cap_output excludes dry_run: a shadow zone must never change the request, and capping it would")
 	}
 	return nil
 }
