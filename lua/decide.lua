@@ -38,7 +38,8 @@
 --              instance's clock, of which the one holding now is used; cc: "0" (unused)
 --   cost       tokens or window slots this request takes (integer >= 1); tb, fw: or "<cost>,<ask>"
 --              to ask for a lease's grant of about ask units (see lease_grant)
---   flags      "" or, in this order: "s" (a shadow zone), "o<k>:<max_cost>" (overrides, the
+--   flags      "" or, in this order: "s" (a shadow zone), "u" (a cost "<cost>,<ask>" is granted
+--              all the zone holds up to ask: see lease_grant), "o<k>:<max_cost>" (overrides, the
 --              override key the decision's key k; see "Shadow zones and overrides"),
 --              "b<block>,<block_max>:<k>" (a block, µs, the block key the decision's key k; see
 --              Penalty box)
@@ -132,7 +133,10 @@ end
 -- grants shrink to one request's cost, and a denial is decided on Redis's count exactly as
 -- without leases. settle.lua "amount" later charges what the instance spent of the grant and
 -- gives back the rest (a fixed window's, while its window lasts).
-local function lease_grant(tokens, cost, ask)
+-- With upto (the zone's flag "u": a request whose use is bounded by ask, an LLM request's output
+-- cap), the grant is all the zone holds up to ask, never less than cost.
+local function lease_grant(tokens, cost, ask, upto)
+  if upto then return max(cost, min(ask, floor(tokens + EPSILON))) end
   return max(cost, min(ask, floor(tokens / 2 + EPSILON)))
 end
 
@@ -178,11 +182,11 @@ end
 -- below 0 in debt) under a max_wait (0: none) and, with ask, a lease's grant asked. It returns
 -- ok, the tokens to take (cost or the grant; 0 when denied) and the zone's remaining,
 -- retry_after, reset and next (see the reply above).
-local function tb_admit(tokens, quota, rate, cost, max_wait, ask)
+local function tb_admit(tokens, quota, rate, cost, max_wait, ask, upto)
   local ok, taken, delay = true, cost, 0
   if tokens + EPSILON < cost then delay = wait(tokens, cost, rate) end -- 0 when it holds cost now
   if delay == 0 then
-    if ask then taken = lease_grant(tokens, cost, ask) end
+    if ask then taken = lease_grant(tokens, cost, ask, upto) end
   elseif delay > max_wait or cost > quota then
     ok, taken = false, 0
     if cost <= quota then delay = delay - max_wait end -- then admitted, and held max_wait
@@ -215,8 +219,8 @@ end
 -- "sc"; any other is an error), built with its other functions. Redis creates a script's functions anew on each
 -- call, a closure each: decide builds an algorithm's only when a decision of the call first
 -- needs it, and fast needs none. Each decide function takes (key, quota, rate, cost, ask, nonce,
--- hmax, rkey, gkey, writes, denied): a zone's state key and arguments as the ARGV above (cost
--- split from ask, the lease's grant asked, nil: none), its hold time (µs; nil: charged now, a
+-- hmax, rkey, gkey, writes, denied, upto): a zone's state key and arguments as the ARGV above (cost
+-- split from ask, the lease's grant asked, nil: none; upto, its flag "u"), its hold time (µs; nil: charged now, a
 -- record or slot living HOLD_MAX), its record and generation keys when its charge is recorded
 -- (window counters), the list of writes it appends its write to when it admits ({ its take
 -- function, arguments }), and the list of { key, TTL (ms) its state needs } it appends to when
@@ -243,7 +247,7 @@ local function algorithm(tag)
 
     -- tb_decide decides a token bucket zone (see the state above): rate is "<rate>" or
     -- "<rate>,<max_wait>".
-    local function tb_decide(key, quota, rate, cost, ask, nonce, hmax, rkey, gkey, writes, denied)
+    local function tb_decide(key, quota, rate, cost, ask, nonce, hmax, rkey, gkey, writes, denied, upto)
       local max_wait = 0
       local r = tonumber(rate)
       if r == nil then -- "<rate>,<max_wait>"
@@ -278,7 +282,7 @@ local function algorithm(tag)
         end
       end
       local tokens = quota - used - held
-      local ok, taken, remaining, retry, reset, nxt = tb_admit(tokens, quota, rate, cost, max_wait, ask)
+      local ok, taken, remaining, retry, reset, nxt = tb_admit(tokens, quota, rate, cost, max_wait, ask, upto)
       if ok then
         writes[#writes + 1] = { tb_take, key, used, ts, quota, rate, taken, held, holds, hmax, hwait }
       else
@@ -460,7 +464,7 @@ local function algorithm(tag)
 
     -- fw_decide decides a fixed window zone, as tb_decide: bounds is "b0,b1,b2,b3" (see ARGV);
     -- rkey and gkey, when given, are the keys of the charge's record (hold time hmax).
-    local function fw_decide(key, quota, bounds, cost, ask, nonce, hmax, rkey, gkey, writes)
+    local function fw_decide(key, quota, bounds, cost, ask, nonce, hmax, rkey, gkey, writes, _, upto)
       local b = {}
       for x in string.gmatch(bounds, '%d+') do b[#b + 1] = tonumber(x) end
       local start, stop = b[2], b[3]
@@ -475,7 +479,7 @@ local function algorithm(tag)
       local left = max(1, stop - now)
       if count + cost <= quota then
         local granted = cost
-        if ask then granted = lease_grant(quota - count, cost, ask) end
+        if ask then granted = lease_grant(quota - count, cost, ask, upto) end
         local rec = rkey and { rkey, start, granted, hmax, gkey }
         writes[#writes + 1] = { fw_take, key, mark, count + granted, left, rec = rec }
         return true, quota - count - granted, 0, left, left, granted
@@ -678,9 +682,9 @@ end
 
 -- read_decision reads the decision whose arguments start at ARGV[a] (its nonce) and whose keys
 -- start at KEYS[kbase + 1]. It returns its nonce, hold and a table per zone { tag, quota, rate,
--- cost, ask, shadow, key, rkey, gkey, okey, omc, block, bkey }: the algorithm tag, the quota and
--- cost as numbers, the rate as sent, the lease's grant asked (nil: none), whether it is a shadow
--- zone, its state key, its record and generation keys (when its charge is recorded), its
+-- cost, ask, shadow, upto, key, rkey, gkey, okey, omc, block, bkey }: the algorithm tag, the quota
+-- and cost as numbers, the rate as sent, the lease's grant asked (nil: none), whether it is a
+-- shadow zone, whether its grant is all it holds up to ask, its state key, its record and generation keys (when its charge is recorded), its
 -- override key and max cost (overrides), its block { block µs, block_max µs } and block key;
 -- then the number of keys the decision takes. The only code that reads a decision's ARGV and KEYS
 -- besides fast.
@@ -704,6 +708,7 @@ local function read_decision(a, kbase)
     local flags = ARGV[base + 4]
     if flags ~= '' then
       z.shadow = byte(flags) == 115 -- 's'
+      z.upto = string.find(flags, 'u', 1, true) ~= nil
       local k, mc = string.match(flags, 'o(%d+):(%d+)')
       if k then
         k = tonumber(k)
@@ -761,7 +766,7 @@ local function decide(nonce, hold, zones)
       local f = BY_TAG[algo]
       if not f then f = algorithm(algo); BY_TAG[algo] = f end
       ok, remaining, retry, reset, nxt, granted =
-        f(z.key, quota, rate, cost, z.ask, nonce, holdmax[i], z.rkey, z.gkey, writes, denied)
+        f(z.key, quota, rate, cost, z.ask, nonce, holdmax[i], z.rkey, z.gkey, writes, denied, z.upto)
       if z.bkey and not ok and cost <= quota then
         local len, nth = PB.length(z.block, bend, last, strikes)
         blocks = blocks or {}
