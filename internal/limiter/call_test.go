@@ -23,7 +23,7 @@ func goldenDecision() []Request {
 	sh := &Zone{Name: "sh", Algorithm: SlidingWindow, Limit: 5, Window: time.Second, Shadow: true}
 	cc := &Zone{Name: "cc", Algorithm: Concurrency, Limit: 3}
 	return []Request{
-		{Zone: api, Key: "c", Cost: 1, ask: 4},
+		{Zone: api, Key: "c", Cost: 1, ask: 8}, // more than half its 12: granted all 8
 		{Zone: fw, Key: "c", Cost: 1, ask: 20},
 		{Zone: sc, Key: "c", Cost: 2, Hold: 30 * time.Second},
 		{Zone: sh, Key: "c", Cost: 1},
@@ -52,7 +52,7 @@ func TestCallLayout(t *testing.T) {
 		"string i.1",                           // nonce
 		"string 0,2000000,30000000,0,60000000", // hold per zone (µs): fw's grant, sc's and cc's Hold
 		"int 5",                                // zones
-		"string tb", "int64 10", "float64 2", "string 1,4", "string uo10:0b10000000,60000000:11",
+		"string tb", "int64 10", "float64 2", "string 1,8", "string uo10:0b10000000,60000000:11",
 		"string fw", "int64 100", "string 1699999920000000,1699999980000000,1700000040000000,1700000100000000", "string 1,20", "string ",
 		"string sc", "int64 50", "int64 60000000", "int64 2", "string ",
 		"string sw", "int64 5", "int64 1000000", "int64 1", "string s",
@@ -69,7 +69,7 @@ func TestCallLayout(t *testing.T) {
 	// The reply: api's grant, block integer and override integers after its five, fw's grant after
 	// its five; the shadow zone's denial does not deny the decision.
 	reply := []any{int64(1),
-		int64(1), int64(8), int64(0), int64(1_000_000), int64(500_000), int64(4), int64(0), int64(12), int64(6_000_000), int64(12), // api
+		int64(1), int64(8), int64(0), int64(1_000_000), int64(500_000), int64(8), int64(0), int64(12), int64(6_000_000), int64(12), // api
 		int64(1), int64(79), int64(0), int64(40_000_000), int64(40_000_000), int64(20), // fw
 		int64(1), int64(48), int64(0), int64(60_000_000), int64(1_000_000), // sc
 		int64(0), int64(0), int64(300_000), int64(1_000_000), int64(300_000), // sh
@@ -81,7 +81,7 @@ func TestCallLayout(t *testing.T) {
 	}
 	ok, zones, err := decodeReply(reply, reqs, nil)
 	want := []zoneReply{
-		{allowed: true, remaining: 8, reset: 1_000_000, next: 500_000, granted: 4, ov: overrideReply{quota: 12, windowUs: 6_000_000, maxCost: 12}},
+		{allowed: true, remaining: 8, reset: 1_000_000, next: 500_000, granted: 8, ov: overrideReply{quota: 12, windowUs: 6_000_000, maxCost: 12}},
 		{allowed: true, remaining: 79, reset: 40_000_000, next: 40_000_000, granted: 20},
 		{allowed: true, remaining: 48, reset: 60_000_000, next: 1_000_000},
 		{remaining: 0, retryAfter: 300_000, reset: 1_000_000, next: 300_000},
@@ -98,7 +98,7 @@ func TestCallLayout(t *testing.T) {
 	}
 	// A block integer out of range, a first integer of 2 and grants above what was asked are not
 	// Redis's answer.
-	for _, bad := range []struct{ i, v int }{{7, 3}, {1, 2}, {6, 5}, {16, 21}} {
+	for _, bad := range []struct{ i, v int }{{7, 3}, {1, 2}, {6, 9}, {16, 21}} {
 		r := append([]any(nil), reply...)
 		r[bad.i] = int64(bad.v)
 		if _, _, err := decodeReply(r, reqs, nil); !errors.Is(err, ErrBadResponse) {
@@ -108,7 +108,7 @@ func TestCallLayout(t *testing.T) {
 }
 
 // TestCallLayoutRuns: decide.lua reads goldenDecision as encodeDecision lays it out: the call
-// admits, its reply decodes for those zones, api reports the client's override (capacity 12) and its grant of 4,
+// admits, its reply decodes for those zones, api reports the client's override (capacity 12) and its grant of 8,
 // fw its grant of 20 and sh its own denial past its limit of 5, which denies nothing.
 func TestCallLayoutRuns(t *testing.T) {
 	srv := redistest.Start(t)
@@ -125,8 +125,8 @@ func TestCallLayoutRuns(t *testing.T) {
 	if err != nil || !ok {
 		t.Fatalf("%v %+v (%v), want admitted", ok, zones, err)
 	}
-	if zones[0].ov.quota != 12 || zones[0].granted != 4 || zones[0].remaining != 8 || zones[0].block != 0 {
-		t.Errorf("api: %+v, want the override's capacity 12, 4 granted, 8 left, no block", zones[0])
+	if zones[0].ov.quota != 12 || zones[0].granted != 8 || zones[0].remaining != 4 || zones[0].block != 0 {
+		t.Errorf("api: %+v, want the override's capacity 12, 8 granted (all it asked, though above half), 4 left, no block", zones[0])
 	}
 	if zones[1].granted != 20 || zones[3].allowed || zones[2].remaining != 48 || zones[4].remaining != 2 {
 		t.Errorf("zones %+v, want fw granted 20, sc 48 left, sh denied, cc 2 slots left", zones)
