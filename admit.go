@@ -49,6 +49,9 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 	}
 	h.leaveWaiting(&f.placed, f.reqs)
 	if d.Held != nil {
+		if !h.DryRun && !f.degraded {
+			h.capOutput(r, f.reqs)
+		}
 		return h.serveAndSettle(w, r, next, f.reqs, f.d, f.repl)
 	}
 	if f.degraded && hasSlots(f.decided) {

@@ -103,7 +103,7 @@ func parseZone(d *caddyfile.Dispenser, names map[string]bool) (*Zone, error) {
 func isZoneSubdirective(name string) bool {
 	switch name {
 	case "key", "empty_key", "algorithm", "capacity", "refill_rate", "limit", "window", "period", "time_zone", "cost", "max_cost", "max_wait", "match",
-		"count_status", "charge", "hold_max", "lease", "block", "block_max", "overrides":
+		"count_status", "charge", "cap_output", "hold_max", "lease", "block", "block_max", "overrides":
 		return true
 	}
 	return false
@@ -158,6 +158,8 @@ func (p *zoneParser) subdirective(d *caddyfile.Dispenser) error {
 		return err
 	case "charge":
 		return p.parseCharge(d)
+	case "cap_output":
+		return p.parseCapOutput(d)
 	case "hold_max":
 		return durationArg(d, &z.HoldMax)
 	case "lease":
@@ -274,6 +276,33 @@ func (p *zoneParser) parseCharge(d *caddyfile.Dispenser) error {
 		return err
 	}
 	p.zone.Charge = c
+	return nil
+}
+
+// parseCapOutput parses the cap_output subdirective at the cursor: [min_output <n>]
+// [default_output <n>], in any order.
+func (p *zoneParser) parseCapOutput(d *caddyfile.Dispenser) error {
+	c := &CapOutput{}
+	args := d.RemainingArgs()
+	for len(args) > 0 {
+		if len(args) < 2 || (args[0] != "min_output" && args[0] != "default_output") {
+			return d.Errf("cap_output: expected min_output <tokens> or default_output <tokens>, got %q (cap_output min_output 16 default_output 4096)", args[0])
+		}
+		n, err := strconv.ParseInt(args[1], 10, 64)
+		if err != nil {
+			return d.Errf("cap_output: %s %q is not an integer", args[0], args[1])
+		}
+		if args[0] == "min_output" {
+			c.MinOutput = &n
+		} else {
+			c.DefaultOutput = n
+		}
+		args = args[2:]
+	}
+	if err := noBlock(d, "cap_output"); err != nil {
+		return err
+	}
+	p.zone.CapOutput = c
 	return nil
 }
 

@@ -183,6 +183,7 @@ func decimalOrRat(v *float64, def *big.Rat) *big.Rat {
 type afterResponse struct {
 	statuses [600]bool // count_status: the listed codes; all false without count_status
 	counting bool      // count_status is set
+	bounded  bool      // cap_output: a request's reservation bounds what it uses
 	charge   *Charge
 	format   usage.Format   // charge openai_usage or anthropic_usage: the body is read, in this format; 0 otherwise
 	weights  *usage.Weights // the charge's weights; nil without them
@@ -306,13 +307,17 @@ func (a *afterResponse) amount(rq limiter.Request, status int, cw *chargeWriter)
 	most := rq.Zone.MaxCostOrQuota()
 	n, reported := a.reported(cw)
 	if !reported && a.format != 0 && status >= 200 && status < 300 {
+		missing := most
 		if a.charge.Missing != nil {
-			return min(*a.charge.Missing, most), true, false
+			missing = min(*a.charge.Missing, most)
 		}
-		return most, true, false
+		if a.bounded {
+			missing = min(missing, reserved(&rq)) // a true bound of what it used
+		}
+		return missing, true, false
 	}
 	if !reported {
-		return rq.Cost, false, false // the reservation stands
+		return reserved(&rq), false, false // the reservation stands
 	}
 	if n > most {
 		return most, false, true
@@ -572,8 +577,8 @@ func (h *Handler) settle(ctx context.Context, reqs []limiter.Request, held *limi
 		}
 		if a := h.Zones[rq.Tag].after; a != nil && a.charged != nil {
 			a.charged.Add(float64(amounts[i]))
-			if amounts[i] < rq.Cost {
-				a.refunded.Add(float64(rq.Cost - amounts[i]))
+			if res := reserved(&rq); amounts[i] < res {
+				a.refunded.Add(float64(res - amounts[i]))
 			}
 		}
 	}

@@ -99,6 +99,9 @@ func (h *Handler) resolve(r *http.Request, repl *caddy.Replacer, reqs []limiter.
 		if z.after != nil {
 			rq.Hold = z.after.hold // settled after the response: charge.go
 		}
+		if z.capOut != nil {
+			z.capOut.reserve(r, &rq) // the cost is the request's bound: outputcap.go
+		}
 		reqs = append(reqs, rq)
 		shaping = shaping || lz.MaxWait > 0
 	}

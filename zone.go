@@ -175,6 +175,13 @@ type Zone struct {
 	// Default: none, a request is charged its cost when admitted.
 	Charge *Charge `json:"charge,omitempty"`
 
+	// With charge openai_usage, anthropic_usage or gemini_usage: a budget that is never
+	// overdrawn. Each request reserves a true bound of what it can use (its prompt's bound and
+	// its output cap), and its output cap is rewritten down to what the client has left (see
+	// CapOutput). token_bucket and fixed_window; the cost is computed per request (no cost).
+	// Default: none, a request reserves its cost.
+	CapOutput *CapOutput `json:"cap_output,omitempty"`
+
 	// token_bucket and fixed_window: lease the tokens (window slots) of this instance's hot
 	// clients from Redis in grants spent in process (see Lease). Not with max_wait, count_status
 	// or charge. Default: none, every request decided in Redis.
@@ -217,7 +224,8 @@ type Zone struct {
 	// Default: false, the zone is enforced.
 	DryRun bool `json:"dry_run,omitempty"`
 
-	after *afterResponse // count_status and charge, provisioned; nil without them
+	after  *afterResponse // count_status and charge, provisioned; nil without them
+	capOut *outputCap     // cap_output, provisioned; nil without it
 	// dyn are the numbers resolved per request, as provisioned: those given by a placeholder;
 	// empty when every number is a literal, and the zone's requests then use lz itself.
 	dyn         []dynNumber
@@ -309,6 +317,10 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger, in inherited) er
 	if err := z.provisionAfter(); err != nil {
 		return err
 	}
+	if z.CapOutput != nil && z.after != nil && z.Charge != nil {
+		z.capOut = newOutputCap(z.CapOutput, z.after.weights, z.Charge.Usage)
+		z.after.bounded = true
+	}
 	if z.MatcherSetsRaw != nil {
 		modelNames := z.modelMatcherNames()
 		mods, err := ctx.LoadModule(z, "MatcherSetsRaw")
@@ -329,7 +341,8 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger, in inherited) er
 // not parse.
 func (z *Zone) limiterZone(expand func(field, expr string) string) (limiter.Zone, []dynNumber, error) {
 	lz := limiter.Zone{Name: z.Name, Algorithm: limiter.TokenBucket, MaxWait: time.Duration(z.MaxWait), Lease: z.Lease.limiterLease(),
-		Block: time.Duration(z.Block), BlockMax: time.Duration(z.BlockMax), Overrides: z.Overrides, Shadow: z.DryRun}
+		Block: time.Duration(z.Block), BlockMax: time.Duration(z.BlockMax), Overrides: z.Overrides, Shadow: z.DryRun,
+		UpTo: z.CapOutput != nil}
 	if z.Algorithm != "" {
 		algo, err := limiter.ParseAlgorithm(z.Algorithm)
 		if err != nil {
@@ -442,7 +455,26 @@ func (z *Zone) validateFields() error {
 			return z.fieldError("count_status", "count_status: %v", err)
 		}
 	}
-	return z.validateCharge()
+	if err := z.validateCharge(); err != nil {
+		return err
+	}
+	return z.validateCapOutput()
+}
+
+// validateCapOutput checks the zone's cap_output against its charge and cost.
+func (z *Zone) validateCapOutput() error {
+	c := z.CapOutput
+	switch {
+	case c == nil:
+		return nil
+	case z.Charge == nil || usageFormat(z.Charge.Source) == 0:
+		return z.fieldError("cap_output", "cap_output needs charge openai_usage, anthropic_usage or gemini_usage: the response's usage settles the bound reserved")
+	case z.Cost != "" && z.Cost != DefaultCost:
+		return z.fieldError("cap_output", "cap_output computes each request's reservation from its body: leave cost out")
+	case c.check() != "":
+		return z.fieldError("cap_output", "%s", c.check())
+	}
+	return nil
 }
 
 // validateCharge checks the zone's charge on its own.

@@ -1,0 +1,210 @@
+package ratelimitredis
+
+import (
+	"fmt"
+	"math"
+	"math/big"
+	"net/http"
+
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/limiter"
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/usage"
+)
+
+// A zone with cap_output reserves at admission a true upper bound of what an LLM request can
+// use, and caps the request's output to what the client's budget has left, so that what the
+// upstreams report never exceeds the budget. See docs/charging.md, "Budgets that are never
+// overdrawn".
+
+// CapOutput makes a charging zone's budget one that is never overdrawn: each request reserves
+// its prompt's bound (the request body's length in bytes) and its output cap in the zone's
+// units, and when the client has less left, its output cap (max_tokens and its kin) is rewritten
+// down to what fits. A request that cannot get its prompt and MinOutput tokens is refused with
+// 429. Needs charge openai_usage, anthropic_usage or gemini_usage on a token_bucket or
+// fixed_window zone, and no cost (the reservation is computed per request).
+type CapOutput struct {
+	// The fewest output tokens a request is capped to, per output (choice): a request whose
+	// client's budget cannot hold its prompt's bound and this many output tokens is refused
+	// (429), never forwarded. 1 to 2^31 − 1. Default: 16.
+	MinOutput *int64 `json:"min_output,omitempty"`
+
+	// The output cap, in tokens, given to a request that asks for none, when the budget has
+	// that much left: min_output to 2^31 − 1. Default (0): as many as the zone's max_cost
+	// allows, which reserves the client's whole budget while such a request runs.
+	DefaultOutput int64 `json:"default_output,omitempty"`
+}
+
+// DefaultMinOutput is CapOutput.MinOutput's default, in tokens.
+const DefaultMinOutput = 16
+
+// maxOutputTokens bounds CapOutput's numbers, and the caps it writes: 2^31 − 1.
+const maxOutputTokens = math.MaxInt32
+
+// check returns what is wrong with c's numbers, or "".
+func (c *CapOutput) check() string {
+	switch {
+	case c.MinOutput != nil && (*c.MinOutput < 1 || *c.MinOutput > maxOutputTokens):
+		return fmt.Sprintf("cap_output min_output %d must be between 1 and %d", *c.MinOutput, maxOutputTokens)
+	case c.DefaultOutput < 0 || c.DefaultOutput > maxOutputTokens:
+		return fmt.Sprintf("cap_output default_output %d must be between min_output and %d", c.DefaultOutput, maxOutputTokens)
+	case c.DefaultOutput > 0 && c.DefaultOutput < c.minOutput():
+		return fmt.Sprintf("cap_output default_output %d is below min_output %d", c.DefaultOutput, c.minOutput())
+	}
+	return ""
+}
+
+// minOutput is MinOutput, or its default.
+func (c *CapOutput) minOutput() int64 {
+	if c.MinOutput == nil {
+		return DefaultMinOutput
+	}
+	return *c.MinOutput
+}
+
+// outputCap is a zone's cap_output, provisioned: its numbers and the weights of its charge.
+type outputCap struct {
+	min, dflt int64
+	// prompt is the most one input token is charged (the largest of the prompt, cached and
+	// cache-write weights); completion what one output token is; nil: 0.
+	prompt, completion *big.Rat
+}
+
+// newOutputCap provisions c for a zone charged by weights w (nil for a usage count: which says
+// which counts are charged).
+func newOutputCap(c *CapOutput, w *usage.Weights, count string) *outputCap {
+	oc := &outputCap{min: c.minOutput(), dflt: c.DefaultOutput}
+	one := big.NewRat(1, 1)
+	switch {
+	case w != nil:
+		for _, x := range []*big.Rat{w.Prompt, w.Cached, w.CacheWrite} {
+			if x != nil && (oc.prompt == nil || x.Cmp(oc.prompt) > 0) {
+				oc.prompt = x
+			}
+		}
+		oc.completion = w.Completion
+	case count == UsagePrompt:
+		oc.prompt = one
+	case count == UsageCompletion:
+		oc.completion = one
+	default:
+		oc.prompt, oc.completion = one, one
+	}
+	if oc.prompt != nil && oc.prompt.Sign() == 0 {
+		oc.prompt = nil
+	}
+	if oc.completion != nil && oc.completion.Sign() == 0 {
+		oc.completion = nil
+	}
+	return oc
+}
+
+// units is n tokens at weight w, in the zone's units, rounded up; 0 for a nil weight, at most
+// 2^53 (more than any quota).
+func units(w *big.Rat, n int64) int64 {
+	if w == nil || n <= 0 {
+		return 0
+	}
+	x := new(big.Rat).Mul(w, new(big.Rat).SetInt64(n))
+	q, r := new(big.Int).QuoRem(x.Num(), x.Denom(), new(big.Int))
+	if r.Sign() > 0 {
+		q.Add(q, big.NewInt(1))
+	}
+	if !q.IsInt64() || q.Int64() > limiter.MaxCapacity {
+		return limiter.MaxCapacity
+	}
+	return q.Int64()
+}
+
+// bound is what a request r asks of a zone with cap_output: its API and what its body says.
+// ok is false when the request's use cannot be bounded from its body (an unknown API, a body
+// that is not read, content that is not text): it is then reserved at the zone's max_cost.
+func requestBound(r *http.Request) (api usage.API, b usage.Bound, ok bool) {
+	if r.Method != http.MethodPost {
+		return 0, usage.Bound{}, false
+	}
+	api = usage.APIOf(r.URL.Path)
+	if api == 0 {
+		return 0, usage.Bound{}, false
+	}
+	b = usage.ReadBound(r, api)
+	return api, b, b.Readable && !b.Unbounded
+}
+
+// reserve sets rq's cost to the least request r can use in its zone (its prompt's bound and
+// min_output tokens per output) and its bound (Request.SetUpTo) to the most: its prompt's
+// bound and its output cap (the request's own, else default_output), at most the zone's
+// max_cost. A request that cannot be bounded costs max_cost. A cost above max_cost is a
+// request the zone can never admit (a prompt larger than the whole budget): 429.
+func (c *outputCap) reserve(r *http.Request, rq *limiter.Request) {
+	most := rq.Zone.MaxCostOrQuota()
+	api, b, ok := requestBound(r)
+	if !ok {
+		rq.Cost = most
+		return
+	}
+	prompt := units(c.prompt, b.Prompt)
+	if api == usage.Embeddings {
+		rq.Cost = max(1, prompt)
+		return
+	}
+	choices := max(b.Choices, 1)
+	rq.Cost = max(1, prompt+units(c.completion, c.min*choices))
+	want := b.Cap
+	if want == 0 {
+		want = c.dflt
+	}
+	upTo := most
+	if want > 0 {
+		upTo = min(most, prompt+units(c.completion, min(want, limiter.MaxCapacity)*choices))
+	}
+	rq.SetUpTo(upTo)
+}
+
+// outputFor returns the most output tokens per output (of choices) that fit in units after a
+// prompt of prompt units; maxOutputTokens when output is not charged.
+func (c *outputCap) outputFor(units, prompt, choices int64) int64 {
+	if c.completion == nil {
+		return maxOutputTokens
+	}
+	left := units - prompt
+	if left <= 0 {
+		return 0
+	}
+	per := new(big.Rat).Mul(c.completion, new(big.Rat).SetInt64(max(choices, 1)))
+	x := new(big.Rat).Quo(new(big.Rat).SetInt64(left), per)
+	n := new(big.Int).Quo(x.Num(), x.Denom()) // floor: both are positive
+	if !n.IsInt64() || n.Int64() > maxOutputTokens {
+		return maxOutputTokens
+	}
+	return n.Int64()
+}
+
+// capOutput rewrites the output cap of r, admitted, to what every zone with cap_output among
+// reqs reserved for it (Result.Granted, else its cost): the fewest tokens any of them leaves
+// room for. A body already within that cap goes on as it came; one that asks for no cap gets
+// it. Nothing changes for a request no zone could bound (reserved at max_cost).
+func (h *Handler) capOutput(r *http.Request, reqs []limiter.Request) {
+	limit := int64(-1)
+	var api usage.API
+	for i := range reqs {
+		c := h.Zones[reqs[i].Tag].capOut
+		if c == nil {
+			continue
+		}
+		a, b, ok := requestBound(r)
+		if !ok || a == usage.Embeddings {
+			return
+		}
+		api = a
+		n := c.outputFor(reserved(&reqs[i]), units(c.prompt, b.Prompt), b.Choices)
+		if limit < 0 || n < limit {
+			limit = n
+		}
+	}
+	if limit > 0 && limit < maxOutputTokens {
+		usage.SetOutputCap(r, api, limit)
+	}
+}
+
+// reserved is what rq's admission reserved in its zone: what a bound granted (cap_output), else
+// its cost.
+func reserved(rq *limiter.Request) int64 { return max(rq.Cost, int64(rq.Result.Granted)) }
