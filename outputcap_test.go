@@ -285,3 +285,29 @@ func TestCapOutputConfig(t *testing.T) {
 		}
 	}
 }
+
+// TestCapOutputMissingAtMostReserved: a successful response that reports no usage is charged
+// missing, but at most what its request reserved, which bounds what it used: its prompt's bound
+// and its cap, here 100.
+func TestCapOutputMissingAtMostReserved(t *testing.T) {
+	srv := redistest.Start(t)
+	up := llmtest.StartCapped(t)
+	cs := caddytest.Start(t, fmt.Sprintf(`
+	rate_limit_redis {
+		redis {
+			address %s
+		}
+		zone default {
+			%s
+		}
+	}
+	reverse_proxy %s`, srv.Addr, capZone("openai_usage", ""), up.URL))
+	body := `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":100}`
+	if status, _, _ := postJSON(t, cs.Base+"/v1/chat/completions", "m", body, "X-No-Usage", "1"); status != 200 {
+		t.Fatalf("status %d, want 200", status)
+	}
+	want := float64(len(body) + 100)
+	if used := tokensOf(t, srv, "m", "default"); used > want || used < want-1 {
+		t.Fatalf("charged %.1f, want the reservation, %v (not max_cost, 10000)", used, want)
+	}
+}

@@ -20,7 +20,8 @@ import (
 // tokens a quarter of the request body's bytes (at most one token per byte, as real tokenizers
 // count text), as JSON or, for a stream ("stream": true, or Gemini's :streamGenerateContent),
 // as the API's event stream with its usage, gzip-compressed when the request's Accept-Encoding
-// allows it. It records every usage it reported and the caps it received.
+// allows it; a request with the header X-No-Usage gets a JSON body without a usage. It records
+// every usage it reported (as if X-No-Usage's had been reported too) and the caps it received.
 type Capped struct {
 	*httptest.Server
 	// NoCap is the output a request without a cap generates; set before the first request.
@@ -150,6 +151,11 @@ func (c *Capped) serve(w http.ResponseWriter, r *http.Request) {
 		flush = func() { _ = gz.Flush(); _ = http.NewResponseController(w).Flush() }
 	}
 	text := strings.Repeat("y", int(min(out, 64)))
+	if r.Header.Get("X-No-Usage") != "" { // a response that reports no usage: charged missing
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(wr, `{"id":"x","choices":[]}`)
+		return
+	}
 	if !stream {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = io.WriteString(wr, cappedJSON(api, text, prompt, out))
