@@ -69,8 +69,9 @@ type Bound struct {
 	// tools), a Responses "prompt" object, a Gemini generationConfig that is neither an object
 	// nor null, or a choices count that is not a positive integer of at most MaxChoices.
 	Unbounded bool
-	// Prompt bounds the prompt in tokens: the body's length in bytes. A text token covers at
-	// least one byte, and the JSON around each message covers its chat template's tokens.
+	// Prompt bounds the prompt in tokens: the body's length in bytes, plus AnthropicToolPrompt
+	// for an AnthropicMessages request with tools. A text token covers at least one byte, and
+	// the JSON around each message covers its chat template's tokens.
 	Prompt int64
 	// Cap is the output cap in tokens the request asks for, per choice, as the upstream reads
 	// it: the last of a name given twice. With two cap members (ChatCompletions'
@@ -101,8 +102,33 @@ func ReadBound(r *http.Request, api API) Bound {
 	case GeminiGenerate:
 		readGemini(b.data, top, &bd)
 	}
+	if api == AnthropicMessages && hasTools(b.data, top) {
+		bd.Prompt += AnthropicToolPrompt
+	}
 	return bd
 }
+
+// AnthropicToolPrompt is what ReadBound adds to the prompt bound of an Anthropic Messages
+// request with tools, in tokens: Anthropic adds a tool-use system prompt to such a request,
+// which its bytes do not cover (at most 530 tokens in Anthropic's pricing table).
+const AnthropicToolPrompt = 600
+
+// hasTools reports whether the JSON object that opens at body[i] has a "tools" member (or one
+// folded equal to it) that is neither null nor an empty array.
+func hasTools(body []byte, i int) bool {
+	found := false
+	eachMember(body, i, func(m member) {
+		if k, _ := match(anthropicTools, m.name); k < 0 || found {
+			return
+		}
+		v := body[m.start:m.end]
+		found = string(v) != "null" && !(v[0] == '[' && v[skipSpace(v, 1)] == ']')
+	})
+	return found
+}
+
+// anthropicTools is the "tools" member of an Anthropic Messages request.
+var anthropicTools = []field{{"tools", []string{"tools"}}}
 
 // SetOutputCap makes every output cap member of r's body, as api reads it, at most cap
 // tokens (cap > 0). A member whose value is not a positive integer at most cap gets cap; one
