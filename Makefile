@@ -116,6 +116,7 @@ fuzz:
 	go test -run XXX -fuzz '^FuzzAnthropicUsage$$' -fuzztime $(FUZZTIME) ./internal/usage
 	go test -run XXX -fuzz '^FuzzCeilScaled$$' -fuzztime $(FUZZTIME) ./internal/usage
 	go test -run XXX -fuzz '^FuzzModel$$' -fuzztime $(FUZZTIME) ./internal/usage
+	go test -run XXX -fuzz '^FuzzSetOutputCap$$' -fuzztime $(FUZZTIME) ./internal/usage
 	go test -run XXX -fuzz '^FuzzClientKey$$' -fuzztime $(FUZZTIME) ./internal/limiter
 	go test -run XXX -fuzz '^FuzzDecodeReply$$' -fuzztime $(FUZZTIME) ./internal/limiter
 	go test -run XXX -fuzz '^FuzzAllow$$' -fuzztime $(FUZZTIME) ./internal/limiter

@@ -34,6 +34,12 @@ func IncludeUsage(r *http.Request) {
 	if !ok {
 		return
 	}
+	replaceBody(r, b, out)
+}
+
+// replaceBody makes out the body r goes on with in place of b: r.Body, r.GetBody,
+// r.ContentLength and any Content-Length field; closing r.Body closes the body that came.
+func replaceBody(r *http.Request, b *bufferedBody, out []byte) {
 	setBody(r, out, b.Closer, nil) // parsed again if a reader asks: its offsets moved
 	r.ContentLength = int64(len(out))
 	if r.Header.Get("Content-Length") != "" {
