@@ -114,6 +114,7 @@ fuzz:
 	go test -run XXX -fuzz '^FuzzZoneNumber$$' -fuzztime $(FUZZTIME) .
 	go test -run XXX -fuzz '^FuzzUsage$$' -fuzztime $(FUZZTIME) ./internal/usage
 	go test -run XXX -fuzz '^FuzzAnthropicUsage$$' -fuzztime $(FUZZTIME) ./internal/usage
+	go test -run XXX -fuzz '^FuzzGeminiUsage$$' -fuzztime $(FUZZTIME) ./internal/usage
 	go test -run XXX -fuzz '^FuzzCeilScaled$$' -fuzztime $(FUZZTIME) ./internal/usage
 	go test -run XXX -fuzz '^FuzzModel$$' -fuzztime $(FUZZTIME) ./internal/usage
 	go test -run XXX -fuzz '^FuzzSetOutputCap$$' -fuzztime $(FUZZTIME) ./internal/usage

@@ -79,7 +79,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			max_cost    <n>                  # larger costs are never admitted, nor charged after the response; default the quota (sliding_window with a placeholder cost: at most 1000)
 //			max_wait    <duration>           # token_bucket: hold a request up to this long for its turn instead of a 429; up to 1m
 //			count_status <code|Nxx>...       # charge only responses of these statuses (any algorithm)
-//			charge header <field> [scale <n>] | openai_usage|anthropic_usage [total|prompt|completion|weights <kind> <n>...] [missing <n>]   # charge what the response reports (at most max_cost); cost is the reservation; scale: a decimal × n, rounded up; weights: prompt, completion, cached, cache_write; missing: what a 2xx without usage is charged, default max_cost (not sliding_window)
+//			charge header <field> [scale <n>] | openai_usage|anthropic_usage|gemini_usage [total|prompt|completion|weights <kind> <n>...] [missing <n>]   # charge what the response reports (at most max_cost); cost is the reservation; scale: a decimal × n, rounded up; weights: prompt, completion, cached, cache_write; missing: what a 2xx without usage is charged, default max_cost (not sliding_window)
 //			hold_max    <duration>           # with count_status or charge: a reservation unsettled after it counts as charged; default 10m
 //			                                 # concurrency: how long a slot is held, refreshed while its request runs; a dead instance's slots free after it
 //			lease {                          # token_bucket, fixed_window: hot clients' units granted from Redis ahead, spent in process (not with max_wait, count_status, charge)

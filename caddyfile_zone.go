@@ -252,21 +252,21 @@ func (p *zoneParser) number(d *caddyfile.Dispenser) error {
 // parseCharge parses a zone's charge subdirective at the cursor:
 //
 //	charge header <field> [scale <n>]
-//	charge openai_usage|anthropic_usage [total|prompt|completion | weights <kind> <n>...] [missing <n>]
+//	charge openai_usage|anthropic_usage|gemini_usage [total|prompt|completion | weights <kind> <n>...] [missing <n>]
 //
 // where a kind of weights is prompt, completion, cached or cache_write. The values' ranges are
 // the zone's validation's.
 func (p *zoneParser) parseCharge(d *caddyfile.Dispenser) error {
 	args := d.RemainingArgs()
 	if len(args) == 0 {
-		return d.Errf("charge: a source is required: header <field> [scale <n>], or openai_usage or anthropic_usage [total|prompt|completion|weights ...] [missing <n>]")
+		return d.Errf("charge: a source is required: header <field> [scale <n>], or openai_usage, anthropic_usage or gemini_usage [total|prompt|completion|weights ...] [missing <n>]")
 	}
 	c := &Charge{Source: args[0]}
 	var err error
 	switch args[0] {
 	case ChargeHeader:
 		err = parseChargeHeader(d, c, args[1:])
-	case ChargeOpenAIUsage, ChargeAnthropicUsage:
+	case ChargeOpenAIUsage, ChargeAnthropicUsage, ChargeGeminiUsage:
 		err = parseChargeUsage(d, c, args[1:])
 	}
 	if err != nil {
@@ -322,7 +322,8 @@ func parseChargeHeader(d *caddyfile.Dispenser, c *Charge, args []string) error {
 	return nil
 }
 
-// parseChargeUsage parses the arguments after `charge openai_usage` (or anthropic_usage):
+// parseChargeUsage parses the arguments after `charge openai_usage` (or anthropic_usage,
+// gemini_usage):
 // [total|prompt|completion | weights <kind> <n>...] [missing <n>].
 func parseChargeUsage(d *caddyfile.Dispenser, c *Charge, rest []string) error {
 	source := "charge " + c.Source

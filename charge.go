@@ -35,6 +35,7 @@ const (
 	ChargeHeader         = "header"
 	ChargeOpenAIUsage    = "openai_usage"
 	ChargeAnthropicUsage = "anthropic_usage"
+	ChargeGeminiUsage    = "gemini_usage"
 )
 
 // Values of Charge.Usage.
@@ -57,7 +58,8 @@ type Charge struct {
 	// `header`: a non-negative integer in the response header field Header (with Scale, a
 	// decimal); `openai_usage`: the OpenAI-format `usage` of a JSON body, of the final event of
 	// a chat completions stream (`stream_options.include_usage`), or of a Responses API
-	// `response.completed` event; `anthropic_usage`: the `usage` of Anthropic's Messages API, of
+	// `response.completed` event; `gemini_usage`: the `usageMetadata` of Google's Gemini API
+	// (generateContent, streamGenerateContent); `anthropic_usage`: the `usage` of Anthropic's Messages API, of
 	// a JSON body, or of a stream (input counts in `message_start`, the output count in the last
 	// `message_delta`). Required.
 	Source string `json:"source,omitempty"`
@@ -74,18 +76,18 @@ type Charge struct {
 	// non-negative integer of at most 2^63 − 1 does. Default (0): an integer, charged as it is.
 	Scale float64 `json:"scale,omitempty"`
 
-	// openai_usage, anthropic_usage: which count to charge: `total` (OpenAI's total_tokens, else
+	// openai_usage, anthropic_usage, gemini_usage: which count to charge: `total` (OpenAI's total_tokens, else
 	// the prompt and completion counts added), `prompt` (every input token: OpenAI's
 	// prompt_tokens or input_tokens, cached ones included; Anthropic's input_tokens,
 	// cache_read_input_tokens and cache_creation_input_tokens added) or `completion`
 	// (completion_tokens or output_tokens). Default: `total`, unless Weights is given.
 	Usage string `json:"usage,omitempty"`
 
-	// openai_usage, anthropic_usage, instead of Usage: charge the counts weighted (see
+	// openai_usage, anthropic_usage, gemini_usage, instead of Usage: charge the counts weighted (see
 	// ChargeWeights), the sum rounded up. Default: none, Usage decides.
 	Weights *ChargeWeights `json:"weights,omitempty"`
 
-	// openai_usage, anthropic_usage: what a successful (2xx) response that reports no usage we
+	// openai_usage, anthropic_usage, gemini_usage: what a successful (2xx) response that reports no usage we
 	// can charge is charged, in the zone's units (0 to 2^53): no usage object, a count that is
 	// negative or not an integer, a body in a content coding that is not read or whose decoding
 	// stopped at its bounds, a stream cut short, a request whose client went away before the
@@ -185,7 +187,7 @@ type afterResponse struct {
 	counting bool      // count_status is set
 	bounded  bool      // cap_output: a request's reservation bounds what it uses
 	charge   *Charge
-	format   usage.Format   // charge openai_usage or anthropic_usage: the body is read, in this format; 0 otherwise
+	format   usage.Format   // charge openai_usage, anthropic_usage or gemini_usage: the body is read, in this format; 0 otherwise
 	weights  *usage.Weights // the charge's weights; nil without them
 	scale    *big.Rat       // charge header with a scale; nil otherwise
 	hold     time.Duration
@@ -263,6 +265,8 @@ func usageFormat(source string) usage.Format {
 		return usage.OpenAI
 	case ChargeAnthropicUsage:
 		return usage.Anthropic
+	case ChargeGeminiUsage:
+		return usage.Gemini
 	}
 	return 0
 }
@@ -359,11 +363,11 @@ func (a *afterResponse) reported(cw *chargeWriter) (int64, bool) {
 type chargeWriter struct {
 	*caddyhttp.ResponseWriterWrapper
 	status int // the final status written; 0 while none
-	// formats: the usage formats its zones read (formats[usage.OpenAI], formats[usage.Anthropic]),
+	// formats: the usage formats its zones read (formats[usage.OpenAI], formats[usage.Anthropic], formats[usage.Gemini]),
 	// each with its scanner in scans once the body is JSON or an event stream.
-	formats  [3]bool
+	formats  [usage.Formats]bool
 	readBody bool // a zone reads a usage
-	scans    [3]*usage.Scanner
+	scans    [usage.Formats]*usage.Scanner
 	sink     io.Writer      // where the body goes to be scanned: the scanner(s), or dec
 	dec      *usage.Decoder // the body's decoder when it is compressed
 	coding   string         // the body's content coding

@@ -483,15 +483,15 @@ func (z *Zone) validateCharge() error {
 	if c == nil {
 		return nil
 	}
-	reads := usageFormat(c.Source) != 0 // openai_usage or anthropic_usage
+	reads := usageFormat(c.Source) != 0 // openai_usage, anthropic_usage or gemini_usage
 	var msg string
 	switch {
 	case c.Source != ChargeHeader && !reads:
-		msg = fmt.Sprintf("charge source %q must be header, openai_usage or anthropic_usage", c.Source)
+		msg = fmt.Sprintf("charge source %q must be header, openai_usage, anthropic_usage or gemini_usage", c.Source)
 	case c.Source == ChargeHeader && c.Header == "":
 		msg = "charge header needs a header field name"
 	case c.Source == ChargeHeader && (c.Usage != "" || c.Weights != nil || c.Missing != nil):
-		msg = "charge usage, weights and missing belong to sources openai_usage and anthropic_usage"
+		msg = "charge usage, weights and missing belong to sources openai_usage, anthropic_usage and gemini_usage"
 	case reads && (c.Header != "" || c.Scale != 0):
 		msg = "charge header and scale belong to source header"
 	case !(c.Scale >= 0 && c.Scale <= MaxChargeScale):

@@ -29,16 +29,16 @@ func TestValidateCharging(t *testing.T) {
 	}{
 		{"ok", with(tbz, func(z *Zone) { z.CountStatus, z.Charge = []string{"4xx"}, &Charge{Source: "openai_usage"} }), ""},
 		{"bad status", with(tbz, func(z *Zone) { z.CountStatus = []string{"4x"} }), `zone z: count_status: "4x" is not a status code (100 to 599) or a class such as 4xx`},
-		{"bad source", with(tbz, func(z *Zone) { z.Charge = &Charge{Source: "body"} }), `zone z: charge source "body" must be header, openai_usage or anthropic_usage`},
+		{"bad source", with(tbz, func(z *Zone) { z.Charge = &Charge{Source: "body"} }), `zone z: charge source "body" must be header, openai_usage, anthropic_usage or gemini_usage`},
 		{"header without field", with(tbz, func(z *Zone) { z.Charge = &Charge{Source: "header"} }), `zone z: charge header needs a header field name`},
 		{"bad usage", with(tbz, func(z *Zone) { z.Charge = &Charge{Source: "openai_usage", Usage: "input"} }), `zone z: charge usage "input" must be total, prompt or completion`},
 		{"missing", with(tbz, func(z *Zone) { z.Charge = &Charge{Source: "openai_usage", Missing: new(int64(0))} }), ""},
 		{"missing negative", with(tbz, func(z *Zone) { z.Charge = &Charge{Source: "openai_usage", Missing: new(int64(-1))} }), `zone z: charge missing -1 must be between 0 and 9007199254740992`},
-		{"missing with header", with(tbz, func(z *Zone) { z.Charge = &Charge{Source: "header", Header: "X", Missing: new(int64(1))} }), `zone z: charge usage, weights and missing belong to sources openai_usage and anthropic_usage`},
+		{"missing with header", with(tbz, func(z *Zone) { z.Charge = &Charge{Source: "header", Header: "X", Missing: new(int64(1))} }), `zone z: charge usage, weights and missing belong to sources openai_usage, anthropic_usage and gemini_usage`},
 		{"scale", with(tbz, func(z *Zone) { z.Charge = &Charge{Source: "header", Header: "X", Scale: 1e6} }), ""},
 		{"scale negative", with(tbz, func(z *Zone) { z.Charge = &Charge{Source: "header", Header: "X", Scale: -1} }), `zone z: charge scale -1 must be greater than 0 and at most 1e+15`},
 		{"scale with usage", with(tbz, func(z *Zone) { z.Charge = &Charge{Source: "openai_usage", Scale: 10} }), `zone z: charge header and scale belong to source header`},
-		{"weights with header", with(tbz, func(z *Zone) { z.Charge = &Charge{Source: "header", Header: "X", Weights: &ChargeWeights{}} }), `zone z: charge usage, weights and missing belong to sources openai_usage and anthropic_usage`},
+		{"weights with header", with(tbz, func(z *Zone) { z.Charge = &Charge{Source: "header", Header: "X", Weights: &ChargeWeights{}} }), `zone z: charge usage, weights and missing belong to sources openai_usage, anthropic_usage and gemini_usage`},
 		{"anthropic", with(tbz, func(z *Zone) {
 			z.Charge = &Charge{Source: "anthropic_usage", Usage: "completion", Missing: new(int64(5))}
 		}), ""},

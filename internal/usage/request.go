@@ -144,7 +144,28 @@ func parseRequest(body []byte) requestFields {
 	return f
 }
 
-// Model returns the "model" of r's body, as an OpenAI-compatible or Anthropic upstream reads it
+// pathModel returns the model that path names as Gemini's API does,
+// ".../models/<model>:<method>" (generateContent, streamGenerateContent, countTokens…; Vertex
+// AI's ".../publishers/google/models/<model>:<method>" too), and true; false for any other path.
+// path is decoded once (r.URL.Path), as the upstream reads it: a "%2F" in the model is a '/',
+// and so no such path. A model that is empty or longer than MaxModelBytes is UnreadableModel.
+func pathModel(path string) (string, bool) {
+	i := strings.LastIndexByte(path, '/')
+	if i < 0 || !strings.HasSuffix(path[:i], "/models") && path[:i] != "models" {
+		return "", false
+	}
+	model, method, ok := strings.Cut(path[i+1:], ":")
+	if !ok || method == "" || strings.IndexByte(method, ':') >= 0 {
+		return "", false
+	}
+	if model == "" || len(model) > MaxModelBytes {
+		return UnreadableModel, true
+	}
+	return model, true
+}
+
+// Model returns the model of r: the one its URL path names as Gemini's API does (pathModel), else
+// the "model" of its body, as an OpenAI-compatible or Anthropic upstream reads it
 // (the last one given), whatever the body's Content-Type: "" when r's body is empty or its JSON
 // object has no "model". It is UnreadableModel when upstreams may read another model or none:
 // a body that readBody does not read (compressed, over MaxRequestBody, its reading failed),
@@ -153,6 +174,9 @@ func parseRequest(body []byte) requestFields {
 // which Go servers read as the model). It reads the body as readBody does: once per request,
 // passing it on unchanged.
 func Model(r *http.Request) string {
+	if m, ok := pathModel(r.URL.Path); ok {
+		return m
+	}
 	if r.Body == nil || r.Body == http.NoBody {
 		return ""
 	}

@@ -258,3 +258,30 @@ func FuzzModel(f *testing.F) {
 		}
 	})
 }
+
+// TestPathModel: a Gemini path names the model, whatever the body says; an escaped path is
+// read decoded once, as the upstream reads it, so "a%2Fb" is no model path; an empty or too
+// long model is UnreadableModel; other paths read the body.
+func TestPathModel(t *testing.T) {
+	t.Parallel()
+	long := strings.Repeat("m", MaxModelBytes+1)
+	for _, tc := range []struct{ path, body, want string }{
+		{"/v1beta/models/gemini-2.5-flash:generateContent", `{"contents":[]}`, "gemini-2.5-flash"},
+		{"/v1beta/models/small:streamGenerateContent?alt=sse", `{"model":"big"}`, "small"},
+		{"/v1/projects/p/locations/us/publishers/google/models/gemini-2.5-pro:generateContent", ``, "gemini-2.5-pro"},
+		{"/gw/v1beta/models/small:countTokens", `{"model":"big"}`, "small"},
+		{"/v1beta/models/a%2Fb:generateContent", `{"model":"big"}`, "big"},
+		{"/v1beta/models/sm%61ll:generateContent", `{}`, "small"},
+		{"/v1beta/models/:generateContent", `{"model":"big"}`, UnreadableModel},
+		{"/v1beta/models/" + long + ":generateContent", `{}`, UnreadableModel},
+		{"/v1beta/models/small", `{"model":"big"}`, "big"},
+		{"/v1beta/models/small:", `{"model":"big"}`, "big"},
+		{"/v1/chat/completions", `{"model":"big"}`, "big"},
+		{"/v1beta/tunedModels/x:generateContent", `{"model":"big"}`, "big"},
+	} {
+		r := httptest.NewRequest(http.MethodPost, tc.path, strings.NewReader(tc.body))
+		if got := Model(r); got != tc.want {
+			t.Errorf("%s: model %q, want %q", tc.path, got, tc.want)
+		}
+	}
+}

@@ -35,6 +35,15 @@ const (
 	// nor written to the prompt cache), cache_read_input_tokens, cache_creation_input_tokens and
 	// output_tokens; no total.
 	Anthropic
+	// Gemini is the usageMetadata of Google's Gemini API (generateContent and
+	// streamGenerateContent): promptTokenCount (cached ones included: cachedContentTokenCount)
+	// and toolUsePromptTokenCount are input, candidatesTokenCount and thoughtsTokenCount
+	// output, totalTokenCount their total. A count it leaves out is 0, as proto3 JSON leaves
+	// out zeros.
+	Gemini
+
+	// Formats is the length of an array indexed by a Format (its element 0 unused).
+	Formats = iota + 1
 )
 
 // The counts Tokens reports.
@@ -48,12 +57,13 @@ const (
 // maxUsageBytes + maxKeyBytes (4 KiB and 48 bytes) whatever the body's size. It reads JSON with its
 // strings and nesting tracked, and takes a "usage" object only where the API puts it: at the top
 // level of the document, or inside one top-level object, "response" for OpenAI (a Responses API
-// event) and "message" for Anthropic (a message_start event). In an event stream (sse) each
-// event's data is a document of its own.
+// event) and "message" for Anthropic (a message_start event); Gemini's "usageMetadata" at the
+// top level, or in each object of a top-level array (streamGenerateContent without alt=sse). In
+// an event stream (sse) each event's data is a document of its own.
 //
 // OpenAI: the usage of a chat completions stream's final chunk (stream_options.include_usage;
 // the others carry "usage": null) or the response.usage of a Responses API response.completed
-// event; the last usage object found decides.
+// event; the last usage object found decides. Gemini: likewise, of every chunk of a stream.
 //
 // Anthropic: a stream's input counts come in message_start's message.usage and its output count
 // (cumulative) in the usage of its message_delta events; each count is the last one found, and a
@@ -255,6 +265,9 @@ func (s *Scanner) scanJSON(p []byte) {
 			s.pending = keyOther
 		case '{', '[':
 			s.depth++
+			if c == '{' && s.depth == 2 && s.format == Gemini && !s.obj[1] {
+				s.inInner = true // a chunk of a top-level array: its keys are read
+			}
 			if s.colon && c == '{' {
 				switch {
 				case s.pending == keyUsage && (s.depth == 2 || s.depth == 3 && s.inInner):
@@ -321,7 +334,13 @@ func (s *Scanner) keyName() int {
 	}
 	switch string(k) {
 	case "usage":
-		return keyUsage
+		if s.format != Gemini {
+			return keyUsage
+		}
+	case "usageMetadata":
+		if s.format == Gemini {
+			return keyUsage
+		}
 	case "response":
 		if s.format != Anthropic {
 			return keyInner
@@ -352,6 +371,13 @@ func parseUsage(format Format, b []byte, long bool) (usageCounts, bool) {
 		n, ok := parseCount(r)
 		bad = bad || !ok
 		return n
+	}
+	if format == Gemini {
+		zero := func(r json.RawMessage) int64 { return max(count(r), 0) } // left out: 0
+		u.prompt = addCapped(zero(raw["promptTokenCount"]), zero(raw["toolUsePromptTokenCount"]))
+		u.completion = addCapped(zero(raw["candidatesTokenCount"]), zero(raw["thoughtsTokenCount"]))
+		u.total, u.cached = count(raw["totalTokenCount"]), zero(raw["cachedContentTokenCount"])
+		return u, bad
 	}
 	if format == Anthropic {
 		u.input, u.output = count(raw["input_tokens"]), count(raw["output_tokens"])

@@ -72,6 +72,23 @@ var anthropicCases = []usageCase{
 	{"sum too large", false, `{"usage":{"input_tokens":9223372036854775807,"cache_read_input_tokens":5,"output_tokens":1}}`, math.MaxInt64, math.MaxInt64, 1},
 }
 
+// geminiCases are Gemini's usageMetadata: input is promptTokenCount (cached included) and
+// toolUsePromptTokenCount, output candidatesTokenCount and thoughtsTokenCount, a count left out
+// is 0; in a JSON body, an SSE stream (the last chunk's decides) and a JSON array of chunks.
+var geminiCases = []usageCase{
+	{"generateContent", false, `{"candidates":[{"content":{"parts":[{"text":"the \"usageMetadata\": {}"}],"role":"model"},"finishReason":"STOP"}],"usageMetadata":{"promptTokenCount":10,"candidatesTokenCount":20,"totalTokenCount":30},"modelVersion":"gemini-2.5-flash"}`, 30, 10, 20},
+	{"thoughts and tools", false, `{"usageMetadata":{"promptTokenCount":10,"cachedContentTokenCount":4,"candidatesTokenCount":20,"thoughtsTokenCount":100,"toolUsePromptTokenCount":5,"totalTokenCount":135}}`, 135, 15, 120},
+	{"no total", false, `{"usageMetadata":{"promptTokenCount":10,"candidatesTokenCount":20}}`, 30, 10, 20},
+	{"zeros left out", false, `{"usageMetadata":{"promptTokenCount":7}}`, 7, 7, 0},
+	{"stream", true, "data: {\"candidates\":[{\"content\":{\"parts\":[{\"text\":\"Hel\"}]}}],\"usageMetadata\":{\"promptTokenCount\":10,\"totalTokenCount\":10}}\r\n\r\ndata: {\"candidates\":[{\"content\":{\"parts\":[{\"text\":\"lo\"}]},\"finishReason\":\"STOP\"}],\"usageMetadata\":{\"promptTokenCount\":10,\"candidatesTokenCount\":2,\"totalTokenCount\":12}}\r\n\r\n", 12, 10, 2},
+	{"stream as a JSON array", false, `[{"candidates":[],"usageMetadata":{"promptTokenCount":10,"totalTokenCount":10}},
+{"candidates":[],"usageMetadata":{"promptTokenCount":10,"candidatesTokenCount":3,"totalTokenCount":13}}]`, 13, 10, 3},
+	{"nested usageMetadata is not read", false, `{"candidates":[{"usageMetadata":{"promptTokenCount":1}}],"x":{"usageMetadata":{"promptTokenCount":1}}}`, -1, -1, -1},
+	{"OpenAI's usage is not read", false, `{"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}`, -1, -1, -1},
+	{"a bad count", false, `{"usageMetadata":{"promptTokenCount":-1,"candidatesTokenCount":2}}`, -1, -1, -1},
+	{"a string count", false, `{"usageMetadata":{"promptTokenCount":"10"}}`, -1, -1, -1},
+}
+
 // scanUsage scans body of format in chunks of chunk bytes and returns the total, prompt and
 // completion counts it reads (-1: none) and the scanner.
 func scanUsage(format Format, sse bool, body string, chunk int) ([3]int64, *Scanner) {
@@ -104,7 +121,7 @@ func tokens(s *Scanner) [3]int64 {
 // one; a count that is negative or not an integer makes the usage one that cannot be charged.
 func TestUsageScanner(t *testing.T) {
 	t.Parallel()
-	for format, cases := range map[Format][]usageCase{OpenAI: usageCases, Anthropic: anthropicCases} {
+	for format, cases := range map[Format][]usageCase{OpenAI: usageCases, Anthropic: anthropicCases, Gemini: geminiCases} {
 		for _, tc := range cases {
 			want := [3]int64{tc.total, tc.prompt, tc.completion}
 			for _, chunk := range []int{1, 3, 64, 1 << 20} {
@@ -186,6 +203,15 @@ func FuzzAnthropicUsage(f *testing.F) {
 	f.Fuzz(func(t *testing.T, body []byte, split uint16) { fuzzScanner(t, Anthropic, body, split) })
 }
 
+// FuzzGeminiUsage is FuzzUsage for Gemini's format: the last top-level "usageMetadata" object
+// (of the document, or of each object of a top-level array) decides.
+func FuzzGeminiUsage(f *testing.F) {
+	for _, tc := range geminiCases {
+		f.Add([]byte(tc.body), uint16(len(tc.body)/2))
+	}
+	f.Fuzz(func(t *testing.T, body []byte, split uint16) { fuzzScanner(t, Gemini, body, split) })
+}
+
 // fuzzScanner checks the scanner of format on body split at split (FuzzUsage).
 func fuzzScanner(t *testing.T, format Format, body []byte, split uint16) {
 	for _, sse := range []bool{false, true} {
@@ -225,6 +251,9 @@ var jsonInteger = regexp.MustCompile(`^(0|[1-9][0-9]*)$`)
 // (Anthropic) objects, in document order; OpenAI's last decides, Anthropic's counts each keep
 // their last value and need a top-level usage.
 func referenceUsage(format Format, body []byte) ([3]int64, int64) {
+	if format == Gemini {
+		return referenceGemini(body)
+	}
 	none := [3]int64{-1, -1, -1}
 	inner := "response"
 	names := []string{"total_tokens", "prompt_tokens", "completion_tokens", "input_tokens", "output_tokens"}
@@ -371,6 +400,55 @@ func refCount(v any, bad *bool) int64 {
 	}
 	*bad = true
 	return -1
+}
+
+// referenceGemini reads body, one valid JSON document, as Gemini's format with encoding/json: the
+// last "usageMetadata" object of the top-level object, or of the objects of a top-level array;
+// its counts, left out as 0, and what they weigh under testWeights (-1: none).
+func referenceGemini(body []byte) ([3]int64, int64) {
+	none := [3]int64{-1, -1, -1}
+	var docs []json.RawMessage
+	if err := json.Unmarshal(body, &docs); err != nil {
+		docs = []json.RawMessage{body}
+	}
+	var last map[string]any
+	bad := false
+	for _, doc := range docs {
+		dec := json.NewDecoder(bytes.NewReader(doc))
+		if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+			continue
+		}
+		for dec.More() {
+			t, _ := dec.Token()
+			var v json.RawMessage
+			_ = dec.Decode(&v)
+			if k, _ := t.(string); k != "usageMetadata" || len(v) == 0 || v[0] != '{' {
+				continue
+			}
+			d := json.NewDecoder(bytes.NewReader(v))
+			d.UseNumber()
+			last = nil
+			bad = len(v) > maxUsageBytes || d.Decode(&last) != nil
+		}
+	}
+	if last == nil || bad {
+		return none, -1
+	}
+	n := func(name string) int64 { return max(refCount(last[name], &bad), 0) }
+	in := addCapped(n("promptTokenCount"), n("toolUsePromptTokenCount"))
+	out := addCapped(n("candidatesTokenCount"), n("thoughtsTokenCount"))
+	cached := n("cachedContentTokenCount")
+	total := refCount(last["totalTokenCount"], &bad)
+	if bad {
+		return none, -1
+	}
+	if total < 0 {
+		total = addCapped(in, out)
+	}
+	if in < cached {
+		return [3]int64{total, in, out}, -1
+	}
+	return [3]int64{total, in, out}, testWeights.Amount(in-cached, cached, 0, out)
 }
 
 var _ io.Writer = (*Scanner)(nil)
