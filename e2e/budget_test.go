@@ -40,7 +40,7 @@ type budgetResult struct {
 // runBudget makes calls with the SDKs installed in dir, all at once, and returns what each got.
 func runBudget(t *testing.T, dir string, calls []budgetCall) []budgetResult {
 	t.Helper()
-	script, err := os.ReadFile("testdata/budget.mjs")
+	script, err := os.ReadFile("e2e/testdata/budget.mjs")
 	if err != nil {
 		t.Fatal(err)
 	}

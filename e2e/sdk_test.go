@@ -1,8 +1,9 @@
 package e2e_test
 
-// The official OpenAI and Anthropic Node SDKs (npm openai, @anthropic-ai/sdk), at their
-// defaults, through Caddy with the module: how they take a refusal, and the budgets of their
-// usage. The SDKs are installed once per machine with npm, at the versions of sdkPackages.
+// The official OpenAI, Anthropic and Google Gen AI Node SDKs (npm openai, @anthropic-ai/sdk,
+// @google/genai), at their defaults, through Caddy with the module: how they take a refusal,
+// and the budgets of their usage. The SDKs are installed once per machine with npm, at the
+// versions of sdkPackages.
 
 import (
 	"bufio"
@@ -31,8 +32,9 @@ import (
 
 // sdkPackages are the SDKs the tests run, at exact versions: openai 6.49.0 sleeps whatever
 // Retry-After says before each retry (later releases cap it at a minute), and so does
-// @anthropic-ai/sdk 1.14.0 (up to 24.8 days).
-var sdkPackages = []string{"openai@6.49.0", "@anthropic-ai/sdk@1.14.0"}
+// @anthropic-ai/sdk 1.14.0 (up to 24.8 days); @google/genai 2.32.0 retries nothing unless told
+// to (httpOptions.retryOptions).
+var sdkPackages = []string{"openai@6.49.0", "@anthropic-ai/sdk@1.14.0", "@google/genai@2.32.0"}
 
 // sdkDeadline bounds one run of the SDK script: a call that sleeps through a long Retry-After
 // is killed at it, and the test fails saying so.
@@ -58,7 +60,7 @@ func nodeSDKs(t *testing.T) string {
 		cache = os.TempDir()
 	}
 	dir := filepath.Join(cache, "caddy-rate-limit-redis", "npm-"+strings.NewReplacer("@", "", "/", "-").Replace(strings.Join(sdkPackages, "+")))
-	if _, err := os.Stat(filepath.Join(dir, "node_modules", "@anthropic-ai", "sdk", "package.json")); err != nil {
+	if !sdksInstalled(dir) {
 		if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -90,6 +92,17 @@ func nodeSDKs(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return dir
+}
+
+// sdksInstalled reports whether dir's node_modules holds every package of sdkPackages.
+func sdksInstalled(dir string) bool {
+	for _, p := range sdkPackages {
+		name := p[:strings.LastIndexByte(p, '@')]
+		if _, err := os.Stat(filepath.Join(dir, "node_modules", filepath.FromSlash(name), "package.json")); err != nil {
+			return false
+		}
+	}
+	return true
 }
 
 // sdkCall is one call of testdata/sdk.mjs.
