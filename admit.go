@@ -50,7 +50,7 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 	h.leaveWaiting(&f.placed, f.reqs)
 	if d.Held != nil {
 		if !h.DryRun && !f.degraded {
-			h.capOutput(r, f.reqs)
+			h.capOutput(r, f.repl, f.reqs)
 		}
 		return h.serveAndSettle(w, r, next, f.reqs, f.d, f.repl)
 	}

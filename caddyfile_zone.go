@@ -362,7 +362,7 @@ func parseChargeUsage(d *caddyfile.Dispenser, c *Charge, rest []string) error {
 
 // parseWeight parses the weight at the start of args, `<kind> <n>`, into w.
 func parseWeight(d *caddyfile.Dispenser, source string, w *ChargeWeights, args []string) error {
-	fields := map[string]**float64{"prompt": &w.Prompt, "completion": &w.Completion, "cached": &w.Cached, "cache_write": &w.CacheWrite}
+	fields := map[string]**Weight{"prompt": &w.Prompt, "completion": &w.Completion, "cached": &w.Cached, "cache_write": &w.CacheWrite}
 	field, ok := fields[args[0]]
 	switch {
 	case !ok:
@@ -370,13 +370,13 @@ func parseWeight(d *caddyfile.Dispenser, source string, w *ChargeWeights, args [
 	case *field != nil:
 		return d.Errf("%s: weight %s given twice", source, args[0])
 	case len(args) < 2:
-		return d.Errf("%s: weight %s needs a number", source, args[0])
+		return d.Errf("%s: weight %s needs a number or a placeholder", source, args[0])
 	}
-	v, err := strconv.ParseFloat(args[1], 64)
+	v, err := WeightText(args[1])
 	if err != nil {
-		return d.Errf("%s: weight %s %q is not a number", source, args[0], args[1])
+		return d.Errf("%s: weight %s %q is not a number or a placeholder", source, args[0], args[1])
 	}
-	*field = &v
+	*field = v
 	return nil
 }
 

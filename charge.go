@@ -100,27 +100,27 @@ type Charge struct {
 
 // ChargeWeights are what one token of each kind is charged, in the zone's units, so that a
 // budget counts what a provider bills (output tokens at several times the input, cached input
-// at a tenth): a weight is a decimal from 0 to 1,000,000, read exactly (0.1 is a tenth), and
-// the weighted sum is rounded up. With a provider's prices per million tokens as the weights,
-// the zone counts micro-dollars.
+// at a tenth): a weight is a decimal from 0 to 1,000,000, read exactly (0.1 is a tenth), or a
+// placeholder whose value is one (see Weight), and the weighted sum is rounded up. With a
+// provider's prices per million tokens as the weights, the zone counts micro-dollars.
 type ChargeWeights struct {
 	// An input token neither read from nor written to the prompt cache: OpenAI's prompt_tokens
 	// (or input_tokens) less the cached ones; Anthropic's input_tokens. Default: 1.
-	Prompt *float64 `json:"prompt,omitempty"`
+	Prompt *Weight `json:"prompt,omitempty"`
 
 	// An output token (completion_tokens or output_tokens, reasoning tokens included); an
 	// OpenAI usage without one (embeddings) counts its total_tokens less its prompt tokens.
 	// Default: 1.
-	Completion *float64 `json:"completion,omitempty"`
+	Completion *Weight `json:"completion,omitempty"`
 
 	// An input token read from the prompt cache: OpenAI's prompt_tokens_details.cached_tokens
 	// (input_tokens_details.cached_tokens in the Responses API), Anthropic's
 	// cache_read_input_tokens. Default: the prompt weight.
-	Cached *float64 `json:"cached,omitempty"`
+	Cached *Weight `json:"cached,omitempty"`
 
 	// An input token written to the prompt cache: Anthropic's cache_creation_input_tokens (OpenAI
 	// reports none). Default: the prompt weight.
-	CacheWrite *float64 `json:"cache_write,omitempty"`
+	CacheWrite *Weight `json:"cache_write,omitempty"`
 }
 
 // MaxChargeWeight bounds a weight of ChargeWeights, and MaxChargeScale Charge.Scale.
@@ -129,28 +129,22 @@ const (
 	MaxChargeScale  = 1e15
 )
 
-// usageWeights returns w as exact decimals, each weight the shortest decimal that reads as its
-// float64 (0.1 is a tenth), a default filled in where none is given.
-func (w *ChargeWeights) usageWeights() *usage.Weights {
-	prompt := decimalOf(w.Prompt, 1)
-	return &usage.Weights{Prompt: prompt, Completion: decimalOf(w.Completion, 1),
-		Cached: decimalOrRat(w.Cached, prompt), CacheWrite: decimalOrRat(w.CacheWrite, prompt)}
-}
-
 // check returns what is wrong with w: a weight out of range, or every weight 0.
 func (w *ChargeWeights) check() string {
 	all := []struct {
 		name string
-		v    *float64
+		v    *Weight
 	}{{"prompt", w.Prompt}, {"completion", w.Completion}, {"cached", w.Cached}, {"cache_write", w.CacheWrite}}
 	some := false
 	for _, c := range all {
 		switch {
 		case c.v == nil:
 			some = some || c.name == "prompt" || c.name == "completion" // default 1
-		case !(*c.v >= 0 && *c.v <= MaxChargeWeight):
-			return fmt.Sprintf("charge weight %s %v must be between 0 and %d", c.name, *c.v, MaxChargeWeight)
-		case *c.v > 0:
+		case c.v.placeholder():
+			some = true // its value is checked per request
+		case !(c.v.value >= 0 && c.v.value <= MaxChargeWeight):
+			return fmt.Sprintf("charge weight %s %v must be between 0 and %d", c.name, c.v.value, MaxChargeWeight)
+		case c.v.value > 0:
 			some = true
 		}
 	}
@@ -173,14 +167,6 @@ func decimalOf(v *float64, def int64) *big.Rat {
 	return r
 }
 
-// decimalOrRat returns *v as decimalOf does, or def when v is nil.
-func decimalOrRat(v *float64, def *big.Rat) *big.Rat {
-	if v == nil {
-		return def
-	}
-	return decimalOf(v, 0)
-}
-
 // afterResponse is a zone's count_status and charge, provisioned.
 type afterResponse struct {
 	statuses [600]bool // count_status: the listed codes; all false without count_status
@@ -188,15 +174,20 @@ type afterResponse struct {
 	bounded  bool      // cap_output: a request's reservation bounds what it uses
 	charge   *Charge
 	format   usage.Format   // charge openai_usage, anthropic_usage or gemini_usage: the body is read, in this format; 0 otherwise
-	weights  *usage.Weights // the charge's weights; nil without them
-	scale    *big.Rat       // charge header with a scale; nil otherwise
-	hold     time.Duration
-	charged  prometheus.Counter
-	refunded prometheus.Counter
-	inFlight prometheus.Gauge   // concurrency: the zone's slots this instance holds; nil otherwise
-	missing  prometheus.Counter // charge: responses charged Charge.Missing
-	capped   prometheus.Counter // charge: amounts reported above max_cost, charged max_cost
-	warned   atomic.Int64       // Unix ns of the last warning of a missing usage
+	weights  *usage.Weights // the charge's weights; nil without them, or with placeholders
+	// dynWeights are the charge's weights when one is a placeholder: resolved per request
+	// (weightsFor); nil otherwise.
+	dynWeights *ChargeWeights
+	scale      *big.Rat // charge header with a scale; nil otherwise
+	hold       time.Duration
+	charged    prometheus.Counter
+	refunded   prometheus.Counter
+	inFlight   prometheus.Gauge   // concurrency: the zone's slots this instance holds; nil otherwise
+	missing    prometheus.Counter // charge: responses charged Charge.Missing
+	capped     prometheus.Counter // charge: amounts reported above max_cost, charged max_cost
+	warned     atomic.Int64       // Unix ns of the last warning of a missing usage
+	// warnedWeight is the Unix ns of the last warning of an unusable weight placeholder.
+	warnedWeight atomic.Int64
 	// undecoded: a charge of usage, the compressed responses whose decoding stopped, by
 	// reason (usage.StopReasons' order); warnedUndecoded, the Unix ns of the last warning of one.
 	undecoded       [len(usage.StopReasons)]prometheus.Counter
@@ -230,8 +221,10 @@ func (z *Zone) provisionAfter() error {
 	if c := z.Charge; c != nil {
 		a.format = usageFormat(c.Source)
 		switch {
+		case a.format != 0 && c.Weights != nil && c.Weights.dynamic():
+			a.dynWeights = c.Weights // resolved per request
 		case a.format != 0 && c.Weights != nil:
-			a.weights = c.Weights.usageWeights()
+			a.weights, _ = c.Weights.resolve(nil) // literals: no error
 		case a.format != 0 && c.Usage == "":
 			c.Usage = UsageTotal
 		case c.Source == ChargeHeader && c.Scale != 0:
@@ -298,7 +291,7 @@ func parseStatus(s string) (lo, hi int, err error) {
 // cost (charge header, or an unsuccessful response) or Charge.Missing (a charge of usage, a
 // 2xx response: missing). With charge, a request whose client went away before the response
 // (cw.clientLeft) is a 2xx that reported nothing: the upstream may have done all of its work.
-func (a *afterResponse) amount(rq limiter.Request, status int, cw *chargeWriter) (n int64, missing, capped bool) {
+func (a *afterResponse) amount(rq limiter.Request, status int, cw *chargeWriter, w *usage.Weights) (n int64, missing, capped bool) {
 	if a.charge != nil && cw.clientLeft {
 		status = http.StatusOK
 	}
@@ -309,7 +302,7 @@ func (a *afterResponse) amount(rq limiter.Request, status int, cw *chargeWriter)
 		return rq.Cost, false, false
 	}
 	most := rq.Zone.MaxCostOrQuota()
-	n, reported := a.reported(cw)
+	n, reported := a.reported(cw, w)
 	if !reported && a.format != 0 && status >= 200 && status < 300 {
 		missing := most
 		if a.charge.Missing != nil {
@@ -332,8 +325,8 @@ func (a *afterResponse) amount(rq limiter.Request, status int, cw *chargeWriter)
 // reported returns the amount the response seen by cw reports for the charge, and whether it
 // reports one: the header field (or trailer), an integer or, with a scale, a decimal scaled; or
 // the usage read from the body (none when its decoding stopped: what the undecoded rest
-// reports is unknown), a count or weighted.
-func (a *afterResponse) reported(cw *chargeWriter) (int64, bool) {
+// reports is unknown), a count or weighted by w (the request's weights: weightsFor).
+func (a *afterResponse) reported(cw *chargeWriter, w *usage.Weights) (int64, bool) {
 	if a.format == 0 {
 		v := cw.Header().Get(a.charge.Header)
 		if v == "" {
@@ -350,8 +343,11 @@ func (a *afterResponse) reported(cw *chargeWriter) (int64, bool) {
 	if cw.undecoded != "" {
 		return 0, false
 	}
-	if a.weights != nil {
-		return scan.Weighted(a.weights)
+	switch {
+	case w != nil:
+		return scan.Weighted(w)
+	case a.dynWeights != nil:
+		return 0, false // a weight's placeholder is unusable: no amount can be known
 	}
 	return scan.Tokens(a.charge.Usage)
 }
@@ -537,7 +533,8 @@ func (h *Handler) settleResponse(r *http.Request, cw *chargeWriter, reqs []limit
 		}
 		if a := h.Zones[rq.Tag].after; a != nil {
 			var missing, capped bool
-			amounts[i], missing, capped = a.amount(rq, status, cw)
+			w := a.weightsFor(h.logger, rq.Zone.Name, replacerOf(r))
+			amounts[i], missing, capped = a.amount(rq, status, cw, w)
 			if missing && a.missing != nil {
 				a.missing.Inc()
 				a.warnMissing(h.logger, rq.Zone.Name, r, status, cw, amounts[i])
@@ -634,3 +631,28 @@ func onceAMinute(last *atomic.Int64) bool {
 // settleFailureReasons are the reason label's values of settle_failures_total: failureReason's,
 // and no_hold.
 var settleFailureReasons = append(decisionFailures[:len(decisionFailures):len(decisionFailures)], failNoHold)
+
+// weightsFor returns the weights the zone (named zone) charges r's usage with, the request's
+// replacer repl resolving their placeholders: nil without weights, and when a placeholder's
+// value is unusable, which is logged (at most once a minute) and charges missing, as a usage
+// that cannot be weighted does.
+func (a *afterResponse) weightsFor(logger *zap.Logger, zone string, repl *caddy.Replacer) *usage.Weights {
+	if a.dynWeights == nil {
+		return a.weights
+	}
+	w, err := a.dynWeights.resolve(repl)
+	if err != nil && onceAMinute(&a.warnedWeight) {
+		if c := logger.Check(zapcore.WarnLevel, "rate limit charge: a weight's placeholder is unusable; the response is charged the zone's missing amount (logged at most once a minute per zone)"); c != nil {
+			c.Write(zap.String("zone", zone), zap.Error(err))
+		}
+	}
+	return w
+}
+
+// replacerOf returns r's replacer, or a new one.
+func replacerOf(r *http.Request) *caddy.Replacer {
+	if repl, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer); ok {
+		return repl
+	}
+	return caddy.NewReplacer()
+}

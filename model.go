@@ -23,8 +23,13 @@ const modelPlaceholder = placeholderPrefix + "request.model"
 // modelTag is the model placeholder as configurations write it.
 const modelTag = "{" + modelPlaceholder + "}"
 
-// usesModel reports whether the zone uses the model placeholder in its key, cost or numbers.
+// usesModel reports whether the zone uses the model placeholder in its key, cost or numbers, or
+// has a charge weight from a placeholder (which a map of the model may give: the model is read
+// before it is resolved).
 func (z *Zone) usesModelPlaceholder() bool {
+	if z.Charge != nil && z.Charge.Weights != nil && z.Charge.Weights.dynamic() {
+		return true
+	}
 	texts := append([]string{z.Cost}, z.Key...)
 	for f := range numFields {
 		texts = append(texts, z.number(f).text)

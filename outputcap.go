@@ -6,6 +6,8 @@ import (
 	"math/big"
 	"net/http"
 
+	"github.com/caddyserver/caddy/v2"
+
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/limiter"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/usage"
 )
@@ -60,41 +62,48 @@ func (c *CapOutput) minOutput() int64 {
 	return *c.MinOutput
 }
 
-// outputCap is a zone's cap_output, provisioned: its numbers and the weights of its charge.
+// outputCap is a zone's cap_output, provisioned: its numbers and its charge's weights.
 type outputCap struct {
 	min, dflt int64
-	// prompt is the most one input token is charged (the largest of the prompt, cached and
-	// cache-write weights); completion what one output token is; nil: 0.
-	prompt, completion *big.Rat
+	after     *afterResponse // the zone's charge: its weights, or its usage count
 }
 
-// newOutputCap provisions c for a zone charged by weights w (nil for a usage count: which says
-// which counts are charged).
-func newOutputCap(c *CapOutput, w *usage.Weights, count string) *outputCap {
-	oc := &outputCap{min: c.minOutput(), dflt: c.DefaultOutput}
+// newOutputCap provisions c for a zone charged by a.
+func newOutputCap(c *CapOutput, a *afterResponse) *outputCap {
+	return &outputCap{min: c.minOutput(), dflt: c.DefaultOutput, after: a}
+}
+
+// weights returns the most one input token is charged (the largest of the prompt, cached and
+// cache-write weights) and what one output token is, for a request whose replacer is repl (nil
+// when a token of that kind is not charged); false when a weight's placeholder is unusable.
+func (c *outputCap) weights(repl *caddy.Replacer) (prompt, completion *big.Rat, ok bool) {
 	one := big.NewRat(1, 1)
+	a := c.after
+	w := a.weights
+	if a.dynWeights != nil {
+		var err error
+		if w, err = a.dynWeights.resolve(repl); err != nil {
+			return nil, nil, false
+		}
+	}
 	switch {
 	case w != nil:
 		for _, x := range []*big.Rat{w.Prompt, w.Cached, w.CacheWrite} {
-			if x != nil && (oc.prompt == nil || x.Cmp(oc.prompt) > 0) {
-				oc.prompt = x
+			if x != nil && x.Sign() > 0 && (prompt == nil || x.Cmp(prompt) > 0) {
+				prompt = x
 			}
 		}
-		oc.completion = w.Completion
-	case count == UsagePrompt:
-		oc.prompt = one
-	case count == UsageCompletion:
-		oc.completion = one
+		if w.Completion != nil && w.Completion.Sign() > 0 {
+			completion = w.Completion
+		}
+	case a.charge.Usage == UsagePrompt:
+		prompt = one
+	case a.charge.Usage == UsageCompletion:
+		completion = one
 	default:
-		oc.prompt, oc.completion = one, one
+		prompt, completion = one, one
 	}
-	if oc.prompt != nil && oc.prompt.Sign() == 0 {
-		oc.prompt = nil
-	}
-	if oc.completion != nil && oc.completion.Sign() == 0 {
-		oc.completion = nil
-	}
-	return oc
+	return prompt, completion, true
 }
 
 // units is n tokens at weight w, in the zone's units, rounded up; 0 for a nil weight, at most
@@ -134,42 +143,44 @@ func requestBound(r *http.Request) (api usage.API, b usage.Bound, ok bool) {
 // bound and its output cap (the request's own, else default_output), at most the zone's
 // max_cost. A request that cannot be bounded costs max_cost. A cost above max_cost is a
 // request the zone can never admit (a prompt larger than the whole budget): 429.
-func (c *outputCap) reserve(r *http.Request, rq *limiter.Request) {
+func (c *outputCap) reserve(r *http.Request, repl *caddy.Replacer, rq *limiter.Request) {
 	most := rq.Zone.MaxCostOrQuota()
 	api, b, ok := requestBound(r)
-	if !ok {
+	wp, wc, known := c.weights(repl)
+	if !ok || !known {
 		rq.Cost = most
 		return
 	}
-	prompt := units(c.prompt, b.Prompt)
+	prompt := units(wp, b.Prompt)
 	if api == usage.Embeddings {
 		rq.Cost = max(1, prompt)
 		return
 	}
 	choices := max(b.Choices, 1)
-	rq.Cost = max(1, prompt+units(c.completion, c.min*choices))
+	rq.Cost = max(1, prompt+units(wc, c.min*choices))
 	want := b.Cap
 	if want == 0 {
 		want = c.dflt
 	}
 	upTo := most
 	if want > 0 {
-		upTo = min(most, prompt+units(c.completion, min(want, limiter.MaxCapacity)*choices))
+		upTo = min(most, prompt+units(wc, min(want, limiter.MaxCapacity)*choices))
 	}
 	rq.SetUpTo(upTo)
 }
 
 // outputFor returns the most output tokens per output (of choices) that fit in units after a
-// prompt of prompt units; maxOutputTokens when output is not charged.
-func (c *outputCap) outputFor(units, prompt, choices int64) int64 {
-	if c.completion == nil {
+// prompt of prompt units, an output token weighing wc; maxOutputTokens when output is not
+// charged (wc nil).
+func outputFor(wc *big.Rat, units, prompt, choices int64) int64 {
+	if wc == nil {
 		return maxOutputTokens
 	}
 	left := units - prompt
 	if left <= 0 {
 		return 0
 	}
-	per := new(big.Rat).Mul(c.completion, new(big.Rat).SetInt64(max(choices, 1)))
+	per := new(big.Rat).Mul(wc, new(big.Rat).SetInt64(max(choices, 1)))
 	x := new(big.Rat).Quo(new(big.Rat).SetInt64(left), per)
 	n := new(big.Int).Quo(x.Num(), x.Denom()) // floor: both are positive
 	if !n.IsInt64() || n.Int64() > maxOutputTokens {
@@ -182,7 +193,7 @@ func (c *outputCap) outputFor(units, prompt, choices int64) int64 {
 // reqs reserved for it (Result.Granted, else its cost): the fewest tokens any of them leaves
 // room for. A body already within that cap goes on as it came; one that asks for no cap gets
 // it. Nothing changes for a request no zone could bound (reserved at max_cost).
-func (h *Handler) capOutput(r *http.Request, reqs []limiter.Request) {
+func (h *Handler) capOutput(r *http.Request, repl *caddy.Replacer, reqs []limiter.Request) {
 	limit := int64(-1)
 	var api usage.API
 	for i := range reqs {
@@ -191,11 +202,12 @@ func (h *Handler) capOutput(r *http.Request, reqs []limiter.Request) {
 			continue
 		}
 		a, b, ok := requestBound(r)
-		if !ok || a == usage.Embeddings {
-			return
+		wp, wc, known := c.weights(repl)
+		if !ok || !known || a == usage.Embeddings {
+			return // reserved at max_cost, or nothing to cap
 		}
 		api = a
-		n := c.outputFor(reserved(&reqs[i]), units(c.prompt, b.Prompt), b.Choices)
+		n := outputFor(wc, reserved(&reqs[i]), units(wp, b.Prompt), b.Choices)
 		if limit < 0 || n < limit {
 			limit = n
 		}

@@ -100,7 +100,7 @@ func (h *Handler) resolve(r *http.Request, repl *caddy.Replacer, reqs []limiter.
 			rq.Hold = z.after.hold // settled after the response: charge.go
 		}
 		if z.capOut != nil {
-			z.capOut.reserve(r, &rq) // the cost is the request's bound: outputcap.go
+			z.capOut.reserve(r, repl, &rq) // the cost is the request's bound: outputcap.go
 		}
 		reqs = append(reqs, rq)
 		shaping = shaping || lz.MaxWait > 0

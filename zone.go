@@ -318,7 +318,7 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger, in inherited) er
 		return err
 	}
 	if z.CapOutput != nil && z.after != nil && z.Charge != nil {
-		z.capOut = newOutputCap(z.CapOutput, z.after.weights, z.Charge.Usage)
+		z.capOut = newOutputCap(z.CapOutput, z.after)
 		z.after.bounded = true
 	}
 	if z.MatcherSetsRaw != nil {

@@ -45,12 +45,14 @@ func TestValidateCharging(t *testing.T) {
 		{"weights, defaults", with(tbz, func(z *Zone) { z.Charge = &Charge{Source: "anthropic_usage", Weights: &ChargeWeights{}} }), ""},
 		{"weights and usage", with(tbz, func(z *Zone) { z.Charge = &Charge{Source: "openai_usage", Usage: "total", Weights: &ChargeWeights{}} }), `zone z: charge usage and weights exclude each other: weights charge every count, weighted`},
 		{"weight negative", with(tbz, func(z *Zone) {
-			z.Charge = &Charge{Source: "openai_usage", Weights: &ChargeWeights{CacheWrite: new(-1.0)}}
+			z.Charge = &Charge{Source: "openai_usage", Weights: &ChargeWeights{CacheWrite: WeightOf(-1.0)}}
 		}), `zone z: charge weight cache_write -1 must be between 0 and 1000000`},
 		{"weights all 0", with(tbz, func(z *Zone) {
-			z.Charge = &Charge{Source: "openai_usage", Weights: &ChargeWeights{Prompt: new(0.0), Completion: new(0.0), Cached: new(0.0)}}
+			z.Charge = &Charge{Source: "openai_usage", Weights: &ChargeWeights{Prompt: WeightOf(0.0), Completion: WeightOf(0.0), Cached: WeightOf(0.0)}}
 		}), `zone z: charge weights are all 0: the zone would charge nothing`},
-		{"weights, completion only", with(tbz, func(z *Zone) { z.Charge = &Charge{Source: "openai_usage", Weights: &ChargeWeights{Prompt: new(0.0)}} }), ""},
+		{"weights, completion only", with(tbz, func(z *Zone) {
+			z.Charge = &Charge{Source: "openai_usage", Weights: &ChargeWeights{Prompt: WeightOf(0.0)}}
+		}), ""},
 		{"no_retry_over negative", with(tbz, func(z *Zone) { z.NoRetryOver = new(caddy.Duration(-time.Second)) }), `zone z: no_retry_over -1s must be > 0, or off`},
 		{"no_retry_over off", with(tbz, func(z *Zone) { z.NoRetryOver = new(caddy.Duration(0)) }), ""},
 		{"hold_max alone", with(tbz, func(z *Zone) { z.HoldMax = caddy.Duration(time.Minute) }), `zone z: hold_max applies to a zone with count_status or charge, or of algorithm concurrency`},
