@@ -95,17 +95,23 @@ func (h *Handler) resolve(r *http.Request, repl *caddy.Replacer, reqs []limiter.
 			}
 			key = lastKey
 		}
-		rq := limiter.Request{Zone: lz, Key: key, Cost: cost, Tag: i}
-		if z.after != nil {
-			rq.Hold = z.after.hold // settled after the response: charge.go
-		}
-		if z.capOut != nil {
-			z.capOut.reserve(r, repl, &rq) // the cost is the request's bound: outputcap.go
-		}
-		reqs = append(reqs, rq)
+		reqs = append(reqs, z.request(r, repl, lz, key, cost, i))
 		shaping = shaping || lz.MaxWait > 0
 	}
 	return reqs, shown, shaping, nil
+}
+
+// request is the zone's limiter request for r, tagged tag: its hold when it settles after the
+// response (charge.go), and with cap_output its cost and bound (outputcap.go).
+func (z *Zone) request(r *http.Request, repl *caddy.Replacer, lz *limiter.Zone, key string, cost int64, tag int) limiter.Request {
+	rq := limiter.Request{Zone: lz, Key: key, Cost: cost, Tag: tag}
+	if z.after != nil {
+		rq.Hold = z.after.hold
+	}
+	if z.capOut != nil {
+		z.capOut.reserve(r, repl, &rq)
+	}
+	return rq
 }
 
 // unresolved answers a request that resolve refused with err (a *resolveError). Each refusal is
