@@ -756,12 +756,11 @@ func TestShapingConfig(t *testing.T) {
 // ahead to notice the client leaving; the hold itself is a timer). The figures go in
 // docs/shaping.md; run with -v, without -race for the figures of a production build.
 //
-// All n must be held at the same time. A loaded machine once missed that: decisions took longer
-// than the default timeout of 100ms (the circuit breaker opened on 5 timeouts), and a request
-// that fails open is not held; and a debt of 1s leaves the first requests to be released before
-// the last are held if sending them takes longer. So the timeout is 10s, and a debt of 20s is
-// taken first, which the test's own steps (300 dials, polls that collect garbage, 300 requests)
-// do not outlast. The clients then leave, which ends the holds.
+// All n must be held at the same time. So no decision may fail open, since such a request is not
+// held: the timeout is 10s, not the default 100ms, which a loaded machine can exceed. And no
+// hold may end before the last request is held: a debt of 20s is taken first, which the test's
+// own steps (300 dials, polls that collect garbage, 300 requests) do not outlast. The clients
+// then leave, which ends the holds.
 func TestShapingCostPerHeldRequest(t *testing.T) {
 	const n = 300
 	srv := redistest.Start(t)
