@@ -302,7 +302,7 @@ func (a *AdminAPI) handleZones(w http.ResponseWriter, r *http.Request) error {
 		zi := zoneInfo{
 			Name: t.z.Name, Algorithm: t.z.lz.Algorithm.String(), KeyPrefix: t.h.KeyPrefix, Redis: t.redis, DB: t.h.Redis.DB,
 			Capacity: t.z.lz.Capacity, RefillRate: t.z.lz.RefillRate, Limit: t.z.lz.Limit, WindowMs: t.z.lz.Window.Milliseconds(),
-			Period: t.z.Period, TimeZone: t.z.TimeZone, MaxWaitMs: ceilMs(time.Duration(t.z.MaxWait)),
+			Period: t.z.Period, TimeZone: t.z.TimeZone, MaxWaitMs: ceilMs(t.z.lz.MaxWait),
 			BlockMs: t.z.lz.Block.Milliseconds(), BlockMaxMs: t.z.lz.BlockMax.Milliseconds(),
 			Overrides: t.z.Overrides, DryRun: t.z.DryRun,
 		}

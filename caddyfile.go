@@ -60,7 +60,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		ipv4_prefix <bits>                   # key an IPv4 candidate by its /bits network, 1 to 32; default 32
 //		ipv6_prefix <bits>                   # key an IPv6 candidate by its /bits network, 1 to 128; default 64
 //		jitter      <duration>               # add 0 to this (whole seconds) to a 429's Retry-After at random; default 0
-//		no_retry_over <duration>|off         # a 429 whose Retry-After is longer also says X-Should-Retry: false; default 1m
+//		no_retry_over <duration>|off         # a 429 whose Retry-After is longer also says X-Should-Retry: false; off or 0: never; default 1m
 //		max_waiting <n>                      # requests held at once for a max_wait, a tenth per client key; default 1000
 //
 //		zone <name> {
@@ -158,35 +158,32 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 // subdirective parses the handler's subdirective at the cursor: one of the top block's other than
 // zone and the zone subdirectives.
 func (h *Handler) subdirective(d *caddyfile.Dispenser) error {
-	switch d.Val() {
-	case "redis":
-		return parseRedis(d, &h.Redis)
-	case "key_prefix":
-		return stringArg(d, &h.KeyPrefix, checkKeyPrefix)
-	case "key_secret":
-		return stringArg(d, &h.KeySecret, checkKeySecret)
-	case "timeout":
-		return durationArg(d, &h.Timeout)
-	case "fail_mode", "ipv4_prefix", "ipv6_prefix", "jitter", "no_retry_over":
-		return parseOverride(d, overrides{&h.FailMode, &h.IPv4Prefix, &h.IPv6Prefix, func(j caddy.Duration) { h.Jitter = j }, &h.NoRetryOver})
-	case "headers":
-		return stringArg(d, &h.Headers)
-	case "degraded_header":
-		return onOffArg(d, &h.DegradedHeader)
-	case "grpc_status":
-		return onOffArg(d, &h.GRPCStatus)
-	case "clock":
-		return stringArg(d, &h.Clock)
-	case "dry_run":
-		return flagArg(d, &h.DryRun)
-	case "log_key":
-		return flagArg(d, &h.LogKey)
-	case "deny_cache":
-		return h.parseDenyCache(d)
-	case "max_waiting":
-		return intArg(d, &h.MaxWaiting, "max_waiting 0 must be >= 1")
+	if parse, ok := handlerSubdirectives[d.Val()]; ok {
+		return parse(h, d)
 	}
 	return d.Errf("unrecognized subdirective %q", d.Val())
+}
+
+// handlerSubdirectives parses each of the handler's subdirectives into the handler. They check
+// the syntax only; validateOptions checks the values once the block ends.
+var handlerSubdirectives = map[string]func(*Handler, *caddyfile.Dispenser) error{
+	"redis":           func(h *Handler, d *caddyfile.Dispenser) error { return parseRedis(d, &h.Redis) },
+	"key_prefix":      func(h *Handler, d *caddyfile.Dispenser) error { return stringArg(d, &h.KeyPrefix, checkKeyPrefix) },
+	"key_secret":      func(h *Handler, d *caddyfile.Dispenser) error { return stringArg(d, &h.KeySecret, checkKeySecret) },
+	"timeout":         func(h *Handler, d *caddyfile.Dispenser) error { return durationArg(d, &h.Timeout) },
+	"fail_mode":       func(h *Handler, d *caddyfile.Dispenser) error { return stringArg(d, &h.FailMode) },
+	"ipv4_prefix":     func(h *Handler, d *caddyfile.Dispenser) error { return intArg(d, &h.IPv4Prefix) },
+	"ipv6_prefix":     func(h *Handler, d *caddyfile.Dispenser) error { return intArg(d, &h.IPv6Prefix) },
+	"jitter":          func(h *Handler, d *caddyfile.Dispenser) error { return anyDurationArg(d, &h.Jitter) },
+	"no_retry_over":   func(h *Handler, d *caddyfile.Dispenser) error { return parseNoRetryOver(d, &h.NoRetryOver) },
+	"headers":         func(h *Handler, d *caddyfile.Dispenser) error { return stringArg(d, &h.Headers) },
+	"degraded_header": func(h *Handler, d *caddyfile.Dispenser) error { return onOffArg(d, &h.DegradedHeader) },
+	"grpc_status":     func(h *Handler, d *caddyfile.Dispenser) error { return onOffArg(d, &h.GRPCStatus) },
+	"clock":           func(h *Handler, d *caddyfile.Dispenser) error { return stringArg(d, &h.Clock) },
+	"dry_run":         func(h *Handler, d *caddyfile.Dispenser) error { return flagArg(d, &h.DryRun) },
+	"log_key":         func(h *Handler, d *caddyfile.Dispenser) error { return flagArg(d, &h.LogKey) },
+	"deny_cache":      (*Handler).parseDenyCache,
+	"max_waiting":     func(h *Handler, d *caddyfile.Dispenser) error { return intArg(d, &h.MaxWaiting) },
 }
 
 // checkKeyPrefix checks the argument of key_prefix: not empty, which JSON cannot tell from no
@@ -208,41 +205,8 @@ func checkKeySecret(v string) error {
 	return nil
 }
 
-// overrides are the fields that the subdirectives fail_mode, ipv4_prefix, ipv6_prefix, jitter
-// and no_retry_over set: the handler's, for every zone, at the top level; a zone's, to override
-// the handler's, in a zone block.
-type overrides struct {
-	failMode               *string
-	ipv4Prefix, ipv6Prefix *int
-	setJitter              func(caddy.Duration)
-	noRetryOver            **caddy.Duration
-}
-
-// parseOverride parses the fail_mode, ipv4_prefix, ipv6_prefix, jitter or no_retry_over
-// subdirective at the cursor into o. Their values are checked with the handler's or the zone's
-// (validateOptions, Zone.validate), but for a prefix of 0, which JSON cannot tell from none, and
-// a no_retry_over of 0, which JSON writes for off.
-func parseOverride(d *caddyfile.Dispenser, o overrides) error {
-	switch d.Val() {
-	case "fail_mode":
-		return stringArg(d, o.failMode)
-	case "ipv4_prefix":
-		return intArg(d, o.ipv4Prefix, "ipv4_prefix 0 must be between 1 and 32")
-	case "ipv6_prefix":
-		return intArg(d, o.ipv6Prefix, "ipv6_prefix 0 must be between 1 and 128")
-	case "no_retry_over":
-		return parseNoRetryOver(d, o.noRetryOver)
-	}
-	_, dur, err := durationValue(d)
-	if err != nil {
-		return err
-	}
-	o.setJitter(caddy.Duration(dur))
-	return nil
-}
-
-// parseNoRetryOver parses `no_retry_over <duration>|off` at the cursor into *field: off is 0, as
-// in JSON; a duration must be > 0.
+// parseNoRetryOver parses `no_retry_over <duration>|off` at the cursor into a new *field: off is
+// 0, as in JSON. The duration's range is the validation's.
 func parseNoRetryOver(d *caddyfile.Dispenser, field **caddy.Duration) error {
 	if d.NextArg() {
 		if d.Val() == "off" {
@@ -254,15 +218,7 @@ func parseNoRetryOver(d *caddyfile.Dispenser, field **caddy.Duration) error {
 		}
 		d.Prev()
 	}
-	v, dur, err := durationValue(d)
-	switch {
-	case err != nil:
-		return err
-	case dur <= 0:
-		return d.Errf("no_retry_over: %q must be > 0 (off turns it off)", v)
-	}
-	*field = new(caddy.Duration(dur))
-	return nil
+	return optDurationArg(d, field)
 }
 
 // parseDenyCache parses `deny_cache on|off` or a `deny_cache { max_age <duration> }` block.

@@ -67,6 +67,16 @@ func someArgs(d *caddyfile.Dispenser) ([]string, error) {
 	return args, noBlock(d, name)
 }
 
+// argsArg reads the one or more arguments of the subdirective at the cursor into *field.
+func argsArg(d *caddyfile.Dispenser, field *[]string) error {
+	args, err := someArgs(d)
+	if err != nil {
+		return err
+	}
+	*field = args
+	return nil
+}
+
 // noArgs checks that the subdirective at the cursor has neither arguments nor a block.
 func noArgs(d *caddyfile.Dispenser) error {
 	name := d.Val()
@@ -173,6 +183,28 @@ func durationValue(d *caddyfile.Dispenser) (string, time.Duration, error) {
 	return v, dur, nil
 }
 
+// anyDurationArg reads the one argument of the subdirective at the cursor, any duration, into
+// *field. Its range is the validation's.
+func anyDurationArg(d *caddyfile.Dispenser, field *caddy.Duration) error {
+	_, dur, err := durationValue(d)
+	if err != nil {
+		return err
+	}
+	*field = caddy.Duration(dur)
+	return nil
+}
+
+// optDurationArg reads the one argument of the subdirective at the cursor, any duration, into a
+// new *field. Its range is the validation's.
+func optDurationArg(d *caddyfile.Dispenser, field **caddy.Duration) error {
+	v := new(caddy.Duration)
+	if err := anyDurationArg(d, v); err != nil {
+		return err
+	}
+	*field = v
+	return nil
+}
+
 // positiveDuration parses the one argument of the subdirective at the cursor as a duration > 0.
 func positiveDuration(d *caddyfile.Dispenser) (time.Duration, error) {
 	name := d.Val()
@@ -186,9 +218,9 @@ func positiveDuration(d *caddyfile.Dispenser) (time.Duration, error) {
 	return dur, nil
 }
 
-// intArg reads the one argument of the subdirective at the cursor, an integer, into *field; 0 is
-// the error zero, as an integer of JSON cannot tell it from none.
-func intArg(d *caddyfile.Dispenser, field *int, zero string) error {
+// intArg reads the one argument of the subdirective at the cursor, an integer, into a new *field.
+// Its range is the validation's.
+func intArg(d *caddyfile.Dispenser, field **int) error {
 	name := d.Val()
 	v, err := oneArg(d)
 	if err != nil {
@@ -200,10 +232,8 @@ func intArg(d *caddyfile.Dispenser, field *int, zero string) error {
 		return d.Errf("%s: %q is out of range", name, v)
 	case err != nil:
 		return d.Errf("%s: %q is not an integer", name, v)
-	case n == 0:
-		return d.Errf("%s", zero)
 	}
-	*field = n
+	*field = &n
 	return nil
 }
 

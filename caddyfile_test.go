@@ -387,9 +387,9 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 					max_wait    1m
 				}
 			}`,
-			want: &Handler{MaxWaiting: 50, Zones: []*Zone{
-				{Name: "api", Capacity: NumberOf(10), RefillRate: NumberOf(10), MaxWait: caddy.Duration(2 * time.Second)},
-				{Name: "login", Algorithm: "token_bucket", Capacity: NumberOf(5), RefillRate: NumberOf(1.0 / 60), MaxWait: caddy.Duration(time.Minute)},
+			want: &Handler{MaxWaiting: new(50), Zones: []*Zone{
+				{Name: "api", Capacity: NumberOf(10), RefillRate: NumberOf(10), MaxWait: new(caddy.Duration(2 * time.Second))},
+				{Name: "login", Algorithm: "token_bucket", Capacity: NumberOf(5), RefillRate: NumberOf(1.0 / 60), MaxWait: new(caddy.Duration(time.Minute))},
 			}},
 		},
 		{
@@ -399,7 +399,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 				refill_rate 10
 				max_wait    250ms
 			}`,
-			want: &Handler{Zones: []*Zone{{Name: DefaultZoneName, Capacity: NumberOf(10), RefillRate: NumberOf(10), MaxWait: caddy.Duration(250 * time.Millisecond)}}},
+			want: &Handler{Zones: []*Zone{{Name: DefaultZoneName, Capacity: NumberOf(10), RefillRate: NumberOf(10), MaxWait: new(caddy.Duration(250 * time.Millisecond))}}},
 		},
 		{
 			name: "a matcher written twice in a match block is one matcher",
@@ -439,10 +439,10 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 				}
 			}`,
 			want: &Handler{
-				IPv4Prefix: 24, IPv6Prefix: 56, Jitter: caddy.Duration(5 * time.Second),
+				IPv4Prefix: new(24), IPv6Prefix: new(56), Jitter: caddy.Duration(5 * time.Second),
 				Zones: []*Zone{
 					{Name: "a", Capacity: NumberOf(5), RefillRate: NumberOf(1)},
-					{Name: "b", Capacity: NumberOf(5), RefillRate: NumberOf(1), IPv4Prefix: 32, IPv6Prefix: 128, Jitter: new(caddy.Duration(0))},
+					{Name: "b", Capacity: NumberOf(5), RefillRate: NumberOf(1), IPv4Prefix: new(32), IPv6Prefix: new(128), Jitter: new(caddy.Duration(0))},
 				},
 			},
 		},
@@ -455,7 +455,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 				jitter      1m
 			}`,
 			want: &Handler{
-				IPv6Prefix: 48, Jitter: caddy.Duration(time.Minute),
+				IPv6Prefix: new(48), Jitter: caddy.Duration(time.Minute),
 				Zones: []*Zone{{Name: "default", Capacity: NumberOf(5), RefillRate: NumberOf(1)}},
 			},
 		},
@@ -474,10 +474,10 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 				}
 			}`,
 			want: &Handler{
-				IPv4Prefix: 1, IPv6Prefix: 1,
+				IPv4Prefix: new(1), IPv6Prefix: new(1),
 				Zones: []*Zone{{
 					Name: "a", Algorithm: "sliding_window", Limit: NumberOf(1), Window: NumberOf(caddy.Duration(time.Second)),
-					IPv4Prefix: 32, IPv6Prefix: 128, Jitter: new(caddy.Duration(time.Second)),
+					IPv4Prefix: new(32), IPv6Prefix: new(128), Jitter: new(caddy.Duration(time.Second)),
 				}},
 			},
 		},
@@ -515,6 +515,8 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 				{Name: "b", Capacity: NumberOf(1), RefillRate: NumberOf(1), NoRetryOver: new(caddy.Duration(30 * time.Second))}}}},
 		{"no_retry_over off with the shorthand", "rate_limit_redis {\n\tcapacity 1\n\tno_retry_over off\n\trefill_rate 1\n}",
 			&Handler{NoRetryOver: new(caddy.Duration(0)), Zones: []*Zone{{Name: "default", Capacity: NumberOf(1), RefillRate: NumberOf(1)}}}},
+		{"no_retry_over 0 is off, as in JSON", "rate_limit_redis {\n\tno_retry_over 0\n\tzone a {\n\t\tno_retry_over 0s\n\t\tcapacity 1\n\t\trefill_rate 1\n\t}\n}",
+			&Handler{NoRetryOver: new(caddy.Duration(0)), Zones: []*Zone{{Name: "a", Capacity: NumberOf(1), RefillRate: NumberOf(1), NoRetryOver: new(caddy.Duration(0))}}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var got Handler
@@ -567,6 +569,53 @@ func TestUnmarshalCaddyfileMinimalJSON(t *testing.T) {
 			}
 			if string(b) != tc.want {
 				t.Errorf("got  %s\nwant %s", b, tc.want)
+			}
+		})
+	}
+}
+
+// TestOptionRangeSameFromCaddyfileAndJSON: a value out of range of max_waiting, ipv4_prefix,
+// ipv6_prefix, no_retry_over (the handler's or a zone's) or max_wait, an explicit 0 included, gets
+// the same error from the Caddyfile (at the option's line) as from a JSON config when it loads.
+func TestOptionRangeSameFromCaddyfileAndJSON(t *testing.T) {
+	const zoneJSON = `"name":"a","capacity":1,"refill_rate":1`
+	for _, tc := range []struct {
+		name, option, value string
+		inZone              bool   // the zone's option, else the handler's
+		jsonValue           string // the value in JSON
+		want                string
+	}{
+		{"max_waiting 0", "max_waiting", "0", false, "0", "max_waiting 0 must be >= 1"},
+		{"max_waiting negative", "max_waiting", "-1", false, "-1", "max_waiting -1 must be >= 1"},
+		{"ipv4_prefix 0", "ipv4_prefix", "0", false, "0", "ipv4_prefix 0 must be between 1 and 32"},
+		{"ipv4_prefix above 32", "ipv4_prefix", "33", false, "33", "ipv4_prefix 33 must be between 1 and 32"},
+		{"ipv6_prefix 0", "ipv6_prefix", "0", false, "0", "ipv6_prefix 0 must be between 1 and 128"},
+		{"ipv6_prefix negative", "ipv6_prefix", "-1", false, "-1", "ipv6_prefix -1 must be between 1 and 128"},
+		{"zone ipv4_prefix 0", "ipv4_prefix", "0", true, "0", "zone a: ipv4_prefix 0 must be between 1 and 32"},
+		{"zone ipv6_prefix 0", "ipv6_prefix", "0", true, "0", "zone a: ipv6_prefix 0 must be between 1 and 128"},
+		{"zone ipv6_prefix above 128", "ipv6_prefix", "129", true, "129", "zone a: ipv6_prefix 129 must be between 1 and 128"},
+		{"no_retry_over negative", "no_retry_over", "-1m", false, `"-1m"`, "no_retry_over -1m0s must be > 0, or off"},
+		{"zone no_retry_over negative", "no_retry_over", "-1s", true, `"-1s"`, "zone a: no_retry_over -1s must be > 0, or off"},
+		{"zone max_wait 0", "max_wait", "0s", true, "0", "zone a: max_wait 0s must be > 0 (leave max_wait out to reject at once)"},
+		{"zone max_wait negative", "max_wait", "-2s", true, `"-2s"`, "zone a: max_wait -2s must be > 0 (leave max_wait out to reject at once)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			option := tc.option + " " + tc.value
+			field := fmt.Sprintf(`"%s":%s`, tc.option, tc.jsonValue)
+			caddyfileText := "rate_limit_redis {\n\t" + option + "\n\tzone a {\n\t\tcapacity 1\n\t\trefill_rate 1\n\t}\n}"
+			wantAt := tc.want + ", at Testfile:2"
+			handlerJSON := `{` + field + `,"zones":[{` + zoneJSON + `}]}`
+			if tc.inZone {
+				caddyfileText = "rate_limit_redis {\n\tzone a {\n\t\t" + option + "\n\t\tcapacity 1\n\t\trefill_rate 1\n\t}\n}"
+				wantAt = tc.want + ", at Testfile:3"
+				handlerJSON = `{"zones":[{` + zoneJSON + `,` + field + `}]}`
+			}
+			var h Handler
+			if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(caddyfileText)); err == nil || err.Error() != wantAt {
+				t.Errorf("Caddyfile error %v, want %q", err, wantAt)
+			}
+			if err := loadHandlerJSON(t, handlerJSON); err == nil || !strings.HasSuffix(err.Error(), ": "+tc.want) {
+				t.Errorf("JSON error %v, want one ending %q", err, ": "+tc.want)
 			}
 		})
 	}
@@ -691,9 +740,9 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 		{"max_wait not a duration", "rate_limit_redis {\n\tcapacity 10\n\trefill_rate 10\n\tmax_wait soon\n}",
 			`max_wait: "soon" is not a duration, at Testfile:4`},
 		{"max_wait zero", "rate_limit_redis {\n\tcapacity 10\n\trefill_rate 10\n\tmax_wait 0s\n}",
-			`max_wait: "0s" must be > 0 (leave max_wait out to reject at once), at Testfile:4`},
+			`zone default: max_wait 0s must be > 0 (leave max_wait out to reject at once), at Testfile:4`},
 		{"max_wait negative", "rate_limit_redis {\n\tcapacity 10\n\trefill_rate 10\n\tmax_wait -1s\n}",
-			`max_wait: "-1s" must be > 0 (leave max_wait out to reject at once), at Testfile:4`},
+			`zone default: max_wait -1s must be > 0 (leave max_wait out to reject at once), at Testfile:4`},
 		{"max_wait too long", "rate_limit_redis {\n\tcapacity 10\n\trefill_rate 10\n\tmax_wait 61s\n}",
 			`zone default: max_wait 1m1s is longer than 1m0s: a request held that long outlasts most clients' timeouts; let it come back instead (429 and Retry-After), at Testfile:4`},
 		{"max_wait block", "rate_limit_redis {\n\tcapacity 10\n\trefill_rate 10\n\tmax_wait 1s {\n\t}\n}",
@@ -1034,10 +1083,8 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 		// no_retry_over
 		{"no_retry_over not a duration", "rate_limit_redis {\n\tno_retry_over never\n}",
 			`no_retry_over: "never" is not a duration, at Testfile:2`},
-		{"no_retry_over 0", "rate_limit_redis {\n\tno_retry_over 0\n}",
-			`no_retry_over: "0" must be > 0 (off turns it off), at Testfile:2`},
 		{"no_retry_over negative", inZone("\t\tno_retry_over -1m\n"),
-			`no_retry_over: "-1m" must be > 0 (off turns it off), at Testfile:3`},
+			`zone a: no_retry_over -1m0s must be > 0, or off, at Testfile:3`},
 	}
 	for _, tc := range append(table, subdirectiveRows()...) {
 		t.Run(tc.name, func(t *testing.T) {

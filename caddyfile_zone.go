@@ -96,17 +96,45 @@ func parseZone(d *caddyfile.Dispenser, names map[string]bool) (*Zone, error) {
 	return p.zone, nil
 }
 
-// isZoneSubdirective reports whether name is a subdirective of a zone block, which is also the
-// shorthand for a zone named "default" when written at the top level. A zone block also holds
-// fail_mode, ipv4_prefix, ipv6_prefix, jitter and no_retry_over, which at the top level are the
-// handler's, for every zone (overrides).
+// isZoneSubdirective reports whether name, written at the top level, is a zone subdirective: the
+// shorthand for a zone named "default". A name the handler has too (fail_mode, dry_run,
+// ipv4_prefix, ipv6_prefix, jitter, no_retry_over) is the handler's there, for every zone.
 func isZoneSubdirective(name string) bool {
-	switch name {
-	case "key", "empty_key", "algorithm", "capacity", "refill_rate", "limit", "window", "period", "time_zone", "cost", "max_cost", "max_wait", "match",
-		"count_status", "charge", "cap_output", "hold_max", "lease", "block", "block_max", "overrides":
-		return true
-	}
-	return false
+	_, zone := zoneSubdirectives[name]
+	_, handler := handlerSubdirectives[name]
+	return zone && !handler
+}
+
+// zoneSubdirectives parses each subdirective of a zone block into the zone. They check the syntax
+// only; the zone's validation checks the values when the zone ends (zoneParser.finish).
+var zoneSubdirectives = map[string]func(*zoneParser, *caddyfile.Dispenser) error{
+	"key":           func(p *zoneParser, d *caddyfile.Dispenser) error { return argsArg(d, &p.zone.Key) },
+	"empty_key":     func(p *zoneParser, d *caddyfile.Dispenser) error { return stringArg(d, &p.zone.EmptyKey) },
+	"algorithm":     func(p *zoneParser, d *caddyfile.Dispenser) error { return stringArg(d, &p.zone.Algorithm) },
+	"capacity":      (*zoneParser).number,
+	"refill_rate":   (*zoneParser).number,
+	"limit":         (*zoneParser).number,
+	"window":        (*zoneParser).number,
+	"max_cost":      (*zoneParser).number,
+	"period":        func(p *zoneParser, d *caddyfile.Dispenser) error { return stringArg(d, &p.zone.Period) },
+	"time_zone":     func(p *zoneParser, d *caddyfile.Dispenser) error { return stringArg(d, &p.zone.TimeZone) },
+	"cost":          (*zoneParser).parseCost,
+	"max_wait":      func(p *zoneParser, d *caddyfile.Dispenser) error { return optDurationArg(d, &p.zone.MaxWait) },
+	"match":         func(p *zoneParser, d *caddyfile.Dispenser) error { return parseMatch(d, &p.zone.MatcherSetsRaw) },
+	"count_status":  func(p *zoneParser, d *caddyfile.Dispenser) error { return argsArg(d, &p.zone.CountStatus) },
+	"charge":        (*zoneParser).parseCharge,
+	"cap_output":    (*zoneParser).parseCapOutput,
+	"hold_max":      func(p *zoneParser, d *caddyfile.Dispenser) error { return durationArg(d, &p.zone.HoldMax) },
+	"lease":         (*zoneParser).parseLease,
+	"block":         func(p *zoneParser, d *caddyfile.Dispenser) error { return durationArg(d, &p.zone.Block) },
+	"block_max":     func(p *zoneParser, d *caddyfile.Dispenser) error { return durationArg(d, &p.zone.BlockMax) },
+	"overrides":     func(p *zoneParser, d *caddyfile.Dispenser) error { return flagArg(d, &p.zone.Overrides) },
+	"dry_run":       func(p *zoneParser, d *caddyfile.Dispenser) error { return flagArg(d, &p.zone.DryRun) },
+	"fail_mode":     func(p *zoneParser, d *caddyfile.Dispenser) error { return stringArg(d, &p.zone.FailMode) },
+	"ipv4_prefix":   func(p *zoneParser, d *caddyfile.Dispenser) error { return intArg(d, &p.zone.IPv4Prefix) },
+	"ipv6_prefix":   func(p *zoneParser, d *caddyfile.Dispenser) error { return intArg(d, &p.zone.IPv6Prefix) },
+	"jitter":        func(p *zoneParser, d *caddyfile.Dispenser) error { return optDurationArg(d, &p.zone.Jitter) },
+	"no_retry_over": func(p *zoneParser, d *caddyfile.Dispenser) error { return parseNoRetryOver(d, &p.zone.NoRetryOver) },
 }
 
 // zoneParser fills one Zone from its subdirectives, whether they are in a zone block or at the top
@@ -124,57 +152,13 @@ func newZoneParser(start caddyfile.Token, name string) *zoneParser {
 }
 
 // subdirective parses the zone subdirective at the cursor. At the top level, only those of
-// isZoneSubdirective come here. It checks the syntax only: what the values may be is the zone's
-// validation's, when the zone ends (finish).
+// isZoneSubdirective come here.
 func (p *zoneParser) subdirective(d *caddyfile.Dispenser) error {
 	if err := p.seen.add(d); err != nil {
 		return err
 	}
-	z := p.zone
-	switch d.Val() {
-	case "key":
-		var err error
-		z.Key, err = someArgs(d)
-		return err
-	case "empty_key":
-		return stringArg(d, &z.EmptyKey)
-	case "algorithm":
-		return stringArg(d, &z.Algorithm)
-	case "capacity", "refill_rate", "limit", "window", "max_cost":
-		return p.number(d)
-	case "period":
-		return stringArg(d, &z.Period)
-	case "time_zone":
-		return stringArg(d, &z.TimeZone)
-	case "cost":
-		return p.parseCost(d)
-	case "max_wait":
-		return parseMaxWait(d, &z.MaxWait)
-	case "match":
-		return parseMatch(d, &z.MatcherSetsRaw)
-	case "count_status":
-		var err error
-		z.CountStatus, err = someArgs(d)
-		return err
-	case "charge":
-		return p.parseCharge(d)
-	case "cap_output":
-		return p.parseCapOutput(d)
-	case "hold_max":
-		return durationArg(d, &z.HoldMax)
-	case "lease":
-		return p.parseLease(d)
-	case "block":
-		return durationArg(d, &z.Block)
-	case "block_max":
-		return durationArg(d, &z.BlockMax)
-	case "overrides":
-		return flagArg(d, &z.Overrides)
-	case "dry_run":
-		// Only in a zone block: at the top level, dry_run is the handler's.
-		return flagArg(d, &z.DryRun)
-	case "fail_mode", "ipv4_prefix", "ipv6_prefix", "jitter", "no_retry_over":
-		return parseOverride(d, overrides{&z.FailMode, &z.IPv4Prefix, &z.IPv6Prefix, func(j caddy.Duration) { z.Jitter = &j }, &z.NoRetryOver})
+	if parse, ok := zoneSubdirectives[d.Val()]; ok {
+		return parse(p, d)
 	}
 	return d.Errf("unrecognized subdirective %q", d.Val())
 }
@@ -190,20 +174,6 @@ func (p *zoneParser) parseCost(d *caddyfile.Dispenser) error {
 		v = strconv.FormatInt(n, 10)
 	}
 	p.zone.Cost = v
-	return nil
-}
-
-// parseMaxWait parses the max_wait subdirective at the cursor into *field: a duration other
-// than 0, which JSON cannot tell from no max_wait.
-func parseMaxWait(d *caddyfile.Dispenser, field *caddy.Duration) error {
-	v, dur, err := durationValue(d)
-	switch {
-	case err != nil:
-		return err
-	case dur <= 0:
-		return d.Errf("max_wait: %q must be > 0 (leave max_wait out to reject at once)", v)
-	}
-	*field = caddy.Duration(dur)
 	return nil
 }
 

@@ -774,7 +774,7 @@ func TestChargeClientLeavesWhileHeld(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			z := tc.zone
-			z.Key, z.Capacity, z.RefillRate, z.MaxWait = []string{"{http.request.header.X-Client}"}, NumberOf(1), NumberOf(1.0/50), caddy.Duration(time.Minute)
+			z.Key, z.Capacity, z.RefillRate, z.MaxWait = []string{"{http.request.header.X-Client}"}, NumberOf(1), NumberOf(1.0/50), new(caddy.Duration(time.Minute))
 			h := provisioned(t, &Handler{Redis: &RedisConfig{Addresses: []string{srv.Addr}}, Zones: []*Zone{z}})
 			if r := serveTimed(h, clientRequest("alice")); r.status != 200 { // the token, kept
 				t.Fatalf("first request: %d %v", r.status, r.err)

@@ -468,7 +468,7 @@ func TestConcurrencyZoneConfig(t *testing.T) {
 	}{
 		{&Zone{Name: "c", Algorithm: concurrencyName, Limit: NumberOf(5), HoldMax: caddy.Duration(time.Millisecond)}, "hold_max 1ms: a concurrency zone's slots are refreshed every third of it; at least 1s"},
 		{&Zone{Name: "c", Algorithm: concurrencyName, Limit: NumberOf(5), Cost: "2"}, "cost does not apply to algorithm concurrency"},
-		{&Zone{Name: "c", Algorithm: concurrencyName, Limit: NumberOf(5), MaxWait: caddy.Duration(time.Second)}, "max_wait does not apply"},
+		{&Zone{Name: "c", Algorithm: concurrencyName, Limit: NumberOf(5), MaxWait: new(caddy.Duration(time.Second))}, "max_wait does not apply"},
 	} {
 		h := &Handler{Redis: &RedisConfig{Addresses: []string{"127.0.0.1:1"}}, Zones: []*Zone{tc.z}}
 		err := h.Provision(ctx)
@@ -672,7 +672,7 @@ func TestConcurrencySlotOfHeldRequest(t *testing.T) {
 	srv := redistest.Start(t)
 	h, s := slotInstance(t, &Handler{Redis: &RedisConfig{Addresses: []string{srv.Addr}}, Zones: []*Zone{
 		slotZone("conc", 2, time.Minute),
-		{Name: "shaped", Key: []string{"{http.request.header.Authorization}"}, Capacity: NumberOf(1), RefillRate: NumberOf(0.2), MaxWait: caddy.Duration(10 * time.Second)},
+		{Name: "shaped", Key: []string{"{http.request.header.Authorization}"}, Capacity: NumberOf(1), RefillRate: NumberOf(0.2), MaxWait: new(caddy.Duration(10 * time.Second))},
 	}}, func(w http.ResponseWriter, r *http.Request) error { return nil })
 	resp, err := getAuth(t, s.URL) // takes the bucket's token
 	if err != nil || resp.StatusCode != 200 {

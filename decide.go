@@ -16,11 +16,9 @@ import (
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/limiter"
 )
 
-// decideFlight decides f's requests (limiter.Decide: lease grants, deny cache, circuit
-// breakers, Redis; see Provision), and when Redis fails applies the fail_mode of their zones
-// (failed). done is true when the request has been answered: fail_mode open or closed, or a
-// client that went away; err is then ServeHTTP's. Otherwise f.d is the decision, about
-// f.decided.
+// decideFlight decides f's requests and, when Redis fails, applies their zones' fail_mode.
+// done is true when the request has been answered, err then being ServeHTTP's; otherwise f.d is
+// the decision about f.decided.
 func (h *Handler) decideFlight(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, f *flight) (done bool, err error) {
 	f.d, err = h.limiter.Decide(r.Context(), f.reqs)
 	if err == nil {

@@ -170,13 +170,13 @@ type Handler struct {
 	// address (an IPv4-mapped IPv6 address counts as IPv4): the client key is then the network,
 	// such as 203.0.113.0/24, and every address in it shares one client's quota. A zone's own
 	// ipv4_prefix overrides it. Default: 32, each address on its own (the key is the address).
-	IPv4Prefix int `json:"ipv4_prefix,omitempty"`
+	IPv4Prefix *int `json:"ipv4_prefix,omitempty"`
 
 	// The prefix length, 1 to 128, to which every zone masks a key candidate that is an IPv6
 	// address: the client key is then the network, such as 2001:db8::/64. A zone's own
 	// ipv6_prefix overrides it. 128 keys each address on its own. Default: 64, because an IPv6
 	// client usually holds a whole /64 and can rotate through its addresses.
-	IPv6Prefix int `json:"ipv6_prefix,omitempty"`
+	IPv6Prefix *int `json:"ipv6_prefix,omitempty"`
 
 	// The most a 429's Retry-After is randomly lengthened by, so that clients denied together do
 	// not all come back at the same instant: a whole number of seconds (JSON: nanoseconds or a
@@ -190,9 +190,9 @@ type Handler struct {
 	// `X-Should-Retry: false`, which the OpenAI and Anthropic SDKs (and others generated like
 	// them) obey: they fail the call at once instead of sleeping through Retry-After and
 	// retrying. Shorter waits keep the plain 429, which those SDKs wait out and retry. The wait
-	// compared is the Retry-After sent, jitter included. 0 turns it off (`no_retry_over off` in
-	// the Caddyfile). A zone's own no_retry_over overrides it. gRPC calls are answered as
-	// before. Default: 1m.
+	// compared is the Retry-After sent, jitter included. 0 turns it off (`no_retry_over off` or
+	// `no_retry_over 0` in the Caddyfile). A zone's own no_retry_over overrides it. gRPC calls
+	// are answered as before. Default: 1m.
 	NoRetryOver *caddy.Duration `json:"no_retry_over,omitempty"`
 
 	// The most requests this handler holds at once for their zones' `max_wait` (shaping). A
@@ -200,8 +200,8 @@ type Handler struct {
 	// without max_wait: admitted if a zone admits it now, else 429, charging nothing. No client
 	// key of a zone (a literal key aside) holds more than a tenth of them, rounded up: so that one
 	// client cannot take them all (docs/shaping.md). Each held request keeps its connection and
-	// goroutine. Default: 1000 when a zone has a max_wait.
-	MaxWaiting int `json:"max_waiting,omitempty"`
+	// goroutine. At least 1. Default: 1000 when a zone has a max_wait.
+	MaxWaiting *int `json:"max_waiting,omitempty"`
 
 	// The zones, checked in the order given. A request must pass every zone that applies to it;
 	// if any zone denies, no zone is charged. At least one zone is required.
@@ -283,12 +283,12 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		if err := z.provision(ctx, h.logger, in); err != nil {
 			return err
 		}
-		if z.MaxWait > 0 && h.MaxWaiting == 0 {
-			h.MaxWaiting = DefaultMaxWaiting
+		if z.lz.MaxWait > 0 && h.MaxWaiting == nil {
+			h.MaxWaiting = new(DefaultMaxWaiting)
 		}
 		needLocal = needLocal || z.failMode == FailLocal
 	}
-	h.waiting = newWaitingRoom(h.MaxWaiting)
+	h.waiting = newWaitingRoom(deref(h.MaxWaiting))
 	h.keySecret = nil
 	if h.KeySecret != "" {
 		ks, err := resolveKeySecret(h.KeySecret)
@@ -401,8 +401,8 @@ func (h *Handler) validateOptions() *limiter.FieldError {
 		return opt("timeout", "timeout must be > 0")
 	case h.DenyCacheMaxAge < 0:
 		return opt("deny_cache", "deny_cache_max_age must be > 0")
-	case h.MaxWaiting < 0:
-		return opt("max_waiting", "max_waiting %d must be >= 1", h.MaxWaiting)
+	case h.MaxWaiting != nil && *h.MaxWaiting < 1:
+		return opt("max_waiting", "max_waiting %d must be >= 1", *h.MaxWaiting)
 	case !slices.Contains([]string{"", FailOpen, FailClosed, FailLocal}, h.FailMode):
 		return opt("fail_mode", "fail_mode %q must be open, closed or local", h.FailMode)
 	case !slices.Contains([]string{"", HeadersLegacy, HeadersIETF, HeadersBoth, HeadersOff}, h.Headers):
@@ -428,14 +428,14 @@ func checkNoRetryOver(d *caddy.Duration) *limiter.FieldError {
 	return nil
 }
 
-// checkPrefixes reports an ipv4_prefix or ipv6_prefix out of range (0 stands for the default),
-// of the handler (a zone's sets the error's Zone).
-func checkPrefixes(v4, v6 int) *limiter.FieldError {
-	if v4 < 0 || v4 > 32 {
-		return &limiter.FieldError{Field: "ipv4_prefix", Msg: fmt.Sprintf("ipv4_prefix %d must be between 1 and 32", v4)}
+// checkPrefixes reports an ipv4_prefix or ipv6_prefix out of range (nil is the default), of the
+// handler (a zone's sets the error's Zone).
+func checkPrefixes(v4, v6 *int) *limiter.FieldError {
+	if v4 != nil && (*v4 < 1 || *v4 > 32) {
+		return &limiter.FieldError{Field: "ipv4_prefix", Msg: fmt.Sprintf("ipv4_prefix %d must be between 1 and 32", *v4)}
 	}
-	if v6 < 0 || v6 > 128 {
-		return &limiter.FieldError{Field: "ipv6_prefix", Msg: fmt.Sprintf("ipv6_prefix %d must be between 1 and 128", v6)}
+	if v6 != nil && (*v6 < 1 || *v6 > 128) {
+		return &limiter.FieldError{Field: "ipv6_prefix", Msg: fmt.Sprintf("ipv6_prefix %d must be between 1 and 128", *v6)}
 	}
 	return nil
 }

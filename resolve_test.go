@@ -694,10 +694,10 @@ func TestEmptyKeyDenyDryRun(t *testing.T) {
 }
 
 // TestJSONClientIPShorthand (a JSON config, json-clientip.json): "key":
-// ["{client_ip}"] is Caddyfile shorthand, which Caddy does not expand in JSON; it used to be an
-// unknown placeholder, always empty, so five clients shared one bucket (200 200 200 429 429).
-// It is now read as the Caddyfile reads it, {http.vars.client_ip}, with a warning at load: each
-// client has its own bucket.
+// ["{client_ip}"] is Caddyfile shorthand, which Caddy does not expand in JSON. It is read as the
+// Caddyfile reads it, {http.vars.client_ip}, with a warning at load, so each client has its own
+// bucket; read as an unknown placeholder, always empty, five clients would share one bucket
+// (200 200 200 429 429).
 func TestJSONClientIPShorthand(t *testing.T) {
 	srv := redistest.Start(t)
 	port := freeport.Must(t)

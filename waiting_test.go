@@ -152,8 +152,8 @@ func TestShapingFairShare(t *testing.T) {
 // requests are held at once, not 2.
 func TestShapingFairShareLiteralKey(t *testing.T) {
 	srv := redistest.Start(t)
-	h := provisioned(t, &Handler{Redis: &RedisConfig{Addresses: []string{srv.Addr}}, MaxWaiting: 20, Zones: []*Zone{{
-		Name: "shapesite", Key: []string{"site"}, Capacity: NumberOf(1), RefillRate: NumberOf(1), MaxWait: caddy.Duration(10 * time.Second),
+	h := provisioned(t, &Handler{Redis: &RedisConfig{Addresses: []string{srv.Addr}}, MaxWaiting: new(20), Zones: []*Zone{{
+		Name: "shapesite", Key: []string{"site"}, Capacity: NumberOf(1), RefillRate: NumberOf(1), MaxWait: new(caddy.Duration(10 * time.Second)),
 	}}})
 	serveTimed(h, clientRequest("a")) // the token
 	ctx, cancel := context.WithCancel(context.Background())
@@ -450,7 +450,7 @@ func TestShapingThreeInstances(t *testing.T) {
 func TestShapingClientLeaves(t *testing.T) {
 	srv := redistest.Start(t)
 	h := provisioned(t, &Handler{Redis: &RedisConfig{Addresses: []string{srv.Addr}}, Zones: []*Zone{{
-		Name: "shapegone", Key: []string{"{http.request.header.X-Client}"}, Capacity: NumberOf(1), RefillRate: NumberOf(1), MaxWait: caddy.Duration(30 * time.Second),
+		Name: "shapegone", Key: []string{"{http.request.header.X-Client}"}, Capacity: NumberOf(1), RefillRate: NumberOf(1), MaxWait: new(caddy.Duration(30 * time.Second)),
 	}}})
 	serveTimed(h, clientRequest("alice")) // the token
 	var worst time.Duration
@@ -635,7 +635,7 @@ func TestShapingFailLocal(t *testing.T) {
 		Redis:    &RedisConfig{Addresses: []string{"127.0.0.1:" + strconv.Itoa(freeport.Must(t))}},
 		FailMode: FailLocal,
 		Zones: []*Zone{{Name: "shapelocal", Key: []string{"{http.request.header.X-Client}"}, Capacity: NumberOf(2), RefillRate: NumberOf(10),
-			MaxWait: caddy.Duration(300 * time.Millisecond)}},
+			MaxWait: new(caddy.Duration(300 * time.Millisecond))}},
 	})
 	results := make([]timed, 6)
 	start := make(chan struct{})
@@ -719,21 +719,21 @@ func TestShapingAdminShowsDebt(t *testing.T) {
 func TestShapingConfig(t *testing.T) {
 	srv := redistest.Start(t)
 	redisCfg := &RedisConfig{Addresses: []string{srv.Addr}}
-	if h := provisioned(t, &Handler{Redis: redisCfg, Zones: []*Zone{shapingZone("z")}}); h.MaxWaiting != DefaultMaxWaiting {
-		t.Fatalf("max_waiting %d, want the default %d", h.MaxWaiting, DefaultMaxWaiting)
+	if h := provisioned(t, &Handler{Redis: redisCfg, Zones: []*Zone{shapingZone("z")}}); h.MaxWaiting == nil || *h.MaxWaiting != DefaultMaxWaiting {
+		t.Fatalf("max_waiting %v, want the default %d", h.MaxWaiting, DefaultMaxWaiting)
 	}
-	if h := provisioned(t, &Handler{Redis: redisCfg, Zones: []*Zone{{Name: "z", Capacity: NumberOf(1), RefillRate: NumberOf(1)}}}); h.MaxWaiting != 0 {
-		t.Fatalf("max_waiting %d without max_wait, want 0 (nothing in the JSON)", h.MaxWaiting)
+	if h := provisioned(t, &Handler{Redis: redisCfg, Zones: []*Zone{{Name: "z", Capacity: NumberOf(1), RefillRate: NumberOf(1)}}}); h.MaxWaiting != nil {
+		t.Fatalf("max_waiting %d without max_wait, want none (nothing in the JSON)", *h.MaxWaiting)
 	}
 	for _, tc := range []struct {
 		h    *Handler
 		want string
 	}{
-		{&Handler{Zones: []*Zone{{Name: "w", Algorithm: "sliding_window", Limit: NumberOf(5), Window: NumberOf(caddy.Duration(time.Minute)), MaxWait: caddy.Duration(time.Second)}}},
+		{&Handler{Zones: []*Zone{{Name: "w", Algorithm: "sliding_window", Limit: NumberOf(5), Window: NumberOf(caddy.Duration(time.Minute)), MaxWait: new(caddy.Duration(time.Second))}}},
 			"zone w: max_wait applies to algorithm token_bucket only, not sliding_window: a window gives its quota back in steps, so a held request would have no exact turn; shape with a token_bucket zone"},
-		{&Handler{Zones: []*Zone{{Name: "a", Capacity: NumberOf(1), RefillRate: NumberOf(1), MaxWait: caddy.Duration(2 * time.Minute)}}},
+		{&Handler{Zones: []*Zone{{Name: "a", Capacity: NumberOf(1), RefillRate: NumberOf(1), MaxWait: new(caddy.Duration(2 * time.Minute))}}},
 			"zone a: max_wait 2m0s is longer than 1m0s: a request held that long outlasts most clients' timeouts; let it come back instead (429 and Retry-After)"},
-		{&Handler{MaxWaiting: -1, Zones: []*Zone{{Name: "a", Capacity: NumberOf(1), RefillRate: NumberOf(1)}}}, "max_waiting -1 must be >= 1"},
+		{&Handler{MaxWaiting: new(-1), Zones: []*Zone{{Name: "a", Capacity: NumberOf(1), RefillRate: NumberOf(1)}}}, "max_waiting -1 must be >= 1"},
 	} {
 		tc.h.Redis = redisCfg
 		ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
@@ -756,12 +756,11 @@ func TestShapingConfig(t *testing.T) {
 // ahead to notice the client leaving; the hold itself is a timer). The figures go in
 // docs/shaping.md; run with -v, without -race for the figures of a production build.
 //
-// All n must be held at the same time. A loaded machine once missed that: decisions took longer
-// than the default timeout of 100ms (the circuit breaker opened on 5 timeouts), and a request
-// that fails open is not held; and a debt of 1s leaves the first requests to be released before
-// the last are held if sending them takes longer. So the timeout is 10s, and a debt of 20s is
-// taken first, which the test's own steps (300 dials, polls that collect garbage, 300 requests)
-// do not outlast. The clients then leave, which ends the holds.
+// All n must be held at the same time. So no decision may fail open, since such a request is not
+// held: the timeout is 10s, not the default 100ms, which a loaded machine can exceed. And no
+// hold may end before the last request is held: a debt of 20s is taken first, which the test's
+// own steps (300 dials, polls that collect garbage, 300 requests) do not outlast. The clients
+// then leave, which ends the holds.
 func TestShapingCostPerHeldRequest(t *testing.T) {
 	const n = 300
 	srv := redistest.Start(t)
@@ -785,7 +784,7 @@ func TestShapingCostPerHeldRequest(t *testing.T) {
 	// to 26s: dry_run charges a request it would hold without holding it.
 	dry := provisioned(t, &Handler{Redis: &RedisConfig{Addresses: []string{srv.Addr}}, Timeout: caddy.Duration(10 * time.Second), DryRun: true, Zones: []*Zone{{
 		Name: "shapecost", Key: []string{"all"}, Capacity: NumberOf(1000), RefillRate: NumberOf(50),
-		MaxWait: caddy.Duration(time.Minute), Cost: "{http.request.header.X-Cost}",
+		MaxWait: new(caddy.Duration(time.Minute)), Cost: "{http.request.header.X-Cost}",
 	}}})
 	for range 2 {
 		r := clientRequest("k")
@@ -836,7 +835,7 @@ const metricDelay = "caddy_rate_limit_redis_delay_seconds"
 // shapingZone is the zone: capacity 10, refill 10/s, max_wait 2s, one client per
 // X-Client header.
 func shapingZone(name string) *Zone {
-	return &Zone{Name: name, Key: []string{"{http.request.header.X-Client}"}, Capacity: NumberOf(10), RefillRate: NumberOf(10), MaxWait: caddy.Duration(2 * time.Second)}
+	return &Zone{Name: name, Key: []string{"{http.request.header.X-Client}"}, Capacity: NumberOf(10), RefillRate: NumberOf(10), MaxWait: new(caddy.Duration(2 * time.Second))}
 }
 
 // clientRequest is a GET / of the client named in X-Client.

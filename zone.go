@@ -119,10 +119,10 @@ type Zone struct {
 	// and held before the next handler until its turn: until the bucket would have held its
 	// cost. A request that would have to wait longer is rejected (429) as without max_wait,
 	// charging nothing. Held requests come out at the refill rate across all instances. A
-	// client that disconnects while held ends its wait at once (499); its tokens stay spent. Up
-	// to 1m. Not for the window algorithms: they give their quota back in steps, so a held
-	// request would have no exact turn. Default: 0, reject at once.
-	MaxWait caddy.Duration `json:"max_wait,omitempty"`
+	// client that disconnects while held ends its wait at once (499); its tokens stay spent.
+	// More than 0, up to 1m. Not for the window algorithms: they give their quota back in steps,
+	// so a held request would have no exact turn. Default: none, reject at once.
+	MaxWait *caddy.Duration `json:"max_wait,omitempty"`
 
 	// The largest cost a request may take: a request whose cost (a placeholder's value) is larger
 	// is denied with 429 and no Retry-After, as a cost above the quota is, and charges nothing.
@@ -149,11 +149,11 @@ type Zone struct {
 
 	// This zone's IPv4 prefix length (1 to 32), instead of the handler's ipv4_prefix.
 	// Default: the handler's.
-	IPv4Prefix int `json:"ipv4_prefix,omitempty"`
+	IPv4Prefix *int `json:"ipv4_prefix,omitempty"`
 
 	// This zone's IPv6 prefix length (1 to 128), instead of the handler's ipv6_prefix.
 	// Default: the handler's.
-	IPv6Prefix int `json:"ipv6_prefix,omitempty"`
+	IPv6Prefix *int `json:"ipv6_prefix,omitempty"`
 
 	// This zone's Retry-After jitter, instead of the handler's: used when the zone decides a
 	// denial. 0 turns jitter off for the zone. Default: the handler's.
@@ -310,7 +310,7 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger, in inherited) er
 	if limiter.ValidZoneName(z.Name) { // else Validate rejects it: no metric series for a name that never serves
 		z.decisions = newDecisionCounters(z.Name)
 		z.emptyKeys = metrics.emptyKeys.WithLabelValues(z.Name)
-		if z.MaxWait > 0 {
+		if z.lz.MaxWait > 0 {
 			z.delays = metrics.delays.WithLabelValues(z.Name)
 		}
 	}
@@ -340,7 +340,7 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger, in inherited) er
 // through expand (nil: as written). Its error is a *limiter.FieldError about a value that does
 // not parse.
 func (z *Zone) limiterZone(expand func(field, expr string) string) (limiter.Zone, []dynNumber, error) {
-	lz := limiter.Zone{Name: z.Name, Algorithm: limiter.TokenBucket, MaxWait: time.Duration(z.MaxWait), Lease: z.Lease.limiterLease(),
+	lz := limiter.Zone{Name: z.Name, Algorithm: limiter.TokenBucket, MaxWait: time.Duration(deref(z.MaxWait)), Lease: z.Lease.limiterLease(),
 		Block: time.Duration(z.Block), BlockMax: time.Duration(z.BlockMax), Overrides: z.Overrides, Shadow: z.DryRun,
 		UpTo: z.CapOutput != nil}
 	if z.Algorithm != "" {
@@ -435,6 +435,9 @@ func (z *Zone) validateFields() error {
 		return z.fieldError("hold_max", "hold_max %s must be > 0", time.Duration(z.HoldMax))
 	case time.Duration(z.HoldMax) > MaxHoldMax:
 		return z.fieldError("hold_max", "hold_max %s is out of range (at most %s)", formatDuration(time.Duration(z.HoldMax)), formatDuration(MaxHoldMax))
+	case z.MaxWait != nil && *z.MaxWait <= 0:
+		// The limiter's MaxWait cannot tell 0 from none; its upper bound is the limiter's.
+		return z.fieldError("max_wait", "max_wait %v must be > 0 (leave max_wait out to reject at once)", time.Duration(*z.MaxWait))
 	}
 	if err := checkPrefixes(z.IPv4Prefix, z.IPv6Prefix); err != nil {
 		err.Zone = z.Name
@@ -573,7 +576,7 @@ func (z *Zone) validateConcurrency(cost int64) error {
 // inherited is what a zone takes from its handler when it does not set its own.
 type inherited struct {
 	failMode    string
-	v4, v6      int // prefix lengths: 0 for the default
+	v4, v6      *int // prefix lengths: nil for the default
 	jitter      caddy.Duration
 	noRetryOver *caddy.Duration
 }
@@ -582,8 +585,8 @@ type inherited struct {
 // handler's (in), else the defaults.
 func (z *Zone) inherit(in inherited) {
 	z.failMode = cmp.Or(z.FailMode, in.failMode)
-	z.v4 = cmp.Or(z.IPv4Prefix, in.v4, DefaultIPv4Prefix)
-	z.v6 = cmp.Or(z.IPv6Prefix, in.v6, DefaultIPv6Prefix)
+	z.v4 = cmp.Or(deref(z.IPv4Prefix), deref(in.v4), DefaultIPv4Prefix)
+	z.v6 = cmp.Or(deref(z.IPv6Prefix), deref(in.v6), DefaultIPv6Prefix)
 	jitter := in.jitter
 	if z.Jitter != nil {
 		jitter = *z.Jitter
@@ -595,4 +598,13 @@ func (z *Zone) inherit(in inherited) {
 			z.noRetryOver = time.Duration(*d)
 		}
 	}
+}
+
+// deref returns *p, or the zero value when p is nil.
+func deref[T any](p *T) T {
+	if p == nil {
+		var zero T
+		return zero
+	}
+	return *p
 }

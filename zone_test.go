@@ -135,7 +135,7 @@ func TestEndToEndDailyQuota(t *testing.T) {
 // the defaults.
 func TestZoneInherit(t *testing.T) {
 	d := func(v time.Duration) *caddy.Duration { c := caddy.Duration(v); return &c }
-	handler := inherited{failMode: FailClosed, v4: 24, v6: 48, jitter: caddy.Duration(3 * time.Second), noRetryOver: d(time.Hour)}
+	handler := inherited{failMode: FailClosed, v4: new(24), v6: new(48), jitter: caddy.Duration(3 * time.Second), noRetryOver: d(time.Hour)}
 	for _, tc := range []struct {
 		name        string
 		zone        Zone
@@ -147,7 +147,7 @@ func TestZoneInherit(t *testing.T) {
 	}{
 		{"defaults", Zone{}, inherited{}, "", DefaultIPv4Prefix, DefaultIPv6Prefix, 0, DefaultNoRetryOver},
 		{"the handler's", Zone{}, handler, FailClosed, 24, 48, 3, time.Hour},
-		{"the zone's own", Zone{FailMode: FailLocal, IPv4Prefix: 16, IPv6Prefix: 56, Jitter: d(0), NoRetryOver: d(0)},
+		{"the zone's own", Zone{FailMode: FailLocal, IPv4Prefix: new(16), IPv6Prefix: new(56), Jitter: d(0), NoRetryOver: d(0)},
 			handler, FailLocal, 16, 56, 0, 0},
 	} {
 		z := tc.zone

@@ -181,7 +181,8 @@ func (c *leaseCounts) Local(string)                   { c.local.Add(1) }
 func (c *leaseCounts) Returned(_ string, units int64) { c.returned.Add(units) }
 func (c *leaseCounts) Stranded(_ string, d int64)     { c.stranded.Add(d) }
 
-// countedInstance is leaseInstance with its lease events recorded.
+// countedInstance returns a limiter that leases, decides on srv through a client of its own and
+// counts its lease events; and the counts and the client.
 func countedInstance(t *testing.T, srv *redistest.Server) (*limiter.Limiter, *leaseCounts, *redis.Client) {
 	t.Helper()
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1, ContextTimeoutEnabled: true,

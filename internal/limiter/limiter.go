@@ -42,7 +42,8 @@ var (
 	_ Client = (redis.UniversalClient)(nil)
 )
 
-// Request is one zone's part of a request's decision.
+// Request is one zone's part of a request's decision. Its fields are ordered so that NoWait and
+// ask share one word of padding; keep them so.
 type Request struct {
 	// Zone is the zone's parameters; Zone.Validate must have returned nil.
 	Zone *Zone
@@ -62,18 +63,12 @@ type Request struct {
 	// held. The handler sets it when it already holds as many requests as it may. A denial
 	// decided so is not remembered in the deny cache: with room to wait, the answer may differ.
 	NoWait bool
-	// ask, when > 0, asks decide.lua for a grant of about that many tokens (a lease zone's hot
-	// client: allowLeased), or of up to that many (a zone with UpTo: SetUpTo), sent as the cost
-	// "<cost>,<ask>". An int32 beside NoWait, in the
-	// padding before Hold, so that a Request is no larger for it.
+	// ask, when > 0, asks decide.lua for a grant of about that many tokens for a lease zone's
+	// hot client (allowLeased), or of up to that many for a zone with UpTo (SetUpTo).
 	ask int32
-	// Hold, when > 0, makes the zone's charge a hold to be settled after the response with
-	// Limiter.Settle (Decision.Held): a token bucket reserves Cost, a sliding window adds its
-	// entries as usual, a fixed window or sliding window counter counts Cost as usual and
-	// records it (in the key `<state key>:<nonce>`) for the settlement. A hold not settled
-	// within Hold counts as charged. 0: charged now. A concurrency zone needs one: it is its
-	// slot's hold time (the slot is free Hold after it was taken or last refreshed, see Refresh),
-	// and Decide returns an error without it.
+	// Hold, when > 0, makes the zone's charge a hold that Limiter.Settle settles after the
+	// response (Decision.Held); a hold not settled within Hold counts as charged. 0 charges now.
+	// A concurrency zone needs it as its slot's hold time (see Refresh); Decide fails without it.
 	Hold time.Duration
 	// Tag is the caller's, carried with the request and never read by the Limiter: the handler's
 	// index of the request's zone.
