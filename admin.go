@@ -488,8 +488,10 @@ func readState(ctx context.Context, w http.ResponseWriter, ts []target, q url.Va
 			for _, sl := range slots {
 				cs.Slots = append(cs.Slots, slotState{ID: sl.ID, Deadline: sl.Deadline.UTC().Format(time.RFC3339Nano)})
 			}
-		default:
+		case limiter.SlidingWindow:
 			cs.Count = &s.Count
+		default:
+			return fmt.Errorf("zone %s: unknown algorithm %v", t.z.Name, lz.Algorithm)
 		}
 		out = append(out, cs)
 	}

@@ -198,7 +198,7 @@ type afterResponse struct {
 // of the first two has z.after nil.
 func (z *Zone) provisionAfter() error {
 	z.after = nil
-	if z.lz.Algorithm == limiter.Concurrency {
+	if z.lz.Algorithm.HoldsSlots() {
 		return z.provisionSlots()
 	}
 	if len(z.CountStatus) == 0 && z.Charge == nil {

@@ -45,7 +45,7 @@ func (z *Zone) provisionSlots() error {
 // hasSlots reports whether a zone of reqs is a concurrency zone.
 func hasSlots(reqs []limiter.Request) bool {
 	for _, rq := range reqs {
-		if rq.Zone.Algorithm == limiter.Concurrency {
+		if rq.Zone.Algorithm.HoldsSlots() {
 			return true
 		}
 	}
@@ -59,7 +59,7 @@ func slotsDone(h *Handler, reqs []limiter.Request)  { addSlots(h, reqs, -1) }
 
 func addSlots(h *Handler, reqs []limiter.Request, n float64) {
 	for _, rq := range reqs {
-		if rq.Zone.Algorithm != limiter.Concurrency {
+		if !rq.Zone.Algorithm.HoldsSlots() {
 			continue
 		}
 		if a := h.Zones[rq.Tag].after; a != nil && a.inFlight != nil {
@@ -85,7 +85,7 @@ func (h *Handler) serveLocalSlots(w http.ResponseWriter, r *http.Request, next c
 func (h *Handler) startRefresher() {
 	hold := time.Duration(0)
 	for _, z := range h.Zones {
-		if z.lz.Algorithm == limiter.Concurrency && z.after != nil && (hold == 0 || z.after.hold < hold) {
+		if z.lz.Algorithm.HoldsSlots() && z.after != nil && (hold == 0 || z.after.hold < hold) {
 			hold = z.after.hold
 		}
 	}

@@ -357,7 +357,7 @@ func maxInt(f numField, algo limiter.Algorithm) int64 {
 	if f == numLimit && (algo == limiter.SlidingWindow || algo == limiter.TokenBucket) {
 		return limiter.MaxLimit
 	}
-	if f == numLimit && algo == limiter.Concurrency {
+	if f == numLimit && algo.HoldsSlots() {
 		return limiter.MaxConcurrency
 	}
 	return limiter.MaxCapacity
@@ -373,7 +373,7 @@ func (z *Zone) number(f numField) *Number { return numberFields[f].zone(z) }
 // comes from a placeholder.
 func (z *Zone) quotaPlaceholder(algo limiter.Algorithm) bool {
 	quota := &z.Limit
-	if algo == limiter.TokenBucket {
+	if algo.QuotaIsCapacity() {
 		quota = &z.Capacity
 	}
 	p, _ := quota.placeholder()
@@ -457,13 +457,13 @@ func (z *Zone) resolve(value func(*dynNumber) string) (*limiter.Zone, error) {
 // quota may be below a max_cost meant for larger plans), and for a sliding window whose cost is
 // a placeholder at most the quota or 1000, as for literals.
 func (z *Zone) finishNumbers(lz *limiter.Zone) error {
-	if lz.Algorithm == limiter.TokenBucket {
+	if lz.Algorithm.QuotaIsCapacity() {
 		if fill := float64(lz.Capacity) / lz.RefillRate; fill > limiter.MaxWindow.Seconds() {
 			return fmt.Errorf("zone %s: capacity %d and refill_rate %g: an empty bucket would take %.4gs to refill; at most %s is supported",
 				z.Name, lz.Capacity, lz.RefillRate, fill, formatDuration(limiter.MaxWindow))
 		}
 	}
-	if lz.Algorithm == limiter.Concurrency {
+	if lz.Algorithm.HoldsSlots() {
 		lz.MaxCost = 0 // one slot per request
 		return nil
 	}
@@ -472,7 +472,7 @@ func (z *Zone) finishNumbers(lz *limiter.Zone) error {
 	if mc == 0 || mc > q {
 		mc = q
 	}
-	if lz.Algorithm == limiter.SlidingWindow && z.fixedCost == 0 {
+	if lz.Algorithm.StoresEntries() && z.fixedCost == 0 {
 		mc = min(mc, MaxSlidingWindowCost)
 		if lz.Overrides && z.MaxCost.IsZero() {
 			mc = MaxSlidingWindowCost // at most the quota in force, a client's override's when it has one (decide.lua)
@@ -518,7 +518,7 @@ func (z *Zone) probe(lz limiter.Zone) limiter.Zone {
 // `"<zone>";q=<limit>;qu="concurrent-requests"` (draft-ietf-httpapi-ratelimit-headers: the quota
 // unit of a limit of concurrent requests).
 func policyValue(quotedName string, lz *limiter.Zone) string {
-	if lz.Algorithm == limiter.Concurrency {
+	if lz.Algorithm.HoldsSlots() {
 		// Requests in flight at once: the draft's quota unit concurrent-requests, over no
 		// window (w is optional, and must not be 0).
 		return quotedName + ";q=" + strconv.FormatInt(min(lz.Quota(), sfMaxInteger), 10) + `;qu="concurrent-requests"`

@@ -291,7 +291,7 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger, in inherited) er
 	if z.fixedCost, err = z.parseCost(); err != nil {
 		return err
 	}
-	if z.MaxCost.IsZero() && z.lz.Algorithm == limiter.SlidingWindow && hasPlaceholder(z.Cost) && len(z.dyn) == 0 {
+	if z.MaxCost.IsZero() && z.lz.Algorithm.StoresEntries() && hasPlaceholder(z.Cost) && len(z.dyn) == 0 {
 		z.lz.MaxCost = min(z.lz.Limit, MaxSlidingWindowCost) // with placeholder numbers: per request
 		if z.lz.Overrides {
 			// The quota in force bounds it in decide.lua: a client's override may raise it.
@@ -518,7 +518,7 @@ func (z *Zone) validateCharge() error {
 // placeholder.
 func (z *Zone) validateTogether(lz limiter.Zone, cost int64) error {
 	after := len(z.CountStatus) > 0 || z.Charge != nil
-	if lz.Algorithm == limiter.Concurrency {
+	if lz.Algorithm.HoldsSlots() {
 		if err := z.validateOverridesShadow(after); err != nil {
 			return err
 		}
@@ -527,7 +527,7 @@ func (z *Zone) validateTogether(lz limiter.Zone, cost int64) error {
 	switch {
 	case z.HoldMax != 0 && !after:
 		return z.fieldError("hold_max", "hold_max applies to a zone with count_status or charge, or of algorithm concurrency")
-	case z.Charge != nil && lz.Algorithm == limiter.SlidingWindow:
+	case z.Charge != nil && lz.Algorithm.StoresEntries():
 		return z.fieldError("charge", "charge needs algorithm token_bucket, fixed_window or sliding_window_counter: "+
 			"a sliding_window zone stores one entry per unit of cost, so charging it what a response reports "+
 			"(thousands of tokens) would store thousands of entries per request; count_status works with sliding_window")
@@ -540,7 +540,7 @@ func (z *Zone) validateTogether(lz limiter.Zone, cost int64) error {
 	// A quota or max_cost from a placeholder bounds the cost per request (Zone.finishNumbers): a
 	// cost above the quota is a 429 without Retry-After, a max_cost above it counts as the quota.
 	quotaName := "capacity"
-	if lz.Algorithm != limiter.TokenBucket {
+	if !lz.Algorithm.QuotaIsCapacity() {
 		quotaName = "limit"
 	}
 	maxCostPlaceholder, _ := z.MaxCost.placeholder()
@@ -549,7 +549,7 @@ func (z *Zone) validateTogether(lz limiter.Zone, cost int64) error {
 		return z.fieldError("cost", "cost %d is larger than %s %d: no request could ever be admitted", cost, quotaName, lz.Quota())
 	case lz.MaxCost > 0 && cost > lz.MaxCost && !maxCostPlaceholder:
 		return z.fieldError("cost", "cost %d is larger than max_cost %d: no request could ever be admitted", cost, lz.MaxCost)
-	case lz.Algorithm == limiter.SlidingWindow && cost == 0 && lz.MaxCost > MaxSlidingWindowCost && !maxCostPlaceholder:
+	case lz.Algorithm.StoresEntries() && cost == 0 && lz.MaxCost > MaxSlidingWindowCost && !maxCostPlaceholder:
 		return z.fieldError("max_cost", "max_cost %d: a %s zone stores one entry per unit of cost, so a cost from a placeholder "+
 			"(chosen per request) is bounded by max_cost %d at most; use %s for larger costs", lz.MaxCost, slidingWindowName, MaxSlidingWindowCost, tokenBucketName)
 	}

@@ -52,7 +52,7 @@ func (z *Zone) validateBlock() *FieldError {
 		return nil
 	case z.Block == 0:
 		return z.fieldError("block_max", "block_max needs block: the first block's length, which a repeat offender's doubles")
-	case z.Algorithm == Concurrency:
+	case z.Algorithm.HoldsSlots():
 		return z.fieldError("block", "block does not apply to algorithm concurrency: its denials are momentary (a slot comes back whenever "+
 			"a request ends), not a client going over a rate")
 	case z.Shadow:

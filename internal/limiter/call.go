@@ -80,7 +80,7 @@ func (l *Limiter) scriptArgs(reqs []Request, hold bool, ref time.Time) []any {
 	}
 	args[2] = holdArg(reqs, hold)
 	args[1] = ""
-	if args[2] != "0" || slices.ContainsFunc(reqs, func(r Request) bool { return r.Zone.Algorithm == SlidingWindow }) {
+	if args[2] != "0" || slices.ContainsFunc(reqs, func(r Request) bool { return r.Zone.Algorithm.StoresEntries() }) {
 		// The nonce names what the decision adds for later: sliding window members, holds and
 		// records. A decision that adds none (token buckets and window counters charged now)
 		// needs none, and saves its two allocations.
@@ -97,7 +97,10 @@ func (l *Limiter) scriptArgs(reqs []Request, hold bool, ref time.Time) []any {
 		case unsatisfiable(r):
 			cost = 2 * r.Zone.Quota() // <= 2^54
 		}
-		tag := tagArgs[min(int(r.Zone.Algorithm), len(tagArgs)-1)]
+		var tag any = "?" // an algorithm missing from the table: decide.lua refuses it
+		if a := int(r.Zone.Algorithm); a > 0 && a < len(tagArgs) {
+			tag = tagArgs[a]
+		}
 		var flags any = ""
 		switch {
 		case r.Zone.Shadow:
@@ -115,13 +118,18 @@ func (l *Limiter) scriptArgs(reqs []Request, hold bool, ref time.Time) []any {
 		case Concurrency:
 			limit, _ := r.Zone.windowArgs()
 			args = append(args, tag, limit, "0", cost, flags)
-		default:
+		case TokenBucket:
 			capacity, rate := r.Zone.bucketArgs()
 			if w := r.maxWait(); w > 0 {
 				// go-redis formats a float64 argument so ('f', -1): the same number either way.
 				rate = strconv.FormatFloat(r.Zone.RefillRate, 'f', -1, 64) + "," + strconv.FormatInt(w.Microseconds(), 10)
 			}
 			args = append(args, tag, capacity, rate, r.costArg(cost), flags)
+		default:
+			// Zone.Validate refuses an unknown algorithm; were one sent, decide.lua would refuse
+			// its tag ("?") with an error, and the decision would fail rather than take another
+			// algorithm's path.
+			args = append(args, tag, int64(0), "0", cost, flags)
 		}
 	}
 	return args
@@ -152,7 +160,7 @@ func zoneFlags(r *Request, okey, bkey int) string {
 	}
 	if okey > 0 {
 		mc := z.MaxCost
-		if z.Algorithm == Concurrency {
+		if z.Algorithm.HoldsSlots() {
 			mc = 0
 		}
 		b = append(b, 'o')

@@ -56,7 +56,7 @@ func holdArg(reqs []Request, cluster bool) string {
 // holds: the record is what ties a settlement to its charge, so that it changes the count only
 // while the charge is in it (see settle.lua).
 func recorded(r Request, crossSlot bool) bool {
-	return (r.Hold > 0 || crossSlot || r.leases()) && (r.Zone.Algorithm == FixedWindow || r.Zone.Algorithm == SlidingWindowCounter)
+	return (r.Hold > 0 || crossSlot || r.leases()) && r.Zone.Algorithm.recorded()
 }
 
 // recordKey returns the Redis key in which the decision of nonce records the charge of a fixed

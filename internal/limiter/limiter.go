@@ -86,7 +86,7 @@ func (r *Request) SetUpTo(units int64) {
 
 // maxWait is how long r may be held: its zone's MaxWait (token bucket only), unless NoWait.
 func (r Request) maxWait() time.Duration {
-	if r.NoWait || r.Zone.Algorithm != TokenBucket {
+	if r.NoWait || !r.Zone.Algorithm.shapes() {
 		return 0
 	}
 	return r.Zone.MaxWait
@@ -373,7 +373,7 @@ func (l *Limiter) allow(ctx context.Context, reqs []Request) (Decision, error) {
 		return Decision{Allowed: true, Zone: -1}, nil
 	}
 	for i := range reqs {
-		if reqs[i].Zone.Algorithm == Concurrency && reqs[i].Hold <= 0 {
+		if reqs[i].Zone.Algorithm.HoldsSlots() && reqs[i].Hold <= 0 {
 			return Decision{}, errNoHold
 		}
 	}

@@ -65,7 +65,7 @@ func (l *Local) Allow(reqs []Request, now time.Time) Decision {
 	zones := make([]zoneReply, len(reqs))
 	allowed := true
 	for i, r := range reqs {
-		if r.Zone.Algorithm == Concurrency {
+		if r.Zone.Algorithm.HoldsSlots() {
 			zones[i] = l.slotReply(r)
 			allowed = allowed && (zones[i].allowed || r.Zone.Shadow)
 			continue
@@ -91,7 +91,7 @@ func (l *Local) Allow(reqs []Request, now time.Time) Decision {
 		zones[i] = z
 	}
 	for i, r := range reqs {
-		if r.Zone.Algorithm == Concurrency {
+		if r.Zone.Algorithm.HoldsSlots() {
 			if allowed && zones[i].allowed {
 				l.slots[localZone{r.Zone.Name, r.Zone.Algorithm.tag()}][ClientKey(r.Key)]++
 			}
@@ -152,7 +152,7 @@ func (l *Local) Release(reqs []Request) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, r := range reqs {
-		if r.Zone.Algorithm != Concurrency {
+		if !r.Zone.Algorithm.HoldsSlots() {
 			continue
 		}
 		m := l.slots[localZone{r.Zone.Name, r.Zone.Algorithm.tag()}]

@@ -47,7 +47,7 @@ type lostSlots struct {
 // call with keys and args (whose nonce is args[1]) that failed after it may have reached Redis.
 func (l *Limiter) lose(reqs []Request, keys []string, args []any) {
 	for j, r := range reqs {
-		if r.Zone.Algorithm == Concurrency {
+		if r.Zone.Algorithm.HoldsSlots() {
 			l.loseSlot(keys[j], args[1].(string), r.Hold)
 		}
 	}

@@ -95,19 +95,19 @@ func applyOverrides(reqs []Request, zones []zoneReply) {
 		}
 		c := *reqs[i].Zone
 		c.boxed = nil
-		if c.Algorithm == TokenBucket {
+		if !c.Algorithm.windowed() {
 			c.Capacity = ov.quota
 			if ov.windowUs > 0 {
 				c.RefillRate = float64(ov.quota) / (float64(ov.windowUs) / 1e6)
 			}
 		} else {
 			c.Limit = ov.quota
-			if ov.windowUs > 0 && c.Period == NoPeriod && c.Algorithm != Concurrency {
+			if ov.windowUs > 0 && c.Period == NoPeriod && c.Algorithm.describe().window {
 				c.Window = time.Duration(ov.windowUs) * time.Microsecond
 			}
 		}
 		c.MaxCost = ov.maxCost
-		if c.Algorithm == Concurrency {
+		if c.Algorithm.HoldsSlots() {
 			c.MaxCost = 0
 		}
 		reqs[i].Zone = &c

@@ -102,15 +102,10 @@ func (l *Limiter) State(ctx context.Context, z *Zone, clientKey string) (State, 
 			z, s.Override = &oz, o
 		}
 	}
-	switch z.Algorithm {
-	case SlidingWindow:
-		err = l.windowState(ctx, z, now, &s)
-	case Concurrency:
-		err = l.slotState(ctx, z, now, &s)
-	case FixedWindow, SlidingWindowCounter:
-		err = l.counterState(ctx, z, now, &s)
-	default:
-		err = l.bucketState(ctx, z, now, &s)
+	if read := z.Algorithm.describe().state; read != nil {
+		err = read(l, ctx, z, now, &s)
+	} else {
+		err = fmt.Errorf("state: unknown algorithm %v", z.Algorithm)
 	}
 	if err == nil && z.Block > 0 {
 		err = l.blockState(ctx, now, &s)
@@ -403,7 +398,7 @@ func (l *Limiter) Reset(ctx context.Context, z *Zone, clientKey string) (existed
 	_, err = l.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		del = p.Del(ctx, key)
 		delBlock = p.Del(ctx, blockKey(key))
-		if z.Algorithm == FixedWindow || z.Algorithm == SlidingWindowCounter {
+		if z.Algorithm.recorded() {
 			p.Del(ctx, genKey(key))
 		}
 		return nil

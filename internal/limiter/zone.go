@@ -1,6 +1,7 @@
 package limiter
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"regexp"
@@ -94,14 +95,76 @@ const (
 	MaxMaxWait = time.Minute
 )
 
-// algorithms are the algorithms' configuration names and Redis key tags, by Algorithm.
-var algorithms = [...]struct{ name, tag string }{
-	TokenBucket:          {"token_bucket", "tb"},
-	SlidingWindow:        {"sliding_window", "sw"},
-	FixedWindow:          {"fixed_window", "fw"},
-	SlidingWindowCounter: {"sliding_window_counter", "sc"},
-	Concurrency:          {"concurrency", "cc"},
+// algorithm describes an algorithm by the properties the code asks of it, so that code asks for
+// a property ("its charges are recorded") rather than naming algorithms. A new algorithm is a row
+// of algorithms, its Lua function in decide.lua, its state reader and its arguments here.
+type algorithm struct {
+	name string // its configuration name
+	tag  string // its Redis key suffix and decide.lua's name for it
+	// capacity: its quota is Capacity, refilled at RefillRate (token bucket); else Limit.
+	capacity bool
+	// window: it counts in a Window; calendar: in a Period too (fixed window).
+	window, calendar bool
+	// recorded: a charge held after the response, or taken across hash slots, is recorded in a
+	// key of its own, which the settlement finds (window counters: their count holds no holds).
+	recorded bool
+	// slots: a request holds one slot while it runs, given back when it ends (concurrency).
+	slots bool
+	// entries: it stores one entry per unit of cost admitted (sliding window log).
+	entries bool
+	// shapes: MaxWait may hold a request for its turn (token bucket).
+	shapes bool
+	// grants: a request may be granted more units than its cost (Lease, UpTo).
+	grants bool
+	// maxLimit is the largest Limit (a sliding window log stores one entry per admitted unit, a
+	// concurrency zone one per slot in flight); 0 for a capacity.
+	maxLimit int64
+	// state reads a client's state in a zone of the algorithm into s at now (µs; Limiter.State).
+	state func(l *Limiter, ctx context.Context, z *Zone, now int64, s *State) error
 }
+
+// algorithms are the algorithms' descriptions, by Algorithm.
+var algorithms = [...]algorithm{
+	TokenBucket: {name: "token_bucket", tag: "tb", capacity: true, shapes: true, grants: true,
+		state: (*Limiter).bucketState},
+	SlidingWindow: {name: "sliding_window", tag: "sw", window: true, entries: true, maxLimit: MaxLimit,
+		state: (*Limiter).windowState},
+	FixedWindow: {name: "fixed_window", tag: "fw", window: true, calendar: true, recorded: true, grants: true, maxLimit: MaxCapacity,
+		state: (*Limiter).counterState},
+	SlidingWindowCounter: {name: "sliding_window_counter", tag: "sc", window: true, recorded: true, maxLimit: MaxCapacity,
+		state: (*Limiter).counterState},
+	Concurrency: {name: "concurrency", tag: "cc", slots: true, maxLimit: MaxConcurrency,
+		state: (*Limiter).slotState},
+}
+
+// describe returns a's description; the zero algorithm (no property) for an unknown a.
+func (a Algorithm) describe() algorithm {
+	if a > 0 && int(a) < len(algorithms) {
+		return algorithms[a]
+	}
+	return algorithm{}
+}
+
+// recorded reports whether a's held charges are recorded in keys of their own (algorithm.recorded).
+func (a Algorithm) recorded() bool { return a.describe().recorded }
+
+// HoldsSlots reports whether a request holds one of a zone's slots while it runs, given back when
+// it ends (concurrency): its quota is the requests in flight, and it has no window or cost.
+func (a Algorithm) HoldsSlots() bool { return a.describe().slots }
+
+// QuotaIsCapacity reports whether a zone's quota is its Capacity, refilled at its RefillRate
+// (token bucket); else it is its Limit.
+func (a Algorithm) QuotaIsCapacity() bool { return a.describe().capacity }
+
+// StoresEntries reports whether a zone stores one entry per unit of cost admitted (sliding
+// window log), so that its cost is bounded by the memory that takes.
+func (a Algorithm) StoresEntries() bool { return a.describe().entries }
+
+// shapes reports whether MaxWait applies to a (token bucket).
+func (a Algorithm) shapes() bool { return a.describe().shapes }
+
+// grants reports whether a request of a may be granted more than its cost (Lease, UpTo).
+func (a Algorithm) grants() bool { return a.describe().grants }
 
 // ParseAlgorithm returns the algorithm named s: "token_bucket", "sliding_window",
 // "fixed_window", "sliding_window_counter" or "concurrency".
@@ -128,12 +191,12 @@ func (a Algorithm) tag() string {
 	if a > 0 && int(a) < len(algorithms) {
 		return algorithms[a].tag
 	}
-	return "tb"
+	return "?" // decide.lua refuses it
 }
 
 // windowed reports whether a's quota is Limit (every algorithm but the token bucket: the window
 // algorithms count requests in windows of Limit, concurrency the requests in flight).
-func (a Algorithm) windowed() bool { return a != TokenBucket }
+func (a Algorithm) windowed() bool { return !a.describe().capacity }
 
 // Zone is one rate limit's parameters. Only the fields of its Algorithm are used.
 type Zone struct {
@@ -306,34 +369,34 @@ func (z *Zone) validate() *FieldError {
 
 // validateOwners reports a parameter that z's algorithm does not take.
 func (z *Zone) validateOwners() *FieldError {
-	a := z.Algorithm
+	a, d := z.Algorithm, z.Algorithm.describe()
 	// Each parameter given, and the algorithm it belongs to when z's does not take it.
 	for _, p := range []struct {
 		field, owner string
 		given, taken bool
 	}{
-		{"capacity", "token_bucket", z.Capacity != 0, a == TokenBucket},
-		{"refill_rate", "token_bucket", z.RefillRate != 0, a == TokenBucket},
-		{"limit", "sliding_window", z.Limit != 0, a != TokenBucket},
-		{"window", "sliding_window", z.Window != 0, a != TokenBucket && a != Concurrency},
-		{"period", "fixed_window", z.Period != NoPeriod, a == FixedWindow},
-		{"time_zone", "fixed_window", z.Location != nil, a == FixedWindow},
+		{"capacity", "token_bucket", z.Capacity != 0, d.capacity},
+		{"refill_rate", "token_bucket", z.RefillRate != 0, d.capacity},
+		{"limit", "sliding_window", z.Limit != 0, !d.capacity},
+		{"window", "sliding_window", z.Window != 0, d.window},
+		{"period", "fixed_window", z.Period != NoPeriod, d.calendar},
+		{"time_zone", "fixed_window", z.Location != nil, d.calendar},
 	} {
 		if p.given && !p.taken {
 			err := z.fieldError(p.field, "%s belongs to algorithm %s, not %s", p.field, p.owner, a)
-			if a == Concurrency && p.field != "capacity" && p.field != "refill_rate" {
+			if d.slots && p.field != "capacity" && p.field != "refill_rate" {
 				err.Msg += ": a concurrency zone has no window or period, a slot is held as long as its request"
 			}
 			return err
 		}
 	}
 	switch {
-	case z.MaxWait != 0 && a == Concurrency:
+	case z.MaxWait != 0 && d.slots:
 		return z.fieldError("max_wait", "max_wait does not apply to algorithm concurrency: a request is admitted while one of its client's slots is free, "+
 			"else denied (429); no queue waits for a slot")
-	case z.MaxWait != 0 && a != TokenBucket:
+	case z.MaxWait != 0 && !d.shapes:
 		return z.fieldError("max_wait", "%s", errMaxWaitWindowed(a))
-	case z.MaxCost != 0 && a == Concurrency:
+	case z.MaxCost != 0 && d.slots:
 		return z.fieldError("max_cost", "max_cost does not apply to algorithm concurrency: a request takes one slot while it runs")
 	}
 	return nil
@@ -407,11 +470,8 @@ func (z *Zone) validateRanges() *FieldError {
 // admitted unit, and a concurrency zone one per slot in flight; the counters' memory does not
 // grow with the limit.
 func (z *Zone) maxLimit() int64 {
-	switch z.Algorithm {
-	case SlidingWindow:
-		return MaxLimit
-	case Concurrency:
-		return MaxConcurrency
+	if m := z.Algorithm.describe().maxLimit; m > 0 {
+		return m
 	}
 	return MaxCapacity
 }
@@ -522,7 +582,7 @@ func (z *Zone) validateUpTo() *FieldError {
 	switch {
 	case !z.UpTo:
 		return nil
-	case z.Algorithm != TokenBucket && z.Algorithm != FixedWindow:
+	case !z.Algorithm.grants():
 		return z.fieldError("cap_output", "cap_output needs algorithm token_bucket or fixed_window, not %s", z.Algorithm)
 	case z.Lease != nil:
 		return z.fieldError("cap_output", "cap_output excludes lease: a grant is spent in process, where the bound of each request is not known")
@@ -538,7 +598,7 @@ func (z *Zone) validateLease() *FieldError {
 	switch {
 	case le == nil:
 		return nil
-	case z.Algorithm != TokenBucket && z.Algorithm != FixedWindow:
+	case !z.Algorithm.grants():
 		return z.fieldError("lease", "%s", errLeaseAlgorithm(z.Algorithm))
 	case z.MaxWait > 0:
 		return z.fieldError("lease", "%s", errLeaseMaxWait)
