@@ -113,25 +113,6 @@ func (u *llmUpstream) serve(w http.ResponseWriter, r *http.Request) {
 	_, _ = io.WriteString(w, "data: {\"choices\":[],\"usage\":"+usage+"}\n\ndata: [DONE]\n\n")
 }
 
-// instances is a site of three routes /i1/, /i2/, /i3/, each with its own rate_limit_redis
-// handler (its own Limiter and deny cache) with the same zone, in front of upstream.
-func instances(redisAddr, zone, upstream string) string {
-	var b strings.Builder
-	for i := 1; i <= 3; i++ {
-		fmt.Fprintf(&b, `
-	route /i%d/* {
-		rate_limit_redis {
-			redis {
-				address %s
-			}
-			%s
-		}
-		reverse_proxy %s
-	}`, i, redisAddr, zone, upstream)
-	}
-	return b.String()
-}
-
 // TestCountStatusLogin: a login zone of 3 counting 401s only, for every algorithm: 10 correct
 // logins all pass; then 3 wrong ones get the upstream's 401, and the 4th wrong one and a correct
 // one are denied (the client is blocked until the window moves). Over 3 instances, 30
@@ -146,7 +127,7 @@ func TestCountStatusLogin(t *testing.T) {
 		"sliding_window_counter": "algorithm sliding_window_counter\n\t\t\tlimit 3\n\t\t\twindow 366d",
 	} {
 		t.Run(name, func(t *testing.T) {
-			cs := caddytest.Start(t, instances(srv.Addr, "key {http.request.header.X-Client}\n\t\t\tcount_status 401\n\t\t\t"+zone, up.URL))
+			cs := caddytest.Start(t, caddytest.Instances(srv.Addr, "key {http.request.header.X-Client}\n\t\t\tcount_status 401\n\t\t\t"+zone, up.URL))
 			client := "alice-" + name
 			if got := cs.Statuses(10, "/i1/login", "X-Client", client, "X-Password", "right"); got != strings.TrimSpace(strings.Repeat("200 ", 10)) {
 				t.Fatalf("10 correct logins: %s", got)
@@ -245,7 +226,7 @@ func TestCountStatusBasicAuth(t *testing.T) {
 func TestChargeOpenAIUsage(t *testing.T) {
 	srv := redistest.Start(t)
 	up := startUpstream(t, 300)
-	cs := caddytest.Start(t, instances(srv.Addr, `key {http.request.header.X-API-Key}
+	cs := caddytest.Start(t, caddytest.Instances(srv.Addr, `key {http.request.header.X-API-Key}
 			capacity 1000
 			refill_rate 1000/1h
 			cost 100
@@ -278,7 +259,7 @@ func TestChargeFixedWindowDebt(t *testing.T) {
 	srv := redistest.Start(t)
 	up := startUpstream(t, 300)
 	const window = 366 * 24 * time.Hour // windows aligned to the Unix epoch
-	cs := caddytest.Start(t, instances(srv.Addr, `key {http.request.header.X-API-Key}
+	cs := caddytest.Start(t, caddytest.Instances(srv.Addr, `key {http.request.header.X-API-Key}
 			algorithm fixed_window
 			limit 1000
 			window 366d
@@ -310,7 +291,7 @@ func TestChargeBoundUnderConcurrency(t *testing.T) {
 	srv := redistest.Start(t)
 	up := startUpstream(t, 300)
 	up.delay = 50 * time.Millisecond
-	cs := caddytest.Start(t, instances(srv.Addr, `key {http.request.header.X-API-Key}
+	cs := caddytest.Start(t, caddytest.Instances(srv.Addr, `key {http.request.header.X-API-Key}
 			capacity 1000
 			refill_rate 1000/1h
 			cost 100
@@ -352,7 +333,7 @@ func TestChargeStreamsEveryChunkAtOnce(t *testing.T) {
 	srv := redistest.Start(t)
 	up := startUpstream(t, 300)
 	up.gate = make(chan struct{})
-	cs := caddytest.Start(t, instances(srv.Addr, `key {http.request.header.X-API-Key}
+	cs := caddytest.Start(t, caddytest.Instances(srv.Addr, `key {http.request.header.X-API-Key}
 			capacity 1000
 			refill_rate 1000/1h
 			cost 100
@@ -395,7 +376,7 @@ func TestChargeStreamsEveryChunkAtOnce(t *testing.T) {
 func TestChargeLargeBodyBoundedMemory(t *testing.T) {
 	srv := redistest.Start(t)
 	up := startUpstream(t, 300)
-	cs := caddytest.Start(t, instances(srv.Addr, `key {http.request.header.X-API-Key}
+	cs := caddytest.Start(t, caddytest.Instances(srv.Addr, `key {http.request.header.X-API-Key}
 			capacity 1000
 			refill_rate 1000/1h
 			cost 100
@@ -505,7 +486,7 @@ func TestChargeClientGoneMidStream(t *testing.T) {
 	srv := redistest.Start(t)
 	up := startUpstream(t, 300)
 	up.gate = make(chan struct{})
-	cs := caddytest.Start(t, instances(srv.Addr, `key {http.request.header.X-API-Key}
+	cs := caddytest.Start(t, caddytest.Instances(srv.Addr, `key {http.request.header.X-API-Key}
 			capacity 1000
 			refill_rate 1000/1h
 			cost 100

@@ -151,3 +151,23 @@ func fetch(method, url string, header ...string) (Response, error) {
 	}
 	return Response{Status: resp.StatusCode, Header: resp.Header, Body: string(b)}, nil
 }
+
+// Instances is a site of three routes /i1/, /i2/, /i3/, each with its own rate_limit_redis
+// handler (its own Limiter and deny cache, as three Caddy instances have) with the same zone
+// lines, on the Redis at redisAddr, in front of upstream.
+func Instances(redisAddr, zone, upstream string) string {
+	var b strings.Builder
+	for i := 1; i <= 3; i++ {
+		fmt.Fprintf(&b, `
+	route /i%d/* {
+		rate_limit_redis {
+			redis {
+				address %s
+			}
+			%s
+		}
+		reverse_proxy %s
+	}`, i, redisAddr, zone, upstream)
+	}
+	return b.String()
+}

@@ -97,17 +97,7 @@ func (l *Limiter) scriptArgs(reqs []Request, hold bool, ref time.Time) []any {
 		case unsatisfiable(r):
 			cost = 2 * r.Zone.Quota() // <= 2^54
 		}
-		var tag any = "?" // an algorithm missing from the table: decide.lua refuses it
-		if a := int(r.Zone.Algorithm); a > 0 && a < len(tagArgs) {
-			tag = tagArgs[a]
-		}
-		var flags any = ""
-		switch {
-		case r.Zone.Shadow:
-			flags = "s"
-		case r.ask > 0 && r.Zone.UpTo:
-			flags = "u"
-		}
+		tag, flags := r.tagArg(), r.flagsArg()
 		switch r.Zone.Algorithm {
 		case SlidingWindow, SlidingWindowCounter:
 			limit, window := r.Zone.windowArgs()
@@ -133,6 +123,27 @@ func (l *Limiter) scriptArgs(reqs []Request, hold bool, ref time.Time) []any {
 		}
 	}
 	return args
+}
+
+// tagArg is decide.lua's algorithm argument for r's zone: its tag, or for an algorithm missing
+// from the table "?", which decide.lua refuses.
+func (r *Request) tagArg() any {
+	if a := int(r.Zone.Algorithm); a > 0 && a < len(tagArgs) {
+		return tagArgs[a]
+	}
+	return "?"
+}
+
+// flagsArg is decide.lua's flags argument for r before encodeDecision adds the flags that name
+// keys (zoneFlags): "s" for a shadow zone, "u" for a zone with UpTo asked for a bound, else "".
+func (r *Request) flagsArg() any {
+	switch {
+	case r.Zone.Shadow:
+		return "s"
+	case r.ask > 0 && r.Zone.UpTo:
+		return "u"
+	}
+	return ""
 }
 
 // tagArgs are decide.lua's algorithm arguments, boxed once (a string boxed per call would be an

@@ -1,4 +1,4 @@
-package ratelimitredis
+package e2e_test
 
 import (
 	"bytes"
@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+
+	ratelimitredis "github.com/rate-limit-redis/caddy-rate-limit-redis"
 
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/caddytest"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/llmtest"
@@ -73,7 +75,7 @@ func postJSON(t *testing.T, url, key, body string, header ...string) (int, http.
 func TestCapOutputNeverOverdrawn(t *testing.T) {
 	srv := redistest.Start(t)
 	up := llmtest.StartCapped(t)
-	cs := caddytest.Start(t, instances(srv.Addr, capZone("openai_usage", ""), up.URL))
+	cs := caddytest.Start(t, caddytest.Instances(srv.Addr, capZone("openai_usage", ""), up.URL))
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	statuses := map[int]int{}
@@ -104,8 +106,8 @@ func TestCapOutputNeverOverdrawn(t *testing.T) {
 		t.Fatalf("the upstream reported %d tokens in total, want at most the budget of 10000 (and 2 of refill)", reported)
 	}
 	for _, c := range caps {
-		if c < DefaultMinOutput || c > 4000 {
-			t.Fatalf("caps received %v, want each between min_output %d and the 4000 asked", caps, DefaultMinOutput)
+		if c < ratelimitredis.DefaultMinOutput || c > 4000 {
+			t.Fatalf("caps received %v, want each between min_output %d and the 4000 asked", caps, ratelimitredis.DefaultMinOutput)
 		}
 	}
 	if used := tokensOf(t, srv, "shared", "default"); used > float64(reported)+0.1 || used < float64(reported)-2 {
@@ -278,7 +280,7 @@ func TestCapOutputConfig(t *testing.T) {
 		{"capacity 100\n refill_rate 1\n charge openai_usage\n cap_output min_output 100 default_output 50", "default_output 50 is below min_output 100"},
 		{"capacity 100\n refill_rate 1\n charge openai_usage\n cap_output max 5", "expected min_output <tokens> or default_output <tokens>"},
 	} {
-		var h Handler
+		var h ratelimitredis.Handler
 		err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser("rate_limit_redis {\n zone z {\n " + c.zone + "\n }\n}"))
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%q: %v, want an error containing %q", c.zone, err, c.want)

@@ -1,4 +1,4 @@
-package ratelimitredis
+package e2e_test
 
 import (
 	"fmt"
