@@ -16,10 +16,10 @@ import (
 // maxUsageBytes bounds the bytes of one "usage" object the scanner keeps: OpenAI's is about 300.
 const maxUsageBytes = 4096
 
-// maxKeyBytes bounds the bytes of a key the scanner keeps to compare with "usage", "response"
-// and "message" (longer keys are none of them): "response" with every letter escaped
-// (\u0072...).
-const maxKeyBytes = 48
+// maxKeyBytes bounds the bytes of a key the scanner keeps to compare with "usage",
+// "usageMetadata", "response" and "message" (longer keys are none of them): "usageMetadata"
+// with every letter escaped (\u0075...) is 78 bytes.
+const maxKeyBytes = 80
 
 // Format is the wire format of the usage a Scanner reads.
 type Format uint8
@@ -54,7 +54,7 @@ const (
 )
 
 // Scanner reads the usage of a response body in one Format as it streams by, holding at most
-// maxUsageBytes + maxKeyBytes (4 KiB and 48 bytes) whatever the body's size. It reads JSON with its
+// maxUsageBytes + maxKeyBytes (4 KiB and 80 bytes) whatever the body's size. It reads JSON with its
 // strings and nesting tracked, and takes a "usage" object only where the API puts it: at the top
 // level of the document, or inside one top-level object, "response" for OpenAI (a Responses API
 // event) and "message" for Anthropic (a message_start event); Gemini's "usageMetadata" at the

@@ -87,6 +87,7 @@ var geminiCases = []usageCase{
 	{"OpenAI's usage is not read", false, `{"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}`, -1, -1, -1},
 	{"a bad count", false, `{"usageMetadata":{"promptTokenCount":-1,"candidatesTokenCount":2}}`, -1, -1, -1},
 	{"a string count", false, `{"usageMetadata":{"promptTokenCount":"10"}}`, -1, -1, -1},
+	{"the key with every letter escaped", false, `{"\u0075\u0073\u0061\u0067\u0065\u004d\u0065\u0074\u0061\u0064\u0061\u0074\u0061":{"promptTokenCount":4,"candidatesTokenCount":5}}`, 9, 4, 5},
 }
 
 // scanUsage scans body of format in chunks of chunk bytes and returns the total, prompt and
