@@ -1,13 +1,8 @@
 package e2e_test
 
 import (
-	"bufio"
-	"bytes"
-	"context"
-	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -48,32 +43,7 @@ func runBudget(t *testing.T, dir string, calls []budgetCall) []budgetResult {
 	if err := os.WriteFile(filepath.Join(dir, name), script, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	arg, _ := json.Marshal(calls)
-	ctx, cancel := context.WithTimeout(t.Context(), sdkDeadline)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "node", name, string(arg))
-	cmd.Dir = dir
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if ctx.Err() != nil {
-		t.Fatalf("the SDK calls were still under way after %v (asleep in the SDK's retry?): %s", sdkDeadline, out)
-	}
-	if err != nil {
-		t.Fatalf("node: %v\n%s%s", err, out, stderr.Bytes())
-	}
-	var results []budgetResult
-	for sc := bufio.NewScanner(bytes.NewReader(out)); sc.Scan(); {
-		var r budgetResult
-		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
-			t.Fatalf("%v: %s", err, sc.Bytes())
-		}
-		results = append(results, r)
-	}
-	if len(results) != len(calls) {
-		t.Fatalf("%d results for %d calls: %s", len(results), len(calls), out)
-	}
-	return results
+	return runNode[budgetResult](t, dir, name, calls, len(calls))
 }
 
 // TestSDKBudgetNeverOverdrawn: with the official OpenAI, Anthropic and Google Gen AI SDKs at

@@ -115,6 +115,21 @@ func TestCapOutputNeverOverdrawn(t *testing.T) {
 	}
 }
 
+// zoneSite is a site with one rate_limit_redis zone named name, of the lines zone, on the Redis at
+// redisAddr, in front of upstream.
+func zoneSite(redisAddr, name, zone, upstream string) string {
+	return fmt.Sprintf(`
+	rate_limit_redis {
+		redis {
+			address %s
+		}
+		zone %s {
+			%s
+		}
+	}
+	reverse_proxy %s`, redisAddr, name, zone, upstream)
+}
+
 // tokensOf is what zone's bucket of key has used once no charge of it is held.
 func tokensOf(t *testing.T, srv *redistest.Server, key, zone string) float64 {
 	t.Helper()
@@ -143,16 +158,7 @@ func TestCapOutputRewritesEachAPI(t *testing.T) {
 		{"anthropic", "anthropic_usage", "/v1/messages", `{"model":"claude","messages":[{"role":"user","content":"hi"}]%s}`},
 	} {
 		t.Run(api.name, func(t *testing.T) {
-			cs := caddytest.Start(t, fmt.Sprintf(`
-	rate_limit_redis {
-		redis {
-			address %s
-		}
-		zone %s {
-			%s
-		}
-	}
-	reverse_proxy %s`, srv.Addr, api.name, capZone(api.source, ""), up.URL))
+			cs := caddytest.Start(t, zoneSite(srv.Addr, api.name, capZone(api.source, ""), up.URL))
 			field := map[string]string{"chat": "max_completion_tokens", "responses": "max_output_tokens", "anthropic": "max_tokens"}[api.name]
 			// ask sends a request of a fresh client asking for cap output tokens (0: none), and
 			// returns its status, the cap the upstream received and the prompt's bound.
@@ -186,16 +192,7 @@ func TestCapOutputRewritesEachAPI(t *testing.T) {
 func TestCapOutputRefuses(t *testing.T) {
 	srv := redistest.Start(t)
 	up := llmtest.StartCapped(t)
-	cs := caddytest.Start(t, fmt.Sprintf(`
-	rate_limit_redis {
-		redis {
-			address %s
-		}
-		zone default {
-			%s
-		}
-	}
-	reverse_proxy %s`, srv.Addr, capZone("openai_usage", "min_output 100"), up.URL))
+	cs := caddytest.Start(t, zoneSite(srv.Addr, "default", capZone("openai_usage", "min_output 100"), up.URL))
 	small := `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":9900}`
 	if status, _, _ := postJSON(t, cs.Base+"/v1/chat/completions", "k", small); status != 200 {
 		t.Fatalf("first: %d, want 200", status)
@@ -218,20 +215,11 @@ func TestCapOutputRefuses(t *testing.T) {
 func TestCapOutputWeights(t *testing.T) {
 	srv := redistest.Start(t)
 	up := llmtest.StartCapped(t)
-	cs := caddytest.Start(t, fmt.Sprintf(`
-	rate_limit_redis {
-		redis {
-			address %s
-		}
-		zone default {
-			key {http.request.header.X-API-Key}
+	cs := caddytest.Start(t, zoneSite(srv.Addr, "default", `key {http.request.header.X-API-Key}
 			capacity 10000
 			refill_rate 10000/24h
 			charge openai_usage weights prompt 1 completion 4
-			cap_output
-		}
-	}
-	reverse_proxy %s`, srv.Addr, up.URL))
+			cap_output`, up.URL))
 	body := `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_completion_tokens":100000}`
 	if status, _, _ := postJSON(t, cs.Base+"/v1/chat/completions", "w", body); status != 200 {
 		t.Fatalf("status %d, want 200", status)
@@ -249,16 +237,7 @@ func TestCapOutputUnbounded(t *testing.T) {
 	srv := redistest.Start(t)
 	up := llmtest.StartCapped(t)
 	up.NoCap = 10
-	cs := caddytest.Start(t, fmt.Sprintf(`
-	rate_limit_redis {
-		redis {
-			address %s
-		}
-		zone default {
-			%s
-		}
-	}
-	reverse_proxy %s`, srv.Addr, capZone("openai_usage", ""), up.URL))
+	cs := caddytest.Start(t, zoneSite(srv.Addr, "default", capZone("openai_usage", ""), up.URL))
 	img := `{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"https://example.com/a.png"}}]}]}`
 	if status, _, _ := postJSON(t, cs.Base+"/v1/chat/completions", "img", img); status != 200 {
 		t.Fatalf("status %d, want 200", status)
@@ -294,16 +273,7 @@ func TestCapOutputConfig(t *testing.T) {
 func TestCapOutputMissingAtMostReserved(t *testing.T) {
 	srv := redistest.Start(t)
 	up := llmtest.StartCapped(t)
-	cs := caddytest.Start(t, fmt.Sprintf(`
-	rate_limit_redis {
-		redis {
-			address %s
-		}
-		zone default {
-			%s
-		}
-	}
-	reverse_proxy %s`, srv.Addr, capZone("openai_usage", ""), up.URL))
+	cs := caddytest.Start(t, zoneSite(srv.Addr, "default", capZone("openai_usage", ""), up.URL))
 	body := `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":100}`
 	if status, _, _ := postJSON(t, cs.Base+"/v1/chat/completions", "m", body, "X-No-Usage", "1"); status != 200 {
 		t.Fatalf("status %d, want 200", status)

@@ -16,20 +16,11 @@ import (
 func TestChargeGeminiUsage(t *testing.T) {
 	srv := redistest.Start(t)
 	up := llmtest.StartCapped(t)
-	cs := caddytest.Start(t, fmt.Sprintf(`
-	rate_limit_redis {
-		redis {
-			address %s
-		}
-		zone gemini {
-			key "{http.request.header.X-API-Key}:{http.rate_limit_redis.request.model}"
+	cs := caddytest.Start(t, zoneSite(srv.Addr, "gemini", `key "{http.request.header.X-API-Key}:{http.rate_limit_redis.request.model}"
 			capacity 100000
 			refill_rate 100000/24h
 			cost 100
-			charge gemini_usage
-		}
-	}
-	reverse_proxy %s`, srv.Addr, up.URL))
+			charge gemini_usage`, up.URL))
 	body := `{"model":"big","contents":[{"role":"user","parts":[{"text":"hi"}]}],"generationConfig":{"maxOutputTokens":50}}`
 	want := float64(len(body)/4 + 50) // a quarter of the body's bytes as prompt, and the cap
 	for i, c := range []struct {

@@ -130,10 +130,18 @@ type sdkResult struct {
 // test when they are not done within sdkDeadline.
 func runSDK(t *testing.T, dir string, calls ...sdkCall) []sdkResult {
 	t.Helper()
+	return runNode[sdkResult](t, dir, "sdk-"+t.Name()+".mjs", calls, len(calls))
+}
+
+// runNode runs the node script named script in dir with calls, n of them, as its JSON argument,
+// and returns the n results it prints, one JSON line each; it fails the test when they are not
+// done within sdkDeadline.
+func runNode[R any](t *testing.T, dir, script string, calls any, n int) []R {
+	t.Helper()
 	arg, _ := json.Marshal(calls)
 	ctx, cancel := context.WithTimeout(t.Context(), sdkDeadline)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "node", "sdk-"+t.Name()+".mjs", string(arg))
+	cmd := exec.CommandContext(ctx, "node", script, string(arg))
 	cmd.Dir = dir
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
@@ -144,16 +152,16 @@ func runSDK(t *testing.T, dir string, calls ...sdkCall) []sdkResult {
 	if err != nil {
 		t.Fatalf("node: %v\n%s%s", err, out, stderr.Bytes())
 	}
-	var results []sdkResult
+	var results []R
 	for sc := bufio.NewScanner(bytes.NewReader(out)); sc.Scan(); {
-		var r sdkResult
+		var r R
 		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
 			t.Fatalf("%v: %s", err, sc.Bytes())
 		}
 		results = append(results, r)
 	}
-	if len(results) != len(calls) {
-		t.Fatalf("%d results for %d calls: %s", len(results), len(calls), out)
+	if len(results) != n {
+		t.Fatalf("%d results for %d calls: %s", len(results), n, out)
 	}
 	return results
 }
