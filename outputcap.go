@@ -123,7 +123,8 @@ func units(w *big.Rat, n int64) int64 {
 	return q.Int64()
 }
 
-// bound is what a request r asks of a zone with cap_output: its API and what its body says.
+// requestBound returns what a request r asks of a zone with cap_output: its API and what its
+// body says.
 // ok is false when the request's use cannot be bounded from its body (an unknown API, a body
 // that is not read, content that is not text): it is then reserved at the zone's max_cost.
 func requestBound(r *http.Request) (api usage.API, b usage.Bound, ok bool) {
