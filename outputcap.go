@@ -203,9 +203,12 @@ func (h *Handler) capOutput(r *http.Request, repl *caddy.Replacer, reqs []limite
 			continue
 		}
 		a, b, ok := requestBound(r)
+		if !ok || a == usage.Embeddings {
+			return // every zone reserved its max_cost, or there is nothing to cap
+		}
 		wp, wc, known := c.weights(repl)
-		if !ok || !known || a == usage.Embeddings {
-			return // reserved at max_cost, or nothing to cap
+		if !known {
+			continue // this zone reserved its max_cost; the others still cap the request
 		}
 		api = a
 		n := outputFor(wc, reserved(&reqs[i]), units(wp, b.Prompt), b.Choices)

@@ -283,3 +283,39 @@ func TestCapOutputMissingAtMostReserved(t *testing.T) {
 		t.Fatalf("charged %.1f, want the reservation, %v (not max_cost, 10000)", used, want)
 	}
 }
+
+// TestCapOutputBesideAnUnboundedZone: a zone whose bound cannot be known (its weight's
+// placeholder is unusable) reserves its max_cost, and the request is still capped to what the
+// other zone with cap_output granted.
+func TestCapOutputBesideAnUnboundedZone(t *testing.T) {
+	srv := redistest.Start(t)
+	up := llmtest.StartCapped(t)
+	cs := caddytest.Start(t, fmt.Sprintf(`
+	rate_limit_redis {
+		redis {
+			address %s
+		}
+		zone unpriced {
+			key {http.request.header.X-API-Key}
+			capacity 100000
+			refill_rate 100000/24h
+			charge openai_usage weights prompt 1 completion {http.request.header.X-Price}
+			cap_output
+		}
+		zone small {
+			key {http.request.header.X-API-Key}
+			capacity 1000
+			refill_rate 1000/24h
+			charge openai_usage
+			cap_output
+		}
+	}
+	reverse_proxy %s`, srv.Addr, up.URL))
+	body := `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":4000}`
+	if status, _, _ := postJSON(t, cs.Base+"/v1/chat/completions", "u", body, "X-Price", "lots"); status != 200 {
+		t.Fatalf("status %d, want 200", status)
+	}
+	if _, caps := up.Reported(); caps[0] != int64(1000-len(body)) {
+		t.Fatalf("cap %d, want what zone small granted: 1000 − %d", caps[0], len(body))
+	}
+}
