@@ -43,6 +43,8 @@ func TestMigratingExamples(t *testing.T) {
 			for _, r := range [][2]string{
 				{"example.com {\n", fmt.Sprintf(":%d {\n\tbind 127.0.0.1\n", site)},
 				{"reverse_proxy localhost:9000\n", "reverse_proxy " + strings.TrimPrefix(upstream.URL, "http://") + "\n"},
+				// Decisions wait for Redis up to 5 s: one failed open would admit a 4th request.
+				{"rate_limit_redis {\n", "rate_limit_redis {\n\t\ttimeout 5s\n"},
 			} {
 				if !strings.Contains(caddyfile, r[0]) {
 					t.Fatalf("%s has no %q", b.Where, r[0])

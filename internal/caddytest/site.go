@@ -154,7 +154,8 @@ func fetch(method, url string, header ...string) (Response, error) {
 
 // Instances is a site of three routes /i1/, /i2/, /i3/, each with its own rate_limit_redis
 // handler (its own Limiter and deny cache, as three Caddy instances have) with the same zone
-// lines, on the Redis at redisAddr, in front of upstream.
+// lines, on the Redis at redisAddr, in front of upstream. Its decisions wait for Redis up to 5 s
+// (timeout): the tests count what each admitted, which a decision failed open would falsify.
 func Instances(redisAddr, zone, upstream string) string {
 	var b strings.Builder
 	for i := 1; i <= 3; i++ {
@@ -164,6 +165,7 @@ func Instances(redisAddr, zone, upstream string) string {
 			redis {
 				address %s
 			}
+			timeout 5s
 			%s
 		}
 		reverse_proxy %s
