@@ -58,10 +58,10 @@ type Charge struct {
 	// `header`: a non-negative integer in the response header field Header (with Scale, a
 	// decimal); `openai_usage`: the OpenAI-format `usage` of a JSON body, of the final event of
 	// a chat completions stream (`stream_options.include_usage`), or of a Responses API
-	// `response.completed` event; `gemini_usage`: the `usageMetadata` of Google's Gemini API
-	// (generateContent, streamGenerateContent); `anthropic_usage`: the `usage` of Anthropic's Messages API, of
+	// `response.completed` event; `anthropic_usage`: the `usage` of Anthropic's Messages API, of
 	// a JSON body, or of a stream (input counts in `message_start`, the output count in the last
-	// `message_delta`). Required.
+	// `message_delta`); `gemini_usage`: the `usageMetadata` of Google's Gemini API
+	// (generateContent, streamGenerateContent). Required.
 	Source string `json:"source,omitempty"`
 
 	// header: the response header field (or trailer) holding the amount.
@@ -76,25 +76,25 @@ type Charge struct {
 	// non-negative integer of at most 2^63 − 1 does. Default (0): an integer, charged as it is.
 	Scale float64 `json:"scale,omitempty"`
 
-	// openai_usage, anthropic_usage, gemini_usage: which count to charge: `total` (OpenAI's total_tokens, else
-	// the prompt and completion counts added), `prompt` (every input token: OpenAI's
-	// prompt_tokens or input_tokens, cached ones included; Anthropic's input_tokens,
+	// openai_usage, anthropic_usage, gemini_usage: which count to charge: `total` (OpenAI's
+	// total_tokens, else the prompt and completion counts added), `prompt` (every input token:
+	// OpenAI's prompt_tokens or input_tokens, cached ones included; Anthropic's input_tokens,
 	// cache_read_input_tokens and cache_creation_input_tokens added) or `completion`
 	// (completion_tokens or output_tokens). Default: `total`, unless Weights is given.
 	Usage string `json:"usage,omitempty"`
 
-	// openai_usage, anthropic_usage, gemini_usage, instead of Usage: charge the counts weighted (see
-	// ChargeWeights), the sum rounded up. Default: none, Usage decides.
+	// openai_usage, anthropic_usage, gemini_usage, instead of Usage: charge the counts weighted
+	// (see ChargeWeights), the sum rounded up. Default: none, Usage decides.
 	Weights *ChargeWeights `json:"weights,omitempty"`
 
-	// openai_usage, anthropic_usage, gemini_usage: what a successful (2xx) response that reports no usage we
-	// can charge is charged, in the zone's units (0 to 2^53): no usage object, a count that is
-	// negative or not an integer, a body in a content coding that is not read or whose decoding
-	// stopped at its bounds, a stream cut short, a request whose client went away before the
-	// response; size it as the most one request can be charged (for total, the model's context
+	// openai_usage, anthropic_usage, gemini_usage: what a successful (2xx) response that reports no
+	// usage we can charge is charged, in the zone's units (0 to 2^53): no usage object, a count
+	// that is negative or not an integer, a body in a content coding that is not read or whose
+	// decoding stopped at its bounds, a stream cut short, a request whose client went away before
+	// the response; size it as the most one request can be charged (for total, the model's context
 	// length). Default (absent): the zone's max_cost (its capacity or limit unless set), the most
-	// any response can be charged, so that no client gains by making its usage go unreported.
-	// At most max_cost counts: a larger amount is charged as max_cost.
+	// any response can be charged, so that no client gains by making its usage go unreported. At
+	// most max_cost counts: a larger amount is charged as max_cost.
 	Missing *int64 `json:"missing,omitempty"`
 }
 
@@ -173,8 +173,10 @@ type afterResponse struct {
 	counting bool      // count_status is set
 	bounded  bool      // cap_output: a request's reservation bounds what it uses
 	charge   *Charge
-	format   usage.Format   // charge openai_usage, anthropic_usage or gemini_usage: the body is read, in this format; 0 otherwise
-	weights  *usage.Weights // the charge's weights; nil without them, or with placeholders
+	// format: with charge openai_usage, anthropic_usage or gemini_usage, the body is read in
+	// this format; 0 otherwise.
+	format  usage.Format
+	weights *usage.Weights // the charge's weights; nil without them, or with placeholders
 	// dynWeights are the charge's weights when one is a placeholder: resolved per request
 	// (weightsFor); nil otherwise.
 	dynWeights *ChargeWeights
@@ -359,8 +361,9 @@ func (a *afterResponse) reported(cw *chargeWriter, w *usage.Weights) (int64, boo
 type chargeWriter struct {
 	*caddyhttp.ResponseWriterWrapper
 	status int // the final status written; 0 while none
-	// formats: the usage formats its zones read (formats[usage.OpenAI], formats[usage.Anthropic], formats[usage.Gemini]),
-	// each with its scanner in scans once the body is JSON or an event stream.
+	// formats: the usage formats its zones read (formats[usage.OpenAI], formats[usage.Anthropic],
+	// formats[usage.Gemini]), each with its scanner in scans once the body is JSON or an event
+	// stream.
 	formats  [usage.Formats]bool
 	readBody bool // a zone reads a usage
 	scans    [usage.Formats]*usage.Scanner
