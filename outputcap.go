@@ -38,6 +38,9 @@ type CapOutput struct {
 // DefaultMinOutput is CapOutput.MinOutput's default, in tokens.
 const DefaultMinOutput = 16
 
+// ratOne is the weight 1 of a usage count, never written to.
+var ratOne = big.NewRat(1, 1)
+
 // maxOutputTokens bounds CapOutput's numbers, and the caps it writes: 2^31 − 1.
 const maxOutputTokens = math.MaxInt32
 
@@ -77,7 +80,6 @@ func newOutputCap(c *CapOutput, a *afterResponse) *outputCap {
 // cache-write weights) and what one output token is, for a request whose replacer is repl (nil
 // when a token of that kind is not charged); false when a weight's placeholder is unusable.
 func (c *outputCap) weights(repl *caddy.Replacer) (prompt, completion *big.Rat, ok bool) {
-	one := big.NewRat(1, 1)
 	a := c.after
 	w := a.weights
 	if a.dynWeights != nil {
@@ -97,11 +99,11 @@ func (c *outputCap) weights(repl *caddy.Replacer) (prompt, completion *big.Rat, 
 			completion = w.Completion
 		}
 	case a.charge.Usage == UsagePrompt:
-		prompt = one
+		prompt = ratOne
 	case a.charge.Usage == UsageCompletion:
-		completion = one
+		completion = ratOne
 	default:
-		prompt, completion = one, one
+		prompt, completion = ratOne, ratOne
 	}
 	return prompt, completion, true
 }
@@ -195,22 +197,27 @@ func outputFor(wc *big.Rat, units, prompt, choices int64) int64 {
 // room for. A body already within that cap goes on as it came; one that asks for no cap gets
 // it. Nothing changes for a request no zone could bound (reserved at max_cost).
 func (h *Handler) capOutput(r *http.Request, repl *caddy.Replacer, reqs []limiter.Request) {
+	capped := false
+	for _, rq := range reqs {
+		capped = capped || h.Zones[rq.Tag].capOut != nil
+	}
+	if !capped {
+		return
+	}
+	api, b, ok := requestBound(r)
+	if !ok || api == usage.Embeddings {
+		return // every zone reserved its max_cost, or there is nothing to cap
+	}
 	limit := int64(-1)
-	var api usage.API
 	for i := range reqs {
 		c := h.Zones[reqs[i].Tag].capOut
 		if c == nil {
 			continue
 		}
-		a, b, ok := requestBound(r)
-		if !ok || a == usage.Embeddings {
-			return // every zone reserved its max_cost, or there is nothing to cap
-		}
 		wp, wc, known := c.weights(repl)
 		if !known {
 			continue // this zone reserved its max_cost; the others still cap the request
 		}
-		api = a
 		n := outputFor(wc, reserved(&reqs[i]), units(wp, b.Prompt), b.Choices)
 		if limit < 0 || n < limit {
 			limit = n

@@ -94,6 +94,9 @@ func ReadBound(r *http.Request, api API) Bound {
 	if b == nil || !b.parse().object {
 		return Bound{}
 	}
+	if api != 0 && b.boundAPI == api {
+		return b.bound
+	}
 	bd := Bound{Readable: true, Unbounded: unbounded(b.data), Prompt: int64(len(b.data)), Choices: 1}
 	top := skipSpace(b.data, 0)
 	switch api {
@@ -105,6 +108,7 @@ func ReadBound(r *http.Request, api API) Bound {
 	if api == AnthropicMessages && hasTools(b.data, top) {
 		bd.Prompt += AnthropicToolPrompt
 	}
+	b.bound, b.boundAPI = bd, api
 	return bd
 }
 

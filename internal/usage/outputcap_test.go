@@ -550,3 +550,19 @@ func TestFieldsFolded(t *testing.T) {
 		}
 	}
 }
+
+// TestReadBoundAgain: asked again, ReadBound gives the same bound without allocating; after
+// SetOutputCap it reads the body that was written, not the bound it gave before.
+func TestReadBoundAgain(t *testing.T) {
+	r := jsonRequest(http.MethodPost, "application/json", `{"model":"m","max_tokens":4000,"messages":[]}`)
+	first := ReadBound(r, ChatCompletions)
+	if n := testing.AllocsPerRun(10, func() { ReadBound(r, ChatCompletions) }); n != 0 || first.Cap != 4000 {
+		t.Fatalf("cap %d, %v allocations again; want 4000 and 0", first.Cap, n)
+	}
+	if !SetOutputCap(r, ChatCompletions, 100) {
+		t.Fatal("SetOutputCap changed nothing")
+	}
+	if b := ReadBound(r, ChatCompletions); b.Cap != 100 {
+		t.Fatalf("after SetOutputCap: cap %d, want 100", b.Cap)
+	}
+}

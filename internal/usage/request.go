@@ -28,6 +28,10 @@ type bufferedBody struct {
 	io.Closer
 	data   []byte
 	parsed *requestFields // once parsed: parse
+	// bound is ReadBound's answer for boundAPI (0: none yet), kept so that a request's body is
+	// scanned once however many zones ask.
+	bound    Bound
+	boundAPI API
 }
 
 // unreadBody is a request body that readBody did not read whole (over MaxRequestBody, or its
