@@ -1596,15 +1596,7 @@ func send(cs *caddytest.Site, path, key string, body []byte, header ...string) r
 // a few tokens for the slow ones).
 func tokensUsed(t *testing.T, srv *redistest.Server, key string) float64 {
 	t.Helper()
-	state := "rl:{" + key + "}:tokens:tb"
-	var u float64
-	redistest.WaitFor(t, 5*time.Second, "the charge of "+key+" settled", func() bool {
-		m, _ := srv.Do("HGETALL", state).(map[any]any)
-		_, held := m["h"]
-		u, _ = strconv.ParseFloat(fmt.Sprint(m["u"]), 64)
-		return m != nil && !held
-	})
-	return u
+	return srv.BucketUsed(t, "rl:{"+key+"}:tokens:tb")
 }
 
 // charged checks that key's bucket was charged want tokens, less the refill of the request's

@@ -133,15 +133,7 @@ func zoneSite(redisAddr, name, zone, upstream string) string {
 // tokensOf is what zone's bucket of key has used once no charge of it is held.
 func tokensOf(t *testing.T, srv *redistest.Server, key, zone string) float64 {
 	t.Helper()
-	state := "rl:{" + key + "}:" + zone + ":tb"
-	var u float64
-	redistest.WaitFor(t, 5*time.Second, "the charges of "+key+" settled", func() bool {
-		m, _ := srv.Do("HGETALL", state).(map[any]any)
-		_, held := m["h"]
-		u, _ = strconv.ParseFloat(fmt.Sprint(m["u"]), 64)
-		return m != nil && !held
-	})
-	return u
+	return srv.BucketUsed(t, "rl:{"+key+"}:"+zone+":tb")
 }
 
 // TestCapOutputRewritesEachAPI: a request asking for more than its client has left reaches the

@@ -275,3 +275,17 @@ func WaitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// BucketUsed returns the tokens the token bucket at state has used (its "u"), once none of its
+// charges is held (no "h"), polling for up to 5 seconds; the test fails when that never comes.
+func (s *Server) BucketUsed(t testing.TB, state string) float64 {
+	t.Helper()
+	var u float64
+	WaitFor(t, 5*time.Second, "the charges of "+state+" settled", func() bool {
+		m, _ := s.Do("HGETALL", state).(map[any]any)
+		_, held := m["h"]
+		u, _ = strconv.ParseFloat(fmt.Sprint(m["u"]), 64)
+		return m != nil && !held
+	})
+	return u
+}
