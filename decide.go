@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
@@ -49,7 +48,7 @@ func (h *Handler) failed(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	if mode == FailLocal {
 		var at []int
 		f.decided, at = h.localZones(f.reqs)
-		f.d = h.local.Allow(f.decided, time.Now())
+		f.d = h.local.Allow(f.decided, h.clock())
 		if at != nil {
 			f.d.Zone = at[f.d.Zone] // an index of f.reqs, as a decision of Redis's
 		}

@@ -79,7 +79,7 @@ func (s *Site) Get(path string, header ...string) Response {
 }
 
 // Do sends a request of method to path with the header name/value pairs given, through Client
-// with a 5s timeout; it fails s.T when the request or the body's read fails.
+// with a 30s timeout (requestTimeout); it fails s.T when the request or the body's read fails.
 func (s *Site) Do(method, path string, header ...string) Response {
 	s.T.Helper()
 	r, err := fetch(method, s.Base+path, header...)
@@ -114,7 +114,7 @@ func (r Response) Expect(t testing.TB, step string, status int, body string, hea
 
 // LoadClient sends requests to a Site from any goroutine: unlike Site.Get it returns transport
 // errors instead of failing the test. Each request goes on the transport of the config serving
-// when it starts (Client); its 5s timeout turns a hung request into an error.
+// when it starts (Client); its 30s timeout (requestTimeout) turns a hung request into an error.
 type LoadClient struct {
 	Base string
 }
@@ -129,8 +129,12 @@ func (lc *LoadClient) Get(path string, header ...string) (Response, error) {
 	return fetch(http.MethodGet, lc.Base+path, header...)
 }
 
+// requestTimeout bounds a request of a Site or LoadClient: long enough for a loaded machine,
+// short enough that a hung request fails its test rather than the package's timeout.
+const requestTimeout = 30 * time.Second
+
 // fetch sends a request of method to url with the header name/value pairs given, through
-// Client with a 5s timeout. The error is the request's, or the body's read ("reading the
+// Client with requestTimeout. The error is the request's, or the body's read ("reading the
 // body: ...").
 func fetch(method, url string, header ...string) (Response, error) {
 	req, err := http.NewRequest(method, url, nil)
@@ -140,7 +144,7 @@ func fetch(method, url string, header ...string) (Response, error) {
 	for i := 0; i+1 < len(header); i += 2 {
 		req.Header.Set(header[i], header[i+1])
 	}
-	resp, err := Client(5 * time.Second).Do(req)
+	resp, err := Client(requestTimeout).Do(req)
 	if err != nil {
 		return Response{}, err
 	}
