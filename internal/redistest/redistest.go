@@ -23,8 +23,9 @@ import (
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/freeport"
 )
 
-// startDeadline bounds how long a server may take to answer PING after it is started.
-const startDeadline = 10 * time.Second
+// startDeadline bounds how long a server may take to answer PING after it is started, and a
+// cluster to converge: long enough for a machine loaded by another test run.
+const startDeadline = 30 * time.Second
 
 // Server is a redis-server process started for a test.
 type Server struct {
