@@ -120,6 +120,7 @@ var zoneSubdirectives = map[string]func(*zoneParser, *caddyfile.Dispenser) error
 	"time_zone":     func(p *zoneParser, d *caddyfile.Dispenser) error { return stringArg(d, &p.zone.TimeZone) },
 	"cost":          (*zoneParser).parseCost,
 	"max_wait":      func(p *zoneParser, d *caddyfile.Dispenser) error { return optDurationArg(d, &p.zone.MaxWait) },
+	"priority":      func(p *zoneParser, d *caddyfile.Dispenser) error { return parsePriority(d, p.zone) },
 	"match":         func(p *zoneParser, d *caddyfile.Dispenser) error { return parseMatch(d, &p.zone.MatcherSetsRaw) },
 	"count_status":  func(p *zoneParser, d *caddyfile.Dispenser) error { return argsArg(d, &p.zone.CountStatus) },
 	"charge":        (*zoneParser).parseCharge,

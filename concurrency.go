@@ -97,9 +97,9 @@ func (h *Handler) startRefresher() {
 }
 
 // refreshSlots runs l.Refresh every tick (at most half the shortest RefreshEvery), until stop is
-// closed and no slot is left in flight or lost: a request still running when the config is
-// reloaded keeps its slot, and the slots of its decisions and settlements that failed are given
-// back. A failed refresh is retried on the next tick, and logged at most once a minute: a slot
+// closed and no slot is left in flight or lost and no request waits in a queue: a request still
+// running when the config is reloaded keeps its slot, a request waiting keeps its place, and the
+// slots of its decisions and settlements that failed are given back. A failed refresh is retried on the next tick, and logged at most once a minute: a slot
 // survives refreshes failing for half its hold time.
 func (h *Handler) refreshSlots(l *limiter.Limiter, tick time.Duration, stop <-chan struct{}) {
 	t := time.NewTicker(tick)
@@ -112,7 +112,8 @@ func (h *Handler) refreshSlots(l *limiter.Limiter, tick time.Duration, stop <-ch
 			stopped, stop = true, nil
 		case <-t.C:
 		}
-		if stopped && l.LiveSlots() == 0 && l.LostSlots() == 0 {
+		if stopped && l.LiveSlots() == 0 && l.LostSlots() == 0 && l.Waiting() == 0 {
+			_ = l.Close() // the queue grants' subscription: no request waits any more
 			return
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), max(tick, time.Duration(h.Timeout)))

@@ -439,13 +439,19 @@ func TestConcurrencyWithOtherZones(t *testing.T) {
 	}
 }
 
-// TestConcurrencyZoneConfig: the Caddyfile takes algorithm concurrency with a limit and a
-// hold_max, and refuses what does not apply, each with a clear error; JSON's checks agree.
+// TestConcurrencyZoneConfig: the Caddyfile takes algorithm concurrency with a limit, a hold_max,
+// a max_wait (its queue) and priority classes, and refuses what does not apply, each with a
+// clear error; JSON's checks agree.
 func TestConcurrencyZoneConfig(t *testing.T) {
 	for _, tc := range []struct{ body, want string }{
 		{"algorithm concurrency\n limit 5\n hold_max 10m", ""},
 		{"algorithm concurrency\n limit 5", ""},
-		{"algorithm concurrency\n limit 5\n max_wait 1s", "max_wait does not apply to algorithm concurrency"},
+		{"algorithm concurrency\n limit 5\n max_wait 1s", ""},
+		{"algorithm concurrency\n limit 5\n max_wait 1s\n priority {http.request.header.X-Tier} {\n interactive\n batch share 20%\n }", ""},
+		{"algorithm concurrency\n limit 5\n max_wait 1s\n priority {h} {\n a share 20\n }", `share "20" must be a percentage`},
+		{"algorithm concurrency\n limit 5\n max_wait 1s\n priority {h} {\n a portion 20%\n }", "want `share <percent>%`"},
+		{"algorithm concurrency\n limit 5\n max_wait 1s\n priority {h} {\n a share 20% x\n }", "wrong argument count"},
+		{"algorithm concurrency\n limit 5\n max_wait 1s\n priority {\n a\n }", "wrong argument count"},
 		{"algorithm concurrency\n limit 5\n window 1m", "window belongs to algorithm sliding_window, not concurrency"},
 		{"algorithm concurrency\n limit 5\n cost 2", "cost does not apply to algorithm concurrency"},
 		{"algorithm concurrency\n limit 5\n max_cost 2", "max_cost does not apply to algorithm concurrency"},
@@ -468,7 +474,15 @@ func TestConcurrencyZoneConfig(t *testing.T) {
 	}{
 		{&Zone{Name: "c", Algorithm: concurrencyName, Limit: NumberOf(5), HoldMax: caddy.Duration(time.Millisecond)}, "hold_max 1ms: a concurrency zone's slots are refreshed every third of it; at least 1s"},
 		{&Zone{Name: "c", Algorithm: concurrencyName, Limit: NumberOf(5), Cost: "2"}, "cost does not apply to algorithm concurrency"},
-		{&Zone{Name: "c", Algorithm: concurrencyName, Limit: NumberOf(5), MaxWait: new(caddy.Duration(time.Second))}, "max_wait does not apply"},
+		{&Zone{Name: "c", Algorithm: concurrencyName, Limit: NumberOf(5), Priority: &Priority{Class: "{h}", Classes: []PriorityClass{{Name: "a"}}}}, "priority classes need a queue"},
+		{&Zone{Name: "c", Algorithm: concurrencyName, Limit: NumberOf(5), MaxWait: new(caddy.Duration(time.Second)),
+			Priority: &Priority{Class: "{h}", Classes: []PriorityClass{{Name: "a", Share: 60}, {Name: "b", Share: 50}}}}, "add up to 110%"},
+		{&Zone{Name: "c", Algorithm: concurrencyName, Limit: NumberOf(5), MaxWait: new(caddy.Duration(time.Second)),
+			Priority: &Priority{Class: "{h}", Classes: []PriorityClass{{Name: "a"}, {Name: "a"}}}}, "a class needs a name of its own"},
+		{&Zone{Name: "c", Algorithm: concurrencyName, Limit: NumberOf(5), MaxWait: new(caddy.Duration(time.Second)),
+			Priority: &Priority{Class: "{h}", Classes: []PriorityClass{{Name: "a", Share: -1}}}}, "must be 0% to 100%"},
+		{&Zone{Name: "c", Algorithm: concurrencyName, Limit: NumberOf(5), MaxWait: new(caddy.Duration(time.Second)),
+			Priority: &Priority{Class: "{h}"}}, "at least one class"},
 	} {
 		h := &Handler{Redis: &RedisConfig{Addresses: []string{"127.0.0.1:1"}}, Zones: []*Zone{tc.z}}
 		err := h.Provision(ctx)

@@ -34,6 +34,8 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, next caddyhttp.Ha
 		z.decisions[resultLocalDenied].Inc()
 	case d.Blocked:
 		z.decisions[resultBlocked].Inc()
+	case f.waitTimeout:
+		z.decisions[resultWaitTimeout].Inc()
 	default:
 		z.decisions[resultDenied].Inc()
 	}

@@ -3,6 +3,7 @@ package ratelimitredis
 import (
 	"errors"
 	"net/http"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -76,12 +77,18 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if done, err := h.decideFlight(w, r, next, f); done {
 		return err
 	}
+	if at := h.queueing(f); at >= 0 {
+		if done, err := h.waitInQueue(w, r, next, f, at); done {
+			return err
+		}
+	}
 	if f.d.Held != nil {
 		// Whatever happens to the request, its concurrency slots are not refreshed past it
 		// (settled, they are untracked already).
 		defer h.limiter.Drop(f.d.Held)
 	}
 	h.describe(w, f)
+	h.setWaited(w, f)
 	if f.d.Allowed {
 		return h.admit(w, r, next, f)
 	}
@@ -113,6 +120,10 @@ type flight struct {
 	// without max_wait, no place being left for it.
 	placed waitingPlace
 	noWait bool
+	// queued is how long the request waited in a queue (queue.go); waitTimeout is set when it
+	// waited its max_wait out.
+	queued      time.Duration
+	waitTimeout bool
 }
 
 // newFlight returns the flight of a request whose zones resolved to reqs and shown, its

@@ -40,6 +40,10 @@ var metrics struct {
 	// inFlight is, by concurrency zone, the requests of this instance holding a slot now
 	// (concurrency.go).
 	inFlight *prometheus.GaugeVec
+	// queueWaiters and queueWait are, by queue zone and class, the requests waiting now and
+	// their waits (queue.go).
+	queueWaiters *prometheus.GaugeVec
+	queueWait    *prometheus.HistogramVec
 
 	// Charging after the response (charge.go).
 	// charged counts, by zone, what settlements charged (tokens or window slots).
@@ -79,10 +83,11 @@ const (
 	resultLocalDenied                // Redis failed and fail_mode local's in-process limiter denied it
 	resultDelayed                    // Redis admitted it to be held for a max_wait (in dry_run: not held)
 	resultBlocked                    // the zone's block refused it (429): the client was in its penalty box already
+	resultWaitTimeout                // it waited in the zone's queue for max_wait, and got no slot (429)
 	numResults
 )
 
-var resultNames = [numResults]string{"allowed", "denied", "dry_run_denied", "fail_open", "fail_closed", "local", "local_denied", "delayed", "blocked"}
+var resultNames = [numResults]string{"allowed", "denied", "dry_run_denied", "fail_open", "fail_closed", "local", "local_denied", "delayed", "blocked", "wait_timeout"}
 
 func (r result) String() string { return resultNames[r] }
 
@@ -111,7 +116,7 @@ func initMetrics() {
 			Help: "Requests denied from the in-process deny cache, without a Redis call.",
 		}))
 		m.decisions = newCounterVec("decisions_total",
-			"Rate limit decisions by zone and result: allowed, delayed, denied, blocked, dry_run_denied, fail_open, fail_closed, local, local_denied (blocked: refused by the zone's penalty box, started by an earlier denial; dry_run_denied: a lower bound while an enforced zone denies, since a request refused from the deny cache decides no shadow zone). An admitted request counts in every zone that applied, a denied one in the denying zone only.",
+			"Rate limit decisions by zone and result: allowed, delayed, denied, blocked, wait_timeout, dry_run_denied, fail_open, fail_closed, local, local_denied (wait_timeout: waited in the zone's queue for max_wait without a slot; blocked: refused by the zone's penalty box, started by an earlier denial; dry_run_denied: a lower bound while an enforced zone denies, since a request refused from the deny cache decides no shadow zone). An admitted request counts in every zone that applied, a denied one in the denying zone only.",
 			"zone", "result")
 		m.redisDuration = collect(prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: namespace, Subsystem: subsystem, Name: "redis_duration_seconds",
@@ -129,6 +134,15 @@ func initMetrics() {
 			Namespace: namespace, Subsystem: subsystem, Name: "waiting",
 			Help: "Requests held now for their turn (max_wait), in every handler of this instance.",
 		}))
+		m.queueWaiters = collect(prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: namespace, Subsystem: subsystem, Name: "queue_waiters",
+			Help: "Requests of this instance waiting now in a concurrency zone's queue (max_wait), by zone and priority class.",
+		}, []string{"zone", "class"}))
+		m.queueWait = collect(prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: namespace, Subsystem: subsystem, Name: "queue_wait_seconds",
+			Help:    "Seconds each request waited in a concurrency zone's queue (max_wait), granted a slot or not, by zone and priority class.",
+			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
+		}, []string{"zone", "class"}))
 		m.inFlight = newGaugeVec("in_flight",
 			"Requests of this instance holding a slot of a concurrency zone now (in Redis, or in process under fail_mode local), by zone.")
 

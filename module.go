@@ -350,6 +350,9 @@ func (h *Handler) limiterOptions(client *sharedClient) limiter.Options {
 		opts.Now = time.Now
 	}
 	opts.Clock = h.now
+	if slices.ContainsFunc(h.Zones, func(z *Zone) bool { return z.lz.Queues() }) {
+		opts.Subscriber = client.rdb // a queue's grants reach its waiters at once
+	}
 	// A grant's renewal and return share decisions' round trips; a Redis Cluster release follows
 	// a decision that failed.
 	opts.CallTimeout = time.Duration(h.Timeout)

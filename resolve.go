@@ -105,6 +105,9 @@ func (h *Handler) resolve(r *http.Request, repl *caddy.Replacer, reqs []limiter.
 // response (charge.go), and with cap_output its cost and bound (outputcap.go).
 func (z *Zone) request(r *http.Request, repl *caddy.Replacer, lz *limiter.Zone, key string, cost int64, tag int) limiter.Request {
 	rq := limiter.Request{Zone: lz, Key: key, Cost: cost, Tag: tag}
+	if z.Priority != nil {
+		rq.Class = z.classOf(repl)
+	}
 	if z.after != nil {
 		rq.Hold = z.after.hold
 	}

@@ -187,6 +187,11 @@ type Zone struct {
 	// or charge. Default: none, every request decided in Redis.
 	Lease *Lease `json:"lease,omitempty"`
 
+	// concurrency with max_wait: the priority classes of the zone's queue (see Priority). A
+	// waiter of a higher class is granted a slot before any of a lower class, but for the
+	// shares. Default: one class, in arrival order.
+	Priority *Priority `json:"priority,omitempty"`
+
 	// With count_status or charge: how long a reservation waits for its response; an
 	// unsettled one (an instance that crashed) counts as charged after it. concurrency: how
 	// long a slot is held without a refresh (1s to 1d): the instance refreshes the slots of its
@@ -236,6 +241,7 @@ type Zone struct {
 	fixedCost int64               // > 0 when Cost is a literal integer
 	decisions *decisionCounters   // the zone's series of decisions_total
 	delays    prometheus.Observer // the zone's series of delay_seconds; nil without max_wait
+	queue     *queueMetrics       // the series of its queue; nil without one
 	emptyKeys prometheus.Counter
 	failMode  string // FailMode, or the handler's
 	v4, v6    int    // the prefix lengths in force
@@ -314,6 +320,7 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger, in inherited) er
 			z.delays = metrics.delays.WithLabelValues(z.Name)
 		}
 	}
+	z.provisionQueue()
 	if err := z.provisionAfter(); err != nil {
 		return err
 	}
@@ -358,6 +365,9 @@ func (z *Zone) limiterZone(expand func(field, expr string) string) (limiter.Zone
 		if lz.Period, err = limiter.ParsePeriod(z.Period); err != nil {
 			return lz, nil, z.fieldError("period", "%v", err)
 		}
+	}
+	if lz.Classes, err = z.Priority.limiterClasses(z); err != nil {
+		return lz, nil, err
 	}
 	if z.TimeZone != "" {
 		// Local is not one zone: each instance's system could have its own.

@@ -42,7 +42,9 @@
 --              all the zone holds up to ask: see lease_grant), "o<k>:<max_cost>" (overrides, the
 --              override key the decision's key k; see "Shadow zones and overrides"),
 --              "b<block>,<block_max>:<k>" (a block, µs, the block key the decision's key k; see
---              Penalty box)
+--              Penalty box), "q<k>" (a concurrency zone's queue: the decision's key k is its
+--              waiters' sorted set, see queue.lua), then "|<id>" (a claim: waiter id holds a
+--              reserved slot, see queue.lua), always last
 --
 -- Reply: an array of integers, per decision in order: allowed, then per zone i: allowed_i,
 -- remaining_i, retry_after_i, reset_i, next_i, then granted_i when the zone's cost asks for a
@@ -219,8 +221,9 @@ end
 -- "sc"; any other is an error), built with its other functions. Redis creates a script's functions anew on each
 -- call, a closure each: decide builds an algorithm's only when a decision of the call first
 -- needs it, and fast needs none. Each decide function takes (key, quota, rate, cost, ask, nonce,
--- hmax, rkey, gkey, writes, denied, upto): a zone's state key and arguments as the ARGV above (cost
--- split from ask, the lease's grant asked, nil: none; upto, its flag "u"), its hold time (µs; nil: charged now, a
+-- hmax, rkey, gkey, writes, denied, upto, z): a zone's state key and arguments as the ARGV above (cost
+-- split from ask, the lease's grant asked, nil: none; upto, its flag "u"; z, the zone's table of
+-- read_decision, which only cc reads), its hold time (µs; nil: charged now, a
 -- record or slot living HOLD_MAX), its record and generation keys when its charge is recorded
 -- (window counters), the list of writes it appends its write to when it admits ({ its take
 -- function, arguments }), and the list of { key, TTL (ms) its state needs } it appends to when
@@ -386,11 +389,30 @@ local function algorithm(tag)
       redis.call('PEXPIRE', key, ms((tonumber(last[2]) - now) / 1000 + 1000))
     end
 
+    -- cc_claim is cc_take for a waiter's reserved slot, w = { cc_claim, key, nonce, deadline,
+    -- the reservation's member }: the reservation becomes the request's slot.
+    local function cc_claim(w)
+      redis.call('ZREM', w[2], w[5])
+      cc_take(w)
+    end
+
     -- cc_decide decides a concurrency zone whose slot lives lease µs, as tb_decide (a denial
-    -- lengthens no TTL).
-    local function cc_decide(key, quota, rate, cost, ask, nonce, hmax, rkey, gkey, writes)
+    -- lengthens no TTL). With a queue (z.qkey, queue.lua's waiters), a request is denied while
+    -- a waiter with a live lease waits, so that no request overtakes a waiter; with a claim
+    -- (z.claim, a waiter's id), the waiter's reserved slot, while it lives, admits the request.
+    local function cc_decide(key, quota, rate, cost, ask, nonce, hmax, rkey, gkey, writes, _, _, z)
       local lease = hmax or HOLD_MAX
       local live = redis.call('ZCOUNT', key, '(' .. sformat('%d', now), '+inf')
+      if z.claim then
+        local member = 'q:' .. z.claim
+        local s = tonumber(redis.call('ZSCORE', key, member))
+        if s and s > now then
+          writes[#writes + 1] = { cc_claim, key, nonce, now + lease, member }
+          return true, max(0, quota - live), 0, 1, 1
+        end
+      elseif z.qkey and redis.call('ZCOUNT', z.qkey, '(' .. NOW, '+inf') > 0 then
+        return false, max(0, quota - live), 1000000, 1, 1
+      end
       if live + cost <= quota then
         writes[#writes + 1] = { cc_take, key, nonce, now + lease }
         return true, quota - live - cost, 0, 1, 1
@@ -682,11 +704,12 @@ end
 
 -- read_decision reads the decision whose arguments start at ARGV[a] (its nonce) and whose keys
 -- start at KEYS[kbase + 1]. It returns its nonce, hold and a table per zone { tag, quota, rate,
--- cost, ask, shadow, upto, key, rkey, gkey, okey, omc, block, bkey }: the algorithm tag, the quota
--- and cost as numbers, the rate as sent, the lease's grant asked (nil: none), whether it is a
--- shadow zone, whether its grant is all it holds up to ask, its state key, its record and generation keys (when its charge is recorded), its
--- override key and max cost (overrides), its block { block µs, block_max µs } and block key;
--- then the number of keys the decision takes. The only code that reads a decision's ARGV and KEYS
+-- cost, ask, shadow, upto, key, rkey, gkey, okey, omc, block, bkey, qkey, claim }: the algorithm
+-- tag, the quota and cost as numbers, the rate as sent, the lease's grant asked (nil: none),
+-- whether it is a shadow zone, whether its grant is all it holds up to ask, its state key, its
+-- record and generation keys (when its charge is recorded), its override key and max cost
+-- (overrides), its block { block µs, block_max µs } and block key, its queue's waiters' key and
+-- the waiter id it claims a reserved slot for; then the number of keys the decision takes. The only code that reads a decision's ARGV and KEYS
 -- besides fast.
 local function read_decision(a, kbase)
   local nonce, hold, n = ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2])
@@ -706,6 +729,10 @@ local function read_decision(a, kbase)
       z.rkey, z.gkey, r = KEYS[r], KEYS[r + 1], r + 2
     end
     local flags = ARGV[base + 4]
+    local bar = string.find(flags, '|', 1, true)
+    if bar then
+      z.claim, flags = string.sub(flags, bar + 1), string.sub(flags, 1, bar - 1)
+    end
     if flags ~= '' then
       z.shadow = byte(flags) == 115 -- 's'
       z.upto = string.find(flags, 'u', 1, true) ~= nil
@@ -719,6 +746,8 @@ local function read_decision(a, kbase)
         bk = tonumber(bk)
         z.block, z.bkey, last = { tonumber(b), tonumber(bm) }, KEYS[kbase + bk], max(last, bk)
       end
+      local qk = tonumber(string.match(flags, 'q(%d+)'))
+      if qk then z.qkey, last = KEYS[kbase + qk], max(last, qk) end
     end
     zones[i] = z
   end
@@ -766,7 +795,7 @@ local function decide(nonce, hold, zones)
       local f = BY_TAG[algo]
       if not f then f = algorithm(algo); BY_TAG[algo] = f end
       ok, remaining, retry, reset, nxt, granted =
-        f(z.key, quota, rate, cost, z.ask, nonce, holdmax[i], z.rkey, z.gkey, writes, denied, z.upto)
+        f(z.key, quota, rate, cost, z.ask, nonce, holdmax[i], z.rkey, z.gkey, writes, denied, z.upto, z)
       if z.bkey and not ok and cost <= quota then
         local len, nth = PB.length(z.block, bend, last, strikes)
         blocks = blocks or {}

@@ -28,3 +28,9 @@ var Settle string
 //
 //go:embed refresh.lua
 var Refresh string
+
+// Queue is queue.lua: the waiters of a concurrency zone with a max_wait, which it enters,
+// leaves, keeps alive and grants freed slots to, in priority classes.
+//
+//go:embed queue.lua
+var Queue string

@@ -18,10 +18,10 @@ else
 end
 `
 
-// TestScriptsReadTheClockAlike: decide.lua, settle.lua and refresh.lua each read now with the
+// TestScriptsReadTheClockAlike: decide.lua, settle.lua, refresh.lua and queue.lua each read now with the
 // same lines, once.
 func TestScriptsReadTheClockAlike(t *testing.T) {
-	for name, src := range map[string]string{"decide.lua": Decide, "settle.lua": Settle, "refresh.lua": Refresh} {
+	for name, src := range map[string]string{"decide.lua": Decide, "settle.lua": Settle, "refresh.lua": Refresh, "queue.lua": Queue} {
 		if n := strings.Count(src, clock); n != 1 {
 			t.Errorf("%s holds the clock block %d times, want once:%s", name, n, clock)
 		}

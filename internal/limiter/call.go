@@ -44,22 +44,27 @@ func (l *Limiter) encodeDecision(reqs []Request, state []string, crossSlot bool,
 		}
 	}
 	for i, r := range reqs {
-		if !r.Zone.Overrides && r.Zone.Block <= 0 {
+		queues := r.Zone.Queues()
+		if !r.Zone.Overrides && r.Zone.Block <= 0 && !queues && r.claim == "" {
 			continue
 		}
 		if !extra {
 			keys, extra = append(make([]string, 0, len(state)+2*len(reqs)), state...), true
 		}
-		okey, bkey := 0, 0
+		var k flagKeys
 		if r.Zone.Overrides {
 			keys = append(keys, overrideKeyOf(state[i]))
-			okey = len(keys)
+			k.override = len(keys)
 		}
 		if r.Zone.Block > 0 {
 			keys = append(keys, blockKey(state[i]))
-			bkey = len(keys)
+			k.block = len(keys)
 		}
-		args[4+zoneArgN*i+4] = zoneFlags(&r, okey, bkey)
+		if queues && r.claim == "" {
+			keys = append(keys, waitersKey(state[i]))
+			k.queue = len(keys)
+		}
+		args[4+zoneArgN*i+4] = zoneFlags(&r, k)
 	}
 	return keys, args
 }
@@ -155,12 +160,17 @@ var tagArgs = func() (t [len(algorithms)]any) {
 	return t
 }()
 
-// zoneFlags is decide.lua's flags argument of r's zone z, whose override key is KEYS[okey] and
-// block key KEYS[bkey] of its decision (from 1; 0: none): "s" for a shadow zone; "u" for a zone
-// with UpTo whose request has a bound (SetUpTo); "o<okey>:<max cost>"
-// with Overrides, the max cost the zone's MaxCost (0: the quota in force); "b<block µs>,<block_max
-// µs>:<bkey>" with a Block.
-func zoneFlags(r *Request, okey, bkey int) string {
+// flagKeys are the indexes, in its decision's KEYS (from 1; 0: none), of the keys a zone's
+// flags name: its override key, its block key and its queue's waiters.
+type flagKeys struct{ override, block, queue int }
+
+// zoneFlags is decide.lua's flags argument of r's zone z, whose flags name the keys k: "s" for a
+// shadow zone; "u" for a zone with UpTo whose request has a bound (SetUpTo); "o<key>:<max
+// cost>" with Overrides, the max cost the zone's MaxCost (0: the quota in force); "b<block
+// µs>,<block_max µs>:<key>" with a Block; "q<key>" for a queue the request would wait in
+// (Queues); "|<waiter id>" last for a request that claims a Waiter's reserved slot.
+func zoneFlags(r *Request, k flagKeys) string {
+	okey, bkey := k.override, k.block
 	z := r.Zone
 	b := make([]byte, 0, 48)
 	if z.Shadow {
@@ -187,6 +197,14 @@ func zoneFlags(r *Request, okey, bkey int) string {
 		b = append(b, ':')
 		b = strconv.AppendInt(b, int64(bkey), 10)
 	}
+	if k.queue > 0 {
+		b = append(b, 'q')
+		b = strconv.AppendInt(b, int64(k.queue), 10)
+	}
+	if r.claim != "" {
+		b = append(b, '|')
+		b = append(b, r.claim...)
+	}
 	return string(b)
 }
 
@@ -198,9 +216,10 @@ func argTag(a any) string {
 }
 
 // hasFlag reports whether flags, decide.lua's flags argument of a zone, holds flag f: 'o'
-// (overrides) or 'b' (a block).
+// (overrides), 'b' (a block) or 'q' (a queue); a claim's waiter id, last, is not flags.
 func hasFlag(flags any, f byte) bool {
 	s, _ := flags.(string)
+	s, _, _ = strings.Cut(s, "|")
 	return strings.IndexByte(s, f) >= 0
 }
 

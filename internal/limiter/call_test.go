@@ -21,13 +21,15 @@ func goldenDecision() []Request {
 	fw := &Zone{Name: "fw", Algorithm: FixedWindow, Limit: 100, Window: time.Minute, Lease: &Lease{Max: 20, TTL: time.Second}}
 	sc := &Zone{Name: "sc", Algorithm: SlidingWindowCounter, Limit: 50, Window: time.Minute}
 	sh := &Zone{Name: "sh", Algorithm: SlidingWindow, Limit: 5, Window: time.Second, Shadow: true}
-	cc := &Zone{Name: "cc", Algorithm: Concurrency, Limit: 3}
+	cc := &Zone{Name: "cc", Algorithm: Concurrency, Limit: 3, MaxWait: time.Second}
+	cq := &Zone{Name: "cq", Algorithm: Concurrency, Limit: 3, MaxWait: time.Second, Classes: []int{0, 200}}
 	return []Request{
 		{Zone: api, Key: "c", Cost: 1, ask: 8}, // more than half its 12: granted all 8
 		{Zone: fw, Key: "c", Cost: 1, ask: 20},
 		{Zone: sc, Key: "c", Cost: 2, Hold: 30 * time.Second},
 		{Zone: sh, Key: "c", Cost: 1},
-		{Zone: cc, Key: "c", Cost: 1, Hold: time.Minute},
+		{Zone: cc, Key: "c", Cost: 1, Hold: time.Minute, claim: "ab.o1.2"}, // a waiter's claim: its id is no flag
+		{Zone: cq, Key: "c", Cost: 1, Hold: time.Minute, Class: 1},
 	}
 }
 
@@ -39,24 +41,26 @@ func TestCallLayout(t *testing.T) {
 	reqs := goldenDecision()
 	keys, args := l.encodeDecision(reqs, stateKeys(l.prefix, reqs), false, at)
 	wantKeys := []string{
-		"rl:{c}:api:tb", "rl:{c}:fw:fw", "rl:{c}:sc:sc", "rl:{c}:sh:sw", "rl:{c}:cc:cc", // state keys
+		"rl:{c}:api:tb", "rl:{c}:fw:fw", "rl:{c}:sc:sc", "rl:{c}:sh:sw", "rl:{c}:cc:cc", "rl:{c}:cq:cc", // state keys
 		"rl:{c}:fw:fw:i.1", "rl:{c}:fw:fw:gen", // fw's record and generation keys (its grant)
 		"rl:{c}:sc:sc:i.1", "rl:{c}:sc:sc:gen", // sc's (its Hold)
-		"rl:{c}:api:ov", "rl:{c}:api:block", // api's override key (key 10) and block key (key 11)
+		"rl:{c}:api:ov", "rl:{c}:api:block", // api's override key (key 11) and block key (key 12)
+		"rl:{c}:cq:cc:ql", // cq's queue's waiters (key 13); cc claims, and reads none
 	}
 	if !reflect.DeepEqual(keys, wantKeys) {
 		t.Errorf("KEYS\n got %q\nwant %q", keys, wantKeys)
 	}
 	wantArgs := []string{
-		"int64 1700000000000000",               // now (the Limiter's clock)
-		"string i.1",                           // nonce
-		"string 0,2000000,30000000,0,60000000", // hold per zone (µs): fw's grant, sc's and cc's Hold
-		"int 5",                                // zones
-		"string tb", "int64 10", "float64 2", "string 1,8", "string uo10:0b10000000,60000000:11",
+		"int64 1700000000000000", // now (the Limiter's clock)
+		"string i.1",             // nonce
+		"string 0,2000000,30000000,0,60000000,60000000", // hold per zone (µs): fw's grant, sc's, cc's and cq's Hold
+		"int 6", // zones
+		"string tb", "int64 10", "float64 2", "string 1,8", "string uo11:0b10000000,60000000:12",
 		"string fw", "int64 100", "string 1699999920000000,1699999980000000,1700000040000000,1700000100000000", "string 1,20", "string ",
 		"string sc", "int64 50", "int64 60000000", "int64 2", "string ",
 		"string sw", "int64 5", "int64 1000000", "int64 1", "string s",
-		"string cc", "int64 3", "string 0", "int64 1", "string ",
+		"string cc", "int64 3", "string 0", "int64 1", "string |ab.o1.2",
+		"string cc", "int64 3", "string 0", "int64 1", "string q13",
 	}
 	gotArgs := make([]string, len(args))
 	for i, a := range args {
@@ -74,6 +78,7 @@ func TestCallLayout(t *testing.T) {
 		int64(1), int64(48), int64(0), int64(60_000_000), int64(1_000_000), // sc
 		int64(0), int64(0), int64(300_000), int64(1_000_000), int64(300_000), // sh
 		int64(1), int64(2), int64(0), int64(0), int64(1), // cc
+		int64(1), int64(2), int64(0), int64(0), int64(1), // cq
 	}
 	c := &call{keys: keys, args: args}
 	if c.replyLen() != len(reply) {
@@ -85,6 +90,7 @@ func TestCallLayout(t *testing.T) {
 		{allowed: true, remaining: 79, reset: 40_000_000, next: 40_000_000, granted: 20},
 		{allowed: true, remaining: 48, reset: 60_000_000, next: 1_000_000},
 		{remaining: 0, retryAfter: 300_000, reset: 1_000_000, next: 300_000},
+		{allowed: true, remaining: 2, next: 1},
 		{allowed: true, remaining: 2, next: 1},
 	}
 	if err != nil || !ok || !reflect.DeepEqual(zones, want) {

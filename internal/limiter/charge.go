@@ -93,6 +93,9 @@ type heldPart struct {
 	call  bool            // a zone needs a call even to keep its charge: a token bucket's hold, a record
 	hold  []time.Duration // per zone, its Hold
 	most  []int64         // per zone, the most it may be charged: its MaxCostOrQuota
+	// queues, per zone, is the zone when it Queues (its freed slot goes to its next waiter),
+	// else nil; nil when none does.
+	queues []*Zone
 }
 
 // newHeld returns the Held of the zones with a Hold among those decided by one decide.lua call
@@ -119,6 +122,10 @@ func newHeld(reqs []Request, keys []string, args []any, idx []int, zones []zoneR
 		p.hold = append(p.hold, reqs[i].Hold)
 		p.most = append(p.most, reqs[i].Zone.MaxCostOrQuota())
 		p.call = p.call || argTag(za[0]) != SlidingWindow.tag()
+		if reqs[i].Zone.Queues() {
+			p.queues = append(p.queues, make([]*Zone, len(p.idx)-1-len(p.queues))...)
+			p.queues = append(p.queues, reqs[i].Zone)
+		}
 	}
 	if len(p.keys) == 0 {
 		return nil
@@ -254,6 +261,7 @@ func (l *Limiter) Settle(ctx context.Context, h *Held, amounts []int64) ([]bool,
 				missing = append(missing, p.keys[j])
 			}
 		}
+		l.promoteFreed(ctx, p)
 	}
 	if len(errs) > 0 {
 		return settled, errors.Join(errs...)

@@ -88,9 +88,18 @@ var zoneOptions = []zoneOption{
 		set: func(_ *limiter.Zone, r *limiter.Request) { r.Hold = time.Minute },
 	},
 	{
+		// A token bucket shapes; a concurrency zone queues: its denial is where the caller
+		// would wait (Enqueue), and a request decided afresh never overtakes a waiter.
 		name: "max_wait", fields: []string{"Zone.MaxWait", "Request.NoWait"},
-		algorithms: []limiter.Algorithm{limiter.TokenBucket},
+		algorithms: []limiter.Algorithm{limiter.TokenBucket, limiter.Concurrency},
 		set:        func(z *limiter.Zone, _ *limiter.Request) { z.MaxWait = time.Second },
+	},
+	{
+		name: "priority", fields: []string{"Zone.Classes", "Request.Class"},
+		algorithms: []limiter.Algorithm{limiter.Concurrency},
+		set: func(z *limiter.Zone, r *limiter.Request) {
+			z.MaxWait, z.Classes, r.Class = time.Second, []int{0, 200}, 1
+		},
 	},
 	{
 		// The request asks for up to far more than any quota: its first admission takes all the

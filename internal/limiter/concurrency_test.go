@@ -293,7 +293,8 @@ func TestLocalConcurrency(t *testing.T) {
 	}
 }
 
-// TestConcurrencyZoneValidate: a concurrency zone takes a limit and nothing of time or cost.
+// TestConcurrencyZoneValidate: a concurrency zone takes a limit and nothing of time or cost but
+// a max_wait (its queue), whose priority classes' shares add up to at most 100%.
 func TestConcurrencyZoneValidate(t *testing.T) {
 	for _, tc := range []struct {
 		z    limiter.Zone
@@ -302,7 +303,13 @@ func TestConcurrencyZoneValidate(t *testing.T) {
 		{limiter.Zone{Name: "c", Algorithm: limiter.Concurrency, Limit: 5}, ""},
 		{limiter.Zone{Name: "c", Algorithm: limiter.Concurrency}, "limit is required for algorithm concurrency"},
 		{limiter.Zone{Name: "c", Algorithm: limiter.Concurrency, Limit: 5, Window: time.Second}, "no window"},
-		{limiter.Zone{Name: "c", Algorithm: limiter.Concurrency, Limit: 5, MaxWait: time.Second}, "max_wait does not apply"},
+		{limiter.Zone{Name: "c", Algorithm: limiter.Concurrency, Limit: 5, MaxWait: time.Second}, ""},
+		{limiter.Zone{Name: "c", Algorithm: limiter.Concurrency, Limit: 5, MaxWait: time.Second, Classes: []int{0, 200}}, ""},
+		{limiter.Zone{Name: "c", Algorithm: limiter.Concurrency, Limit: 5, MaxWait: time.Second, Classes: []int{900, 200}}, "add up to 110%"},
+		{limiter.Zone{Name: "c", Algorithm: limiter.Concurrency, Limit: 5, MaxWait: time.Second, Classes: make([]int, 9)}, "at most 8"},
+		{limiter.Zone{Name: "c", Algorithm: limiter.Concurrency, Limit: 5, Classes: []int{0, 200}}, "need a queue"},
+		{limiter.Zone{Name: "c", Algorithm: limiter.Concurrency, Limit: 5, MaxWait: time.Second, Overrides: true}, "overrides do not apply"},
+		{limiter.Zone{Name: "c", Algorithm: limiter.Concurrency, Limit: 5, MaxWait: 2 * time.Minute}, "1m"},
 		{limiter.Zone{Name: "c", Algorithm: limiter.Concurrency, Limit: 5, MaxCost: 2}, "one slot"},
 	} {
 		err := tc.z.Validate()

@@ -73,6 +73,11 @@ type Request struct {
 	// Tag is the caller's, carried with the request and never read by the Limiter: the handler's
 	// index of the request's zone.
 	Tag int
+	// Class is the request's priority class in a zone that Queues (0 the highest; one beyond
+	// the zone's Classes is its last): the order in which waiters get freed slots.
+	Class int
+	// claim is the id of a Waiter whose reserved slot the request takes (Claim); "" for none.
+	claim string
 }
 
 // SetUpTo gives r, whose zone has UpTo, an upper bound of its charge: units (at most 2^31 − 1).
@@ -221,6 +226,10 @@ type Options struct {
 	// decisions, whose replies wait for the latest deadline of their batch, so it should be no
 	// longer than Timeout. 0: 100ms.
 	CallTimeout time.Duration
+	// Subscriber, when set (the client given to New, as a Subscriber), hears the grants of the
+	// queues this Limiter's requests wait in (Enqueue) as soon as they are made. nil: a waiter
+	// learns of its grant from RefreshQueues, up to QueueRefreshEvery later.
+	Subscriber Subscriber
 	// BatcherFor, when set, chooses the Batcher of each decision whose keys are all in one
 	// hash slot, by its first key; a nil result means Batcher. On Redis Cluster it gives each
 	// node a batcher of its own, so that a stalled node holds up only its own decisions (a
@@ -247,6 +256,8 @@ type Limiter struct {
 	callTime time.Duration                 // Options.CallTimeout
 	live     liveSlots                     // the concurrency slots in flight, kept alive by Refresh
 	lost     lostSlots                     // concurrency slots of failed decisions and settlements, given back by Refresh
+	waiters  waitersOf                     // the requests waiting in queues (queue.go)
+	sub      Subscriber                    // Options.Subscriber
 
 	gate     func(ctx context.Context, reqs []Request) (func(error), error) // Options.Gate
 	timeout  time.Duration                                                  // Options.Timeout
@@ -267,7 +278,7 @@ func New(rdb Client, opts Options) *Limiter {
 		l.denials = newDenyCache(opts.DenyCacheKeys, opts.DenyCacheMaxAge)
 	}
 	l.gate, l.timeout, l.observe = opts.Gate, opts.Timeout, opts.ObserveCall
-	l.batch, l.batchFor = opts.Batcher, opts.BatcherFor
+	l.batch, l.batchFor, l.sub = opts.Batcher, opts.BatcherFor, opts.Subscriber
 	if opts.Leases {
 		l.leases = newLeaseTable(opts.LeaseMetrics)
 	}

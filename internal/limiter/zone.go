@@ -224,13 +224,18 @@ type Zone struct {
 	// Overrides it may be above the zone's own Quota: the quota in force (a client's override's)
 	// bounds it in the script.
 	MaxCost int64
-	// MaxWait (token bucket only; 0 to MaxMaxWait) shapes instead of rejecting: a request the
-	// bucket cannot serve now but would within MaxWait is admitted at once by reserving its
-	// tokens (the bucket goes into debt, at most MaxWait × RefillRate tokens), and
-	// Decision.Delay says how long to hold it: until the bucket would have held its cost. A
-	// request that would have to wait longer is denied as without MaxWait, charging nothing. 0:
-	// never hold, deny at once.
+	// MaxWait (token bucket and concurrency; 0 to MaxMaxWait) waits instead of rejecting. On a
+	// token bucket it shapes: a request the bucket cannot serve now but would within MaxWait is
+	// admitted at once by reserving its tokens (the bucket goes into debt, at most MaxWait ×
+	// RefillRate tokens), and Decision.Delay says how long to hold it: until the bucket would
+	// have held its cost. A request that would have to wait longer is denied as without MaxWait,
+	// charging nothing. On a concurrency zone it is the longest a request may wait in the zone's
+	// queue for a slot (Queues; the caller waits, see Enqueue). 0: never hold, deny at once.
 	MaxWait time.Duration
+	// Classes are the priority classes of a concurrency zone with a MaxWait (Queues), the first
+	// the highest: each the share of the slots granted (permille, 0 to 1000; all together at most
+	// 1000) that the class is guaranteed while it has waiters. nil: one class.
+	Classes []int
 	// Lease, when set (token bucket without MaxWait, or fixed window), leases the zone's tokens
 	// or window slots to the instance in grants that it spends in process (see Lease). nil:
 	// every request decided in Redis.
@@ -391,9 +396,10 @@ func (z *Zone) validateOwners() *FieldError {
 		}
 	}
 	switch {
+	case len(z.Classes) > 0 && !z.Queues():
+		return z.fieldError("priority", "priority classes need a queue: algorithm concurrency and a max_wait")
 	case z.MaxWait != 0 && d.slots:
-		return z.fieldError("max_wait", "max_wait does not apply to algorithm concurrency: a request is admitted while one of its client's slots is free, "+
-			"else denied (429); no queue waits for a slot")
+		return z.validateQueue()
 	case z.MaxWait != 0 && !d.shapes:
 		return z.fieldError("max_wait", "%s", errMaxWaitWindowed(a))
 	case z.MaxCost != 0 && d.slots:

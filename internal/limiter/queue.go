@@ -1,0 +1,370 @@
+package limiter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/lua"
+)
+
+// Queues: a concurrency zone with a MaxWait (Zone.Queues) keeps the requests that find every
+// slot taken in a queue in Redis (queue.lua), in priority classes (Zone.Classes), instead of
+// denying them. A request enters it (Enqueue) and waits for its Waiter's signal: queue.lua
+// reserves a freed slot for the next waiter across every instance and publishes its id on its
+// instance's channel, `<prefix>queue:<instance>`. The request is then decided again with the
+// claim (Request.Claim), which takes the reserved slot in place of a free one. A waiter that
+// gives up leaves (Leave), handing a reserved slot to the next. Each instance renews its
+// waiters' leases every QueueRefreshEvery (RefreshQueues, one call per queue it waits in), which
+// also tells it of grants whose message was lost; a waiter whose instance dies is dropped when
+// its lease ends, QueueLease after its last renewal.
+
+var queueScript = newScript(lua.Queue)
+
+const (
+	// QueueLease is how long a waiter stays in its queue after its last renewal (µs precision):
+	// a waiter whose instance died or lost Redis is dropped at most this long after.
+	QueueLease = 3 * time.Second
+	// QueueRefreshEvery is how often an instance renews its waiters' leases (one call per queue
+	// it has waiters in), and so the longest a lost grant message delays a waiter.
+	QueueRefreshEvery = time.Second
+	// QueueClaim is how long a slot reserved for a waiter waits for the waiter's decision; a
+	// reservation not claimed by then frees itself.
+	QueueClaim = 3 * time.Second
+	// MaxClasses is the most priority classes a queue may have.
+	MaxClasses = 8
+)
+
+// Queues reports whether z keeps the requests that find no slot free waiting in a queue: a
+// concurrency zone with a MaxWait.
+func (z *Zone) Queues() bool { return z.Algorithm.HoldsSlots() && z.MaxWait > 0 }
+
+// validateQueue checks the queue of z, a concurrency zone with a MaxWait.
+func (z *Zone) validateQueue() *FieldError {
+	if z.Overrides {
+		return z.fieldError("overrides", "overrides do not apply to a concurrency zone with a max_wait: its queue grants slots by the zone's limit")
+	}
+	if len(z.Classes) > MaxClasses {
+		return z.fieldError("priority", "%d priority classes, at most %d", len(z.Classes), MaxClasses)
+	}
+	sum := 0
+	for _, s := range z.Classes {
+		if s < 0 || s > 1000 {
+			return z.fieldError("priority", "a class's share must be 0%% to 100%%")
+		}
+		sum += s
+	}
+	if sum > 1000 {
+		return z.fieldError("priority", "the classes' shares add up to %g%%, more than 100%%", float64(sum)/10)
+	}
+	return nil
+}
+
+// classes is the number of z's priority classes: len(Classes), at least 1.
+func (z *Zone) classes() int { return max(1, len(z.Classes)) }
+
+// Waiter is a request waiting in a queue for a slot (Enqueue).
+type Waiter struct {
+	id    string // "<instance>.<n>.<class>"
+	key   string // the zone's state key for the request's client
+	zone  *Zone
+	ready chan struct{} // one signal: granted, or gone
+	mu    sync.Mutex
+	gone  bool  // the queue lost it (a lapsed lease): enter again
+	since int64 // its arrival, µs by the scripts' clock
+	// Ahead is the number of waiters ahead of it (of its class and the higher ones) when it
+	// entered.
+	Ahead int64
+}
+
+// Ready returns a channel that receives when w holds a reserved slot (decide its request
+// with Request.Claim), or when the queue lost it (Gone: Enqueue it again).
+func (w *Waiter) Ready() <-chan struct{} { return w.ready }
+
+// Gone reports whether the queue lost w (its lease lapsed while Redis could not be reached).
+func (w *Waiter) Gone() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.gone
+}
+
+func (w *Waiter) signal(gone bool) {
+	w.mu.Lock()
+	w.gone = gone
+	w.mu.Unlock()
+	select {
+	case w.ready <- struct{}{}:
+	default:
+	}
+}
+
+// Claim makes r, a request of w's zone, take w's reserved slot in place of a free one.
+func (r *Request) Claim(w *Waiter) { r.claim = w.id }
+
+// waitersOf are a Limiter's waiters, by id, and the subscription that hears their grants.
+type waitersOf struct {
+	mu      sync.Mutex
+	m       map[string]*Waiter
+	n       uint64
+	last    time.Time // the last RefreshQueues
+
+	once       sync.Once
+	ps         *redis.PubSub // nil until the first waiter, or without a Subscriber; under mu
+	subscribed chan struct{} // closed once the first subscription was answered
+}
+
+// Waiting returns the number of this Limiter's requests waiting in queues.
+func (l *Limiter) Waiting() int {
+	l.waiters.mu.Lock()
+	defer l.waiters.mu.Unlock()
+	return len(l.waiters.m)
+}
+
+// queueChannel is the channel prefix of the grants: an instance hears its own on
+// queueChannel(prefix) + its id.
+func queueChannel(prefix string) string { return prefix + "queue:" }
+
+// Enqueue puts the request r (a Queues zone's, denied for want of a slot) in its queue, in
+// class r.Class (0 the highest; a class beyond the zone's is its last), arrived at since (µs
+// by the scripts' clock; 0: now), and returns its Waiter. When a slot is free already, the
+// Waiter is ready at once. Its errors are Redis's; the request is then in no queue.
+func (l *Limiter) Enqueue(ctx context.Context, r Request, since int64) (*Waiter, error) {
+	if !r.Zone.Queues() {
+		return nil, fmt.Errorf("zone %q has no queue (algorithm concurrency with a max_wait)", r.Zone.Name)
+	}
+	class := min(max(r.Class, 0), r.Zone.classes()-1) + 1
+	l.listen(ctx)
+	l.waiters.mu.Lock()
+	l.waiters.n++
+	w := &Waiter{id: l.instance + "." + strconv.FormatUint(l.waiters.n, 36) + "." + strconv.Itoa(class),
+		key: StateKey(l.prefix, r.Zone, ClientKey(r.Key)), zone: r.Zone, ready: make(chan struct{}, 1)}
+	if l.waiters.m == nil {
+		l.waiters.m = make(map[string]*Waiter)
+	}
+	l.waiters.m[w.id] = w // before the call: its grant may be published before the reply
+	l.waiters.mu.Unlock()
+	if err := l.enter(ctx, w, since); err != nil {
+		l.forget(w)
+		return nil, err
+	}
+	return w, nil
+}
+
+// Reenter puts w back in its queue, at its first arrival, after the queue lost it (Gone) or
+// its reserved slot lapsed before its claim.
+func (l *Limiter) Reenter(ctx context.Context, w *Waiter) error {
+	w.mu.Lock()
+	w.gone = false
+	w.mu.Unlock()
+	l.waiters.mu.Lock()
+	l.waiters.m[w.id] = w
+	l.waiters.mu.Unlock()
+	return l.enter(ctx, w, w.since)
+}
+
+// enter is queue.lua's enter for w.
+func (l *Limiter) enter(ctx context.Context, w *Waiter, since int64) error {
+	var arrival any = ""
+	if since > 0 {
+		arrival = since
+	}
+	reply, err := runScript(ctx, l.rdb, queueScript, queueKeys(w.key, w.zone), l.queueArgs(w.zone, "enter", w.id, arrival))
+	if err != nil {
+		return fmt.Errorf("redis queue enter: %w", err)
+	}
+	v, ok := reply.([]any)
+	if !ok || len(v) != 3 {
+		return fmt.Errorf("%w: queue enter got %v, want 3 integers", ErrBadResponse, reply)
+	}
+	granted, ok1 := v[0].(int64)
+	arrived, ok2 := v[1].(int64)
+	ahead, ok3 := v[2].(int64)
+	if !ok1 || !ok2 || !ok3 {
+		return fmt.Errorf("%w: queue enter got %v, want 3 integers", ErrBadResponse, reply)
+	}
+	w.since, w.Ahead = arrived, ahead
+	if granted == 1 {
+		w.signal(false)
+	}
+	return nil
+}
+
+// Leave takes w out of its queue, and gives the slot reserved for it, if any, to the next
+// waiter. Its errors are Redis's: the waiter's lease then ends within QueueLease, and a
+// reserved slot within QueueClaim.
+func (l *Limiter) Leave(ctx context.Context, w *Waiter) error {
+	l.forget(w)
+	_, err := runScript(ctx, l.rdb, queueScript, queueKeys(w.key, w.zone), l.queueArgs(w.zone, "leave", w.id))
+	if err != nil {
+		return fmt.Errorf("redis queue leave: %w", err)
+	}
+	return nil
+}
+
+// Claimed stops renewing w, whose request was admitted with its claim: the claim took its
+// reserved slot.
+func (l *Limiter) Claimed(w *Waiter) { l.forget(w) }
+
+func (l *Limiter) forget(w *Waiter) {
+	l.waiters.mu.Lock()
+	delete(l.waiters.m, w.id)
+	l.waiters.mu.Unlock()
+}
+
+// promote has queue.lua grant the free slots of zone z's client at state key to the next
+// waiters: after a slot was given back.
+func (l *Limiter) promote(ctx context.Context, key string, z *Zone) error {
+	_, err := runScript(ctx, l.rdb, queueScript, queueKeys(key, z), l.queueArgs(z, "promote"))
+	if err != nil {
+		return fmt.Errorf("redis queue promote: %w", err)
+	}
+	return nil
+}
+
+// promoteFreed grants the slots that the settlement of p gave back to the next waiters of
+// their queues. A promote that fails is left to the waiters' instances: their next
+// RefreshQueues grants the slot, within QueueRefreshEvery.
+func (l *Limiter) promoteFreed(ctx context.Context, p heldPart) {
+	for j, z := range p.queues {
+		if z != nil {
+			_ = l.promote(ctx, p.keys[j], z)
+		}
+	}
+}
+
+// queueKeys are queue.lua's KEYS for zone z's client whose state key is key.
+func queueKeys(key string, z *Zone) []string {
+	keys := make([]string, 3, 3+z.classes())
+	keys[0], keys[1], keys[2] = key, waitersKey(key), key+":qm"
+	for c := 1; c <= z.classes(); c++ {
+		keys = append(keys, key+":q"+strconv.Itoa(c))
+	}
+	return keys
+}
+
+// waitersKey is the sorted set of the waiters (and their leases) of the queue of state key.
+func waitersKey(key string) string { return key + ":ql" }
+
+// queueArgs are queue.lua's ARGV for operation op of zone z, then more.
+func (l *Limiter) queueArgs(z *Zone, op string, more ...any) []any {
+	var now any = ""
+	if l.now != nil {
+		now = l.now().UnixMicro()
+	}
+	shares := make([]string, z.classes())
+	for c := range shares {
+		shares[c] = "0"
+		if c < len(z.Classes) {
+			shares[c] = strconv.Itoa(z.Classes[c])
+		}
+	}
+	args := []any{now, op, z.Limit, QueueClaim.Microseconds(), queueChannel(l.prefix), strings.Join(shares, ","), QueueLease.Microseconds()}
+	return append(args, more...)
+}
+
+// listen subscribes to this instance's grants channel, once; a second caller waits for the
+// first's subscription (or ctx). Without a Subscriber (Options), or while the subscription
+// fails, grants reach waiters through RefreshQueues.
+func (l *Limiter) listen(ctx context.Context) {
+	if l.sub == nil {
+		return
+	}
+	l.waiters.once.Do(func() {
+		l.waiters.subscribed = make(chan struct{})
+		ps := l.sub.Subscribe(context.Background())
+		l.waiters.mu.Lock()
+		l.waiters.ps = ps
+		l.waiters.mu.Unlock()
+		go l.hear(ps.Channel())
+		go func() {
+			defer close(l.waiters.subscribed)
+			_ = ps.Subscribe(context.Background(), queueChannel(l.prefix)+l.instance) // go-redis subscribes again on reconnection
+		}()
+	})
+	select {
+	case <-l.waiters.subscribed:
+	case <-ctx.Done():
+	}
+}
+
+// hear signals the waiters whose grants msgs carry, until the subscription is closed.
+func (l *Limiter) hear(msgs <-chan *redis.Message) {
+	for msg := range msgs {
+		l.waiters.mu.Lock()
+		w := l.waiters.m[msg.Payload]
+		l.waiters.mu.Unlock()
+		if w != nil {
+			w.signal(false)
+		}
+	}
+}
+
+// RefreshQueues renews the leases of this Limiter's waiters, one queue.lua call per queue (in
+// one pipeline), at most once per QueueRefreshEvery; each call also grants the queue's free
+// slots. A waiter found holding a reserved slot is signalled (its grant's message may have been
+// lost), and one the queue lost is signalled as Gone. It returns the Redis errors joined.
+func (l *Limiter) RefreshQueues(ctx context.Context) error {
+	now := l.clock()
+	l.waiters.mu.Lock()
+	if now.Sub(l.waiters.last) < QueueRefreshEvery*9/10 || len(l.waiters.m) == 0 {
+		l.waiters.mu.Unlock()
+		return nil
+	}
+	l.waiters.last = now
+	byKey := map[string][]*Waiter{}
+	for _, w := range l.waiters.m {
+		byKey[w.key] = append(byKey[w.key], w)
+	}
+	l.waiters.mu.Unlock()
+	calls := make([]*call, 0, len(byKey))
+	ws := make([][]*Waiter, 0, len(byKey))
+	for key, group := range byKey {
+		ids := make([]any, len(group))
+		for i, w := range group {
+			ids[i] = w.id
+		}
+		calls = append(calls, &call{keys: queueKeys(key, group[0].zone), args: l.queueArgs(group[0].zone, "refresh", ids...)})
+		ws = append(ws, group)
+	}
+	evalBatch(ctx, l.rdb, queueScript, calls)
+	var errs []error
+	for k, c := range calls {
+		v, ok := c.reply.([]any)
+		switch {
+		case c.err != nil:
+			errs = append(errs, fmt.Errorf("redis queue refresh: %w", c.err))
+			continue
+		case !ok || len(v) != len(ws[k]):
+			errs = append(errs, fmt.Errorf("%w: queue refresh got %v", ErrBadResponse, c.reply))
+			continue
+		}
+		for i, w := range ws[k] {
+			switch v[i] {
+			case int64(1):
+				w.signal(false)
+			case int64(2):
+				w.signal(true)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Close ends the subscription that hears this Limiter's queue grants, if any: call it once no
+// request waits (Waiting). The Limiter's other calls need no Close.
+func (l *Limiter) Close() error {
+	l.waiters.mu.Lock()
+	ps := l.waiters.ps
+	l.waiters.ps = nil
+	l.waiters.mu.Unlock()
+	if ps == nil {
+		return nil
+	}
+	return ps.Close()
+}
