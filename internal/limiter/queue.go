@@ -109,10 +109,10 @@ func (r *Request) Claim(w *Waiter) { r.claim = w.id }
 
 // waitersOf are a Limiter's waiters, by id, and the subscription that hears their grants.
 type waitersOf struct {
-	mu      sync.Mutex
-	m       map[string]*Waiter
-	n       uint64
-	last    time.Time // the last RefreshQueues
+	mu   sync.Mutex
+	m    map[string]*Waiter
+	n    uint64
+	last time.Time // the last RefreshQueues
 
 	once       sync.Once
 	ps         *redis.PubSub // nil until the first waiter, or without a Subscriber; under mu
