@@ -247,6 +247,8 @@ type clientState struct {
 	// deadline, soonest first: when it frees itself unless its instance refreshes it first
 	// (hold_max after it was taken or last refreshed) or gives it back.
 	Slots []slotState `json:"slots,omitempty"`
+	// concurrency with max_wait: the client key's queue (see queueState).
+	Queue *queueState `json:"queue,omitempty"`
 	// fixed_window: the window holding now, [start, end), in RFC 3339 (UTC).
 	WindowStart string `json:"window_start,omitempty"`
 	WindowEnd   string `json:"window_end,omitempty"`
@@ -487,6 +489,11 @@ func readState(ctx context.Context, w http.ResponseWriter, ts []target, q url.Va
 			}
 			for _, sl := range slots {
 				cs.Slots = append(cs.Slots, slotState{ID: sl.ID, Deadline: sl.Deadline.UTC().Format(time.RFC3339Nano)})
+			}
+			if lz.Queues() {
+				if cs.Queue, err = t.queueState(ctx, lz, lk, s.Now); err != nil {
+					return redisError(err)
+				}
 			}
 		case limiter.SlidingWindow:
 			cs.Count = &s.Count

@@ -1,6 +1,7 @@
 package e2e_test
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -147,4 +148,117 @@ func checkQueueOrder(t *testing.T, started []string) {
 		}
 		k++
 	}
+}
+
+// queueSite is a site-wide queue of limit 1 (max_wait wait) in front of upstream.
+func queueSite(redisAddr, wait, upstream string) string {
+	return fmt.Sprintf(`
+	rate_limit_redis {
+		redis {
+			address %s
+		}
+		zone one {
+			key site
+			algorithm concurrency
+			limit 1
+			max_wait %s
+		}
+	}
+	reverse_proxy %s`, redisAddr, wait, upstream)
+}
+
+// queueKeysOf returns the slots' key and the waiters' key of queueSite's zone.
+func queueKeysOf() (slots, waiters string) {
+	slots = limiter.StateKey("rl:", &limiter.Zone{Name: "one", Algorithm: limiter.Concurrency}, "site")
+	return slots, slots + ":ql"
+}
+
+// gatedUpstream serves each request once a value is sent on release (or release is closed).
+func gatedUpstream(t *testing.T) (url string, release chan struct{}) {
+	release = make(chan struct{})
+	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		<-release
+		_, _ = w.Write([]byte("ok"))
+	}))
+	t.Cleanup(s.Close)
+	return s.URL, release
+}
+
+// zcard is the number of members of the sorted set key.
+func zcard(srv *redistest.Server, key string) int64 {
+	n, _ := srv.Do("ZCARD", key).(int64)
+	return n
+}
+
+// TestQueueWaitTimeoutAndHangUp: with the one slot held, a request waits max_wait (1s) and is
+// refused 429 with Retry-After and X-RateLimit-Waited (at least 1000 ms), leaving the queue; a
+// waiter whose client hangs up leaves the queue at once and takes no slot: the next request
+// after the holder is admitted.
+func TestQueueWaitTimeoutAndHangUp(t *testing.T) {
+	srv := redistest.Start(t)
+	up, release := gatedUpstream(t)
+	cs := caddytest.Start(t, queueSite(srv.Addr, "1s", up))
+	slots, waiters := queueKeysOf()
+	holder := make(chan caddytest.Response, 1)
+	go func() { r, _ := caddytest.NewLoadClient(cs).Get("/"); holder <- r }()
+	redistest.WaitFor(t, 5*time.Second, "the holder's slot", func() bool { return zcard(srv, slots) == 1 })
+
+	r := cs.Get("/")
+	waited, _ := strconv.Atoi(r.Header.Get("X-RateLimit-Waited"))
+	if r.Status != 429 || r.Header.Get("Retry-After") == "" || waited < 1000 {
+		t.Fatalf("after max_wait: %d, Retry-After %q, X-RateLimit-Waited %q; want 429 with both, at least 1000",
+			r.Status, r.Header.Get("Retry-After"), r.Header.Get("X-RateLimit-Waited"))
+	}
+	redistest.WaitFor(t, 5*time.Second, "the timed-out waiter gone from the queue", func() bool { return zcard(srv, waiters) == 0 })
+
+	req, _ := http.NewRequest(http.MethodGet, cs.Base+"/", nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { _, err := caddytest.Client(5 * time.Second).Do(req.WithContext(ctx)); done <- err }()
+	redistest.WaitFor(t, 5*time.Second, "a waiter", func() bool { return zcard(srv, waiters) == 1 })
+	cancel()
+	<-done
+	redistest.WaitFor(t, 5*time.Second, "the departed waiter gone from the queue", func() bool { return zcard(srv, waiters) == 0 })
+	release <- struct{}{}
+	if r := <-holder; r.Status != 200 {
+		t.Fatalf("holder: %d", r.Status)
+	}
+	redistest.WaitFor(t, 5*time.Second, "the holder's slot given back, to no one", func() bool { return zcard(srv, slots) == 0 })
+	close(release)
+	cs.Get("/").Expect(t, "a request after the holder", 200, "ok")
+}
+
+// TestQueueRedisPausedAndReload: waiters survive a Redis pause (SIGSTOP) of 1s and a config
+// reload: each is answered once the slot comes back, no waiter is stranded past max_wait, and
+// no slot is left taken.
+func TestQueueRedisPausedAndReload(t *testing.T) {
+	srv := redistest.Start(t)
+	up, release := gatedUpstream(t)
+	site := queueSite(srv.Addr, "20s", up)
+	cs := caddytest.Start(t, site)
+	slots, waiters := queueKeysOf()
+	lc := caddytest.NewLoadClient(cs)
+	answers := make(chan caddytest.Response, 4)
+	for i := range 4 {
+		go func() { r, _ := lc.Get("/"); answers <- r }()
+		redistest.WaitFor(t, 5*time.Second, "request in", func() bool { return zcard(srv, slots)+zcard(srv, waiters) == int64(i+1) })
+	}
+	srv.Pause()
+	time.Sleep(time.Second) // the pause under test
+	srv.Resume()
+	cs.Reload(site + "\n# reloaded")
+	start := time.Now()
+	close(release)
+	for range 4 {
+		r := <-answers
+		if r.Status != 200 {
+			t.Fatalf("a request: %d %q, want 200", r.Status, r.Body)
+		}
+	}
+	if took := time.Since(start); took > 20*time.Second {
+		t.Fatalf("the waiters were answered %v after the slot came back", took)
+	}
+	redistest.WaitFor(t, 5*time.Second, "no slot left taken and no waiter", func() bool {
+		return zcard(srv, slots) == 0 && zcard(srv, waiters) == 0
+	})
 }

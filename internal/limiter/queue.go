@@ -368,3 +368,40 @@ func (l *Limiter) Close() error {
 	}
 	return ps.Close()
 }
+
+// QueueState is a queue's state for one client key of a zone that Queues (Limiter.Queue).
+type QueueState struct {
+	// Waiting is the number of waiters per class, the highest class first; lapsed waiters
+	// (their lease ended) that no call has dropped yet are counted.
+	Waiting []int64
+	// Oldest is the earliest arrival of a waiter, by the scripts' clock; zero when none waits.
+	Oldest time.Time
+}
+
+// Queue reads the queue of zone z (one that Queues) for clientKey (raw, as State takes it)
+// without changing it: the waiters per class and the earliest arrival. Its errors are Redis's.
+func (l *Limiter) Queue(ctx context.Context, z *Zone, clientKey string) (QueueState, error) {
+	keys := queueKeys(StateKey(l.prefix, z, ClientKey(clientKey)), z)[3:]
+	counts := make([]*redis.IntCmd, len(keys))
+	heads := make([]*redis.ZSliceCmd, len(keys))
+	if _, err := l.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		for c, k := range keys {
+			counts[c] = p.ZCard(ctx, k)
+			heads[c] = p.ZRangeWithScores(ctx, k, 0, 0)
+		}
+		return nil
+	}); err != nil {
+		return QueueState{}, fmt.Errorf("redis read of the queue of %s: %w", keys[0], err)
+	}
+	var q QueueState
+	for c := range keys {
+		q.Waiting = append(q.Waiting, counts[c].Val())
+		if h := heads[c].Val(); len(h) > 0 {
+			at := time.UnixMicro(int64(h[0].Score))
+			if q.Oldest.IsZero() || at.Before(q.Oldest) {
+				q.Oldest = at
+			}
+		}
+	}
+	return q, nil
+}
