@@ -67,9 +67,13 @@ var redisUses = []redisUse{
 	// has not seen the script yet, or flushed it). Never SCRIPT LOAD.
 	{"limiter: running the scripts", grantLimiter, []string{"evalsha", "eval"}},
 	{"lua/decide.lua", grantLimiter, []string{"time", "hmget", "hgetall", "zcount", "zrangebyscore", "zrange", "get",
-		"pexpire", "hdel", "hset", "set", "zremrangebyscore", "zadd"}},
+		"pexpire", "hdel", "hset", "set", "zremrangebyscore", "zadd", "zscore", "zrem"}},
 	{"lua/settle.lua", grantLimiter, []string{"time", "get", "del", "set", "hmget", "hset", "hdel", "pexpire", "zrem"}},
 	{"lua/refresh.lua", grantLimiter, []string{"time", "zremrangebyscore", "zadd", "zrange", "pexpire"}},
+	// A queue (max_wait on a concurrency zone): its waiters enter, leave, are renewed and granted
+	// slots, each grant published on the waiter's instance's channel.
+	{"lua/queue.lua", grantLimiter, []string{"time", "zadd", "pexpire", "zrangebyscore", "zrem", "zremrangebyscore",
+		"zcard", "del", "hgetall", "zpopmin", "publish", "hdel", "hset", "zrange", "zscore", "zcount"}},
 	// limiter.ResetListener: SUBSCRIBE to <prefix>reset, and go-redis's health check of the
 	// subscription, a PING after 3s without a message.
 	{"limiter.ResetListener: the reset broadcast", grantLimiter, []string{"subscribe", "ping"}},
@@ -78,6 +82,9 @@ var redisUses = []redisUse{
 	// ZREVRANGEBYSCORE; a fixed window: GET) and its PTTL.
 	{"limiter.State: the admin API's state", grantAdmin, []string{"multi", "exec", "time", "hgetall", "zcount",
 		"zrevrangebyscore", "get", "pttl"}},
+	// limiter.Queue (GET /rate_limit_redis/state of a queue zone): one MULTI/EXEC reading each
+	// class's ZCARD and its earliest waiter.
+	{"limiter.Queue: the admin API's state of a queue", grantAdmin, []string{"multi", "exec", "zcard", "zrange"}},
 	// limiter.Reset (DELETE /rate_limit_redis/state): DEL of the key, PUBLISH of it on the
 	// reset channel.
 	{"limiter.Reset: the admin API's reset", grantAdmin, []string{"del", "publish"}},
@@ -273,6 +280,15 @@ func TestRedisACL(t *testing.T) {
 		}
 	})
 
+	// An upstream that holds /cc_queue/slow until released: a queue's slot is taken meanwhile.
+	queueArrived, queueRelease := make(chan struct{}, 1), make(chan struct{})
+	queueUp := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		queueArrived <- struct{}{}
+		<-queueRelease
+		_, _ = w.Write([]byte("ok"))
+	}))
+	t.Cleanup(queueUp.Close)
+
 	t.Run("decisions and the reset broadcast", func(t *testing.T) {
 		redisBlock := fmt.Sprintf("redis {\n\t\t\taddress %s\n\t\t\tusername limiter\n\t\t\tpassword s3cret\n\t\t}", srv.Addr)
 		zones := []string{
@@ -291,6 +307,7 @@ func TestRedisACL(t *testing.T) {
 			"tb_hold capacity 2\n\t\t\trefill_rate 1/1h\n\t\t\tcount_status 401",
 			"tb_last capacity 3\n\t\t\trefill_rate 1/1h",
 			"sw_block algorithm sliding_window\n\t\t\tlimit 1\n\t\t\twindow 1h\n\t\t\tblock 1h\n\t\t\tblock_max 2h",
+			"cc_queue algorithm concurrency\n\t\t\tlimit 1\n\t\t\tmax_wait 10s",
 		}
 		var b strings.Builder
 		for _, z := range zones {
@@ -320,9 +337,10 @@ func TestRedisACL(t *testing.T) {
 	@e401 path */401
 	route {
 		reverse_proxy /tb_hold/slow %s
+		reverse_proxy /cc_queue/slow %s
 		respond @e401 401
 		respond "ok"
-	}`, redisBlock, b.String(), redisBlock, up.URL))
+	}`, redisBlock, b.String(), redisBlock, up.URL, queueUp.URL))
 
 		// check sends one request and checks its status (and body: "ok" for a 200, else none),
 		// that it is not degraded, and X-RateLimit-Remaining unless remaining is "-". It does not
@@ -461,6 +479,37 @@ func TestRedisACL(t *testing.T) {
 				return false
 			})
 			denied(t, "two counted", "/tb_hold/")
+		})
+
+		// A queue: a request waits for the slot a slow one holds (it enters the queue, is
+		// renewed), and is granted it (its grant published, its claim decided) when the slow one
+		// ends.
+		t.Run("cc_queue", func(t *testing.T) {
+			slow := make(chan int, 1)
+			go func() {
+				resp, err := caddytest.Client(0).Get(cs.Base + "/cc_queue/slow")
+				if err != nil {
+					slow <- -1
+					return
+				}
+				resp.Body.Close()
+				slow <- resp.StatusCode
+			}()
+			<-queueArrived
+			waiter := make(chan caddytest.Response, 1)
+			go func() { r, _ := caddytest.NewLoadClient(cs).Get("/cc_queue/"); waiter <- r }()
+			redistest.WaitFor(t, 5*time.Second, "a waiter", func() bool {
+				n, _ := srv.Do("ZCARD", "rl:{127.0.0.1}:cc_queue:cc:ql").(int64)
+				return n == 1
+			})
+			time.Sleep(limiter.QueueRefreshEvery + 100*time.Millisecond) // a renewal of its lease
+			close(queueRelease)
+			if status := <-slow; status != 200 {
+				t.Fatalf("the slow request: %d", status)
+			}
+			if r := <-waiter; r.Status != 200 || r.Header.Get("X-RateLimit-Degraded") != "" || r.Header.Get("X-RateLimit-Waited") == "" {
+				t.Fatalf("the waiter: %d %v, want 200 after a wait, not degraded", r.Status, r.Header)
+			}
 		})
 
 		// A token bucket zone after all that: security-3 and newcomer-3 saw those degrade, the
