@@ -483,17 +483,8 @@ func readState(ctx context.Context, w http.ResponseWriter, ts []target, q url.Va
 			cs.WindowStart, cs.WindowEnd = s.WindowStart.UTC().Format(time.RFC3339Nano), s.WindowEnd.UTC().Format(time.RFC3339Nano)
 		case limiter.Concurrency:
 			cs.Count = &s.Count
-			slots, err := t.h.limiter.InFlight(ctx, lz, lk)
-			if err != nil {
+			if err := t.slotsState(ctx, lz, lk, s.Now, &cs); err != nil {
 				return redisError(err)
-			}
-			for _, sl := range slots {
-				cs.Slots = append(cs.Slots, slotState{ID: sl.ID, Deadline: sl.Deadline.UTC().Format(time.RFC3339Nano)})
-			}
-			if lz.Queues() {
-				if cs.Queue, err = t.queueState(ctx, lz, lk, s.Now); err != nil {
-					return redisError(err)
-				}
 			}
 		case limiter.SlidingWindow:
 			cs.Count = &s.Count
@@ -503,6 +494,22 @@ func readState(ctx context.Context, w http.ResponseWriter, ts []target, q url.Va
 		out = append(out, cs)
 	}
 	return writeJSON(w, out)
+}
+
+// slotsState sets the slots in flight of a concurrency zone's client lk in cs, and its queue's
+// state at now when the zone has one.
+func (t target) slotsState(ctx context.Context, lz *limiter.Zone, lk string, now time.Time, cs *clientState) error {
+	slots, err := t.h.limiter.InFlight(ctx, lz, lk)
+	if err != nil {
+		return err
+	}
+	for _, sl := range slots {
+		cs.Slots = append(cs.Slots, slotState{ID: sl.ID, Deadline: sl.Deadline.UTC().Format(time.RFC3339Nano)})
+	}
+	if lz.Queues() {
+		cs.Queue, err = t.queueState(ctx, lz, lk, now)
+	}
+	return err
 }
 
 // resetState deletes each distinct Redis key of the client once, and clears the cached denial

@@ -468,7 +468,8 @@ func activeRegistry(t *testing.T) *prometheus.Registry {
 }
 
 // metricValue gathers reg and returns the value of the series of the family name whose labels
-// are exactly labels (name, value pairs): a counter's value, or a histogram's sample count.
+// are exactly labels (name, value pairs): a counter's or gauge's value, or a histogram's sample
+// count.
 // A series that does not exist is 0.
 func metricValue(t *testing.T, reg prometheus.Gatherer, name string, labels ...string) float64 {
 	t.Helper()
@@ -492,6 +493,9 @@ func metricValue(t *testing.T, reg prometheus.Gatherer, name string, labels ...s
 			}
 			if h := m.GetHistogram(); h != nil {
 				return float64(h.GetSampleCount())
+			}
+			if g := m.GetGauge(); g != nil {
+				return g.GetValue()
 			}
 			return m.GetCounter().GetValue()
 		}

@@ -148,6 +148,10 @@ func (h *Handler) waitInQueue(w http.ResponseWriter, r *http.Request, next caddy
 	z := h.Zones[rq.Tag]
 	start := time.Now()
 	h.holdWaiting(&f.placed, f.reqs)
+	if q := z.queue; q != nil {
+		q.waiters[rq.Class].Inc()
+		defer q.waiters[rq.Class].Dec()
+	}
 	ctx, cancel := context.WithTimeout(r.Context(), time.Duration(h.Timeout))
 	waiter, err := h.limiter.Enqueue(ctx, rq, 0)
 	cancel()
@@ -156,8 +160,6 @@ func (h *Handler) waitInQueue(w http.ResponseWriter, r *http.Request, next caddy
 	}
 	defer h.leaveQueue(waiter) // a no-op once its claim admitted it (Claimed)
 	if q := z.queue; q != nil {
-		q.waiters[rq.Class].Inc()
-		defer q.waiters[rq.Class].Dec()
 		defer func() { q.waits[rq.Class].Observe(time.Since(start).Seconds()) }()
 	}
 	timer := time.NewTimer(time.Until(start.Add(rq.Zone.MaxWait)))
