@@ -11,7 +11,7 @@ LOCAL_VERSION := v0.0.0-00010101000000-000000000000
 TEST_PACKAGES := ./internal/caddytest ./internal/freeport ./internal/redistest ./internal/repocheck
 SOURCES       := $(shell find . \( -path ./bin -o -path ./bench $(patsubst %,-o -path %,$(TEST_PACKAGES)) \) -prune -o \( -name '*.go' ! -name '*_test.go' -o -name '*.lua' \) -print) go.mod go.sum
 
-.PHONY: build run test compose-check rules-check e2e fmt adapt smoke bench fuzz release-check
+.PHONY: build run test compose-check rules-check e2e fmt adapt smoke bench bench-queue fuzz release-check
 
 ## build: bin/caddy, Caddy $(CADDY_VERSION) with this module (README.md "Install" gives this recipe;
 ## TestReadmeInstall checks that they agree)
@@ -89,6 +89,11 @@ bench: bin/caddy bin/caddy-plain
 		echo "bench: ANCHOR_SRC=$(ANCHOR_SRC) has no go.mod: the pinned scenario skips the in-memory anchor"; \
 	else $(MAKE) --no-print-directory bin/caddy-anchor; fi
 	ANCHOR_SRC="$(ANCHOR_SRC)" scripts/bench.sh
+
+## bench-queue: what waiting in a queue costs Redis and Caddy: 500 waiters over 3 instances
+## (scripts/queue-bench.sh; docs/queues.md "What waiting costs")
+bench-queue: bin/caddy
+	scripts/queue-bench.sh
 
 bin/caddy-plain: go.mod
 	go tool xcaddy build $(CADDY_VERSION) --output bin/caddy-plain
