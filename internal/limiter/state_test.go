@@ -303,3 +303,39 @@ func TestStateRedisFailures(t *testing.T) {
 		t.Fatal("Reset with Redis down: no error")
 	}
 }
+
+// TestStateTimesAsADenial: for every algorithm that keeps state between requests, and under a
+// block, State's Reset and Next are those a denied request's decision reports at the same
+// instant, and State's Remaining is its Remaining: spent in part, then read, then denied by a
+// cost of the whole quota, which charges nothing.
+func TestStateTimesAsADenial(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	clk := newClock()
+	l := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:", Now: clk.Now})
+	zones := []*limiter.Zone{
+		tb("tb", 4, 0.5),
+		sw("sw", 4, 10*time.Second),
+		{Name: "fw", Algorithm: limiter.FixedWindow, Limit: 4, Window: 10 * time.Second},
+		{Name: "sc", Algorithm: limiter.SlidingWindowCounter, Limit: 4, Window: 10 * time.Second},
+		{Name: "blocked", Algorithm: limiter.TokenBucket, Capacity: 4, RefillRate: 0.5, Block: time.Minute},
+	}
+	clk.Advance(2500 * time.Millisecond) // into the fixed windows, which are aligned to the epoch
+	for _, z := range zones {
+		allow(t, l, limiter.Request{Zone: z, Key: "alice", Cost: 2})
+		clk.Advance(1300 * time.Millisecond)
+		allow(t, l, limiter.Request{Zone: z, Key: "alice", Cost: 1})
+		if z.Block > 0 {
+			allow(t, l, limiter.Request{Zone: z, Key: "alice", Cost: 4}) // denied: the block starts
+		}
+		clk.Advance(700 * time.Millisecond)
+		s := state(t, l, z, "alice")
+		d := allow(t, l, limiter.Request{Zone: z, Key: "alice", Cost: 4})
+		if d.Allowed || s.Reset != d.Reset || s.Next != d.Next || s.Remaining != d.Remaining {
+			t.Fatalf("%s: State Remaining %d Reset %v Next %v, denial %+v", z.Name, s.Remaining, s.Reset, s.Next, d)
+		}
+		if s.Next <= 0 || s.Reset < s.Next {
+			t.Fatalf("%s: Next %v, Reset %v: want 0 < Next <= Reset in a zone spent in part", z.Name, s.Next, s.Reset)
+		}
+	}
+}
