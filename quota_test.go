@@ -346,3 +346,15 @@ func TestQuotaEndpointConfig(t *testing.T) {
 		t.Fatalf("valid: %+v", h.QuotaEndpoint)
 	}
 }
+
+// TestQuotaRedisDown: with Redis stopped, a read is a 503 with Retry-After: 1 and no-store
+// (fail_mode open lets other requests through), never passed on.
+func TestQuotaRedisDown(t *testing.T) {
+	srv := redistest.Start(t)
+	cs := caddytest.Start(t, quotaInstances(srv.Addr, false))
+	getQuota(t, cs, "/i1/rl/quota", "judy")
+	srv.Stop()
+	r := cs.Get("/i1/rl/quota", "X-API-Key", "judy")
+	r.Expect(t, "redis down", http.StatusServiceUnavailable, "", "Retry-After", "1", "Cache-Control", "no-store")
+	cs.Get("/i1/x", "X-API-Key", "judy").Expect(t, "fail open", 200, "ok")
+}
