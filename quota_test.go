@@ -358,3 +358,25 @@ func TestQuotaRedisDown(t *testing.T) {
 	r.Expect(t, "redis down", http.StatusServiceUnavailable, "", "Retry-After", "1", "Cache-Control", "no-store")
 	cs.Get("/i1/x", "X-API-Key", "judy").Expect(t, "fail open", 200, "ok")
 }
+
+// TestQuotaOnCluster: on a 3-primary Redis Cluster, clients whose keys live on different nodes
+// each read what they spent.
+func TestQuotaOnCluster(t *testing.T) {
+	c := redistest.StartCluster(t, 3)
+	cs := caddytest.Start(t, quotaInstances(strings.Join(c.Addrs(), " "), false))
+	nodes := make(map[*redistest.Server]bool)
+	for i := range 6 {
+		key := fmt.Sprintf("client-%d", i)
+		nodes[c.NodeOf(int(c.Nodes[0].Do("CLUSTER", "KEYSLOT", key).(int64)))] = true
+		for range i {
+			cs.Get("/i1/x", "X-API-Key", key)
+		}
+		q, _ := getQuota(t, cs, "/i2/rl/quota", key)
+		if z := zoneOf(t, q, "api"); z.Remaining != int64(10-i) {
+			t.Fatalf("%s: api remaining %d, want %d", key, z.Remaining, 10-i)
+		}
+	}
+	if len(nodes) < 2 {
+		t.Fatalf("the clients' keys are on %d node, want several", len(nodes))
+	}
+}
