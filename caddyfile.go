@@ -62,6 +62,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		jitter      <duration>               # add 0 to this (whole seconds) to a 429's Retry-After at random; default 0
 //		no_retry_over <duration>|off         # a 429 whose Retry-After is longer also says X-Should-Retry: false; off or 0: never; default 1m
 //		max_waiting <n>                      # requests held at once for a max_wait, a tenth per client key; default 1000
+//		quota_endpoint <path> <zone>         # GET <path>: the client's own quota in the other zones, as JSON; <zone> limits it
 //
 //		zone <name> {
 //			key         <value>...           # placeholders; the first that is not empty wins (the n-th's key is n=value); default {client_ip}
@@ -152,6 +153,9 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		return err
 	}
 	h.Zones = all
+	if err := h.checkQuotaEndpoint(); err != nil {
+		return errAt(seen["quota_endpoint"], "%v", err)
+	}
 	return nil
 }
 
@@ -184,6 +188,18 @@ var handlerSubdirectives = map[string]func(*Handler, *caddyfile.Dispenser) error
 	"log_key":         func(h *Handler, d *caddyfile.Dispenser) error { return flagArg(d, &h.LogKey) },
 	"deny_cache":      (*Handler).parseDenyCache,
 	"max_waiting":     func(h *Handler, d *caddyfile.Dispenser) error { return intArg(d, &h.MaxWaiting) },
+	"quota_endpoint":  (*Handler).parseQuotaEndpoint,
+}
+
+// parseQuotaEndpoint parses `quota_endpoint <path> <zone>`. The values are checked once the
+// block ends (checkQuotaEndpoint), against the zones.
+func (h *Handler) parseQuotaEndpoint(d *caddyfile.Dispenser) error {
+	args := d.RemainingArgs()
+	if len(args) != 2 {
+		return d.Errf("quota_endpoint takes a path and a zone name: quota_endpoint <path> <zone>")
+	}
+	h.QuotaEndpoint = &QuotaEndpoint{Path: args[0], Zone: args[1]}
+	return noBlock(d, "quota_endpoint")
 }
 
 // checkKeyPrefix checks the argument of key_prefix: not empty, which JSON cannot tell from no

@@ -49,6 +49,8 @@ var (
 // client that goes away meanwhile ends it at once with 499. At most MaxWaiting requests are
 // held at once (see takeWaitingPlace); dry_run never holds.
 //
+// A request to the quota endpoint (quota_endpoint) is answered by serveQuota instead.
+//
 // The stages, in the order a request meets them, each in a file of its name:
 //   - resolve (resolve.go): the zones that apply, their client keys, numbers and costs;
 //   - decide (decide.go): the deny cache or Redis, and the fail modes when Redis fails;
@@ -62,7 +64,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	// On the stack: a request no zone applies to allocates nothing.
 	var reqsBuf [4]limiter.Request
 	var shownBuf [4]string
-	reqs, shown, shaping, err := h.resolve(r, repl, reqsBuf[:0], shownBuf[:0])
+	if h.isQuotaRequest(r) {
+		return h.serveQuota(w, r, next, repl)
+	}
+	reqs, shown, shaping, err := h.resolve(r, repl, h.quotaZone, reqsBuf[:0], shownBuf[:0])
 	if err != nil {
 		return h.unresolved(w, r, next, repl, err)
 	}

@@ -207,8 +207,15 @@ type Handler struct {
 	// if any zone denies, no zone is charged. At least one zone is required.
 	Zones []*Zone `json:"zones,omitempty"`
 
+	// An endpoint at which a client reads its own quota in every zone that applies to it,
+	// without spending it, limited by a zone of its own (see QuotaEndpoint). Not with dry_run.
+	// Default: none.
+	QuotaEndpoint *QuotaEndpoint `json:"quota_endpoint,omitempty"`
+
 	limiter *limiter.Limiter
 	local   *limiter.Local // when a zone's fail_mode is local
+	// quotaZone is the index in Zones of the quota endpoint's zone, -1 without one.
+	quotaZone int
 	// stopRefresh, closed by Cleanup, stops the refresher of concurrency slots (concurrency.go).
 	stopRefresh chan struct{}
 	keySecret   *limiter.KeySecret // key_secret resolved; nil without it
@@ -289,6 +296,10 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		needLocal = needLocal || z.failMode == FailLocal
 	}
 	h.waiting = newWaitingRoom(deref(h.MaxWaiting))
+	h.quotaZone = -1
+	if h.QuotaEndpoint != nil {
+		h.quotaZone = quotaZoneIndex(h.Zones, h.QuotaEndpoint.Zone)
+	}
 	h.keySecret = nil
 	if h.KeySecret != "" {
 		ks, err := resolveKeySecret(h.KeySecret)
@@ -381,6 +392,9 @@ func (h *Handler) Validate() error {
 			return errZoneNameTwice(z.Name)
 		}
 		seen[z.Name] = true
+	}
+	if err := h.checkQuotaEndpoint(); err != nil {
+		return err
 	}
 	return h.Redis.validate()
 }

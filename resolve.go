@@ -39,16 +39,20 @@ const (
 	resolveEmptyKey                    // every key candidate is empty and empty_key is deny: 403
 )
 
-// resolve appends to reqs, for every zone of h that applies to r in order, the limiter request (the
+// resolve appends to reqs, for every zone of h that applies to r in order but the zone of index
+// skip (the quota endpoint's, for the requests it does not limit; -1: none), the limiter request (the
 // zone's numbers, client key and cost, tagged with the zone's index in h.Zones), and to shown its
 // client key as placeholders show it; shaping is true when one of them may be held (max_wait). A
 // zone whose key is empty and whose empty_key is skip is left out. The body of r is read first
 // (once) for a zone that uses the request's model (model.go). The error is a *resolveError.
-func (h *Handler) resolve(r *http.Request, repl *caddy.Replacer, reqs []limiter.Request, shown []string) (_ []limiter.Request, _ []string, shaping bool, _ error) {
+func (h *Handler) resolve(r *http.Request, repl *caddy.Replacer, skip int, reqs []limiter.Request, shown []string) (_ []limiter.Request, _ []string, shaping bool, _ error) {
 	var lastShown, lastKey string // the previous zone's, when keyed is true
 	keyed, model := false, false  // model: the model placeholder is published
 	var masked clientip.Memo      // the previous IP candidate masked: zones usually share their key
 	for i, z := range h.Zones {
+		if i == skip {
+			continue
+		}
 		if len(z.matcherSets) > 0 {
 			match, err := z.matches(r, repl, &model)
 			if err != nil {

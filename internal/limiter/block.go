@@ -114,7 +114,8 @@ func (l *Limiter) blockState(ctx context.Context, now int64, s *State) error {
 	s.Block.Length, s.Block.Strikes = time.Duration(length)*time.Microsecond, strikes
 	if until > now {
 		s.Block.Until = time.UnixMicro(until)
-		s.RetryAfter = max(s.RetryAfter, time.Duration(until-now)*time.Microsecond)
+		left := time.Duration(until-now) * time.Microsecond
+		s.RetryAfter, s.Reset, s.Next = max(s.RetryAfter, left), max(s.Reset, left), left
 	}
 	return nil
 }

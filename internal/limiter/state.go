@@ -63,6 +63,15 @@ type State struct {
 	// whole token: how long a request of cost 1 admitted at Now is held, when that is within
 	// MaxWait. 0 when the bucket holds one now.
 	Wait time.Duration
+	// Reset is how long from Now until the zone is back to its full quota, as a denied request's
+	// decision reports it: 0 when it is full. For a concurrency zone, 1µs while a slot is taken
+	// (a slot comes back when a response ends, which no clock tells). At least the block's
+	// remaining time while the client is blocked.
+	Reset time.Duration
+	// Next is how long from Now until the zone has at least one more whole unit than Remaining,
+	// as a denied request's decision reports it (the `t` of the IETF RateLimit field): 0 when it
+	// is full; the block's remaining time while the client is blocked.
+	Next time.Duration
 	// TTL is the key's time to live in Redis, to the millisecond: when a bucket would be full
 	// again, or the newest window entry leaves the window, as of the last admitted request.
 	// 0 when !Exists; -1 when the key has no expiry (decide.lua always sets one).
@@ -144,7 +153,21 @@ func (l *Limiter) bucketState(ctx context.Context, z *Zone, now int64, s *State)
 	if z.MaxWait > 0 {
 		s.Wait = wait
 	}
+	capacity := float64(z.Capacity)
+	s.Reset = bucketWait(tokens, capacity, z.RefillRate)
+	if whole := math.Floor(tokens + tokenEpsilon); whole < capacity {
+		s.Next = bucketWait(tokens, max(whole, 0)+1, z.RefillRate)
+	}
 	return nil
+}
+
+// bucketWait is decide.lua's wait: how long a bucket holding tokens takes to hold want at rate
+// tokens per second, rounded up to the µs; 0 when it holds them now.
+func bucketWait(tokens, want, rate float64) time.Duration {
+	if tokens+tokenEpsilon >= want {
+		return 0
+	}
+	return time.Duration(math.Ceil((want-tokens)*1e6/rate)) * time.Microsecond
 }
 
 // bucketTokens is decide.lua's reading of a token bucket hash at now: capacity less what is
@@ -196,11 +219,13 @@ func (l *Limiter) windowState(ctx context.Context, z *Zone, now int64, s *State)
 	// decide.lua removes entries scored at or before now - window: the window is (now - window, +inf).
 	min := "(" + strconv.FormatInt(now-z.Window.Microseconds(), 10)
 	var count *redis.IntCmd
-	var edge *redis.ZSliceCmd
+	var edge, oldest, newest *redis.ZSliceCmd
 	var ttl *redis.DurationCmd
 	if _, err := l.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		count = p.ZCount(ctx, s.Key, min, "+inf")
 		edge = p.ZRevRangeByScoreWithScores(ctx, s.Key, &redis.ZRangeBy{Min: min, Max: "+inf", Offset: z.Limit - 1, Count: 1})
+		oldest = p.ZRangeByScoreWithScores(ctx, s.Key, &redis.ZRangeBy{Min: min, Max: "+inf", Count: 1})
+		newest = p.ZRevRangeByScoreWithScores(ctx, s.Key, &redis.ZRangeBy{Min: min, Max: "+inf", Count: 1})
 		ttl = p.PTTL(ctx, s.Key)
 		return nil
 	}); err != nil {
@@ -214,6 +239,12 @@ func (l *Limiter) windowState(ctx context.Context, z *Zone, now int64, s *State)
 	if e := edge.Val(); len(e) == 1 {
 		// As decide.lua: the request fits once that entry is older than the window.
 		s.RetryAfter = time.Duration(max(1, int64(e[0].Score)+z.Window.Microseconds()-now)) * time.Microsecond
+	}
+	// As decide.lua's denial: the next unit comes back when the oldest entry leaves the window,
+	// the whole quota when the newest does.
+	if o, n := oldest.Val(), newest.Val(); len(o) == 1 && len(n) == 1 {
+		s.Next = time.Duration(max(1, int64(o[0].Score)+z.Window.Microseconds()-now)) * time.Microsecond
+		s.Reset = time.Duration(max(0, int64(n[0].Score)+z.Window.Microseconds()-now)) * time.Microsecond
 	}
 	return nil
 }
@@ -243,6 +274,9 @@ func (l *Limiter) slotState(ctx context.Context, z *Zone, now int64, s *State) e
 	s.Remaining = max(0, z.Limit-s.Count)
 	if s.Remaining < 1 {
 		s.RetryAfter = time.Second // decide.lua's: a slot comes back when a response ends
+	}
+	if s.Count > 0 {
+		s.Reset, s.Next = time.Microsecond, time.Microsecond // decide.lua's: a slot may come back at any moment
 	}
 	return nil
 }
@@ -310,8 +344,12 @@ func (l *Limiter) counterState(ctx context.Context, z *Zone, now int64, s *State
 			s.Count = n
 		}
 		s.Remaining = max(0, z.Limit-s.Count)
+		left := time.Duration(max(1, end.UnixMicro()-now)) * time.Microsecond
 		if s.Remaining < 1 {
-			s.RetryAfter = time.Duration(end.UnixMicro()-now) * time.Microsecond
+			s.RetryAfter = left
+		}
+		if s.Count > 0 {
+			s.Reset, s.Next = left, left // the count starts again at the window's end
 		}
 		return nil
 	}
@@ -329,19 +367,34 @@ func (l *Limiter) counterState(ctx context.Context, z *Zone, now int64, s *State
 	s.Count = cur
 	s.Estimate = float64(prev)*(float64(w)-elapsed)/float64(w) + float64(cur)
 	s.Remaining = max(0, int64(math.Floor(float64(z.Limit)-s.Estimate+tokenEpsilon)))
+	when := func(target int64) time.Duration {
+		return counterWhen(float64(target), s.Estimate, float64(cur), float64(prev), float64(w), elapsed)
+	}
 	if s.Remaining < 1 {
-		// As decide.lua's when(limit - 1): the previous window's weight falls within this
-		// window, the current count's within the next.
-		target := float64(z.Limit - 1)
-		var us float64
-		if float64(cur) <= target+tokenEpsilon {
-			us = math.Ceil(float64(w)*(1-(target-float64(cur))/float64(prev))) - elapsed
-		} else {
-			us = float64(w) - elapsed + math.Ceil(float64(w)*(1-target/float64(cur)))
-		}
-		s.RetryAfter = time.Duration(max(1, us)) * time.Microsecond
+		s.RetryAfter = when(z.Limit - 1)
+	}
+	s.Reset = when(0)
+	if s.Estimate > tokenEpsilon {
+		s.Next = when(max(0, z.Limit-s.Remaining-1))
 	}
 	return nil
+}
+
+// counterWhen is decide.lua's when(target) of a sliding window counter of w µs, elapsed µs into
+// its current window whose count is cur, the previous window's prev: how long until the
+// estimate est is at most target if nothing more is admitted. The previous window's weight
+// falls within this window, the current count's within the next.
+func counterWhen(target, est, cur, prev, w, elapsed float64) time.Duration {
+	if est <= target+tokenEpsilon {
+		return 0
+	}
+	var us float64
+	if cur <= target+tokenEpsilon {
+		us = math.Ceil(w*(1-(target-cur)/prev)) - elapsed
+	} else {
+		us = w - elapsed + math.Ceil(w*(1-target/cur))
+	}
+	return time.Duration(max(1, us)) * time.Microsecond
 }
 
 // windowMark is decide.lua's window_mark: a fixed window's start (µs) as stored with its count.

@@ -63,19 +63,22 @@ func TestStateTokenBucket(t *testing.T) {
 	// Empty: the TTL the script set is the 1.5s until the bucket is full again.
 	checkState(t, "empty", state(t, l, z, "alice"), limiter.State{
 		Key: key, Exists: true, Now: clk.Now(), Tokens: 0, Remaining: 0, RetryAfter: 500 * time.Millisecond,
+		Reset: 1500 * time.Millisecond, Next: 500 * time.Millisecond,
 	}, 0, 1500*time.Millisecond)
 	d := allow(t, l, limiter.Request{Zone: z, Key: "alice", Cost: 1})
-	if d.Allowed || d.RetryAfter != 500*time.Millisecond {
+	if d.Allowed || d.RetryAfter != 500*time.Millisecond || d.Reset != 1500*time.Millisecond || d.Next != 500*time.Millisecond {
 		t.Fatalf("the script disagrees with State: %+v", d)
 	}
 
 	clk.Advance(300 * time.Millisecond) // 0.6 tokens: refilled to now, as the script computes
 	checkState(t, "0.6 tokens", state(t, l, z, "alice"), limiter.State{
 		Key: key, Exists: true, Now: clk.Now(), Tokens: 0.6, Remaining: 0, RetryAfter: 200 * time.Millisecond,
+		Reset: 1200 * time.Millisecond, Next: 200 * time.Millisecond,
 	}, 0, 1500*time.Millisecond)
 	clk.Advance(950 * time.Millisecond) // 2.5 tokens
 	checkState(t, "2.5 tokens", state(t, l, z, "alice"), limiter.State{
 		Key: key, Exists: true, Now: clk.Now(), Tokens: 2.5, Remaining: 2,
+		Reset: 250 * time.Millisecond, Next: 250 * time.Millisecond,
 	}, 0, 1500*time.Millisecond)
 	clk.Advance(time.Hour) // never above capacity
 	checkState(t, "an hour later", state(t, l, z, "alice"), limiter.State{
@@ -123,15 +126,16 @@ func TestStateSlidingWindow(t *testing.T) {
 	allow(t, l, limiter.Request{Zone: z, Key: "alice", Cost: 2}) // t=0: 2 entries
 	clk.Advance(time.Second)
 	checkState(t, "t=1s", state(t, l, z, "alice"), limiter.State{
-		Key: key, Exists: true, Now: clk.Now(), Count: 2, Remaining: 1,
+		Key: key, Exists: true, Now: clk.Now(), Count: 2, Remaining: 1, Reset: 9 * time.Second, Next: 9 * time.Second,
 	}, 0, 10*time.Second)
 	allow(t, l, limiter.Request{Zone: z, Key: "alice", Cost: 1}) // t=1s: full
 	clk.Advance(2 * time.Second)
-	// Full: one slot is free when the t=0 entries leave, at t=10s.
+	// Full: one slot is free when the t=0 entries leave, at t=10s, all when the t=1s one does.
 	checkState(t, "t=3s", state(t, l, z, "alice"), limiter.State{
 		Key: key, Exists: true, Now: clk.Now(), Count: 3, Remaining: 0, RetryAfter: 7 * time.Second,
+		Reset: 8 * time.Second, Next: 7 * time.Second,
 	}, 0, 10*time.Second)
-	if d := allow(t, l, limiter.Request{Zone: z, Key: "alice", Cost: 1}); d.Allowed || d.RetryAfter != 7*time.Second {
+	if d := allow(t, l, limiter.Request{Zone: z, Key: "alice", Cost: 1}); d.Allowed || d.RetryAfter != 7*time.Second || d.Reset != 8*time.Second || d.Next != 7*time.Second {
 		t.Fatalf("the script disagrees with State: %+v", d)
 	}
 
@@ -140,10 +144,12 @@ func TestStateSlidingWindow(t *testing.T) {
 	lower := sw("login", 2, 10*time.Second)
 	checkState(t, "limit lowered to 2", state(t, l, lower, "alice"), limiter.State{
 		Key: key, Exists: true, Now: clk.Now(), Count: 3, Remaining: 0, RetryAfter: 7 * time.Second,
+		Reset: 8 * time.Second, Next: 7 * time.Second,
 	}, 0, 10*time.Second)
 	lowest := sw("login", 1, 10*time.Second) // the newest entry (t=1s) must leave: t=11s
 	checkState(t, "limit lowered to 1", state(t, l, lowest, "alice"), limiter.State{
 		Key: key, Exists: true, Now: clk.Now(), Count: 3, Remaining: 0, RetryAfter: 8 * time.Second,
+		Reset: 8 * time.Second, Next: 7 * time.Second,
 	}, 0, 10*time.Second)
 	if d := allow(t, l, limiter.Request{Zone: lowest, Key: "alice", Cost: 1}); d.Allowed || d.RetryAfter != 8*time.Second {
 		t.Fatalf("the script disagrees with State: %+v", d)
@@ -155,7 +161,7 @@ func TestStateSlidingWindow(t *testing.T) {
 		t.Fatalf("ZCARD = %v, want the 3 entries still stored", n)
 	}
 	checkState(t, "t=10s", state(t, l, z, "alice"), limiter.State{
-		Key: key, Exists: true, Now: clk.Now(), Count: 1, Remaining: 2,
+		Key: key, Exists: true, Now: clk.Now(), Count: 1, Remaining: 2, Reset: time.Second, Next: time.Second,
 	}, 0, 10*time.Second)
 }
 
@@ -295,5 +301,41 @@ func TestStateRedisFailures(t *testing.T) {
 	}
 	if _, err := l.Reset(context.Background(), z, "a"); err == nil {
 		t.Fatal("Reset with Redis down: no error")
+	}
+}
+
+// TestStateTimesAsADenial: for every algorithm that keeps state between requests, and under a
+// block, State's Reset and Next are those a denied request's decision reports at the same
+// instant, and State's Remaining is its Remaining: spent in part, then read, then denied by a
+// cost of the whole quota, which charges nothing.
+func TestStateTimesAsADenial(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	clk := newClock()
+	l := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:", Now: clk.Now})
+	zones := []*limiter.Zone{
+		tb("tb", 4, 0.5),
+		sw("sw", 4, 10*time.Second),
+		{Name: "fw", Algorithm: limiter.FixedWindow, Limit: 4, Window: 10 * time.Second},
+		{Name: "sc", Algorithm: limiter.SlidingWindowCounter, Limit: 4, Window: 10 * time.Second},
+		{Name: "blocked", Algorithm: limiter.TokenBucket, Capacity: 4, RefillRate: 0.5, Block: time.Minute},
+	}
+	clk.Advance(2500 * time.Millisecond) // into the fixed windows, which are aligned to the epoch
+	for _, z := range zones {
+		allow(t, l, limiter.Request{Zone: z, Key: "alice", Cost: 2})
+		clk.Advance(1300 * time.Millisecond)
+		allow(t, l, limiter.Request{Zone: z, Key: "alice", Cost: 1})
+		if z.Block > 0 {
+			allow(t, l, limiter.Request{Zone: z, Key: "alice", Cost: 4}) // denied: the block starts
+		}
+		clk.Advance(700 * time.Millisecond)
+		s := state(t, l, z, "alice")
+		d := allow(t, l, limiter.Request{Zone: z, Key: "alice", Cost: 4})
+		if d.Allowed || s.Reset != d.Reset || s.Next != d.Next || s.Remaining != d.Remaining {
+			t.Fatalf("%s: State Remaining %d Reset %v Next %v, denial %+v", z.Name, s.Remaining, s.Reset, s.Next, d)
+		}
+		if s.Next <= 0 || s.Reset < s.Next {
+			t.Fatalf("%s: Next %v, Reset %v: want 0 < Next <= Reset in a zone spent in part", z.Name, s.Next, s.Reset)
+		}
 	}
 }
