@@ -78,6 +78,9 @@ type Waiter struct {
 	mu    sync.Mutex
 	gone  bool  // the queue lost it (a lapsed lease): enter again
 	since int64 // its arrival, µs by the scripts' clock
+	// entered is set once queue.lua has it (RefreshQueues renews only those), claimed once its
+	// claim admitted its request (Leave then has nothing to do); under the Limiter's waiters.mu.
+	entered, claimed bool
 	// Ahead is the number of waiters ahead of it (of its class and the higher ones) when it
 	// entered.
 	Ahead int64
@@ -153,7 +156,15 @@ func (l *Limiter) Enqueue(ctx context.Context, r Request, since int64) (*Waiter,
 		l.forget(w)
 		return nil, err
 	}
+	l.setEntered(w, true)
 	return w, nil
+}
+
+// setEntered marks w as in its queue, or not.
+func (l *Limiter) setEntered(w *Waiter, in bool) {
+	l.waiters.mu.Lock()
+	w.entered = in
+	l.waiters.mu.Unlock()
 }
 
 // Reenter puts w back in its queue, at its first arrival, after the queue lost it (Gone) or
@@ -164,8 +175,13 @@ func (l *Limiter) Reenter(ctx context.Context, w *Waiter) error {
 	w.mu.Unlock()
 	l.waiters.mu.Lock()
 	l.waiters.m[w.id] = w
+	w.entered = false
 	l.waiters.mu.Unlock()
-	return l.enter(ctx, w, w.since)
+	if err := l.enter(ctx, w, w.since); err != nil {
+		return err
+	}
+	l.setEntered(w, true)
+	return nil
 }
 
 // enter is queue.lua's enter for w.
@@ -199,7 +215,13 @@ func (l *Limiter) enter(ctx context.Context, w *Waiter, since int64) error {
 // waiter. Its errors are Redis's: the waiter's lease then ends within QueueLease, and a
 // reserved slot within QueueClaim.
 func (l *Limiter) Leave(ctx context.Context, w *Waiter) error {
-	l.forget(w)
+	l.waiters.mu.Lock()
+	claimed := w.claimed
+	delete(l.waiters.m, w.id)
+	l.waiters.mu.Unlock()
+	if claimed {
+		return nil // its claim took the reserved slot: nothing is left in the queue
+	}
 	_, err := runScript(ctx, l.rdb, queueScript, queueKeys(w.key, w.zone), l.queueArgs(w.zone, "leave", w.id))
 	if err != nil {
 		return fmt.Errorf("redis queue leave: %w", err)
@@ -208,8 +230,13 @@ func (l *Limiter) Leave(ctx context.Context, w *Waiter) error {
 }
 
 // Claimed stops renewing w, whose request was admitted with its claim: the claim took its
-// reserved slot.
-func (l *Limiter) Claimed(w *Waiter) { l.forget(w) }
+// reserved slot, and a Leave after it sends nothing.
+func (l *Limiter) Claimed(w *Waiter) {
+	l.waiters.mu.Lock()
+	w.claimed = true
+	delete(l.waiters.m, w.id)
+	l.waiters.mu.Unlock()
+}
 
 func (l *Limiter) forget(w *Waiter) {
 	l.waiters.mu.Lock()
@@ -319,7 +346,9 @@ func (l *Limiter) RefreshQueues(ctx context.Context) error {
 	l.waiters.last = now
 	byKey := map[string][]*Waiter{}
 	for _, w := range l.waiters.m {
-		byKey[w.key] = append(byKey[w.key], w)
+		if w.entered { // one still entering could be told it is gone
+			byKey[w.key] = append(byKey[w.key], w)
+		}
 	}
 	l.waiters.mu.Unlock()
 	calls := make([]*call, 0, len(byKey))

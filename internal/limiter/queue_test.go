@@ -58,8 +58,8 @@ func notReady(t *testing.T, w *limiter.Waiter, what string) {
 // TestQueueGrantsInArrivalOrderAcrossInstances: limit 1 held on instance 0; waiters enter on
 // instances 1, 2, 1, 2 in turn; each slot given back goes to the earliest waiter, on whichever
 // instance it waits, and a request decided afresh while they wait is denied (it does not
-// overtake them) even when a slot is free. A claim takes the reserved slot; its settlement
-// hands the slot on.
+// overtake them) even when a slot is free. A claim takes the reserved slot (a Leave after it
+// sends nothing); its settlement hands the slot on.
 func TestQueueGrantsInArrivalOrderAcrossInstances(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
@@ -105,6 +105,10 @@ func TestQueueGrantsInArrivalOrderAcrossInstances(t *testing.T) {
 			t.Fatalf("waiter %d's claim: %+v, want admitted", i, d)
 		}
 		inst.Claimed(w)
+		calls := srv.ScriptCalls()
+		if err := inst.Leave(context.Background(), w); err != nil || srv.ScriptCalls() != calls {
+			t.Fatalf("Leave after the claim: %v, %d script calls; want none", err, srv.ScriptCalls()-calls)
+		}
 		ls[0], ls[1+i%2] = inst, ls[0] // its instance now holds the slot
 		prev = d
 	}
