@@ -284,7 +284,8 @@ func sameSet(a, b []string) bool {
 
 // TestListPagesEachClientOnce: paged a few entries at a time, a listing returns each of 250
 // clients exactly once, and none of the zones whose names begin with the zone's or that it
-// begins with, nor of another key prefix (one with glob characters) in the same Redis.
+// begins with, nor of another key prefix (one with glob characters) in the same Redis, nor keys
+// that only look like the zone's or hold what its decisions cannot read.
 func TestListPagesEachClientOnce(t *testing.T) {
 	srv := redistest.Start(t)
 	h := provisioned(t, &Handler{Redis: listRedis(srv.Addr), Zones: []*Zone{listZone("ap"), listZone("api"), listZone("api2")}})
@@ -298,6 +299,17 @@ func TestListPagesEachClientOnce(t *testing.T) {
 	setUp(t, other, "api", true, few)
 	setUp(t, other, "api", false, few)
 	a, ao := &AdminAPI{live: h.live}, &AdminAPI{live: other.live}
+	// Keys that SCAN's pattern rl:{*}:api:block matches but that are no client's block of zone
+	// api (no client key holds a brace): written by something else, never listed.
+	for _, k := range []string{"rl:{x}:other}:api:block", "rl:{x{y}:api:block", "rl:{x}:other}:api:ov", "rl:{x{y}:api:ov"} {
+		srv.Do("SET", k, "9999999999999999:1000000:1")
+	}
+	// Keys of the zone's form holding what the decisions cannot read (another type, a value of
+	// another form): left out, and the rest listed.
+	srv.Do("HSET", "rl:{junk}:api:block", "capacity", "1")
+	srv.Do("SET", "rl:{junk2}:api:block", "forever")
+	srv.Do("SET", "rl:{junk}:api:ov", "9999999999999999:1000000:1")
+	srv.Do("HSET", "rl:{junk2}:api:ov", "capacity", "lots")
 
 	for _, block := range []bool{true, false} {
 		path, kind := "/rate_limit_redis/overrides?zone=api", "overrides"
@@ -405,4 +417,46 @@ func TestListHostileInput(t *testing.T) {
 	if keys := srv.Keys(t); !sameSet(keys, keysBefore) {
 		t.Errorf("keys after the bad requests: %v, before: %v", keys, keysBefore)
 	}
+}
+
+// TestListOnSentinel: with Sentinel, a listing pages through the current primary.
+func TestListOnSentinel(t *testing.T) {
+	ss := redistest.StartSentinels(t, time.Second)
+	h := provisioned(t, &Handler{Redis: &RedisConfig{Addresses: ss.Addrs(), Sentinel: ss.Master, DialTimeout: caddy.Duration(5 * time.Second)},
+		Zones: []*Zone{listZone("api")}})
+	clients := clientNames("client-", 40)
+	setUp(t, h, "api", true, clients)
+	setUp(t, h, "api", false, clients)
+	a := &AdminAPI{live: h.live}
+	seen, _ := listAll[blockEntry](t, a, "/rate_limit_redis/blocks?zone=api", 6)
+	eachOnce(t, "blocks", seen, keysOf("rl:", "api", true, clients))
+	seen, _ = listAll[overrideEntry](t, a, "/rate_limit_redis/overrides?zone=api", 6)
+	eachOnce(t, "overrides", seen, keysOf("rl:", "api", false, clients))
+}
+
+// TestListPageBounded: among 20,000 keys of which 3 are the zone's, a page of count 1 makes at
+// most maxScanCalls SCAN calls and returns a cursor to go on with; the pages together list the
+// 3 clients once each.
+func TestListPageBounded(t *testing.T) {
+	srv := redistest.Start(t)
+	h := provisioned(t, &Handler{Redis: listRedis(srv.Addr), Zones: []*Zone{listZone("api")}})
+	args := []any{"MSET"}
+	for i := range 20_000 {
+		args = append(args, fmt.Sprintf("other:{%d}:api:tb", i), "1")
+	}
+	srv.Do(args...)
+	clients := clientNames("c", 3)
+	setUp(t, h, "api", true, clients)
+	a := &AdminAPI{live: h.live}
+	srv.Do("CONFIG", "RESETSTAT")
+	first := listPageOf[blockEntry](t, a, "/rate_limit_redis/blocks?zone=api&count=1")
+	if scans := commandStats(t, srv)["scan"][0]; scans < 1 || scans > maxScanCalls {
+		t.Errorf("the first page made %d SCAN calls, want 1 to %d", scans, maxScanCalls)
+	}
+	if first.Cursor == "" {
+		t.Errorf("the first page of count 1 among 20,003 keys ended the listing: %+v", first)
+	}
+	seen, pages := listAll[blockEntry](t, a, "/rate_limit_redis/blocks?zone=api", 1)
+	eachOnce(t, "blocks", seen, keysOf("rl:", "api", true, clients))
+	t.Logf("%d pages of count 1 among 20,003 keys", pages)
 }

@@ -98,8 +98,8 @@ type ListedBlock struct {
 }
 
 // ReadBlocks reads the block keys keys (as ScanZone found them) at the scripts' time (Redis
-// TIME, or the Limiter's clock). A key gone since (expired or deleted), or whose value the
-// decisions cannot read as a block, is left out.
+// TIME, or the Limiter's clock). A key gone since (expired or deleted), of another type, or
+// whose value the decisions cannot read as a block, is left out.
 func (l *Limiter) ReadBlocks(ctx context.Context, keys []string) ([]ListedBlock, error) {
 	if len(keys) == 0 {
 		return nil, nil
@@ -113,7 +113,7 @@ func (l *Limiter) ReadBlocks(ctx context.Context, keys []string) ([]ListedBlock,
 	for i, key := range keys {
 		gets[i] = p.Get(ctx, key)
 	}
-	if _, err = p.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+	if _, err = p.Exec(ctx); !replyError(err) {
 		return nil, fmt.Errorf("redis GET of %d block keys: %w", len(keys), err)
 	}
 	var out []ListedBlock
@@ -140,8 +140,9 @@ type ListedOverride struct {
 	TTL      time.Duration
 }
 
-// ReadOverrides reads the override keys keys (as ScanZone found them). A key gone since, or
-// with a field that does not parse (GetOverride's ErrBadResponse), is left out.
+// ReadOverrides reads the override keys keys (as ScanZone found them). A key gone since, of
+// another type, or with a field that does not parse (GetOverride's ErrBadResponse), is left
+// out.
 func (l *Limiter) ReadOverrides(ctx context.Context, keys []string) ([]ListedOverride, error) {
 	if len(keys) == 0 {
 		return nil, nil
@@ -152,18 +153,26 @@ func (l *Limiter) ReadOverrides(ctx context.Context, keys []string) ([]ListedOve
 	for i, key := range keys {
 		alls[i], pttls[i] = p.HGetAll(ctx, key), p.PTTL(ctx, key)
 	}
-	if _, err := p.Exec(ctx); err != nil {
+	if _, err := p.Exec(ctx); !replyError(err) {
 		return nil, fmt.Errorf("redis HGETALL of %d override keys: %w", len(keys), err)
 	}
 	var out []ListedOverride
 	for i, all := range alls {
 		o, err := parseOverride(keys[i], all.Val())
-		if err != nil || o.IsZero() {
+		if err != nil || all.Err() != nil || o.IsZero() {
 			continue
 		}
 		out = append(out, ListedOverride{Key: keys[i], Override: o, TTL: max(0, pttls[i].Val())})
 	}
 	return out, nil
+}
+
+// replyError reports whether err, a pipeline's, is nil or a Redis error reply to one of its
+// commands (a key gone, a key of another type: that key is left out), not a failure of the
+// whole pipeline.
+func replyError(err error) bool {
+	var re redis.Error
+	return err == nil || errors.As(err, &re)
 }
 
 // scriptTime is the time the scripts decide at: the Limiter's clock when it has one, else the
