@@ -460,3 +460,20 @@ func TestListPageBounded(t *testing.T) {
 	eachOnce(t, "blocks", seen, keysOf("rl:", "api", true, clients))
 	t.Logf("%d pages of count 1 among 20,003 keys", pages)
 }
+
+// TestListZoneInSeveralHandlers: a zone in three handlers, two of them with one key prefix and
+// the third with another, on one Redis: a listing goes through both prefixes and returns each
+// client once.
+func TestListZoneInSeveralHandlers(t *testing.T) {
+	srv := redistest.Start(t)
+	live := newRegistry()
+	var hs []*Handler
+	for _, prefix := range []string{"rl:", "rl:", "b:"} {
+		hs = append(hs, provisioned(t, &Handler{live: live, Redis: listRedis(srv.Addr), KeyPrefix: prefix, Zones: []*Zone{listZone("api")}}))
+	}
+	first, second := clientNames("a", 30), clientNames("b", 20)
+	setUp(t, hs[0], "api", true, first)
+	setUp(t, hs[2], "api", true, second)
+	seen, _ := listAll[blockEntry](t, &AdminAPI{live: live}, "/rate_limit_redis/blocks?zone=api", 4)
+	eachOnce(t, "blocks", seen, append(keysOf("rl:", "api", true, first), keysOf("b:", "api", true, second)...))
+}
