@@ -353,6 +353,14 @@ func TestListOnCluster(t *testing.T) {
 	eachOnce(t, "blocks", seen, keysOf("rl:", "api", true, clients))
 	seen, _ = listAll[overrideEntry](t, a, "/rate_limit_redis/overrides?zone=api", 10)
 	eachOnce(t, "overrides", seen, keysOf("rl:", "api", false, clients))
+	// The cursor's second part counts the 3 primaries from 0.
+	if code, body := adminCall(t, a, http.MethodGet, "/rate_limit_redis/blocks?zone=api&cursor=0.2.0"); code != 200 {
+		t.Errorf("the third primary's start: %d %s", code, body)
+	}
+	if code, body := adminCall(t, a, http.MethodGet, "/rate_limit_redis/blocks?zone=api&cursor=0.3.0"); code != 400 ||
+		body != `cursor: "0.3.0" is not a cursor of this listing: give the cursor of the last page, or none to start again` {
+		t.Errorf("a fourth primary: %d %s", code, body)
+	}
 }
 
 // TestListHostileInput: a listing's bad parameters are each a 400 naming the fault, with no
