@@ -91,6 +91,10 @@ var redisUses = []redisUse{
 	// limiter.Block (PUT /rate_limit_redis/block): TIME, one MULTI/EXEC with SET of the block
 	// key, PUBLISH of it on the reset channel. limiter.State reads a block key with GET.
 	{"limiter.Block: the admin API's block", grantAdmin, []string{"time", "multi", "exec", "set", "publish"}},
+	// The admin API's listings (GET /rate_limit_redis/blocks and /overrides): SCAN on each
+	// server, then limiter.ReadBlocks (TIME, GET of each key found) or limiter.ReadOverrides
+	// (HGETALL and PTTL of each), in plain pipelines.
+	{"limiter.ScanZone: the admin API's listings", grantAdmin, []string{"scan", "time", "get", "hgetall", "pttl"}},
 	// go-redis's ClusterClient: the slot map (CLUSTER SLOTS) and the commands' key positions
 	// (COMMAND), from any node.
 	{"go-redis: Redis Cluster", grantCluster, []string{"cluster|slots", "command"}},
@@ -597,6 +601,7 @@ func TestRedisACL(t *testing.T) {
 			refill_rate 1/1h
 			block 1h
 			block_max 2h
+			overrides
 		}
 	}
 	respond "ok"`, srv.Addr))
@@ -637,6 +642,13 @@ func TestRedisACL(t *testing.T) {
 			if st := adminJSON[[]clientState](t, ac, "GET", "/rate_limit_redis/state?zone=blk&key=eve", 200); len(st) != 1 || st[0].BlockedUntilMs == nil ||
 				st[0].Strikes == nil || *st[0].Strikes != 1 {
 				t.Fatalf("state of a blocked client: %+v", st)
+			}
+			if l := adminJSON[listPage[blockEntry]](t, ac, "GET", "/rate_limit_redis/blocks?zone=blk", 200); len(l.Entries) != 1 || l.Entries[0].Key != "eve" ||
+				!l.Entries[0].Blocked || l.Cursor != "" {
+				t.Fatalf("blocks: %+v", l)
+			}
+			if l := adminJSON[listPage[overrideEntry]](t, ac, "GET", "/rate_limit_redis/overrides?zone=blk", 200); len(l.Entries) != 0 || l.Cursor != "" {
+				t.Fatalf("overrides: %+v", l)
 			}
 			adminJSON[[]resetResult](t, ac, "DELETE", "/rate_limit_redis/state?zone=blk&key=eve", 200)
 			ac.Get("/blk", "X-Client", "eve").Expect(t, "unblocked", 200, "ok", "X-RateLimit-Degraded", "")

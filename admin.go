@@ -35,6 +35,8 @@ const adminTimeout = 2 * time.Second
 //	DELETE /rate_limit_redis/state?zone=<name>&key=<key>   reset it: the client starts afresh, unblocked
 //	PUT    /rate_limit_redis/block?zone=<name>&key=<key>&for=<duration>   block the client (a zone with block)
 //	PUT|GET|DELETE /rate_limit_redis/override?zone=<name>&key=<key>  a client's own numbers (override.go)
+//	GET    /rate_limit_redis/blocks?zone=<name>[&count=<n>][&cursor=<c>]     a page of the zone's blocked clients (list.go)
+//	GET    /rate_limit_redis/overrides?zone=<name>[&count=<n>][&cursor=<c>]  a page of the zone's clients with overrides
 //
 // A zone whose numbers come from placeholders has no numbers of its own outside a request: its
 // state is computed with the numbers given as query parameters of their names (in the syntax of
@@ -78,6 +80,8 @@ func (a *AdminAPI) Routes() []caddy.AdminRoute {
 		{Pattern: "/rate_limit_redis/state", Handler: caddy.AdminHandlerFunc(a.handleState)},
 		{Pattern: "/rate_limit_redis/block", Handler: caddy.AdminHandlerFunc(a.handleBlock)},
 		{Pattern: "/rate_limit_redis/override", Handler: caddy.AdminHandlerFunc(a.handleOverride)},
+		{Pattern: "/rate_limit_redis/blocks", Handler: caddy.AdminHandlerFunc(a.handleBlocks)},
+		{Pattern: "/rate_limit_redis/overrides", Handler: caddy.AdminHandlerFunc(a.handleOverrides)},
 	}
 }
 

@@ -51,6 +51,17 @@ type overrideState struct {
 	// Whether the client has an override (GET), had one (DELETE: deleted), or now has this one
 	// (PUT).
 	Exists bool `json:"exists"`
+	overrideNumbers
+	// PUT and DELETE: whether the change was announced to the other instances, which then
+	// forget their cached denials of the client at once (else within their deny cache's
+	// max_age); broadcast_error says why not.
+	Broadcast      *bool  `json:"broadcast,omitempty"`
+	BroadcastError string `json:"broadcast_error,omitempty"`
+}
+
+// overrideNumbers are an override's numbers and how long it lasts, in the replies of
+// /rate_limit_redis/override and /rate_limit_redis/overrides.
+type overrideNumbers struct {
 	// The override's numbers (absent: the zone's own apply): tokens, tokens per second,
 	// requests, milliseconds, tokens or slots.
 	Capacity   int64   `json:"capacity,omitempty"`
@@ -60,11 +71,6 @@ type overrideState struct {
 	MaxCost    int64   `json:"max_cost,omitempty"`
 	// Milliseconds until the override ends; absent when it lasts until it is deleted.
 	ExpiresInMs int64 `json:"expires_in_ms,omitempty"`
-	// PUT and DELETE: whether the change was announced to the other instances, which then
-	// forget their cached denials of the client at once (else within their deny cache's
-	// max_age); broadcast_error says why not.
-	Broadcast      *bool  `json:"broadcast,omitempty"`
-	BroadcastError string `json:"broadcast_error,omitempty"`
 }
 
 // handleOverride serves PUT (set), GET (read) and DELETE (remove)
@@ -138,7 +144,7 @@ func (a *AdminAPI) handleOverride(w http.ResponseWriter, r *http.Request) error 
 }
 
 // set fills in the override's numbers and how long it lasts.
-func (st *overrideState) set(o limiter.Override, ttl time.Duration) {
+func (st *overrideNumbers) set(o limiter.Override, ttl time.Duration) {
 	st.Capacity, st.RefillRate, st.Limit, st.MaxCost = o.Capacity, o.RefillRate, o.Limit, o.MaxCost
 	st.WindowMs = ceilMs(o.Window)
 	if ttl > 0 {

@@ -75,16 +75,6 @@ type zoneQuota struct {
 	Override *overrideNumbers `json:"override,omitempty"`
 }
 
-// overrideNumbers are the numbers a client's override sets: tokens, tokens per second,
-// requests, milliseconds.
-type overrideNumbers struct {
-	Capacity   int64   `json:"capacity,omitempty"`
-	RefillRate float64 `json:"refill_rate,omitempty"`
-	Limit      int64   `json:"limit,omitempty"`
-	WindowMs   int64   `json:"window_ms,omitempty"`
-	MaxCost    int64   `json:"max_cost,omitempty"`
-}
-
 // errQuotaMethod is the 405 of a quota endpoint request of another method than GET or HEAD.
 var errQuotaMethod = errors.New("the quota endpoint answers GET and HEAD only")
 

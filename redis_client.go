@@ -2,6 +2,7 @@ package ratelimitredis
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -111,6 +112,36 @@ func (c *sharedClient) node(ctx context.Context, key string) (*redisNode, error)
 	}
 	c.nodes.Store(addr, n)
 	return n, nil
+}
+
+// primaries returns the Redis servers that hold the client's keys, to SCAN: on Redis Cluster
+// every primary, sorted by address, so that a listing's cursor names the same one on its next
+// page while the cluster's primaries stay the same; else the one server (with Sentinel, the
+// current primary).
+func (c *sharedClient) primaries(ctx context.Context) ([]limiter.Scanner, error) {
+	if !c.cluster {
+		return []limiter.Scanner{c.rdb}, nil
+	}
+	var mu sync.Mutex
+	var nodes []*redis.Client
+	err := c.cc.ForEachMaster(ctx, func(_ context.Context, n *redis.Client) error {
+		mu.Lock()
+		nodes = append(nodes, n)
+		mu.Unlock()
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("redis cluster primaries: %w", err)
+	}
+	if len(nodes) == 0 {
+		return nil, errors.New("redis cluster primaries: none known")
+	}
+	slices.SortFunc(nodes, func(a, b *redis.Client) int { return strings.Compare(a.Options().Addr, b.Options().Addr) })
+	out := make([]limiter.Scanner, len(nodes))
+	for i, n := range nodes {
+		out[i] = n
+	}
+	return out, nil
 }
 
 // batcherFor is the limiter's Options.BatcherFor on Redis Cluster: the batcher of the node

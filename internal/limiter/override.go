@@ -183,10 +183,22 @@ func (l *Limiter) GetOverride(ctx context.Context, z *Zone, clientKey string) (o
 	if len(m) == 0 {
 		return Override{}, 0, false, nil
 	}
+	if o, err = parseOverride(key, m); err != nil {
+		return Override{}, 0, false, err
+	}
+	if d := pttl.Val(); d > 0 {
+		ttl = d
+	}
+	return o, ttl, true, nil
+}
+
+// parseOverride reads the fields m of the override hash key. A field that does not parse is an
+// error wrapping ErrBadResponse; fields of other names are ignored.
+func parseOverride(key string, m map[string]string) (o Override, err error) {
 	for name, v := range m {
 		f, perr := strconv.ParseFloat(v, 64)
 		if perr != nil || f <= 0 || math.IsInf(f, 0) {
-			return Override{}, 0, false, fmt.Errorf("%w: override %s field %s is %q", ErrBadResponse, key, name, v)
+			return Override{}, fmt.Errorf("%w: override %s field %s is %q", ErrBadResponse, key, name, v)
 		}
 		switch name {
 		case "capacity":
@@ -201,10 +213,7 @@ func (l *Limiter) GetOverride(ctx context.Context, z *Zone, clientKey string) (o
 			o.MaxCost = int64(f)
 		}
 	}
-	if d := pttl.Val(); d > 0 {
-		ttl = d
-	}
-	return o, ttl, true, nil
+	return o, nil
 }
 
 // DeleteOverride deletes the client's override of zone z, so that its next decision on every
