@@ -253,3 +253,39 @@ func TestQueueLapsedWaiterDropped(t *testing.T) {
 		t.Fatalf("granted after %v: before the dead waiter's reservation (%v) lapsed", took, limiter.QueueClaim)
 	}
 }
+
+// TestQueueDeadInstanceWaiterDropped: a waiter of an instance that stops renewing it (it died)
+// is dropped from the queue once its lease (QueueLease) ends, by the next call of a live
+// instance, so that the slot freed after that goes straight to the live instance's waiter
+// behind it, with no reservation left to lapse first.
+func TestQueueDeadInstanceWaiterDropped(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	ls := queueLimiters(t, srv, 2)
+	z := queued("q", 1)
+	req := limiter.Request{Zone: z, Key: "site", Cost: 1, Hold: time.Minute}
+	held := allow(t, ls[1], req)
+	if _, err := ls[0].Enqueue(context.Background(), req, 0); err != nil { // instance 0 then "dies"
+		t.Fatal(err)
+	}
+	live, err := ls[1].Enqueue(context.Background(), req, 0)
+	if err != nil || live.Ahead != 1 {
+		t.Fatalf("the live waiter: %+v, %v; want 1 ahead", live, err)
+	}
+	waiters := limiter.StateKey("rl:", z, "site") + ":ql"
+	start := time.Now()
+	redistest.WaitFor(t, limiter.QueueLease+5*time.Second, "the dead instance's waiter dropped", func() bool {
+		_ = ls[1].RefreshQueues(context.Background()) // the live instance renews its own
+		n, _ := srv.Do("ZCARD", waiters).(int64)
+		return n == 1
+	})
+	if took := time.Since(start); took < limiter.QueueLease-200*time.Millisecond {
+		t.Fatalf("dropped after %v, before its lease of %v ended", took, limiter.QueueLease)
+	}
+	settleAll(t, ls[1], held)
+	select { // at once: not after a reservation for the dead waiter lapsed (QueueClaim)
+	case <-live.Ready():
+	case <-time.After(time.Second):
+		t.Fatal("the live waiter was not granted the slot at once")
+	}
+}
