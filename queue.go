@@ -20,13 +20,15 @@ import (
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/limiter"
 )
 
-// Queues (max_wait on a concurrency zone): a request that the zone alone denies, for want of a
-// free slot, waits in the zone's queue in Redis (limiter.Enqueue) instead of a 429, up to
-// max_wait, and takes the next slot its turn gets, across every instance: by priority class
-// (Priority), then in arrival order. Granted a slot, it is decided again with its claim (every
-// zone, all-or-nothing), then served as any admitted request; at max_wait it is refused with
-// 429 (result wait_timeout); a client that leaves ends its wait at once with 499 and takes no
-// slot. See docs/queues.md.
+// Queues (max_wait on a concurrency zone, or on a token bucket zone with priority): a request
+// that the zone alone denies, for want of a free slot or of its tokens, waits in the zone's
+// queue in Redis (limiter.Enqueue) instead of a 429, up to max_wait, and takes the next slot
+// (or tokens) its turn gets, across every instance: by priority class (Priority), then in
+// arrival order. Granted, it is decided again with its claim (every zone, all-or-nothing), then
+// served as any admitted request; at max_wait it is refused with 429 (result wait_timeout); a
+// client that leaves ends its wait at once with 499 and takes nothing. A token bucket request
+// whose tokens would not come within max_wait even first in line is refused at once, as
+// without a queue. See docs/queues.md.
 
 // Priority orders the waiters of a queue in classes: a placeholder names the request's class,
 // and each class may be guaranteed a share of the slots granted while it has waiters.
@@ -119,8 +121,8 @@ func (z *Zone) provisionQueue() {
 
 // queueing returns the index in f.reqs of the zone whose queue f's request may wait in: the
 // one zone that denied it, a zone with a queue, every other zone admitting it (a shadow zone
-// aside); -1 when it may not wait (another zone denied it, Redis failed, dry_run, or no waiting
-// place was left for it).
+// aside); -1 when it may not wait (another zone denied it, Redis failed, dry_run, no waiting
+// place was left for it, or a token bucket's tokens would come after max_wait).
 func (h *Handler) queueing(f *flight) int {
 	if f.d.Allowed || f.degraded || h.DryRun || f.noWait || f.d.Unsatisfiable || f.d.Blocked || f.d.Cached {
 		return -1
@@ -135,6 +137,9 @@ func (h *Handler) queueing(f *flight) int {
 			return -1
 		}
 		at = i
+	}
+	if at >= 0 && !f.reqs[at].Zone.Algorithm.HoldsSlots() && f.d.RetryAfter > f.reqs[at].Zone.MaxWait {
+		return -1
 	}
 	return at
 }

@@ -42,9 +42,9 @@
 --              all the zone holds up to ask: see lease_grant), "o<k>:<max_cost>" (overrides, the
 --              override key the decision's key k; see "Shadow zones and overrides"),
 --              "b<block>,<block_max>:<k>" (a block, µs, the block key the decision's key k; see
---              Penalty box), "q<k>" (a concurrency zone's queue: the decision's key k is its
---              waiters' sorted set, see queue.lua), then "|<id>" (a claim: waiter id holds a
---              reserved slot, see queue.lua), always last
+--              Penalty box), "q<k>" (a concurrency or token bucket zone's queue: the
+--              decision's key k is its waiters' sorted set, see queue.lua), then "|<id>" (a
+--              claim: waiter id holds a reserved slot or tokens, see queue.lua), always last
 --
 -- Reply: an array of integers, per decision in order: allowed, then per zone i: allowed_i,
 -- remaining_i, retry_after_i, reset_i, next_i, then granted_i when the zone's cost asks for a
@@ -159,6 +159,11 @@ end
 --       than HOLD_MAX in the past is committed by whichever call finds it. A hold of its own
 --       maximum m is written with µs = now + m - HOLD_MAX: the same form and the same rule, so
 --       every script version and the admin API read it alike.
+--   h:q:<id>  a queue's reservation for its waiter id (see queue.lua): a hold of its own
+--       maximum, the queue's claim time. The claim of waiter id (flag "|<id>") takes it as its
+--       request's tokens, whatever the bucket holds; never claimed, it counts as charged.
+-- With a queue (flag "q<k>": priority classes and a max_wait), a request is denied while a
+-- waiter with a live lease waits, and no request is held (no max_wait is sent).
 -- It admits a request iff capacity - u - held >= cost, or, with a max_wait (shaping), iff it
 -- would within max_wait (and cost <= capacity): the request is then charged now, u going above
 -- the capacity (a debt of at most max_wait × rate), and its delay is the time until the bucket
@@ -223,7 +228,7 @@ end
 -- needs it, and fast needs none. Each decide function takes (key, quota, rate, cost, ask, nonce,
 -- hmax, rkey, gkey, writes, denied, upto, z): a zone's state key and arguments as the ARGV above (cost
 -- split from ask, the lease's grant asked, nil: none; upto, its flag "u"; z, the zone's table of
--- read_decision, which only cc reads), its hold time (µs; nil: charged now, a
+-- read_decision: its queue and claim), its hold time (µs; nil: charged now, a
 -- record or slot living HOLD_MAX), its record and generation keys when its charge is recorded
 -- (window counters), the list of writes it appends its write to when it admits ({ its take
 -- function, arguments }), and the list of { key, TTL (ms) its state needs } it appends to when
@@ -250,7 +255,7 @@ local function algorithm(tag)
 
     -- tb_decide decides a token bucket zone (see the state above): rate is "<rate>" or
     -- "<rate>,<max_wait>".
-    local function tb_decide(key, quota, rate, cost, ask, nonce, hmax, rkey, gkey, writes, denied, upto)
+    local function tb_decide(key, quota, rate, cost, ask, nonce, hmax, rkey, gkey, writes, denied, upto, z)
       local max_wait = 0
       local r = tonumber(rate)
       if r == nil then -- "<rate>,<max_wait>"
@@ -264,10 +269,12 @@ local function algorithm(tag)
       if not empty then held = tonumber(v[4]) or 0 end
       local holds
       local hwait = 0 -- µs until the last hold left would count as charged
+      local claimed -- a claim's reservation (queue.lua's hold "h:q:<id>"): its tokens, now its own
       if held > 0 then
         -- Commit the holds that settle.lua never settled: a charge stays rather than vanish.
         holds = {}
         local all = redis.call('HGETALL', key)
+        local mine = z.claim and 'h:q:' .. z.claim
         held = 0
         for j = 1, #all, 2 do
           local f = all[j]
@@ -277,6 +284,9 @@ local function algorithm(tag)
             if c and now - at > HOLD_MAX then
               used = used + c
               holds[#holds + 1] = f
+            elseif c and f == mine then
+              claimed = c
+              holds[#holds + 1] = f
             elseif c then
               held = held + c
               hwait = max(hwait, at + HOLD_MAX - now)
@@ -285,13 +295,23 @@ local function algorithm(tag)
         end
       end
       local tokens = quota - used - held
+      if claimed then
+        -- The reservation admits the request: its tokens were taken for it by queue.lua.
+        tokens = max(tokens + claimed, cost)
+      elseif z.qkey and redis.call('ZCOUNT', z.qkey, '(' .. NOW, '+inf') > 0 then
+        -- A waiter with a live lease waits (queue.lua): no request overtakes it.
+        denied[#denied + 1] = { key, max(1, ceil((used + held) / rate * 1000)) }
+        return false, max(0, floor(tokens + EPSILON)), max(wait(tokens, cost, rate), ceil(cost * 1000000 / rate)),
+          wait(tokens, quota, rate), 1, 0
+      end
       local ok, taken, remaining, retry, reset, nxt = tb_admit(tokens, quota, rate, cost, max_wait, ask, upto)
       if ok then
         writes[#writes + 1] = { tb_take, key, used, ts, quota, rate, taken, held, holds, hmax, hwait }
       else
         denied[#denied + 1] = { key, max(1, ceil((used + held) / rate * 1000)) }
-        if held > 0 and cost <= quota and wait(tokens + held, cost, rate) <= max_wait then
-          nxt = 1 -- denied by holds that settle.lua may release at any moment: nothing to cache
+        if held > 0 and cost <= quota and wait(tokens + held, cost, rate) <= max_wait or z.qkey then
+          nxt = 1 -- denied by holds that settle.lua may release at any moment, or with a queue to
+          -- wait in: nothing to cache
         end
       end
       return ok, remaining, retry, reset, nxt, taken

@@ -1,47 +1,61 @@
 #!lua
--- queue.lua: the queue of a concurrency zone with a max_wait, where requests that found every
--- slot taken wait for one, in priority classes, in arrival order within a class, across every
--- instance (see decide.lua, "Concurrency", and internal/limiter/queue.go).
+-- queue.lua: the queue of a zone with a max_wait that waits in line (a concurrency zone, or a
+-- token bucket with priority classes), where requests that found every slot (or the tokens they
+-- cost) taken wait for one, in priority classes, in arrival order within a class, across every
+-- instance (see decide.lua, "Concurrency" and "Token bucket", and internal/limiter/queue.go).
 --
--- State, all in the hash slot of the zone's state key K (the slots' sorted set):
+-- State, all in the hash slot of the zone's state key K (the slots' sorted set, or the bucket):
 --   K:ql       a sorted set of the waiters: member the waiter's id, score its lease's end (µs).
 --              An instance renews its waiters' leases every second (op refresh); a waiter whose
 --              lease has ended (its instance died, or lost Redis) is dropped by the next call.
 --   K:q<c>     per class c (1 the highest), a sorted set of its waiters: member the waiter's id,
 --              score its arrival (µs, the Redis clock when it first entered).
---   K:qm       a hash of the share counters: n<c> the slots granted while class c had waiters,
---              s<c> those of them granted to class c; both dropped when class c has none.
--- A waiter's id is "<instance>.<n>.<c>": its instance's id (the channel it listens on is
--- ARGV[5] .. instance), a number unique on that instance, and its class.
+--   K:qm       a hash of the share counters: n<c> the grants made while class c had waiters,
+--              s<c> those of them made to class c; both dropped when class c has none.
+-- A waiter's id is "<instance>.<n>.<c>" (a concurrency zone's) or "<instance>.<n>:<cost>.<c>"
+-- (a token bucket's): its instance's id (the channel it listens on is ARGV[5] .. instance), a
+-- number unique on that instance, the tokens its request costs, and its class.
 --
--- Granting (promote): while K has fewer than limit live slots and a waiter waits, the next
--- waiter is given a reserved slot, member "q:<id>" in K with a deadline of now + claim, and its
--- id is published on its instance's channel; the instance then decides the request with the
--- claim (decide.lua takes the reservation in place of a free slot), or leaves (op leave), which
--- gives the reservation to the next waiter. A reservation never claimed frees itself at its
--- deadline. The next waiter is the earliest of the first class that is owed its share (the class
--- with the most owed, the higher class on a tie), else the earliest of the highest class with
--- waiters. Class c of share s (permille) is owed when s_c < floor(s × (n_c + 1) / 1000): so while
--- it has waiters it is granted at least floor(s × n / 1000) of every n slots granted, less one
--- per other class owed at the same grant.
+-- Granting (promote): while the next waiter's grant fits, it is reserved for it, and its id is
+-- published on its instance's channel; the instance then decides the request with the claim
+-- (decide.lua takes the reservation in place of a free slot or of the bucket's tokens), or
+-- leaves (op leave), which gives the reservation to the next waiter.
+--   concurrency  A grant fits while K has fewer than limit live slots. The reservation is the
+--                member "q:<id>" in K with a deadline of now + claim; never claimed, it frees
+--                itself at its deadline.
+--   token bucket A grant fits while the bucket holds the waiter's cost (decide.lua's reading:
+--                capacity less used, drained at the refill rate, less held). The reservation is
+--                a hold "h:q:<id>" = "<cost>@<µs>" of the bucket (decide.lua, "Token bucket"),
+--                of its own maximum claim; never claimed, it counts as charged after claim, as
+--                any hold past its time. The waiters are served at the refill rate: promote
+--                replies the µs until the next waiter's cost is in the bucket, and each instance
+--                with waiters calls promote then.
+-- The next waiter is the earliest of the first class that is owed its share (the class with the
+-- most owed, the higher class on a tie), else the earliest of the highest class with waiters.
+-- Class c of share s (permille) is owed when s_c < floor(s × (n_c + 1) / 1000): so while it has
+-- waiters it is granted at least floor(s × n / 1000) of every n grants, less one per other
+-- class owed at the same grant.
 --
 -- KEYS[1] K, KEYS[2] K:ql, KEYS[3] K:qm, KEYS[3 + c] K:q<c> for each class c.
 -- ARGV[1] now, in µs since the Unix epoch, or "" to read the Redis server clock (TIME).
 -- ARGV[2] the operation: "enter", "leave", "refresh" or "promote".
--- ARGV[3] the zone's limit (slots).
--- ARGV[4] claim: µs a reserved slot waits for its waiter's decision.
+-- ARGV[3] the zone: its limit (slots), or "<capacity>,<refill rate>" (tokens, tokens/s) for a
+--         token bucket.
+-- ARGV[4] claim: µs a reservation waits for its waiter's decision.
 -- ARGV[5] the channel prefix: a waiter's grant is published on ARGV[5] .. its instance.
 -- ARGV[6] the classes' shares, permille, comma-separated, one per class ("0" for none).
 -- ARGV[7] lease: µs from now to a waiter's lease's end.
--- Then, per operation:
+-- Then, per operation, each reply ending with next: µs until the next waiter's grant fits (a
+-- token bucket's, while a waiter waits), else 0:
 --   enter    ARGV[8] the waiter's id, ARGV[9] its arrival (µs; "" for now). Reply: { granted
---            (1 when this waiter holds a reserved slot now), arrival (µs), waiters ahead of it
---            (of its class and higher) }.
---   leave    ARGV[8] the waiter's id. Reply: { 1 when it held a reserved slot (given to the
---            next), else 0 }.
+--            (1 when this waiter holds a reservation now), arrival (µs), waiters ahead of it
+--            (of its class and higher), next }.
+--   leave    ARGV[8] the waiter's id. Reply: { 1 when it held a reservation (given to the
+--            next), else 0, next }.
 --   refresh  ARGV[8..] the ids of an instance's waiters: their leases renewed. Reply: per id,
---            0 waiting, 1 holding a reserved slot, 2 gone (its lease ended, or it was dropped).
---   promote  nothing more. Reply: the number of slots granted.
+--            0 waiting, 1 holding a reservation, 2 gone (its lease ended, or it was dropped);
+--            then next.
+--   promote  nothing more. Reply: { the number of grants, next }.
 
 local now
 if ARGV[1] == '' then
@@ -52,17 +66,29 @@ else
 end
 local NOW = string.format('%d', now)
 local K, L, M = KEYS[1], KEYS[2], KEYS[3]
-local limit, claim, chan = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
+local claim, chan = tonumber(ARGV[4]), ARGV[5]
+local limit, rate = tonumber(ARGV[3]), nil -- slots; or a token bucket's capacity and refill rate
+local tb = limit == nil
+if tb then
+  local c, r = string.match(ARGV[3], '^([^,]+),(.+)$')
+  limit, rate = tonumber(c), tonumber(r)
+end
 local lease = tonumber(ARGV[7])
 local shares = {}
 for s in string.gmatch(ARGV[6], '%d+') do shares[#shares + 1] = tonumber(s) end
 local classes = #shares
+local EPSILON, HOLD_MAX = 1e-9, 5000000 -- decide.lua's
 
 -- class_of is the class of a waiter's id (its last field), at most the number of classes.
 local function class_of(id)
   local c = tonumber(string.match(id, '%.(%d+)$')) or classes
   if c < 1 or c > classes then c = classes end
   return c
+end
+
+-- cost_of is the tokens a token bucket waiter's request costs (see its id).
+local function cost_of(id)
+  return tonumber(string.match(id, ':(%d+)%.%d+$')) or 1
 end
 
 -- keep_alive gives the queue's keys a TTL past the latest lease.
@@ -98,41 +124,73 @@ local function pick(n, seen, served)
   return nil
 end
 
--- promote grants the free slots of K to the next waiters and returns how many it granted.
-local function promote()
-  drop_lapsed()
+-- bucket reads the token bucket K as decide.lua does: its used tokens, drained at the refill
+-- rate to now, and its held tokens (the sum h; a hold past its time counted as held, not yet
+-- as used, which leaves the same tokens). A bucket with no state holds nothing.
+local function bucket()
+  local v = redis.call('HMGET', K, 'u', 'ts', 't', 'h')
+  local used, ts, t = tonumber(v[1]), tonumber(v[2]), v[3]
+  if t and ts and string.byte(t) ~= 43 then used = math.max(0, limit - tonumber(t)) end
+  if used == nil or ts == nil then return 0, 0 end
+  if now > ts then used = math.max(0, used - (now - ts) * rate / 1000000) end
+  return used, tonumber(v[4]) or 0
+end
+
+-- Each kind of queue's grants, as { fits(id): whether id's grant fits now, else the µs until it
+-- does (a token bucket's), reserve(id), done(): its writes once grants were made };
+-- slots returns nil when no slot is free.
+local function slots()
   redis.call('ZREMRANGEBYSCORE', K, '-inf', NOW)
   local free = limit - redis.call('ZCARD', K)
-  if free <= 0 then return 0 end
-  local n, seen, served = {}, {}, {}
-  local any = false
-  for c = 1, classes do
-    n[c] = redis.call('ZCARD', KEYS[3 + c])
-    any = any or n[c] > 0
-  end
-  if not any then
-    redis.call('DEL', M)
-    return 0
-  end
+  if free <= 0 then return nil end
+  local deadline = string.format('%d', now + claim)
+  return {
+    fits = function() return free > 0, 0 end,
+    reserve = function(id)
+      redis.call('ZADD', K, deadline, 'q:' .. id)
+      free = free - 1
+    end,
+    done = function()
+      local last = redis.call('ZRANGE', K, -1, -1, 'WITHSCORES')
+      redis.call('PEXPIRE', K, string.format('%d', math.ceil((tonumber(last[2]) - now) / 1000) + 1000))
+    end,
+  }
+end
+
+local function tokens()
+  local used, held = bucket()
+  local at = string.format('%d', now + claim - HOLD_MAX) -- a hold of its own maximum, claim
+  return {
+    fits = function(id)
+      local want = cost_of(id) - (limit - used - held)
+      if want <= EPSILON then return true, 0 end
+      return false, math.ceil(want * 1000000 / rate)
+    end,
+    reserve = function(id)
+      local c = cost_of(id)
+      redis.call('HSET', K, 'h:q:' .. id, string.format('%d@%s', c, at))
+      held = held + c
+    end,
+    done = function()
+      redis.call('HSET', K, 'u', string.format('%.17g', used), 'ts', NOW,
+        't', '+' .. string.format('%.17g', limit - used - held), 'h', string.format('%d', held))
+      redis.call('PEXPIRE', K, string.format('%d', math.ceil(used / rate * 1000) + HOLD_MAX / 1000 + 1000))
+    end,
+  }
+end
+
+-- share_counters reads K:qm: per class, the grants made while it waited and those made to it.
+local function share_counters()
   local v = redis.call('HGETALL', M)
   local h = {}
   for i = 1, #v, 2 do h[v[i]] = tonumber(v[i + 1]) end
+  local seen, served = {}, {}
   for c = 1, classes do seen[c], served[c] = h['n' .. c] or 0, h['s' .. c] or 0 end
-  local granted, deadline = 0, string.format('%d', now + claim)
-  while free > 0 do
-    local c = pick(n, seen, served)
-    if not c then break end
-    local head = redis.call('ZPOPMIN', KEYS[3 + c])
-    local id = head[1]
-    redis.call('ZREM', L, id)
-    redis.call('ZADD', K, deadline, 'q:' .. id)
-    redis.call('PUBLISH', chan .. string.match(id, '^([^.]*)'), id)
-    for k = 1, classes do
-      if n[k] > 0 then seen[k] = seen[k] + 1 end
-    end
-    served[c], n[c] = served[c] + 1, n[c] - 1
-    free, granted = free - 1, granted + 1
-  end
+  return seen, served
+end
+
+-- save_share_counters writes K:qm for the classes with waiters (n), and drops the others'.
+local function save_share_counters(n, seen, served)
   local args = {}
   for c = 1, classes do
     if n[c] > 0 then
@@ -145,17 +203,75 @@ local function promote()
     end
   end
   if #args > 0 then redis.call('HSET', M, unpack(args)) end
-  if granted > 0 then
-    local last = redis.call('ZRANGE', K, -1, -1, 'WITHSCORES')
-    redis.call('PEXPIRE', K, string.format('%d', math.ceil((tonumber(last[2]) - now) / 1000) + 1000))
-  end
-  return granted
 end
 
--- reserved reports whether waiter id holds a reserved slot now.
-local function reserved(id)
+-- promote grants the next waiters while their grants fit, and returns how many it granted and
+-- the µs until the next one's fits (0: none waits, or a concurrency zone's).
+local function promote()
+  drop_lapsed()
+  local g
+  if tb then g = tokens() else g = slots() end
+  if not g then return 0, 0 end
+  local n = {}
+  local any = false
+  for c = 1, classes do
+    n[c] = redis.call('ZCARD', KEYS[3 + c])
+    any = any or n[c] > 0
+  end
+  if not any then
+    redis.call('DEL', M)
+    return 0, 0
+  end
+  local seen, served = share_counters()
+  local granted, next = 0, 0
+  while true do
+    local c = pick(n, seen, served)
+    if not c then break end
+    local id = redis.call('ZRANGE', KEYS[3 + c], 0, 0)[1]
+    local ok, us = g.fits(id)
+    if not ok then
+      next = us
+      break
+    end
+    g.reserve(id)
+    redis.call('ZREM', KEYS[3 + c], id)
+    redis.call('ZREM', L, id)
+    redis.call('PUBLISH', chan .. string.match(id, '^([^.]*)'), id)
+    for k = 1, classes do
+      if n[k] > 0 then seen[k] = seen[k] + 1 end
+    end
+    served[c], n[c] = served[c] + 1, n[c] - 1
+    granted = granted + 1
+  end
+  if granted > 0 then
+    save_share_counters(n, seen, served)
+    g.done(granted)
+  end
+  return granted, next
+end
+
+-- reservation returns the field or member of waiter id's reservation in K and, for a token
+-- bucket, its cost, when it holds one now; else nil.
+local function reservation(id)
+  if tb then
+    local f = 'h:q:' .. id
+    local c, at = string.match(redis.call('HGET', K, f) or '', '^(%d+)@(%d+)$')
+    if c and now - tonumber(at) <= HOLD_MAX then return f, tonumber(c) end
+    return nil
+  end
   local s = redis.call('ZSCORE', K, 'q:' .. id)
-  return s and tonumber(s) > now
+  if s and tonumber(s) > now then return 'q:' .. id end
+  return nil
+end
+
+-- release gives back waiter id's reservation, if it holds one, and reports whether it did.
+local function release(id)
+  local f, c = reservation(id)
+  if not f then return 0 end
+  if not tb then return redis.call('ZREM', K, f) end
+  redis.call('HDEL', K, f)
+  if redis.call('HINCRBY', K, 'h', -c) <= 0 then redis.call('HDEL', K, 'h') end
+  return 1
 end
 
 local op = ARGV[2]
@@ -166,25 +282,25 @@ if op == 'enter' then
   redis.call('ZADD', q, string.format('%d', arrival), id)
   redis.call('ZADD', L, string.format('%d', now + lease), id)
   keep_alive()
-  promote()
-  if reserved(id) then return { 1, arrival, 0 } end
+  local _, next = promote()
+  if reservation(id) then return { 1, arrival, 0, next } end
   local ahead = redis.call('ZCOUNT', q, '-inf', '(' .. string.format('%d', arrival))
   for c = 1, class_of(id) - 1 do ahead = ahead + redis.call('ZCARD', KEYS[3 + c]) end
-  return { 0, arrival, ahead }
+  return { 0, arrival, ahead, next }
 elseif op == 'leave' then
   local id = ARGV[8]
   redis.call('ZREM', KEYS[3 + class_of(id)], id)
   redis.call('ZREM', L, id)
-  local had = redis.call('ZREM', K, 'q:' .. id)
-  promote()
-  return had
+  local had = release(id)
+  local _, next = promote()
+  return { had, next }
 elseif op == 'refresh' then
   local lease_end = string.format('%d', now + lease)
   local out = {}
-  promote()
+  local _, next = promote()
   for i = 8, #ARGV do
     local id = ARGV[i]
-    if reserved(id) then
+    if reservation(id) then
       out[#out + 1] = 1
     elseif redis.call('ZSCORE', L, id) then
       redis.call('ZADD', L, 'XX', lease_end, id)
@@ -194,8 +310,10 @@ elseif op == 'refresh' then
     end
   end
   keep_alive()
+  out[#out + 1] = next
   return out
 elseif op == 'promote' then
-  return promote()
+  local granted, next = promote()
+  return { granted, next }
 end
 return redis.error_reply('queue: unknown operation ' .. tostring(op))

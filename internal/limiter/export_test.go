@@ -33,3 +33,6 @@ const MaxClientKeyBytes = maxClientKeyBytes
 func ResetChannel(prefix string) string { return resetChannel(prefix) }
 
 func (z *Zone) WindowAt(t time.Time) (start, end time.Time) { return z.windowAt(t) }
+
+// WaiterID is w's id in its queue, as queue.lua publishes it when it grants w.
+func WaiterID(w *Waiter) string { return w.id }

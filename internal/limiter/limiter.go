@@ -89,10 +89,11 @@ func (r *Request) SetUpTo(units int64) {
 	}
 }
 
-// maxWait is how long r may be held: its zone's MaxWait (token bucket only), unless NoWait.
+// maxWait is how long r may be held: its zone's MaxWait (a token bucket without a queue
+// only), unless NoWait.
 func (r Request) maxWait() time.Duration {
-	if r.NoWait || !r.Zone.Algorithm.shapes() {
-		return 0
+	if r.NoWait || !r.Zone.Algorithm.shapes() || r.Zone.Queues() {
+		return 0 // a zone with a queue holds no request: its waiters wait in the queue
 	}
 	return r.Zone.MaxWait
 }

@@ -14,16 +14,20 @@ import (
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/lua"
 )
 
-// Queues: a concurrency zone with a MaxWait (Zone.Queues) keeps the requests that find every
-// slot taken in a queue in Redis (queue.lua), in priority classes (Zone.Classes), instead of
+// Queues: a concurrency zone with a MaxWait, or a token bucket zone with a MaxWait and
+// priority classes (Zone.Queues), keeps the requests that find every slot (or the tokens they
+// cost) taken in a queue in Redis (queue.lua), in priority classes (Zone.Classes), instead of
 // denying them. A request enters it (Enqueue) and waits for its Waiter's signal: queue.lua
-// reserves a freed slot for the next waiter across every instance and publishes its id on its
-// instance's channel, `<prefix>queue:<instance>`. The request is then decided again with the
-// claim (Request.Claim), which takes the reserved slot in place of a free one. A waiter that
-// gives up leaves (Leave), handing a reserved slot to the next. Each instance renews its
-// waiters' leases every QueueRefreshEvery (RefreshQueues, one call per queue it waits in), which
-// also tells it of grants whose message was lost; a waiter whose instance dies is dropped when
-// its lease ends, QueueLease after its last renewal.
+// reserves a freed slot (or the tokens) for the next waiter across every instance and
+// publishes its id on its instance's channel, `<prefix>queue:<instance>`. The request is then
+// decided again with the claim (Request.Claim), which takes the reservation in place of a free
+// slot or of the bucket's tokens. A waiter that gives up leaves (Leave), handing a reservation
+// to the next. Each instance renews its waiters' leases every QueueRefreshEvery (RefreshQueues,
+// one call per queue it waits in), which also tells it of grants whose message was lost; a
+// waiter whose instance dies is dropped when its lease ends, QueueLease after its last renewal.
+// A token bucket's waiters are granted as it refills: each instance with waiters in its queue
+// calls queue.lua's promote when the next waiter's cost is in the bucket (at most once per
+// QueuePromoteEvery).
 
 var queueScript = newScript(lua.Queue)
 
@@ -34,21 +38,29 @@ const (
 	// QueueRefreshEvery is how often an instance renews its waiters' leases (one call per queue
 	// it has waiters in), and so the longest a lost grant message delays a waiter.
 	QueueRefreshEvery = time.Second
-	// QueueClaim is how long a slot reserved for a waiter waits for the waiter's decision; a
-	// reservation not claimed by then frees itself.
+	// QueueClaim is how long a reservation (a slot, or tokens) waits for the waiter's decision;
+	// a slot not claimed by then frees itself, tokens count as charged.
 	QueueClaim = 3 * time.Second
+	// QueuePromoteEvery is the shortest time between two grant calls (queue.lua's promote) an
+	// instance makes for one token bucket queue: each grants every waiter whose cost the bucket
+	// holds, so waiters are granted up to this late, and a queue costs each instance with
+	// waiters in it at most 1/QueuePromoteEvery calls a second.
+	QueuePromoteEvery = 10 * time.Millisecond
 	// MaxClasses is the most priority classes a queue may have.
 	MaxClasses = 8
 )
 
-// Queues reports whether z keeps the requests that find no slot free waiting in a queue: a
-// concurrency zone with a MaxWait.
-func (z *Zone) Queues() bool { return z.Algorithm.HoldsSlots() && z.MaxWait > 0 }
+// Queues reports whether z keeps the requests it cannot admit now waiting in a queue: a
+// concurrency zone with a MaxWait, or a token bucket zone with a MaxWait and Classes (without
+// classes, a token bucket's MaxWait holds each request for its turn: see MaxWait).
+func (z *Zone) Queues() bool {
+	return z.MaxWait > 0 && (z.Algorithm.HoldsSlots() || z.Algorithm.shapes() && len(z.Classes) > 0)
+}
 
-// validateQueue checks the queue of z, a concurrency zone with a MaxWait.
+// validateQueue checks the queue of z, a zone that Queues.
 func (z *Zone) validateQueue() *FieldError {
 	if z.Overrides {
-		return z.fieldError("overrides", "overrides do not apply to a concurrency zone with a max_wait: its queue grants slots by the zone's limit")
+		return z.fieldError("overrides", "overrides do not apply to a zone with a queue (max_wait): its queue grants by the zone's own numbers")
 	}
 	if len(z.Classes) > MaxClasses {
 		return z.fieldError("priority", "%d priority classes, at most %d", len(z.Classes), MaxClasses)
@@ -71,7 +83,7 @@ func (z *Zone) classes() int { return max(1, len(z.Classes)) }
 
 // Waiter is a request waiting in a queue for a slot (Enqueue).
 type Waiter struct {
-	id    string // "<instance>.<n>.<class>"
+	id    string // "<instance>.<n>.<class>", or "<instance>.<n>:<cost>.<class>" (a token bucket's)
 	key   string // the zone's state key for the request's client
 	zone  *Zone
 	ready chan struct{} // one signal: granted, or gone
@@ -86,8 +98,8 @@ type Waiter struct {
 	Ahead int64
 }
 
-// Ready returns a channel that receives when w holds a reserved slot (decide its request
-// with Request.Claim), or when the queue lost it (Gone: Enqueue it again).
+// Ready returns a channel that receives when w holds a reservation (decide its request with
+// Request.Claim), or when the queue lost it (Gone: Enqueue it again).
 func (w *Waiter) Ready() <-chan struct{} { return w.ready }
 
 // Gone reports whether the queue lost w (its lease lapsed while Redis could not be reached).
@@ -107,7 +119,8 @@ func (w *Waiter) signal(gone bool) {
 	}
 }
 
-// Claim makes r, a request of w's zone, take w's reserved slot in place of a free one.
+// Claim makes r, a request of w's zone, take w's reservation in place of a free slot or of
+// the bucket's tokens.
 func (r *Request) Claim(w *Waiter) { r.claim = w.id }
 
 // waitersOf are a Limiter's waiters, by id, and the subscription that hears their grants.
@@ -120,6 +133,14 @@ type waitersOf struct {
 	once       sync.Once
 	ps         *redis.PubSub // nil until the first waiter, or without a Subscriber; under mu
 	subscribed chan struct{} // closed once the first subscription was answered
+
+	promotes map[string]*promoteTimer // per token bucket queue's state key, its next promote
+}
+
+// promoteTimer is the next promote this instance makes for a token bucket queue: at at.
+type promoteTimer struct {
+	at    time.Time
+	timer *time.Timer
 }
 
 // Waiting returns the number of this Limiter's requests waiting in queues.
@@ -133,19 +154,23 @@ func (l *Limiter) Waiting() int {
 // queueChannel(prefix) + its id.
 func queueChannel(prefix string) string { return prefix + "queue:" }
 
-// Enqueue puts the request r (a Queues zone's, denied for want of a slot) in its queue, in
+// Enqueue puts the request r (a Queues zone's, denied for want of a slot or of tokens) in its queue, in
 // class r.Class (0 the highest; a class beyond the zone's is its last), arrived at since (µs
 // by the scripts' clock; 0: now), and returns its Waiter. When a slot is free already, the
 // Waiter is ready at once. Its errors are Redis's; the request is then in no queue.
 func (l *Limiter) Enqueue(ctx context.Context, r Request, since int64) (*Waiter, error) {
 	if !r.Zone.Queues() {
-		return nil, fmt.Errorf("zone %q has no queue (algorithm concurrency with a max_wait)", r.Zone.Name)
+		return nil, fmt.Errorf("zone %q has no queue (a max_wait on algorithm concurrency, or with priority on token_bucket)", r.Zone.Name)
 	}
 	class := min(max(r.Class, 0), r.Zone.classes()-1) + 1
 	l.listen(ctx)
 	l.waiters.mu.Lock()
 	l.waiters.n++
-	w := &Waiter{id: l.instance + "." + strconv.FormatUint(l.waiters.n, 36) + "." + strconv.Itoa(class),
+	id := l.instance + "." + strconv.FormatUint(l.waiters.n, 36)
+	if !r.Zone.Algorithm.HoldsSlots() {
+		id += ":" + strconv.FormatInt(r.Cost, 10)
+	}
+	w := &Waiter{id: id + "." + strconv.Itoa(class),
 		key: StateKey(l.prefix, r.Zone, ClientKey(r.Key)), zone: r.Zone, ready: make(chan struct{}, 1)}
 	if l.waiters.m == nil {
 		l.waiters.m = make(map[string]*Waiter)
@@ -195,25 +220,27 @@ func (l *Limiter) enter(ctx context.Context, w *Waiter, since int64) error {
 		return fmt.Errorf("redis queue enter: %w", err)
 	}
 	v, ok := reply.([]any)
-	if !ok || len(v) != 3 {
-		return fmt.Errorf("%w: queue enter got %v, want 3 integers", ErrBadResponse, reply)
+	if !ok || len(v) != 4 {
+		return fmt.Errorf("%w: queue enter got %v, want 4 integers", ErrBadResponse, reply)
 	}
 	granted, ok1 := v[0].(int64)
 	arrived, ok2 := v[1].(int64)
 	ahead, ok3 := v[2].(int64)
-	if !ok1 || !ok2 || !ok3 {
-		return fmt.Errorf("%w: queue enter got %v, want 3 integers", ErrBadResponse, reply)
+	next, ok4 := v[3].(int64)
+	if !ok1 || !ok2 || !ok3 || !ok4 {
+		return fmt.Errorf("%w: queue enter got %v, want 4 integers", ErrBadResponse, reply)
 	}
 	w.since, w.Ahead = arrived, ahead
 	if granted == 1 {
 		w.signal(false)
 	}
+	l.schedulePromote(w.key, w.zone, next)
 	return nil
 }
 
-// Leave takes w out of its queue, and gives the slot reserved for it, if any, to the next
-// waiter. Its errors are Redis's: the waiter's lease then ends within QueueLease, and a
-// reserved slot within QueueClaim.
+// Leave takes w out of its queue, and gives its reservation, if any, to the next waiter. Its
+// errors are Redis's: the waiter's lease then ends within QueueLease, and a reservation within
+// QueueClaim.
 func (l *Limiter) Leave(ctx context.Context, w *Waiter) error {
 	l.waiters.mu.Lock()
 	claimed := w.claimed
@@ -222,10 +249,15 @@ func (l *Limiter) Leave(ctx context.Context, w *Waiter) error {
 	if claimed {
 		return nil // its claim took the reserved slot: nothing is left in the queue
 	}
-	_, err := runScript(ctx, l.rdb, queueScript, queueKeys(w.key, w.zone), l.queueArgs(w.zone, "leave", w.id))
+	reply, err := runScript(ctx, l.rdb, queueScript, queueKeys(w.key, w.zone), l.queueArgs(w.zone, "leave", w.id))
 	if err != nil {
 		return fmt.Errorf("redis queue leave: %w", err)
 	}
+	next, err := lastInt(reply, 2, "leave")
+	if err != nil {
+		return err
+	}
+	l.schedulePromote(w.key, w.zone, next)
 	return nil
 }
 
@@ -244,24 +276,89 @@ func (l *Limiter) forget(w *Waiter) {
 	l.waiters.mu.Unlock()
 }
 
-// promote has queue.lua grant the free slots of zone z's client at state key to the next
-// waiters: after a slot was given back.
-func (l *Limiter) promote(ctx context.Context, key string, z *Zone) error {
-	_, err := runScript(ctx, l.rdb, queueScript, queueKeys(key, z), l.queueArgs(z, "promote"))
+// promote has queue.lua grant what zone z's client at state key has free (slots, or tokens)
+// to the next waiters, and returns the µs until the next waiter's grant fits (a token
+// bucket's; else 0).
+func (l *Limiter) promote(ctx context.Context, key string, z *Zone) (int64, error) {
+	reply, err := runScript(ctx, l.rdb, queueScript, queueKeys(key, z), l.queueArgs(z, "promote"))
 	if err != nil {
-		return fmt.Errorf("redis queue promote: %w", err)
+		return 0, fmt.Errorf("redis queue promote: %w", err)
 	}
-	return nil
+	return lastInt(reply, 2, "promote")
 }
 
-// promoteFreed grants the slots that the settlement of p gave back to the next waiters of
-// their queues. A promote that fails is left to the waiters' instances: their next
-// RefreshQueues grants the slot, within QueueRefreshEvery.
+// lastInt returns the last integer of queue.lua's reply to op, an array of n integers (n 0:
+// any length but 0): the µs until its queue's next grant fits.
+func lastInt(reply any, n int, op string) (int64, error) {
+	v, ok := reply.([]any)
+	if ok && len(v) > 0 && (n == 0 || len(v) == n) {
+		if x, ok := v[len(v)-1].(int64); ok {
+			return x, nil
+		}
+	}
+	return 0, fmt.Errorf("%w: queue %s got %v", ErrBadResponse, op, reply)
+}
+
+// promoteFreed grants what the settlement of p gave back (slots, or tokens held) to the next
+// waiters of their queues. A promote that fails is left to the waiters' instances: their next
+// RefreshQueues grants it, within QueueRefreshEvery.
 func (l *Limiter) promoteFreed(ctx context.Context, p heldPart) {
 	for j, z := range p.queues {
 		if z != nil {
-			_ = l.promote(ctx, p.keys[j], z)
+			if next, err := l.promote(ctx, p.keys[j], z); err == nil {
+				l.schedulePromote(p.keys[j], z, next)
+			}
 		}
+	}
+}
+
+// schedulePromote has this instance call promote for the token bucket queue of state key next
+// µs from now (at least QueuePromoteEvery), when it has no earlier call scheduled; next 0:
+// nothing to schedule. The call is made only while this instance has waiters in the queue.
+func (l *Limiter) schedulePromote(key string, z *Zone, next int64) {
+	if next <= 0 {
+		return
+	}
+	d := max(time.Duration(next)*time.Microsecond, QueuePromoteEvery)
+	at := time.Now().Add(d)
+	l.waiters.mu.Lock()
+	defer l.waiters.mu.Unlock()
+	if t := l.waiters.promotes[key]; t != nil {
+		if !t.at.After(at) {
+			return
+		}
+		t.timer.Stop()
+	}
+	if l.waiters.promotes == nil {
+		l.waiters.promotes = make(map[string]*promoteTimer)
+	}
+	t := &promoteTimer{at: at}
+	t.timer = time.AfterFunc(d, func() { l.promoteDue(key, z, t) })
+	l.waiters.promotes[key] = t
+}
+
+// promoteDue is the promote t scheduled for the queue of state key: made while this instance
+// has waiters in it, and the next one scheduled from its reply.
+func (l *Limiter) promoteDue(key string, z *Zone, t *promoteTimer) {
+	l.waiters.mu.Lock()
+	if l.waiters.promotes[key] == t {
+		delete(l.waiters.promotes, key)
+	}
+	waiting := false
+	for _, w := range l.waiters.m {
+		if w.key == key {
+			waiting = true
+			break
+		}
+	}
+	l.waiters.mu.Unlock()
+	if !waiting {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), QueueRefreshEvery)
+	defer cancel()
+	if next, err := l.promote(ctx, key, z); err == nil {
+		l.schedulePromote(key, z, next)
 	}
 }
 
@@ -291,7 +388,11 @@ func (l *Limiter) queueArgs(z *Zone, op string, more ...any) []any {
 			shares[c] = strconv.Itoa(z.Classes[c])
 		}
 	}
-	args := []any{now, op, z.Limit, QueueClaim.Microseconds(), queueChannel(l.prefix), strings.Join(shares, ","), QueueLease.Microseconds()}
+	var zone any = z.Limit
+	if !z.Algorithm.HoldsSlots() {
+		zone = strconv.FormatInt(z.Capacity, 10) + "," + strconv.FormatFloat(z.RefillRate, 'f', -1, 64)
+	}
+	args := []any{now, op, zone, QueueClaim.Microseconds(), queueChannel(l.prefix), strings.Join(shares, ","), QueueLease.Microseconds()}
 	return append(args, more...)
 }
 
@@ -333,8 +434,8 @@ func (l *Limiter) hear(msgs <-chan *redis.Message) {
 }
 
 // RefreshQueues renews the leases of this Limiter's waiters, one queue.lua call per queue (in
-// one pipeline), at most once per QueueRefreshEvery; each call also grants the queue's free
-// slots. A waiter found holding a reserved slot is signalled (its grant's message may have been
+// one pipeline), at most once per QueueRefreshEvery; each call also grants what the queue has
+// free. A waiter found holding a reserved slot is signalled (its grant's message may have been
 // lost), and one the queue lost is signalled as Gone. It returns the Redis errors joined.
 func (l *Limiter) RefreshQueues(ctx context.Context) error {
 	now := l.clock()
@@ -369,9 +470,12 @@ func (l *Limiter) RefreshQueues(ctx context.Context) error {
 		case c.err != nil:
 			errs = append(errs, fmt.Errorf("redis queue refresh: %w", c.err))
 			continue
-		case !ok || len(v) != len(ws[k]):
+		case !ok || len(v) != len(ws[k])+1:
 			errs = append(errs, fmt.Errorf("%w: queue refresh got %v", ErrBadResponse, c.reply))
 			continue
+		}
+		if next, err := lastInt(v, 0, "refresh"); err == nil {
+			l.schedulePromote(ws[k][0].key, ws[k][0].zone, next)
 		}
 		for i, w := range ws[k] {
 			switch v[i] {

@@ -229,12 +229,14 @@ type Zone struct {
 	// admitted at once by reserving its tokens (the bucket goes into debt, at most MaxWait ×
 	// RefillRate tokens), and Decision.Delay says how long to hold it: until the bucket would
 	// have held its cost. A request that would have to wait longer is denied as without MaxWait,
-	// charging nothing. On a concurrency zone it is the longest a request may wait in the zone's
-	// queue for a slot (Queues; the caller waits, see Enqueue). 0: never hold, deny at once.
+	// charging nothing. On a concurrency zone, and on a token bucket with Classes, it is the
+	// longest a request may wait in the zone's queue for a slot or its tokens (Queues; the
+	// caller waits, see Enqueue). 0: never hold, deny at once.
 	MaxWait time.Duration
-	// Classes are the priority classes of a concurrency zone with a MaxWait (Queues), the first
-	// the highest: each the share of the slots granted (permille, 0 to 1000; all together at most
-	// 1000) that the class is guaranteed while it has waiters. nil: one class.
+	// Classes are the priority classes of a zone with a queue (Queues: a MaxWait on a
+	// concurrency zone, or on a token bucket with Classes), the first the highest: each the share
+	// of the grants (slots, or waiters given their tokens; permille, 0 to 1000; all together at
+	// most 1000) that the class is guaranteed while it has waiters. nil: one class.
 	Classes []int
 	// Lease, when set (token bucket without MaxWait, or fixed window), leases the zone's tokens
 	// or window slots to the instance in grants that it spends in process (see Lease). nil:
@@ -397,8 +399,8 @@ func (z *Zone) validateOwners() *FieldError {
 	}
 	switch {
 	case len(z.Classes) > 0 && !z.Queues():
-		return z.fieldError("priority", "priority classes need a queue: algorithm concurrency and a max_wait")
-	case z.MaxWait != 0 && d.slots:
+		return z.fieldError("priority", "priority classes need a queue: a max_wait, on algorithm concurrency or token_bucket")
+	case z.Queues():
 		return z.validateQueue()
 	case z.MaxWait != 0 && !d.shapes:
 		return z.fieldError("max_wait", "%s", errMaxWaitWindowed(a))
