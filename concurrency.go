@@ -1,6 +1,7 @@
 package ratelimitredis
 
 import (
+	"cmp"
 	"context"
 	"net/http"
 	"time"
@@ -80,20 +81,24 @@ func (h *Handler) serveLocalSlots(w http.ResponseWriter, r *http.Request, next c
 	return next.ServeHTTP(w, r)
 }
 
-// startRefresher starts the goroutine that keeps the handler's concurrency slots alive
-// (refreshSlots), when a zone is a concurrency zone; Cleanup stops it.
+// startRefresher starts the goroutine that keeps the handler's concurrency slots and queue
+// waiters alive (refreshSlots), when a zone is a concurrency zone or has a queue; Cleanup stops
+// it.
 func (h *Handler) startRefresher() {
-	hold := time.Duration(0)
+	tick := time.Duration(0)
 	for _, z := range h.Zones {
-		if z.lz.Algorithm.HoldsSlots() && z.after != nil && (hold == 0 || z.after.hold < hold) {
-			hold = z.after.hold
+		switch {
+		case z.lz.Algorithm.HoldsSlots() && z.after != nil:
+			tick = min(cmp.Or(tick, time.Second), limiter.RefreshEvery(z.after.hold)/2)
+		case z.lz.Queues():
+			tick = cmp.Or(tick, limiter.QueueRefreshEvery)
 		}
 	}
-	if hold == 0 {
+	if tick == 0 {
 		return
 	}
 	h.stopRefresh = make(chan struct{})
-	go h.refreshSlots(h.limiter, min(limiter.RefreshEvery(hold)/2, time.Second), h.stopRefresh)
+	go h.refreshSlots(h.limiter, tick, h.stopRefresh)
 }
 
 // refreshSlots runs l.Refresh every tick (at most half the shortest RefreshEvery), until stop is
