@@ -70,10 +70,11 @@ var redisUses = []redisUse{
 		"pexpire", "hdel", "hset", "set", "zremrangebyscore", "zadd", "zscore", "zrem"}},
 	{"lua/settle.lua", grantLimiter, []string{"time", "get", "del", "set", "hmget", "hset", "hdel", "pexpire", "zrem"}},
 	{"lua/refresh.lua", grantLimiter, []string{"time", "zremrangebyscore", "zadd", "zrange", "pexpire"}},
-	// A queue (max_wait on a concurrency zone): its waiters enter, leave, are renewed and granted
-	// slots, each grant published on the waiter's instance's channel.
+	// A queue (max_wait on a concurrency zone, or on a token bucket with priority): its waiters
+	// enter, leave, are renewed and granted slots or tokens, each grant published on the
+	// waiter's instance's channel.
 	{"lua/queue.lua", grantLimiter, []string{"time", "zadd", "pexpire", "zrangebyscore", "zrem", "zremrangebyscore",
-		"zcard", "del", "hgetall", "zpopmin", "publish", "hdel", "hset", "zrange", "zscore", "zcount"}},
+		"zcard", "del", "hgetall", "hmget", "publish", "hdel", "hset", "zrange", "zscore", "zcount"}},
 	// limiter.ResetListener: SUBSCRIBE to <prefix>reset, and go-redis's health check of the
 	// subscription, a PING after 3s without a message.
 	{"limiter.ResetListener: the reset broadcast", grantLimiter, []string{"subscribe", "ping"}},

@@ -255,7 +255,7 @@ end
 local function reservation(id)
   if tb then
     local f = 'h:q:' .. id
-    local c, at = string.match(redis.call('HGET', K, f) or '', '^(%d+)@(%d+)$')
+    local c, at = string.match(redis.call('HMGET', K, f)[1] or '', '^(%d+)@(%d+)$')
     if c and now - tonumber(at) <= HOLD_MAX then return f, tonumber(c) end
     return nil
   end
@@ -269,8 +269,13 @@ local function release(id)
   local f, c = reservation(id)
   if not f then return 0 end
   if not tb then return redis.call('ZREM', K, f) end
-  redis.call('HDEL', K, f)
-  if redis.call('HINCRBY', K, 'h', -c) <= 0 then redis.call('HDEL', K, 'h') end
+  local held = (tonumber(redis.call('HMGET', K, 'h')[1]) or 0) - c
+  if held > 0 then
+    redis.call('HDEL', K, f)
+    redis.call('HSET', K, 'h', string.format('%d', held))
+  else
+    redis.call('HDEL', K, f, 'h')
+  end
   return 1
 end
 
