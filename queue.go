@@ -46,8 +46,9 @@ type Priority struct {
 type PriorityClass struct {
 	// The class's name, as Priority.Class resolves to it.
 	Name string `json:"name"`
-	// The share of the slots granted (percent, 0 to 100, at most one decimal) that the class is
-	// guaranteed while it has waiters: of any n slots granted while it waits, at least
+	// The share of the grants (slots, or waiters given their tokens; percent, 0 to 100, at most
+	// one decimal) that the class is guaranteed while it has waiters: of any n grants while it
+	// waits, at least
 	// floor(share × n / 100), less one per other class owed at the same grant. The shares of all
 	// classes add up to at most 100. Default: 0, served only when no higher class waits.
 	Share float64 `json:"share,omitempty"`

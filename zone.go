@@ -187,9 +187,10 @@ type Zone struct {
 	// or charge. Default: none, every request decided in Redis.
 	Lease *Lease `json:"lease,omitempty"`
 
-	// concurrency with max_wait: the priority classes of the zone's queue (see Priority). A
-	// waiter of a higher class is granted a slot before any of a lower class, but for the
-	// shares. Default: one class, in arrival order.
+	// concurrency or token_bucket, with max_wait: the priority classes of the zone's queue (see
+	// Priority). A waiter of a higher class is granted a slot (or its tokens) before any of a
+	// lower class, but for the shares. On a token bucket it makes max_wait a queue instead of
+	// shaping. Default: one class, in arrival order.
 	Priority *Priority `json:"priority,omitempty"`
 
 	// With count_status or charge: how long a reservation waits for its response; an

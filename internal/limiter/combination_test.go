@@ -95,8 +95,10 @@ var zoneOptions = []zoneOption{
 		set:        func(z *limiter.Zone, _ *limiter.Request) { z.MaxWait = time.Second },
 	},
 	{
+		// A concurrency zone or token bucket with classes queues: its denial is where the
+		// caller would wait (Enqueue).
 		name: "priority", fields: []string{"Zone.Classes", "Request.Class"},
-		algorithms: []limiter.Algorithm{limiter.Concurrency},
+		algorithms: []limiter.Algorithm{limiter.TokenBucket, limiter.Concurrency},
 		set: func(z *limiter.Zone, r *limiter.Request) {
 			z.MaxWait, z.Classes, r.Class = time.Second, []int{0, 200}, 1
 		},
