@@ -237,7 +237,7 @@ type clientState struct {
 	// time as the decision script computes it; negative when it owes tokens (the reservations of
 	// held requests, with max_wait).
 	Tokens *float64 `json:"tokens,omitempty"`
-	// token_bucket with max_wait: milliseconds (rounded up) until the bucket holds a whole
+	// token_bucket with max_wait (without priority): milliseconds (rounded up) until the bucket holds a whole
 	// token: how long a request of cost 1 admitted now would be held.
 	WaitMs *int64 `json:"wait_ms,omitempty"`
 	// Window algorithms: the requests (slots) counted: in the sliding window ending now
@@ -251,7 +251,8 @@ type clientState struct {
 	// deadline, soonest first: when it frees itself unless its instance refreshes it first
 	// (hold_max after it was taken or last refreshed) or gives it back.
 	Slots []slotState `json:"slots,omitempty"`
-	// concurrency with max_wait: the client key's queue (see queueState).
+	// a zone with a queue (concurrency with max_wait, or token_bucket with max_wait and
+	// priority): the client key's queue (see queueState).
 	Queue *queueState `json:"queue,omitempty"`
 	// fixed_window: the window holding now, [start, end), in RFC 3339 (UTC).
 	WindowStart string `json:"window_start,omitempty"`
@@ -476,7 +477,12 @@ func readState(ctx context.Context, w http.ResponseWriter, ts []target, q url.Va
 		switch lz.Algorithm {
 		case limiter.TokenBucket:
 			cs.Tokens = &s.Tokens
-			if t.z.lz.MaxWait > 0 {
+			switch {
+			case lz.Queues():
+				if cs.Queue, err = t.queueState(ctx, lz, lk, s.Now); err != nil {
+					return redisError(err)
+				}
+			case lz.MaxWait > 0:
 				wait := ceilMs(s.Wait)
 				cs.WaitMs = &wait
 			}

@@ -443,7 +443,8 @@ func TestConcurrencyWithOtherZones(t *testing.T) {
 
 // TestConcurrencyZoneConfig: the Caddyfile takes algorithm concurrency with a limit, a hold_max,
 // a max_wait (its queue) and priority classes, and refuses what does not apply, each with a
-// clear error; JSON's checks agree.
+// clear error; JSON's checks agree, and refuse priority on a token bucket without max_wait, or
+// beside overrides.
 func TestConcurrencyZoneConfig(t *testing.T) {
 	for _, tc := range []struct{ body, want string }{
 		{"algorithm concurrency\n limit 5\n hold_max 10m", ""},
@@ -485,6 +486,10 @@ func TestConcurrencyZoneConfig(t *testing.T) {
 			Priority: &Priority{Class: "{h}", Classes: []PriorityClass{{Name: "a", Share: -1}}}}, "must be 0% to 100%"},
 		{&Zone{Name: "c", Algorithm: concurrencyName, Limit: NumberOf(5), MaxWait: new(caddy.Duration(time.Second)),
 			Priority: &Priority{Class: "{h}"}}, "at least one class"},
+		{&Zone{Name: "c", Capacity: NumberOf(5), RefillRate: NumberOf(1),
+			Priority: &Priority{Class: "{h}", Classes: []PriorityClass{{Name: "a"}}}}, "priority classes need a queue: a max_wait, on algorithm concurrency or token_bucket"},
+		{&Zone{Name: "c", Capacity: NumberOf(5), RefillRate: NumberOf(1), MaxWait: new(caddy.Duration(time.Second)), Overrides: true,
+			Priority: &Priority{Class: "{h}", Classes: []PriorityClass{{Name: "a"}}}}, "overrides do not apply to a zone with a queue"},
 	} {
 		h := &Handler{Redis: &RedisConfig{Addresses: []string{"127.0.0.1:1"}}, Zones: []*Zone{tc.z}}
 		err := h.Provision(ctx)

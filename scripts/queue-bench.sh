@@ -9,12 +9,19 @@
 # it measures over QUEUE_WINDOW seconds (10): Redis's calls (INFO commandstats: every command,
 # and the script calls) and its CPU (INFO used_cpu_sys + used_cpu_user), and each Caddy's CPU
 # (utime + stime of /proc/<pid>/stat). Printed per waiter per second. Everything is stopped on
-# exit.
+# exit. QUEUE_KIND=bucket measures a token bucket queue instead (bench/queue-bucket.Caddyfile:
+# capacity 4, refilled at 1/s, with priority): the same 4 admitted at once, then a grant a second.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WAITERS=${WAITERS:-500}
 QUEUE_WINDOW=${QUEUE_WINDOW:-10}
 QUEUE_HOLD=${QUEUE_HOLD:-120}
+QUEUE_KIND=${QUEUE_KIND:-concurrency}
+case "$QUEUE_KIND" in
+concurrency) config=bench/queue.Caddyfile waiters_key='rl:{upstream}:llm:cc:ql' extra=2 ;;
+bucket) config=bench/queue-bucket.Caddyfile waiters_key='rl:{upstream}:llm:tb:ql' extra=62 ;; # granted 1/s meanwhile
+*) echo "bench-queue: QUEUE_KIND is concurrency or bucket, not $QUEUE_KIND"; exit 1 ;;
+esac
 for tool in redis-server redis-cli hey python3; do
 	command -v "$tool" >/dev/null || { echo "bench-queue: $tool is not installed"; exit 1; }
 done
@@ -47,7 +54,7 @@ for i in 1 2 3; do
 	port=$(free_port)
 	ports+=("$port")
 	BENCH_PORT=$port BENCH_REDIS_ADDR=127.0.0.1:$redis_port BENCH_UPSTREAM=127.0.0.1:$up_port \
-		bin/caddy run --adapter caddyfile --config bench/queue.Caddyfile >"$tmp/caddy$i.log" 2>&1 &
+		bin/caddy run --adapter caddyfile --config "$config" >"$tmp/caddy$i.log" 2>&1 &
 	pids+=($!)
 	caddy_pids+=($!)
 done
@@ -55,8 +62,7 @@ for port in "${ports[@]}"; do
 	until curl -s -o /dev/null "http://127.0.0.1:$port/ready"; do sleep 0.1; done
 done
 
-waiters_key='rl:{upstream}:llm:cc:ql'
-per=$(((WAITERS + 4 + 2) / 3))
+per=$(((WAITERS + 4 + extra) / 3))
 for port in "${ports[@]}"; do
 	hey -n "$per" -c "$per" -t 0 "http://127.0.0.1:$port/" >"$tmp/hey$port.log" 2>&1 &
 	pids+=($!)
@@ -79,13 +85,13 @@ e0=$(($(calls evalsha) + $(calls eval))); t0=$(total); r0=$(rcpu); c0=$(caddy_cp
 sleep "$QUEUE_WINDOW"
 e1=$(($(calls evalsha) + $(calls eval))); t1=$(total); r1=$(rcpu); c1=$(caddy_cpu)
 tick=$(getconf CLK_TCK)
-python3 - "$waiting" "$QUEUE_WINDOW" "$e0" "$e1" "$t0" "$t1" "$r0" "$r1" "$c0" "$c1" "$tick" <<'EOF'
+python3 - "$waiting" "$QUEUE_WINDOW" "$e0" "$e1" "$t0" "$t1" "$r0" "$r1" "$c0" "$c1" "$tick" "$QUEUE_KIND" <<'EOF'
 import sys
-w, win, e0, e1, t0, t1, r0, r1, c0, c1, tick = sys.argv[1:]
+w, win, e0, e1, t0, t1, r0, r1, c0, c1, tick = sys.argv[1:12]
 w, win, tick = int(w), float(win), float(tick)
 scripts, cmds = int(e1) - int(e0), int(t1) - int(t0)
 redis_cpu, caddy_cpu = float(r1) - float(r0), (int(c1) - int(c0)) / tick
-print(f"{w} waiters over 3 instances, {win:.0f}s:")
+print(f"{w} waiters ({sys.argv[12]}) over 3 instances, {win:.0f}s:")
 print(f"  Redis script calls   {scripts} ({scripts / win:.1f}/s; {scripts / win / w:.4f} per waiter per second)")
 print(f"  Redis commands       {cmds} (INFO stats; the measuring's own INFO calls included)")
 print(f"  Redis CPU            {redis_cpu * 1000:.1f} ms ({redis_cpu / win / w * 1e6:.2f} us per waiter per second)")
