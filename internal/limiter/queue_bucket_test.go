@@ -180,3 +180,46 @@ func TestQueueTokenBucketLeaveHandsOn(t *testing.T) {
 		t.Fatalf("a request after the claim was admitted: the token was taken twice: %+v", d)
 	}
 }
+
+// TestQueueTokenBucketCostInOrder: a token bucket of 3 tokens refilled at 10/s, emptied; a
+// waiter of cost 3, then one of cost 1. One token in, neither is granted (the second does not
+// overtake the first); three in, the first is granted them all, and its claim admitted; one
+// more, the second.
+func TestQueueTokenBucketCostInOrder(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	clock := &fakeClock{t: time.Now()}
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	l := limiter.New(rdb, limiter.Options{KeyPrefix: "rl:", Subscriber: rdb, Now: clock.now})
+	t.Cleanup(func() { _ = l.Close(); _ = rdb.Close() })
+	z := queuedBucket("qb", 3, 10, 0)
+	if d := allow(t, l, limiter.Request{Zone: z, Key: "site", Cost: 3}); !d.Allowed {
+		t.Fatalf("first request: %+v", d)
+	}
+	var ws []*limiter.Waiter
+	for _, cost := range []int64{3, 1} {
+		clock.add(time.Microsecond)
+		w, err := l.Enqueue(context.Background(), limiter.Request{Zone: z, Key: "site", Cost: cost}, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ws = append(ws, w)
+	}
+	clock.add(100 * time.Millisecond)                             // 1 token
+	if err := l.RefreshQueues(context.Background()); err != nil { // a grant call at 1 token
+		t.Fatal(err)
+	}
+	notReady(t, ws[0], "cost 3 with 1 token")
+	notReady(t, ws[1], "cost 1 behind cost 3")
+	clock.add(200 * time.Millisecond) // 3 tokens
+	ready(t, ws[0], "cost 3 with 3 tokens")
+	claim := limiter.Request{Zone: z, Key: "site", Cost: 3}
+	claim.Claim(ws[0])
+	if d := allow(t, l, claim); !d.Allowed {
+		t.Fatalf("claim of cost 3: %+v", d)
+	}
+	l.Claimed(ws[0])
+	notReady(t, ws[1], "cost 1 once cost 3 took the 3 tokens")
+	clock.add(100 * time.Millisecond)
+	ready(t, ws[1], "cost 1 with 1 more token")
+}
