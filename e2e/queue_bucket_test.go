@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -98,4 +99,61 @@ func TestQueueTokenBucketPriorityAcrossInstances(t *testing.T) {
 	if span := started[14].at.Sub(started[0].at); span < 7*time.Second-50*time.Millisecond {
 		t.Fatalf("15 requests started within %v: faster than 1 token and 2/s", span)
 	}
+}
+
+// TestQueueTokenBucketRedisPausedAndReload: a token bucket queue (1 token at 2/s) with three
+// waiters survives a Redis pause (SIGSTOP) of 1s and a config reload: every request is answered
+// 200 within max_wait, the waiters' set is empty at the end, and the bucket holds no
+// reservation (no hold left).
+func TestQueueTokenBucketRedisPausedAndReload(t *testing.T) {
+	srv := redistest.Start(t)
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write([]byte("ok")) }))
+	t.Cleanup(upstream.Close)
+	site := fmt.Sprintf(`
+	rate_limit_redis {
+		redis {
+			address %s
+		}
+		zone one {
+			key site
+			capacity 1
+			refill_rate 2
+			max_wait 20s
+			priority {http.request.header.X-Tier} {
+				interactive
+				batch
+			}
+		}
+	}
+	reverse_proxy %s`, srv.Addr, upstream.URL)
+	cs := caddytest.Start(t, site)
+	bucket := limiter.StateKey("rl:", &limiter.Zone{Name: "one", Algorithm: limiter.TokenBucket}, "site")
+	lc := caddytest.NewLoadClient(cs)
+	answers := make(chan caddytest.Response, 4)
+	go func() { r, _ := lc.Get("/"); answers <- r }()
+	if r := <-answers; r.Status != 200 {
+		t.Fatalf("first request: %d %q, want 200", r.Status, r.Body)
+	}
+	for i := range 3 {
+		go func() { r, _ := lc.Get("/", "X-Tier", "batch"); answers <- r }()
+		redistest.WaitFor(t, 5*time.Second, "request queued", func() bool { return zcard(srv, bucket+":ql") == int64(i+1) })
+	}
+	srv.Pause()
+	time.Sleep(time.Second) // the pause under test
+	srv.Resume()
+	cs.Reload(site + "\n# reloaded")
+	for range 3 {
+		if r := <-answers; r.Status != 200 {
+			t.Fatalf("a waiter: %d %q, want 200", r.Status, r.Body)
+		}
+	}
+	redistest.WaitFor(t, 5*time.Second, "no waiter and no reservation left", func() bool {
+		fields, _ := srv.Do("HKEYS", bucket).([]any)
+		for _, f := range fields {
+			if s, _ := f.(string); s == "h" || strings.HasPrefix(s, "h:") {
+				return false
+			}
+		}
+		return zcard(srv, bucket+":ql") == 0
+	})
 }
