@@ -41,7 +41,9 @@ func grants(t *testing.T, srv *redistest.Server) <-chan string {
 	return out
 }
 
-// fakeClock is a clock the test moves: the scripts' and the Limiters' (Options.Now).
+// fakeClock is a clock the test moves: the scripts' and the Limiters' (Options.Now). Redis's key
+// TTLs still run on its own clock: the tests' buckets are emptied of a large capacity, so that
+// their state lives seconds (the used tokens' drain time) whatever the test's clock says.
 type fakeClock struct {
 	mu sync.Mutex
 	t  time.Time
@@ -60,7 +62,7 @@ func (c *fakeClock) add(d time.Duration) {
 }
 
 // TestQueueTokenBucketPriorityAcrossInstances: three instances on one clock the test moves; a
-// token bucket of 1 token refilled at 20/s with classes interactive and batch (20% share),
+// token bucket of 100 tokens refilled at 20/s with classes interactive and batch (20% share),
 // emptied; 10 batch waiters, then 10 interactive ones, enter on the instances in turn. A request
 // decided afresh once a token has refilled is denied: it does not overtake the waiters. Then,
 // moved on one token's refill at a time, the queue grants exactly one waiter per token, in the
@@ -78,9 +80,9 @@ func TestQueueTokenBucketPriorityAcrossInstances(t *testing.T) {
 		ls = append(ls, l)
 	}
 	published := grants(t, srv)
-	z := queuedBucket("qb", 1, 20, 0, 200)
+	z := queuedBucket("qb", 100, 20, 0, 200)
 	req := limiter.Request{Zone: z, Key: "site", Cost: 1}
-	if d := allow(t, ls[0], req); !d.Allowed {
+	if d := allow(t, ls[0], limiter.Request{Zone: z, Key: "site", Cost: 100}); !d.Allowed {
 		t.Fatalf("first request: %+v", d)
 	}
 	name := map[string]string{} // waiter id -> "i3", "b0"...
@@ -138,7 +140,7 @@ func TestQueueTokenBucketPriorityAcrossInstances(t *testing.T) {
 	}
 }
 
-// TestQueueTokenBucketLeaveHandsOn: a token bucket of 1 token refilled at 1/s, emptied, two
+// TestQueueTokenBucketLeaveHandsOn: a token bucket of 100 tokens refilled at 1/s, emptied, two
 // waiters. Once the token has refilled the first is granted it; when the first leaves, the
 // token goes to the second at once (the clock not moved), whose claim is admitted; and a
 // request decided afresh then, with no waiter left, is denied: the token was taken once.
@@ -149,8 +151,10 @@ func TestQueueTokenBucketLeaveHandsOn(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
 	l := limiter.New(rdb, limiter.Options{KeyPrefix: "rl:", Subscriber: rdb, Now: clock.now})
 	t.Cleanup(func() { _ = l.Close(); _ = rdb.Close() })
-	req := limiter.Request{Zone: queuedBucket("qb", 1, 1, 0), Key: "site", Cost: 1}
-	if d := allow(t, l, req); !d.Allowed {
+	req := limiter.Request{Zone: queuedBucket("qb", 100, 1, 0), Key: "site", Cost: 1}
+	empty := req
+	empty.Cost = 100
+	if d := allow(t, l, empty); !d.Allowed {
 		t.Fatalf("first request: %+v", d)
 	}
 	var ws []*limiter.Waiter
@@ -181,7 +185,7 @@ func TestQueueTokenBucketLeaveHandsOn(t *testing.T) {
 	}
 }
 
-// TestQueueTokenBucketCostInOrder: a token bucket of 3 tokens refilled at 10/s, emptied; a
+// TestQueueTokenBucketCostInOrder: a token bucket of 30 tokens refilled at 10/s, emptied; a
 // waiter of cost 3, then one of cost 1. One token in, neither is granted (the second does not
 // overtake the first); three in, the first is granted them all, and its claim admitted; one
 // more, the second.
@@ -192,8 +196,8 @@ func TestQueueTokenBucketCostInOrder(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
 	l := limiter.New(rdb, limiter.Options{KeyPrefix: "rl:", Subscriber: rdb, Now: clock.now})
 	t.Cleanup(func() { _ = l.Close(); _ = rdb.Close() })
-	z := queuedBucket("qb", 3, 10, 0)
-	if d := allow(t, l, limiter.Request{Zone: z, Key: "site", Cost: 3}); !d.Allowed {
+	z := queuedBucket("qb", 30, 10, 0)
+	if d := allow(t, l, limiter.Request{Zone: z, Key: "site", Cost: 30}); !d.Allowed {
 		t.Fatalf("first request: %+v", d)
 	}
 	var ws []*limiter.Waiter
