@@ -61,6 +61,20 @@ func (c *fakeClock) add(d time.Duration) {
 	c.mu.Unlock()
 }
 
+// clockLimiters returns n Limiters on srv, as queueLimiters does, all on one fakeClock.
+func clockLimiters(t *testing.T, srv *redistest.Server, n int) ([]*limiter.Limiter, *fakeClock) {
+	t.Helper()
+	clock := &fakeClock{t: time.Now()}
+	var ls []*limiter.Limiter
+	for range n {
+		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+		l := limiter.New(rdb, limiter.Options{KeyPrefix: "rl:", Subscriber: rdb, Now: clock.now})
+		t.Cleanup(func() { _ = l.Close(); _ = rdb.Close() })
+		ls = append(ls, l)
+	}
+	return ls, clock
+}
+
 // TestQueueTokenBucketPriorityAcrossInstances: three instances on one clock the test moves; a
 // token bucket of 100 tokens refilled at 20/s with classes interactive and batch (20% share),
 // emptied; 10 batch waiters, then 10 interactive ones, enter on the instances in turn. A request
@@ -71,14 +85,7 @@ func (c *fakeClock) add(d time.Duration) {
 func TestQueueTokenBucketPriorityAcrossInstances(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
-	clock := &fakeClock{t: time.Now()}
-	var ls []*limiter.Limiter
-	for range 3 {
-		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
-		l := limiter.New(rdb, limiter.Options{KeyPrefix: "rl:", Subscriber: rdb, Now: clock.now})
-		t.Cleanup(func() { _ = l.Close(); _ = rdb.Close() })
-		ls = append(ls, l)
-	}
+	ls, clock := clockLimiters(t, srv, 3)
 	published := grants(t, srv)
 	z := queuedBucket("qb", 100, 20, 0, 200)
 	req := limiter.Request{Zone: z, Key: "site", Cost: 1}
@@ -147,10 +154,8 @@ func TestQueueTokenBucketPriorityAcrossInstances(t *testing.T) {
 func TestQueueTokenBucketLeaveHandsOn(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
-	clock := &fakeClock{t: time.Now()}
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
-	l := limiter.New(rdb, limiter.Options{KeyPrefix: "rl:", Subscriber: rdb, Now: clock.now})
-	t.Cleanup(func() { _ = l.Close(); _ = rdb.Close() })
+	ls, clock := clockLimiters(t, srv, 1)
+	l := ls[0]
 	req := limiter.Request{Zone: queuedBucket("qb", 100, 1, 0), Key: "site", Cost: 1}
 	empty := req
 	empty.Cost = 100
@@ -192,10 +197,8 @@ func TestQueueTokenBucketLeaveHandsOn(t *testing.T) {
 func TestQueueTokenBucketCostInOrder(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
-	clock := &fakeClock{t: time.Now()}
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
-	l := limiter.New(rdb, limiter.Options{KeyPrefix: "rl:", Subscriber: rdb, Now: clock.now})
-	t.Cleanup(func() { _ = l.Close(); _ = rdb.Close() })
+	ls, clock := clockLimiters(t, srv, 1)
+	l := ls[0]
 	z := queuedBucket("qb", 30, 10, 0)
 	if d := allow(t, l, limiter.Request{Zone: z, Key: "site", Cost: 30}); !d.Allowed {
 		t.Fatalf("first request: %+v", d)
