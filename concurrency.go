@@ -98,9 +98,10 @@ func (h *Handler) startRefresher() {
 
 // refreshSlots runs l.Refresh every tick (at most half the shortest RefreshEvery), until stop is
 // closed and no slot is left in flight or lost and no request waits in a queue: a request still
-// running when the config is reloaded keeps its slot, a request waiting keeps its place, and the
-// slots of its decisions and settlements that failed are given back. A failed refresh is retried on the next tick, and logged at most once a minute: a slot
-// survives refreshes failing for half its hold time.
+// running when the config is reloaded keeps its slot, a request waiting keeps the slot it is
+// granted, and the slots of its decisions and settlements that failed are given back. A failed
+// refresh is retried on the next tick, and logged at most once a minute: a slot survives
+// refreshes failing for half its hold time. The waiters' leases are the Limiter's own (Enqueue).
 func (h *Handler) refreshSlots(l *limiter.Limiter, tick time.Duration, stop <-chan struct{}) {
 	t := time.NewTicker(tick)
 	defer t.Stop()
@@ -113,7 +114,6 @@ func (h *Handler) refreshSlots(l *limiter.Limiter, tick time.Duration, stop <-ch
 		case <-t.C:
 		}
 		if stopped && l.LiveSlots() == 0 && l.LostSlots() == 0 && l.Waiting() == 0 {
-			_ = l.Close() // the queue grants' subscription: no request waits any more
 			return
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), max(tick, time.Duration(h.Timeout)))
