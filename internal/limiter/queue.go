@@ -329,7 +329,7 @@ func (l *Limiter) keeper() *keeper {
 
 // keepWaiters renews the Limiter's waiters every QueueRefreshEvery (RefreshQueues) until none
 // is left or k is stopped, then ends k. A failed renewal is tried again at the next tick: a
-// waiter outlives renewals failing for QueueLease.
+// waiter outlives renewals that fail for less than QueueLease.
 func (l *Limiter) keepWaiters(k *keeper) {
 	t := time.NewTicker(QueueRefreshEvery)
 	defer t.Stop()
@@ -340,13 +340,16 @@ func (l *Limiter) keepWaiters(k *keeper) {
 			return
 		}
 		l.waiters.mu.Lock()
-		idle := l.waiters.keep == k && len(l.waiters.m) == 0
+		mine := l.waiters.keep == k // else Close ended k
+		idle := mine && len(l.waiters.m) == 0
 		if idle {
 			l.waiters.keep = nil
 		}
 		l.waiters.mu.Unlock()
 		if idle {
 			_ = k.end()
+		}
+		if !mine || idle {
 			return
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), QueueRefreshEvery)
