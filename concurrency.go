@@ -1,7 +1,6 @@
 package ratelimitredis
 
 import (
-	"cmp"
 	"context"
 	"net/http"
 	"time"
@@ -81,31 +80,28 @@ func (h *Handler) serveLocalSlots(w http.ResponseWriter, r *http.Request, next c
 	return next.ServeHTTP(w, r)
 }
 
-// startRefresher starts the goroutine that keeps the handler's concurrency slots and queue
-// waiters alive (refreshSlots), when a zone is a concurrency zone or has a queue; Cleanup stops
-// it.
+// startRefresher starts the goroutine that keeps the handler's concurrency slots alive
+// (refreshSlots), when a zone is a concurrency zone; Cleanup stops it.
 func (h *Handler) startRefresher() {
-	tick := time.Duration(0)
+	hold := time.Duration(0)
 	for _, z := range h.Zones {
-		switch {
-		case z.lz.Algorithm.HoldsSlots() && z.after != nil:
-			tick = min(cmp.Or(tick, time.Second), limiter.RefreshEvery(z.after.hold)/2)
-		case z.lz.Queues():
-			tick = cmp.Or(tick, limiter.QueueRefreshEvery)
+		if z.lz.Algorithm.HoldsSlots() && z.after != nil && (hold == 0 || z.after.hold < hold) {
+			hold = z.after.hold
 		}
 	}
-	if tick == 0 {
+	if hold == 0 {
 		return
 	}
 	h.stopRefresh = make(chan struct{})
-	go h.refreshSlots(h.limiter, tick, h.stopRefresh)
+	go h.refreshSlots(h.limiter, min(limiter.RefreshEvery(hold)/2, time.Second), h.stopRefresh)
 }
 
 // refreshSlots runs l.Refresh every tick (at most half the shortest RefreshEvery), until stop is
 // closed and no slot is left in flight or lost and no request waits in a queue: a request still
-// running when the config is reloaded keeps its slot, a request waiting keeps its place, and the
-// slots of its decisions and settlements that failed are given back. A failed refresh is retried on the next tick, and logged at most once a minute: a slot
-// survives refreshes failing for half its hold time.
+// running when the config is reloaded keeps its slot, a request waiting keeps the slot it is
+// granted, and the slots of its decisions and settlements that failed are given back. A failed
+// refresh is retried on the next tick, and logged at most once a minute: a slot survives
+// refreshes failing for half its hold time. The waiters' leases are the Limiter's own (Enqueue).
 func (h *Handler) refreshSlots(l *limiter.Limiter, tick time.Duration, stop <-chan struct{}) {
 	t := time.NewTicker(tick)
 	defer t.Stop()
@@ -118,7 +114,6 @@ func (h *Handler) refreshSlots(l *limiter.Limiter, tick time.Duration, stop <-ch
 		case <-t.C:
 		}
 		if stopped && l.LiveSlots() == 0 && l.LostSlots() == 0 && l.Waiting() == 0 {
-			_ = l.Close() // the queue grants' subscription: no request waits any more
 			return
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), max(tick, time.Duration(h.Timeout)))

@@ -2,7 +2,7 @@ package ratelimitredis
 
 import (
 	"context"
-	"fmt"
+	"errors"
 	"math"
 	"net/http"
 	"slices"
@@ -190,7 +190,7 @@ func (h *Handler) waitInQueue(w http.ResponseWriter, r *http.Request, next caddy
 
 // errLeftWhileQueued ends (as a 499) a request whose client went away while it waited in a
 // queue; it took no slot.
-var errLeftWhileQueued = fmt.Errorf("client closed the request while it waited in the queue (max_wait); it took no slot")
+var errLeftWhileQueued = errors.New("client closed the request while it waited in the queue (max_wait); it took no slot")
 
 // claim decides f's request again with the slot waiter was granted (or enters the queue again
 // when the queue lost it). again is true when it waits on: the queue lost it, or its

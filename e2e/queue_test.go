@@ -3,14 +3,21 @@ package e2e_test
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/caddytest"
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/freeport"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/limiter"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
 )
@@ -261,4 +268,237 @@ func TestQueueRedisPausedAndReload(t *testing.T) {
 	redistest.WaitFor(t, 5*time.Second, "no slot left taken and no waiter", func() bool {
 		return zcard(srv, slots) == 0 && zcard(srv, waiters) == 0
 	})
+}
+
+// killedQueueSite is a site on port whose queue zone of limit 2 (hold_max 3s, max_wait 20s)
+// is shared by every instance on redisAddr, in front of upstream.
+func killedQueueSite(port int, redisAddr, upstream string) string {
+	return fmt.Sprintf(`{
+	admin off
+	auto_https off
+	persist_config off
+}
+:%d {
+	bind 127.0.0.1
+	rate_limit_redis {
+		redis {
+			address %s
+		}
+		zone one {
+			key site
+			algorithm concurrency
+			limit 2
+			hold_max 3s
+			max_wait 20s
+		}
+	}
+	reverse_proxy %s
+}
+`, port, redisAddr, strings.TrimPrefix(upstream, "http://"))
+}
+
+// holdingUpstream holds a request to /hold until its client goes away, and serves any other
+// after 300 ms; it records the X-Seq of each request as it starts and the most it serves at once.
+type holdingUpstream struct {
+	upstreamLog
+}
+
+func (u *holdingUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	u.mu.Lock()
+	u.started = append(u.started, r.Header.Get("X-Seq"))
+	u.now++
+	u.max = max(u.max, u.now)
+	u.mu.Unlock()
+	if r.URL.Path == "/hold" {
+		<-r.Context().Done()
+	} else {
+		time.Sleep(300 * time.Millisecond) // the upstream's work
+	}
+	u.mu.Lock()
+	u.now--
+	u.mu.Unlock()
+	_, _ = w.Write([]byte("ok"))
+}
+
+// caddyProcess is bin/caddy running a Caddyfile in a process of its own.
+type caddyProcess struct {
+	cmd    *exec.Cmd
+	exited chan struct{}
+	out    *lockedBuffer
+}
+
+// startCaddyProcess runs caddyBin with caddyfile, which serves on port, until the test ends, and
+// returns once the port accepts connections.
+func startCaddyProcess(t *testing.T, caddyBin, caddyfile string, port int) *caddyProcess {
+	t.Helper()
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "Caddyfile"), []byte(caddyfile), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := &caddyProcess{exited: make(chan struct{}), out: &lockedBuffer{}}
+	p.cmd = exec.Command(caddyBin, "run", "--config", filepath.Join(dir, "Caddyfile"), "--adapter", "caddyfile")
+	p.cmd.Env = append(os.Environ(), "XDG_CONFIG_HOME="+dir, "XDG_DATA_HOME="+dir)
+	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = p.cmd.Wait(); close(p.exited) }()
+	t.Cleanup(func() { _ = p.cmd.Process.Kill(); <-p.exited })
+	redistest.WaitFor(t, 30*time.Second, "the Caddy process to serve", func() bool {
+		c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	})
+	return p
+}
+
+// lockedBuffer is a process's output, written by its stdout and stderr.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestQueueKilledInstance: two Caddy processes (CADDY_BINARY, which `make test` sets; skipped
+// without it) share a queue zone of limit 2 (hold_max 3s, max_wait 20s). Instance A holds both
+// slots and has 2 waiters; instance B has 3 waiters behind them. A is killed with SIGKILL: its
+// slots' deadlines were at most hold_max ahead, and they are free within hold_max; its waiters
+// leave the queue within QueueLease and a renewal period (QueueRefreshEvery); B's waiters are
+// granted in arrival order (the two granted at once may start in either order) and answered 200
+// within max_wait; the upstream never serves more than 2 at once; and no slot or queue key is
+// left once they are answered.
+func TestQueueKilledInstance(t *testing.T) {
+	caddyBin := os.Getenv("CADDY_BINARY")
+	if caddyBin == "" {
+		t.Skip("CADDY_BINARY is not set: run `make test`, which builds bin/caddy from this checkout and sets it")
+	}
+	const hold, maxWait = 3 * time.Second, 20 * time.Second
+	srv := redistest.Start(t)
+	up := &holdingUpstream{}
+	upstream := httptest.NewServer(up)
+	t.Cleanup(upstream.Close)
+	portA, portB := freeport.Must(t), freeport.Must(t)
+	a := startCaddyProcess(t, caddyBin, killedQueueSite(portA, srv.Addr, upstream.URL), portA)
+	startCaddyProcess(t, caddyBin, killedQueueSite(portB, srv.Addr, upstream.URL), portB)
+	slots, waiters := queueKeysOf()
+	client := &http.Client{Timeout: maxWait + 10*time.Second}
+	answers := make(chan answerOf, 3)
+	send := func(port int, path, seq string, answers chan<- answerOf) {
+		go func() {
+			req, _ := http.NewRequest(http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d%s", port, path), nil)
+			req.Header.Set("X-Seq", seq)
+			resp, err := client.Do(req)
+			if err != nil {
+				answers <- answerOf{seq: seq, err: err}
+				return
+			}
+			resp.Body.Close()
+			answers <- answerOf{seq, resp.StatusCode, resp.Header.Get("X-RateLimit-Waited"), nil}
+		}()
+	}
+	lost := make(chan answerOf, 4) // A's requests: cut off by the kill
+	for i, seq := range []string{"h0", "h1", "a0", "a1", "b0", "b1", "b2"} {
+		port, path, to := portA, "/", lost
+		switch {
+		case seq[0] == 'h':
+			path = "/hold"
+		case seq[0] == 'b':
+			port, to = portB, answers
+		}
+		send(port, path, seq, to)
+		redistest.WaitFor(t, 5*time.Second, seq+" in", func() bool { return zcard(srv, slots)+zcard(srv, waiters) == int64(i+1) })
+	}
+	aSlots, _ := srv.Client().ZRange(t.Context(), slots, 0, -1).Result()
+	aWaiters, _ := srv.Client().ZRange(t.Context(), slots+":q1", 0, 1).Result() // the 2 earliest: A's
+	if err := a.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	killed := srv.Time()
+	<-a.exited
+	checkKilledSlots(t, srv, slots, aSlots, killed, hold)
+	redistest.WaitFor(t, limiter.QueueLease+limiter.QueueRefreshEvery+time.Second, "A's waiters out of the queue", func() bool {
+		for _, id := range aWaiters {
+			if srv.Do("ZSCORE", waiters, id) != nil || srv.Do("ZSCORE", slots+":q1", id) != nil {
+				return false
+			}
+		}
+		return true
+	})
+	t.Logf("A's waiters out of the queue %v after SIGKILL", srv.Time().Sub(killed))
+	for range 3 {
+		select {
+		case an := <-answers:
+			waited, err := strconv.Atoi(an.waited)
+			if an.err != nil || an.status != 200 || err != nil || waited > int(maxWait.Milliseconds()) {
+				t.Fatalf("%s: %+v, want 200 having waited at most max_wait", an.seq, an)
+			}
+		case <-time.After(maxWait + 5*time.Second):
+			t.Fatalf("B's waiters not all answered within max_wait; A's output:\n%s", a.out)
+		}
+	}
+	t.Logf("B's waiters answered %v after SIGKILL; upstream start order %v", srv.Time().Sub(killed), up.started)
+	checkKilledOrder(t, &up.upstreamLog)
+	redistest.WaitFor(t, 5*time.Second, "no slot or queue key left", func() bool {
+		for _, k := range srv.Keys(t) {
+			if strings.HasPrefix(k, slots) {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// answerOf is a request's answer: its status and X-RateLimit-Waited, or its error.
+type answerOf struct {
+	seq    string
+	status int
+	waited string
+	err    error
+}
+
+// checkKilledSlots checks the slots aSlots of the instance killed at killed (the Redis clock):
+// their deadlines were at most hold ahead of the kill, so they are free within hold of it.
+func checkKilledSlots(t *testing.T, srv *redistest.Server, slots string, aSlots []string, killed time.Time, hold time.Duration) {
+	t.Helper()
+	if len(aSlots) != 2 {
+		t.Fatalf("the killed instance's slots: %v, want 2", aSlots)
+	}
+	for _, m := range aSlots {
+		if s, ok := srv.Do("ZSCORE", slots, m).(float64); !ok || time.UnixMicro(int64(s)).After(killed.Add(hold)) {
+			t.Fatalf("slot %s: deadline %v, want at most hold_max (%v) after the kill", m, s, hold)
+		}
+	}
+}
+
+// checkKilledOrder checks that the upstream served at most 2 at once and started B's waiters in
+// their arrival order, b0 and b1 (granted at once) before b2.
+func checkKilledOrder(t *testing.T, up *upstreamLog) {
+	t.Helper()
+	up.mu.Lock()
+	defer up.mu.Unlock()
+	if up.max > 2 {
+		t.Fatalf("the upstream served up to %d at once, want at most 2", up.max)
+	}
+	var bs []string
+	for _, seq := range up.started {
+		if seq[0] == 'b' {
+			bs = append(bs, seq)
+		}
+	}
+	if len(bs) != 3 || bs[2] != "b2" {
+		t.Fatalf("B's waiters started in the order %v, want b0 and b1, then b2", bs)
+	}
 }

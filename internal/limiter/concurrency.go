@@ -101,14 +101,14 @@ func (l *Limiter) LiveSlots() int {
 // refreshes fail keeps the deadline it had, so it frees itself at most its hold time after its
 // last refresh that succeeded. Then it gives back the lost slots: those that decisions and
 // settlements which failed may have left taken with no request holding them (LostSlots), in a
-// round trip of their own when there are any; and it renews this Limiter's waiters in queues
-// (RefreshQueues). It returns the number of slots moved on, and the Redis errors joined.
+// round trip of their own when there are any. It returns the number of slots moved on, and the
+// Redis errors joined.
 func (l *Limiter) Refresh(ctx context.Context) (int, error) {
 	// One refresh.lua call per state key, all in one pipeline; then one ZREM per lost slot (see
 	// lostslots.go).
 	moved, err := l.refreshLive(ctx)
 	_, lerr := l.giveBackLost(ctx)
-	return moved, errors.Join(err, lerr, l.RefreshQueues(ctx))
+	return moved, errors.Join(err, lerr)
 }
 
 // refreshLive is Refresh's refresh of the slots in flight.

@@ -22,12 +22,12 @@ import (
 // publishes its id on its instance's channel, `<prefix>queue:<instance>`. The request is then
 // decided again with the claim (Request.Claim), which takes the reservation in place of a free
 // slot or of the bucket's tokens. A waiter that gives up leaves (Leave), handing a reservation
-// to the next. Each instance renews its waiters' leases every QueueRefreshEvery (RefreshQueues,
-// one call per queue it waits in), which also tells it of grants whose message was lost; a
-// waiter whose instance dies is dropped when its lease ends, QueueLease after its last renewal.
-// A token bucket's waiters are granted as it refills: each instance with waiters in its queue
-// calls queue.lua's promote when the next waiter's cost is in the bucket (at most once per
-// QueuePromoteEvery).
+// to the next. While a Limiter has waiters, its keeper hears their grants and renews their
+// leases every QueueRefreshEvery (RefreshQueues, one call per queue it waits in), which also
+// tells it of grants whose message was lost; a waiter whose instance dies is dropped when its
+// lease ends, QueueLease after its last renewal. A token bucket's waiters are granted as it
+// refills: each instance with waiters in its queue calls queue.lua's promote when the next
+// waiter's cost is in the bucket (at most once per QueuePromoteEvery).
 
 var queueScript = newScript(lua.Queue)
 
@@ -123,18 +123,24 @@ func (w *Waiter) signal(gone bool) {
 // the bucket's tokens.
 func (r *Request) Claim(w *Waiter) { r.claim = w.id }
 
-// waitersOf are a Limiter's waiters, by id, and the subscription that hears their grants.
+// waitersOf are a Limiter's waiters, by id, and the keeper that hears their grants and renews
+// their leases while there are any.
 type waitersOf struct {
 	mu   sync.Mutex
 	m    map[string]*Waiter
 	n    uint64
 	last time.Time // the last RefreshQueues
-
-	once       sync.Once
-	ps         *redis.PubSub // nil until the first waiter, or without a Subscriber; under mu
-	subscribed chan struct{} // closed once the first subscription was answered
+	keep *keeper   // nil while no keeper runs
 
 	promotes map[string]*promoteTimer // per token bucket queue's state key, its next promote
+}
+
+// keeper hears a Limiter's grants and renews its waiters' leases (keepWaiters) from the first
+// waiter until none is left, or Close.
+type keeper struct {
+	ps         *redis.PubSub // nil without a Subscriber
+	subscribed chan struct{} // closed once the subscription was answered (at once without one)
+	stop       chan struct{} // closed when the keeper ends
 }
 
 // promoteTimer is the next promote this instance makes for a token bucket queue: at at.
@@ -163,7 +169,6 @@ func (l *Limiter) Enqueue(ctx context.Context, r Request, since int64) (*Waiter,
 		return nil, fmt.Errorf("zone %q has no queue (a max_wait on algorithm concurrency, or with priority on token_bucket)", r.Zone.Name)
 	}
 	class := min(max(r.Class, 0), r.Zone.classes()-1) + 1
-	l.listen(ctx)
 	l.waiters.mu.Lock()
 	l.waiters.n++
 	id := l.instance + "." + strconv.FormatUint(l.waiters.n, 36)
@@ -176,7 +181,9 @@ func (l *Limiter) Enqueue(ctx context.Context, r Request, since int64) (*Waiter,
 		l.waiters.m = make(map[string]*Waiter)
 	}
 	l.waiters.m[w.id] = w // before the call: its grant may be published before the reply
+	k := l.keeper()
 	l.waiters.mu.Unlock()
+	k.listening(ctx)
 	if err := l.enter(ctx, w, since); err != nil {
 		l.forget(w)
 		return nil, err
@@ -201,7 +208,9 @@ func (l *Limiter) Reenter(ctx context.Context, w *Waiter) error {
 	l.waiters.mu.Lock()
 	l.waiters.m[w.id] = w
 	w.entered = false
+	k := l.keeper()
 	l.waiters.mu.Unlock()
+	k.listening(ctx)
 	if err := l.enter(ctx, w, w.since); err != nil {
 		return err
 	}
@@ -396,29 +405,76 @@ func (l *Limiter) queueArgs(z *Zone, op string, more ...any) []any {
 	return append(args, more...)
 }
 
-// listen subscribes to this instance's grants channel, once; a second caller waits for the
-// first's subscription (or ctx). Without a Subscriber (Options), or while the subscription
-// fails, grants reach waiters through RefreshQueues.
-func (l *Limiter) listen(ctx context.Context) {
-	if l.sub == nil {
-		return
+// keeper returns the running keeper, starting one (a subscription to this instance's grants
+// channel, and keepWaiters) when none runs; under waiters.mu. Without a Subscriber (Options), or
+// while the subscription fails, grants reach waiters through RefreshQueues.
+func (l *Limiter) keeper() *keeper {
+	if k := l.waiters.keep; k != nil {
+		return k
 	}
-	l.waiters.once.Do(func() {
-		l.waiters.subscribed = make(chan struct{})
-		ps := l.sub.Subscribe(context.Background())
-		l.waiters.mu.Lock()
-		l.waiters.ps = ps
-		l.waiters.mu.Unlock()
-		go l.hear(ps.Channel())
+	k := &keeper{subscribed: make(chan struct{}), stop: make(chan struct{})}
+	l.waiters.keep = k
+	if l.sub == nil {
+		close(k.subscribed)
+	} else {
+		k.ps = l.sub.Subscribe(context.Background()) // no channel: no call yet
+		go l.hear(k.ps.Channel())
 		go func() {
-			defer close(l.waiters.subscribed)
-			_ = ps.Subscribe(context.Background(), queueChannel(l.prefix)+l.instance) // go-redis subscribes again on reconnection
+			defer close(k.subscribed)
+			_ = k.ps.Subscribe(context.Background(), queueChannel(l.prefix)+l.instance) // go-redis subscribes again on reconnection
 		}()
-	})
+	}
+	go l.keepWaiters(k)
+	return k
+}
+
+// keepWaiters renews the Limiter's waiters every QueueRefreshEvery (RefreshQueues) until none
+// is left or k is stopped, then ends k. A failed renewal is tried again at the next tick: a
+// waiter outlives renewals that fail for less than QueueLease.
+func (l *Limiter) keepWaiters(k *keeper) {
+	t := time.NewTicker(QueueRefreshEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+		case <-k.stop:
+			return
+		}
+		l.waiters.mu.Lock()
+		mine := l.waiters.keep == k // else Close ended k
+		idle := mine && len(l.waiters.m) == 0
+		if idle {
+			l.waiters.keep = nil
+		}
+		l.waiters.mu.Unlock()
+		if idle {
+			_ = k.end()
+		}
+		if !mine || idle {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), QueueRefreshEvery)
+		_ = l.RefreshQueues(ctx)
+		cancel()
+	}
+}
+
+// listening returns once k's subscription was answered, so that it hears the grant of an
+// enter call made next, or once ctx is done.
+func (k *keeper) listening(ctx context.Context) {
 	select {
-	case <-l.waiters.subscribed:
+	case <-k.subscribed:
 	case <-ctx.Done():
 	}
+}
+
+// end stops k's renewals and closes its subscription.
+func (k *keeper) end() error {
+	close(k.stop)
+	if k.ps == nil {
+		return nil
+	}
+	return k.ps.Close()
 }
 
 // hear signals the waiters whose grants msgs carry, until the subscription is closed.
@@ -434,8 +490,9 @@ func (l *Limiter) hear(msgs <-chan *redis.Message) {
 }
 
 // RefreshQueues renews the leases of this Limiter's waiters, one queue.lua call per queue (in
-// one pipeline), at most once per QueueRefreshEvery; each call also grants what the queue has
-// free. A waiter found holding a reserved slot is signalled (its grant's message may have been
+// one pipeline), at most once per QueueRefreshEvery (the keeper calls it that often while the
+// Limiter has waiters); each call also grants what the queue has free. A waiter found holding
+// a reserved slot is signalled (its grant's message may have been
 // lost), and one the queue lost is signalled as Gone. It returns the Redis errors joined.
 func (l *Limiter) RefreshQueues(ctx context.Context) error {
 	now := l.clock()
@@ -489,17 +546,19 @@ func (l *Limiter) RefreshQueues(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// Close ends the subscription that hears this Limiter's queue grants, if any: call it once no
-// request waits (Waiting). The Limiter's other calls need no Close.
+// Close stops hearing this Limiter's queue grants and renewing its waiters now, as when its
+// instance dies: its waiters then lapse within QueueLease, unless a later Enqueue or Reenter
+// starts both again. The keeper ends by itself once no request waits (Waiting), so a Limiter
+// needs no Close.
 func (l *Limiter) Close() error {
 	l.waiters.mu.Lock()
-	ps := l.waiters.ps
-	l.waiters.ps = nil
+	k := l.waiters.keep
+	l.waiters.keep = nil
 	l.waiters.mu.Unlock()
-	if ps == nil {
+	if k == nil {
 		return nil
 	}
-	return ps.Close()
+	return k.end()
 }
 
 // QueueState is a queue's state for one client key of a zone that Queues (Limiter.Queue).

@@ -2,7 +2,7 @@ package limiter_test
 
 import (
 	"context"
-	"sync"
+	"strconv"
 	"testing"
 	"time"
 
@@ -55,6 +55,20 @@ func notReady(t *testing.T, w *limiter.Waiter, what string) {
 	}
 }
 
+// claimSlot decides req on l with w's claim, fails t unless it is admitted, and marks w
+// Claimed; it returns the decision, which holds the slot.
+func claimSlot(t *testing.T, l *limiter.Limiter, req limiter.Request, w *limiter.Waiter, what string) limiter.Decision {
+	t.Helper()
+	claim := req
+	claim.Claim(w)
+	d := allow(t, l, claim)
+	if !d.Allowed || d.Held == nil {
+		t.Fatalf("%s's claim: %+v, want admitted", what, d)
+	}
+	l.Claimed(w)
+	return d
+}
+
 // TestQueueGrantsInArrivalOrderAcrossInstances: limit 1 held on instance 0; waiters enter on
 // instances 1, 2, 1, 2 in turn; each slot given back goes to the earliest waiter, on whichever
 // instance it waits, and a request decided afresh while they wait is denied (it does not
@@ -97,14 +111,8 @@ func TestQueueGrantsInArrivalOrderAcrossInstances(t *testing.T) {
 		if d := allow(t, ls[0], req); d.Allowed {
 			t.Fatalf("a newcomer took the slot reserved for waiter %d: %+v", i, d)
 		}
-		claim := req
-		claim.Claim(w)
 		inst := ls[1+i%2]
-		d := allow(t, inst, claim)
-		if !d.Allowed || d.Held == nil {
-			t.Fatalf("waiter %d's claim: %+v, want admitted", i, d)
-		}
-		inst.Claimed(w)
+		d := claimSlot(t, inst, req, w, "waiter "+strconv.Itoa(i))
 		calls := srv.ScriptCalls()
 		if err := inst.Leave(context.Background(), w); err != nil || srv.ScriptCalls() != calls {
 			t.Fatalf("Leave after the claim: %v, %d script calls; want none", err, srv.ScriptCalls()-calls)
@@ -166,12 +174,7 @@ func TestQueuePriorityWithShare(t *testing.T) {
 			t.Fatalf("no grant after %v", order)
 		}
 		order = append(order, []string{"i", "b"}[got.class]+string(rune('0'+got.n)))
-		claim := req
-		claim.Claim(got.w)
-		if held = allow(t, l, claim); !held.Allowed {
-			t.Fatalf("claim: %+v", held)
-		}
-		l.Claimed(got.w)
+		held = claimSlot(t, l, req, got.w, order[len(order)-1])
 	}
 	want := []string{"i0", "i1", "i2", "i3", "b0", "i4", "i5", "i6", "i7", "b1", "i8", "i9", "b2", "b3", "b4", "b5", "b6", "b7", "b8", "b9"}
 	if len(order) != len(want) {
@@ -225,29 +228,24 @@ func TestQueueLapsedWaiterDropped(t *testing.T) {
 	z := queued("q", 1)
 	req := limiter.Request{Zone: z, Key: "site", Cost: 1, Hold: time.Minute}
 	held := allow(t, ls[1], req)
-	if _, err := ls[0].Enqueue(context.Background(), req, 0); err != nil { // instance 0 "dies": no refresh
+	if _, err := ls[0].Enqueue(context.Background(), req, 0); err != nil {
 		t.Fatal(err)
 	}
 	live, err := ls[1].Enqueue(context.Background(), req, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
+	_ = ls[0].Close() // instance 0 "dies": its waiter is no longer renewed
 	start := time.Now()
 	settleAll(t, ls[1], held) // the slot goes to instance 0's waiter, never claimed
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for time.Since(start) < 10*time.Second {
-			select {
-			case <-live.Ready():
-				return
-			case <-time.After(100 * time.Millisecond):
-				_ = ls[1].RefreshQueues(context.Background())
-			}
-		}
-	})
-	wg.Wait()
-	if !live.Gone() && time.Since(start) >= 10*time.Second {
-		t.Fatal("the live waiter was never granted")
+	// Instance 1's keeper renews its waiter every second, and so learns of its grant.
+	select {
+	case <-live.Ready():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the live waiter was not granted within 10s")
+	}
+	if live.Gone() {
+		t.Fatal("the live waiter was dropped, want granted")
 	}
 	if took := time.Since(start); took < limiter.QueueClaim-100*time.Millisecond {
 		t.Fatalf("granted after %v: before the dead waiter's reservation (%v) lapsed", took, limiter.QueueClaim)
@@ -265,9 +263,10 @@ func TestQueueDeadInstanceWaiterDropped(t *testing.T) {
 	z := queued("q", 1)
 	req := limiter.Request{Zone: z, Key: "site", Cost: 1, Hold: time.Minute}
 	held := allow(t, ls[1], req)
-	if _, err := ls[0].Enqueue(context.Background(), req, 0); err != nil { // instance 0 then "dies"
+	if _, err := ls[0].Enqueue(context.Background(), req, 0); err != nil {
 		t.Fatal(err)
 	}
+	_ = ls[0].Close() // instance 0 "dies": its waiter is no longer renewed
 	live, err := ls[1].Enqueue(context.Background(), req, 0)
 	if err != nil || live.Ahead != 1 {
 		t.Fatalf("the live waiter: %+v, %v; want 1 ahead", live, err)
@@ -275,7 +274,6 @@ func TestQueueDeadInstanceWaiterDropped(t *testing.T) {
 	waiters := limiter.StateKey("rl:", z, "site") + ":ql"
 	start := time.Now()
 	redistest.WaitFor(t, limiter.QueueLease+5*time.Second, "the dead instance's waiter dropped", func() bool {
-		_ = ls[1].RefreshQueues(context.Background()) // the live instance renews its own
 		n, _ := srv.Do("ZCARD", waiters).(int64)
 		return n == 1
 	})
@@ -288,4 +286,79 @@ func TestQueueDeadInstanceWaiterDropped(t *testing.T) {
 	case <-time.After(time.Second):
 		t.Fatal("the live waiter was not granted the slot at once")
 	}
+}
+
+// TestQueueWaiterAfterTheLastLeft: a Limiter whose grant listener and renewals stopped (Close)
+// once its last waiter left, as a reloaded handler's did, still hears and renews a waiter that
+// enters after: the waiter's lease is renewed past its first end, and it is granted the slot
+// when the slot comes back.
+func TestQueueWaiterAfterTheLastLeft(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	ls := queueLimiters(t, srv, 2)
+	z := queued("q", 1)
+	req := limiter.Request{Zone: z, Key: "site", Cost: 1, Hold: time.Minute}
+	held := allow(t, ls[1], req)
+	first, err := ls[0].Enqueue(context.Background(), req, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ls[0].Leave(context.Background(), first); err != nil || ls[0].Waiting() != 0 {
+		t.Fatalf("the first waiter's Leave: %v, %d waiting; want none", err, ls[0].Waiting())
+	}
+	_ = ls[0].Close()
+	w, err := ls[0].Enqueue(context.Background(), req, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waiters := limiter.StateKey("rl:", z, "site") + ":ql"
+	rdb := srv.Client()
+	lease := func() int64 { // the waiter's lease end (µs), 0 when it is not in the queue
+		m, _ := rdb.ZRangeWithScores(context.Background(), waiters, 0, -1).Result()
+		if len(m) != 1 {
+			return 0
+		}
+		return int64(m[0].Score)
+	}
+	firstEnd := lease()
+	if firstEnd == 0 {
+		t.Fatal("the waiter is not in the queue")
+	}
+	redistest.WaitFor(t, limiter.QueueLease+3*time.Second, "the waiter's lease renewed past its first end", func() bool {
+		now := srv.Time().UnixMicro()
+		return now > firstEnd && lease() > now
+	})
+	settleAll(t, ls[1], held)
+	ready(t, w, "the waiter, once the slot came back")
+	if w.Gone() {
+		t.Fatal("the waiter was dropped, want granted")
+	}
+	settleAll(t, ls[0], claimSlot(t, ls[0], req, w, "the waiter"))
+}
+
+// TestQueueKeeperEndsWithTheLastWaiter: a Limiter's subscription to its grants lasts while it
+// has waiters, and ends within two renewal periods of its last waiter leaving.
+func TestQueueKeeperEndsWithTheLastWaiter(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	l := queueLimiters(t, srv, 1)[0]
+	z := queued("q", 1)
+	req := limiter.Request{Zone: z, Key: "site", Cost: 1, Hold: time.Minute}
+	held := allow(t, l, req)
+	subscribed := func() int {
+		v, _ := srv.Do("PUBSUB", "CHANNELS", "rl:queue:*").([]any)
+		return len(v)
+	}
+	w, err := l.Enqueue(context.Background(), req, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := subscribed(); n != 1 {
+		t.Fatalf("%d grant channels subscribed with a waiter, want 1", n)
+	}
+	if err := l.Leave(context.Background(), w); err != nil {
+		t.Fatal(err)
+	}
+	redistest.WaitFor(t, 2*limiter.QueueRefreshEvery+time.Second, "the grant channel unsubscribed", func() bool { return subscribed() == 0 })
+	settleAll(t, l, held)
 }
