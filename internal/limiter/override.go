@@ -151,6 +151,26 @@ func (o overrideReply) settleZone(za []any) []any {
 	return out
 }
 
+// inForce returns the decide.lua call c of one decision whose reply is zones with each zone's
+// quota and rate those in force (settleZone), a copy: what settle.lua takes to give back or
+// commit the charges with the numbers that took them. c itself when no zone has an override in
+// force.
+func inForce(c *call, zones []zoneReply) *call {
+	out := c
+	for j := range argZones(c.args) {
+		if zones[j].ov.quota == 0 {
+			continue
+		}
+		if out == c {
+			out = &call{keys: c.keys, args: append([]any(nil), c.args...)}
+		}
+		za := zones[j].ov.settleZone(zoneArgsOf(c.args, j))
+		b := 4 + zoneArgN*j
+		out.args[b+1], out.args[b+2] = za[1], za[2]
+	}
+	return out
+}
+
 // ErrNoOverrides is the error of an override call for a zone without Overrides.
 var ErrNoOverrides = errors.New("the zone has no overrides")
 

@@ -190,3 +190,43 @@ func TestSettleUsesTheNumbersOfTheReservation(t *testing.T) {
 		})
 	}
 }
+
+// TestClusterOverrideZoneAcrossSlots: on Redis Cluster, a request whose zones are in two hash
+// slots: a fixed window of 100 an hour, held until after the response, whose client has an
+// override of 1000 in 90 minutes, and a token bucket of 1 of another client. The admission
+// holds the window's charge; Settle charges 300 in the override's window. When the bucket
+// denies the next request, the window's charge of 100, taken in the override's window, is
+// given back: the count stays 300.
+func TestClusterOverrideZoneAcrossSlots(t *testing.T) {
+	t.Parallel()
+	c := redistest.StartCluster(t, 3)
+	perNode := clientsOn(t, c, 1)
+	alice, bob := perNode[0][0], perNode[1][0]
+	clk := newClock()
+	l := clusterLimiter(t, c, limiter.Options{Now: clk.Now})
+	zw := &limiter.Zone{Name: "w", Algorithm: limiter.FixedWindow, Limit: 100, Window: time.Hour, Overrides: true}
+	zb := tb("plain", 1, 1.0/3600)
+	if err := l.SetOverride(context.Background(), zw, alice, limiter.Override{Limit: 1000, Window: 90 * time.Minute}, 0); err != nil {
+		t.Fatal(err)
+	}
+	// reqs are the request's zones afresh (a decision puts the numbers in force in its requests).
+	reqs := func() []limiter.Request {
+		return []limiter.Request{{Zone: zw, Key: alice, Cost: 100, Hold: time.Hour}, {Zone: zb, Key: bob, Cost: 1}}
+	}
+	d := allow(t, l, reqs()...)
+	if !d.Allowed || d.Held == nil {
+		t.Fatalf("first request: %+v, want allowed with a hold", d)
+	}
+	if got, err := l.Settle(context.Background(), d.Held, []int64{300, 0}); err != nil || !got[0] {
+		t.Fatalf("settle: %v, %v", got, err)
+	}
+	if n := count(t, c.Nodes[0], zw, alice); n != 300 {
+		t.Fatalf("window after the settle: %d, want 300", n)
+	}
+	if d := allow(t, l, reqs()...); d.Allowed || d.Zone != 1 {
+		t.Fatalf("with the bucket empty: %+v, want denied by it", d)
+	}
+	if n := count(t, c.Nodes[0], zw, alice); n != 300 {
+		t.Fatalf("window after the bucket's denial: %d, want 300 (the charge of 100 given back)", n)
+	}
+}
