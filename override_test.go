@@ -3,9 +3,11 @@ package ratelimitredis
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -242,4 +244,81 @@ func TestOverrideRaisesSlidingWindowCost(t *testing.T) {
 			t.Fatalf("%s, cost %s: %d (Retry-After %q), want %d (a Retry-After: %v)", c.key, c.cost, resp.StatusCode, resp.Header.Get("Retry-After"), c.status, c.retry)
 		}
 	}
+}
+
+// TestOverrideRaisesChargedBudget: overrides on zones that settle after the response, over 3
+// handlers (as 3 instances) sharing Redis: an LLM zone charging the tokens the upstream reports
+// (capacity 1000 a day, a reservation of 100, 300 reported) and a login zone counting 401s
+// (limit 3 an hour). Alice spends her 1000 tokens: the 5th request is refused. A PUT of her
+// override to capacity 10,000, with no reload, admits her next 10 requests with the limit in
+// force, each charged exactly 300 (1200 + 3000 in the bucket, less the refill at 1000 a day);
+// bob, without an override, is still refused. Carol's override of limit 5 on the login zone
+// lets 5 wrong logins through to the upstream's 401, and refuses the 6th.
+func TestOverrideRaisesChargedBudget(t *testing.T) {
+	srv := redistest.Start(t)
+	up := startUpstream(t, 300)
+	var site strings.Builder
+	for i := 1; i <= 3; i++ {
+		fmt.Fprintf(&site, `
+	route /i%d/* {
+		rate_limit_redis {
+			redis {
+				address %s
+			}
+			timeout 5s
+			zone llm {
+				match path */chat
+				key {http.request.header.X-API-Key}
+				capacity 1000
+				refill_rate 1000/1d
+				cost 100
+				charge openai_usage total
+				overrides
+			}
+			zone login {
+				match path */login
+				key {http.request.header.X-API-Key}
+				algorithm sliding_window_counter
+				limit 3
+				window 1h
+				count_status 401
+				overrides
+			}
+		}
+		reverse_proxy %s
+	}`, i, srv.Addr, up.URL)
+	}
+	ac := startCaddyAdmin(t, site.String())
+	// expect sends request n of client key to p on handler n%3 and checks its status and, when
+	// not empty, its X-RateLimit-Limit.
+	expect := func(step string, n int, p, key string, status int, limit string) {
+		t.Helper()
+		r := ac.Get(fmt.Sprintf("/i%d/%s", n%3+1, p), "X-API-Key", key)
+		if r.Status != status || limit != "" && r.Header.Get("X-RateLimit-Limit") != limit {
+			t.Fatalf("%s: %d with X-RateLimit-Limit %q, want %d and %q", step, r.Status, r.Header.Get("X-RateLimit-Limit"), status, limit)
+		}
+	}
+	for _, key := range []string{"alice", "bob"} {
+		for n := range 4 {
+			expect(fmt.Sprintf("%s request %d", key, n+1), n, "chat", key, 200, "1000")
+		}
+	}
+	expect("alice's 5th, 1200 of 1000 spent", 0, "chat", "alice", 429, "")
+	ac.put(t, "/rate_limit_redis/override?zone=llm&key=alice", `{"capacity": 10000}`)
+	start := time.Now()
+	for n := range 10 {
+		expect(fmt.Sprintf("alice raised, request %d", n+1), n, "chat", "alice", 200, "10000")
+	}
+	u, err := strconv.ParseFloat(fmt.Sprint(srv.Do("HGET", "rl:{alice}:llm:tb", "u")), 64)
+	refill := time.Since(start).Seconds()*1000/86400 + 1 // and the second before the PUT
+	if err != nil || u > 4200 || u < 4200-refill {
+		t.Fatalf("alice's bucket holds %v used (%v), want 1200 + 10 × 300 = 4200, less at most %.2f refilled", u, err, refill)
+	}
+	expect("bob's 5th, no override", 1, "chat", "bob", 429, "")
+
+	ac.put(t, "/rate_limit_redis/override?zone=login&key=carol", `{"limit": 5}`)
+	for n := range 5 {
+		expect(fmt.Sprintf("carol's wrong login %d", n+1), n, "login", "carol", 401, "5")
+	}
+	expect("carol's 6th wrong login", 2, "login", "carol", 429, "")
 }

@@ -15,14 +15,9 @@ import (
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/limiter"
 )
 
-// validateOverridesShadow checks what overrides and dry_run exclude, of the fields the limiter
-// does not see (it checks max_wait and lease); after is true with count_status or charge.
-func (z *Zone) validateOverridesShadow(after bool) error {
-	switch {
-	case z.Overrides && after:
-		return z.fieldError("overrides", "overrides excludes count_status and charge: a charge settled after the response "+
-			"would be settled with the zone's own numbers, not the client's override")
-	case z.DryRun && z.EmptyKey == EmptyKeyDeny:
+// validateDryRun checks what dry_run excludes, of the fields the limiter does not see.
+func (z *Zone) validateDryRun() error {
+	if z.DryRun && z.EmptyKey == EmptyKeyDeny {
 		return z.fieldError("dry_run", "dry_run excludes empty_key deny: a shadow zone never refuses a request")
 	}
 	return nil

@@ -144,7 +144,6 @@ func TestCaddyfileOverridesAndDryRun(t *testing.T) {
 	for _, c := range []struct{ block, want string }{
 		{"capacity 1\n refill_rate 1\n max_wait 1s\n dry_run", "zone z: dry_run excludes max_wait: a shadow zone must never change the response, and holding a request would, at Testfile:6"},
 		{"capacity 4\n refill_rate 1\n lease {\n max 2\n ttl 1s\n }\n dry_run", "dry_run excludes lease"},
-		{"capacity 4\n refill_rate 1\n count_status 401\n overrides", "overrides excludes count_status and charge"},
 		{"capacity 4\n refill_rate 1\n lease {\n max 2\n ttl 1s\n }\n overrides", "overrides excludes lease"},
 		{"capacity 4\n refill_rate 1\n empty_key deny\n dry_run", "dry_run excludes empty_key deny"},
 		{"capacity 4\n refill_rate 1\n overrides on", `overrides: unexpected argument "on"`},

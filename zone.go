@@ -530,7 +530,7 @@ func (z *Zone) validateCharge() error {
 func (z *Zone) validateTogether(lz limiter.Zone, cost int64) error {
 	after := len(z.CountStatus) > 0 || z.Charge != nil
 	if lz.Algorithm.HoldsSlots() {
-		if err := z.validateOverridesShadow(after); err != nil {
+		if err := z.validateDryRun(); err != nil {
 			return err
 		}
 		return z.validateConcurrency(cost)
@@ -545,7 +545,7 @@ func (z *Zone) validateTogether(lz limiter.Zone, cost int64) error {
 	case z.Lease != nil && after:
 		return z.fieldError("lease", "lease excludes count_status and charge: a grant is spent as requests arrive, before any response says what to charge")
 	}
-	if err := z.validateOverridesShadow(after); err != nil {
+	if err := z.validateDryRun(); err != nil {
 		return err
 	}
 	// A quota or max_cost from a placeholder bounds the cost per request (Zone.finishNumbers): a

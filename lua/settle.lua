@@ -39,7 +39,10 @@
 -- ARGV[3]  "commit", "release" or "amount".
 -- Then 4 arguments per zone i, starting at ARGV[4 + 4*(i-1)]: algorithm ("tb", "sw", "fw", "sc"
 -- or "cc"), quota, rate (tb: tokens/s, followed by ",<max_wait>" when shaping; sw, sc: window µs;
--- fw: the window bounds) and cost, as given to that call.
+-- fw: the window bounds, or one number: a window of that many µs, the windows aligned to the
+-- epoch) and cost, as given to that call; for a zone with overrides, the quota and rate in force
+-- when it was decided (decide.lua's reply: the client's override's, fw's window given as one
+-- number; internal/limiter/override.go settleZone), so that it settles as it was reserved.
 -- With "amount", then one more argument per zone i, at ARGV[4 + 4n + (i-1)] for n zones: what to
 -- charge zone i, an integer, followed by "L" when the response outlived the zone's hold time (so
 -- its hold may have been committed already). A token bucket commits that many tokens in place of
@@ -81,10 +84,10 @@ if mode == 'amount' then n = (#ARGV - 3) / 5 end
 local r = n + 1 -- the next record key
 
 -- The start (µs) of a window counter's window holding now: fw: of the three windows of the
--- bounds "b0,b1,b2,b3"; sc: of the windows of `window` µs aligned to the epoch. nil when now is
--- outside the fixed window's bounds.
+-- bounds "b0,b1,b2,b3"; sc, and fw given one number (an override's window): of the windows of
+-- `window` µs aligned to the epoch. nil when now is outside the fixed window's bounds.
 local function window_at(algo, arg)
-  if algo == 'sc' then
+  if algo == 'sc' or not string.find(arg, ',', 1, true) then
     local window = tonumber(arg)
     return now - now % window
   end

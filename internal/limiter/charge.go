@@ -1,6 +1,7 @@
 package limiter
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -88,7 +89,7 @@ const lateMargin = time.Second
 type heldPart struct {
 	keys  []string // the zones' state keys, then their record keys
 	nonce any
-	zones []any           // 4 per zone: algorithm, quota, rate, cost, as decide.lua got them
+	zones []any           // 4 per zone: algorithm, quota, rate, cost, as in force at the decision
 	idx   []int           // per zone, its index in the requests given to Decide
 	call  bool            // a zone needs a call even to keep its charge: a token bucket's hold, a record
 	hold  []time.Duration // per zone, its Hold
@@ -101,7 +102,9 @@ type heldPart struct {
 // newHeld returns the Held of the zones with a Hold among those decided by one decide.lua call
 // with keys and args that admitted its request, zones its reply (per zone of the call); idx maps
 // the call's zones to the requests given to Decide (nil: the same). A shadow zone that would have
-// denied the request was not charged, so it holds nothing to settle. nil when no zone holds one.
+// denied the request was not charged, so it holds nothing to settle. A zone with Overrides is
+// settled with the numbers that decided it (overrideReply.settleZone), and its charge bounded by
+// the max cost in force. nil when no zone holds one.
 func newHeld(reqs []Request, keys []string, args []any, idx []int, zones []zoneReply) *Held {
 	var p heldPart
 	for j := range argZones(args) {
@@ -114,13 +117,20 @@ func newHeld(reqs []Request, keys []string, args []any, idx []int, zones []zoneR
 		}
 		p.keys = append(p.keys, keys[j])
 		za := zoneArgsOf(args, j)
-		if reqs[i].ask > 0 {
+		most := reqs[i].Zone.MaxCostOrQuota()
+		switch {
+		case reqs[i].ask > 0:
 			za = grantZone(za, int64(zones[j].granted)) // its hold is the grant
+		case reqs[i].Zone.Overrides:
+			za = zones[j].ov.settleZone(za)
+			if !reqs[i].Zone.Algorithm.HoldsSlots() {
+				most = cmp.Or(zones[j].ov.maxCost, most)
+			}
 		}
 		p.zones = append(p.zones, za...)
 		p.idx = append(p.idx, i)
 		p.hold = append(p.hold, reqs[i].Hold)
-		p.most = append(p.most, reqs[i].Zone.MaxCostOrQuota())
+		p.most = append(p.most, most)
 		p.call = p.call || argTag(za[0]) != SlidingWindow.tag()
 		if reqs[i].Zone.Queues() {
 			p.queues = append(p.queues, make([]*Zone, len(p.idx)-1-len(p.queues))...)
@@ -210,18 +220,7 @@ func (l *Limiter) Settle(ctx context.Context, h *Held, amounts []int64) ([]bool,
 			}
 			continue
 		}
-		args := make([]any, 0, 3+len(p.zones)+len(p.idx))
-		args = append(args, now, p.nonce, "amount")
-		args = append(args, p.zones...)
-		for j, i := range p.idx {
-			a := amount(amounts, i, p.most[j])
-			if elapsed+lateMargin >= p.hold[j] {
-				args = append(args, strconv.FormatInt(a, 10)+"L")
-			} else {
-				args = append(args, a)
-			}
-		}
-		calls = append(calls, &call{keys: p.keys, args: args})
+		calls = append(calls, &call{keys: p.keys, args: p.amountArgs(now, amounts, elapsed)})
 		parts = append(parts, p)
 	}
 	// One settle.lua call (one per hash slot on Redis Cluster, all under way at once); none when
@@ -270,6 +269,25 @@ func (l *Limiter) Settle(ctx context.Context, h *Held, amounts []int64) ([]bool,
 		return settled, fmt.Errorf("%w: %s", ErrNotHeld, strings.Join(missing, ", "))
 	}
 	return settled, nil
+}
+
+// amountArgs returns settle.lua's ARGV settling p with amounts (per request index, see Settle)
+// elapsed after the decision was sent: now, its nonce, "amount", its zones' arguments (as in
+// force at the decision), then each zone's amount, clamped to its most, "L" after it when the
+// zone's Hold (less lateMargin) has passed.
+func (p *heldPart) amountArgs(now any, amounts []int64, elapsed time.Duration) []any {
+	args := make([]any, 0, 3+len(p.zones)+len(p.idx))
+	args = append(args, now, p.nonce, "amount")
+	args = append(args, p.zones...)
+	for j, i := range p.idx {
+		a := amount(amounts, i, p.most[j])
+		if elapsed+lateMargin >= p.hold[j] {
+			args = append(args, strconv.FormatInt(a, 10)+"L")
+		} else {
+			args = append(args, a)
+		}
+	}
+	return args
 }
 
 // amount is amounts[i] clamped to [0, most]; 0 past its end.

@@ -98,7 +98,7 @@ func (l *Limiter) allowSlots(ctx context.Context, reqs []Request, keys []string,
 		go func() {
 			ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.callTime)
 			defer cancel()
-			l.release(ctx, calls, greqs, shadowFailed)
+			l.release(ctx, calls, greqs, nil, shadowFailed)
 		}()
 	}
 	switch {
@@ -110,17 +110,17 @@ func (l *Limiter) allowSlots(ctx context.Context, reqs []Request, keys []string,
 				continue
 			}
 			held = newHeld(reqs, c.keys, c.args, groups[g], gzones[g]).merge(held)
-			commits = append(commits, withoutHeld(c, reqs, groups[g]))
+			commits = append(commits, withoutHeld(inForce(c, gzones[g]), reqs, groups[g]))
 		}
 		l.settle(ctx, commits, true)
 	case len(charged) == 0:
 	case slotErr == nil && ctx.Err() == nil:
-		l.release(ctx, calls, greqs, charged)
+		l.release(ctx, calls, greqs, gzones, charged)
 	default:
 		go func() {
 			ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.callTime)
 			defer cancel()
-			l.release(ctx, calls, greqs, charged)
+			l.release(ctx, calls, greqs, gzones, charged)
 		}()
 	}
 	if slotErr != nil && !denied {
@@ -140,12 +140,16 @@ func shadowOnly(reqs []Request) bool {
 }
 
 // release gives back what the groups at charged of a decision across hash slots (calls, of the
-// requests greqs) took: settle.lua's release. The concurrency slots of a release that fails are
-// lost slots, given back by Refresh.
-func (l *Limiter) release(ctx context.Context, calls []*call, greqs [][]Request, charged []int) {
+// requests greqs) took: settle.lua's release, with the numbers in force of each zone with
+// overrides (gzones, each group's reply; nil: the zones' own). The concurrency slots of a
+// release that fails are lost slots, given back by Refresh.
+func (l *Limiter) release(ctx context.Context, calls []*call, greqs [][]Request, gzones [][]zoneReply, charged []int) {
 	rel := make([]*call, len(charged))
 	for k, g := range charged {
 		rel[k] = calls[g]
+		if gzones != nil {
+			rel[k] = inForce(calls[g], gzones[g])
+		}
 	}
 	for k, err := range l.settle(ctx, rel, false) {
 		if err != nil {

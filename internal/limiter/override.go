@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -112,6 +113,62 @@ func applyOverrides(reqs []Request, zones []zoneReply) {
 		}
 		reqs[i].Zone = &c
 	}
+}
+
+// settleZone returns settle.lua's zone arguments za (zoneArgsOf: algorithm, quota, rate, cost)
+// of a zone with Overrides with the numbers in force that decided it (o, from its reply) in place
+// of the zone's own, so that a charge settled after the response is settled as it was reserved
+// whatever the override has become since. No override in force: za itself.
+//   - Token bucket: the capacity in force, and the refill rate in force: the zone's own when the
+//     policy window says the override left it (capacity / rate, µs rounded up, as decide.lua
+//     reports it), else capacity / window, exact to the window's µs. A max_wait stays.
+//   - Sliding window, sliding window counter: the limit and the window (µs) in force.
+//   - Fixed window: the limit in force and, when the override sets a window, that window (µs,
+//     one integer: windows aligned to the epoch, as decide.lua takes them) in place of the bounds.
+//   - Concurrency: the limit in force (settle.lua reads none).
+func (o overrideReply) settleZone(za []any) []any {
+	if o.quota == 0 {
+		return za
+	}
+	out := []any{za[0], o.quota, za[2], za[3]}
+	switch argTag(za[0]) {
+	case TokenBucket.tag():
+		own, wait, _ := strings.Cut(fmt.Sprint(za[2]), ",")
+		r, err := strconv.ParseFloat(own, 64)
+		if err != nil || o.windowUs <= 0 || math.Ceil(float64(o.quota)/r*1e6) != float64(o.windowUs) {
+			r = float64(o.quota) / (float64(o.windowUs) / 1e6)
+		}
+		rate := strconv.FormatFloat(r, 'f', -1, 64)
+		if wait != "" {
+			rate += "," + wait
+		}
+		out[2] = rate
+	case FixedWindow.tag(), SlidingWindow.tag(), SlidingWindowCounter.tag():
+		if o.windowUs > 0 {
+			out[2] = o.windowUs
+		}
+	}
+	return out
+}
+
+// inForce returns the decide.lua call c of one decision whose reply is zones with each zone's
+// quota and rate those in force (settleZone), a copy: what settle.lua takes to give back or
+// commit the charges with the numbers that took them. c itself when no zone has an override in
+// force.
+func inForce(c *call, zones []zoneReply) *call {
+	out := c
+	for j := range argZones(c.args) {
+		if zones[j].ov.quota == 0 {
+			continue
+		}
+		if out == c {
+			out = &call{keys: c.keys, args: append([]any(nil), c.args...)}
+		}
+		za := zones[j].ov.settleZone(zoneArgsOf(c.args, j))
+		b := 4 + zoneArgN*j
+		out.args[b+1], out.args[b+2] = za[1], za[2]
+	}
+	return out
 }
 
 // ErrNoOverrides is the error of an override call for a zone without Overrides.
