@@ -710,14 +710,14 @@ end
 
 -- top_add adds inc to the count of member m in the top set key of at most cap members.
 local function top_add(key, m, inc, cap, ttl)
-  if call('ZSCORE', key, m) or call('ZCARD', key) < cap then
-    call('ZINCRBY', key, inc, m)
+  if redis.call('ZSCORE', key, m) or redis.call('ZCARD', key) < cap then
+    redis.call('ZINCRBY', key, inc, m)
   else
-    local low = call('ZRANGE', key, 0, 0, 'WITHSCORES')
-    call('ZREM', key, low[1])
-    call('ZADD', key, tonumber(low[2]) + inc, m)
+    local low = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+    redis.call('ZREM', key, low[1])
+    redis.call('ZADD', key, tonumber(low[2]) + inc, m)
   end
-  call('PEXPIRE', key, ttl, 'NX')
+  redis.call('PEXPIRE', key, ttl, 'NX')
 end
 
 -- top_write counts the tops ({ zone, allowed, units }) of a decision that admitted (admitted).

@@ -20,7 +20,7 @@ import (
 // takes the place of the member with the lowest count and starts from that count. A count is
 // therefore never below the client's true count in the bucket, and above it by at most the
 // bucket's total divided by Top. On Redis Cluster the sets are per hash slot (a script call
-// writes only keys of its client's slot), and a listing merges them.
+// writes only keys of its client's slot), and ReadTop merges them.
 
 // Bounds of Zone.Top and Zone.TopWindow.
 const (
@@ -52,6 +52,8 @@ func (z *Zone) validateTop() *FieldError {
 	switch {
 	case z.Top == 0 && z.TopWindow == 0:
 		return nil
+	case z.Top == 0:
+		return z.fieldError("top_window", "top_window needs top: the number of clients a top keeps")
 	case z.Top < 1 || z.Top > MaxTop:
 		return z.fieldError("top", "top %d must be between 1 and %d entries", z.Top, MaxTop)
 	case z.TopWindow < MinTopWindow || z.TopWindow > MaxTopWindow:
@@ -102,52 +104,6 @@ var slotTags = sync.OnceValue(func() []string {
 	return tags
 })
 
-// ScanTop runs one SCAN on node from cursor with COUNT count and returns the top keys of kind b
-// of the zone named zone under prefix, in bucket or the one before it, among the keys examined;
-// and the cursor to go on with (0: node scanned through).
-func ScanTop(ctx context.Context, node Scanner, prefix, zone string, b TopBy, bucket int64, cursor uint64, count int64) (keys []string, next uint64, err error) {
-	match := globEscape(prefix) + "{*}:" + globEscape(zone) + ":top:" + b.tag() + ":*"
-	found, next, err := node.Scan(ctx, cursor, match, count).Result()
-	if err != nil {
-		return nil, 0, fmt.Errorf("redis SCAN %d MATCH %s: %w", cursor, match, err)
-	}
-	for _, key := range found {
-		if k, ok := topKeyBucket(prefix, zone, b, key); ok && (k == bucket || k == bucket-1) {
-			keys = append(keys, key)
-		}
-	}
-	return keys, next, nil
-}
-
-// topKeyBucket returns the bucket of key when key is exactly a top key of kind b of zone under
-// prefix (topKey).
-func topKeyBucket(prefix, zone string, b TopBy, key string) (int64, bool) {
-	rest, ok := strings.CutPrefix(key, prefix+"{")
-	if !ok {
-		return 0, false
-	}
-	i := strings.IndexByte(rest, '}')
-	if i < 0 || strings.IndexByte(rest[:i], '{') >= 0 {
-		return 0, false
-	}
-	num, ok := strings.CutPrefix(rest[i+1:], ":"+zone+":top:"+b.tag()+":")
-	if !ok {
-		return 0, false
-	}
-	k, err := strconv.ParseInt(num, 10, 64)
-	return k, err == nil
-}
-
-// TopBucket returns the bucket of z's top that holds the scripts' time now (Redis TIME, or the
-// Limiter's clock): ScanTop's bucket.
-func (l *Limiter) TopBucket(ctx context.Context, z *Zone) (int64, error) {
-	now, err := l.scriptTime(ctx)
-	if err != nil {
-		return 0, err
-	}
-	return topBucket(z, now), nil
-}
-
 // TopEntry is a client's count in a zone's top.
 type TopEntry struct {
 	// Client is the client part of the Redis keys (ClientKey's result; see ShownKey).
@@ -156,30 +112,43 @@ type TopEntry struct {
 	Count int64
 }
 
-// ReadTop reads the top keys keys (as ScanTop found them) and returns the n clients with the
-// highest counts, summed over the keys, highest first (ties by client). A key gone since, or of
-// another type, is left out.
-func (l *Limiter) ReadTop(ctx context.Context, keys []string, n int) ([]TopEntry, error) {
-	if len(keys) == 0 {
-		return nil, nil
+// ReadTop returns the n clients (1 or more) with the highest counts of kind by in z's top, over
+// the bucket holding the scripts' time (Redis TIME, or the Limiter's clock) and the one before,
+// highest first (ties by client); and the start of the earlier bucket. It reads the two buckets'
+// sets: one each, or on Redis Cluster one each per hash slot (32,768 reads, pipelined to the
+// primaries that own them). It writes nothing.
+func (l *Limiter) ReadTop(ctx context.Context, z *Zone, by TopBy, n int) (top []TopEntry, since time.Time, err error) {
+	if z.Top <= 0 || n < 1 {
+		return nil, time.Time{}, fmt.Errorf("zone %s: no top to read, or n %d < 1", z.Name, n)
 	}
-	cmds := make([]*redis.ZSliceCmd, len(keys))
+	now, err := l.scriptTime(ctx)
+	if err != nil {
+		return nil, time.Time{}, err
+	}
+	b := topBucket(z, now)
+	tags := []string{"top"}
+	if l.cluster {
+		tags = slotTags()
+	}
+	cmds := make([]*redis.ZSliceCmd, 0, 2*len(tags))
 	p := l.rdb.Pipeline()
-	for i, key := range keys {
-		cmds[i] = p.ZRangeWithScores(ctx, key, 0, -1)
+	for _, tag := range tags {
+		for _, k := range []int64{b - 1, b} {
+			cmds = append(cmds, p.ZRangeWithScores(ctx, topKey(l.prefix, tag, z.Name, by, k), 0, -1))
+		}
 	}
 	if _, err := p.Exec(ctx); !replyError(err) {
-		return nil, fmt.Errorf("redis ZRANGE of %d top keys: %w", len(keys), err)
+		return nil, time.Time{}, fmt.Errorf("redis ZRANGE of %d top keys: %w", len(cmds), err)
 	}
 	sum := make(map[string]int64)
 	for _, c := range cmds {
-		for _, z := range c.Val() {
-			if m, ok := z.Member.(string); ok && z.Score > 0 {
-				sum[m] += int64(z.Score)
+		for _, e := range c.Val() {
+			if m, ok := e.Member.(string); ok && e.Score > 0 {
+				sum[m] += int64(e.Score)
 			}
 		}
 	}
-	return topN(sum, n), nil
+	return topN(sum, n), time.UnixMicro((b - 1) * z.TopWindow.Microseconds()), nil
 }
 
 // topN returns the n entries of counts with the highest counts, highest first, ties by client.

@@ -11,29 +11,10 @@ import (
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
 )
 
-// readTop scans every node for z's top keys of kind by in the bucket holding the Limiter's time
-// and the one before, and returns the n highest counts merged over them.
-func readTop(t *testing.T, l *limiter.Limiter, nodes []limiter.Scanner, z *limiter.Zone, by limiter.TopBy, n int) []limiter.TopEntry {
+// readTop returns the n highest counts of kind by in z's top, failing the test on an error.
+func readTop(t *testing.T, l *limiter.Limiter, z *limiter.Zone, by limiter.TopBy, n int) []limiter.TopEntry {
 	t.Helper()
-	ctx := context.Background()
-	bucket, err := l.TopBucket(ctx, z)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var keys []string
-	for _, node := range nodes {
-		for cursor := uint64(0); ; {
-			found, next, err := limiter.ScanTop(ctx, node, "rl:", z.Name, by, bucket, cursor, 100)
-			if err != nil {
-				t.Fatal(err)
-			}
-			keys = append(keys, found...)
-			if cursor = next; cursor == 0 {
-				break
-			}
-		}
-	}
-	top, err := l.ReadTop(ctx, keys, n)
+	top, _, err := l.ReadTop(context.Background(), z, by, n)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,12 +40,11 @@ func TestTopExactBelowCapacity(t *testing.T) {
 			allow(t, l, limiter.Request{Zone: z, Key: client, Cost: 1})
 		}
 	}
-	nodes := []limiter.Scanner{srv.Client()}
-	denied := readTop(t, l, nodes, z, limiter.TopDenied, 10)
+	denied := readTop(t, l, z, limiter.TopDenied, 10)
 	if want := []limiter.TopEntry{{Client: "alice", Count: 4}, {Client: "bob", Count: 1}}; !reflect.DeepEqual(denied, want) {
 		t.Errorf("denied %v, want %v", denied, want)
 	}
-	used := readTop(t, l, nodes, z, limiter.TopUsed, 2)
+	used := readTop(t, l, z, limiter.TopUsed, 2)
 	if want := []limiter.TopEntry{{Client: "alice", Count: 2}, {Client: "bob", Count: 2}}; !reflect.DeepEqual(used, want) {
 		t.Errorf("used (n 2) %v, want %v", used, want)
 	}
@@ -100,7 +80,7 @@ func TestTopBoundedMemory(t *testing.T) {
 			t.Errorf("%s holds %d members, want at most 8", key, n)
 		}
 	}
-	top := readTop(t, l, []limiter.Scanner{srv.Client()}, z, limiter.TopDenied, 1)
+	top := readTop(t, l, z, limiter.TopDenied, 1)
 	if len(top) != 1 || top[0].Client != "heavy" || top[0].Count < int64(heavy) || top[0].Count > int64(heavy+total/8) {
 		t.Errorf("top %v, want heavy with %d to %d denials", top, heavy, heavy+total/8)
 	}
@@ -117,7 +97,6 @@ func TestTopWindowRotates(t *testing.T) {
 	for range 3 {
 		allow(t, l, limiter.Request{Zone: z, Key: "alice", Cost: 1})
 	}
-	nodes := []limiter.Scanner{srv.Client()}
 	for _, key := range srv.Keys(t) {
 		if srv.Do("TYPE", key) != "zset" {
 			continue
@@ -128,15 +107,15 @@ func TestTopWindowRotates(t *testing.T) {
 	}
 	clk.Advance(time.Minute)
 	allow(t, l, limiter.Request{Zone: z, Key: "alice", Cost: 1})
-	if got := readTop(t, l, nodes, z, limiter.TopDenied, 10); !reflect.DeepEqual(got, []limiter.TopEntry{{Client: "alice", Count: 2}}) {
+	if got := readTop(t, l, z, limiter.TopDenied, 10); !reflect.DeepEqual(got, []limiter.TopEntry{{Client: "alice", Count: 2}}) {
 		t.Errorf("a window later: %v, want alice's 2 denials of both buckets", got)
 	}
 	clk.Advance(time.Minute)
-	if got := readTop(t, l, nodes, z, limiter.TopDenied, 10); !reflect.DeepEqual(got, []limiter.TopEntry{{Client: "alice", Count: 1}}) {
+	if got := readTop(t, l, z, limiter.TopDenied, 10); !reflect.DeepEqual(got, []limiter.TopEntry{{Client: "alice", Count: 1}}) {
 		t.Errorf("two windows later: %v, want alice's 1 denial of the previous bucket", got)
 	}
 	clk.Advance(time.Minute)
-	if got := readTop(t, l, nodes, z, limiter.TopDenied, 10); len(got) != 0 {
+	if got := readTop(t, l, z, limiter.TopDenied, 10); len(got) != 0 {
 		t.Errorf("three windows later: %v, want none", got)
 	}
 }
@@ -154,7 +133,6 @@ func TestTopShadowAndMultiZone(t *testing.T) {
 	for range 3 {
 		allow(t, l, limiter.Request{Zone: shadow, Key: "a", Cost: 1}, limiter.Request{Zone: strict, Key: "a", Cost: 1})
 	}
-	nodes := []limiter.Scanner{srv.Client()}
 	for _, c := range []struct {
 		z    *limiter.Zone
 		by   limiter.TopBy
@@ -165,7 +143,7 @@ func TestTopShadowAndMultiZone(t *testing.T) {
 		{strict, limiter.TopDenied, []limiter.TopEntry{{Client: "a", Count: 1}}},
 		{strict, limiter.TopUsed, []limiter.TopEntry{{Client: "a", Count: 2}}},
 	} {
-		if got := readTop(t, l, nodes, c.z, c.by, 10); !reflect.DeepEqual(got, c.want) {
+		if got := readTop(t, l, c.z, c.by, 10); !reflect.DeepEqual(got, c.want) {
 			t.Errorf("%s by %v: %v, want %v", c.z.Name, c.by, got, c.want)
 		}
 	}
@@ -187,14 +165,12 @@ func TestTopCluster(t *testing.T) {
 		}
 		want = append([]limiter.TopEntry{{Client: ks[0], Count: int64(3 + i)}}, want...)
 	}
-	var nodes []limiter.Scanner
 	for i, s := range c.Nodes {
-		nodes = append(nodes, s.Client())
 		if n := len(s.Keys(t)); n != 3 { // the client's state key, its denied and used sets
 			t.Errorf("node %d holds %d keys, want 3: %v", i, n, s.Keys(t))
 		}
 	}
-	if got := readTop(t, l, nodes, z, limiter.TopDenied, 10); !reflect.DeepEqual(got, want) {
+	if got := readTop(t, l, z, limiter.TopDenied, 10); !reflect.DeepEqual(got, want) {
 		t.Errorf("denied %v, want %v", got, want)
 	}
 }
