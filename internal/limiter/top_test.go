@@ -2,8 +2,11 @@ package limiter_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"reflect"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -173,4 +176,127 @@ func TestTopCluster(t *testing.T) {
 	if got := readTop(t, l, z, limiter.TopDenied, 10); !reflect.DeepEqual(got, want) {
 		t.Errorf("denied %v, want %v", got, want)
 	}
+}
+
+// commandCalls returns srv's INFO commandstats calls per command, but the tests' own commands.
+func commandCalls(srv *redistest.Server) map[string]string {
+	got := map[string]string{}
+	for _, line := range strings.Split(fmt.Sprint(srv.Do("INFO", "commandstats")), "\n") {
+		name, rest, ok := strings.Cut(strings.TrimPrefix(line, "cmdstat_"), ":calls=")
+		if ok && name != "info" && name != "hello" && name != "config|resetstat" && name != "script|load" {
+			got[name], _, _ = strings.Cut(rest, ",")
+		}
+	}
+	return got
+}
+
+// TestTopZoneWithoutTopSendsNothingMore: a zone without a top runs exactly the commands it ran
+// before tops existed (INFO commandstats: one EVALSHA, HMGET and PEXPIRE per decision, HSET per
+// admission), where a zone with a top adds ZSCORE, ZINCRBY and PEXPIRE NX per decision, and
+// ZCARD when the client is new to the set (its first admission, its first denial).
+func TestTopZoneWithoutTopSendsNothingMore(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	l := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:"})
+	for _, c := range []struct {
+		top  int
+		want string
+	}{
+		{0, "map[evalsha:4 hmget:4 hset:1 pexpire:4 time:4]"},
+		{10, "map[evalsha:4 hmget:4 hset:1 pexpire:8 time:4 zcard:2 zincrby:4 zscore:4]"},
+	} {
+		z := tb("api", 1, 1e-6)
+		z.Top = c.top
+		if c.top > 0 {
+			z.TopWindow = time.Minute
+		}
+		allow(t, l, limiter.Request{Zone: z, Key: "warm", Cost: 1}) // loads the script
+		srv.Do("FLUSHALL")
+		srv.Do("CONFIG", "RESETSTAT")
+		for range 4 {
+			allow(t, l, limiter.Request{Zone: z, Key: "alice", Cost: 1})
+		}
+		if got := fmt.Sprint(commandCalls(srv)); got != c.want {
+			t.Errorf("top %d: commands %s, want %s", c.top, got, c.want)
+		}
+	}
+}
+
+// TestTopValidate: top and top_window out of range, top_window without top and top with a lease
+// are refused, each naming the field.
+func TestTopValidate(t *testing.T) {
+	for _, c := range []struct {
+		top    int
+		window time.Duration
+		lease  bool
+		field  string
+	}{
+		{-1, time.Minute, false, "top"},
+		{limiter.MaxTop + 1, time.Minute, false, "top"},
+		{5, 0, false, "top_window"},
+		{5, time.Millisecond * 999, false, "top_window"},
+		{5, 25 * time.Hour, false, "top_window"},
+		{0, time.Minute, false, "top_window"},
+		{5, time.Minute, true, "top"},
+	} {
+		z := tb("api", 10, 1)
+		z.Top, z.TopWindow = c.top, c.window
+		if c.lease {
+			z.Lease = &limiter.Lease{Max: 2, TTL: time.Second}
+		}
+		var fe *limiter.FieldError
+		if err := z.Validate(); !errors.As(err, &fe) || fe.Field != c.field {
+			t.Errorf("top %d, window %v, lease %v: %v, want an error about %s", c.top, c.window, c.lease, err, c.field)
+		}
+	}
+}
+
+// BenchmarkTopDecide decides one request at a time against a real Redis, cycling over 1,000
+// clients, in a token bucket zone without a top and with a top of 100 (full: most clients
+// replace the lowest entry). It reports Redis's own time per decision (INFO commandstats,
+// EVALSHA's usec_per_call) as redis-µs/op.
+func BenchmarkTopDecide(b *testing.B) {
+	srv := redistest.Start(b)
+	l := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:"})
+	for _, top := range []int{0, 100} {
+		b.Run("top="+strconv.Itoa(top), func(b *testing.B) {
+			z := tb("api", 1, 1e-6)
+			if top > 0 {
+				z.Top, z.TopWindow = top, time.Minute
+			}
+			if err := z.Validate(); err != nil {
+				b.Fatal(err)
+			}
+			ctx := context.Background()
+			if _, err := l.Decide(ctx, []limiter.Request{{Zone: z, Key: "warm", Cost: 1}}); err != nil {
+				b.Fatal(err)
+			}
+			srv.Do("CONFIG", "RESETSTAT")
+			i := 0
+			for b.Loop() {
+				if _, err := l.Decide(ctx, []limiter.Request{{Zone: z, Key: "c" + strconv.Itoa(i%1000), Cost: 1}}); err != nil {
+					b.Fatal(err)
+				}
+				i++
+			}
+			b.ReportMetric(evalUsec(b, srv), "redis-µs/op")
+		})
+	}
+}
+
+// evalUsec is EVALSHA's usec_per_call in srv's INFO commandstats.
+func evalUsec(b *testing.B, srv *redistest.Server) float64 {
+	for _, line := range strings.Split(fmt.Sprint(srv.Do("INFO", "commandstats")), "\r\n") {
+		if rest, ok := strings.CutPrefix(line, "cmdstat_evalsha:"); ok {
+			_, v, _ := strings.Cut(rest, "usec_per_call=")
+			v, _, _ = strings.Cut(v, ",")
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				b.Fatal(err)
+			}
+			return f
+		}
+	}
+	b.Fatal("no evalsha in INFO commandstats")
+	return 0
 }
