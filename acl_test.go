@@ -67,7 +67,7 @@ var redisUses = []redisUse{
 	// has not seen the script yet, or flushed it). Never SCRIPT LOAD.
 	{"limiter: running the scripts", grantLimiter, []string{"evalsha", "eval"}},
 	{"lua/decide.lua", grantLimiter, []string{"time", "hmget", "hgetall", "zcount", "zrangebyscore", "zrange", "get",
-		"pexpire", "hdel", "hset", "set", "zremrangebyscore", "zadd", "zscore", "zrem"}},
+		"pexpire", "hdel", "hset", "set", "zremrangebyscore", "zadd", "zscore", "zrem", "zcard", "zincrby"}},
 	{"lua/settle.lua", grantLimiter, []string{"time", "get", "del", "set", "hmget", "hset", "hdel", "pexpire", "zrem"}},
 	{"lua/refresh.lua", grantLimiter, []string{"time", "zremrangebyscore", "zadd", "zrange", "pexpire"}},
 	// A queue (max_wait on a concurrency zone, or on a token bucket with priority): its waiters
@@ -96,6 +96,9 @@ var redisUses = []redisUse{
 	// server, then limiter.ReadBlocks (TIME, GET of each key found) or limiter.ReadOverrides
 	// (HGETALL and PTTL of each), in plain pipelines.
 	{"limiter.ScanZone: the admin API's listings", grantAdmin, []string{"scan", "time", "get", "hgetall", "pttl"}},
+	// limiter.ReadTop (GET /rate_limit_redis/top): TIME, then ZRANGE of each of the zone's top
+	// sets, in one plain pipeline.
+	{"limiter.ReadTop: the admin API's top", grantAdmin, []string{"time", "zrange"}},
 	// go-redis's ClusterClient: the slot map (CLUSTER SLOTS) and the commands' key positions
 	// (COMMAND), from any node.
 	{"go-redis: Redis Cluster", grantCluster, []string{"cluster|slots", "command"}},
@@ -603,6 +606,7 @@ func TestRedisACL(t *testing.T) {
 			block 1h
 			block_max 2h
 			overrides
+			top 10
 		}
 	}
 	respond "ok"`, srv.Addr))
@@ -640,6 +644,9 @@ func TestRedisACL(t *testing.T) {
 				t.Fatalf("block: %+v", b)
 			}
 			ac.Get("/blk", "X-Client", "eve").Expect(t, "blocked", 429, "", "X-RateLimit-Degraded", "")
+			if top := adminJSON[topReply](t, ac, "GET", "/rate_limit_redis/top?zone=blk", 200); len(top.Entries) != 1 || top.Entries[0].Key != "eve" || top.Entries[0].Count != 1 {
+				t.Fatalf("top: %+v", top)
+			}
 			if st := adminJSON[[]clientState](t, ac, "GET", "/rate_limit_redis/state?zone=blk&key=eve", 200); len(st) != 1 || st[0].BlockedUntilMs == nil ||
 				st[0].Strikes == nil || *st[0].Strikes != 1 {
 				t.Fatalf("state of a blocked client: %+v", st)

@@ -37,6 +37,7 @@ const adminTimeout = 2 * time.Second
 //	PUT|GET|DELETE /rate_limit_redis/override?zone=<name>&key=<key>  a client's own numbers (override.go)
 //	GET    /rate_limit_redis/blocks?zone=<name>[&count=<n>][&cursor=<c>]     a page of the zone's blocked clients (list.go)
 //	GET    /rate_limit_redis/overrides?zone=<name>[&count=<n>][&cursor=<c>]  a page of the zone's clients with overrides
+//	GET    /rate_limit_redis/top?zone=<name>[&by=denied|used][&n=<n>]      the zone's clients with the most denials or use (top.go)
 //
 // A zone whose numbers come from placeholders has no numbers of its own outside a request: its
 // state is computed with the numbers given as query parameters of their names (in the syntax of
@@ -82,6 +83,7 @@ func (a *AdminAPI) Routes() []caddy.AdminRoute {
 		{Pattern: "/rate_limit_redis/override", Handler: caddy.AdminHandlerFunc(a.handleOverride)},
 		{Pattern: "/rate_limit_redis/blocks", Handler: caddy.AdminHandlerFunc(a.handleBlocks)},
 		{Pattern: "/rate_limit_redis/overrides", Handler: caddy.AdminHandlerFunc(a.handleOverrides)},
+		{Pattern: "/rate_limit_redis/top", Handler: caddy.AdminHandlerFunc(a.handleTop)},
 	}
 }
 

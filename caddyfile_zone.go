@@ -131,6 +131,8 @@ var zoneSubdirectives = map[string]func(*zoneParser, *caddyfile.Dispenser) error
 	"block_max":     func(p *zoneParser, d *caddyfile.Dispenser) error { return durationArg(d, &p.zone.BlockMax) },
 	"overrides":     func(p *zoneParser, d *caddyfile.Dispenser) error { return flagArg(d, &p.zone.Overrides) },
 	"dry_run":       func(p *zoneParser, d *caddyfile.Dispenser) error { return flagArg(d, &p.zone.DryRun) },
+	"top":           (*zoneParser).parseTop,
+	"top_window":    func(p *zoneParser, d *caddyfile.Dispenser) error { return durationArg(d, &p.zone.TopWindow) },
 	"fail_mode":     func(p *zoneParser, d *caddyfile.Dispenser) error { return stringArg(d, &p.zone.FailMode) },
 	"ipv4_prefix":   func(p *zoneParser, d *caddyfile.Dispenser) error { return intArg(d, &p.zone.IPv4Prefix) },
 	"ipv6_prefix":   func(p *zoneParser, d *caddyfile.Dispenser) error { return intArg(d, &p.zone.IPv6Prefix) },
@@ -406,4 +408,14 @@ func (p *zoneParser) finish() error {
 		}
 	}
 	return errAt(tok, "%v", err)
+}
+
+// parseTop reads `top <entries>`: the zone's top's size (its range is the validation's).
+func (p *zoneParser) parseTop(d *caddyfile.Dispenser) error {
+	var n *int
+	if err := intArg(d, &n); err != nil {
+		return err
+	}
+	p.zone.Top = *n
+	return nil
 }

@@ -230,6 +230,18 @@ type Zone struct {
 	// Default: false, the zone is enforced.
 	DryRun bool `json:"dry_run,omitempty"`
 
+	// Count each client's denials and charged units in the zone's top, written in the same Redis
+	// call as the decision, and listed by GET /rate_limit_redis/top: sorted sets of at most this
+	// many clients (1 to 10000) per time bucket (top_window) and kind (per hash slot on Redis
+	// Cluster), a count never below the true one. Not with lease. See docs/operations.md.
+	// Default: 0, no top (and no Redis write for one).
+	Top int `json:"top,omitempty"`
+
+	// With top: the length of a top bucket, as a duration (1s to 24h). The listing sums the
+	// current bucket and the one before, so it covers the last top_window to twice that.
+	// Default: 1m.
+	TopWindow caddy.Duration `json:"top_window,omitempty"`
+
 	after  *afterResponse // count_status and charge, provisioned; nil without them
 	capOut *outputCap     // cap_output, provisioned; nil without it
 	// dyn are the numbers resolved per request, as provisioned: those given by a placeholder;
@@ -342,6 +354,9 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger, in inherited) er
 	return nil
 }
 
+// defaultTopWindow is a top's bucket length when top_window is left out.
+const defaultTopWindow = time.Minute
+
 // limiterZone returns the zone's limiter parameters as configured: its algorithm (token_bucket
 // when none is given), each number's literal or placeholder fallback (0 without one), its period,
 // time zone, max_wait, lease and block; and its numbers given by placeholders, their expressions passed
@@ -350,7 +365,10 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger, in inherited) er
 func (z *Zone) limiterZone(expand func(field, expr string) string) (limiter.Zone, []dynNumber, error) {
 	lz := limiter.Zone{Name: z.Name, Algorithm: limiter.TokenBucket, MaxWait: time.Duration(deref(z.MaxWait)), Lease: z.Lease.limiterLease(),
 		Block: time.Duration(z.Block), BlockMax: time.Duration(z.BlockMax), Overrides: z.Overrides, Shadow: z.DryRun,
-		UpTo: z.CapOutput != nil}
+		UpTo: z.CapOutput != nil, Top: z.Top, TopWindow: time.Duration(z.TopWindow)}
+	if lz.Top != 0 && lz.TopWindow == 0 {
+		lz.TopWindow = defaultTopWindow
+	}
 	if z.Algorithm != "" {
 		algo, err := limiter.ParseAlgorithm(z.Algorithm)
 		if err != nil {

@@ -43,8 +43,10 @@
 --              override key the decision's key k; see "Shadow zones and overrides"),
 --              "b<block>,<block_max>:<k>" (a block, µs, the block key the decision's key k; see
 --              Penalty box), "q<k>" (a concurrency or token bucket zone's queue: the
---              decision's key k is its waiters' sorted set, see queue.lua), then "|<id>" (a
---              claim: waiter id holds a reserved slot or tokens, see queue.lua), always last
+--              decision's key k is its waiters' sorted set, see queue.lua), "t<k>:<entries>,<ttl>"
+--              (a top: the decision's keys k and k + 1 are its denied and used sorted sets, see
+--              Top), then "|<id>" (a claim: waiter id holds a reserved slot or tokens, see
+--              queue.lua), always last
 --
 -- Reply: an array of integers, per decision in order: allowed, then per zone i: allowed_i,
 -- remaining_i, retry_after_i, reset_i, next_i, then granted_i when the zone's cost asks for a
@@ -720,16 +722,48 @@ local function override_fn()
   return OV
 end
 
+-- Top -----------------------------------------------------------------------------------------
+-- A zone with the flag "t<k>:<entries>,<ttl>" counts, per client (its state key's hash tag), its
+-- denials in the sorted set KEYS[k] (1 per denied request; a shadow zone's would-be denials too)
+-- and the units it charged in KEYS[k + 1] (the cost, or a lease's grant). Each set keeps at most
+-- entries members (Space-Saving: a new member of a full set replaces the lowest and starts from
+-- its count) and expires ttl ms after its creation. Nothing else reads them in this script.
+
+-- top_add adds inc to the count of member m in the top set key of at most cap members.
+local function top_add(key, m, inc, cap, ttl)
+  if redis.call('ZSCORE', key, m) or redis.call('ZCARD', key) < cap then
+    redis.call('ZINCRBY', key, inc, m)
+  else
+    local low = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+    redis.call('ZREM', key, low[1])
+    redis.call('ZADD', key, tonumber(low[2]) + inc, m)
+  end
+  redis.call('PEXPIRE', key, ttl, 'NX')
+end
+
+-- top_write counts the tops ({ zone, allowed, units }) of a decision that admitted (admitted).
+local function top_write(tops, admitted)
+  for _, t in ipairs(tops) do
+    local z = t[1]
+    local m = string.match(z.key, '{([^}]*)}')
+    if not t[2] then
+      top_add(z.top[1], m, 1, z.top[3], z.top[4])
+    elseif admitted then
+      top_add(z.top[2], m, t[3], z.top[3], z.top[4])
+    end
+  end
+end
+
 -- Decisions -------------------------------------------------------------------------------------
 
 -- read_decision reads the decision whose arguments start at ARGV[a] (its nonce) and whose keys
 -- start at KEYS[kbase + 1]. It returns its nonce, hold and a table per zone { tag, quota, rate,
--- cost, ask, shadow, upto, key, rkey, gkey, okey, omc, block, bkey, qkey, claim }: the algorithm
+-- cost, ask, shadow, upto, key, rkey, gkey, okey, omc, block, bkey, qkey, top, claim }: the algorithm
 -- tag, the quota and cost as numbers, the rate as sent, the lease's grant asked (nil: none),
 -- whether it is a shadow zone, whether its grant is all it holds up to ask, its state key, its
 -- record and generation keys (when its charge is recorded), its override key and max cost
 -- (overrides), its block { block µs, block_max µs } and block key, its queue's waiters' key and
--- the waiter id it claims a reserved slot for; then the number of keys the decision takes. The only code that reads a decision's ARGV and KEYS
+-- its top { denied key, used key, entries, ttl ms } and the waiter id it claims a reserved slot for; then the number of keys the decision takes. The only code that reads a decision's ARGV and KEYS
 -- besides fast.
 local function read_decision(a, kbase)
   local nonce, hold, n = ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2])
@@ -768,6 +802,11 @@ local function read_decision(a, kbase)
       end
       local qk = tonumber(string.match(flags, 'q(%d+)'))
       if qk then z.qkey, last = KEYS[kbase + qk], max(last, qk) end
+      local tk, te, tt = string.match(flags, 't(%d+):(%d+),(%d+)')
+      if tk then
+        tk = tonumber(tk)
+        z.top, last = { KEYS[kbase + tk], KEYS[kbase + tk + 1], tonumber(te), tt }, max(last, tk + 1)
+      end
     end
     zones[i] = z
   end
@@ -797,6 +836,7 @@ local function decide(nonce, hold, zones)
   local writes = {} -- { take function, arguments... }, made in order when every zone admits
   local denied = {} -- { key, TTL (ms) its state needs }
   local blocks -- the blocks to start: { key, length, strikes, block_max }
+  local tops -- the zones with a top: { zone, allowed, units }
 
   for i = 1, n do
     local z = zones[i]
@@ -825,6 +865,10 @@ local function decide(nonce, hold, zones)
     end
 
     if not ok and not z.shadow then reply[1] = 0 end
+    if z.top then
+      tops = tops or {}
+      tops[#tops + 1] = { z, ok, granted or cost }
+    end
     reply[#reply + 1] = ok and 1 or 0
     reply[#reply + 1] = remaining
     reply[#reply + 1] = retry
@@ -843,6 +887,7 @@ local function decide(nonce, hold, zones)
   for _, d in ipairs(denied) do
     redis.call('PEXPIRE', d[1], ms(d[2]), 'GT')
   end
+  if tops then top_write(tops, reply[1] == 1) end
   if reply[1] == 0 then
     if blocks then
       for _, w in ipairs(blocks) do PB.write(w) end

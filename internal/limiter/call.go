@@ -27,8 +27,8 @@ const zoneArgN = 5
 // counter charges recorded (see allowSlots).
 //
 // KEYS are the state keys; then the record and generation keys of each zone whose charge is
-// recorded (recorded), in zone order; then, per zone in order, its override key (Overrides) and
-// its block key (Block). ARGV is the time ref ("" for Redis TIME), the decision's nonce, its hold
+// recorded (recorded), in zone order; then, per zone in order, its override key (Overrides), its
+// block key (Block), its queue's waiters (Queues) and its top's denied and used keys (Top). ARGV is the time ref ("" for Redis TIME), the decision's nonce, its hold
 // argument (holdArg), its number of zones, then zoneArgN per zone: algorithm tag, quota, rate,
 // cost and flags (zoneFlags).
 func (l *Limiter) encodeDecision(reqs []Request, state []string, crossSlot bool, ref time.Time) (keys []string, args []any) {
@@ -45,7 +45,7 @@ func (l *Limiter) encodeDecision(reqs []Request, state []string, crossSlot bool,
 	}
 	for i, r := range reqs {
 		queues := r.Zone.Queues()
-		if !r.Zone.Overrides && r.Zone.Block <= 0 && !queues && r.claim == "" {
+		if !r.Zone.Overrides && r.Zone.Block <= 0 && !queues && r.claim == "" && r.Zone.Top <= 0 {
 			continue
 		}
 		if !extra {
@@ -63,6 +63,11 @@ func (l *Limiter) encodeDecision(reqs []Request, state []string, crossSlot bool,
 		if queues && r.claim == "" {
 			keys = append(keys, waitersKey(state[i]))
 			k.queue = len(keys)
+		}
+		if r.Zone.Top > 0 {
+			denied, used := l.topKeys(&r, state[i], ref)
+			keys = append(keys, denied, used)
+			k.top = len(keys) - 1
 		}
 		args[4+zoneArgN*i+4] = zoneFlags(&r, k)
 	}
@@ -161,14 +166,16 @@ var tagArgs = func() (t [len(algorithms)]any) {
 }()
 
 // flagKeys are the indexes, in its decision's KEYS (from 1; 0: none), of the keys a zone's
-// flags name: its override key, its block key and its queue's waiters.
-type flagKeys struct{ override, block, queue int }
+// flags name: its override key, its block key, its queue's waiters and its top's denied key
+// (the used key follows it).
+type flagKeys struct{ override, block, queue, top int }
 
 // zoneFlags is decide.lua's flags argument of r's zone z, whose flags name the keys k: "s" for a
 // shadow zone; "u" for a zone with UpTo whose request has a bound (SetUpTo); "o<key>:<max
 // cost>" with Overrides, the max cost the zone's MaxCost (0: the quota in force); "b<block
 // µs>,<block_max µs>:<key>" with a Block; "q<key>" for a queue the request would wait in
-// (Queues); "|<waiter id>" last for a request that claims a Waiter's reserved slot.
+// (Queues); "t<key>:<entries>,<ttl ms>" with a Top, the denied key at index key and the used key
+// after it; "|<waiter id>" last for a request that claims a Waiter's reserved slot.
 func zoneFlags(r *Request, k flagKeys) string {
 	okey, bkey := k.override, k.block
 	z := r.Zone
@@ -200,6 +207,14 @@ func zoneFlags(r *Request, k flagKeys) string {
 	if k.queue > 0 {
 		b = append(b, 'q')
 		b = strconv.AppendInt(b, int64(k.queue), 10)
+	}
+	if k.top > 0 {
+		b = append(b, 't')
+		b = strconv.AppendInt(b, int64(k.top), 10)
+		b = append(b, ':')
+		b = strconv.AppendInt(b, int64(z.Top), 10)
+		b = append(b, ',')
+		b = strconv.AppendInt(b, 2*z.TopWindow.Milliseconds(), 10)
 	}
 	if r.claim != "" {
 		b = append(b, '|')

@@ -104,6 +104,11 @@ var zoneOptions = []zoneOption{
 		},
 	},
 	{
+		// Counted in the zone's top in the same call; the decision is the zone's without it.
+		name: "top", fields: []string{"Zone.Top", "Zone.TopWindow"},
+		set: func(z *limiter.Zone, _ *limiter.Request) { z.Top, z.TopWindow = 4, time.Minute },
+	},
+	{
 		// The request asks for up to far more than any quota: its first admission takes all the
 		// zone holds, so the client is admitted once (settled to what it reserved). Last in this
 		// list, so that its quota is the one in force when it shares a zone with another option.

@@ -267,6 +267,14 @@ type Zone struct {
 	// granted). Token bucket and fixed window; not with Lease or Shadow. false: a request is
 	// charged its Cost.
 	UpTo bool
+	// Top, when > 0, counts each client's denials and charged units in the zone's top (see
+	// top.go): sorted sets of at most Top entries each (1 to MaxTop), one per TopWindow bucket and
+	// kind (per hash slot on Redis Cluster), written in the decision's own script call. Not with
+	// Lease. 0: no top, and the zone's decisions write nothing more.
+	Top int
+	// TopWindow is the length of a top bucket (MinTopWindow to MaxTopWindow): a listing sums the
+	// current bucket and the previous one, so it covers the last TopWindow to 2 × TopWindow.
+	TopWindow time.Duration
 
 	// boxed are the zone's numbers as script arguments, boxed once by Prepare.
 	boxed *zoneArgs
@@ -366,7 +374,7 @@ func (z *Zone) validate() *FieldError {
 	if z.Algorithm < TokenBucket || z.Algorithm > Concurrency {
 		return z.fieldError("algorithm", "unknown algorithm %v", z.Algorithm)
 	}
-	for _, check := range []func() *FieldError{z.validateOwners, z.validateRequired, z.validateRanges, z.validateMaxCost, z.validateLease, z.validateBlock, z.validateShadow, z.validateUpTo} {
+	for _, check := range []func() *FieldError{z.validateOwners, z.validateRequired, z.validateRanges, z.validateMaxCost, z.validateLease, z.validateBlock, z.validateShadow, z.validateUpTo, z.validateTop} {
 		if err := check(); err != nil {
 			return err
 		}
