@@ -262,3 +262,35 @@ func TestNearLimitValidate(t *testing.T) {
 		}
 	}
 }
+
+// TestNearLimitClusterAcrossSlots: on a 3-primary Redis Cluster, 3 instances sending 60
+// concurrent requests report one crossing; and a request whose near_limit zone's slot admits it
+// (with the charge as a hold that crosses) while the other zone's slot denies reports nothing:
+// the hold is released, and the next request alone crosses.
+func TestNearLimitClusterAcrossSlots(t *testing.T) {
+	t.Parallel()
+	c := redistest.StartCluster(t, 3)
+	ls := []*limiter.Limiter{clusterLimiter(t, c, limiter.Options{}), clusterLimiter(t, c, limiter.Options{}), clusterLimiter(t, c, limiter.Options{})}
+	z := tb("near", 20, 20/(limiter.MaxWindow.Seconds()/2))
+	z.NearLimit = 0.8
+	if admitted, crossings := nearLoad(t, ls, z, 60); len(admitted) != 20 || fmt.Sprint(crossings) != "[4]" {
+		t.Fatalf("%d admitted, crossings at remaining %v: want 20 and [4]", len(admitted), crossings)
+	}
+
+	keys := clientsOn(t, c, 1)
+	a, b := keys[0][0], keys[1][0]
+	half := tb("half", 4, 0.001)
+	half.NearLimit = 0.5
+	other := tb("other", 1, 0.001)
+	l := ls[0]
+	allow(t, l, limiter.Request{Zone: other, Key: b, Cost: 1})
+	allow(t, l, limiter.Request{Zone: half, Key: a, Cost: 1})
+	reqs := []limiter.Request{{Zone: half, Key: a, Cost: 1}, {Zone: other, Key: b, Cost: 1}}
+	if d := allow(t, l, reqs...); d.Allowed || reqs[0].Result.NearLimit {
+		t.Fatalf("denied by the other slot: allowed %v, crossing %v; want neither", d.Allowed, reqs[0].Result.NearLimit)
+	}
+	r := []limiter.Request{{Zone: half, Key: a, Cost: 1}}
+	if d := allow(t, l, r...); !d.Allowed || !r[0].Result.NearLimit {
+		t.Fatalf("next request alone: allowed %v, crossing %v; want both (2 of 4 used)", d.Allowed, r[0].Result.NearLimit)
+	}
+}
