@@ -18,6 +18,7 @@ import (
 func (h *Handler) admit(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, f *flight) error {
 	d := &f.d
 	z := h.decidingZone(f)
+	h.nearLimit(f)
 	res := resultAllowed
 	if d.Delay > 0 {
 		res = resultDelayed

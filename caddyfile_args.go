@@ -3,6 +3,7 @@ package ratelimitredis
 import (
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -154,6 +155,30 @@ func flagArg(d *caddyfile.Dispenser, field *bool) error {
 		return err
 	}
 	*field = true
+	return nil
+}
+
+// fractionArg reads the one argument of the subdirective at the cursor, a number (0.8) or a
+// percentage (80%), into *field as a fraction: 0, which would mean none, is an error; the zone's
+// validation checks the range.
+func fractionArg(d *caddyfile.Dispenser, field *float64) error {
+	name := d.Val()
+	v, err := oneArg(d)
+	if err != nil {
+		return err
+	}
+	num, pct := strings.CutSuffix(v, "%")
+	f, err := strconv.ParseFloat(num, 64)
+	if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
+		return d.Errf("%s: %q is not a fraction (0.8) or a percentage (80%%)", name, v)
+	}
+	if pct {
+		f /= 100
+	}
+	if f == 0 {
+		return d.Errf("%s: %q must be above 0 (leave %s out for none)", name, v, name)
+	}
+	*field = f
 	return nil
 }
 

@@ -418,6 +418,26 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 			}},
 		},
 
+		{
+			name: "near_limit as a percentage and as a fraction",
+			input: `rate_limit_redis {
+				zone a {
+					capacity    10
+					refill_rate 1
+					near_limit  80%
+				}
+				zone b {
+					capacity    10
+					refill_rate 1
+					near_limit  0.95
+				}
+			}`,
+			want: &Handler{Zones: []*Zone{
+				{Name: "a", Capacity: NumberOf(10), RefillRate: NumberOf(1), NearLimit: 0.8},
+				{Name: "b", Capacity: NumberOf(10), RefillRate: NumberOf(1), NearLimit: 0.95},
+			}},
+		},
+
 		// ipv4_prefix, ipv6_prefix and jitter, at the top level (every zone) and in a zone block
 		// (that zone)
 		{
@@ -598,6 +618,8 @@ func TestOptionRangeSameFromCaddyfileAndJSON(t *testing.T) {
 		{"zone no_retry_over negative", "no_retry_over", "-1s", true, `"-1s"`, "zone a: no_retry_over -1s must be > 0, or off"},
 		{"zone max_wait 0", "max_wait", "0s", true, "0", "zone a: max_wait 0s must be > 0 (leave max_wait out to reject at once)"},
 		{"zone max_wait negative", "max_wait", "-2s", true, `"-2s"`, "zone a: max_wait -2s must be > 0 (leave max_wait out to reject at once)"},
+		{"zone near_limit above 1", "near_limit", "1.5", true, "1.5", "zone a: near_limit 1.5 must be above 0 and at most 1: a fraction of the quota (0.8, or 80%)"},
+		{"zone near_limit 120%", "near_limit", "120%", true, "1.2", "zone a: near_limit 1.2 must be above 0 and at most 1: a fraction of the quota (0.8, or 80%)"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			option := tc.option + " " + tc.value
@@ -687,6 +709,16 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 		// dry_run
 		{"dry_run argument", "rate_limit_redis {\n\tdry_run yes\n}",
 			`dry_run: unexpected argument "yes"; it takes no arguments, at Testfile:2`},
+
+		// near_limit
+		{"near_limit not a number", "rate_limit_redis {\n\tzone a {\n\t\tcapacity 1\n\t\trefill_rate 1\n\t\tnear_limit most\n\t}\n}",
+			`near_limit: "most" is not a fraction (0.8) or a percentage (80%), at Testfile:5`},
+		{"near_limit 0", "rate_limit_redis {\n\tzone a {\n\t\tcapacity 1\n\t\trefill_rate 1\n\t\tnear_limit 0%\n\t}\n}",
+			`near_limit: "0%" must be above 0 (leave near_limit out for none), at Testfile:5`},
+		{"near_limit NaN", "rate_limit_redis {\n\tzone a {\n\t\tcapacity 1\n\t\trefill_rate 1\n\t\tnear_limit NaN\n\t}\n}",
+			`near_limit: "NaN" is not a fraction (0.8) or a percentage (80%), at Testfile:5`},
+		{"near_limit with lease", "rate_limit_redis {\n\tzone a {\n\t\tcapacity 1\n\t\trefill_rate 1\n\t\tnear_limit 80%\n\t\tlease {\n\t\t\tmax 5\n\t\t\tttl 1s\n\t\t}\n\t}\n}",
+			`zone a: near_limit excludes lease: a grant is spent in process, where the request that crosses the threshold is not seen, at Testfile:5`},
 
 		// log_key
 		{"log_key argument", "rate_limit_redis {\n\tlog_key on\n}",

@@ -133,6 +133,7 @@ var zoneSubdirectives = map[string]func(*zoneParser, *caddyfile.Dispenser) error
 	"dry_run":       func(p *zoneParser, d *caddyfile.Dispenser) error { return flagArg(d, &p.zone.DryRun) },
 	"top":           (*zoneParser).parseTop,
 	"top_window":    func(p *zoneParser, d *caddyfile.Dispenser) error { return durationArg(d, &p.zone.TopWindow) },
+	"near_limit":    func(p *zoneParser, d *caddyfile.Dispenser) error { return fractionArg(d, &p.zone.NearLimit) },
 	"fail_mode":     func(p *zoneParser, d *caddyfile.Dispenser) error { return stringArg(d, &p.zone.FailMode) },
 	"ipv4_prefix":   func(p *zoneParser, d *caddyfile.Dispenser) error { return intArg(d, &p.zone.IPv4Prefix) },
 	"ipv6_prefix":   func(p *zoneParser, d *caddyfile.Dispenser) error { return intArg(d, &p.zone.IPv6Prefix) },

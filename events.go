@@ -24,6 +24,12 @@ const (
 	// rounded up: block, or more for a repeat offender with block_max), dry_run, and key only
 	// with log_key. An admin API block emits none.
 	EventBlocked = "rate_limit_redis_blocked"
+	// EventNearLimit is emitted once per crossing of a zone's near_limit: by the instance whose
+	// admitted request took the client from below that fraction of its quota to at or past it
+	// (near.go). Data: zone, limit (the quota in force), remaining (after the request),
+	// near_limit (the fraction), dry_run (the handler's dry_run, or a shadow zone), and key
+	// only with log_key.
+	EventNearLimit = "rate_limit_redis_near_limit"
 	// EventRedisFailing is emitted when a handler's decisions start failing (Redis down, timing
 	// out, answering garbage or over maxmemory): the handler applies fail_mode from then on.
 	// Data: reason (as in the backend_failures_total metric), fail_mode, error, redis (the

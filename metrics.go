@@ -35,6 +35,9 @@ var metrics struct {
 	// request admitted to be held for a max_wait: in dry_run and under fail_mode local too,
 	// whether it was then held to the end or its client left.
 	delays *prometheus.HistogramVec
+	// nearLimit counts, by zone, the requests that took their client past the zone's near_limit
+	// (near.go).
+	nearLimit *prometheus.CounterVec
 	// waiting is the requests held for a max_wait now, in every handler of the process.
 	waiting prometheus.Gauge
 	// inFlight is, by concurrency zone, the requests of this instance holding a slot now
@@ -116,8 +119,7 @@ func initMetrics() {
 			Help: "Requests denied from the in-process deny cache, without a Redis call.",
 		}))
 		m.decisions = newCounterVec("decisions_total",
-			"Rate limit decisions by zone and result: allowed, delayed, denied, blocked, wait_timeout, dry_run_denied, fail_open, fail_closed, local, local_denied (wait_timeout: waited in the zone's queue for max_wait without a slot; blocked: refused by the zone's penalty box, started by an earlier denial; dry_run_denied: a lower bound while an enforced zone denies, since a request refused from the deny cache decides no shadow zone). An admitted request counts in every zone that applied, a denied one in the denying zone only.",
-			"zone", "result")
+			"Rate limit decisions by zone and result: allowed, delayed, denied, blocked, wait_timeout, dry_run_denied, fail_open, fail_closed, local, local_denied (wait_timeout: waited in the zone's queue for max_wait without a slot; blocked: refused by the zone's penalty box, started by an earlier denial; dry_run_denied: a lower bound while an enforced zone denies, since a request refused from the deny cache decides no shadow zone). An admitted request counts in every zone that applied, a denied one in the denying zone only.", "zone", "result")
 		m.redisDuration = collect(prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: namespace, Subsystem: subsystem, Name: "redis_duration_seconds",
 			Help:    "Seconds each decision's Redis call took, whether Redis answered or not.",
@@ -125,6 +127,7 @@ func initMetrics() {
 		}))
 		m.emptyKeys = newCounterVec("empty_key_total",
 			"Requests a zone applied to whose key placeholders were all empty, by zone; the zone's empty_key decided what they did: shared, skip or deny.", "zone")
+		m.nearLimit = newCounterVec("near_limit_total", "Requests that took their client from below the zone's near_limit (a fraction of its quota used) to at or past it, by zone: one per crossing, whichever instance decided it.", "zone")
 		m.delays = collect(prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: namespace, Subsystem: subsystem, Name: "delay_seconds",
 			Help:    "Seconds each request admitted to wait for its turn (max_wait) was to be held, by the zone that held it longest.",

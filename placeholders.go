@@ -19,6 +19,7 @@ import (
 //	{http.rate_limit_redis.waited}       milliseconds the request was held for its turn (max_wait), rounded up; 0 when not held
 //	{http.rate_limit_redis.degraded}     true when Redis failed and fail_mode decided
 //	{http.rate_limit_redis.shadow_denied} the shadow zones (a zone's dry_run) that would have denied the request, comma-separated; empty when none
+//	{http.rate_limit_redis.near_limit}   the zones this request took past their near_limit, comma-separated; empty when none (near.go)
 //	{http.rate_limit_redis.charged}      after the response: what the first zone with count_status or charge was charged (charge.go)
 //
 // When Redis failed under fail_mode open or closed, nothing was decided: allowed, degraded, and
@@ -44,6 +45,9 @@ type outcome struct {
 	// shadowDenied names the shadow zones (a zone's dry_run) that would have denied the request,
 	// comma-separated in zone order; "" when none did.
 	shadowDenied string
+	// nearLimit names the zones whose near_limit this request crossed, comma-separated in zone
+	// order; "" when none did (set when it is admitted: near.go).
+	nearLimit string
 }
 
 // provide answers the placeholders of placeholderPrefix.
@@ -83,6 +87,8 @@ func (o *outcome) provide(key string) (any, bool) {
 		return o.waited, true
 	case "shadow_denied":
 		return o.shadowDenied, true
+	case "near_limit":
+		return o.nearLimit, true
 	}
 	return nil, false
 }

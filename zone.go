@@ -241,6 +241,15 @@ type Zone struct {
 	// current bucket and the one before, so it covers the last top_window to twice that.
 	// Default: 1m.
 	TopWindow caddy.Duration `json:"top_window,omitempty"`
+	// Report the request that takes a client past this fraction of its quota (0.8: 80% used;
+	// above 0, at most 1, in millionths): the one whose charge takes the client's used units
+	// (the quota in force less the whole units remaining) from below ceil(fraction × quota) to
+	// at or past it. Decided in the same Redis call as the decision, so one request per
+	// crossing, whichever instance decides it; the client crosses again once it is back below.
+	// It emits the rate_limit_redis_near_limit event, counts in near_limit_total and names the
+	// zone in {http.rate_limit_redis.near_limit}. Not with lease. See docs/operations.md.
+	// Default: 0, nothing reported (and nothing more computed).
+	NearLimit float64 `json:"near_limit,omitempty"`
 
 	after  *afterResponse // count_status and charge, provisioned; nil without them
 	capOut *outputCap     // cap_output, provisioned; nil without it
@@ -256,9 +265,11 @@ type Zone struct {
 	delays    prometheus.Observer // the zone's series of delay_seconds; nil without max_wait
 	queue     *queueMetrics       // the series of its queue; nil without one
 	emptyKeys prometheus.Counter
-	failMode  string // FailMode, or the handler's
-	v4, v6    int    // the prefix lengths in force
-	jitter    int64  // the Retry-After jitter in force, in seconds
+	// nearLimits is the zone's series of near_limit_total; nil without near_limit.
+	nearLimits prometheus.Counter
+	failMode   string // FailMode, or the handler's
+	v4, v6     int    // the prefix lengths in force
+	jitter     int64  // the Retry-After jitter in force, in seconds
 	// noRetryOver is the no_retry_over in force: a denial of a longer wait says X-Should-Retry:
 	// false; 0 never.
 	noRetryOver time.Duration
@@ -332,6 +343,9 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger, in inherited) er
 		if z.lz.MaxWait > 0 {
 			z.delays = metrics.delays.WithLabelValues(z.Name)
 		}
+		if z.lz.NearLimit > 0 {
+			z.nearLimits = metrics.nearLimit.WithLabelValues(z.Name)
+		}
 	}
 	z.provisionQueue()
 	if err := z.provisionAfter(); err != nil {
@@ -365,7 +379,8 @@ const defaultTopWindow = time.Minute
 func (z *Zone) limiterZone(expand func(field, expr string) string) (limiter.Zone, []dynNumber, error) {
 	lz := limiter.Zone{Name: z.Name, Algorithm: limiter.TokenBucket, MaxWait: time.Duration(deref(z.MaxWait)), Lease: z.Lease.limiterLease(),
 		Block: time.Duration(z.Block), BlockMax: time.Duration(z.BlockMax), Overrides: z.Overrides, Shadow: z.DryRun,
-		UpTo: z.CapOutput != nil, Top: z.Top, TopWindow: time.Duration(z.TopWindow)}
+		UpTo: z.CapOutput != nil, Top: z.Top, TopWindow: time.Duration(z.TopWindow),
+		NearLimit: z.NearLimit}
 	if lz.Top != 0 && lz.TopWindow == 0 {
 		lz.TopWindow = defaultTopWindow
 	}

@@ -45,14 +45,15 @@
 --              Penalty box), "q<k>" (a concurrency or token bucket zone's queue: the
 --              decision's key k is its waiters' sorted set, see queue.lua), "t<k>:<entries>,<ttl>"
 --              (a top: the decision's keys k and k + 1 are its denied and used sorted sets, see
---              Top), then "|<id>" (a claim: waiter id holds a reserved slot or tokens, see
---              queue.lua), always last
+--              Top), "n<ppm>" (a near limit: see Near limit), then "|<id>" (a claim: waiter id
+--              holds a reserved slot or tokens, see queue.lua), always last
 --
 -- Reply: an array of integers, per decision in order: allowed, then per zone i: allowed_i,
 -- remaining_i, retry_after_i, reset_i, next_i, then granted_i when the zone's cost asks for a
 -- lease, then block_i when the zone has a block, then quota_i, window_i and max_cost_i when the
--- zone has overrides (see "Shadow zones and overrides"). A decision of n zones, k of which ask
--- for a lease, b have a block and v have overrides, so gives 1 + 5n + k + b + 3v integers:
+-- zone has overrides (see "Shadow zones and overrides"), then near_i when the zone has a near
+-- limit. A decision of n zones, k of which ask for a lease, b have a block, v have overrides and
+-- m a near limit, so gives 1 + 5n + k + b + 3v + m integers:
 --   allowed        1 if every zone admits the request (and all were charged), else 0; a shadow
 --                  zone's denial does not count
 --   allowed_i      1 if zone i alone would admit the request, else 0
@@ -70,6 +71,9 @@
 --   granted_i      the units zone i charged for the lease (see lease_grant), 0 when it denied
 --   block_i        1 when a block in force refused the request, 2 when zone i denied it and its
 --                  block starts now, else 0 (see Penalty box)
+--   near_i         1 when zone i admits the request and its charge takes the client from below
+--                  its near limit to at or past it, else 0 (see Near limit); the charge is made
+--                  only when allowed is 1
 
 local EPSILON = 1e-9 -- float slack, so that refill arithmetic never loses a whole token
 local HOLD_MAX = 5000000 -- µs a hold may wait for settle.lua before it counts as a charge
@@ -235,7 +239,7 @@ end
 -- (window counters), the list of writes it appends its write to when it admits ({ its take
 -- function, arguments }), and the list of { key, TTL (ms) its state needs } it appends to when
 -- it denies; and returns ok, remaining, retry_after, reset, next and, for a lease, the units
--- granted.
+-- granted; a token bucket also the tokens it held before the request (see Near limit).
 local function algorithm(tag)
   if tag == 'tb' then
     -- tb_take makes the write of an admitting token bucket: w = { tb_take, key, used, ts, quota,
@@ -316,7 +320,7 @@ local function algorithm(tag)
           -- wait in: nothing to cache
         end
       end
-      return ok, remaining, retry, reset, nxt, taken
+      return ok, remaining, retry, reset, nxt, taken, tokens
     end
     return tb_decide
   end
@@ -754,16 +758,47 @@ local function top_write(tops, admitted)
   end
 end
 
+-- Near limit ------------------------------------------------------------------------------------
+-- A zone with a near limit (its flag "n<ppm>": a fraction of the quota in force, in millionths)
+-- reports in near_i whether the decision's charge crosses it: the client had used less than
+-- ceil(quota × ppm / 10^6) units (at least 1) before the request and that many or more after it.
+-- Used is quota - remaining, remaining in whole units as remaining_i gives them (never below 0).
+-- No state is kept for it: the script is atomic, so one decision alone sees a crossing, and the
+-- client crosses again only once it is back below (a bucket's refill, a window's end, a slot
+-- given back). A zone without a near limit computes nothing.
+
+-- near_crossed returns near_i of zone z (read_decision) whose algorithm returned ok, remaining,
+-- granted and tokens (a token bucket's tokens before the request), under the quota and cost in
+-- force: the units remaining before are the bucket's whole tokens, else remaining and what the
+-- request took (its grant, or its cost; nothing for a claim, whose slot was reserved already).
+local function near_crossed(z, ok, quota, cost, remaining, granted, tokens)
+  if not ok then return 0 end
+  local before
+  if tokens then
+    before = max(0, floor(tokens + EPSILON))
+  elseif z.claim then
+    before = remaining
+  else
+    before = remaining + (granted or cost)
+  end
+  local at = max(1, ceil(quota * z.near / 1000000))
+  if quota - before < at and quota - remaining >= at then return 1 end
+  return 0
+end
+
 -- Decisions -------------------------------------------------------------------------------------
 
 -- read_decision reads the decision whose arguments start at ARGV[a] (its nonce) and whose keys
 -- start at KEYS[kbase + 1]. It returns its nonce, hold and a table per zone { tag, quota, rate,
--- cost, ask, shadow, upto, key, rkey, gkey, okey, omc, block, bkey, qkey, top, claim }: the algorithm
+-- cost, ask, shadow, upto, key, rkey, gkey, okey, omc, block, bkey, qkey, top, claim, near }: the
+-- algorithm
 -- tag, the quota and cost as numbers, the rate as sent, the lease's grant asked (nil: none),
 -- whether it is a shadow zone, whether its grant is all it holds up to ask, its state key, its
 -- record and generation keys (when its charge is recorded), its override key and max cost
 -- (overrides), its block { block µs, block_max µs } and block key, its queue's waiters' key and
--- its top { denied key, used key, entries, ttl ms } and the waiter id it claims a reserved slot for; then the number of keys the decision takes. The only code that reads a decision's ARGV and KEYS
+-- its top { denied key, used key, entries, ttl ms }, the waiter id it claims a reserved slot for
+-- and its near limit (ppm); then the number of keys the decision takes. The only code that reads
+-- a decision's ARGV and KEYS
 -- besides fast.
 local function read_decision(a, kbase)
   local nonce, hold, n = ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2])
@@ -807,6 +842,7 @@ local function read_decision(a, kbase)
         tk = tonumber(tk)
         z.top, last = { KEYS[kbase + tk], KEYS[kbase + tk + 1], tonumber(te), tt }, max(last, tk + 1)
       end
+      z.near = tonumber(string.match(flags, 'n(%d+)'))
     end
     zones[i] = z
   end
@@ -847,14 +883,14 @@ local function decide(nonce, hold, zones)
     end
     local bend, last, strikes -- the zone's block's end, length, strikes
     if z.bkey then bend, last, strikes = penalty_box().read(z.bkey) end
-    local ok, remaining, retry, reset, nxt, granted
+    local ok, remaining, retry, reset, nxt, granted, tokens
     local fig = 0 -- the zone's block integer
     if bend and bend > now then -- blocked: the algorithm does not run
       ok, remaining, retry, reset, nxt, fig = false, 0, bend - now, bend - now, bend - now, 1
     else
       local f = BY_TAG[algo]
       if not f then f = algorithm(algo); BY_TAG[algo] = f end
-      ok, remaining, retry, reset, nxt, granted =
+      ok, remaining, retry, reset, nxt, granted, tokens =
         f(z.key, quota, rate, cost, z.ask, nonce, holdmax[i], z.rkey, z.gkey, writes, denied, z.upto, z)
       if z.bkey and not ok and cost <= quota then
         local len, nth = PB.length(z.block, bend, last, strikes)
@@ -881,6 +917,7 @@ local function decide(nonce, hold, zones)
       reply[#reply + 1] = ow
       reply[#reply + 1] = om
     end
+    if z.near then reply[#reply + 1] = near_crossed(z, ok, quota, cost, remaining, granted, tokens) end
   end
 
   -- The denying zones' TTLs (a shadow zone's, of an admitted decision, too).

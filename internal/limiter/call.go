@@ -46,6 +46,9 @@ func (l *Limiter) encodeDecision(reqs []Request, state []string, crossSlot bool,
 	for i, r := range reqs {
 		queues := r.Zone.Queues()
 		if !r.Zone.Overrides && r.Zone.Block <= 0 && !queues && r.claim == "" && r.Zone.Top <= 0 {
+			if r.Zone.NearLimit > 0 {
+				args[4+zoneArgN*i+4] = zoneFlags(&r, flagKeys{}) // a flag that names no key
+			}
 			continue
 		}
 		if !extra {
@@ -175,7 +178,8 @@ type flagKeys struct{ override, block, queue, top int }
 // cost>" with Overrides, the max cost the zone's MaxCost (0: the quota in force); "b<block
 // µs>,<block_max µs>:<key>" with a Block; "q<key>" for a queue the request would wait in
 // (Queues); "t<key>:<entries>,<ttl ms>" with a Top, the denied key at index key and the used key
-// after it; "|<waiter id>" last for a request that claims a Waiter's reserved slot.
+// after it; "n<ppm>" with a NearLimit (millionths of the quota); "|<waiter id>" last for a
+// request that claims a Waiter's reserved slot.
 func zoneFlags(r *Request, k flagKeys) string {
 	okey, bkey := k.override, k.block
 	z := r.Zone
@@ -216,6 +220,10 @@ func zoneFlags(r *Request, k flagKeys) string {
 		b = append(b, ',')
 		b = strconv.AppendInt(b, 2*z.TopWindow.Milliseconds(), 10)
 	}
+	if z.NearLimit > 0 {
+		b = append(b, 'n')
+		b = strconv.AppendInt(b, nearPPM(z.NearLimit), 10)
+	}
 	if r.claim != "" {
 		b = append(b, '|')
 		b = append(b, r.claim...)
@@ -231,7 +239,8 @@ func argTag(a any) string {
 }
 
 // hasFlag reports whether flags, decide.lua's flags argument of a zone, holds flag f: 'o'
-// (overrides), 'b' (a block) or 'q' (a queue); a claim's waiter id, last, is not flags.
+// (overrides), 'b' (a block), 'q' (a queue) or 'n' (a near limit); a claim's waiter id, last,
+// is not flags.
 func hasFlag(flags any, f byte) bool {
 	s, _ := flags.(string)
 	s, _, _ = strings.Cut(s, "|")
@@ -252,6 +261,9 @@ type zoneReply struct {
 	// block is replyBlocked or replyBlockStarted when a zone's block refused the request or
 	// starts now; 0 otherwise. A byte in allowed's padding.
 	block uint8
+	// near, of a zone with a NearLimit, is set when the zone admitted the request and its
+	// charge crosses the near limit (charged only when the decision admits). In the padding too.
+	near bool
 	// granted is the tokens a grant took (a zone that asked one: Request.ask, so at most 2^31 −
 	// 1), its cost included; an int32 in allowed's padding, so that a zoneReply is no larger.
 	granted   int32
@@ -299,6 +311,9 @@ func (r *Request) width() int {
 	if r.Zone.Overrides {
 		w += overrideWidth
 	}
+	if r.Zone.NearLimit > 0 {
+		w++
+	}
 	return w
 }
 
@@ -323,7 +338,8 @@ func decodeResult(reply any, err error, reqs []Request) (bool, []zoneReply, erro
 // request, its delay), reset (µs) and next (µs); then the tokens granted for a zone that asked for
 // a grant (at most what it asked); then the block integer (0, replyBlocked or replyBlockStarted)
 // for a zone with a Block; then the quota, policy window (µs) and max cost in force for a zone
-// with Overrides (overrideWidth). None is negative, and no delay is longer than the zone may hold
+// with Overrides (overrideWidth); then the near integer (0 or 1) for a zone with a NearLimit. None
+// is negative, and no delay is longer than the zone may hold
 // the request (maxWait: none without MaxWait). Any other shape, type or value is an error
 // wrapping ErrBadResponse: a request is never held past its MaxWait, whatever Redis replies. The
 // zones are decoded into into's array when it has room for them.
@@ -359,25 +375,8 @@ func decodeReply(arr []any, reqs []Request, into []zoneReply) (bool, []zoneReply
 		}
 		off += replyWidth
 		zones[z] = zoneReply{allowed: v[0] == 1, remaining: v[1], retryAfter: v[2], reset: v[3], next: v[4]}
-		if r.ask > 0 {
-			g, err := replyInt(arr, off, int64(r.ask))
-			if err != nil {
-				return false, nil, fmt.Errorf("zone %d's grant: %w", z, err)
-			}
-			zones[z].granted, off = int32(g), off+1
-		}
-		if r.Zone.Block > 0 {
-			b, err := replyInt(arr, off, replyBlockStarted)
-			if err != nil {
-				return false, nil, fmt.Errorf("zone %d's block: %w", z, err)
-			}
-			zones[z].block, off = uint8(b), off+1
-		}
-		if r.Zone.Overrides {
-			if zones[z].ov, err = decodeOverride(arr, off, z); err != nil {
-				return false, nil, err
-			}
-			off += overrideWidth
+		if off, err = decodeOptions(arr, off, r, z, &zones[z]); err != nil {
+			return false, nil, err
 		}
 		if zones[z].allowed && zones[z].retryAfter > r.maxWait().Microseconds() {
 			return false, nil, fmt.Errorf("%w: zone %d admits with a delay of %dµs, beyond its max_wait of %v",
@@ -385,6 +384,40 @@ func decodeReply(arr []any, reqs []Request, into []zoneReply) (bool, []zoneReply
 		}
 	}
 	return first == 1, zones, nil
+}
+
+// decodeOptions decodes into zr the integers that zone z's options add to its reply at arr[off]
+// (see decodeReply), and returns the offset after them.
+func decodeOptions(arr []any, off int, r *Request, z int, zr *zoneReply) (int, error) {
+	if r.ask > 0 {
+		g, err := replyInt(arr, off, int64(r.ask))
+		if err != nil {
+			return 0, fmt.Errorf("zone %d's grant: %w", z, err)
+		}
+		zr.granted, off = int32(g), off+1
+	}
+	if r.Zone.Block > 0 {
+		b, err := replyInt(arr, off, replyBlockStarted)
+		if err != nil {
+			return 0, fmt.Errorf("zone %d's block: %w", z, err)
+		}
+		zr.block, off = uint8(b), off+1
+	}
+	if r.Zone.Overrides {
+		var err error
+		if zr.ov, err = decodeOverride(arr, off, z); err != nil {
+			return 0, err
+		}
+		off += overrideWidth
+	}
+	if r.Zone.NearLimit > 0 {
+		c, err := replyInt(arr, off, 1)
+		if err != nil {
+			return 0, fmt.Errorf("zone %d's near limit: %w", z, err)
+		}
+		zr.near, off = c == 1, off+1
+	}
+	return off, nil
 }
 
 // decodeOverride decodes zone z's override integers (overrideWidth of them) at arr[off].
@@ -466,8 +499,8 @@ func settleArgs(args []any, now any, mode string) []any {
 
 // replyLen is the length of the reply of a decide.lua call of one decision: 1 + replyWidth per
 // zone, one more per zone that asked for a grant (its cost sent as the string "<cost>,<ask>":
-// Request.ask), one more per zone with a block and overrideWidth more per zone with overrides
-// (their flags: zoneFlags).
+// Request.ask), one more per zone with a block, overrideWidth more per zone with overrides and
+// one more per zone with a near limit (their flags: zoneFlags).
 func (c *call) replyLen() int {
 	n := 1 + replyWidth*c.zones()
 	for j := range c.zones() {
@@ -480,6 +513,9 @@ func (c *call) replyLen() int {
 		}
 		if hasFlag(f, 'o') {
 			n += overrideWidth
+		}
+		if hasFlag(f, 'n') {
+			n++
 		}
 	}
 	return n

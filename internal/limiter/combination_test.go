@@ -109,6 +109,11 @@ var zoneOptions = []zoneOption{
 		set: func(z *limiter.Zone, _ *limiter.Request) { z.Top, z.TopWindow = 4, time.Minute },
 	},
 	{
+		// Reported crossings change nothing the zone decides.
+		name: "near_limit", fields: []string{"Zone.NearLimit"},
+		set: func(z *limiter.Zone, _ *limiter.Request) { z.NearLimit = 0.5 },
+	},
+	{
 		// The request asks for up to far more than any quota: its first admission takes all the
 		// zone holds, so the client is admitted once (settled to what it reserved). Last in this
 		// list, so that its quota is the one in force when it shares a zone with another option.

@@ -113,6 +113,10 @@ type Result struct {
 	// Next the block's length (Reset at least that). Beside Known and Allowed, so that a Result
 	// (in every Request) is no larger for the blocks.
 	BlockStarted bool
+	// NearLimit is true when the zone has a NearLimit and this request, admitted, took the
+	// client from below it to at or past it: one request per crossing, whichever instance
+	// decided it.
+	NearLimit bool
 	// Granted is the units a zone with UpTo charged a request given a bound (Request.SetUpTo),
 	// when it admitted it: its Cost to its bound; 0 otherwise.
 	Granted int32
@@ -595,6 +599,7 @@ func zoneResults(reqs []Request, allowed bool, zones []zoneReply) {
 			Known: true, Allowed: z.allowed, Remaining: z.remaining,
 			Next: time.Duration(z.next) * time.Microsecond, Reset: time.Duration(z.reset) * time.Microsecond,
 			Blocked: z.block == replyBlocked, BlockStarted: z.block == replyBlockStarted,
+			NearLimit: z.near && z.allowed && allowed,
 		}
 		if reqs[i].Zone.UpTo && z.allowed && allowed {
 			res.Granted = z.granted

@@ -275,6 +275,13 @@ type Zone struct {
 	// TopWindow is the length of a top bucket (MinTopWindow to MaxTopWindow): a listing sums the
 	// current bucket and the previous one, so it covers the last TopWindow to 2 × TopWindow.
 	TopWindow time.Duration
+	// NearLimit, when > 0 (a fraction of the quota, at most 1, in steps of a millionth), reports
+	// the decision whose charge takes a client from below that fraction of the quota in force
+	// used to at or past it (Result.NearLimit), decided in the same script call: used is the
+	// quota less Result.Remaining, and the threshold ceil(NearLimit × quota) units, at least
+	// one. The client crosses again only once it is back below. Not with Lease. 0: nothing
+	// reported, nothing computed.
+	NearLimit float64
 
 	// boxed are the zone's numbers as script arguments, boxed once by Prepare.
 	boxed *zoneArgs
@@ -374,7 +381,7 @@ func (z *Zone) validate() *FieldError {
 	if z.Algorithm < TokenBucket || z.Algorithm > Concurrency {
 		return z.fieldError("algorithm", "unknown algorithm %v", z.Algorithm)
 	}
-	for _, check := range []func() *FieldError{z.validateOwners, z.validateRequired, z.validateRanges, z.validateMaxCost, z.validateLease, z.validateBlock, z.validateShadow, z.validateUpTo, z.validateTop} {
+	for _, check := range []func() *FieldError{z.validateOwners, z.validateRequired, z.validateRanges, z.validateMaxCost, z.validateLease, z.validateBlock, z.validateShadow, z.validateUpTo, z.validateTop, z.validateNearLimit} {
 		if err := check(); err != nil {
 			return err
 		}
@@ -625,3 +632,23 @@ func (z *Zone) validateLease() *FieldError {
 	}
 	return nil
 }
+
+// validateNearLimit checks z.NearLimit: a fraction of the quota above 0 and at most 1, a whole
+// number of millionths (what decide.lua is sent), and not with a lease.
+func (z *Zone) validateNearLimit() *FieldError {
+	f := z.NearLimit
+	switch {
+	case f == 0:
+		return nil
+	case !(f > 0 && f <= 1):
+		return z.fieldError("near_limit", "near_limit %v must be above 0 and at most 1: a fraction of the quota (0.8, or 80%%)", f)
+	case nearPPM(f) < 1:
+		return z.fieldError("near_limit", "near_limit %v must be at least 0.000001", f)
+	case z.Lease != nil:
+		return z.fieldError("near_limit", "near_limit excludes lease: a grant is spent in process, where the request that crosses the threshold is not seen")
+	}
+	return nil
+}
+
+// nearPPM is near limit f in millionths, as decide.lua is sent it.
+func nearPPM(f float64) int64 { return int64(math.Round(f * 1e6)) }
