@@ -89,6 +89,10 @@ func TestPrometheusEndToEnd(t *testing.T) {
 		// client rotating API keys, would otherwise deny every request of the test after its
 		// first 40, allowed ones included (the zone still decides, and is still on the dashboard).
 		{"\t\t\tcapacity 100\n\t\t\trefill_rate 10\n", "\t\t\tcapacity 100000\n\t\t\trefill_rate 1000\n"},
+		// Zone login's near_limit is crossed a few times a minute, too few for its alert's rate
+		// within the test: in zone api, each round's new API key crosses 20% with its first
+		// request, ten crossings a second.
+		{"\t\t\tcapacity 5\n\t\t\trefill_rate 1/10s\n", "\t\t\tcapacity 5\n\t\t\trefill_rate 1/10s\n\t\t\tnear_limit 20%\n"},
 	})
 	writeFile(t, filepath.Join(work, "Caddyfile"), caddyfile)
 	caddyLog := startProcess(t, work, "caddy", caddyBin, []string{"REDIS_ADDR=" + rdb.Addr},

@@ -15,7 +15,7 @@ while [ "$passes" = 0 ] || [ "$pass" -lt "$passes" ]; do
 	pass=$((pass + 1))
 	get "$site/"                                  # zone api, keyed by IP: 5 burst, then 1 per 10s: mostly 429 (RateLimitZoneDenyingMany, api)
 	get "$site/"                                  # the same again
-	get "$site/login"                             # zone login: 401, 3 failures a minute per IP, then 429 (RateLimitZoneDenyingMany, login)
+	get "$site/login"                             # zone login: 401, 3 failures a minute per IP, then 429 (RateLimitZoneDenyingMany, login); the 3rd crosses near_limit (RateLimitZoneNearLimit, login)
 	get -u demo:demo "$site/login"                # 200, its charge given back; 429 while 3 failures count in the minute
 	get -H "X-API-Key: llm" "$site/v1/chat"       # zone tokens: 200, 100 reserved, 40 charged (X-Tokens-Used) of 1000, 100/s
 	get "$site/v1/chat"                           # zone tokens: 403, no API key (RateLimitZoneKeyEmpty, tokens)
