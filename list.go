@@ -121,10 +121,25 @@ func (a *AdminAPI) handleList(w http.ResponseWriter, r *http.Request, k limiter.
 	return writeJSON(w, listPage[overrideEntry]{Entries: entries, Cursor: next})
 }
 
-// listSources returns the zones named zone to list keys of kind k in: one per distinct Redis
-// and key_prefix, in the order of registry.targets. Every loaded zone of that name must have a
-// block (ListBlocks) or overrides (ListOverrides), else a 400.
+// listSources returns the zones named zone to list keys of kind k in (zoneSources). Every
+// loaded zone of that name must have a block (ListBlocks) or overrides (ListOverrides), else a
+// 400.
 func (a *AdminAPI) listSources(zone string, k limiter.ListKind) ([]target, error) {
+	return a.zoneSources(zone, func(t target) error {
+		switch {
+		case k == limiter.ListBlocks && t.z.lz.Block <= 0:
+			return fmt.Errorf("zone %s has no block: no client of it is ever blocked", zone)
+		case k == limiter.ListOverrides && !t.z.Overrides:
+			return fmt.Errorf("zone %s has no overrides: add `overrides` to its block to set a client's numbers at run time", zone)
+		}
+		return nil
+	})
+}
+
+// zoneSources returns the loaded zones named zone, one per distinct Redis and key_prefix, in
+// the order of registry.targets; a 400 when zone is empty or not loaded, or when lacks returns
+// an error for one of them (the zone lacks what the request reads).
+func (a *AdminAPI) zoneSources(zone string, lacks func(target) error) ([]target, error) {
 	if zone == "" {
 		return nil, badRequest(fmt.Errorf("query parameter zone is required"))
 	}
@@ -135,11 +150,8 @@ func (a *AdminAPI) listSources(zone string, k limiter.ListKind) ([]target, error
 	var srcs []target
 	seen := make(map[string]bool)
 	for _, t := range ts {
-		switch {
-		case k == limiter.ListBlocks && t.z.lz.Block <= 0:
-			return nil, badRequest(fmt.Errorf("zone %s has no block: no client of it is ever blocked", zone))
-		case k == limiter.ListOverrides && !t.z.Overrides:
-			return nil, badRequest(fmt.Errorf("zone %s has no overrides: add `overrides` to its block to set a client's numbers at run time", zone))
+		if err := lacks(t); err != nil {
+			return nil, badRequest(err)
 		}
 		if id := t.redisID + "|" + t.h.KeyPrefix; !seen[id] {
 			seen[id] = true

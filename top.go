@@ -97,28 +97,15 @@ func (a *AdminAPI) handleTop(w http.ResponseWriter, r *http.Request) error {
 	return writeJSON(w, reply)
 }
 
-// topSources returns the zones named zone to read the top of: one per distinct Redis and
-// key_prefix. Every loaded zone of that name must have a top, else a 400.
+// topSources returns the zones named zone to read the top of (zoneSources). Every loaded zone
+// of that name must have a top, else a 400.
 func (a *AdminAPI) topSources(zone string) ([]target, error) {
-	if zone == "" {
-		return nil, badRequest(fmt.Errorf("query parameter zone is required"))
-	}
-	ts := a.registry().targets(zone)
-	if len(ts) == 0 {
-		return nil, badRequest(fmt.Errorf("no rate_limit_redis zone named %q is loaded", zone))
-	}
-	var srcs []target
-	seen := make(map[string]bool)
-	for _, t := range ts {
+	return a.zoneSources(zone, func(t target) error {
 		if t.z.lz.Top <= 0 {
-			return nil, badRequest(fmt.Errorf("zone %s has no top: add `top <entries>` to its block to count its clients", zone))
+			return fmt.Errorf("zone %s has no top: add `top <entries>` to its block to count its clients", zone)
 		}
-		if id := t.redisID + "|" + t.h.KeyPrefix; !seen[id] {
-			seen[id] = true
-			srcs = append(srcs, t)
-		}
-	}
-	return srcs, nil
+		return nil
+	})
 }
 
 // topBy returns the by query parameter: denied (the default) or used, else a 400.
