@@ -94,6 +94,8 @@ func TestQueueTokenBucketPriorityAcrossInstances(t *testing.T) {
 	}
 	name := map[string]string{} // waiter id -> "i3", "b0"...
 	claimed := make(chan string, 20)
+	var claims sync.WaitGroup
+	t.Cleanup(claims.Wait) // before the Limiters close: no claim outlives the test
 	for i := range 20 {
 		r := req
 		r.Class = 1 - i/10 // 10 batch, then 10 interactive
@@ -104,16 +106,21 @@ func TestQueueTokenBucketPriorityAcrossInstances(t *testing.T) {
 			t.Fatal(err)
 		}
 		name[limiter.WaiterID(w)] = []string{"i", "b"}[r.Class] + string(rune('0'+i%10))
-		go func() {
-			ready(t, w, "waiter")
+		claims.Go(func() { // reports with Errorf: FailNow belongs to the test's goroutine
+			select {
+			case <-w.Ready():
+			case <-time.After(10 * time.Second):
+				t.Errorf("waiter %s: no grant within 10s", limiter.WaiterID(w))
+				return
+			}
 			claim := r
 			claim.Claim(w)
-			if d := allow(t, l, claim); !d.Allowed {
-				t.Errorf("claim of %s: %+v", limiter.WaiterID(w), d)
+			if d, err := l.Decide(context.Background(), []limiter.Request{claim}); err != nil || !d.Allowed {
+				t.Errorf("claim of %s: %+v, %v", limiter.WaiterID(w), d, err)
 			}
 			l.Claimed(w)
 			claimed <- limiter.WaiterID(w)
-		}()
+		})
 	}
 	clock.add(60 * time.Millisecond) // a token refills
 	if d := allow(t, ls[1], req); d.Allowed {
