@@ -350,17 +350,17 @@ func singlePlaceholder(expr string) string {
 	return name
 }
 
-// maxInt is the upper bound of the integer number f in a zone of algorithm algo. A token
-// bucket has no limit: one is bounded as a sliding window's, the algorithm that takes a limit
-// when none is given.
+// maxInt is the upper bound of the integer number f in a zone of algorithm algo. An algorithm
+// whose quota is a capacity has no limit: one is bounded as a sliding window's, the algorithm
+// that takes a limit when none is given.
 func maxInt(f numField, algo limiter.Algorithm) int64 {
-	if f == numLimit && (algo == limiter.SlidingWindow || algo == limiter.TokenBucket) {
-		return limiter.MaxLimit
+	if f != numLimit {
+		return limiter.MaxCapacity
 	}
-	if f == numLimit && algo.HoldsSlots() {
-		return limiter.MaxConcurrency
+	if m := algo.MaxLimit(); m > 0 {
+		return m
 	}
-	return limiter.MaxCapacity
+	return limiter.MaxLimit
 }
 
 // setLimiterNumber writes v, a value of field f, into lz.

@@ -228,10 +228,10 @@ local function tb_set(key, used, ts, quota, rate, held, hwait)
 end
 
 -- Algorithms ----------------------------------------------------------------------------------------
--- algorithm returns the decide function of the algorithm tagged tag ("tb", "sw", "cc", "fw" or
--- "sc"; any other is an error), built with its other functions. Redis creates a script's functions anew on each
--- call, a closure each: decide builds an algorithm's only when a decision of the call first
--- needs it, and fast needs none. Each decide function takes (key, quota, rate, cost, ask, nonce,
+-- Each algorithm is a constructor, <tag>_algorithm, that returns its decide function built with
+-- its other functions ("tb", "sw", "cc", "fw" and "sc"; see algorithm). Redis creates a script's
+-- functions anew on each call, a closure each: decide builds an algorithm's only when a decision
+-- of the call first needs it, and fast needs none. Each decide function takes (key, quota, rate, cost, ask, nonce,
 -- hmax, rkey, gkey, writes, denied, upto, z): a zone's state key and arguments as the ARGV above (cost
 -- split from ask, the lease's grant asked, nil: none; upto, its flag "u"; z, the zone's table of
 -- read_decision: its queue and claim), its hold time (µs; nil: charged now, a
@@ -240,307 +240,305 @@ end
 -- function, arguments }), and the list of { key, TTL (ms) its state needs } it appends to when
 -- it denies; and returns ok, remaining, retry_after, reset, next and, for a lease, the units
 -- granted; a token bucket also the tokens it held before the request (see Near limit).
-local function algorithm(tag)
-  if tag == 'tb' then
-    -- tb_take makes the write of an admitting token bucket: w = { tb_take, key, used, ts, quota,
-    -- rate, tokens taken, held, the holds committed, the zone's hold time (nil: charge now), hwait }.
-    local function tb_take(w, nonce)
-      local key, used, ts, quota, rate, cost, held, holds = w[2], w[3], w[4], w[5], w[6], w[7], w[8], w[9]
-      local hmax, hwait = w[10], w[11]
-      if holds and #holds > 0 then redis.call('HDEL', key, unpack(holds)) end
-      if hmax then
-        held = held + cost
-        hwait = max(hwait, hmax)
-        redis.call('HSET', key, 'h:' .. nonce, sformat('%d@%d', cost, now + hmax - HOLD_MAX))
-      else
-        used = used + cost
-      end
-      if holds and not (held > 0) then redis.call('HDEL', key, 'h') end
-      tb_set(key, used, ts, quota, rate, held, hwait)
+local function tb_algorithm()
+  -- tb_take makes the write of an admitting token bucket: w = { tb_take, key, used, ts, quota,
+  -- rate, tokens taken, held, the holds committed, the zone's hold time (nil: charge now), hwait }.
+  local function tb_take(w, nonce)
+    local key, used, ts, quota, rate, cost, held, holds = w[2], w[3], w[4], w[5], w[6], w[7], w[8], w[9]
+    local hmax, hwait = w[10], w[11]
+    if holds and #holds > 0 then redis.call('HDEL', key, unpack(holds)) end
+    if hmax then
+      held = held + cost
+      hwait = max(hwait, hmax)
+      redis.call('HSET', key, 'h:' .. nonce, sformat('%d@%d', cost, now + hmax - HOLD_MAX))
+    else
+      used = used + cost
     end
+    if holds and not (held > 0) then redis.call('HDEL', key, 'h') end
+    tb_set(key, used, ts, quota, rate, held, hwait)
+  end
 
-    -- tb_decide decides a token bucket zone (see the state above): rate is "<rate>" or
-    -- "<rate>,<max_wait>".
-    local function tb_decide(key, quota, rate, cost, ask, nonce, hmax, rkey, gkey, writes, denied, upto, z)
-      local max_wait = 0
-      local r = tonumber(rate)
-      if r == nil then -- "<rate>,<max_wait>"
-        local a, w = string.match(rate, '^([^,]+),(%d+)$')
-        r, max_wait = tonumber(a), tonumber(w)
-      end
-      rate = r
-      local v = redis.call('HMGET', key, 'u', 'ts', 't', 'h')
-      local used, ts, empty = tb_drain(v, quota, rate)
-      local held = 0
-      if not empty then held = tonumber(v[4]) or 0 end
-      local holds
-      local hwait = 0 -- µs until the last hold left would count as charged
-      local claimed -- a claim's reservation (queue.lua's hold "h:q:<id>"): its tokens, now its own
-      if held > 0 then
-        -- Commit the holds that settle.lua never settled: a charge stays rather than vanish.
-        holds = {}
-        local all = redis.call('HGETALL', key)
-        local mine = z.claim and 'h:q:' .. z.claim
-        held = 0
-        for j = 1, #all, 2 do
-          local f = all[j]
-          if string.sub(f, 1, 2) == 'h:' then
-            local c, at = string.match(all[j + 1], '^(%d+)@(%d+)$')
-            c, at = tonumber(c), tonumber(at)
-            if c and now - at > HOLD_MAX then
-              used = used + c
-              holds[#holds + 1] = f
-            elseif c and f == mine then
-              claimed = c
-              holds[#holds + 1] = f
-            elseif c then
-              held = held + c
-              hwait = max(hwait, at + HOLD_MAX - now)
-            end
+  -- tb_decide decides a token bucket zone (see the state above): rate is "<rate>" or
+  -- "<rate>,<max_wait>".
+  local function tb_decide(key, quota, rate, cost, ask, nonce, hmax, rkey, gkey, writes, denied, upto, z)
+    local max_wait = 0
+    local r = tonumber(rate)
+    if r == nil then -- "<rate>,<max_wait>"
+      local a, w = string.match(rate, '^([^,]+),(%d+)$')
+      r, max_wait = tonumber(a), tonumber(w)
+    end
+    rate = r
+    local v = redis.call('HMGET', key, 'u', 'ts', 't', 'h')
+    local used, ts, empty = tb_drain(v, quota, rate)
+    local held = 0
+    if not empty then held = tonumber(v[4]) or 0 end
+    local holds
+    local hwait = 0 -- µs until the last hold left would count as charged
+    local claimed -- a claim's reservation (queue.lua's hold "h:q:<id>"): its tokens, now its own
+    if held > 0 then
+      -- Commit the holds that settle.lua never settled: a charge stays rather than vanish.
+      holds = {}
+      local all = redis.call('HGETALL', key)
+      local mine = z.claim and 'h:q:' .. z.claim
+      held = 0
+      for j = 1, #all, 2 do
+        local f = all[j]
+        if string.sub(f, 1, 2) == 'h:' then
+          local c, at = string.match(all[j + 1], '^(%d+)@(%d+)$')
+          c, at = tonumber(c), tonumber(at)
+          if c and now - at > HOLD_MAX then
+            used = used + c
+            holds[#holds + 1] = f
+          elseif c and f == mine then
+            claimed = c
+            holds[#holds + 1] = f
+          elseif c then
+            held = held + c
+            hwait = max(hwait, at + HOLD_MAX - now)
           end
         end
       end
-      local tokens = quota - used - held
-      if claimed then
-        -- The reservation admits the request: its tokens were taken for it by queue.lua.
-        tokens = max(tokens + claimed, cost)
-      elseif z.qkey and redis.call('ZCOUNT', z.qkey, '(' .. NOW, '+inf') > 0 then
-        -- A waiter with a live lease waits (queue.lua): no request overtakes it.
-        denied[#denied + 1] = { key, max(1, ceil((used + held) / rate * 1000)) }
-        return false, max(0, floor(tokens + EPSILON)), max(wait(tokens, cost, rate), ceil(cost * 1000000 / rate)),
-          wait(tokens, quota, rate), 1, 0
-      end
-      local ok, taken, remaining, retry, reset, nxt = tb_admit(tokens, quota, rate, cost, max_wait, ask, upto)
-      if ok then
-        writes[#writes + 1] = { tb_take, key, used, ts, quota, rate, taken, held, holds, hmax, hwait }
-      else
-        denied[#denied + 1] = { key, max(1, ceil((used + held) / rate * 1000)) }
-        if held > 0 and cost <= quota and wait(tokens + held, cost, rate) <= max_wait or z.qkey then
-          nxt = 1 -- denied by holds that settle.lua may release at any moment, or with a queue to
-          -- wait in: nothing to cache
-        end
-      end
-      return ok, remaining, retry, reset, nxt, taken, tokens
     end
-    return tb_decide
-  end
-
-  if tag == 'sw' then
-    -- Sliding window log ----------------------------------------------------------------------------
-    -- State: a sorted set of admitted request units scored by time (µs), members "<nonce>:<n>". It
-    -- admits a request iff (units younger than the window) + cost <= limit. The key expires when
-    -- its newest entry leaves the window.
-
-    -- sw_take adds the units of w = { sw_take, key, cost, window }, the entries that have left the
-    -- window removed.
-    local function sw_take(w, nonce)
-      local key, cost, window = w[2], w[3], w[4]
-      redis.call('ZREMRANGEBYSCORE', key, '-inf', now - window)
-      local args = {}
-      for j = 1, cost do
-        args[#args + 1] = now
-        args[#args + 1] = nonce .. ':' .. j
-        if #args >= 1000 or j == cost then
-          redis.call('ZADD', key, unpack(args))
-          args = {}
-        end
-      end
-      redis.call('PEXPIRE', key, ms(window / 1000))
+    local tokens = quota - used - held
+    if claimed then
+      -- The reservation admits the request: its tokens were taken for it by queue.lua.
+      tokens = max(tokens + claimed, cost)
+    elseif z.qkey and redis.call('ZCOUNT', z.qkey, '(' .. NOW, '+inf') > 0 then
+      -- A waiter with a live lease waits (queue.lua): no request overtakes it.
+      denied[#denied + 1] = { key, max(1, ceil((used + held) / rate * 1000)) }
+      return false, max(0, floor(tokens + EPSILON)), max(wait(tokens, cost, rate), ceil(cost * 1000000 / rate)),
+        wait(tokens, quota, rate), 1, 0
     end
-
-    -- sw_decide decides a sliding window log zone of `window` µs, as tb_decide.
-    local function sw_decide(key, quota, window, cost, ask, nonce, hmax, rkey, gkey, writes, denied)
-      window = tonumber(window)
-      local ok, remaining, retry, reset, nxt
-      -- The window is (now - window, now]: entries scored at or before now - window have left it.
-      local from = '(' .. sformat('%d', now - window)
-      local count = redis.call('ZCOUNT', key, from, '+inf')
-      local oldest = 0
-      if count > 0 then
-        oldest = tonumber(redis.call('ZRANGEBYSCORE', key, from, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)[2])
-      end
-      if count + cost <= quota then
-        ok = true
-        remaining = quota - count - cost
-        retry = 0
-        reset = window
-        if count > 0 then nxt = max(1, oldest + window - now) else nxt = window end
-        writes[#writes + 1] = { sw_take, key, cost, window }
-      else
-        ok = false
-        remaining = max(0, quota - count)
-        if count > 0 then nxt = max(1, oldest + window - now) else nxt = 0 end
-        -- The request fits once (count + cost - quota) of the oldest entries have left.
-        local need = count + cost - quota
-        if need <= count then
-          local e = redis.call('ZRANGEBYSCORE', key, from, '+inf', 'WITHSCORES', 'LIMIT', need - 1, 1)
-          retry = max(1, tonumber(e[2]) + window - now)
-        else
-          retry = window -- cost > quota: never; reported as one window
-        end
-        if count > 0 then
-          local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-          reset = max(0, tonumber(last[2]) + window - now)
-          denied[#denied + 1] = { key, max(1, ceil(reset / 1000)) }
-        else
-          reset = 0
-        end
-      end
-      return ok, remaining, retry, reset, nxt
-    end
-    return sw_decide
-  end
-
-  if tag == 'cc' then
-    -- Concurrency -----------------------------------------------------------------------------------
-    -- State: a sorted set of the slots of the client's requests in flight: member "<nonce>" (the
-    -- decision's), score its deadline (µs). A slot whose deadline is at or before now is free (its
-    -- instance died, or lost Redis, without giving it back). A request is admitted iff fewer than
-    -- limit slots are live; its slot's deadline is now + its hold time (the zone's hold_max).
-    -- settle.lua removes the slot (ZREM) once the response is complete; refresh.lua moves the
-    -- deadlines of slots still in flight on. The admission removes the slots past their deadline,
-    -- so the set never holds more than limit members after a write, and the key expires a second
-    -- after its last deadline. Reply: remaining the free slots (after this request when admitted);
-    -- a denial's retry after 1 s (a slot comes back when a response ends, which no clock tells: the
-    -- client is told to try again in a second); reset and next 1 µs while a slot is taken (a slot
-    -- may come back at any moment: nothing for a deny cache to keep), 0 when none is.
-
-    -- cc_take takes the slot of w = { cc_take, key, nonce, deadline }: the slots past their
-    -- deadline go, the new one is added, and the key lives a second past the latest deadline.
-    local function cc_take(w)
-      local key = w[2]
-      redis.call('ZREMRANGEBYSCORE', key, '-inf', sformat('%d', now))
-      redis.call('ZADD', key, sformat('%d', w[4]), w[3])
-      local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-      redis.call('PEXPIRE', key, ms((tonumber(last[2]) - now) / 1000 + 1000))
-    end
-
-    -- cc_claim is cc_take for a waiter's reserved slot, w = { cc_claim, key, nonce, deadline,
-    -- the reservation's member }: the reservation becomes the request's slot.
-    local function cc_claim(w)
-      redis.call('ZREM', w[2], w[5])
-      cc_take(w)
-    end
-
-    -- cc_decide decides a concurrency zone whose slot lives lease µs, as tb_decide (a denial
-    -- lengthens no TTL). With a queue (z.qkey, queue.lua's waiters), a request is denied while
-    -- a waiter with a live lease waits, so that no request overtakes a waiter; with a claim
-    -- (z.claim, a waiter's id), the waiter's reserved slot, while it lives, admits the request.
-    local function cc_decide(key, quota, rate, cost, ask, nonce, hmax, rkey, gkey, writes, _, _, z)
-      local lease = hmax or HOLD_MAX
-      local live = redis.call('ZCOUNT', key, '(' .. sformat('%d', now), '+inf')
-      if z.claim then
-        local member = 'q:' .. z.claim
-        local s = tonumber(redis.call('ZSCORE', key, member))
-        if s and s > now then
-          writes[#writes + 1] = { cc_claim, key, nonce, now + lease, member }
-          return true, max(0, quota - live), 0, 1, 1
-        end
-      elseif z.qkey and redis.call('ZCOUNT', z.qkey, '(' .. NOW, '+inf') > 0 then
-        return false, max(0, quota - live), 1000000, 1, 1
-      end
-      if live + cost <= quota then
-        writes[#writes + 1] = { cc_take, key, nonce, now + lease }
-        return true, quota - live - cost, 0, 1, 1
-      end
-      local taken = 0
-      if live > 0 then taken = 1 end
-      return false, max(0, quota - live), 1000000, taken, taken
-    end
-    return cc_decide
-  end
-
-  -- Window counters' records ----------------------------------------------------------------------
-  -- A window counter's (fixed window, sliding window counter) charge settled after the response
-  -- (count_status, charge, a lease's grant), or released or committed by settle.lua on Redis
-  -- Cluster when a request's zones are in several hash slots (hold = 1, or a hold time): the
-  -- counters have no holds. The cost is counted at admission as any other (so concurrent requests
-  -- cannot overshoot), and the admission writes a record of it in a key of its own,
-  -- `<state key>:<nonce>` in the same hash slot: a string "<window start µs>:<cost>:<generation>"
-  -- that expires after the zone's hold time (hold_max; HOLD_MAX with hold = 1). The generation is
-  -- the count's: the value of `<state key>:gen`, which the first record of a count creates
-  -- (holding that record's nonce) and each record keeps alive at least as long as itself, and
-  -- which an admin reset deletes together with the state. settle.lua deletes the record and adds
-  -- the difference (what the response reports less the cost; less the whole cost to give it back)
-  -- to the count of the window the charge went into, while that window is the current one and the
-  -- count of the record's generation: once the window has ended, or the state was reset, the
-  -- charge is no longer in the count, and nothing is given back or charged. A settle that finds no
-  -- record changes nothing: settled already (a retry, a call sent twice), or older than its hold
-  -- time (the charge stands as taken). A count may go above the limit (debt, a response that
-  -- reported more than was reserved): requests are then denied until the window moves (the fixed
-  -- window's end; for the sliding window counter, until the estimate falls to limit - cost). Why
-  -- keys of their own: the fixed window's string is read by the previous script with GET and an
-  -- exact pattern (anything else is a count of 0, a hash is WRONGTYPE), so a record (or a
-  -- generation) inside it would break instances still running that script during a rolling
-  -- upgrade; the state keys keep their encodings, which both versions read and write alike, and a
-  -- client with no charge pending keeps its one small string.
-
-  -- record writes the record rec = { record key, window start, cost, hold time (nil: HOLD_MAX),
-  -- generation key }, creating the generation when there is none.
-  local function record(rec, nonce)
-    local ttl = ms((rec[4] or HOLD_MAX) / 1000)
-    local gen = redis.call('GET', rec[5])
-    if gen then
-      redis.call('PEXPIRE', rec[5], ttl, 'GT') -- lives at least as long as each of its records
+    local ok, taken, remaining, retry, reset, nxt = tb_admit(tokens, quota, rate, cost, max_wait, ask, upto)
+    if ok then
+      writes[#writes + 1] = { tb_take, key, used, ts, quota, rate, taken, held, holds, hmax, hwait }
     else
-      gen = nonce
-      redis.call('SET', rec[5], gen, 'PX', ttl)
+      denied[#denied + 1] = { key, max(1, ceil((used + held) / rate * 1000)) }
+      if held > 0 and cost <= quota and wait(tokens + held, cost, rate) <= max_wait or z.qkey then
+        nxt = 1 -- denied by holds that settle.lua may release at any moment, or with a queue to
+        -- wait in: nothing to cache
+      end
     end
-    redis.call('SET', rec[1], sformat('%d:%d:', rec[2], rec[3]) .. gen, 'PX', ttl)
+    return ok, remaining, retry, reset, nxt, taken, tokens
+  end
+  return tb_decide
+end
+
+local function sw_algorithm()
+  -- Sliding window log ----------------------------------------------------------------------------
+  -- State: a sorted set of admitted request units scored by time (µs), members "<nonce>:<n>". It
+  -- admits a request iff (units younger than the window) + cost <= limit. The key expires when
+  -- its newest entry leaves the window.
+
+  -- sw_take adds the units of w = { sw_take, key, cost, window }, the entries that have left the
+  -- window removed.
+  local function sw_take(w, nonce)
+    local key, cost, window = w[2], w[3], w[4]
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', now - window)
+    local args = {}
+    for j = 1, cost do
+      args[#args + 1] = now
+      args[#args + 1] = nonce .. ':' .. j
+      if #args >= 1000 or j == cost then
+        redis.call('ZADD', key, unpack(args))
+        args = {}
+      end
+    end
+    redis.call('PEXPIRE', key, ms(window / 1000))
   end
 
-  if tag == 'fw' then
-    -- Fixed window ----------------------------------------------------------------------------------
-    -- State: a string "<window start>:<count>", the start in seconds since the epoch (with µs when
-    -- not whole); a count of another window is a count of 0. It admits a request iff count + cost
-    -- <= limit. The key lives until a second past the window's end.
-
-    -- A fixed window's start as stored with its count: seconds since the Unix epoch, with the µs
-    -- only when the window does not start on a whole second (a short value: one small string per
-    -- client).
-    local function window_mark(start)
-      if start % 1000000 == 0 then return sformat('%d', start / 1000000) end
-      return sformat('%.6f', start / 1000000)
+  -- sw_decide decides a sliding window log zone of `window` µs, as tb_decide.
+  local function sw_decide(key, quota, window, cost, ask, nonce, hmax, rkey, gkey, writes, denied)
+    window = tonumber(window)
+    local ok, remaining, retry, reset, nxt
+    -- The window is (now - window, now]: entries scored at or before now - window have left it.
+    local from = '(' .. sformat('%d', now - window)
+    local count = redis.call('ZCOUNT', key, from, '+inf')
+    local oldest = 0
+    if count > 0 then
+      oldest = tonumber(redis.call('ZRANGEBYSCORE', key, from, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)[2])
     end
-
-    -- fw_take writes w = { fw_take, key, mark, count, µs left in the window, rec = the record }.
-    local function fw_take(w, nonce)
-      -- Kept a second past the window's end, so that a clock a little behind still finds it.
-      redis.call('SET', w[2], w[3] .. ':' .. sformat('%d', w[4]), 'PX', ms(w[5] / 1000 + 1000))
-      if w.rec then record(w.rec, nonce) end
-    end
-
-    -- fw_decide decides a fixed window zone, as tb_decide: bounds is "b0,b1,b2,b3" (see ARGV);
-    -- rkey and gkey, when given, are the keys of the charge's record (hold time hmax).
-    local function fw_decide(key, quota, bounds, cost, ask, nonce, hmax, rkey, gkey, writes, _, upto)
-      local b = {}
-      for x in string.gmatch(bounds, '%d+') do b[#b + 1] = tonumber(x) end
-      local start, stop = b[2], b[3]
-      if now < b[2] then start, stop = b[1], b[2] elseif now >= b[3] then start, stop = b[3], b[4] end
-      local mark = window_mark(start)
-      local count = 0
-      local v = redis.call('GET', key)
-      if v then
-        local m, c = string.match(v, '^([%d.]+):(%d+)$')
-        if m == mark then count = tonumber(c) end
+    if count + cost <= quota then
+      ok = true
+      remaining = quota - count - cost
+      retry = 0
+      reset = window
+      if count > 0 then nxt = max(1, oldest + window - now) else nxt = window end
+      writes[#writes + 1] = { sw_take, key, cost, window }
+    else
+      ok = false
+      remaining = max(0, quota - count)
+      if count > 0 then nxt = max(1, oldest + window - now) else nxt = 0 end
+      -- The request fits once (count + cost - quota) of the oldest entries have left.
+      local need = count + cost - quota
+      if need <= count then
+        local e = redis.call('ZRANGEBYSCORE', key, from, '+inf', 'WITHSCORES', 'LIMIT', need - 1, 1)
+        retry = max(1, tonumber(e[2]) + window - now)
+      else
+        retry = window -- cost > quota: never; reported as one window
       end
-      local left = max(1, stop - now)
-      if count + cost <= quota then
-        local granted = cost
-        if ask then granted = lease_grant(quota - count, cost, ask, upto) end
-        local rec = rkey and { rkey, start, granted, hmax, gkey }
-        writes[#writes + 1] = { fw_take, key, mark, count + granted, left, rec = rec }
-        return true, quota - count - granted, 0, left, left, granted
+      if count > 0 then
+        local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+        reset = max(0, tonumber(last[2]) + window - now)
+        denied[#denied + 1] = { key, max(1, ceil(reset / 1000)) }
+      else
+        reset = 0
       end
-      local nxt = 0
-      if count > 0 then nxt = left end
-      return false, max(0, quota - count), left, left, nxt, 0 -- cost > quota: never; retry: the end
     end
-    return fw_decide
+    return ok, remaining, retry, reset, nxt
+  end
+  return sw_decide
+end
+
+local function cc_algorithm()
+  -- Concurrency -----------------------------------------------------------------------------------
+  -- State: a sorted set of the slots of the client's requests in flight: member "<nonce>" (the
+  -- decision's), score its deadline (µs). A slot whose deadline is at or before now is free (its
+  -- instance died, or lost Redis, without giving it back). A request is admitted iff fewer than
+  -- limit slots are live; its slot's deadline is now + its hold time (the zone's hold_max).
+  -- settle.lua removes the slot (ZREM) once the response is complete; refresh.lua moves the
+  -- deadlines of slots still in flight on. The admission removes the slots past their deadline,
+  -- so the set never holds more than limit members after a write, and the key expires a second
+  -- after its last deadline. Reply: remaining the free slots (after this request when admitted);
+  -- a denial's retry after 1 s (a slot comes back when a response ends, which no clock tells: the
+  -- client is told to try again in a second); reset and next 1 µs while a slot is taken (a slot
+  -- may come back at any moment: nothing for a deny cache to keep), 0 when none is.
+
+  -- cc_take takes the slot of w = { cc_take, key, nonce, deadline }: the slots past their
+  -- deadline go, the new one is added, and the key lives a second past the latest deadline.
+  local function cc_take(w)
+    local key = w[2]
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', sformat('%d', now))
+    redis.call('ZADD', key, sformat('%d', w[4]), w[3])
+    local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+    redis.call('PEXPIRE', key, ms((tonumber(last[2]) - now) / 1000 + 1000))
   end
 
-  if tag ~= 'sc' then error('decide: unknown algorithm ' .. tostring(tag)) end
+  -- cc_claim is cc_take for a waiter's reserved slot, w = { cc_claim, key, nonce, deadline,
+  -- the reservation's member }: the reservation becomes the request's slot.
+  local function cc_claim(w)
+    redis.call('ZREM', w[2], w[5])
+    cc_take(w)
+  end
 
+  -- cc_decide decides a concurrency zone whose slot lives lease µs, as tb_decide (a denial
+  -- lengthens no TTL). With a queue (z.qkey, queue.lua's waiters), a request is denied while
+  -- a waiter with a live lease waits, so that no request overtakes a waiter; with a claim
+  -- (z.claim, a waiter's id), the waiter's reserved slot, while it lives, admits the request.
+  local function cc_decide(key, quota, rate, cost, ask, nonce, hmax, rkey, gkey, writes, _, _, z)
+    local lease = hmax or HOLD_MAX
+    local live = redis.call('ZCOUNT', key, '(' .. sformat('%d', now), '+inf')
+    if z.claim then
+      local member = 'q:' .. z.claim
+      local s = tonumber(redis.call('ZSCORE', key, member))
+      if s and s > now then
+        writes[#writes + 1] = { cc_claim, key, nonce, now + lease, member }
+        return true, max(0, quota - live), 0, 1, 1
+      end
+    elseif z.qkey and redis.call('ZCOUNT', z.qkey, '(' .. NOW, '+inf') > 0 then
+      return false, max(0, quota - live), 1000000, 1, 1
+    end
+    if live + cost <= quota then
+      writes[#writes + 1] = { cc_take, key, nonce, now + lease }
+      return true, quota - live - cost, 0, 1, 1
+    end
+    local taken = 0
+    if live > 0 then taken = 1 end
+    return false, max(0, quota - live), 1000000, taken, taken
+  end
+  return cc_decide
+end
+
+-- Window counters' records ----------------------------------------------------------------------
+-- A window counter's (fixed window, sliding window counter) charge settled after the response
+-- (count_status, charge, a lease's grant), or released or committed by settle.lua on Redis
+-- Cluster when a request's zones are in several hash slots (hold = 1, or a hold time): the
+-- counters have no holds. The cost is counted at admission as any other (so concurrent requests
+-- cannot overshoot), and the admission writes a record of it in a key of its own,
+-- `<state key>:<nonce>` in the same hash slot: a string "<window start µs>:<cost>:<generation>"
+-- that expires after the zone's hold time (hold_max; HOLD_MAX with hold = 1). The generation is
+-- the count's: the value of `<state key>:gen`, which the first record of a count creates
+-- (holding that record's nonce) and each record keeps alive at least as long as itself, and
+-- which an admin reset deletes together with the state. settle.lua deletes the record and adds
+-- the difference (what the response reports less the cost; less the whole cost to give it back)
+-- to the count of the window the charge went into, while that window is the current one and the
+-- count of the record's generation: once the window has ended, or the state was reset, the
+-- charge is no longer in the count, and nothing is given back or charged. A settle that finds no
+-- record changes nothing: settled already (a retry, a call sent twice), or older than its hold
+-- time (the charge stands as taken). A count may go above the limit (debt, a response that
+-- reported more than was reserved): requests are then denied until the window moves (the fixed
+-- window's end; for the sliding window counter, until the estimate falls to limit - cost). Why
+-- keys of their own: the fixed window's string is read by the previous script with GET and an
+-- exact pattern (anything else is a count of 0, a hash is WRONGTYPE), so a record (or a
+-- generation) inside it would break instances still running that script during a rolling
+-- upgrade; the state keys keep their encodings, which both versions read and write alike, and a
+-- client with no charge pending keeps its one small string.
+
+-- record writes the record rec = { record key, window start, cost, hold time (nil: HOLD_MAX),
+-- generation key }, creating the generation when there is none.
+local function record(rec, nonce)
+  local ttl = ms((rec[4] or HOLD_MAX) / 1000)
+  local gen = redis.call('GET', rec[5])
+  if gen then
+    redis.call('PEXPIRE', rec[5], ttl, 'GT') -- lives at least as long as each of its records
+  else
+    gen = nonce
+    redis.call('SET', rec[5], gen, 'PX', ttl)
+  end
+  redis.call('SET', rec[1], sformat('%d:%d:', rec[2], rec[3]) .. gen, 'PX', ttl)
+end
+
+local function fw_algorithm()
+  -- Fixed window ----------------------------------------------------------------------------------
+  -- State: a string "<window start>:<count>", the start in seconds since the epoch (with µs when
+  -- not whole); a count of another window is a count of 0. It admits a request iff count + cost
+  -- <= limit. The key lives until a second past the window's end.
+
+  -- A fixed window's start as stored with its count: seconds since the Unix epoch, with the µs
+  -- only when the window does not start on a whole second (a short value: one small string per
+  -- client).
+  local function window_mark(start)
+    if start % 1000000 == 0 then return sformat('%d', start / 1000000) end
+    return sformat('%.6f', start / 1000000)
+  end
+
+  -- fw_take writes w = { fw_take, key, mark, count, µs left in the window, rec = the record }.
+  local function fw_take(w, nonce)
+    -- Kept a second past the window's end, so that a clock a little behind still finds it.
+    redis.call('SET', w[2], w[3] .. ':' .. sformat('%d', w[4]), 'PX', ms(w[5] / 1000 + 1000))
+    if w.rec then record(w.rec, nonce) end
+  end
+
+  -- fw_decide decides a fixed window zone, as tb_decide: bounds is "b0,b1,b2,b3" (see ARGV);
+  -- rkey and gkey, when given, are the keys of the charge's record (hold time hmax).
+  local function fw_decide(key, quota, bounds, cost, ask, nonce, hmax, rkey, gkey, writes, _, upto)
+    local b = {}
+    for x in string.gmatch(bounds, '%d+') do b[#b + 1] = tonumber(x) end
+    local start, stop = b[2], b[3]
+    if now < b[2] then start, stop = b[1], b[2] elseif now >= b[3] then start, stop = b[3], b[4] end
+    local mark = window_mark(start)
+    local count = 0
+    local v = redis.call('GET', key)
+    if v then
+      local m, c = string.match(v, '^([%d.]+):(%d+)$')
+      if m == mark then count = tonumber(c) end
+    end
+    local left = max(1, stop - now)
+    if count + cost <= quota then
+      local granted = cost
+      if ask then granted = lease_grant(quota - count, cost, ask, upto) end
+      local rec = rkey and { rkey, start, granted, hmax, gkey }
+      writes[#writes + 1] = { fw_take, key, mark, count + granted, left, rec = rec }
+      return true, quota - count - granted, 0, left, left, granted
+    end
+    local nxt = 0
+    if count > 0 then nxt = left end
+    return false, max(0, quota - count), left, left, nxt, 0 -- cost > quota: never; retry: the end
+  end
+  return fw_decide
+end
+
+local function sc_algorithm()
   -- Sliding window counter ------------------------------------------------------------------------
   -- State: a hash { s = the current window's start (µs, windows aligned to the epoch), c = its
   -- count, p = the previous window's count }. It admits a request iff p * (share of the previous
@@ -594,6 +592,18 @@ local function algorithm(tag)
     return ok, remaining, retry, when(0), nxt
   end
   return sc_decide
+end
+
+-- algorithms are the algorithms' constructors, by tag: each builds the decide function of its
+-- algorithm, with its other functions, when a decision of the call first needs it.
+local algorithms = { tb = tb_algorithm, sw = sw_algorithm, cc = cc_algorithm, fw = fw_algorithm, sc = sc_algorithm }
+
+-- algorithm returns the decide function of the algorithm tagged tag; any tag algorithms lacks is
+-- an error.
+local function algorithm(tag)
+  local make = algorithms[tag]
+  if not make then error('decide: unknown algorithm ' .. tostring(tag)) end
+  return make()
 end
 
 -- Penalty box -----------------------------------------------------------------------------------
@@ -814,7 +824,7 @@ local function read_decision(a, kbase)
       local c, k = string.match(ARGV[base + 3], '^(%d+),(%d+)$')
       z.cost, z.ask = tonumber(c), tonumber(k)
     end
-    if (z.tag == 'fw' or z.tag == 'sc') and KEYS[r] == z.key .. ':' .. nonce then
+    if KEYS[r] == z.key .. ':' .. nonce then -- Go sends record keys for recorded zones only
       z.rkey, z.gkey, r = KEYS[r], KEYS[r + 1], r + 2
     end
     local flags = ARGV[base + 4]

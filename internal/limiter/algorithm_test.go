@@ -42,8 +42,8 @@ func TestEveryAlgorithmDescribed(t *testing.T) {
 			t.Errorf("algorithm %s: tag %q is empty or another's", a, d.tag)
 		}
 		tags[d.tag] = true
-		if d.state == nil {
-			t.Errorf("algorithm %s has no state reader", a)
+		if d.state == nil || d.args == nil {
+			t.Errorf("algorithm %s has no state reader or no call arguments", a)
 			continue
 		}
 		z := describedZone(a)

@@ -90,3 +90,13 @@ func BenchmarkLeasePlanMixed(b *testing.B) {
 		t.kept(p)
 	}
 }
+
+func BenchmarkEncodeDecision3Zones(b *testing.B) {
+	l := New(nil, Options{KeyPrefix: "rl:"})
+	reqs := benchReqs(3)
+	state := stateKeys(l.prefix, reqs)
+	b.ReportAllocs()
+	for b.Loop() {
+		_, _ = l.encodeDecision(reqs, state, false, time.Now())
+	}
+}

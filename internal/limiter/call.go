@@ -43,36 +43,32 @@ func (l *Limiter) encodeDecision(reqs []Request, state []string, crossSlot bool,
 			keys = append(keys, recordKey(state[i], args[1].(string)), genKey(state[i]))
 		}
 	}
-	for i, r := range reqs {
-		queues := r.Zone.Queues()
-		if !r.Zone.Overrides && r.Zone.Block <= 0 && !queues && r.claim == "" && r.Zone.Top <= 0 {
-			if r.Zone.NearLimit > 0 {
-				args[4+zoneArgN*i+4] = zoneFlags(&r, flagKeys{}) // a flag that names no key
+	for i := range reqs {
+		r := &reqs[i]
+		// add appends key to keys (a copy of state once it grows) and returns its index.
+		add := func(key ...string) int {
+			if !extra {
+				keys, extra = append(make([]string, 0, len(state)+2*len(reqs)), state...), true
 			}
-			continue
-		}
-		if !extra {
-			keys, extra = append(make([]string, 0, len(state)+2*len(reqs)), state...), true
+			keys = append(keys, key...)
+			return len(keys) - len(key) + 1
 		}
 		var k flagKeys
 		if r.Zone.Overrides {
-			keys = append(keys, overrideKeyOf(state[i]))
-			k.override = len(keys)
+			k.override = add(overrideKeyOf(state[i]))
 		}
 		if r.Zone.Block > 0 {
-			keys = append(keys, blockKey(state[i]))
-			k.block = len(keys)
+			k.block = add(blockKey(state[i]))
 		}
-		if queues && r.claim == "" {
-			keys = append(keys, waitersKey(state[i]))
-			k.queue = len(keys)
+		if r.Zone.Queues() && r.claim == "" {
+			k.queue = add(waitersKey(state[i]))
 		}
 		if r.Zone.Top > 0 {
-			denied, used := l.topKeys(&r, state[i], ref)
-			keys = append(keys, denied, used)
-			k.top = len(keys) - 1
+			k.top = add(l.topKeys(r, state[i], ref))
 		}
-		args[4+zoneArgN*i+4] = zoneFlags(&r, k)
+		if f := zoneFlags(r, k); r.flagsArg() != any(f) {
+			args[4+zoneArgN*i+4] = f // scriptArgs wrote the flags that name no key and take none
+		}
 	}
 	return keys, args
 }
@@ -100,42 +96,59 @@ func (l *Limiter) scriptArgs(reqs []Request, hold bool, ref time.Time) []any {
 		args[1] = l.instance + "." + strconv.FormatUint(l.calls.Add(1), 36)
 	}
 	args[3] = len(reqs)
-	for _, r := range reqs {
+	for i := range reqs {
+		r := &reqs[i] // a copy would escape to the heap through the algorithm's args
 		cost := r.Cost
 		switch {
 		case r.Zone.Overrides:
 			// The quota and max cost in force are the override's, known to decide.lua only: it
 			// checks the cost itself (see zoneFlags). Above 2^54, a cost is beyond any quota.
 			cost = min(cost, 2*MaxCapacity)
-		case unsatisfiable(r):
+		case unsatisfiable(*r):
 			cost = 2 * r.Zone.Quota() // <= 2^54
 		}
-		tag, flags := r.tagArg(), r.flagsArg()
-		switch r.Zone.Algorithm {
-		case SlidingWindow, SlidingWindowCounter:
-			limit, window := r.Zone.windowArgs()
-			args = append(args, tag, limit, window, cost, flags)
-		case FixedWindow:
-			limit, _ := r.Zone.windowArgs()
-			args = append(args, tag, limit, windowBounds(r.Zone, ref), r.costArg(cost), flags)
-		case Concurrency:
-			limit, _ := r.Zone.windowArgs()
-			args = append(args, tag, limit, "0", cost, flags)
-		case TokenBucket:
-			capacity, rate := r.Zone.bucketArgs()
-			if w := r.maxWait(); w > 0 {
-				// go-redis formats a float64 argument so ('f', -1): the same number either way.
-				rate = strconv.FormatFloat(r.Zone.RefillRate, 'f', -1, 64) + "," + strconv.FormatInt(w.Microseconds(), 10)
-			}
-			args = append(args, tag, capacity, rate, r.costArg(cost), flags)
-		default:
-			// Zone.Validate refuses an unknown algorithm; were one sent, decide.lua would refuse
-			// its tag ("?") with an error, and the decision would fail rather than take another
-			// algorithm's path.
-			args = append(args, tag, int64(0), "0", cost, flags)
+		var quota, rate, costArg any
+		if d := r.Zone.Algorithm.describe(); d.args != nil {
+			quota, rate, costArg = d.args(r, ref, cost)
+		} else { // Zone.Validate refused the algorithm; decide.lua refuses its tag ("?") with an error
+			quota, rate, costArg = int64(0), "0", cost
 		}
+		args = append(args, r.tagArg(), quota, rate, costArg, r.flagsArg())
 	}
 	return args
+}
+
+// bucketCallArgs are a token bucket's numbers of decide.lua's call (algorithm.args): its
+// capacity, its refill rate (tokens/s) and, with a max_wait, ",<max_wait µs>" after it, and its
+// cost with the bound asked for (costArg).
+func bucketCallArgs(r *Request, _ time.Time, cost int64) (quota, rate, costArg any) {
+	capacity, rate := r.Zone.bucketArgs()
+	if w := r.maxWait(); w > 0 {
+		// go-redis formats a float64 argument so ('f', -1): the same number either way.
+		rate = strconv.FormatFloat(r.Zone.RefillRate, 'f', -1, 64) + "," + strconv.FormatInt(w.Microseconds(), 10)
+	}
+	return capacity, rate, r.costArg(cost)
+}
+
+// windowCallArgs are a sliding window's (log or counter) numbers of decide.lua's call: its
+// limit, its window (µs) and its cost.
+func windowCallArgs(r *Request, _ time.Time, cost int64) (quota, rate, costArg any) {
+	limit, window := r.Zone.windowArgs()
+	return limit, window, cost
+}
+
+// fixedWindowCallArgs are a fixed window's numbers of decide.lua's call: its limit, the bounds
+// of the windows around ref (windowBounds) and its cost with the bound asked for (costArg).
+func fixedWindowCallArgs(r *Request, ref time.Time, cost int64) (quota, rate, costArg any) {
+	limit, _ := r.Zone.windowArgs()
+	return limit, windowBounds(r.Zone, ref), r.costArg(cost)
+}
+
+// slotCallArgs are a concurrency zone's numbers of decide.lua's call: its limit, "0" and its
+// cost (one slot).
+func slotCallArgs(r *Request, _ time.Time, cost int64) (quota, rate, costArg any) {
+	limit, _ := r.Zone.windowArgs()
+	return limit, "0", cost
 }
 
 // tagArg is decide.lua's algorithm argument for r's zone: its tag, or for an algorithm missing
@@ -183,7 +196,8 @@ type flagKeys struct{ override, block, queue, top int }
 func zoneFlags(r *Request, k flagKeys) string {
 	okey, bkey := k.override, k.block
 	z := r.Zone
-	b := make([]byte, 0, 48)
+	var buf [48]byte // most flags fit: no allocation but the string's
+	b := buf[:0]
 	if z.Shadow {
 		b = append(b, 's')
 	}
@@ -521,10 +535,11 @@ func (c *call) replyLen() int {
 	return n
 }
 
-// hasBucket reports whether the decide.lua call c decides a token bucket zone.
-func (c *call) hasBucket() bool {
+// holdsInState reports whether the decide.lua call c decides a zone whose held charges are
+// holds in its state key (a token bucket's).
+func (c *call) holdsInState() bool {
 	for j := range c.zones() {
-		if argTag(zoneArgsOf(c.args, j)[0]) == TokenBucket.tag() {
+		if algorithmOfTag(argTag(zoneArgsOf(c.args, j)[0])).holdsInState() {
 			return true
 		}
 	}

@@ -131,7 +131,7 @@ func newHeld(reqs []Request, keys []string, args []any, idx []int, zones []zoneR
 		p.idx = append(p.idx, i)
 		p.hold = append(p.hold, reqs[i].Hold)
 		p.most = append(p.most, most)
-		p.call = p.call || argTag(za[0]) != SlidingWindow.tag()
+		p.call = p.call || algorithmOfTag(argTag(za[0])).keptByCall()
 		if reqs[i].Zone.Queues() {
 			p.queues = append(p.queues, make([]*Zone, len(p.idx)-1-len(p.queues))...)
 			p.queues = append(p.queues, reqs[i].Zone)

@@ -176,7 +176,7 @@ func (l *Limiter) settle(ctx context.Context, charged []*call, commit bool) []er
 	settles := make([]*call, 0, len(charged))
 	sent := make([]int, 0, len(charged)) // the index in charged of each of settles
 	for i, c := range charged {
-		if commit && !c.hasBucket() && len(c.keys) == c.zones() {
+		if commit && !c.holdsInState() && len(c.keys) == c.zones() {
 			continue // no hold to commit, no record to delete: a sliding window keeps its entries
 		}
 		// decide.lua's arguments were now, nonce, hold, n, then the zones: settle.lua takes

@@ -139,10 +139,10 @@ func (o zoneOption) applies() []limiter.Algorithm {
 // window end within the test.
 func algorithmZone(name string, a limiter.Algorithm, q int64) *limiter.Zone {
 	z := &limiter.Zone{Name: name, Algorithm: a}
-	switch a {
-	case limiter.TokenBucket:
+	switch {
+	case a.QuotaIsCapacity():
 		z.Capacity, z.RefillRate = q, 1.0/3600
-	case limiter.Concurrency:
+	case a.HoldsSlots():
 		z.Limit = q
 	default:
 		z.Limit, z.Window = q, time.Hour
@@ -150,7 +150,8 @@ func algorithmZone(name string, a limiter.Algorithm, q int64) *limiter.Zone {
 	return z
 }
 
-var allAlgorithms = []limiter.Algorithm{limiter.TokenBucket, limiter.SlidingWindow, limiter.FixedWindow, limiter.SlidingWindowCounter, limiter.Concurrency}
+// allAlgorithms are every algorithm of the table: a new one is in the pair test at once.
+var allAlgorithms = limiter.EveryAlgorithm()
 
 // combinationZone is one zone of a combination: its algorithm, its options and its quota.
 type combinationZone struct {
@@ -172,7 +173,7 @@ func (c combinationZone) build(name, key string) (*limiter.Zone, limiter.Request
 			o.set(z, &r)
 		}
 	}
-	if c.alg == limiter.Concurrency {
+	if c.alg.HoldsSlots() {
 		r.Hold = time.Minute // a concurrency zone's slot is held while its request runs
 	}
 	if z.Validate() != nil {
@@ -335,8 +336,8 @@ func decideCombination(l *limiter.Limiter, c combination, za, zb *limiter.Zone, 
 			enforced = q
 		}
 	}
-	settle := ra.Hold > 0 && za.Algorithm != limiter.Concurrency && zb.Algorithm != limiter.Concurrency ||
-		rb.Hold > 0 && za.Algorithm != limiter.Concurrency && zb.Algorithm != limiter.Concurrency
+	settle := ra.Hold > 0 && !za.Algorithm.HoldsSlots() && !zb.Algorithm.HoldsSlots() ||
+		rb.Hold > 0 && !za.Algorithm.HoldsSlots() && !zb.Algorithm.HoldsSlots()
 	n := int64(8)
 	admitted := int64(0)
 	for i := range n {

@@ -44,7 +44,7 @@ func (h *Held) slotHolds(yield func(key, nonce string, hold time.Duration)) {
 // slotHolds is Held.slotHolds for the zones of one decide.lua call.
 func (p *heldPart) slotHolds(yield func(key, nonce string, hold time.Duration)) {
 	for j := range p.idx {
-		if argTag(p.zones[4*j]) == Concurrency.tag() {
+		if algorithmOfTag(argTag(p.zones[4*j])).HoldsSlots() {
 			yield(p.keys[j], p.nonce.(string), p.hold[j])
 		}
 	}

@@ -36,3 +36,12 @@ func (z *Zone) WindowAt(t time.Time) (start, end time.Time) { return z.windowAt(
 
 // WaiterID is w's id in its queue, as queue.lua publishes it when it grants w.
 func WaiterID(w *Waiter) string { return w.id }
+
+// EveryAlgorithm returns every algorithm of the table, in its order.
+func EveryAlgorithm() []Algorithm {
+	out := make([]Algorithm, 0, len(algorithms)-1)
+	for a := 1; a < len(algorithms); a++ {
+		out = append(out, Algorithm(a))
+	}
+	return out
+}

@@ -626,7 +626,7 @@ func newGrant(zone string, r *Request, key string, args []any, j int, zr zoneRep
 		zone:    grantZone(zoneArgsOf(args, j), int64(zr.granted)),
 		expires: sent.Add(r.Zone.Lease.TTL), remaining: zr.remaining,
 	}
-	if r.Zone.Algorithm == FixedWindow {
+	if r.Zone.Algorithm.recorded() { // the grant is recorded as any held charge, and ends with its window
 		g.keys = append(g.keys, recordKey(key, nonce), genKey(key))
 		g.end = sent.Add(time.Duration(zr.reset) * time.Microsecond)
 		if g.end.Before(g.expires) {

@@ -131,8 +131,8 @@ func (o overrideReply) settleZone(za []any) []any {
 		return za
 	}
 	out := []any{za[0], o.quota, za[2], za[3]}
-	switch argTag(za[0]) {
-	case TokenBucket.tag():
+	switch a := algorithmOfTag(argTag(za[0])).describe(); {
+	case a.capacity:
 		own, wait, _ := strings.Cut(fmt.Sprint(za[2]), ",")
 		r, err := strconv.ParseFloat(own, 64)
 		if err != nil || o.windowUs <= 0 || math.Ceil(float64(o.quota)/r*1e6) != float64(o.windowUs) {
@@ -143,7 +143,7 @@ func (o overrideReply) settleZone(za []any) []any {
 			rate += "," + wait
 		}
 		out[2] = rate
-	case FixedWindow.tag(), SlidingWindow.tag(), SlidingWindowCounter.tag():
+	case a.window:
 		if o.windowUs > 0 {
 			out[2] = o.windowUs
 		}

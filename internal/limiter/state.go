@@ -310,18 +310,13 @@ func (l *Limiter) InFlight(ctx context.Context, z *Zone, clientKey string) ([]Sl
 	return out, nil
 }
 
-// counterState reads a fixed window's or sliding window counter's hash and counts it at now as
+// fixedWindowState reads a fixed window's count ("<window mark>:<count>") and counts it at now as
 // decide.lua does.
-func (l *Limiter) counterState(ctx context.Context, z *Zone, now int64, s *State) error {
-	var fields *redis.MapStringStringCmd
+func (l *Limiter) fixedWindowState(ctx context.Context, z *Zone, now int64, s *State) error {
 	var value *redis.StringCmd
 	var ttl *redis.DurationCmd
 	if _, err := l.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		if z.Algorithm == FixedWindow {
-			value = p.Get(ctx, s.Key)
-		} else {
-			fields = p.HGetAll(ctx, s.Key)
-		}
+		value = p.Get(ctx, s.Key)
 		ttl = p.PTTL(ctx, s.Key)
 		return nil
 	}); err != nil && !errors.Is(err, redis.Nil) {
@@ -330,29 +325,40 @@ func (l *Limiter) counterState(ctx context.Context, z *Zone, now int64, s *State
 	if err := s.setTTL(ttl.Val()); err != nil {
 		return err
 	}
-	var f map[string]string
-	if fields != nil {
-		f = fields.Val()
+	start, end := z.windowAt(time.UnixMicro(now))
+	s.WindowStart, s.WindowEnd = start, end
+	mark, count, ok := strings.Cut(value.Val(), ":")
+	if n, err := strconv.ParseInt(count, 10, 64); ok && err == nil && mark == windowMark(start.UnixMicro()) {
+		s.Count = n
 	}
+	s.Remaining = max(0, z.Limit-s.Count)
+	left := time.Duration(max(1, end.UnixMicro()-now)) * time.Microsecond
+	if s.Remaining < 1 {
+		s.RetryAfter = left
+	}
+	if s.Count > 0 {
+		s.Reset, s.Next = left, left // the count starts again at the window's end
+	}
+	return nil
+}
+
+// counterState reads a sliding window counter's hash and counts it at now as decide.lua does.
+func (l *Limiter) counterState(ctx context.Context, z *Zone, now int64, s *State) error {
+	var fields *redis.MapStringStringCmd
+	var ttl *redis.DurationCmd
+	if _, err := l.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		fields = p.HGetAll(ctx, s.Key)
+		ttl = p.PTTL(ctx, s.Key)
+		return nil
+	}); err != nil && !errors.Is(err, redis.Nil) {
+		return fmt.Errorf("redis read of %s: %w", s.Key, err)
+	}
+	if err := s.setTTL(ttl.Val()); err != nil {
+		return err
+	}
+	f := fields.Val()
 	stored, _ := strconv.ParseInt(f["s"], 10, 64)
 	c, _ := strconv.ParseInt(f["c"], 10, 64)
-	if z.Algorithm == FixedWindow {
-		start, end := z.windowAt(time.UnixMicro(now))
-		s.WindowStart, s.WindowEnd = start, end
-		mark, count, ok := strings.Cut(value.Val(), ":")
-		if n, err := strconv.ParseInt(count, 10, 64); ok && err == nil && mark == windowMark(start.UnixMicro()) {
-			s.Count = n
-		}
-		s.Remaining = max(0, z.Limit-s.Count)
-		left := time.Duration(max(1, end.UnixMicro()-now)) * time.Microsecond
-		if s.Remaining < 1 {
-			s.RetryAfter = left
-		}
-		if s.Count > 0 {
-			s.Reset, s.Next = left, left // the count starts again at the window's end
-		}
-		return nil
-	}
 	w := z.Window.Microseconds()
 	start := now - now%w
 	var cur, prev int64

@@ -116,25 +116,43 @@ type algorithm struct {
 	shapes bool
 	// grants: a request may be granted more units than its cost (Lease, UpTo).
 	grants bool
+	// holdsInState: a charge held for later (a Hold, a charge across hash slots) is a hold in the
+	// state key itself, which settle.lua commits or gives back (token bucket); the window
+	// counters record theirs in keys of their own (recorded), a sliding window log's entries are
+	// its charge, and a concurrency slot is its request.
+	holdsInState bool
 	// maxLimit is the largest Limit (a sliding window log stores one entry per admitted unit, a
 	// concurrency zone one per slot in flight); 0 for a capacity.
 	maxLimit int64
 	// state reads a client's state in a zone of the algorithm into s at now (µs; Limiter.State).
 	state func(l *Limiter, ctx context.Context, z *Zone, now int64, s *State) error
+	// args returns the zone's three numbers of decide.lua's call for r, sent at ref, taking cost:
+	// its quota, its rate or window, and its cost (see call.go).
+	args func(r *Request, ref time.Time, cost int64) (quota, rate, costArg any)
 }
 
 // algorithms are the algorithms' descriptions, by Algorithm.
 var algorithms = [...]algorithm{
-	TokenBucket: {name: "token_bucket", tag: "tb", capacity: true, shapes: true, grants: true,
+	TokenBucket: {name: "token_bucket", tag: "tb", capacity: true, shapes: true, grants: true, holdsInState: true,
 		state: (*Limiter).bucketState},
 	SlidingWindow: {name: "sliding_window", tag: "sw", window: true, entries: true, maxLimit: MaxLimit,
 		state: (*Limiter).windowState},
 	FixedWindow: {name: "fixed_window", tag: "fw", window: true, calendar: true, recorded: true, grants: true, maxLimit: MaxCapacity,
-		state: (*Limiter).counterState},
+		state: (*Limiter).fixedWindowState},
 	SlidingWindowCounter: {name: "sliding_window_counter", tag: "sc", window: true, recorded: true, maxLimit: MaxCapacity,
 		state: (*Limiter).counterState},
 	Concurrency: {name: "concurrency", tag: "cc", slots: true, maxLimit: MaxConcurrency,
 		state: (*Limiter).slotState},
+}
+
+// The algorithms' call arguments, set apart from their rows only because they read zones'
+// properties, which read the table (Go refuses the initialization cycle).
+func init() {
+	algorithms[TokenBucket].args = bucketCallArgs
+	algorithms[SlidingWindow].args = windowCallArgs
+	algorithms[FixedWindow].args = fixedWindowCallArgs
+	algorithms[SlidingWindowCounter].args = windowCallArgs
+	algorithms[Concurrency].args = slotCallArgs
 }
 
 // describe returns a's description; the zero algorithm (no property) for an unknown a.
@@ -147,6 +165,31 @@ func (a Algorithm) describe() algorithm {
 
 // recorded reports whether a's held charges are recorded in keys of their own (algorithm.recorded).
 func (a Algorithm) recorded() bool { return a.describe().recorded }
+
+// holdsInState reports whether a's held charges are holds in its state key (algorithm.holdsInState).
+func (a Algorithm) holdsInState() bool { return a.describe().holdsInState }
+
+// keptByCall reports whether keeping a held charge of a takes a settle.lua call: a hold to
+// commit, a record to delete, a slot to give back; a sliding window log's entries are kept as
+// they are.
+func (a Algorithm) keptByCall() bool {
+	d := a.describe()
+	return d.holdsInState || d.recorded || d.slots
+}
+
+// MaxLimit is the largest Limit of a zone of algorithm a (a sliding window log stores one entry
+// per admitted unit, a concurrency zone one per slot in flight); 0 when a's quota is a capacity.
+func (a Algorithm) MaxLimit() int64 { return a.describe().maxLimit }
+
+// algorithmOfTag returns the algorithm whose tag (decide.lua's name for it) is t; 0 for none.
+func algorithmOfTag(t string) Algorithm {
+	for a, v := range algorithms {
+		if a > 0 && v.tag == t {
+			return Algorithm(a)
+		}
+	}
+	return 0
+}
 
 // HoldsSlots reports whether a request holds one of a zone's slots while it runs, given back when
 // it ends (concurrency): its quota is the requests in flight, and it has no window or cost.
@@ -328,7 +371,7 @@ func (z *Zone) windowArgs() (limit, windowUs any) {
 // MaxCostOrQuota is the largest cost a request may take: MaxCost, or the quota when it is 0.
 // It also bounds what a charge settled after the response may be (Limiter.Settle).
 func (z *Zone) MaxCostOrQuota() int64 {
-	if z.Algorithm == Concurrency {
+	if z.Algorithm.HoldsSlots() {
 		return 1 // one slot per request
 	}
 	if z.MaxCost > 0 {
@@ -435,26 +478,24 @@ func (z *Zone) validateRequired() *FieldError {
 		}
 		return nil
 	}
-	switch a {
-	case TokenBucket:
+	d := a.describe()
+	if d.capacity {
 		if err := required("capacity", z.Capacity == 0); err != nil {
 			return err
 		}
 		return required("refill_rate", z.RefillRate == 0)
-	case Concurrency:
-		return required("limit", z.Limit == 0)
 	}
-	if err := required("limit", z.Limit == 0); err != nil {
+	if err := required("limit", z.Limit == 0); err != nil || !d.window {
 		return err
 	}
-	if a != FixedWindow {
+	if !d.calendar {
 		return required("window", z.Window == 0)
 	}
 	switch {
 	case z.Window != 0 && z.Period != NoPeriod:
 		return z.fieldError("period", "a fixed_window zone has a window or a period, not both")
 	case z.Window == 0 && z.Period == NoPeriod:
-		return z.fieldError("", "window or period is required for algorithm fixed_window")
+		return z.fieldError("", "window or period is required for algorithm %s", a)
 	case z.Location != nil && z.Period == NoPeriod:
 		return z.fieldError("time_zone", "time_zone applies to a period (period day), not to a window")
 	}
@@ -480,7 +521,7 @@ func (z *Zone) validateRanges() *FieldError {
 		return z.fieldError("max_wait", "max_wait %v is longer than %v: a request held that long outlasts most clients' timeouts; "+
 			"let it come back instead (429 and Retry-After)", z.MaxWait, MaxMaxWait)
 	}
-	if z.Algorithm == TokenBucket {
+	if z.Algorithm.QuotaIsCapacity() {
 		if fill := float64(z.Capacity) / z.RefillRate; fill > MaxWindow.Seconds() {
 			return z.fieldError("refill_rate", "an empty bucket takes %.0fs to refill (capacity / refill_rate); at most %s is supported",
 				fill, days(MaxWindow))
@@ -493,7 +534,7 @@ func (z *Zone) validateRanges() *FieldError {
 // admitted unit, and a concurrency zone one per slot in flight; the counters' memory does not
 // grow with the limit.
 func (z *Zone) maxLimit() int64 {
-	if m := z.Algorithm.describe().maxLimit; m > 0 {
+	if m := z.Algorithm.MaxLimit(); m > 0 {
 		return m
 	}
 	return MaxCapacity
@@ -578,7 +619,7 @@ const errLeaseMaxWait = "lease and max_wait exclude each other: a held request's
 
 // errLeaseAlgorithm is why a zone of algorithm a cannot lease.
 func errLeaseAlgorithm(a Algorithm) string {
-	if a == Concurrency {
+	if a.HoldsSlots() {
 		return "lease applies to algorithms token_bucket and fixed_window only, not concurrency: " +
 			"a slot is taken for a request's whole run, so there is nothing to spend ahead"
 	}
