@@ -14,6 +14,7 @@ import (
 
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/caddytest"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/repocheck"
 )
 
 // quotaBlock is a handler with a quota endpoint at /rl/quota limited by zone quota (3 per
@@ -378,5 +379,30 @@ func TestQuotaOnCluster(t *testing.T) {
 	}
 	if len(nodes) < 2 {
 		t.Fatalf("the clients' keys are on %d node, want several", len(nodes))
+	}
+}
+
+// TestQuotaDocsExampleProbing: caddyfile.md's quota endpoint example, as written there: its own
+// zone is keyed on the client's address, so a client that sends a new X-API-Key with every read
+// is held to the endpoint's 5 reads a minute like one that keeps its key.
+func TestQuotaDocsExampleProbing(t *testing.T) {
+	var block string
+	for _, b := range repocheck.DocBlocks(t, "caddyfile") {
+		if strings.HasPrefix(b.Where, "docs/caddyfile.md:") && strings.Contains(b.Text, "quota_endpoint /rate-limit/quota quota") {
+			block = b.Text
+		}
+	}
+	if block == "" {
+		t.Fatal("docs/caddyfile.md has no example of quota_endpoint /rate-limit/quota quota")
+	}
+	srv := redistest.Start(t)
+	block = strings.Replace(block, "rate_limit_redis {", "rate_limit_redis {\n\tredis {\n\t\taddress "+srv.Addr+"\n\t}", 1)
+	site := caddytest.Start(t, block+"\nrespond ok\n")
+	var got []string
+	for i := range 8 {
+		got = append(got, strconv.Itoa(site.Get("/rate-limit/quota", "X-API-Key", "probe"+strconv.Itoa(i)).Status))
+	}
+	if s := strings.Join(got, " "); s != "200 200 200 200 200 429 429 429" {
+		t.Fatalf("8 reads with a fresh X-API-Key each: %s, want 200 ×5 then 429", s)
 	}
 }
