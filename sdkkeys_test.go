@@ -138,3 +138,26 @@ func TestKeyDocsCapOutputSDKHeaders(t *testing.T) {
 		t.Fatalf("a shared empty key was stored: %v", keys)
 	}
 }
+
+// TestKeyDocsChargingZoneNamesApart: no two of docs/charging.md's Caddyfile examples name a zone
+// alike, so that a user who copies two of them into one config (two sites on one Redis) does
+// not get one shared state under two sets of numbers.
+func TestKeyDocsChargingZoneNamesApart(t *testing.T) {
+	seen := map[string]string{}
+	for _, b := range repocheck.DocBlocks(t, "caddyfile") {
+		if !strings.HasPrefix(b.Where, "docs/charging.md:") {
+			continue
+		}
+		for l := range strings.SplitSeq(b.Text, "\n") {
+			name, ok := strings.CutPrefix(strings.TrimSpace(l), "zone ")
+			if !ok {
+				continue
+			}
+			name = strings.TrimSuffix(name, " {")
+			if w, dup := seen[name]; dup {
+				t.Errorf("zone %s is in the examples at %s and %s", name, w, b.Where)
+			}
+			seen[name] = b.Where
+		}
+	}
+}
