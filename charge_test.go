@@ -46,7 +46,6 @@ import (
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/caddytest"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/llmtest"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
-	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/repocheck"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/usage"
 )
 
@@ -1139,15 +1138,7 @@ func TestChargeClientLeavesBeforeResponse(t *testing.T) {
 // rewritten, and its stream without usage is charged the example's missing amount, which must
 // then be at least the largest total (in the openai_tokens zone, whose max_cost is below it, 100,000).
 func TestChargeDocsLLMExample(t *testing.T) {
-	var site string
-	for _, b := range repocheck.DocBlocks(t, "caddyfile") {
-		if strings.HasPrefix(b.Where, "docs/charging.md:") && strings.HasPrefix(b.Text, "llm.example.com {") {
-			site = b.Text
-		}
-	}
-	if site == "" {
-		t.Fatal("docs/charging.md has no Caddyfile example of site llm.example.com")
-	}
+	site := docExample(t, "docs/charging.md", func(text string) bool { return strings.HasPrefix(text, "llm.example.com {") })
 	srv := redistest.Start(t)
 	var mu sync.Mutex
 	var got []byte // the body the upstream last received

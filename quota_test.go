@@ -14,7 +14,6 @@ import (
 
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/caddytest"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
-	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/repocheck"
 )
 
 // quotaBlock is a handler with a quota endpoint at /rl/quota limited by zone quota (3 per
@@ -386,15 +385,9 @@ func TestQuotaOnCluster(t *testing.T) {
 // zone is keyed on the client's address, so a client that sends a new X-API-Key with every read
 // is held to the endpoint's 5 reads a minute like one that keeps its key.
 func TestQuotaDocsExampleProbing(t *testing.T) {
-	var block string
-	for _, b := range repocheck.DocBlocks(t, "caddyfile") {
-		if strings.HasPrefix(b.Where, "docs/caddyfile.md:") && strings.Contains(b.Text, "quota_endpoint /rate-limit/quota quota") {
-			block = b.Text
-		}
-	}
-	if block == "" {
-		t.Fatal("docs/caddyfile.md has no example of quota_endpoint /rate-limit/quota quota")
-	}
+	block := docExample(t, "docs/caddyfile.md", func(text string) bool {
+		return strings.Contains(text, "quota_endpoint /rate-limit/quota quota")
+	})
 	srv := redistest.Start(t)
 	block = strings.Replace(block, "rate_limit_redis {", "rate_limit_redis {\n\tredis {\n\t\taddress "+srv.Addr+"\n\t}", 1)
 	site := caddytest.Start(t, block+"\nrespond ok\n")

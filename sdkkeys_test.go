@@ -15,6 +15,22 @@ import (
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/repocheck"
 )
 
+// docExample returns the first Caddyfile example of page ("docs/charging.md") for which has
+// is true; it fails t when there is none.
+func docExample(t *testing.T, page string, has func(text string) bool) string {
+	t.Helper()
+	var found string
+	for _, b := range repocheck.DocBlocks(t, "caddyfile") {
+		if found == "" && strings.HasPrefix(b.Where, page+":") && has(b.Text) {
+			found = b.Text
+		}
+	}
+	if found == "" {
+		t.Fatalf("%s has no such Caddyfile example", page)
+	}
+	return found
+}
+
 // docSite returns the body of site address's block (inside its braces) in docs/charging.md's
 // Caddyfile examples, with the test's Redis at redisAddr and its upstream.
 func docSite(t *testing.T, address, redisAddr, upstream string) string {
