@@ -1,6 +1,7 @@
 package ratelimitredis
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -223,6 +224,10 @@ func broadcastOf(err error) (broadcastResult, error) {
 // clientState is one entry of GET /rate_limit_redis/state.
 type clientState struct {
 	clientEntry // redis_key: the state's
+	// Why this zone's state was not read, when another handler's zone of the same name was:
+	// its numbers come from placeholders and the query gives none (see stateZone). The entry
+	// then has the zone, key and algorithm only.
+	Error string `json:"error,omitempty"`
 	// token_bucket or sliding_window.
 	Algorithm string `json:"algorithm"`
 	// The quota in force: capacity (token_bucket) or limit (sliding_window), as
@@ -308,24 +313,30 @@ func (a *AdminAPI) handleZones(w http.ResponseWriter, r *http.Request) error {
 	}
 	zones := []zoneInfo{}
 	for _, t := range a.registry().targets("") {
-		zi := zoneInfo{
-			Name: t.z.Name, Algorithm: t.z.lz.Algorithm.String(), KeyPrefix: t.h.KeyPrefix, Redis: t.redis, DB: t.h.Redis.DB,
-			Capacity: t.z.lz.Capacity, RefillRate: t.z.lz.RefillRate, Limit: t.z.lz.Limit, WindowMs: t.z.lz.Window.Milliseconds(),
-			Period: t.z.Period, TimeZone: t.z.TimeZone, MaxWaitMs: ceilMs(t.z.lz.MaxWait),
-			BlockMs: t.z.lz.Block.Milliseconds(), BlockMaxMs: t.z.lz.BlockMax.Milliseconds(),
-			Overrides: t.z.Overrides, DryRun: t.z.DryRun,
-		}
-		for _, dn := range t.z.dyn {
-			if zi.Placeholders == nil {
-				zi.Placeholders = make(map[string]string, len(t.z.dyn))
-			}
-			zi.Placeholders[dn.field.String()] = dn.expr
-		}
+		zi := t.info()
 		if !slices.ContainsFunc(zones, func(o zoneInfo) bool { return zi.equal(o) }) {
 			zones = append(zones, zi)
 		}
 	}
 	return writeJSON(w, zones)
+}
+
+// info returns the zoneInfo of t's zone.
+func (t target) info() zoneInfo {
+	zi := zoneInfo{
+		Name: t.z.Name, Algorithm: t.z.lz.Algorithm.String(), KeyPrefix: t.h.KeyPrefix, Redis: t.redis, DB: t.h.Redis.DB,
+		Capacity: t.z.lz.Capacity, RefillRate: t.z.lz.RefillRate, Limit: t.z.lz.Limit, WindowMs: t.z.lz.Window.Milliseconds(),
+		Period: t.z.Period, TimeZone: t.z.TimeZone, MaxWaitMs: ceilMs(t.z.lz.MaxWait),
+		BlockMs: t.z.lz.Block.Milliseconds(), BlockMaxMs: t.z.lz.BlockMax.Milliseconds(),
+		Overrides: t.z.Overrides, DryRun: t.z.DryRun,
+	}
+	for _, dn := range t.z.dyn {
+		if zi.Placeholders == nil {
+			zi.Placeholders = make(map[string]string, len(t.z.dyn))
+		}
+		zi.Placeholders[dn.field.String()] = dn.expr
+	}
+	return zi
 }
 
 func (zi zoneInfo) equal(o zoneInfo) bool {
@@ -446,14 +457,22 @@ func stateZone(z *Zone, q url.Values) (*limiter.Zone, *stateNumbers, error) {
 }
 
 // readState reads the client's state once per distinct Redis key and zone parameters. q holds
-// the numbers of zones whose numbers come from placeholders (see stateZone).
+// the numbers of zones whose numbers come from placeholders (see stateZone). A zone whose
+// numbers q does not give is an entry with its error when another zone of the name was read,
+// else the call's error (400).
 func readState(ctx context.Context, w http.ResponseWriter, ts []target, q url.Values) error {
 	out := []clientState{}
 	seen := make(map[string]bool)
+	var first error // the first zone's whose numbers the query does not give
+	read := 0
 	for _, t := range ts {
 		lz, numbers, err := stateZone(t.z, q)
 		if err != nil {
-			return err
+			// Handlers of one config may share a zone name with other numbers: answer for the
+			// zones that can be read, and report this one's error in its entry.
+			first = cmp.Or(first, err)
+			out = append(out, clientState{clientEntry: t.entry(""), Algorithm: t.z.lz.Algorithm.String(), Error: err.Error()})
+			continue
 		}
 		lk := t.h.limiterKey(t.key)
 		id := fmt.Sprintf("%s|%s|%d|%g|%d|%d|%s|%s|%d", t.redisID, limiter.StateKey(t.h.KeyPrefix, lz, lk),
@@ -462,50 +481,64 @@ func readState(ctx context.Context, w http.ResponseWriter, ts []target, q url.Va
 			continue
 		}
 		seen[id] = true
-		s, err := t.h.limiter.State(ctx, lz, lk)
+		cs, err := t.clientState(ctx, lz, numbers, lk)
 		if err != nil {
-			return redisError(err)
-		}
-		if !s.Override.IsZero() {
-			oz := s.Override.Apply(lz)
-			lz = &oz
-			numbers = &stateNumbers{Capacity: lz.Capacity, RefillRate: lz.RefillRate, Limit: lz.Limit, WindowMs: lz.Window.Milliseconds(), Override: true}
-		}
-		cs := clientState{
-			clientEntry: t.entry(s.Key), Algorithm: lz.Algorithm.String(), Limit: lz.Quota(), Numbers: numbers,
-			Exists: s.Exists, Remaining: s.Remaining, RetryAfterMs: ceilMs(s.RetryAfter), TTLMs: s.TTL.Milliseconds(),
-		}
-		setBlockState(&cs, lz, s.Block)
-		switch lz.Algorithm {
-		case limiter.TokenBucket:
-			cs.Tokens = &s.Tokens
-			switch {
-			case lz.Queues():
-				if cs.Queue, err = t.queueState(ctx, lz, lk, s.Now); err != nil {
-					return redisError(err)
-				}
-			case lz.MaxWait > 0:
-				wait := ceilMs(s.Wait)
-				cs.WaitMs = &wait
-			}
-		case limiter.SlidingWindowCounter:
-			cs.Count, cs.Estimate = &s.Count, &s.Estimate
-		case limiter.FixedWindow:
-			cs.Count = &s.Count
-			cs.WindowStart, cs.WindowEnd = s.WindowStart.UTC().Format(time.RFC3339Nano), s.WindowEnd.UTC().Format(time.RFC3339Nano)
-		case limiter.Concurrency:
-			cs.Count = &s.Count
-			if err := t.slotsState(ctx, lz, lk, s.Now, &cs); err != nil {
-				return redisError(err)
-			}
-		case limiter.SlidingWindow:
-			cs.Count = &s.Count
-		default:
-			return fmt.Errorf("zone %s: unknown algorithm %v", t.z.Name, lz.Algorithm)
+			return err
 		}
 		out = append(out, cs)
+		read++
+	}
+	if read == 0 && first != nil {
+		return first
 	}
 	return writeJSON(w, out)
+}
+
+// clientState reads the state of client lk in t's zone with parameters lz (numbers: those from
+// placeholders, for the reply); errors are the admin API's.
+func (t target) clientState(ctx context.Context, lz *limiter.Zone, numbers *stateNumbers, lk string) (clientState, error) {
+	s, err := t.h.limiter.State(ctx, lz, lk)
+	if err != nil {
+		return clientState{}, redisError(err)
+	}
+	if !s.Override.IsZero() {
+		oz := s.Override.Apply(lz)
+		lz = &oz
+		numbers = &stateNumbers{Capacity: lz.Capacity, RefillRate: lz.RefillRate, Limit: lz.Limit, WindowMs: lz.Window.Milliseconds(), Override: true}
+	}
+	cs := clientState{
+		clientEntry: t.entry(s.Key), Algorithm: lz.Algorithm.String(), Limit: lz.Quota(), Numbers: numbers,
+		Exists: s.Exists, Remaining: s.Remaining, RetryAfterMs: ceilMs(s.RetryAfter), TTLMs: s.TTL.Milliseconds(),
+	}
+	setBlockState(&cs, lz, s.Block)
+	switch lz.Algorithm {
+	case limiter.TokenBucket:
+		cs.Tokens = &s.Tokens
+		switch {
+		case lz.Queues():
+			if cs.Queue, err = t.queueState(ctx, lz, lk, s.Now); err != nil {
+				return clientState{}, redisError(err)
+			}
+		case lz.MaxWait > 0:
+			wait := ceilMs(s.Wait)
+			cs.WaitMs = &wait
+		}
+	case limiter.SlidingWindowCounter:
+		cs.Count, cs.Estimate = &s.Count, &s.Estimate
+	case limiter.FixedWindow:
+		cs.Count = &s.Count
+		cs.WindowStart, cs.WindowEnd = s.WindowStart.UTC().Format(time.RFC3339Nano), s.WindowEnd.UTC().Format(time.RFC3339Nano)
+	case limiter.Concurrency:
+		cs.Count = &s.Count
+		if err := t.slotsState(ctx, lz, lk, s.Now, &cs); err != nil {
+			return clientState{}, redisError(err)
+		}
+	case limiter.SlidingWindow:
+		cs.Count = &s.Count
+	default:
+		return clientState{}, fmt.Errorf("zone %s: unknown algorithm %v", t.z.Name, lz.Algorithm)
+	}
+	return cs, nil
 }
 
 // slotsState sets the slots in flight of a concurrency zone's client lk in cs, and its queue's
@@ -588,8 +621,7 @@ func (r *registry) targets(name string) []target {
 	defer r.mu.RUnlock()
 	var ts []target
 	for h := range r.handlers {
-		addrs := h.client.addrs
-		id := fmt.Sprintf("%q|%q|%d", addrs, h.Redis.Sentinel, h.Redis.DB)
+		addrs, id := h.client.addrs, h.redisID()
 		for _, z := range h.Zones {
 			if name == "" || z.Name == name {
 				ts = append(ts, target{h: h, z: z, redis: addrs, redisID: id})

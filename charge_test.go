@@ -46,7 +46,6 @@ import (
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/caddytest"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/llmtest"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
-	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/repocheck"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/usage"
 )
 
@@ -1137,17 +1136,9 @@ func TestChargeClientLeavesBeforeResponse(t *testing.T) {
 // used. A request is charged its usage; "stream" as 1, "yes" or "True" is read as the upstream
 // reads it, so the request is asked for the usage; a body over 1 MiB (whitespace) is not
 // rewritten, and its stream without usage is charged the example's missing amount, which must
-// then be at least the largest total (in the tokens zone, whose max_cost is below it, 100,000).
+// then be at least the largest total (in the openai_tokens zone, whose max_cost is below it, 100,000).
 func TestChargeDocsLLMExample(t *testing.T) {
-	var site string
-	for _, b := range repocheck.DocBlocks(t, "caddyfile") {
-		if strings.HasPrefix(b.Where, "docs/charging.md:") && strings.HasPrefix(b.Text, "llm.example.com {") {
-			site = b.Text
-		}
-	}
-	if site == "" {
-		t.Fatal("docs/charging.md has no Caddyfile example of site llm.example.com")
-	}
+	site := docExample(t, "docs/charging.md", func(text string) bool { return strings.HasPrefix(text, "llm.example.com {") })
 	srv := redistest.Start(t)
 	var mu sync.Mutex
 	var got []byte // the body the upstream last received
@@ -1208,7 +1199,9 @@ func TestChargeDocsLLMExample(t *testing.T) {
 			if asked != tc.rewritten {
 				t.Fatalf("the upstream was asked for the usage: %t, want %t", asked, tc.rewritten)
 			}
-			charged(t, srv, tc.name, key, 100000)
+			if u := srv.BucketUsed(t, "rl:{"+key+"}:openai_tokens:tb"); u > 100000 || u < 100000-2 {
+				t.Fatalf("%s: charged %v, want 100000", tc.name, u)
+			}
 		})
 	}
 }

@@ -231,6 +231,9 @@ type Handler struct {
 	grpcStatus bool
 	poolKey    string // the key of this handler's reference in clients; "" when it holds none
 	logger     *zap.Logger
+	// configDone is the done channel of the Caddy context h was provisioned in: the same for
+	// every handler of one config (warnSharedZones).
+	configDone <-chan struct{}
 	// waiting holds the places of the requests held for a max_wait, and of those being decided
 	// that may be: never more than MaxWaiting, nor more than a client's share (waiting.go).
 	waiting *waitingRoom
@@ -334,7 +337,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.live == nil {
 		h.live = handlers
 	}
+	h.configDone = ctx.Done()
 	h.live.add(h) // for the admin API
+	h.live.warnSharedZones(h, h.configDone)
 	return nil
 }
 

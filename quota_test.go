@@ -380,3 +380,22 @@ func TestQuotaOnCluster(t *testing.T) {
 		t.Fatalf("the clients' keys are on %d node, want several", len(nodes))
 	}
 }
+
+// TestQuotaDocsExampleProbing: caddyfile.md's quota endpoint example, as written there: its own
+// zone is keyed on the client's address, so a client that sends a new X-API-Key with every read
+// is held to the endpoint's 5 reads a minute like one that keeps its key.
+func TestQuotaDocsExampleProbing(t *testing.T) {
+	block := docExample(t, "docs/caddyfile.md", func(text string) bool {
+		return strings.Contains(text, "quota_endpoint /rate-limit/quota quota")
+	})
+	srv := redistest.Start(t)
+	block = strings.Replace(block, "rate_limit_redis {", "rate_limit_redis {\n\tredis {\n\t\taddress "+srv.Addr+"\n\t}", 1)
+	site := caddytest.Start(t, block+"\nrespond ok\n")
+	var got []string
+	for i := range 8 {
+		got = append(got, strconv.Itoa(site.Get("/rate-limit/quota", "X-API-Key", "probe"+strconv.Itoa(i)).Status))
+	}
+	if s := strings.Join(got, " "); s != "200 200 200 200 200 429 429 429" {
+		t.Fatalf("8 reads with a fresh X-API-Key each: %s, want 200 ×5 then 429", s)
+	}
+}

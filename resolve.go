@@ -76,6 +76,7 @@ func (h *Handler) resolve(r *http.Request, repl *caddy.Replacer, skip int, reqs 
 			case EmptyKeyDeny:
 				return nil, nil, false, &resolveError{z, resolveEmptyKey, errors.New("empty client key")}
 			}
+			h.warnEmptyKey(z)
 		}
 		lz, err := z.numbers(repl)
 		if err != nil {
@@ -282,4 +283,17 @@ func (z *Zone) cost(repl *caddy.Replacer) (int64, error) {
 		return 0, errCost
 	}
 	return n, nil
+}
+
+// warnEmptyKey logs, at most once a minute per zone, that charging zone z decides a request
+// under its one shared empty key (empty_key shared): every client whose key placeholders are
+// all empty then spends one budget, which one of them can use up for all. Zones without charge
+// are left to empty_key_total.
+func (h *Handler) warnEmptyKey(z *Zone) {
+	if z.Charge == nil || !onceAMinute(z.emptyKeyLogged) {
+		return
+	}
+	if c := h.logger.Check(zapcore.WarnLevel, "rate limit charging zone decided with an empty key: every such client shares one budget; key on every field your clients send the key in, or set empty_key deny (logged at most once a minute per zone)"); c != nil {
+		c.Write(zap.String("zone", z.Name), zap.Strings("key", z.Key))
+	}
 }

@@ -285,6 +285,9 @@ type Zone struct {
 	// shadowLogged is when a request last left this shadow zone out (Unix ns): logged at most
 	// once a minute (shadowUnresolved).
 	shadowLogged *atomic.Int64
+	// emptyKeyLogged is when a charging zone last decided with an empty key (Unix ns): logged
+	// at most once a minute (warnEmptyKey).
+	emptyKeyLogged *atomic.Int64
 
 	// Formatted once for the hot path: the quota (X-RateLimit-Limit), the quoted name and the
 	// RateLimit-Policy value, and the errors of a denial.
@@ -295,6 +298,7 @@ type Zone struct {
 func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger, in inherited) error {
 	z.inherit(in)
 	z.shadowLogged = new(atomic.Int64)
+	z.emptyKeyLogged = new(atomic.Int64)
 	if len(z.Key) == 0 {
 		z.Key = []string{DefaultKey}
 	}
