@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -160,4 +161,127 @@ func TestQueuePlacesLiteralKey(t *testing.T) {
 	if o := up.order(); len(o) != 5 || o[1] != "Bearer sk-interactive-1" {
 		t.Fatalf("upstream order %q, want the interactive client first after the holder", o)
 	}
+}
+
+// TestQueuePlacesLiteralKeyTokenBucket: the same with docs/queues.md's token bucket queue
+// (capacity 1, refilled 1 a second): the batch client spends the token and sends 25 more; it
+// holds 2 places and 23 get 429, and an interactive client and another batch client arriving
+// then wait and are served, the interactive one first.
+func TestQueuePlacesLiteralKeyTokenBucket(t *testing.T) {
+	srv := redistest.Start(t)
+	up := &arrivals{gate: make(chan struct{})}
+	close(up.gate)
+	hs := httptest.NewServer(up)
+	t.Cleanup(hs.Close)
+	s := caddytest.Start(t, llmQueueSite(srv.Addr, "capacity 1\n\t\t\trefill_rate 1", hs.URL))
+	batch := from(t, s.Base, 2, "sk-batch-a")
+	if a := <-batch(); a.status != 200 {
+		t.Fatalf("the token: %d", a.status)
+	}
+	var flood []<-chan answer
+	for range 25 {
+		flood = append(flood, batch())
+	}
+	var rest []<-chan answer
+	got := map[int]int{}
+	redistest.WaitFor(t, 10*time.Second, "23 of the flood refused", func() bool {
+		rest = rest[:0]
+		for _, c := range flood {
+			select {
+			case a := <-c:
+				got[a.status]++
+			default:
+				rest = append(rest, c)
+			}
+		}
+		flood = append(flood[:0], rest...)
+		return got[429] >= 23
+	})
+	if got[429] != 23 || len(flood)+got[200] != 2 {
+		t.Fatalf("the flood: %v and %d unanswered, want 23 x 429 and 2 waiting (or served)", got, len(flood))
+	}
+	interactive := from(t, s.Base, 3, "sk-interactive-1")()
+	other := from(t, s.Base, 4, "sk-batch-b")()
+	if got := collectAnswers(t, append(flood, interactive, other)); got[200] != len(flood)+2 {
+		t.Fatalf("the flood's waiters, the interactive and the other batch client: %v, want all 200", got)
+	}
+	o := up.order()
+	for i, a := range o[1:] {
+		if a == "Bearer sk-interactive-1" {
+			break
+		}
+		if a == "Bearer sk-batch-b" {
+			t.Fatalf("upstream order %q: the other batch client (%d) before the interactive one", o, i+1)
+		}
+	}
+}
+
+// TestQueueEvictsNewestLowest: the room of max_waiting 20 is full of batch waiters (10
+// clients, 2 each) behind the one slot. Another batch client is refused at once (429); an
+// interactive client takes the place of the newest batch waiter, which is answered 429 with
+// Retry-After, counted as evicted, and leaves the queue in Redis; the interactive client is
+// served first, then the 19 batch waiters.
+func TestQueueEvictsNewestLowest(t *testing.T) {
+	srv := redistest.Start(t)
+	up := &arrivals{gate: make(chan struct{})}
+	hs := httptest.NewServer(up)
+	t.Cleanup(hs.Close)
+	opened := false
+	open := func() {
+		if !opened {
+			opened = true
+			close(up.gate)
+		}
+	}
+	t.Cleanup(open)
+	ac := startCaddyAdmin(t, llmQueueSite(srv.Addr, "algorithm concurrency\n\t\t\tlimit 1", hs.URL))
+	base := ac.Site.Base
+	holder := from(t, base, 2, "sk-holder")()
+	redistest.WaitFor(t, 5*time.Second, "the slot taken", func() bool { return len(up.order()) == 1 })
+	waiters := "rl:{llm-upstream}:llm:cc:ql"
+	var batch []<-chan answer
+	for i := range 20 {
+		batch = append(batch, from(t, base, 10+i/2, "sk-batch-"+fmt.Sprint(i/2))())
+		redistest.WaitFor(t, 5*time.Second, "the batch waiter in the queue", func() bool {
+			n, _ := srv.Do("ZCARD", waiters).(int64)
+			return n == int64(i+1)
+		})
+	}
+	if a := <-from(t, base, 40, "sk-batch-late")(); a.status != 429 {
+		t.Fatalf("a batch client finding the room full: %d, want 429", a.status)
+	}
+	reg := activeRegistry(t)
+	before := metricValue(t, reg, metricDecisions, "zone", "llm", "result", "evicted")
+	interactive := from(t, base, 41, "sk-interactive-1")()
+	select {
+	case a := <-batch[19]:
+		if a.status != 429 || a.retryAfter == "" {
+			t.Fatalf("the newest batch waiter: %+v, want 429 with Retry-After", a)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the newest batch waiter was not evicted")
+	}
+	if got := metricValue(t, reg, metricDecisions, "zone", "llm", "result", "evicted"); got != before+1 {
+		t.Fatalf("evicted: %v, want %v", got, before+1)
+	}
+	redistest.WaitFor(t, 5*time.Second, "19 batch waiters and the interactive one in the queue", func() bool {
+		n, _ := srv.Do("ZCARD", waiters).(int64)
+		return n == 20
+	})
+	open()
+	if got := collectAnswers(t, append(batch[:19], holder, interactive)); got[200] != 21 {
+		t.Fatalf("the holder, 19 batch waiters and the interactive client: %v, want 21 x 200", got)
+	}
+	o := up.order()
+	if len(o) != 21 || o[1] != "Bearer sk-interactive-1" {
+		t.Fatalf("upstream order %q: want 21 requests, the interactive client first after the holder", o)
+	}
+	if n := slices.Index(o, "Bearer sk-batch-9"); n < 0 || slices.Index(o[n+1:], "Bearer sk-batch-9") >= 0 {
+		t.Fatalf("upstream order %q: want sk-batch-9 once (its first waiter), its evicted one never granted", o)
+	}
+	redistest.WaitFor(t, 5*time.Second, "the queue empty", func() bool {
+		n, _ := srv.Do("ZCARD", waiters).(int64)
+		c, _ := srv.Do("ZCARD", "rl:{llm-upstream}:llm:cc").(int64)
+		return n == 0 && c == 0
+	})
 }
