@@ -931,3 +931,54 @@ func turns(t *testing.T, srv *redistest.Server, z *limiter.Zone, client string, 
 	}
 	return out
 }
+
+// TestWaitingRoomEvicts: a full room of 3, two of its places lowest-class queue waiters (seats)
+// and one not: a lowest-class request is refused; a higher one evicts the newest lowest seat
+// (its channel closes), not one claiming its grant, and the evicted one's leave does not give
+// its place back twice: the room counts 3 until the others leave, then 0.
+func TestWaitingRoomEvicts(t *testing.T) {
+	w := newWaitingRoom(3)
+	places := make([]waitingPlace, 4)
+	keys := func(i int) []waitingKey { return []waitingKey{{"", strconv.Itoa(i)}} }
+	seats := make([]*seat, 4)
+	for i := range 3 {
+		if !w.enter(context.Background(), keys(i), true) {
+			t.Fatalf("request %d gets no place", i)
+		}
+		places[i] = placeDeciding
+		w.hold(keys(i), &places[i])
+		seats[i] = w.sit(i < 2) // 0 and 1 lowest, 2 not
+	}
+	w.claiming(seats[1], true)
+	if w.enter(context.Background(), keys(3), true) {
+		t.Fatal("a lowest-class request got a place in a full room")
+	}
+	if !w.enter(context.Background(), keys(3), false) {
+		t.Fatal("a higher-class request got no place in a room with a lowest-class waiter")
+	}
+	places[3] = placeDeciding
+	select {
+	case <-seats[0].evict:
+	default:
+		t.Fatal("the newest lowest waiter not claiming (0) was not evicted")
+	}
+	if w.claiming(seats[1], false) != true || seats[2].evicted || w.held() != 3 {
+		t.Fatalf("after the eviction: seat 1 evicted %t, seat 2 evicted %t, %d places taken, want false, false, 3", seats[1].evicted, seats[2].evicted, w.held())
+	}
+	if w.enter(context.Background(), keys(4), false) != true {
+		t.Fatal("a second higher-class request did not evict the other lowest waiter (1)")
+	}
+	if w.enter(context.Background(), keys(5), false) {
+		t.Fatal("a higher-class request got a place with no lowest-class waiter left")
+	}
+	places = append(places, placeDeciding)
+	for i, s := range []*seat{seats[0], seats[1], seats[2], nil, nil} {
+		if s != nil {
+			w.stand(s)
+		}
+		w.leave(keys(i), &places[i], s)
+	}
+	if n := w.held(); n != 0 {
+		t.Fatalf("%d places taken after everyone left, want 0", n)
+	}
+}
