@@ -57,6 +57,18 @@ func (a *arrivals) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	<-a.gate
 }
 
+// gatedArrivals starts an arrivals upstream, and returns it, its server, and open, which opens
+// its gate (once; also at the test's end).
+func gatedArrivals(t *testing.T) (*arrivals, *httptest.Server, func()) {
+	up := &arrivals{gate: make(chan struct{})}
+	hs := httptest.NewServer(up)
+	t.Cleanup(hs.Close)
+	var once sync.Once
+	open := func() { once.Do(func() { close(up.gate) }) }
+	t.Cleanup(open)
+	return up, hs, open
+}
+
 // order returns the Authorizations seen so far.
 func (a *arrivals) order() []string {
 	a.mu.Lock()
@@ -114,17 +126,7 @@ func collectAnswers(t *testing.T, chans []<-chan answer) map[int]int {
 // then wait and are served (200), the interactive one first.
 func TestQueuePlacesLiteralKey(t *testing.T) {
 	srv := redistest.Start(t)
-	up := &arrivals{gate: make(chan struct{})}
-	hs := httptest.NewServer(up)
-	t.Cleanup(hs.Close)
-	opened := false
-	open := func() {
-		if !opened {
-			opened = true
-			close(up.gate)
-		}
-	}
-	t.Cleanup(open)
+	up, hs, open := gatedArrivals(t)
 	s := caddytest.Start(t, llmQueueSite(srv.Addr, "algorithm concurrency\n\t\t\tlimit 1", hs.URL))
 	batch := from(t, s.Base, 2, "sk-batch-a")
 	holder := batch()
@@ -223,17 +225,7 @@ func TestQueuePlacesLiteralKeyTokenBucket(t *testing.T) {
 // served first, then the 19 batch waiters.
 func TestQueueEvictsNewestLowest(t *testing.T) {
 	srv := redistest.Start(t)
-	up := &arrivals{gate: make(chan struct{})}
-	hs := httptest.NewServer(up)
-	t.Cleanup(hs.Close)
-	opened := false
-	open := func() {
-		if !opened {
-			opened = true
-			close(up.gate)
-		}
-	}
-	t.Cleanup(open)
+	up, hs, open := gatedArrivals(t)
 	ac := startCaddyAdmin(t, llmQueueSite(srv.Addr, "algorithm concurrency\n\t\t\tlimit 1", hs.URL))
 	base := ac.Site.Base
 	holder := from(t, base, 2, "sk-holder")()
