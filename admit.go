@@ -37,7 +37,7 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 		slotsTaken(h, f.reqs) // given back by the settlement, on every way out
 	}
 	if d.Delay > 0 && !h.DryRun {
-		h.holdWaiting(&f.placed, f.reqs)
+		h.holdWaiting(f)
 		if err := h.hold(r.Context(), d.Delay, &f.outcome); err != nil {
 			if d.Held != nil {
 				// Settled as the 499 it is (count_status gives it back unless it lists 499;
@@ -48,7 +48,7 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 			return err
 		}
 	}
-	h.leaveWaiting(&f.placed, f.reqs)
+	h.leaveWaiting(f)
 	if d.Held != nil {
 		if !h.DryRun && !f.degraded {
 			h.capOutput(r, f.repl, f.reqs)

@@ -81,7 +81,7 @@ func (h *Handler) failed(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	if h.degradedHeader {
 		w.Header()[hdrDegraded] = []string{"true"}
 	}
-	h.leaveWaiting(&f.placed, f.reqs)
+	h.leaveWaiting(f)
 	return true, next.ServeHTTP(w, r)
 }
 

@@ -36,6 +36,8 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, next caddyhttp.Ha
 		z.decisions[resultBlocked].Inc()
 	case f.waitTimeout:
 		z.decisions[resultWaitTimeout].Inc()
+	case f.evicted:
+		z.decisions[resultEvicted].Inc()
 	default:
 		z.decisions[resultDenied].Inc()
 	}

@@ -47,7 +47,7 @@ var (
 //
 // A request admitted with a delay (a zone's max_wait) is held here for it, then passed on; a
 // client that goes away meanwhile ends it at once with 499. At most MaxWaiting requests are
-// held at once (see takeWaitingPlace); dry_run never holds.
+// held at once (see placeForWait); dry_run never holds.
 //
 // A request to the quota endpoint (quota_endpoint) is answered by serveQuota instead.
 //
@@ -78,7 +78,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if shaping && !h.DryRun {
 		h.placeForWait(r, f)
 	}
-	defer h.leaveWaiting(&f.placed, f.reqs)
+	defer h.leaveWaiting(f)
 	if done, err := h.decideFlight(w, r, next, f); done {
 		return err
 	}
@@ -97,7 +97,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if f.d.Allowed {
 		return h.admit(w, r, next, f)
 	}
-	h.leaveWaiting(&f.placed, f.reqs)
+	h.leaveWaiting(f)
 	return h.deny(w, r, next, f)
 }
 
@@ -121,14 +121,19 @@ type flight struct {
 	// its Zone is an index of reqs either way.
 	d       limiter.Decision
 	decided []limiter.Request
-	// placed is the request's waiting place (waiting.go); noWait is set when it is decided
-	// without max_wait, no place being left for it.
-	placed waitingPlace
-	noWait bool
+	// placed is the request's waiting place (waiting.go), of its client identities waitKeys,
+	// and seat its place among a queue's waiters while it waits in one; noWait is set when it
+	// is decided without max_wait, no place being left for it.
+	placed      waitingPlace
+	waitKeys    []waitingKey
+	waitKeysBuf [1]waitingKey
+	seat        *seat
+	noWait      bool
 	// queued is how long the request waited in a queue (queue.go); waitTimeout is set when it
-	// waited its max_wait out.
+	// waited its max_wait out, evicted when a higher class took its waiting place.
 	queued      time.Duration
 	waitTimeout bool
+	evicted     bool
 }
 
 // newFlight returns the flight of a request whose zones resolved to reqs and shown, its
@@ -140,17 +145,6 @@ func newFlight(repl *caddy.Replacer, reqs []limiter.Request, shown []string) *fl
 	f.decided = f.reqs
 	f.outcome.publish(repl)
 	return f
-}
-
-// placeForWait takes a waiting place for a request that may be held, before it is decided, so
-// that no more than MaxWaiting are ever held; with none left for it (or its client's share of
-// them taken: waiting.go) it is decided without waiting.
-func (h *Handler) placeForWait(r *http.Request, f *flight) {
-	f.placed = h.takeWaitingPlace(r.Context(), f.reqs)
-	f.noWait = f.placed == placeNone
-	for i := range f.reqs {
-		f.reqs[i].NoWait = f.noWait
-	}
 }
 
 // count adds one decision with result res to every zone of reqs.

@@ -87,10 +87,11 @@ const (
 	resultDelayed                    // Redis admitted it to be held for a max_wait (in dry_run: not held)
 	resultBlocked                    // the zone's block refused it (429): the client was in its penalty box already
 	resultWaitTimeout                // it waited in the zone's queue for max_wait, and got no slot (429)
+	resultEvicted                    // it waited in the zone's queue, and a higher class took its waiting place (429)
 	numResults
 )
 
-var resultNames = [numResults]string{"allowed", "denied", "dry_run_denied", "fail_open", "fail_closed", "local", "local_denied", "delayed", "blocked", "wait_timeout"}
+var resultNames = [numResults]string{"allowed", "denied", "dry_run_denied", "fail_open", "fail_closed", "local", "local_denied", "delayed", "blocked", "wait_timeout", "evicted"}
 
 func (r result) String() string { return resultNames[r] }
 
@@ -119,7 +120,7 @@ func initMetrics() {
 			Help: "Requests denied from the in-process deny cache, without a Redis call.",
 		}))
 		m.decisions = newCounterVec("decisions_total",
-			"Rate limit decisions by zone and result: allowed, delayed, denied, blocked, wait_timeout, dry_run_denied, fail_open, fail_closed, local, local_denied (wait_timeout: waited in the zone's queue for max_wait without a slot; blocked: refused by the zone's penalty box, started by an earlier denial; dry_run_denied: a lower bound while an enforced zone denies, since a request refused from the deny cache decides no shadow zone). An admitted request counts in every zone that applied, a denied one in the denying zone only.", "zone", "result")
+			"Rate limit decisions by zone and result: allowed, delayed, denied, blocked, wait_timeout, evicted, dry_run_denied, fail_open, fail_closed, local, local_denied (wait_timeout: waited in the zone's queue for max_wait without a slot; evicted: waited in the zone's queue as its lowest priority class, and a request of a higher class took its waiting place when every place was taken; blocked: refused by the zone's penalty box, started by an earlier denial; dry_run_denied: a lower bound while an enforced zone denies, since a request refused from the deny cache decides no shadow zone). An admitted request counts in every zone that applied, a denied one in the denying zone only.", "zone", "result")
 		m.redisDuration = collect(prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: namespace, Subsystem: subsystem, Name: "redis_duration_seconds",
 			Help:    "Seconds each decision's Redis call took, whether Redis answered or not.",

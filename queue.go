@@ -25,7 +25,8 @@ import (
 // queue in Redis (limiter.Enqueue) instead of a 429, up to max_wait, and takes the next slot
 // (or tokens) its turn gets, across every instance: by priority class (Priority), then in
 // arrival order. Granted, it is decided again with its claim (every zone, all-or-nothing), then
-// served as any admitted request; at max_wait it is refused with 429 (result wait_timeout); a
+// served as any admitted request; at max_wait it is refused with 429 (result wait_timeout), and
+// so is a lowest-class waiter whose waiting place a higher class takes (result evicted); a
 // client that leaves ends its wait at once with 499 and takes nothing. A token bucket request
 // whose tokens would not come within max_wait even first in line is refused at once, as
 // without a queue. See docs/queues.md.
@@ -153,7 +154,7 @@ func (h *Handler) waitInQueue(w http.ResponseWriter, r *http.Request, next caddy
 	rq := f.reqs[at]
 	z := h.Zones[rq.Tag]
 	start := time.Now()
-	h.holdWaiting(&f.placed, f.reqs)
+	h.holdWaiting(f)
 	if q := z.queue; q != nil {
 		q.waiters[rq.Class].Inc()
 		defer q.waiters[rq.Class].Dec()
@@ -168,15 +169,27 @@ func (h *Handler) waitInQueue(w http.ResponseWriter, r *http.Request, next caddy
 	if q := z.queue; q != nil {
 		defer func() { q.waits[rq.Class].Observe(time.Since(start).Seconds()) }()
 	}
+	if f.placed == placeHeld {
+		f.seat = h.waiting.sit(rq.Class >= len(rq.Zone.Classes)-1)
+		defer h.waiting.stand(f.seat)
+	}
 	timer := time.NewTimer(time.Until(start.Add(rq.Zone.MaxWait)))
 	defer timer.Stop()
 	for {
 		select {
 		case <-waiter.Ready():
+			if f.seat != nil && !h.waiting.claiming(f.seat, true) {
+				return h.evicted(z, f, start), nil
+			}
 			if done, again, err := h.claim(w, r, next, f, at, waiter); !again {
 				f.queued = time.Since(start)
 				return done, err
 			}
+			if f.seat != nil && !h.waiting.claiming(f.seat, false) {
+				return h.evicted(z, f, start), nil
+			}
+		case <-f.seatEvicted():
+			return h.evicted(z, f, start), nil
 		case <-r.Context().Done():
 			f.queued = time.Since(start)
 			h.logQueue("client left while waiting in the queue", z, f)
@@ -186,6 +199,24 @@ func (h *Handler) waitInQueue(w http.ResponseWriter, r *http.Request, next caddy
 			return false, nil
 		}
 	}
+}
+
+// evicted ends the wait of f's request, whose waiting place a request of a higher class took
+// (waitingRoom): it is denied (429, result evicted) and leaves the queue (waitInQueue's
+// leaveQueue), so it is not granted afterwards. done is false: the caller denies it.
+func (h *Handler) evicted(z *Zone, f *flight, start time.Time) (done bool) {
+	f.queued, f.evicted = time.Since(start), true
+	h.logQueue("a higher class took the waiting place of a request in the queue", z, f)
+	return false
+}
+
+// seatEvicted is closed when f's request, waiting in a queue, is evicted; nil (never ready)
+// when it has no seat.
+func (f *flight) seatEvicted() <-chan struct{} {
+	if f.seat == nil {
+		return nil
+	}
+	return f.seat.evict
 }
 
 // errLeftWhileQueued ends (as a 499) a request whose client went away while it waited in a

@@ -147,28 +147,42 @@ func TestShapingFairShare(t *testing.T) {
 }
 
 // TestShapingFairShareLiteralKey: a zone keyed on a literal (one bucket for the whole site)
-// tells no clients apart, so its one key is not limited to a share: with max_waiting 20, 5
-// requests are held at once, not 2.
+// tells no clients apart, so places are counted per client address instead: with max_waiting
+// 20 (a share of 2), 5 requests from one address hold 2 places and the other 3 get 429, and 5
+// requests from 5 addresses are all held.
 func TestShapingFairShareLiteralKey(t *testing.T) {
 	srv := redistest.Start(t)
 	h := provisioned(t, &Handler{Redis: &RedisConfig{Addresses: []string{srv.Addr}}, MaxWaiting: new(20), Zones: []*Zone{{
 		Name: "shapesite", Key: []string{"site"}, Capacity: NumberOf(1), RefillRate: NumberOf(1), MaxWait: new(caddy.Duration(10 * time.Second)),
 	}}})
 	serveTimed(h, clientRequest("a")) // the token
-	ctx, cancel := context.WithCancel(context.Background())
-	results := make(chan timed, 5)
-	for i := range 5 {
-		go func() { results <- serveTimed(h, clientRequest(strconv.Itoa(i)).WithContext(ctx)) }()
-	}
-	redistest.WaitFor(t, 5*time.Second, "5 requests held", func() bool { return h.waiting.held() == 5 || len(results) > 0 })
-	cancel()
-	for range 5 {
-		if r := <-results; r.status != 499 {
-			t.Fatalf("a request of the site-wide zone: %d, want held (then 499 when its client left)", r.status)
+	for _, tc := range []struct {
+		addrs      int // the 5 requests come from this many addresses
+		held, r429 int
+	}{{1, 2, 3}, {5, 5, 0}} {
+		ctx, cancel := context.WithCancel(context.Background())
+		results := make(chan timed, 5)
+		for i := range 5 {
+			r := clientRequest(strconv.Itoa(i)).WithContext(ctx)
+			r.RemoteAddr = "192.0.2." + strconv.Itoa(1+i%tc.addrs) + ":1234"
+			go func() { results <- serveTimed(h, r) }()
 		}
-	}
-	if n := h.waiting.held(); n != 0 {
-		t.Fatalf("%d places taken after the clients left, want 0", n)
+		got := map[int]int{}
+		redistest.WaitFor(t, 5*time.Second, "the refused answered and the others held", func() bool {
+			for len(results) > 0 {
+				got[(<-results).status]++
+			}
+			return got[429] == tc.r429 && h.waiting.held() == tc.held
+		})
+		cancel()
+		for range tc.held {
+			if r := <-results; r.status != 499 {
+				t.Fatalf("%d addresses: a held request: %d, want 499 when its client left", tc.addrs, r.status)
+			}
+		}
+		if n := h.waiting.held(); n != 0 {
+			t.Fatalf("%d places taken after the clients left, want 0", n)
+		}
 	}
 }
 
@@ -181,43 +195,43 @@ func TestWaitingRoomShare(t *testing.T) {
 	k := []waitingKey{{"z", "alice"}}
 	a, b := placeDeciding, placeDeciding
 	for i := range 2 {
-		if !w.enter(context.Background(), k) {
+		if !w.enter(context.Background(), k, true) {
 			t.Fatalf("alice's request %d gets no place", i+1)
 		}
 	}
 	third := make(chan bool, 1)
-	go func() { third <- w.enter(context.Background(), k) }()
+	go func() { third <- w.enter(context.Background(), k, true) }()
 	w.hold(k, &a) // held: the place stays alice's
 	select {
 	case ok := <-third:
 		t.Fatalf("the third request got an answer (%t) while alice's share was taken", ok)
 	case <-time.After(50 * time.Millisecond): // checking that nothing happens
 	}
-	w.leave(k, &b) // decided not to be held: its place goes to the third
+	w.leave(k, &b, nil) // decided not to be held: its place goes to the third
 	if !<-third {
 		t.Fatal("the third request got no place after a request of alice's share left")
 	}
 	c := placeDeciding
 	w.hold(k, &c)
-	if w.enter(context.Background(), k) {
+	if w.enter(context.Background(), k, true) {
 		t.Fatal("a fourth request got a place while alice's share is held")
 	}
-	if !w.enter(context.Background(), []waitingKey{{"z", "bob"}}) {
+	if !w.enter(context.Background(), []waitingKey{{"z", "bob"}}, true) {
 		t.Fatal("bob gets no place while alice holds her share")
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	left := make(chan bool, 1)
-	go func() { left <- w.enter(ctx, []waitingKey{{"z", "bob"}, {"ip", "b"}}) }() // bob's share: 1 deciding, 1 more
+	go func() { left <- w.enter(ctx, []waitingKey{{"z", "bob"}, {"ip", "b"}}, true) }() // bob's share: 1 deciding, 1 more
 	if !<-left {
 		t.Fatal("bob's second request got no place")
 	}
-	go func() { left <- w.enter(ctx, []waitingKey{{"z", "bob"}}) }()
+	go func() { left <- w.enter(ctx, []waitingKey{{"z", "bob"}}, true) }()
 	cancel()
 	if <-left {
 		t.Fatal("a request waiting for bob's decisions got a place after its context ended")
 	}
 	for i := range 20 {
-		w.enter(context.Background(), []waitingKey{{"z", "c" + strconv.Itoa(i)}})
+		w.enter(context.Background(), []waitingKey{{"z", "c" + strconv.Itoa(i)}}, true)
 	}
 	if n := w.held(); n != 20 {
 		t.Fatalf("%d places taken, want the room's 20", n)
@@ -773,7 +787,7 @@ func TestShapingCostPerHeldRequest(t *testing.T) {
 		timeout 10s # a loaded machine must not make a decision fail open: every request is to be held
 		max_waiting %d
 		zone shapecost {
-			key all # one bucket for every request: no client's share of max_waiting applies (waiting.go)
+			key all # one bucket for every request: places are counted per client address (waiting.go)
 			capacity 1000
 			refill_rate 50
 			max_wait 1m
@@ -803,7 +817,10 @@ func TestShapingCostPerHeldRequest(t *testing.T) {
 	g0, b0 := measure()
 	conns := make([]net.Conn, n)
 	for i := range conns {
-		c, err := net.Dial("tcp", strings.TrimPrefix(cs.Base, "http://"))
+		// From 10 loopback addresses: places are counted per client address (a share of 30
+		// each of max_waiting 300), so that all n are held.
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, byte(2+i%10))}}
+		c, err := d.Dial("tcp", strings.TrimPrefix(cs.Base, "http://"))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -913,4 +930,55 @@ func turns(t *testing.T, srv *redistest.Server, z *limiter.Zone, client string, 
 		out[k] = time.UnixMicro(ts).Add(time.Duration(drain / z.RefillRate * float64(time.Second)))
 	}
 	return out
+}
+
+// TestWaitingRoomEvicts: a full room of 3, two of its places lowest-class queue waiters (seats)
+// and one not: a lowest-class request is refused; a higher one evicts the newest lowest seat
+// (its channel closes), not one claiming its grant, and the evicted one's leave does not give
+// its place back twice: the room counts 3 until the others leave, then 0.
+func TestWaitingRoomEvicts(t *testing.T) {
+	w := newWaitingRoom(3)
+	places := make([]waitingPlace, 4)
+	keys := func(i int) []waitingKey { return []waitingKey{{"", strconv.Itoa(i)}} }
+	seats := make([]*seat, 4)
+	for i := range 3 {
+		if !w.enter(context.Background(), keys(i), true) {
+			t.Fatalf("request %d gets no place", i)
+		}
+		places[i] = placeDeciding
+		w.hold(keys(i), &places[i])
+		seats[i] = w.sit(i < 2) // 0 and 1 lowest, 2 not
+	}
+	w.claiming(seats[1], true)
+	if w.enter(context.Background(), keys(3), true) {
+		t.Fatal("a lowest-class request got a place in a full room")
+	}
+	if !w.enter(context.Background(), keys(3), false) {
+		t.Fatal("a higher-class request got no place in a room with a lowest-class waiter")
+	}
+	places[3] = placeDeciding
+	select {
+	case <-seats[0].evict:
+	default:
+		t.Fatal("the newest lowest waiter not claiming (0) was not evicted")
+	}
+	if w.claiming(seats[1], false) != true || seats[2].evicted || w.held() != 3 {
+		t.Fatalf("after the eviction: seat 1 evicted %t, seat 2 evicted %t, %d places taken, want false, false, 3", seats[1].evicted, seats[2].evicted, w.held())
+	}
+	if w.enter(context.Background(), keys(4), false) != true {
+		t.Fatal("a second higher-class request did not evict the other lowest waiter (1)")
+	}
+	if w.enter(context.Background(), keys(5), false) {
+		t.Fatal("a higher-class request got a place with no lowest-class waiter left")
+	}
+	places = append(places, placeDeciding)
+	for i, s := range []*seat{seats[0], seats[1], seats[2], nil, nil} {
+		if s != nil {
+			w.stand(s)
+		}
+		w.leave(keys(i), &places[i], s)
+	}
+	if n := w.held(); n != 0 {
+		t.Fatalf("%d places taken after everyone left, want 0", n)
+	}
 }
