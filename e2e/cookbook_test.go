@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -19,46 +20,85 @@ import (
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/repocheck"
 )
 
-// runRecipe runs the Caddyfile of the cookbook recipe under heading as written, against a real
-// Redis with a password (REDIS_ADDR and REDIS_PASSWORD set, as the recipe reads them): the site
-// moved to a free loopback port, its reverse_proxy to upstream, the admin API off, and each
-// decision waiting for Redis up to 5 s (one failed open would admit a request too many). The
-// pairs of replace are further replacements the test needs (a log file's path); each must match.
+// runRecipe runs the Caddyfile of the cookbook recipe under heading (loadRecipe) against a real
+// Redis with a password (REDIS_ADDR and REDIS_PASSWORD set, as the recipe reads them), in front
+// of upstream. The pairs of replace are further replacements the test needs (a log file's path).
 func runRecipe(t *testing.T, heading string, upstream http.HandlerFunc, replace ...string) *caddytest.Site {
 	t.Helper()
-	var block *repocheck.DocBlock
 	for _, r := range repocheck.Recipes(t) {
 		if r.Heading == heading && len(r.Blocks) == 1 {
-			block = &r.Blocks[0]
+			srv := redistest.StartWithPassword(t, "cookbook-secret")
+			t.Setenv("REDIS_ADDR", srv.Addr)
+			t.Setenv("REDIS_PASSWORD", "cookbook-secret")
+			return loadRecipe(t, r, upstream, replace...)
 		}
 	}
-	if block == nil {
-		t.Fatalf("%s has no recipe %q with one caddyfile block", repocheck.Cookbook, heading)
-	}
+	t.Fatalf("%s has no recipe %q with one caddyfile block", repocheck.Cookbook, heading)
+	return nil
+}
+
+// proxied is a reverse_proxy line of a recipe, its upstream in group 1.
+var proxied = regexp.MustCompile(`(?m)^(\s*reverse_proxy )\S+$`)
+
+// loadRecipe loads the Caddyfile of recipe r (its one block) as written, but for the site moved
+// to a free loopback port, every reverse_proxy sent to upstream, the admin API off, each decision
+// waiting for Redis up to 5 s (one failed open would admit a request too many) and the pairs of
+// replace (each must match); the environment the recipe reads is the caller's to set.
+func loadRecipe(t *testing.T, r repocheck.Recipe, upstream http.HandlerFunc, replace ...string) *caddytest.Site {
+	t.Helper()
+	block := r.Blocks[0]
 	up := httptest.NewServer(upstream)
 	t.Cleanup(up.Close)
-	srv := redistest.StartWithPassword(t, "cookbook-secret")
 	site := freeport.Must(t)
-	caddyfile := "{\n\tadmin off\n\tpersist_config off\n\tlog {\n\t\tlevel ERROR\n\t}\n}\n\n" + block.Text
 	address, _, _ := strings.Cut(block.Text, " {\n")
+	caddyfile := "{\n\tadmin off\n\tpersist_config off\n\tlog {\n\t\tlevel ERROR\n\t}\n}\n\n" +
+		proxied.ReplaceAllString(block.Text, "${1}"+strings.TrimPrefix(up.URL, "http://"))
 	pairs := append([]string{
 		address + " {\n", fmt.Sprintf(":%d {\n\tbind 127.0.0.1\n", site),
-		"reverse_proxy localhost:9000\n", "reverse_proxy " + strings.TrimPrefix(up.URL, "http://") + "\n",
 		"rate_limit_redis {\n", "rate_limit_redis {\n\t\ttimeout 5s\n",
 	}, replace...)
 	for i := 0; i+1 < len(pairs); i += 2 {
 		if !strings.Contains(caddyfile, pairs[i]) {
-			t.Fatalf("%s: recipe %q has no %q", block.Where, heading, pairs[i])
+			t.Fatalf("%s: recipe %q has no %q", block.Where, r.Heading, pairs[i])
 		}
 		caddyfile = strings.Replace(caddyfile, pairs[i], pairs[i+1], 1)
 	}
-	t.Setenv("REDIS_ADDR", srv.Addr)
-	t.Setenv("REDIS_PASSWORD", "cookbook-secret")
 	t.Cleanup(func() { _ = caddy.Stop() })
 	if err := caddytest.LoadCaddyfile(t, caddyfile); err != nil {
-		t.Fatalf("%s: recipe %q does not load: %v", block.Where, heading, err)
+		t.Fatalf("%s: recipe %q does not load: %v", block.Where, r.Heading, err)
 	}
 	return &caddytest.Site{T: t, Base: "http://127.0.0.1:" + strconv.Itoa(site)}
+}
+
+// TestCookbookRecipesServe: every recipe of the cookbook loads as written and serves a request
+// through its zones, decided by Redis (no X-RateLimit-Degraded): a standalone Redis with a
+// password, or for the Redis Cluster recipe a cluster of 3 primaries (without a password, so the
+// recipe's password line is left out, as the cookbook says to for such a Redis).
+func TestCookbookRecipesServe(t *testing.T) {
+	for _, r := range repocheck.Recipes(t) {
+		t.Run(r.Heading, func(t *testing.T) {
+			if len(r.Blocks) != 1 {
+				t.Fatalf("recipe %q has %d caddyfile blocks, want 1", r.Heading, len(r.Blocks))
+			}
+			var replace []string
+			if strings.Contains(r.Blocks[0].Text, "{env.REDIS_NODE_1}") {
+				for i, addr := range redistest.StartCluster(t, 3).Addrs() {
+					t.Setenv("REDIS_NODE_"+strconv.Itoa(i+1), addr)
+				}
+				replace = []string{"\t\t\tpassword {env.REDIS_PASSWORD}\n", ""}
+				t.Setenv("RATE_LIMIT_KEY_SECRET", "cookbook-key-secret")
+			} else {
+				srv := redistest.StartWithPassword(t, "cookbook-secret")
+				t.Setenv("REDIS_ADDR", srv.Addr)
+				t.Setenv("REDIS_PASSWORD", "cookbook-secret")
+			}
+			if strings.Contains(r.Blocks[0].Text, "output file /var/log/caddy/api-access.log\n") {
+				replace = append(replace, "/var/log/caddy/api-access.log", t.TempDir()+"/access.log")
+			}
+			cs := loadRecipe(t, r, ok, replace...)
+			cs.Get("/", "X-API-Key", "key-1", "Authorization", "Bearer sk-1").Expect(t, "GET /", 200, "upstream", "X-Ratelimit-Degraded", "")
+		})
+	}
 }
 
 // ok is an upstream that answers 200 "upstream" to every request.
