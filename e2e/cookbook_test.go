@@ -221,3 +221,29 @@ func TestCookbookShadow(t *testing.T) {
 		}
 	}
 }
+
+// TestCookbookLLMKeys: the recipe "An LLM token budget: OpenAI, Anthropic and Gemini clients"
+// refuses a request of each API with no key (403), and admits one whose key is in any field the
+// recipe names for that API's SDKs.
+func TestCookbookLLMKeys(t *testing.T) {
+	cs := runRecipe(t, "An LLM token budget: OpenAI, Anthropic and Gemini clients", ok)
+	gemini := "/v1beta/models/gemini-2.0-flash:generateContent"
+	for _, path := range []string{"/v1/chat/completions", "/v1/messages", gemini} {
+		if r := cs.Do(http.MethodPost, path); r.Status != 403 {
+			t.Fatalf("POST %s with no key: %d %q, want 403", path, r.Status, r.Body)
+		}
+	}
+	for _, c := range []struct{ path, field, value string }{
+		{"/v1/chat/completions", "Authorization", "Bearer sk-openai"},
+		{"/v1/messages", "X-Api-Key", "sk-ant-python"},
+		{"/v1/messages", "Authorization", "Bearer sk-ant-node"},
+		{gemini, "X-Goog-Api-Key", "gemini-genai"},
+		{gemini + "?key=gemini-rest", "", ""},
+	} {
+		var header []string
+		if c.field != "" {
+			header = []string{c.field, c.value}
+		}
+		cs.Do(http.MethodPost, c.path, header...).Expect(t, "POST "+c.path+" keyed in "+c.field, 200, "upstream")
+	}
+}
