@@ -345,3 +345,35 @@ func TestDocsNameNoTests(t *testing.T) {
 		}
 	}
 }
+
+// TestDevelopmentNamesRealTests: every test, fuzz target or benchmark that docs/development.md
+// names is a function of a _test.go file of the repository (a name ending in "…" is the prefix
+// of a family of them), so the list of the tests behind the docs cannot name one that is gone.
+func TestDevelopmentNamesRealTests(t *testing.T) {
+	t.Parallel()
+	doc, err := os.ReadFile("docs/development.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var funcs strings.Builder
+	err = filepath.WalkDir(".", func(path string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(path, "_test.go") {
+			return err
+		}
+		b, err := os.ReadFile(path)
+		funcs.Write(b)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range regexp.MustCompile(`\b((?:Test|Fuzz|Benchmark)[A-Z]\w*)(…?)`).FindAllStringSubmatch(string(doc), -1) {
+		name := "func " + m[1]
+		if m[2] == "" {
+			name += "("
+		}
+		if !strings.Contains(funcs.String(), name) {
+			t.Errorf("docs/development.md names %s%s, which no _test.go file defines", m[1], m[2])
+		}
+	}
+}
