@@ -1,7 +1,7 @@
 // Package e2e_test runs Caddy with the module in this process, configured only as a user would
 // (a Caddyfile or JSON), against real redis-server processes (internal/redistest): limits,
 // costs and keys through real HTTP, Redis failures and reloads under load, a Redis Cluster, the
-// shipped examples, and the scripts of `make run` and `make smoke`. The tests run from the
+// shipped examples and the cookbook's recipes, and the scripts of `make run` and `make smoke`. The tests run from the
 // repository's root (TestMain).
 package e2e_test
 

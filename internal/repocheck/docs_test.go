@@ -319,3 +319,61 @@ func TestDocsCiteNoTrackers(t *testing.T) {
 		}
 	}
 }
+
+// testNames are the ways a page could name the project's tests: a Go test, fuzz target or
+// benchmark (TestXxx, FuzzXxx, BenchmarkXxx), a test file (xxx_test.go), or "the test".
+var testNames = regexp.MustCompile(`\b(Test|Fuzz|Benchmark)[A-Z]\w*|\w+_test\.go\b|(?i:\bthe test\b)`)
+
+// TestDocsNameNoTests: README.md and the pages under docs/ speak to the module's users, so they
+// say what the module does, not which test checks it: test names belong in docs/development.md,
+// which lists the tests behind the other pages' claims.
+func TestDocsNameNoTests(t *testing.T) {
+	t.Parallel()
+	files, _ := filepath.Glob("docs/*.md")
+	for _, f := range append([]string{"README.md"}, files...) {
+		if f == "docs/development.md" {
+			continue
+		}
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for n, line := range strings.Split(string(b), "\n") {
+			if m := testNames.FindString(line); m != "" {
+				t.Errorf("%s:%d names the test %q: say what it shows, and list the test in docs/development.md:\n\t%s", f, n+1, m, line)
+			}
+		}
+	}
+}
+
+// TestDevelopmentNamesRealTests: every test, fuzz target or benchmark that docs/development.md
+// names is a function of a _test.go file of the repository (a name ending in "…" is the prefix
+// of a family of them), so the list of the tests behind the docs cannot name one that is gone.
+func TestDevelopmentNamesRealTests(t *testing.T) {
+	t.Parallel()
+	doc, err := os.ReadFile("docs/development.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var funcs strings.Builder
+	err = filepath.WalkDir(".", func(path string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(path, "_test.go") {
+			return err
+		}
+		b, err := os.ReadFile(path)
+		funcs.Write(b)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range regexp.MustCompile(`\b((?:Test|Fuzz|Benchmark)[A-Z]\w*)(…?)`).FindAllStringSubmatch(string(doc), -1) {
+		name := "func " + m[1]
+		if m[2] == "" {
+			name += "("
+		}
+		if !strings.Contains(funcs.String(), name) {
+			t.Errorf("docs/development.md names %s%s, which no _test.go file defines", m[1], m[2])
+		}
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -48,4 +49,51 @@ func DocBlocks(t testing.TB, lang string) []DocBlock {
 		}
 	}
 	return blocks
+}
+
+// Cookbook is the page of complete recipes, one per "## " heading.
+const Cookbook = "docs/cookbook.md"
+
+// Recipe is one recipe of the cookbook: its heading (without the "## ") and its ```caddyfile
+// blocks (DocBlocks' form, Where naming the cookbook's line).
+type Recipe struct {
+	Heading string
+	Blocks  []DocBlock
+}
+
+// Recipes returns the recipes of docs/cookbook.md in the page's order: each "## " heading and
+// the ```caddyfile blocks under it, before the next heading. It fails t when the page cannot be
+// read.
+func Recipes(t testing.TB) []Recipe {
+	t.Helper()
+	b, err := os.ReadFile(Cookbook)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var headings []int // the line (1-based) of each "## " heading
+	var recipes []Recipe
+	inFence := false
+	for i, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(strings.TrimSpace(line), "```") {
+			inFence = !inFence
+		}
+		if !inFence && strings.HasPrefix(line, "## ") {
+			headings = append(headings, i+1)
+			recipes = append(recipes, Recipe{Heading: strings.TrimPrefix(line, "## ")})
+		}
+	}
+	for _, block := range DocBlocks(t, "caddyfile") {
+		file, at, _ := strings.Cut(block.Where, ":")
+		line, err := strconv.Atoi(at)
+		if file != Cookbook || err != nil {
+			continue
+		}
+		for i := len(headings) - 1; i >= 0; i-- {
+			if headings[i] < line {
+				recipes[i].Blocks = append(recipes[i].Blocks, block)
+				break
+			}
+		}
+	}
+	return recipes
 }
