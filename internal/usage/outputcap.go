@@ -61,13 +61,19 @@ const MaxChoices = 128
 // Bound is what a request asks for, read from its body.
 type Bound struct {
 	// Readable is false when the body is not read: compressed, over MaxRequestBody, not one
-	// JSON object with nothing after it, or its reading failed. The other fields are then zero.
+	// JSON object with nothing after it, or its reading failed. Refusal then says why (415,
+	// 413, 400) and the other fields are zero.
 	Readable bool
-	// Unbounded is true when the prompt's tokens are not bounded by the body's bytes, or the
-	// outputs by Cap times Choices: a member or "type" that unboundedKeys or unboundedTypes
-	// lists anywhere in the body (non-text content, context held by the upstream, server-side
-	// tools), a Responses "prompt" object, a Gemini generationConfig that is neither an object
-	// nor null, or a choices count that is not a positive integer of at most MaxChoices.
+	// Refusal, when its Status is not 0, is why the request cannot be bounded and is to be
+	// refused: its body is not read (Readable false), or (400) a choices count is not a whole
+	// number as every lax reader reads it, or is above MaxChoices. It names the member.
+	Refusal Refusal
+	// Unbounded is true when the prompt's tokens are not bounded by the body's bytes: a member
+	// or "type" that unboundedKeys or unboundedTypes lists where the body holds content
+	// (non-text content, context held by the upstream, server-side tools; not inside the
+	// schemas and metadata schemaKeys names), a Responses "prompt" object, or a Gemini
+	// generationConfig that is neither an object nor null. The output is still bounded by Cap
+	// times Choices once SetOutputCap has written the cap.
 	Unbounded bool
 	// Prompt bounds the prompt in tokens: the body's length in bytes, plus AnthropicToolPrompt
 	// for an AnthropicMessages request with tools. A text token covers at least one byte, and
@@ -83,7 +89,8 @@ type Bound struct {
 	Cap int64
 	// Choices is how many outputs the request generates: ChatCompletions' "n",
 	// Completions' larger of "n" and "best_of", GeminiGenerate's candidateCount; 1 when absent
-	// or null, and for the other APIs. Every member a reader may take for one counts.
+	// or null, and for the other APIs. Every member a reader may take for one counts, read as
+	// the laxest reader reads it (laxCount: 2, 2.0, "2" and true are counts).
 	Choices int64
 }
 
@@ -91,8 +98,11 @@ type Bound struct {
 // readBody does (once per request, with Model and IncludeUsage) and passes it on unchanged.
 func ReadBound(r *http.Request, api API) Bound {
 	b := readBody(r)
-	if b == nil || !b.parse().object {
-		return Bound{}
+	if b == nil {
+		return Bound{Refusal: unreadable(r)}
+	}
+	if !b.parse().object {
+		return Bound{Refusal: notJSON}
 	}
 	if api != 0 && b.boundAPI == api {
 		return b.bound
@@ -132,7 +142,7 @@ func hasTools(body []byte, i int) bool {
 }
 
 // anthropicTools is the "tools" member of an Anthropic Messages request.
-var anthropicTools = []field{{"tools", []string{"tools"}}}
+var anthropicTools = []field{{"tools", []string{"tools"}, false}}
 
 // SetOutputCap makes every output cap member of r's body, as api reads it, at most cap
 // tokens (cap > 0). A member whose value is not a positive integer at most cap gets cap; one
@@ -173,14 +183,16 @@ func SetOutputCap(r *http.Request, api API, cap int64) bool {
 }
 
 // field is an output cap or choices member: the names an API reads it by, and that name
-// folded (foldName), which every spelling of it shares.
+// folded (foldName), which every spelling of it shares; insert: a cap inserted (its first
+// spelling) when the object has none of the insert caps spelt as the API spells it.
 type field struct {
 	folded    string
 	spellings []string
+	insert    bool
 }
 
-// level is the members an object of a request body holds: its output caps (the first
-// spelling of the first is inserted where none is given) and its choices counts.
+// level is the members an object of a request body holds: its output caps (at most 3) and
+// its choices counts.
 type level struct {
 	caps    []field
 	choices []field
@@ -188,16 +200,18 @@ type level struct {
 
 // topLevel is each API's top-level object; GeminiGenerate's caps are in geminiConfig.
 var topLevel = [...]level{
+	// Servers that predate max_completion_tokens read only max_tokens: both are inserted.
+	// llama.cpp's server reads n_predict over max_tokens: rewritten when given.
 	ChatCompletions: {
-		caps:    []field{{"maxcompletiontokens", []string{"max_completion_tokens"}}, {"maxtokens", []string{"max_tokens"}}},
-		choices: []field{{"n", []string{"n"}}},
+		caps:    []field{{"maxcompletiontokens", []string{"max_completion_tokens"}, true}, {"maxtokens", []string{"max_tokens"}, true}, nPredict},
+		choices: []field{{"n", []string{"n"}, false}},
 	},
 	Completions: {
-		caps:    []field{{"maxtokens", []string{"max_tokens"}}},
-		choices: []field{{"n", []string{"n"}}, {"bestof", []string{"best_of"}}},
+		caps:    []field{{"maxtokens", []string{"max_tokens"}, true}, nPredict},
+		choices: []field{{"n", []string{"n"}, false}, {"bestof", []string{"best_of"}, false}},
 	},
-	Responses:         {caps: []field{{"maxoutputtokens", []string{"max_output_tokens"}}}},
-	AnthropicMessages: {caps: []field{{"maxtokens", []string{"max_tokens"}}}},
+	Responses:         {caps: []field{{"maxoutputtokens", []string{"max_output_tokens"}, true}}},
+	AnthropicMessages: {caps: []field{{"maxtokens", []string{"max_tokens"}, true}}},
 	GeminiGenerate:    {},
 	Embeddings:        {},
 }
@@ -205,12 +219,15 @@ var topLevel = [...]level{
 // geminiTop is GeminiGenerate's top-level generationConfig (proto3 JSON reads both
 // spellings), and geminiConfig its members.
 var (
-	geminiTop    = []field{{"generationconfig", []string{"generationConfig", "generation_config"}}}
+	geminiTop    = []field{{"generationconfig", []string{"generationConfig", "generation_config"}, false}}
 	geminiConfig = level{
-		caps:    []field{{"maxoutputtokens", []string{"maxOutputTokens", "max_output_tokens"}}},
-		choices: []field{{"candidatecount", []string{"candidateCount", "candidate_count"}}},
+		caps:    []field{{"maxoutputtokens", []string{"maxOutputTokens", "max_output_tokens"}, true}},
+		choices: []field{{"candidatecount", []string{"candidateCount", "candidate_count"}, false}},
 	}
 )
+
+// nPredict is llama.cpp's output cap, which its server reads over max_tokens.
+var nPredict = field{"npredict", []string{"n_predict"}, false}
 
 // match returns the index in fs of the field the member name n (as written) is read as, and
 // whether n is one of its spellings exactly; -1 when it is none of them.
@@ -233,10 +250,12 @@ func match(fs []field, n []byte) (int, bool) {
 }
 
 // readLevel reads into bd the caps and choices of the object that opens at body[i], as lv
-// describes it: Cap is the larger of the caps' last values (0 when one is not a positive
-// integer, or a cap is given in another spelling), Choices the largest choices count.
+// describes it: Cap is the largest of the caps' last values (0 when one is not a positive
+// integer, or a cap is given in another spelling), Choices the largest choices count. A
+// choices count that is not a whole number from 1 to MaxChoices as the laxest reader reads it
+// (laxCount) sets bd.Refusal.
 func readLevel(body []byte, i int, lv level, bd *Bound) {
-	var caps [2]int64 // the last value of each of lv.caps
+	var caps [3]int64 // the last value of each of lv.caps
 	folded := false
 	eachMember(body, i, func(m member) {
 		if k, exact := match(lv.caps, m.name); k >= 0 {
@@ -245,11 +264,15 @@ func readLevel(body []byte, i int, lv level, bd *Bound) {
 		}
 		if k, _ := match(lv.choices, m.name); k >= 0 {
 			v := body[m.start:m.end]
-			n := positiveInt(v)
+			if string(v) == "null" {
+				return // the default, 1, as every reader reads it
+			}
+			n, ok := laxCount(v)
 			switch {
-			case string(v) == "null":
-			case n == 0 || n > MaxChoices:
-				bd.Unbounded = true
+			case !ok || n < 1:
+				bd.Refusal = choicesRefusal(m.name, "is not a whole number of at least 1")
+			case n > MaxChoices:
+				bd.Refusal = choicesRefusal(m.name, "asks for more than "+strconv.Itoa(MaxChoices)+" outputs")
 			default:
 				bd.Choices = max(bd.Choices, n)
 			}
@@ -257,8 +280,14 @@ func readLevel(body []byte, i int, lv level, bd *Bound) {
 	})
 	bd.Cap = 0
 	if !folded {
-		bd.Cap = max(caps[0], caps[1])
+		bd.Cap = max(caps[0], caps[1], caps[2])
 	}
+}
+
+// choicesRefusal is the 400 Refusal of a choices member named name (as written) whose value
+// is what why says.
+func choicesRefusal(name []byte, why string) Refusal {
+	return Refusal{http.StatusBadRequest, "the request body's " + strconv.Quote(string(unescapedName(name))) + " " + why}
 }
 
 // readGemini reads into bd the generationConfig members of the Gemini request object that
@@ -355,15 +384,27 @@ func capEdits(body []byte, api API, cap int64, edit func(capEdit)) {
 
 // levelEdits calls edit on each change that makes every cap of lv in the object that opens
 // at body[i] at most cap: each cap member whose value is not a positive integer at most cap
-// is set to cap; without a cap member spelt as the API spells it, lv's first is inserted.
+// is set to cap; without an insert cap member spelt as the API spells it, each of lv's insert
+// caps is inserted.
 func levelEdits(body []byte, i int, lv level, cap int64, edit func(capEdit)) {
 	found := false
 	eachMember(body, i, func(m member) {
-		_, exact := match(lv.caps, m.name)
-		found = found || exact
+		k, exact := match(lv.caps, m.name)
+		found = found || exact && lv.caps[k].insert
 	})
 	if !found {
-		edit(capEdit{start: i + 1, end: i + 1, kind: insertMember, name: lv.caps[0].spellings[0], comma: hasMembers(body, i)})
+		comma, left := hasMembers(body, i), 0
+		for _, f := range lv.caps {
+			if f.insert {
+				left++
+			}
+		}
+		for _, f := range lv.caps {
+			if f.insert {
+				left--
+				edit(capEdit{start: i + 1, end: i + 1, kind: insertMember, name: f.spellings[0], comma: comma || left > 0})
+			}
+		}
 	}
 	eachMember(body, i, func(m member) {
 		if k, _ := match(lv.caps, m.name); k < 0 {
