@@ -254,13 +254,18 @@ func (p *zoneParser) parseCharge(d *caddyfile.Dispenser) error {
 }
 
 // parseCapOutput parses the cap_output subdirective at the cursor: [min_output <n>]
-// [default_output <n>] [unreadable refuse|pass], in any order.
+// [default_output <n>] [unreadable refuse|pass] [insert_max_tokens], in any order.
 func (p *zoneParser) parseCapOutput(d *caddyfile.Dispenser) error {
 	c := &CapOutput{}
 	args := d.RemainingArgs()
 	for len(args) > 0 {
+		if args[0] == "insert_max_tokens" {
+			c.InsertMaxTokens = true
+			args = args[1:]
+			continue
+		}
 		if len(args) < 2 || (args[0] != "min_output" && args[0] != "default_output" && args[0] != "unreadable") {
-			return d.Errf("cap_output: expected min_output <tokens>, default_output <tokens> or unreadable refuse|pass, got %q (cap_output min_output 16 default_output 4096)", args[0])
+			return d.Errf("cap_output: expected min_output <tokens>, default_output <tokens>, unreadable refuse|pass or insert_max_tokens, got %q (cap_output min_output 16 default_output 4096)", args[0])
 		}
 		if args[0] == "unreadable" {
 			c.Unreadable = args[1]

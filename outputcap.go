@@ -41,6 +41,12 @@ type CapOutput struct {
 	// came, reserved at the zone's max_cost and charged what the response reports, at most
 	// max_cost, with its output cap not rewritten (outside the never-overdrawn guarantee).
 	Unreadable string `json:"unreadable,omitempty"`
+
+	// Also write max_tokens into a chat completions request that has none (it gives only
+	// max_completion_tokens, or no cap), for upstreams that read only max_tokens: llama.cpp
+	// builds and other servers that predate max_completion_tokens. Off by default: OpenAI's
+	// reasoning models (o-series, GPT-5) answer 400 to a request with max_tokens.
+	InsertMaxTokens bool `json:"insert_max_tokens,omitempty"`
 }
 
 // The values of CapOutput.Unreadable.
@@ -85,12 +91,13 @@ func (c *CapOutput) minOutput() int64 {
 type outputCap struct {
 	min, dflt int64
 	pass      bool           // unreadable pass
+	maxTokens bool           // insert_max_tokens
 	after     *afterResponse // the zone's charge: its weights, or its usage count
 }
 
 // newOutputCap provisions c for a zone charged by a.
 func newOutputCap(c *CapOutput, a *afterResponse) *outputCap {
-	return &outputCap{min: c.minOutput(), dflt: c.DefaultOutput, pass: c.Unreadable == UnreadablePass, after: a}
+	return &outputCap{min: c.minOutput(), dflt: c.DefaultOutput, pass: c.Unreadable == UnreadablePass, maxTokens: c.InsertMaxTokens, after: a}
 }
 
 // weights returns the most one input token is charged (the largest of the prompt, cached and
@@ -244,7 +251,7 @@ func (h *Handler) capOutput(r *http.Request, repl *caddy.Replacer, reqs []limite
 	if !known || !b.Readable || api == usage.Embeddings {
 		return // every zone reserved its max_cost, or there is nothing to cap
 	}
-	limit := int64(-1)
+	limit, maxTokens := int64(-1), false
 	for i := range reqs {
 		c := h.Zones[reqs[i].Tag].capOut
 		if c == nil {
@@ -254,13 +261,17 @@ func (h *Handler) capOutput(r *http.Request, repl *caddy.Replacer, reqs []limite
 		if !known {
 			continue // this zone reserved its max_cost; the others still cap the request
 		}
+		maxTokens = maxTokens || c.maxTokens
 		n := outputFor(wc, reserved(&reqs[i]), units(wp, b.Prompt), b.Choices)
 		if limit < 0 || n < limit {
 			limit = n
 		}
 	}
+	if b.Cap > 0 {
+		limit = min(limit, b.Cap) // an inserted cap is at most the client's own
+	}
 	if limit > 0 && limit < maxOutputTokens {
-		usage.SetOutputCap(r, api, limit)
+		usage.SetOutputCap(r, api, limit, maxTokens)
 	}
 }
 

@@ -249,7 +249,7 @@ func TestCapOutputConfig(t *testing.T) {
 		{"algorithm sliding_window_counter\n limit 100\n window 1m\n charge openai_usage\n cap_output", "cap_output needs algorithm token_bucket or fixed_window"},
 		{"capacity 100\n refill_rate 1\n charge openai_usage\n cap_output min_output 0", "min_output 0 must be between 1"},
 		{"capacity 100\n refill_rate 1\n charge openai_usage\n cap_output min_output 100 default_output 50", "default_output 50 is below min_output 100"},
-		{"capacity 100\n refill_rate 1\n charge openai_usage\n cap_output max 5", "expected min_output <tokens>, default_output <tokens> or unreadable"},
+		{"capacity 100\n refill_rate 1\n charge openai_usage\n cap_output max 5", "expected min_output <tokens>, default_output <tokens>, unreadable refuse|pass or insert_max_tokens"},
 		{"capacity 100\n refill_rate 1\n charge openai_usage\n cap_output unreadable maybe", "cap_output unreadable \"maybe\" must be refuse or pass"},
 	} {
 		var h ratelimitredis.Handler

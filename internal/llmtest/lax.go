@@ -34,11 +34,20 @@ type Lax struct {
 
 	mu     sync.Mutex
 	served map[string]int64
+	last   map[string][]byte // the last body read, per X-API-Key
+}
+
+// Last returns the last body (as read: decompressed, in UTF-8) that a request with the
+// X-API-Key key sent, nil when none did.
+func (l *Lax) Last(key string) []byte {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.last[key]
 }
 
 // StartLax starts a Lax upstream, closed when the test ends.
 func StartLax(t testing.TB) *Lax {
-	l := &Lax{NoCap: 100_000, served: map[string]int64{}}
+	l := &Lax{NoCap: 100_000, served: map[string]int64{}, last: map[string][]byte{}}
 	l.Server = httptest.NewServer(http.HandlerFunc(l.serve))
 	t.Cleanup(l.Close)
 	return l
@@ -64,6 +73,9 @@ func (l *Lax) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	raw, _ := io.ReadAll(body)
 	data := laxText(raw)
+	l.mu.Lock()
+	l.last[r.Header.Get("X-API-Key")] = data
+	l.mu.Unlock()
 	api, _ := apiOf(r.URL.Path)
 	if strings.HasSuffix(r.URL.Path, "/completions") && api == "" {
 		api = "completions"

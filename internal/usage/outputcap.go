@@ -87,8 +87,8 @@ type Bound struct {
 	// for it ("Max_Tokens", which Go's encoding/json reads as max_tokens). SetOutputCap
 	// makes every cap member agree: call it with the cap reserved for, even when that is Cap.
 	Cap int64
-	// Choices is how many outputs the request generates: ChatCompletions' "n",
-	// Completions' larger of "n" and "best_of", GeminiGenerate's candidateCount; 1 when absent
+	// Choices is how many outputs the request generates: ChatCompletions' and Completions'
+	// larger of "n" and "best_of", GeminiGenerate's candidateCount; 1 when absent
 	// or null, and for the other APIs. Every member a reader may take for one counts, read as
 	// the laxest reader reads it (laxCount: 2, 2.0, "2" and true are counts).
 	Choices int64
@@ -147,8 +147,10 @@ var anthropicTools = []field{{"tools", []string{"tools"}, false}}
 // SetOutputCap makes every output cap member of r's body, as api reads it, at most cap
 // tokens (cap > 0). A member whose value is not a positive integer at most cap gets cap; one
 // is inserted where the body has none spelt as the API spells it, right after the opening '{' of its object
-// (max_completion_tokens for ChatCompletions; "generationConfig":{"maxOutputTokens":cap} or
-// a member of each generationConfig object for GeminiGenerate). A Gemini generationConfig
+// (max_completion_tokens for ChatCompletions, n_predict not counting; "generationConfig":{"maxOutputTokens":cap} or
+// a member of each generationConfig object for GeminiGenerate). With maxTokensToo, a
+// ChatCompletions body without max_tokens gets "max_tokens":cap too, for servers that read
+// only max_tokens (OpenAI's reasoning models refuse a request that has it). A Gemini generationConfig
 // that is not an object becomes {"maxOutputTokens":cap}. Every member a reader may take for
 // a cap is rewritten: each of a name given twice, other spellings under case folding. Only
 // the bytes of those values change: key order, whitespace and escapes stay. It returns
@@ -157,7 +159,7 @@ var anthropicTools = []field{{"tools", []string{"tools"}, false}}
 // not Readable: nothing changes. When the body changes, r.Body, r.GetBody, r.ContentLength
 // and any Content-Length field are set to what the upstream is to receive, as IncludeUsage
 // sets them.
-func SetOutputCap(r *http.Request, api API, cap int64) bool {
+func SetOutputCap(r *http.Request, api API, cap int64, maxTokensToo bool) bool {
 	if cap <= 0 || api == 0 || api == Embeddings {
 		return false
 	}
@@ -166,13 +168,13 @@ func SetOutputCap(r *http.Request, api API, cap int64) bool {
 		return false
 	}
 	changed := false
-	capEdits(b.data, api, cap, func(capEdit) { changed = true })
+	capEdits(b.data, api, cap, maxTokensToo, func(capEdit) { changed = true })
 	if !changed {
 		return false
 	}
 	out := make([]byte, 0, len(b.data)+64)
 	last := 0
-	capEdits(b.data, api, cap, func(e capEdit) {
+	capEdits(b.data, api, cap, maxTokensToo, func(e capEdit) {
 		out = append(out, b.data[last:e.start]...)
 		out = e.append(out, cap)
 		last = e.end
@@ -183,8 +185,9 @@ func SetOutputCap(r *http.Request, api API, cap int64) bool {
 }
 
 // field is an output cap or choices member: the names an API reads it by, and that name
-// folded (foldName), which every spelling of it shares; insert: a cap inserted (its first
-// spelling) when the object has none of the insert caps spelt as the API spells it.
+// folded (foldName), which every spelling of it shares; insert: a standard cap of the API, one
+// every reader of it reads (when the object has none spelt as the API spells it, the level's
+// first is inserted).
 type field struct {
 	folded    string
 	spellings []string
@@ -200,11 +203,11 @@ type level struct {
 
 // topLevel is each API's top-level object; GeminiGenerate's caps are in geminiConfig.
 var topLevel = [...]level{
-	// Servers that predate max_completion_tokens read only max_tokens: both are inserted.
-	// llama.cpp's server reads n_predict over max_tokens: rewritten when given.
+	// llama.cpp's server reads n_predict over max_tokens: rewritten when given. vLLM reads
+	// best_of in a chat request too.
 	ChatCompletions: {
 		caps:    []field{{"maxcompletiontokens", []string{"max_completion_tokens"}, true}, {"maxtokens", []string{"max_tokens"}, true}, nPredict},
-		choices: []field{{"n", []string{"n"}, false}},
+		choices: []field{{"n", []string{"n"}, false}, {"bestof", []string{"best_of"}, false}},
 	},
 	Completions: {
 		caps:    []field{{"maxtokens", []string{"max_tokens"}, true}, nPredict},
@@ -355,11 +358,16 @@ func (e capEdit) append(out []byte, cap int64) []byte {
 }
 
 // capEdits calls edit on each change that makes every output cap of body (a JSON object),
-// as api reads it, at most cap, in the order of the body.
-func capEdits(body []byte, api API, cap int64, edit func(capEdit)) {
+// as api reads it, at most cap, in the order of the body; with maxTokensToo, a
+// ChatCompletions body without max_tokens gets one.
+func capEdits(body []byte, api API, cap int64, maxTokensToo bool, edit func(capEdit)) {
 	top := skipSpace(body, 0)
 	if api != GeminiGenerate {
-		levelEdits(body, top, topLevel[api], cap, edit)
+		also := ""
+		if maxTokensToo && api == ChatCompletions {
+			also = "max_tokens"
+		}
+		levelEdits(body, top, topLevel[api], cap, also, edit)
 		return
 	}
 	found := false
@@ -375,7 +383,7 @@ func capEdits(body []byte, api API, cap int64, edit func(capEdit)) {
 			return
 		}
 		if body[m.start] == '{' {
-			levelEdits(body, m.start, geminiConfig, cap, edit)
+			levelEdits(body, m.start, geminiConfig, cap, "", edit)
 			return
 		}
 		edit(capEdit{start: m.start, end: m.end, kind: setConfig})
@@ -384,27 +392,23 @@ func capEdits(body []byte, api API, cap int64, edit func(capEdit)) {
 
 // levelEdits calls edit on each change that makes every cap of lv in the object that opens
 // at body[i] at most cap: each cap member whose value is not a positive integer at most cap
-// is set to cap; without an insert cap member spelt as the API spells it, each of lv's insert
-// caps is inserted.
-func levelEdits(body []byte, i int, lv level, cap int64, edit func(capEdit)) {
-	found := false
+// is set to cap; without a member of lv's standard caps (field.insert) spelt as the API spells
+// it, lv's first is inserted; without a member spelt also (unless ""), also is inserted.
+func levelEdits(body []byte, i int, lv level, cap int64, also string, edit func(capEdit)) {
+	found, alsoFound := false, also == ""
 	eachMember(body, i, func(m member) {
 		k, exact := match(lv.caps, m.name)
-		found = found || exact && lv.caps[k].insert
+		if k >= 0 && exact {
+			found = found || lv.caps[k].insert
+			alsoFound = alsoFound || string(unescapedName(m.name)) == also
+		}
 	})
+	comma := hasMembers(body, i)
 	if !found {
-		comma, left := hasMembers(body, i), 0
-		for _, f := range lv.caps {
-			if f.insert {
-				left++
-			}
-		}
-		for _, f := range lv.caps {
-			if f.insert {
-				left--
-				edit(capEdit{start: i + 1, end: i + 1, kind: insertMember, name: f.spellings[0], comma: comma || left > 0})
-			}
-		}
+		edit(capEdit{start: i + 1, end: i + 1, kind: insertMember, name: lv.caps[0].spellings[0], comma: comma || !alsoFound})
+	}
+	if !alsoFound {
+		edit(capEdit{start: i + 1, end: i + 1, kind: insertMember, name: also, comma: comma})
 	}
 	eachMember(body, i, func(m member) {
 		if k, _ := match(lv.caps, m.name); k < 0 {

@@ -72,10 +72,10 @@ type capCase struct {
 var capCases = []capCase{
 	// Chat Completions.
 	{"chat: cap rewritten", ChatCompletions, `{"model":"m","max_completion_tokens":4000,"messages":[]}`, 4000, 1, false, `{"model":"m","max_completion_tokens":50,"messages":[]}`, 0},
-	{"chat: absent", ChatCompletions, `{"model":"m","messages":[{"role":"user","content":"hi"}]}`, 0, 1, false, `{"max_completion_tokens":50,"max_tokens":50,"model":"m","messages":[{"role":"user","content":"hi"}]}`, 0},
-	{"chat: absent, whitespace", ChatCompletions, " {\n  \"model\": \"m\"\n}\n", 0, 1, false, " {\"max_completion_tokens\":50,\"max_tokens\":50,\n  \"model\": \"m\"\n}\n", 0},
-	{"chat: empty object", ChatCompletions, `{}`, 0, 1, false, `{"max_completion_tokens":50,"max_tokens":50}`, 0},
-	{"chat: empty object with space", ChatCompletions, `{ }`, 0, 1, false, `{"max_completion_tokens":50,"max_tokens":50 }`, 0},
+	{"chat: absent", ChatCompletions, `{"model":"m","messages":[{"role":"user","content":"hi"}]}`, 0, 1, false, `{"max_completion_tokens":50,"model":"m","messages":[{"role":"user","content":"hi"}]}`, 0},
+	{"chat: absent, whitespace", ChatCompletions, " {\n  \"model\": \"m\"\n}\n", 0, 1, false, " {\"max_completion_tokens\":50,\n  \"model\": \"m\"\n}\n", 0},
+	{"chat: empty object", ChatCompletions, `{}`, 0, 1, false, `{"max_completion_tokens":50}`, 0},
+	{"chat: empty object with space", ChatCompletions, `{ }`, 0, 1, false, `{"max_completion_tokens":50 }`, 0},
 	{"chat: zero", ChatCompletions, `{"max_tokens":0,"messages":[]}`, 0, 1, false, `{"max_tokens":50,"messages":[]}`, 0},
 	{"chat: negative", ChatCompletions, `{"max_tokens":-5}`, 0, 1, false, `{"max_tokens":50}`, 0},
 	{"chat: a string", ChatCompletions, `{"max_tokens":"100"}`, 0, 1, false, `{"max_tokens":50}`, 0},
@@ -98,11 +98,11 @@ var capCases = []capCase{
 	{"chat: spaces kept around the value", ChatCompletions, `{"max_tokens" :  4000 , "x":1}`, 4000, 1, false, `{"max_tokens" :  50 , "x":1}`, 0},
 	{"chat: an escaped name", ChatCompletions, `{"max\u005ftokens":4000}`, 4000, 1, false, `{"max\u005ftokens":50}`, 0},
 	{"chat: another spelling", ChatCompletions, `{"max_tokens":10,"Max_Tokens":4000}`, 0, 1, false, `{"max_tokens":10,"Max_Tokens":50}`, 0},
-	{"chat: the Kelvin sign", ChatCompletions, `{"max_to` + "\u212a" + `ens":4000}`, 0, 1, false, `{"max_completion_tokens":50,"max_tokens":50,"max_to` + "\u212a" + `ens":50}`, 0},
-	{"chat: another spelling alone", ChatCompletions, `{"Max_Tokens":40}`, 0, 1, false, `{"max_completion_tokens":50,"max_tokens":50,"Max_Tokens":40}`, 0},
+	{"chat: the Kelvin sign", ChatCompletions, `{"max_to` + "\u212a" + `ens":4000}`, 0, 1, false, `{"max_completion_tokens":50,"max_to` + "\u212a" + `ens":50}`, 0},
+	{"chat: another spelling alone", ChatCompletions, `{"Max_Tokens":40}`, 0, 1, false, `{"max_completion_tokens":50,"Max_Tokens":40}`, 0},
 	{"gemini: another spelling alone", GeminiGenerate, `{"GenerationConfig":{"maxOutputTokens":4000}}`, 0, 1, false, `{"generationConfig":{"maxOutputTokens":50},"GenerationConfig":{"maxOutputTokens":50}}`, 0},
-	{"chat: nested only", ChatCompletions, `{"messages":[{"max_tokens":4000}],"meta":{"max_tokens":1}}`, 0, 1, false, `{"max_completion_tokens":50,"max_tokens":50,"messages":[{"max_tokens":4000}],"meta":{"max_tokens":1}}`, 0},
-	{"chat: a string mentioning the cap", ChatCompletions, `{"messages":[{"content":"\"max_tokens\":9000"}]}`, 0, 1, false, `{"max_completion_tokens":50,"max_tokens":50,"messages":[{"content":"\"max_tokens\":9000"}]}`, 0},
+	{"chat: nested only", ChatCompletions, `{"messages":[{"max_tokens":4000}],"meta":{"max_tokens":1}}`, 0, 1, false, `{"max_completion_tokens":50,"messages":[{"max_tokens":4000}],"meta":{"max_tokens":1}}`, 0},
+	{"chat: a string mentioning the cap", ChatCompletions, `{"messages":[{"content":"\"max_tokens\":9000"}]}`, 0, 1, false, `{"max_completion_tokens":50,"messages":[{"content":"\"max_tokens\":9000"}]}`, 0},
 	{"chat: n", ChatCompletions, `{"n":3,"max_tokens":10}`, 10, 3, false, "", 0},
 	{"chat: n null", ChatCompletions, `{"n":null,"max_tokens":10}`, 10, 1, false, "", 0},
 	{"chat: n 128", ChatCompletions, `{"n":128,"max_tokens":10}`, 10, 128, false, "", 0},
@@ -114,13 +114,14 @@ var capCases = []capCase{
 	{"chat: n true", ChatCompletions, `{"n":true,"max_tokens":10}`, 10, 1, false, "", 0},
 	{"chat: n_predict rewritten", ChatCompletions, `{"max_tokens":10,"n_predict":50000}`, 50000, 1, false, `{"max_tokens":10,"n_predict":50}`, 0},
 	{"chat: n_predict -1", ChatCompletions, `{"max_tokens":10,"n_predict":-1}`, 10, 1, false, `{"max_tokens":10,"n_predict":50}`, 0},
-	{"chat: n_predict alone", ChatCompletions, `{"n_predict":40}`, 40, 1, false, `{"max_completion_tokens":50,"max_tokens":50,"n_predict":40}`, 0},
+	{"chat: n_predict alone", ChatCompletions, `{"n_predict":40}`, 40, 1, false, `{"max_completion_tokens":50,"n_predict":40}`, 0},
 	{"completions: n_predict rewritten", Completions, `{"prompt":"hi","n_predict":4000}`, 4000, 1, false, `{"max_tokens":50,"prompt":"hi","n_predict":50}`, 0},
 	{"chat: a tool parameter named file", ChatCompletions, `{"max_tokens":10,"tools":[{"type":"function","function":{"name":"save","parameters":{"type":"object","properties":{"file":{"type":"string"},"type":{"type":"string","enum":["image"]}}}}}]}`, 10, 1, false, "", 0},
 	{"chat: metadata image", ChatCompletions, `{"max_tokens":10,"metadata":{"image":"x"}}`, 10, 1, false, "", 0},
 	{"chat: a response_format schema", ChatCompletions, `{"max_tokens":10,"response_format":{"type":"json_schema","json_schema":{"name":"n","schema":{"properties":{"image_url":{"type":"string"}}}}}}`, 10, 1, false, "", 0},
 	{"chat: an image after a tool schema", ChatCompletions, `{"tools":[{"type":"function","function":{"name":"f","parameters":{"file":{}}}}],"max_tokens":10,"messages":[{"content":[{"type":"image_url","image_url":{"url":"u"}}]}]}`, 10, 1, true, "", 0},
 	{"chat: a tool result with an image", ChatCompletions, `{"max_tokens":10,"messages":[{"role":"tool","content":[{"type":"image_url","image_url":{"url":"u"}}]}]}`, 10, 1, true, "", 0},
+	{"chat: best_of (vLLM)", ChatCompletions, `{"n":2,"best_of":3.0,"max_tokens":10}`, 10, 3, false, "", 0},
 	{"chat: n duplicated", ChatCompletions, `{"n":4,"n":2,"max_tokens":10}`, 10, 4, false, "", 0},
 	{"chat: N", ChatCompletions, `{"n":1,"N":5,"max_tokens":10}`, 10, 5, false, "", 0},
 	{"chat: image_url", ChatCompletions, `{"max_tokens":10,"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"https://x/y.png"}}]}]}`, 10, 1, true, "", 0},
@@ -273,7 +274,7 @@ func TestOutputCap(t *testing.T) {
 		if b != want {
 			t.Errorf("%s: ReadBound %+v, want %+v", tc.name, b, want)
 		}
-		changed := SetOutputCap(r, tc.api, 50)
+		changed := SetOutputCap(r, tc.api, 50, false)
 		sent := tc.want
 		if sent == "" {
 			sent = tc.body
@@ -309,7 +310,7 @@ func TestOutputCap(t *testing.T) {
 			if b := ReadBound(r, api); b.Readable || b.Refusal.Status != tc.status || b != (Bound{Refusal: b.Refusal}) {
 				t.Errorf("%s (%d): ReadBound %+v, want not readable, refused %d", tc.name, api, b, tc.status)
 			}
-			if SetOutputCap(r, api, 50) {
+			if SetOutputCap(r, api, 50, false) {
 				t.Errorf("%s (%d): SetOutputCap changed the body", tc.name, api)
 			}
 			if got, _ := io.ReadAll(r.Body); string(got) != tc.body {
@@ -319,12 +320,38 @@ func TestOutputCap(t *testing.T) {
 	}
 }
 
+// TestSetOutputCapMaxTokensToo: with maxTokensToo, a chat request without max_tokens gets one
+// beside its max_completion_tokens (given or inserted); one with max_tokens, and the other
+// APIs, get nothing more.
+func TestSetOutputCapMaxTokensToo(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		api        API
+		body, want string
+	}{
+		{ChatCompletions, `{"messages":[]}`, `{"max_completion_tokens":50,"max_tokens":50,"messages":[]}`},
+		{ChatCompletions, `{}`, `{"max_completion_tokens":50,"max_tokens":50}`},
+		{ChatCompletions, `{"max_completion_tokens":4000}`, `{"max_tokens":50,"max_completion_tokens":50}`},
+		{ChatCompletions, `{"max_completion_tokens":10}`, `{"max_tokens":50,"max_completion_tokens":10}`},
+		{ChatCompletions, `{"max_tokens":10}`, `{"max_tokens":10}`},
+		{ChatCompletions, `{"n_predict":10}`, `{"max_completion_tokens":50,"max_tokens":50,"n_predict":10}`},
+		{Completions, `{"prompt":"x"}`, `{"max_tokens":50,"prompt":"x"}`},
+		{AnthropicMessages, `{"messages":[]}`, `{"max_tokens":50,"messages":[]}`},
+	} {
+		r := jsonRequest(http.MethodPost, "application/json", tc.body)
+		SetOutputCap(r, tc.api, 50, true)
+		if got, _ := io.ReadAll(r.Body); string(got) != tc.want {
+			t.Errorf("%s (%d): sent %s, want %s", tc.body, tc.api, got, tc.want)
+		}
+	}
+}
+
 // TestSetOutputCapRefused: a cap that is not positive changes nothing.
 func TestSetOutputCapRefused(t *testing.T) {
 	t.Parallel()
 	for _, c := range []int64{0, -1} {
 		r := jsonRequest(http.MethodPost, "application/json", `{"max_tokens":4000}`)
-		if SetOutputCap(r, ChatCompletions, c) {
+		if SetOutputCap(r, ChatCompletions, c, false) {
 			t.Errorf("cap %d: the body changed", c)
 		}
 	}
@@ -351,7 +378,7 @@ func TestOutputCapAllocs(t *testing.T) {
 			t.Errorf("%d: ReadBound on a parsed body allocates %v times", tc.api, n)
 		}
 		if n := testing.AllocsPerRun(100, func() {
-			if SetOutputCap(r, tc.api, 50) {
+			if SetOutputCap(r, tc.api, 50, false) {
 				t.Fatal("the body changed")
 			}
 		}); n != 0 {
@@ -531,7 +558,7 @@ func FuzzSetOutputCap(f *testing.F) {
 		limit = limit&(1<<40-1) + 1
 		r := jsonRequest(http.MethodPost, "application/json", string(body))
 		bd := ReadBound(r, a)
-		changed := SetOutputCap(r, a, limit)
+		changed := SetOutputCap(r, a, limit, limit%2 == 0)
 		after, _ := io.ReadAll(r.Body)
 		if changed == bytes.Equal(after, body) || r.ContentLength != int64(len(after)) {
 			t.Fatalf("reports %v; %q became %q (length %d)", changed, body, after, r.ContentLength)
@@ -610,7 +637,7 @@ func TestReadBoundAgain(t *testing.T) {
 	if n := testing.AllocsPerRun(10, func() { ReadBound(r, ChatCompletions) }); n != 0 || first.Cap != 4000 {
 		t.Fatalf("cap %d, %v allocations again; want 4000 and 0", first.Cap, n)
 	}
-	if !SetOutputCap(r, ChatCompletions, 100) {
+	if !SetOutputCap(r, ChatCompletions, 100, false) {
 		t.Fatal("SetOutputCap changed nothing")
 	}
 	if b := ReadBound(r, ChatCompletions); b.Cap != 100 {
