@@ -56,25 +56,11 @@ func (h *Handler) resolve(r *http.Request, repl *caddy.Replacer, skip int, reqs 
 		if i == skip {
 			continue
 		}
-		if len(z.matcherSets) > 0 {
-			match, err := z.matches(r, repl, &model)
+		if ok, err := h.applies(r, repl, z, &model); !ok {
 			if err != nil {
-				err = fmt.Errorf("zone %s: matching: %w", z.Name, err)
-				if h.shadowUnresolved(z, err) {
-					continue
-				}
-				return nil, nil, false, &resolveError{z, matcherKind(err), err}
+				return nil, nil, false, err
 			}
-			if !match {
-				continue
-			}
-		}
-		if err := readModel(r, repl, z.usesModel, &model); err != nil {
-			err = fmt.Errorf("zone %s: %w", z.Name, err)
-			if h.shadowUnresolved(z, err) {
-				continue
-			}
-			return nil, nil, false, &resolveError{z, resolveBody, err}
+			continue
 		}
 		key := z.clientKey(r, repl, &masked)
 		if key == "" {
@@ -117,6 +103,33 @@ func (h *Handler) resolve(r *http.Request, repl *caddy.Replacer, skip int, reqs 
 		shaping = shaping || lz.MaxWait > 0
 	}
 	return reqs, shown, shaping, nil
+}
+
+// applies reports whether zone z applies to r: its matchers match, and the model it uses, if
+// any, is read (*model: the model placeholder is published). A shadow zone whose matching or
+// model fails is left out; another zone's failure is the *resolveError.
+func (h *Handler) applies(r *http.Request, repl *caddy.Replacer, z *Zone, model *bool) (bool, error) {
+	if len(z.matcherSets) > 0 {
+		match, err := z.matches(r, repl, model)
+		if err != nil {
+			err = fmt.Errorf("zone %s: matching: %w", z.Name, err)
+			if h.shadowUnresolved(z, err) {
+				return false, nil
+			}
+			return false, &resolveError{z, matcherKind(err), err}
+		}
+		if !match {
+			return false, nil
+		}
+	}
+	if err := readModel(r, repl, z.usesModel, model); err != nil {
+		err = fmt.Errorf("zone %s: %w", z.Name, err)
+		if h.shadowUnresolved(z, err) {
+			return false, nil
+		}
+		return false, &resolveError{z, resolveBody, err}
+	}
+	return true, nil
 }
 
 // matcherKind is the resolveKind of a matcher's error err: resolveBody when a model matcher
