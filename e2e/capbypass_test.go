@@ -4,11 +4,8 @@ import (
 	"bytes"
 	"compress/gzip"
 	"fmt"
-	"io"
-	"net/http"
 	"strings"
 	"testing"
-	"time"
 	"unicode/utf16"
 
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/caddytest"
@@ -51,28 +48,6 @@ func laxSite(redisAddr, capArgs, upstream string) string {
 		zone("oai", "/v1/chat/completions /v1/completions /v1/responses", "openai_usage"),
 		zone("ant", "/v1/messages", "anthropic_usage"),
 		zone("gem", "/v1beta/*", "gemini_usage"), upstream)
-}
-
-// laxPost sends body to url with the API key key and the header pairs given, as a client that
-// sets Content-Length and accepts gzip (the SDKs' default); it returns the status and body.
-func laxPost(t *testing.T, url, key string, body []byte, header ...string) (int, string) {
-	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("X-API-Key", key)
-	for i := 0; i+1 < len(header); i += 2 {
-		req.Header.Set(header[i], header[i+1])
-	}
-	resp, err := caddytest.Client(20 * time.Second).Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
 }
 
 const laxMsg = `"model":"m","messages":[{"role":"user","content":"hi"}]`
@@ -139,7 +114,8 @@ func TestCapOutputEveryBody(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			key := "k-" + strings.ReplaceAll(c.name, " ", "-")
-			status, body := laxPost(t, cs.Base+c.path, key, c.body, c.header...)
+			status, _, out := postJSON(t, cs.Base+c.path, key, string(c.body), c.header...)
+			body := string(out)
 			served := up.Served(key)
 			if status != c.status || !strings.Contains(body, c.reason) {
 				t.Fatalf("%d %.200s; want %d with %q", status, body, c.status, c.reason)
@@ -167,7 +143,7 @@ func TestCapOutputEveryBody(t *testing.T) {
 		})
 	}
 	plain := caddytest.Start(t, laxSite(srv.Addr, "", up.URL))
-	if status, _ := laxPost(t, plain.Base+chat, "without", []byte(`{`+laxMsg+`}`)); status != 200 {
+	if status, _, _ := postJSON(t, plain.Base+chat, "without", `{`+laxMsg+`}`); status != 200 {
 		t.Fatalf("without insert_max_tokens: %d, want 200", status)
 	}
 	if sent := string(up.Last("without")); !strings.HasPrefix(sent, `{"max_completion_tokens":`) || strings.Contains(sent, `"max_tokens"`) {
@@ -184,7 +160,7 @@ func TestCapOutputUnreadablePass(t *testing.T) {
 	up.NoCap = 100
 	cs := caddytest.Start(t, laxSite(srv.Addr, "unreadable pass", up.URL))
 	body := gzipped([]byte(`{` + laxMsg + `,"max_tokens":50}`))
-	if status, b := laxPost(t, cs.Base+"/v1/chat/completions", "p", body, "Content-Encoding", "gzip"); status != 200 {
+	if status, _, b := postJSON(t, cs.Base+"/v1/chat/completions", "p", string(body), "Content-Encoding", "gzip"); status != 200 {
 		t.Fatalf("%d %s, want 200: passed on", status, b)
 	}
 	if sent := string(up.Last("p")); !strings.Contains(sent, `"max_tokens":50}`) {
@@ -270,7 +246,7 @@ func TestCapOutputGenerated(t *testing.T) {
 			}
 			statuses := map[int]int{}
 			for range 3 {
-				status, _ := laxPost(t, cs.Base+s.path, key, body, m.header...)
+				status, _, _ := postJSON(t, cs.Base+s.path, key, string(body), m.header...)
 				statuses[status]++
 			}
 			served := up.Served(key)

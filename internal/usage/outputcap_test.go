@@ -320,6 +320,17 @@ func TestOutputCap(t *testing.T) {
 	}
 }
 
+// TestContentEncodingIdentity: a body sent with Content-Encoding: identity is not compressed,
+// and is read.
+func TestContentEncodingIdentity(t *testing.T) {
+	t.Parallel()
+	r := jsonRequest(http.MethodPost, "application/json", `{"max_tokens":10}`)
+	r.Header.Set("Content-Encoding", "Identity")
+	if b := ReadBound(r, ChatCompletions); !b.Readable || b.Cap != 10 {
+		t.Fatalf("ReadBound %+v, want read, cap 10", b)
+	}
+}
+
 // TestSetOutputCapMaxTokensToo: with maxTokensToo, a chat request without max_tokens gets one
 // beside its max_completion_tokens (given or inserted); one with max_tokens, and the other
 // APIs, get nothing more.

@@ -61,6 +61,8 @@ func unreadable(r *http.Request) Refusal {
 		if !b.over {
 			return Refusal{http.StatusBadRequest, "the request body could not be read"}
 		}
+	case *bufferedBody:
+		return Refusal{http.StatusBadRequest, "the request body was read before the rate limit"}
 	case nil:
 		return Refusal{http.StatusBadRequest, "the request has no body"}
 	}
