@@ -1,6 +1,7 @@
 package ratelimitredis
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"math/big"
@@ -263,12 +264,12 @@ func (h *Handler) capOutput(r *http.Request, repl *caddy.Replacer, reqs []limite
 		}
 		maxTokens = maxTokens || c.maxTokens
 		n := outputFor(wc, reserved(&reqs[i]), units(wp, b.Prompt), b.Choices)
+		if want := cmp.Or(b.Cap, c.dflt); want > 0 {
+			n = min(n, want) // an inserted cap is at most the client's own, else default_output
+		}
 		if limit < 0 || n < limit {
 			limit = n
 		}
-	}
-	if b.Cap > 0 {
-		limit = min(limit, b.Cap) // an inserted cap is at most the client's own
 	}
 	if limit > 0 && limit < maxOutputTokens {
 		usage.SetOutputCap(r, api, limit, maxTokens)

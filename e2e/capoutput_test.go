@@ -224,7 +224,7 @@ func TestCapOutputWeights(t *testing.T) {
 
 // TestCapOutputUnbounded: a request with content whose tokens its bytes do not bound (an image)
 // is reserved at max_cost (here the whole budget), and its output is still capped: to what
-// max_cost leaves after its body's bytes.
+// max_cost leaves after its body's bytes, or to default_output when it asks for no cap.
 func TestCapOutputUnbounded(t *testing.T) {
 	srv := redistest.Start(t)
 	up := llmtest.StartCapped(t)
@@ -236,6 +236,13 @@ func TestCapOutputUnbounded(t *testing.T) {
 	}
 	if _, caps := up.Reported(); caps[0] != int64(10000-len(img)) {
 		t.Fatalf("cap %d, want what max_cost leaves after the body's bytes: 10000 − %d", caps[0], len(img))
+	}
+	dflt := caddytest.Start(t, zoneSite(srv.Addr, "dflt", capZone("openai_usage", "default_output 100"), up.URL))
+	if status, _, _ := postJSON(t, dflt.Base+"/v1/chat/completions", "img", img); status != 200 {
+		t.Fatalf("with default_output: status %d, want 200", status)
+	}
+	if _, caps := up.Reported(); caps[1] != 100 {
+		t.Fatalf("with default_output 100: cap %d, want 100", caps[1])
 	}
 }
 

@@ -80,8 +80,8 @@ type Bound struct {
 	// the JSON around each message covers its chat template's tokens.
 	Prompt int64
 	// Cap is the output cap in tokens the request asks for, per choice, as the upstream reads
-	// it: the last of a name given twice. With two cap members (ChatCompletions'
-	// max_completion_tokens and max_tokens) it is the larger. It is 0 when no cap is given, or
+	// it: the last of a name given twice. With several cap members (ChatCompletions'
+	// max_completion_tokens, max_tokens and n_predict) it is the largest. It is 0 when no cap is given, or
 	// when one is not a positive integer (a string, 0, a negative or fractional number, 1e2,
 	// a bool, null), or when a cap's name is given in another spelling that a reader may take
 	// for it ("Max_Tokens", which Go's encoding/json reads as max_tokens). SetOutputCap
