@@ -76,7 +76,8 @@ func modelSite(redisAddr, upstream string) string {
 // JSON body: a zone keyed on the user and the model gives each pair its own budget (sized here
 // by a map of the model), a matcher can select a model, and the upstream gets the body as it
 // came. A body that is not JSON or is too large has the unreadable model, whose budget is the
-// map's default. A body that names no model has an empty model: a key with other parts still has
+// map's default; one whose model upstreams read apart is refused with 400, by a key or a matcher
+// of the model alike. A body that names no model has an empty model: a key with other parts still has
 // them, and a key of the model alone is empty (empty_key deny: 403).
 func TestModelPlaceholder(t *testing.T) {
 	srv := redistest.Start(t)
@@ -120,6 +121,8 @@ func TestModelPlaceholder(t *testing.T) {
 		{"alice, over 1 MiB: alike", "/llm/chat", "alice", `{"model":"gpt-4o","pad":"` + strings.Repeat(" ", usage.MaxRequestBody) + `"}`, "429"},
 		{"a matcher of gpt-4o", "/m/x", "carol", gpt, "200 429"},
 		{"the matcher, another model", "/m/x", "carol", claude, "200 200 200"},
+		{"the matcher, an ambiguous model: refused", "/m/x", "carol", `{"model":"claude","Model":"gpt-4o"}`, "400 400"},
+		{"a key of the model alone, an ambiguous model: refused", "/only/x", "dave", `{"model":"gpt-4o","MODEL":"x"}`, "400"},
 		{"a key of the model alone, no model", "/only/x", "dave", `{"messages":[]}`, "403 403"},
 		{"a key of the model alone", "/only/x", "dave", gpt, "200 200"},
 	} {
