@@ -509,6 +509,8 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 			&Handler{Zones: []*Zone{{Name: "default", Capacity: NumberOf(1000), RefillRate: NumberOf(1000.0 / 3600), Cost: "100", Charge: &Charge{Source: "header", Header: "X-Tokens-Used"}, HoldMax: caddy.Duration(30 * time.Minute)}}}},
 		{"charge openai_usage", "rate_limit_redis {\n\tcapacity 1000\n\trefill_rate 1\n\tcharge openai_usage\n}",
 			&Handler{Zones: []*Zone{{Name: "default", Capacity: NumberOf(1000), RefillRate: NumberOf(1), Charge: &Charge{Source: "openai_usage"}}}}},
+		{"cap_output with every option", "rate_limit_redis {\n\tcapacity 1000\n\trefill_rate 1\n\tcharge openai_usage\n\tcap_output min_output 8 unreadable pass insert_max_tokens default_output 100\n}",
+			&Handler{Zones: []*Zone{{Name: "default", Capacity: NumberOf(1000), RefillRate: NumberOf(1), Charge: &Charge{Source: "openai_usage"}, CapOutput: &CapOutput{MinOutput: new(int64(8)), DefaultOutput: 100, Unreadable: UnreadablePass, InsertMaxTokens: true}}}}},
 		{"charge openai_usage completion with count_status", "rate_limit_redis {\n\tcapacity 1000\n\trefill_rate 1\n\tcharge openai_usage completion\n\tcount_status 2xx\n}",
 			&Handler{Zones: []*Zone{{Name: "default", Capacity: NumberOf(1000), RefillRate: NumberOf(1), Charge: &Charge{Source: "openai_usage", Usage: "completion"}, CountStatus: []string{"2xx"}}}}},
 		{"charge openai_usage missing", "rate_limit_redis {\n\tcapacity 1000\n\trefill_rate 1\n\tcharge openai_usage missing 0\n}",

@@ -254,13 +254,23 @@ func (p *zoneParser) parseCharge(d *caddyfile.Dispenser) error {
 }
 
 // parseCapOutput parses the cap_output subdirective at the cursor: [min_output <n>]
-// [default_output <n>], in any order.
+// [default_output <n>] [unreadable refuse|pass] [insert_max_tokens], in any order.
 func (p *zoneParser) parseCapOutput(d *caddyfile.Dispenser) error {
 	c := &CapOutput{}
 	args := d.RemainingArgs()
 	for len(args) > 0 {
-		if len(args) < 2 || (args[0] != "min_output" && args[0] != "default_output") {
-			return d.Errf("cap_output: expected min_output <tokens> or default_output <tokens>, got %q (cap_output min_output 16 default_output 4096)", args[0])
+		if args[0] == "insert_max_tokens" {
+			c.InsertMaxTokens = true
+			args = args[1:]
+			continue
+		}
+		if len(args) < 2 || (args[0] != "min_output" && args[0] != "default_output" && args[0] != "unreadable") {
+			return d.Errf("cap_output: expected min_output <tokens>, default_output <tokens>, unreadable refuse|pass or insert_max_tokens, got %q (cap_output min_output 16 default_output 4096)", args[0])
+		}
+		if args[0] == "unreadable" {
+			c.Unreadable = args[1]
+			args = args[2:]
+			continue
 		}
 		n, err := strconv.ParseInt(args[1], 10, 64)
 		if err != nil {

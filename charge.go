@@ -463,7 +463,7 @@ func (h *Handler) serveAndSettle(w http.ResponseWriter, r *http.Request, next ca
 		usage.AcceptReadable(r.Header)
 	}
 	if cw.formats[usage.OpenAI] {
-		publishModel(r, repl) // the body read once, for IncludeUsage and the logs
+		_ = publishModel(r, repl) // the body read once, for IncludeUsage and the logs; admitted already
 		usage.IncludeUsage(r)
 	}
 	var charged *int64 // {http.rate_limit_redis.charged}: the first settling zone's amount

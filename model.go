@@ -11,7 +11,9 @@ import (
 )
 
 // modelPlaceholder is the request's model, read from its JSON body (usage.Model: "" when the
-// body is not JSON, over 1 MiB, compressed, or names no model as a string), so that a zone can
+// body names no model, "?unreadable" when it is not JSON, over 1 MiB or compressed; a body
+// whose model upstreams read apart, "Model" beside "model" or a model that is not a string,
+// is refused with 400 by a zone that uses the placeholder), so that a zone can
 // key on it (a budget per user and model), take its numbers or cost from it (through a map of
 // it), or match it. The body is read before the decision only for a zone that uses the
 // placeholder, once per request, and only when the zone's other matchers have matched: in its
@@ -93,7 +95,9 @@ func (z *Zone) matches(r *http.Request, repl *caddy.Replacer, read *bool) (bool,
 	for i, set := range z.matcherSets {
 		match, err := set.MatchWithError(r)
 		if err == nil && match && len(z.modelMatchers[i]) > 0 {
-			readModel(r, repl, true, read)
+			if err := readModel(r, repl, true, read); err != nil {
+				return false, err
+			}
 			match, err = z.modelMatchers[i].MatchWithError(r)
 		}
 		if err != nil || match {
@@ -104,16 +108,27 @@ func (z *Zone) matches(r *http.Request, repl *caddy.Replacer, read *bool) (bool,
 }
 
 // readModel publishes r's model as the model placeholder when needed and not published yet
-// (*read); r's body is then read, once.
-func readModel(r *http.Request, repl *caddy.Replacer, needed bool, read *bool) {
-	if !needed || *read {
-		return
+// (*read); r's body is then read, once. The error is the usage.Refusal of a body whose model
+// upstreams read apart, every time it is asked.
+func readModel(r *http.Request, repl *caddy.Replacer, needed bool, read *bool) error {
+	if !needed {
+		return nil
+	}
+	if *read {
+		if _, err := usage.Model(r); err != nil {
+			return err // parsed once: the same answer
+		}
+		return nil
 	}
 	*read = true
-	publishModel(r, repl)
+	return publishModel(r, repl)
 }
 
-// publishModel sets the model placeholder to r's model, reading r's body if it was not read.
-func publishModel(r *http.Request, repl *caddy.Replacer) {
-	repl.Set(modelPlaceholder, usage.Model(r))
+// publishModel sets the model placeholder to r's model, reading r's body if it was not read,
+// and returns the usage.Refusal of a body whose model upstreams read apart (the placeholder is
+// then "?unreadable").
+func publishModel(r *http.Request, repl *caddy.Replacer) error {
+	m, err := usage.Model(r)
+	repl.Set(modelPlaceholder, m)
+	return err
 }

@@ -76,7 +76,8 @@ func modelSite(redisAddr, upstream string) string {
 // JSON body: a zone keyed on the user and the model gives each pair its own budget (sized here
 // by a map of the model), a matcher can select a model, and the upstream gets the body as it
 // came. A body that is not JSON or is too large has the unreadable model, whose budget is the
-// map's default. A body that names no model has an empty model: a key with other parts still has
+// map's default; one whose model upstreams read apart is refused with 400, by a key or a matcher
+// of the model alike. A body that names no model has an empty model: a key with other parts still has
 // them, and a key of the model alone is empty (empty_key deny: 403).
 func TestModelPlaceholder(t *testing.T) {
 	srv := redistest.Start(t)
@@ -120,6 +121,8 @@ func TestModelPlaceholder(t *testing.T) {
 		{"alice, over 1 MiB: alike", "/llm/chat", "alice", `{"model":"gpt-4o","pad":"` + strings.Repeat(" ", usage.MaxRequestBody) + `"}`, "429"},
 		{"a matcher of gpt-4o", "/m/x", "carol", gpt, "200 429"},
 		{"the matcher, another model", "/m/x", "carol", claude, "200 200 200"},
+		{"the matcher, an ambiguous model: refused", "/m/x", "carol", `{"model":"claude","Model":"gpt-4o"}`, "400 400"},
+		{"a key of the model alone, an ambiguous model: refused", "/only/x", "dave", `{"model":"gpt-4o","MODEL":"x"}`, "400"},
 		{"a key of the model alone, no model", "/only/x", "dave", `{"messages":[]}`, "403 403"},
 		{"a key of the model alone", "/only/x", "dave", gpt, "200 200"},
 	} {
@@ -212,9 +215,10 @@ func (*countingBody) Close() error { return nil }
 
 // TestModelBudgetCannotBeSplit: a budget per user and model cannot be split by how the body is
 // sent. The same model sent without a Content-Type, or as text/plain, is charged to the same
-// budget; a body whose model upstreams may read differently ("Model" beside "model", bytes after
-// the object) is charged to the unreadable model's budget, the map's default, never to the
-// budget of the model it names.
+// budget; a body whose model upstreams read apart ("Model" beside "model", a model that is not a
+// string) is refused with 400 naming the member, and charged to no budget; a body that is not
+// read as one JSON object (bytes after it) is charged to the unreadable model's budget, the
+// map's default, never to the budget of the model it names.
 func TestModelBudgetCannotBeSplit(t *testing.T) {
 	srv := redistest.Start(t)
 	cs := caddytest.Start(t, fmt.Sprintf(`
@@ -259,12 +263,20 @@ func TestModelBudgetCannotBeSplit(t *testing.T) {
 	post("big, text/plain: the same budget, spent", "text/plain", big, 429, "big", "2")
 	post("big, a form type: the same", "application/x-www-form-urlencoded", big, 429, "big", "2")
 
-	for i, body := range []string{`{"model":"small","Model":"big"}`, `{"MODEL":"big","model":"small"}`, `{"model":"small"} x`} {
-		status := 200
-		if i == 2 {
-			status = 429
+	for body, member := range map[string]string{`{"model":"small","Model":"big"}`: `"Model"`, `{"MODEL":"big","model":"small"}`: `"MODEL"`, `{"model":["big"]}`: `"model"`, `{"model":"big","model":null}`: `"model"`} {
+		resp, err := caddytest.Client(10*time.Second).Post(cs.Base+"/v1/chat/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
 		}
-		post("ambiguous "+body, "application/json", body, status, usage.UnreadableModel, "2")
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 400 || !strings.Contains(string(b), strings.ReplaceAll(member, `"`, `\"`)) || resp.Header.Get("X-RateLimit-Limit") != "" {
+			t.Errorf("ambiguous %s: %d %s (X-RateLimit-Limit %q), want 400 naming %s, no zone decided", body, resp.StatusCode, b, resp.Header.Get("X-RateLimit-Limit"), member)
+		}
 	}
+	post("ambiguous: refused, so big's budget is untouched", "application/json", big, 429, "big", "2")
+	post("bytes after the object: the unreadable model", "application/json", `{"model":"small"} x`, 200, usage.UnreadableModel, "2")
+	post("the unreadable model's own budget", "application/json", `{"model":"small"} y`, 200, usage.UnreadableModel, "2")
+	post("the unreadable model's budget, spent", "application/json", `{"model":"small"} z`, 429, usage.UnreadableModel, "2")
 	post("small, JSON: its own budget, untouched", "application/json", `{"model":"small"}`, 200, "small", "5", "X-RateLimit-Remaining", "4")
 }

@@ -1,6 +1,7 @@
 package ratelimitredis
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"math/big"
@@ -33,7 +34,27 @@ type CapOutput struct {
 	// that much left: min_output to 2^31 − 1. Default (0): as many as the zone's max_cost
 	// allows, which reserves the client's whole budget while such a request runs.
 	DefaultOutput int64 `json:"default_output,omitempty"`
+
+	// What a POST to an LLM API whose body the module cannot read gets: "refuse" (the
+	// default) answers 415 to a compressed body (Content-Encoding), 413 to one over 1 MiB and
+	// 400 to one that is not a single JSON object in UTF-8 (a byte order mark, another
+	// encoding, bytes after it), naming why, and never forwards it; "pass" forwards it as it
+	// came, reserved at the zone's max_cost and charged what the response reports, at most
+	// max_cost, with its output cap not rewritten (outside the never-overdrawn guarantee).
+	Unreadable string `json:"unreadable,omitempty"`
+
+	// Also write max_tokens into a chat completions request that has none (it gives only
+	// max_completion_tokens, or no cap), for upstreams that read only max_tokens: llama.cpp
+	// builds and other servers that predate max_completion_tokens. Off by default: OpenAI's
+	// reasoning models (o-series, GPT-5) answer 400 to a request with max_tokens.
+	InsertMaxTokens bool `json:"insert_max_tokens,omitempty"`
 }
+
+// The values of CapOutput.Unreadable.
+const (
+	UnreadableRefuse = "refuse"
+	UnreadablePass   = "pass"
+)
 
 // DefaultMinOutput is CapOutput.MinOutput's default, in tokens.
 const DefaultMinOutput = 16
@@ -53,6 +74,8 @@ func (c *CapOutput) check() string {
 		return fmt.Sprintf("cap_output default_output %d must be between min_output and %d", c.DefaultOutput, maxOutputTokens)
 	case c.DefaultOutput > 0 && c.DefaultOutput < c.minOutput():
 		return fmt.Sprintf("cap_output default_output %d is below min_output %d", c.DefaultOutput, c.minOutput())
+	case c.Unreadable != "" && c.Unreadable != UnreadableRefuse && c.Unreadable != UnreadablePass:
+		return fmt.Sprintf("cap_output unreadable %q must be refuse or pass", c.Unreadable)
 	}
 	return ""
 }
@@ -68,12 +91,14 @@ func (c *CapOutput) minOutput() int64 {
 // outputCap is a zone's cap_output, provisioned: its numbers and its charge's weights.
 type outputCap struct {
 	min, dflt int64
+	pass      bool           // unreadable pass
+	maxTokens bool           // insert_max_tokens
 	after     *afterResponse // the zone's charge: its weights, or its usage count
 }
 
 // newOutputCap provisions c for a zone charged by a.
 func newOutputCap(c *CapOutput, a *afterResponse) *outputCap {
-	return &outputCap{min: c.minOutput(), dflt: c.DefaultOutput, after: a}
+	return &outputCap{min: c.minOutput(), dflt: c.DefaultOutput, pass: c.Unreadable == UnreadablePass, maxTokens: c.InsertMaxTokens, after: a}
 }
 
 // weights returns the most one input token is charged (the largest of the prompt, cached and
@@ -126,10 +151,9 @@ func units(w *big.Rat, n int64) int64 {
 }
 
 // requestBound returns what a request r asks of a zone with cap_output: its API and what its
-// body says.
-// ok is false when the request's use cannot be bounded from its body (an unknown API, a body
-// that is not read, content that is not text): it is then reserved at the zone's max_cost.
-func requestBound(r *http.Request) (api usage.API, b usage.Bound, ok bool) {
+// body says. known is false for a request that is not a POST to an API usage.APIOf knows: it
+// is reserved at the zone's max_cost and passed on as it came.
+func requestBound(r *http.Request) (api usage.API, b usage.Bound, known bool) {
 	if r.Method != http.MethodPost {
 		return 0, usage.Bound{}, false
 	}
@@ -137,30 +161,46 @@ func requestBound(r *http.Request) (api usage.API, b usage.Bound, ok bool) {
 	if api == 0 {
 		return 0, usage.Bound{}, false
 	}
-	b = usage.ReadBound(r, api)
-	return api, b, b.Readable && !b.Unbounded
+	return api, usage.ReadBound(r, api), true
 }
 
 // reserve sets rq's cost to the least request r can use in its zone (its prompt's bound and
 // min_output tokens per output) and its bound (Request.SetUpTo) to the most: its prompt's
 // bound and its output cap (the request's own, else default_output), at most the zone's
-// max_cost. A request that cannot be bounded costs max_cost. A cost above max_cost is a
-// request the zone can never admit (a prompt larger than the whole budget): 429.
-func (c *outputCap) reserve(r *http.Request, repl *caddy.Replacer, rq *limiter.Request) {
+// max_cost. A request whose prompt its body does not bound (non-text content), whose weights
+// are unknown, or that is not a POST to a known API, costs max_cost; its output is still
+// capped (capOutput) to what max_cost leaves after its body's bytes. A cost above max_cost is
+// a request the zone can never admit (a prompt larger than the whole budget): 429. The error
+// is a usage.Refusal: a body that cannot be read (unless the zone passes it: unreadable
+// pass, reserved at max_cost), or a choices count no reader takes for a whole number from 1
+// to usage.MaxChoices.
+func (c *outputCap) reserve(r *http.Request, repl *caddy.Replacer, rq *limiter.Request) error {
 	most := rq.Zone.MaxCostOrQuota()
-	api, b, ok := requestBound(r)
-	wp, wc, known := c.weights(repl)
-	if !ok || !known {
+	api, b, known := requestBound(r)
+	if known && b.Refusal.Status != 0 {
+		if !b.Readable && c.pass {
+			rq.Cost = most
+			return nil
+		}
+		return b.Refusal
+	}
+	wp, wc, priced := c.weights(repl)
+	if !known || !priced {
 		rq.Cost = most
-		return
+		return nil
 	}
 	prompt := units(wp, b.Prompt)
 	if api == usage.Embeddings {
 		rq.Cost = max(1, prompt)
-		return
+		return nil
 	}
 	choices := max(b.Choices, 1)
-	rq.Cost = max(1, prompt+units(wc, c.min*choices))
+	least := max(1, prompt+units(wc, c.min*choices))
+	if b.Unbounded {
+		rq.Cost = max(most, least) // above max_cost: refused, its output could not be capped
+		return nil
+	}
+	rq.Cost = least
 	want := b.Cap
 	if want == 0 {
 		want = c.dflt
@@ -170,6 +210,7 @@ func (c *outputCap) reserve(r *http.Request, repl *caddy.Replacer, rq *limiter.R
 		upTo = min(most, prompt+units(wc, min(want, limiter.MaxCapacity)*choices))
 	}
 	rq.SetUpTo(upTo)
+	return nil
 }
 
 // outputFor returns the most output tokens per output (of choices) that fit in units after a
@@ -193,9 +234,12 @@ func outputFor(wc *big.Rat, units, prompt, choices int64) int64 {
 }
 
 // capOutput rewrites the output cap of r, admitted, to what every zone with cap_output among
-// reqs reserved for it (Result.Granted, else its cost): the fewest tokens any of them leaves
-// room for. A body already within that cap goes on as it came; one that asks for no cap gets
-// it. Nothing changes for a request no zone could bound (reserved at max_cost).
+// reqs reserved for it (Result.Granted, else its cost) leaves after its body's bytes: the
+// fewest tokens any of them leaves room for. A body already within that cap goes on as it
+// came; one that asks for no cap gets it. A body whose prompt is not bounded by its bytes is
+// capped too, to what max_cost leaves. Nothing changes for a body that is not read (passed
+// with unreadable pass), a request to no API usage.APIOf knows, or one no zone could price
+// (a weight's placeholder unusable).
 func (h *Handler) capOutput(r *http.Request, repl *caddy.Replacer, reqs []limiter.Request) {
 	capped := false
 	for _, rq := range reqs {
@@ -204,11 +248,11 @@ func (h *Handler) capOutput(r *http.Request, repl *caddy.Replacer, reqs []limite
 	if !capped {
 		return
 	}
-	api, b, ok := requestBound(r)
-	if !ok || api == usage.Embeddings {
+	api, b, known := requestBound(r)
+	if !known || !b.Readable || api == usage.Embeddings {
 		return // every zone reserved its max_cost, or there is nothing to cap
 	}
-	limit := int64(-1)
+	limit, maxTokens := int64(-1), false
 	for i := range reqs {
 		c := h.Zones[reqs[i].Tag].capOut
 		if c == nil {
@@ -218,13 +262,17 @@ func (h *Handler) capOutput(r *http.Request, repl *caddy.Replacer, reqs []limite
 		if !known {
 			continue // this zone reserved its max_cost; the others still cap the request
 		}
+		maxTokens = maxTokens || c.maxTokens
 		n := outputFor(wc, reserved(&reqs[i]), units(wp, b.Prompt), b.Choices)
+		if want := cmp.Or(b.Cap, c.dflt); want > 0 {
+			n = min(n, want) // an inserted cap is at most the client's own, else default_output
+		}
 		if limit < 0 || n < limit {
 			limit = n
 		}
 	}
 	if limit > 0 && limit < maxOutputTokens {
-		usage.SetOutputCap(r, api, limit)
+		usage.SetOutputCap(r, api, limit, maxTokens)
 	}
 }
 

@@ -1,6 +1,7 @@
 package ratelimitredis
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/clientip"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/limiter"
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/usage"
 )
 
 // resolveError is why a request could not be resolved into limiter requests: it is answered
@@ -37,6 +39,7 @@ const (
 	resolveNumbers                     // a number from a placeholder is unusable: 500
 	resolveCost                        // the cost placeholder is not a positive integer: 400
 	resolveEmptyKey                    // every key candidate is empty and empty_key is deny: 403
+	resolveBody                        // the body cannot be bounded or its model is ambiguous: its usage.Refusal
 )
 
 // resolve appends to reqs, for every zone of h that applies to r in order but the zone of index
@@ -53,20 +56,12 @@ func (h *Handler) resolve(r *http.Request, repl *caddy.Replacer, skip int, reqs 
 		if i == skip {
 			continue
 		}
-		if len(z.matcherSets) > 0 {
-			match, err := z.matches(r, repl, &model)
+		if ok, err := h.applies(r, repl, z, &model); !ok {
 			if err != nil {
-				err = fmt.Errorf("zone %s: matching: %w", z.Name, err)
-				if h.shadowUnresolved(z, err) {
-					continue
-				}
-				return nil, nil, false, &resolveError{z, resolveMatcher, err}
+				return nil, nil, false, err
 			}
-			if !match {
-				continue
-			}
+			continue
 		}
-		readModel(r, repl, z.usesModel, &model)
 		key := z.clientKey(r, repl, &masked)
 		if key == "" {
 			z.emptyKeys.Inc()
@@ -100,15 +95,56 @@ func (h *Handler) resolve(r *http.Request, repl *caddy.Replacer, skip int, reqs 
 			}
 			key = lastKey
 		}
-		reqs = append(reqs, z.request(r, repl, lz, key, cost, i))
+		rq, err := z.request(r, repl, lz, key, cost, i)
+		if err != nil {
+			return nil, nil, false, &resolveError{z, resolveBody, fmt.Errorf("zone %s: %w", z.Name, err)}
+		}
+		reqs = append(reqs, rq)
 		shaping = shaping || lz.MaxWait > 0
 	}
 	return reqs, shown, shaping, nil
 }
 
+// applies reports whether zone z applies to r: its matchers match, and the model it uses, if
+// any, is read (*model: the model placeholder is published). A shadow zone whose matching or
+// model fails is left out; another zone's failure is the *resolveError.
+func (h *Handler) applies(r *http.Request, repl *caddy.Replacer, z *Zone, model *bool) (bool, error) {
+	if len(z.matcherSets) > 0 {
+		match, err := z.matches(r, repl, model)
+		if err != nil {
+			err = fmt.Errorf("zone %s: matching: %w", z.Name, err)
+			if h.shadowUnresolved(z, err) {
+				return false, nil
+			}
+			return false, &resolveError{z, matcherKind(err), err}
+		}
+		if !match {
+			return false, nil
+		}
+	}
+	if err := readModel(r, repl, z.usesModel, model); err != nil {
+		err = fmt.Errorf("zone %s: %w", z.Name, err)
+		if h.shadowUnresolved(z, err) {
+			return false, nil
+		}
+		return false, &resolveError{z, resolveBody, err}
+	}
+	return true, nil
+}
+
+// matcherKind is the resolveKind of a matcher's error err: resolveBody when a model matcher
+// refused the body (usage.Refusal), else resolveMatcher.
+func matcherKind(err error) resolveKind {
+	if errors.As(err, new(usage.Refusal)) {
+		return resolveBody
+	}
+	return resolveMatcher
+}
+
 // request is the zone's limiter request for r, tagged tag: its hold when it settles after the
-// response (charge.go), and with cap_output its cost and bound (outputcap.go).
-func (z *Zone) request(r *http.Request, repl *caddy.Replacer, lz *limiter.Zone, key string, cost int64, tag int) limiter.Request {
+// response (charge.go), and with cap_output its cost and bound (outputcap.go), or the
+// usage.Refusal of a body cap_output cannot bound.
+func (z *Zone) request(r *http.Request, repl *caddy.Replacer, lz *limiter.Zone, key string, cost int64, tag int) (limiter.Request, error) {
 	rq := limiter.Request{Zone: lz, Key: key, Cost: cost, Tag: tag}
 	if z.Priority != nil {
 		rq.Class = z.classOf(repl)
@@ -117,9 +153,11 @@ func (z *Zone) request(r *http.Request, repl *caddy.Replacer, lz *limiter.Zone, 
 		rq.Hold = z.after.hold
 	}
 	if z.capOut != nil {
-		z.capOut.reserve(r, repl, &rq)
+		if err := z.capOut.reserve(r, repl, &rq); err != nil {
+			return rq, err
+		}
 	}
-	return rq
+	return rq, nil
 }
 
 // unresolved answers a request that resolve refused with err (a *resolveError). Each refusal is
@@ -132,6 +170,9 @@ func (z *Zone) request(r *http.Request, repl *caddy.Replacer, lz *limiter.Zone, 
 //     is answered here). dry_run passes the request on.
 //   - A bad cost is a 400 (INVALID_ARGUMENT); dry_run passes the request on.
 //   - An empty key in an empty_key deny zone: denyEmptyKey.
+//   - A body cap_output cannot bound, or whose model a zone uses and upstreams read apart: the
+//     status of its usage.Refusal (400, 413, 415; INVALID_ARGUMENT), its reason in the
+//     answer; dry_run passes the request on.
 //
 // A gRPC call's grpc-message names the zone and, for a 500, not the configuration's details,
 // which stay in the log as a 500's do.
@@ -152,12 +193,15 @@ func (h *Handler) unresolved(w http.ResponseWriter, r *http.Request, next caddyh
 			return next.ServeHTTP(w, r)
 		}
 		return h.refuse(w, r, http.StatusInternalServerError, re.err, grpcInternal, internal)
-	case resolveCost:
+	case resolveCost, resolveBody:
 		if h.DryRun {
-			if c := h.logger.Check(zapcore.DebugLevel, "bad request cost; dry_run lets it through"); c != nil {
+			if c := h.logger.Check(zapcore.DebugLevel, "bad request; dry_run lets it through"); c != nil {
 				c.Write(zap.Error(re.err))
 			}
 			return next.ServeHTTP(w, r)
+		}
+		if re.kind == resolveBody {
+			return h.refuseBody(w, r, re.err)
 		}
 		return h.refuse(w, r, http.StatusBadRequest, re.err, grpcInvalidArgument, re.err.Error())
 	}
@@ -165,6 +209,29 @@ func (h *Handler) unresolved(w http.ResponseWriter, r *http.Request, next caddyh
 		c.Write(zap.String("zone", re.zone.Name), zap.Error(re.err))
 	}
 	return h.refuse(w, r, http.StatusInternalServerError, re.err, grpcInternal, internal)
+}
+
+// refuseBody answers a request whose body err (wrapping a usage.Refusal) refuses: its status,
+// Cache-Control: no-store; a gRPC call gets INVALID_ARGUMENT. When the server has no
+// handle_errors routes, the body is the reason as the LLM APIs write an error
+// ({"error":{"message":...,"type":"invalid_request_error"}}), which the SDKs show; else the
+// error goes to handle_errors ({http.error.message}).
+func (h *Handler) refuseBody(w http.ResponseWriter, r *http.Request, err error) error {
+	var rf usage.Refusal
+	status := http.StatusBadRequest
+	if errors.As(err, &rf) {
+		status = rf.Status
+	}
+	if !h.bareDenials || h.grpcCall(r) {
+		return h.refuse(w, r, status, err, grpcInvalidArgument, err.Error())
+	}
+	noStore(w)
+	body, _ := json.Marshal(map[string]any{"error": map[string]string{"message": err.Error(), "type": "invalid_request_error"}})
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
+	return nil
 }
 
 // denyEmptyKey rejects a request whose key placeholders are all empty in zone z, whose

@@ -223,8 +223,8 @@ func TestCapOutputWeights(t *testing.T) {
 }
 
 // TestCapOutputUnbounded: a request with content whose tokens its bytes do not bound (an image)
-// is reserved at max_cost (here the whole budget, so a second concurrent one is refused) and its
-// cap is not rewritten.
+// is reserved at max_cost (here the whole budget), and its output is still capped: to what
+// max_cost leaves after its body's bytes, or to default_output when it asks for no cap.
 func TestCapOutputUnbounded(t *testing.T) {
 	srv := redistest.Start(t)
 	up := llmtest.StartCapped(t)
@@ -234,8 +234,15 @@ func TestCapOutputUnbounded(t *testing.T) {
 	if status, _, _ := postJSON(t, cs.Base+"/v1/chat/completions", "img", img); status != 200 {
 		t.Fatalf("status %d, want 200", status)
 	}
-	if _, caps := up.Reported(); caps[0] != 0 {
-		t.Fatalf("cap %d, want none: the request was not rewritten", caps[0])
+	if _, caps := up.Reported(); caps[0] != int64(10000-len(img)) {
+		t.Fatalf("cap %d, want what max_cost leaves after the body's bytes: 10000 − %d", caps[0], len(img))
+	}
+	dflt := caddytest.Start(t, zoneSite(srv.Addr, "dflt", capZone("openai_usage", "default_output 100"), up.URL))
+	if status, _, _ := postJSON(t, dflt.Base+"/v1/chat/completions", "img", img); status != 200 {
+		t.Fatalf("with default_output: status %d, want 200", status)
+	}
+	if _, caps := up.Reported(); caps[1] != 100 {
+		t.Fatalf("with default_output 100: cap %d, want 100", caps[1])
 	}
 }
 
@@ -249,7 +256,8 @@ func TestCapOutputConfig(t *testing.T) {
 		{"algorithm sliding_window_counter\n limit 100\n window 1m\n charge openai_usage\n cap_output", "cap_output needs algorithm token_bucket or fixed_window"},
 		{"capacity 100\n refill_rate 1\n charge openai_usage\n cap_output min_output 0", "min_output 0 must be between 1"},
 		{"capacity 100\n refill_rate 1\n charge openai_usage\n cap_output min_output 100 default_output 50", "default_output 50 is below min_output 100"},
-		{"capacity 100\n refill_rate 1\n charge openai_usage\n cap_output max 5", "expected min_output <tokens> or default_output <tokens>"},
+		{"capacity 100\n refill_rate 1\n charge openai_usage\n cap_output max 5", "expected min_output <tokens>, default_output <tokens>, unreadable refuse|pass or insert_max_tokens"},
+		{"capacity 100\n refill_rate 1\n charge openai_usage\n cap_output unreadable maybe", "cap_output unreadable \"maybe\" must be refuse or pass"},
 	} {
 		var h ratelimitredis.Handler
 		err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser("rate_limit_redis {\n zone z {\n " + c.zone + "\n }\n}"))

@@ -61,29 +61,36 @@ const MaxChoices = 128
 // Bound is what a request asks for, read from its body.
 type Bound struct {
 	// Readable is false when the body is not read: compressed, over MaxRequestBody, not one
-	// JSON object with nothing after it, or its reading failed. The other fields are then zero.
+	// JSON object with nothing after it, or its reading failed. Refusal then says why (415,
+	// 413, 400) and the other fields are zero.
 	Readable bool
-	// Unbounded is true when the prompt's tokens are not bounded by the body's bytes, or the
-	// outputs by Cap times Choices: a member or "type" that unboundedKeys or unboundedTypes
-	// lists anywhere in the body (non-text content, context held by the upstream, server-side
-	// tools), a Responses "prompt" object, a Gemini generationConfig that is neither an object
-	// nor null, or a choices count that is not a positive integer of at most MaxChoices.
+	// Refusal, when its Status is not 0, is why the request cannot be bounded and is to be
+	// refused: its body is not read (Readable false), or (400) a choices count is not a whole
+	// number as every lax reader reads it, or is above MaxChoices. It names the member.
+	Refusal Refusal
+	// Unbounded is true when the prompt's tokens are not bounded by the body's bytes: a member
+	// or "type" that unboundedKeys or unboundedTypes lists where the body holds content
+	// (non-text content, context held by the upstream, server-side tools; not inside the
+	// schemas and metadata schemaKeys names), a Responses "prompt" object, or a Gemini
+	// generationConfig that is neither an object nor null. The output is still bounded by Cap
+	// times Choices once SetOutputCap has written the cap.
 	Unbounded bool
 	// Prompt bounds the prompt in tokens: the body's length in bytes, plus AnthropicToolPrompt
 	// for an AnthropicMessages request with tools. A text token covers at least one byte, and
 	// the JSON around each message covers its chat template's tokens.
 	Prompt int64
 	// Cap is the output cap in tokens the request asks for, per choice, as the upstream reads
-	// it: the last of a name given twice. With two cap members (ChatCompletions'
-	// max_completion_tokens and max_tokens) it is the larger. It is 0 when no cap is given, or
+	// it: the last of a name given twice. With several cap members (ChatCompletions'
+	// max_completion_tokens, max_tokens and n_predict) it is the largest. It is 0 when no cap is given, or
 	// when one is not a positive integer (a string, 0, a negative or fractional number, 1e2,
 	// a bool, null), or when a cap's name is given in another spelling that a reader may take
 	// for it ("Max_Tokens", which Go's encoding/json reads as max_tokens). SetOutputCap
 	// makes every cap member agree: call it with the cap reserved for, even when that is Cap.
 	Cap int64
-	// Choices is how many outputs the request generates: ChatCompletions' "n",
-	// Completions' larger of "n" and "best_of", GeminiGenerate's candidateCount; 1 when absent
-	// or null, and for the other APIs. Every member a reader may take for one counts.
+	// Choices is how many outputs the request generates: ChatCompletions' and Completions'
+	// larger of "n" and "best_of", GeminiGenerate's candidateCount; 1 when absent
+	// or null, and for the other APIs. Every member a reader may take for one counts, read as
+	// the laxest reader reads it (laxCount: 2, 2.0, "2" and true are counts).
 	Choices int64
 }
 
@@ -91,8 +98,11 @@ type Bound struct {
 // readBody does (once per request, with Model and IncludeUsage) and passes it on unchanged.
 func ReadBound(r *http.Request, api API) Bound {
 	b := readBody(r)
-	if b == nil || !b.parse().object {
-		return Bound{}
+	if b == nil {
+		return Bound{Refusal: unreadable(r)}
+	}
+	if !b.parse().object {
+		return Bound{Refusal: notJSON}
 	}
 	if api != 0 && b.boundAPI == api {
 		return b.bound
@@ -132,13 +142,15 @@ func hasTools(body []byte, i int) bool {
 }
 
 // anthropicTools is the "tools" member of an Anthropic Messages request.
-var anthropicTools = []field{{"tools", []string{"tools"}}}
+var anthropicTools = []field{{"tools", []string{"tools"}, false}}
 
 // SetOutputCap makes every output cap member of r's body, as api reads it, at most cap
 // tokens (cap > 0). A member whose value is not a positive integer at most cap gets cap; one
 // is inserted where the body has none spelt as the API spells it, right after the opening '{' of its object
-// (max_completion_tokens for ChatCompletions; "generationConfig":{"maxOutputTokens":cap} or
-// a member of each generationConfig object for GeminiGenerate). A Gemini generationConfig
+// (max_completion_tokens for ChatCompletions, n_predict not counting; "generationConfig":{"maxOutputTokens":cap} or
+// a member of each generationConfig object for GeminiGenerate). With maxTokensToo, a
+// ChatCompletions body without max_tokens gets "max_tokens":cap too, for servers that read
+// only max_tokens (OpenAI's reasoning models refuse a request that has it). A Gemini generationConfig
 // that is not an object becomes {"maxOutputTokens":cap}. Every member a reader may take for
 // a cap is rewritten: each of a name given twice, other spellings under case folding. Only
 // the bytes of those values change: key order, whitespace and escapes stay. It returns
@@ -147,7 +159,7 @@ var anthropicTools = []field{{"tools", []string{"tools"}}}
 // not Readable: nothing changes. When the body changes, r.Body, r.GetBody, r.ContentLength
 // and any Content-Length field are set to what the upstream is to receive, as IncludeUsage
 // sets them.
-func SetOutputCap(r *http.Request, api API, cap int64) bool {
+func SetOutputCap(r *http.Request, api API, cap int64, maxTokensToo bool) bool {
 	if cap <= 0 || api == 0 || api == Embeddings {
 		return false
 	}
@@ -156,13 +168,13 @@ func SetOutputCap(r *http.Request, api API, cap int64) bool {
 		return false
 	}
 	changed := false
-	capEdits(b.data, api, cap, func(capEdit) { changed = true })
+	capEdits(b.data, api, cap, maxTokensToo, func(capEdit) { changed = true })
 	if !changed {
 		return false
 	}
 	out := make([]byte, 0, len(b.data)+64)
 	last := 0
-	capEdits(b.data, api, cap, func(e capEdit) {
+	capEdits(b.data, api, cap, maxTokensToo, func(e capEdit) {
 		out = append(out, b.data[last:e.start]...)
 		out = e.append(out, cap)
 		last = e.end
@@ -173,14 +185,17 @@ func SetOutputCap(r *http.Request, api API, cap int64) bool {
 }
 
 // field is an output cap or choices member: the names an API reads it by, and that name
-// folded (foldName), which every spelling of it shares.
+// folded (foldName), which every spelling of it shares; insert: a standard cap of the API, one
+// every reader of it reads (when the object has none spelt as the API spells it, the level's
+// first is inserted).
 type field struct {
 	folded    string
 	spellings []string
+	insert    bool
 }
 
-// level is the members an object of a request body holds: its output caps (the first
-// spelling of the first is inserted where none is given) and its choices counts.
+// level is the members an object of a request body holds: its output caps (at most 3) and
+// its choices counts.
 type level struct {
 	caps    []field
 	choices []field
@@ -188,16 +203,18 @@ type level struct {
 
 // topLevel is each API's top-level object; GeminiGenerate's caps are in geminiConfig.
 var topLevel = [...]level{
+	// llama.cpp's server reads n_predict over max_tokens: rewritten when given. vLLM reads
+	// best_of in a chat request too.
 	ChatCompletions: {
-		caps:    []field{{"maxcompletiontokens", []string{"max_completion_tokens"}}, {"maxtokens", []string{"max_tokens"}}},
-		choices: []field{{"n", []string{"n"}}},
+		caps:    []field{{"maxcompletiontokens", []string{"max_completion_tokens"}, true}, {"maxtokens", []string{"max_tokens"}, true}, nPredict},
+		choices: []field{{"n", []string{"n"}, false}, {"bestof", []string{"best_of"}, false}},
 	},
 	Completions: {
-		caps:    []field{{"maxtokens", []string{"max_tokens"}}},
-		choices: []field{{"n", []string{"n"}}, {"bestof", []string{"best_of"}}},
+		caps:    []field{{"maxtokens", []string{"max_tokens"}, true}, nPredict},
+		choices: []field{{"n", []string{"n"}, false}, {"bestof", []string{"best_of"}, false}},
 	},
-	Responses:         {caps: []field{{"maxoutputtokens", []string{"max_output_tokens"}}}},
-	AnthropicMessages: {caps: []field{{"maxtokens", []string{"max_tokens"}}}},
+	Responses:         {caps: []field{{"maxoutputtokens", []string{"max_output_tokens"}, true}}},
+	AnthropicMessages: {caps: []field{{"maxtokens", []string{"max_tokens"}, true}}},
 	GeminiGenerate:    {},
 	Embeddings:        {},
 }
@@ -205,12 +222,15 @@ var topLevel = [...]level{
 // geminiTop is GeminiGenerate's top-level generationConfig (proto3 JSON reads both
 // spellings), and geminiConfig its members.
 var (
-	geminiTop    = []field{{"generationconfig", []string{"generationConfig", "generation_config"}}}
+	geminiTop    = []field{{"generationconfig", []string{"generationConfig", "generation_config"}, false}}
 	geminiConfig = level{
-		caps:    []field{{"maxoutputtokens", []string{"maxOutputTokens", "max_output_tokens"}}},
-		choices: []field{{"candidatecount", []string{"candidateCount", "candidate_count"}}},
+		caps:    []field{{"maxoutputtokens", []string{"maxOutputTokens", "max_output_tokens"}, true}},
+		choices: []field{{"candidatecount", []string{"candidateCount", "candidate_count"}, false}},
 	}
 )
+
+// nPredict is llama.cpp's output cap, which its server reads over max_tokens.
+var nPredict = field{"npredict", []string{"n_predict"}, false}
 
 // match returns the index in fs of the field the member name n (as written) is read as, and
 // whether n is one of its spellings exactly; -1 when it is none of them.
@@ -233,10 +253,12 @@ func match(fs []field, n []byte) (int, bool) {
 }
 
 // readLevel reads into bd the caps and choices of the object that opens at body[i], as lv
-// describes it: Cap is the larger of the caps' last values (0 when one is not a positive
-// integer, or a cap is given in another spelling), Choices the largest choices count.
+// describes it: Cap is the largest of the caps' last values (0 when one is not a positive
+// integer, or a cap is given in another spelling), Choices the largest choices count. A
+// choices count that is not a whole number from 1 to MaxChoices as the laxest reader reads it
+// (laxCount) sets bd.Refusal.
 func readLevel(body []byte, i int, lv level, bd *Bound) {
-	var caps [2]int64 // the last value of each of lv.caps
+	var caps [3]int64 // the last value of each of lv.caps
 	folded := false
 	eachMember(body, i, func(m member) {
 		if k, exact := match(lv.caps, m.name); k >= 0 {
@@ -245,11 +267,15 @@ func readLevel(body []byte, i int, lv level, bd *Bound) {
 		}
 		if k, _ := match(lv.choices, m.name); k >= 0 {
 			v := body[m.start:m.end]
-			n := positiveInt(v)
+			if string(v) == "null" {
+				return // the default, 1, as every reader reads it
+			}
+			n, ok := laxCount(v)
 			switch {
-			case string(v) == "null":
-			case n == 0 || n > MaxChoices:
-				bd.Unbounded = true
+			case !ok || n < 1:
+				bd.Refusal = choicesRefusal(m.name, "is not a whole number of at least 1")
+			case n > MaxChoices:
+				bd.Refusal = choicesRefusal(m.name, "asks for more than "+strconv.Itoa(MaxChoices)+" outputs")
 			default:
 				bd.Choices = max(bd.Choices, n)
 			}
@@ -257,8 +283,14 @@ func readLevel(body []byte, i int, lv level, bd *Bound) {
 	})
 	bd.Cap = 0
 	if !folded {
-		bd.Cap = max(caps[0], caps[1])
+		bd.Cap = max(caps[0], caps[1], caps[2])
 	}
+}
+
+// choicesRefusal is the 400 Refusal of a choices member named name (as written) whose value
+// is what why says.
+func choicesRefusal(name []byte, why string) Refusal {
+	return Refusal{http.StatusBadRequest, "the request body's " + strconv.Quote(string(unescapedName(name))) + " " + why}
 }
 
 // readGemini reads into bd the generationConfig members of the Gemini request object that
@@ -326,11 +358,16 @@ func (e capEdit) append(out []byte, cap int64) []byte {
 }
 
 // capEdits calls edit on each change that makes every output cap of body (a JSON object),
-// as api reads it, at most cap, in the order of the body.
-func capEdits(body []byte, api API, cap int64, edit func(capEdit)) {
+// as api reads it, at most cap, in the order of the body; with maxTokensToo, a
+// ChatCompletions body without max_tokens gets one.
+func capEdits(body []byte, api API, cap int64, maxTokensToo bool, edit func(capEdit)) {
 	top := skipSpace(body, 0)
 	if api != GeminiGenerate {
-		levelEdits(body, top, topLevel[api], cap, edit)
+		also := ""
+		if maxTokensToo && api == ChatCompletions {
+			also = "max_tokens"
+		}
+		levelEdits(body, top, topLevel[api], cap, also, edit)
 		return
 	}
 	found := false
@@ -346,7 +383,7 @@ func capEdits(body []byte, api API, cap int64, edit func(capEdit)) {
 			return
 		}
 		if body[m.start] == '{' {
-			levelEdits(body, m.start, geminiConfig, cap, edit)
+			levelEdits(body, m.start, geminiConfig, cap, "", edit)
 			return
 		}
 		edit(capEdit{start: m.start, end: m.end, kind: setConfig})
@@ -355,15 +392,23 @@ func capEdits(body []byte, api API, cap int64, edit func(capEdit)) {
 
 // levelEdits calls edit on each change that makes every cap of lv in the object that opens
 // at body[i] at most cap: each cap member whose value is not a positive integer at most cap
-// is set to cap; without a cap member spelt as the API spells it, lv's first is inserted.
-func levelEdits(body []byte, i int, lv level, cap int64, edit func(capEdit)) {
-	found := false
+// is set to cap; without a member of lv's standard caps (field.insert) spelt as the API spells
+// it, lv's first is inserted; without a member spelt also (unless ""), also is inserted.
+func levelEdits(body []byte, i int, lv level, cap int64, also string, edit func(capEdit)) {
+	found, alsoFound := false, also == ""
 	eachMember(body, i, func(m member) {
-		_, exact := match(lv.caps, m.name)
-		found = found || exact
+		k, exact := match(lv.caps, m.name)
+		if k >= 0 && exact {
+			found = found || lv.caps[k].insert
+			alsoFound = alsoFound || string(unescapedName(m.name)) == also
+		}
 	})
+	comma := hasMembers(body, i)
 	if !found {
-		edit(capEdit{start: i + 1, end: i + 1, kind: insertMember, name: lv.caps[0].spellings[0], comma: hasMembers(body, i)})
+		edit(capEdit{start: i + 1, end: i + 1, kind: insertMember, name: lv.caps[0].spellings[0], comma: comma || !alsoFound})
+	}
+	if !alsoFound {
+		edit(capEdit{start: i + 1, end: i + 1, kind: insertMember, name: also, comma: comma})
 	}
 	eachMember(body, i, func(m member) {
 		if k, _ := match(lv.caps, m.name); k < 0 {

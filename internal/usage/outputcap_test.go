@@ -106,9 +106,22 @@ var capCases = []capCase{
 	{"chat: n", ChatCompletions, `{"n":3,"max_tokens":10}`, 10, 3, false, "", 0},
 	{"chat: n null", ChatCompletions, `{"n":null,"max_tokens":10}`, 10, 1, false, "", 0},
 	{"chat: n 128", ChatCompletions, `{"n":128,"max_tokens":10}`, 10, 128, false, "", 0},
-	{"chat: n 129", ChatCompletions, `{"n":129,"max_tokens":10}`, 10, 1, true, "", 0},
-	{"chat: n 0", ChatCompletions, `{"n":0,"max_tokens":10}`, 10, 1, true, "", 0},
-	{"chat: n a string", ChatCompletions, `{"n":"2","max_tokens":10}`, 10, 1, true, "", 0},
+	{"chat: n a string", ChatCompletions, `{"n":"2","max_tokens":10}`, 10, 2, false, "", 0},
+	{"chat: n a spaced string", ChatCompletions, `{"n":" 3 ","max_tokens":10}`, 10, 3, false, "", 0},
+	{"chat: n a string with a fraction", ChatCompletions, `{"n":"3.0","max_tokens":10}`, 10, 3, false, "", 0},
+	{"chat: n 1.0", ChatCompletions, `{"n":1.0,"max_tokens":10}`, 10, 1, false, "", 0},
+	{"chat: n 2e0", ChatCompletions, `{"n":2e0,"max_tokens":10}`, 10, 2, false, "", 0},
+	{"chat: n true", ChatCompletions, `{"n":true,"max_tokens":10}`, 10, 1, false, "", 0},
+	{"chat: n_predict rewritten", ChatCompletions, `{"max_tokens":10,"n_predict":50000}`, 50000, 1, false, `{"max_tokens":10,"n_predict":50}`, 0},
+	{"chat: n_predict -1", ChatCompletions, `{"max_tokens":10,"n_predict":-1}`, 10, 1, false, `{"max_tokens":10,"n_predict":50}`, 0},
+	{"chat: n_predict alone", ChatCompletions, `{"n_predict":40}`, 40, 1, false, `{"max_completion_tokens":50,"n_predict":40}`, 0},
+	{"completions: n_predict rewritten", Completions, `{"prompt":"hi","n_predict":4000}`, 4000, 1, false, `{"max_tokens":50,"prompt":"hi","n_predict":50}`, 0},
+	{"chat: a tool parameter named file", ChatCompletions, `{"max_tokens":10,"tools":[{"type":"function","function":{"name":"save","parameters":{"type":"object","properties":{"file":{"type":"string"},"type":{"type":"string","enum":["image"]}}}}}]}`, 10, 1, false, "", 0},
+	{"chat: metadata image", ChatCompletions, `{"max_tokens":10,"metadata":{"image":"x"}}`, 10, 1, false, "", 0},
+	{"chat: a response_format schema", ChatCompletions, `{"max_tokens":10,"response_format":{"type":"json_schema","json_schema":{"name":"n","schema":{"properties":{"image_url":{"type":"string"}}}}}}`, 10, 1, false, "", 0},
+	{"chat: an image after a tool schema", ChatCompletions, `{"tools":[{"type":"function","function":{"name":"f","parameters":{"file":{}}}}],"max_tokens":10,"messages":[{"content":[{"type":"image_url","image_url":{"url":"u"}}]}]}`, 10, 1, true, "", 0},
+	{"chat: a tool result with an image", ChatCompletions, `{"max_tokens":10,"messages":[{"role":"tool","content":[{"type":"image_url","image_url":{"url":"u"}}]}]}`, 10, 1, true, "", 0},
+	{"chat: best_of (vLLM)", ChatCompletions, `{"n":2,"best_of":3.0,"max_tokens":10}`, 10, 3, false, "", 0},
 	{"chat: n duplicated", ChatCompletions, `{"n":4,"n":2,"max_tokens":10}`, 10, 4, false, "", 0},
 	{"chat: N", ChatCompletions, `{"n":1,"N":5,"max_tokens":10}`, 10, 5, false, "", 0},
 	{"chat: image_url", ChatCompletions, `{"max_tokens":10,"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"https://x/y.png"}}]}]}`, 10, 1, true, "", 0},
@@ -126,7 +139,6 @@ var capCases = []capCase{
 	{"completions: rewritten", Completions, `{"prompt":"hi","max_tokens":4000}`, 4000, 1, false, `{"prompt":"hi","max_tokens":50}`, 0},
 	{"completions: max_completion_tokens is not its cap", Completions, `{"prompt":"hi","max_completion_tokens":10}`, 0, 1, false, `{"max_tokens":50,"prompt":"hi","max_completion_tokens":10}`, 0},
 	{"completions: best_of larger than n", Completions, `{"prompt":"hi","max_tokens":10,"n":2,"best_of":5}`, 10, 5, false, "", 0},
-	{"completions: best_of over 128", Completions, `{"prompt":"hi","max_tokens":10,"best_of":1000}`, 10, 1, true, "", 0},
 	{"completions: token prompt", Completions, `{"prompt":[1,2,3],"max_tokens":10}`, 10, 1, false, "", 0},
 	// Responses.
 	{"responses: rewritten", Responses, `{"model":"m","input":"hi","max_output_tokens":4000}`, 4000, 1, false, `{"model":"m","input":"hi","max_output_tokens":50}`, 0},
@@ -161,6 +173,8 @@ var capCases = []capCase{
 	{"anthropic: mcp_servers", AnthropicMessages, `{"max_tokens":10,"mcp_servers":[{"type":"url","url":"u","name":"n"}]}`, 10, 1, true, "", 0},
 	{"anthropic: container", AnthropicMessages, `{"max_tokens":10,"container":"c"}`, 10, 1, true, "", 0},
 	{"anthropic: tools", AnthropicMessages, `{"max_tokens":10,"tools":[{"name":"f","input_schema":{"type":"object"}}]}`, 10, 1, false, "", AnthropicToolPrompt},
+	{"anthropic: a tool parameter named image", AnthropicMessages, `{"max_tokens":10,"tools":[{"name":"t","input_schema":{"type":"object","properties":{"image":{"type":"string"}}}}]}`, 10, 1, false, "", AnthropicToolPrompt},
+	{"anthropic: a tool result with an image", AnthropicMessages, `{"max_tokens":10,"messages":[{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":[{"type":"image","source":{"type":"base64","data":"x"}}]}]}]}`, 10, 1, true, "", 0},
 	{"anthropic: tools spaced", AnthropicMessages, `{"max_tokens":10,"tools": [ {"name":"f"} ] }`, 10, 1, false, "", AnthropicToolPrompt},
 	{"anthropic: no tools", AnthropicMessages, `{"max_tokens":10,"tools":[ ],"x":{"tools":[1]}}`, 10, 1, false, "", 0},
 	{"anthropic: null tools", AnthropicMessages, `{"max_tokens":10,"tools":null}`, 10, 1, false, "", 0},
@@ -184,7 +198,6 @@ var capCases = []capCase{
 	{"gemini: a top-level cap is not read", GeminiGenerate, `{"maxOutputTokens":10}`, 0, 1, false, `{"generationConfig":{"maxOutputTokens":50},"maxOutputTokens":10}`, 0},
 	{"gemini: candidateCount", GeminiGenerate, `{"generationConfig":{"maxOutputTokens":10,"candidateCount":4}}`, 10, 4, false, "", 0},
 	{"gemini: candidate_count", GeminiGenerate, `{"generation_config":{"candidate_count":2,"maxOutputTokens":10}}`, 10, 2, false, "", 0},
-	{"gemini: candidateCount over 128", GeminiGenerate, `{"generationConfig":{"maxOutputTokens":10,"candidateCount":200}}`, 10, 1, true, "", 0},
 	{"gemini: inlineData", GeminiGenerate, `{"contents":[{"parts":[{"inlineData":{"mimeType":"image/png","data":"x"}}]}],"generationConfig":{"maxOutputTokens":10}}`, 10, 1, true, "", 0},
 	{"gemini: inline_data", GeminiGenerate, `{"contents":[{"parts":[{"inline_data":{"mime_type":"audio/wav","data":"x"}}]}],"generationConfig":{"maxOutputTokens":10}}`, 10, 1, true, "", 0},
 	{"gemini: fileData", GeminiGenerate, `{"contents":[{"parts":[{"fileData":{"fileUri":"gs://x"}}]}],"generationConfig":{"maxOutputTokens":10}}`, 10, 1, true, "", 0},
@@ -192,10 +205,39 @@ var capCases = []capCase{
 	{"gemini: googleSearch", GeminiGenerate, `{"tools":[{"googleSearch":{}}],"generationConfig":{"maxOutputTokens":10}}`, 10, 1, true, "", 0},
 	{"gemini: url_context", GeminiGenerate, `{"tools":[{"url_context":{}}],"generationConfig":{"maxOutputTokens":10}}`, 10, 1, true, "", 0},
 	{"gemini: codeExecution", GeminiGenerate, `{"tools":[{"codeExecution":{}}],"generationConfig":{"maxOutputTokens":10}}`, 10, 1, true, "", 0},
+	{"gemini: a function parameter named document", GeminiGenerate, `{"contents":[],"tools":[{"functionDeclarations":[{"name":"t","parameters":{"type":"object","properties":{"document":{"type":"string"}}}}]}],"generationConfig":{"maxOutputTokens":10}}`, 10, 1, false, "", 0},
+	{"gemini: candidateCount 2.0", GeminiGenerate, `{"generationConfig":{"maxOutputTokens":10,"candidateCount":2.0}}`, 10, 2, false, "", 0},
+	{"gemini: a responseSchema", GeminiGenerate, `{"generationConfig":{"maxOutputTokens":10,"responseSchema":{"properties":{"image":{"type":"STRING"}}}}}`, 10, 1, false, "", 0},
 	{"gemini: function declarations", GeminiGenerate, `{"tools":[{"functionDeclarations":[{"name":"f"}]}],"systemInstruction":{"parts":[{"text":"s"}]},"generationConfig":{"maxOutputTokens":10}}`, 10, 1, false, "", 0},
 	// Embeddings and unknown APIs: nothing to cap.
 	{"embeddings", Embeddings, `{"input":"hi","max_tokens":4000}`, 0, 1, false, "", 0},
 	{"unknown", 0, `{"input":"hi","max_tokens":4000}`, 0, 1, false, "", 0},
+}
+
+// refusedCases are bodies whose choices count is not a whole number from 1 to MaxChoices as
+// the laxest reader reads it: ReadBound's Refusal is a 400 that names the member.
+var refusedCases = []struct {
+	name   string
+	api    API
+	body   string
+	member string
+}{
+	{"chat: n 129", ChatCompletions, `{"n":129,"max_tokens":10}`, `"n"`},
+	{"chat: n \"129\"", ChatCompletions, `{"n":"129","max_tokens":10}`, `"n"`},
+	{"chat: n 1e3", ChatCompletions, `{"n":1e3,"max_tokens":10}`, `"n"`},
+	{"chat: n over int64", ChatCompletions, `{"n":99999999999999999999}`, `"n"`},
+	{"chat: n 0", ChatCompletions, `{"n":0,"max_tokens":10}`, `"n"`},
+	{"chat: n -1", ChatCompletions, `{"n":-1}`, `"n"`},
+	{"chat: n false", ChatCompletions, `{"n":false}`, `"n"`},
+	{"chat: n 1.5", ChatCompletions, `{"n":1.5,"max_tokens":10}`, `"n"`},
+	{"chat: n x", ChatCompletions, `{"n":"x"}`, `"n"`},
+	{"chat: n 1_0", ChatCompletions, `{"n":"1_0"}`, `"n"`},
+	{"chat: n an object", ChatCompletions, `{"n":{}}`, `"n"`},
+	{"chat: n an array", ChatCompletions, `{"n":[2]}`, `"n"`},
+	{"chat: N 200", ChatCompletions, `{"n":1,"N":200}`, `"N"`},
+	{"completions: best_of over 128", Completions, `{"prompt":"hi","max_tokens":10,"best_of":1000}`, `"best_of"`},
+	{"gemini: candidateCount over 128", GeminiGenerate, `{"generationConfig":{"maxOutputTokens":10,"candidateCount":200}}`, `"candidateCount"`},
+	{"gemini: candidateCount 1.5", GeminiGenerate, `{"generationConfig":{"candidateCount":1.5}}`, `"candidateCount"`},
 }
 
 // unreadableCases are bodies ReadBound does not read (Readable false), which SetOutputCap
@@ -203,15 +245,18 @@ var capCases = []capCase{
 var unreadableCases = []struct {
 	name, body string
 	gzip       bool
+	status     int // Bound.Refusal's
 }{
-	{"not JSON", `{"max_tokens":4000`, false},
-	{"trailing bytes", `{"max_tokens":4000} x`, false},
-	{"a second object", `{"max_tokens":4000}{}`, false},
-	{"an array", `[{"max_tokens":4000}]`, false},
-	{"a string", `"max_tokens"`, false},
-	{"empty", ``, false},
-	{"compressed", `{"max_tokens":4000}`, true},
-	{"over 1 MiB", `{"max_tokens":4000,"pad":"` + strings.Repeat(" ", MaxRequestBody) + `"}`, false},
+	{"not JSON", `{"max_tokens":4000`, false, 400},
+	{"trailing bytes", `{"max_tokens":4000} x`, false, 400},
+	{"a second object", `{"max_tokens":4000}{}`, false, 400},
+	{"an array", `[{"max_tokens":4000}]`, false, 400},
+	{"a string", `"max_tokens"`, false, 400},
+	{"empty", ``, false, 400},
+	{"a byte order mark", "\xef\xbb\xbf" + `{"max_tokens":4000}`, false, 400},
+	{"UTF-16", "{\x00}\x00", false, 400},
+	{"compressed", `{"max_tokens":4000}`, true, 415},
+	{"over 1 MiB", `{"max_tokens":4000,"pad":"` + strings.Repeat(" ", MaxRequestBody) + `"}`, false, 413},
 }
 
 // TestOutputCap: for each API shape, ReadBound reads the request's cap, choices, prompt bound
@@ -229,7 +274,7 @@ func TestOutputCap(t *testing.T) {
 		if b != want {
 			t.Errorf("%s: ReadBound %+v, want %+v", tc.name, b, want)
 		}
-		changed := SetOutputCap(r, tc.api, 50)
+		changed := SetOutputCap(r, tc.api, 50, false)
 		sent := tc.want
 		if sent == "" {
 			sent = tc.body
@@ -249,16 +294,23 @@ func TestOutputCap(t *testing.T) {
 			checkCapped(t, tc.api, []byte(tc.body), got, 50)
 		}
 	}
+	for _, tc := range refusedCases {
+		r := jsonRequest(http.MethodPost, "application/json", tc.body)
+		b := ReadBound(r, tc.api)
+		if !b.Readable || b.Refusal.Status != http.StatusBadRequest || !strings.Contains(b.Refusal.Reason, tc.member) {
+			t.Errorf("%s: ReadBound %+v, want a 400 naming %s", tc.name, b, tc.member)
+		}
+	}
 	for _, tc := range unreadableCases {
 		for _, api := range []API{ChatCompletions, Completions, Responses, AnthropicMessages, GeminiGenerate} {
 			r := jsonRequest(http.MethodPost, "application/json", tc.body)
 			if tc.gzip {
 				r.Header.Set("Content-Encoding", "gzip")
 			}
-			if b := ReadBound(r, api); b != (Bound{}) {
-				t.Errorf("%s (%d): ReadBound %+v, want not readable", tc.name, api, b)
+			if b := ReadBound(r, api); b.Readable || b.Refusal.Status != tc.status || b != (Bound{Refusal: b.Refusal}) {
+				t.Errorf("%s (%d): ReadBound %+v, want not readable, refused %d", tc.name, api, b, tc.status)
 			}
-			if SetOutputCap(r, api, 50) {
+			if SetOutputCap(r, api, 50, false) {
 				t.Errorf("%s (%d): SetOutputCap changed the body", tc.name, api)
 			}
 			if got, _ := io.ReadAll(r.Body); string(got) != tc.body {
@@ -268,12 +320,49 @@ func TestOutputCap(t *testing.T) {
 	}
 }
 
+// TestContentEncodingIdentity: a body sent with Content-Encoding: identity is not compressed,
+// and is read.
+func TestContentEncodingIdentity(t *testing.T) {
+	t.Parallel()
+	r := jsonRequest(http.MethodPost, "application/json", `{"max_tokens":10}`)
+	r.Header.Set("Content-Encoding", "Identity")
+	if b := ReadBound(r, ChatCompletions); !b.Readable || b.Cap != 10 {
+		t.Fatalf("ReadBound %+v, want read, cap 10", b)
+	}
+}
+
+// TestSetOutputCapMaxTokensToo: with maxTokensToo, a chat request without max_tokens gets one
+// beside its max_completion_tokens (given or inserted); one with max_tokens, and the other
+// APIs, get nothing more.
+func TestSetOutputCapMaxTokensToo(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		api        API
+		body, want string
+	}{
+		{ChatCompletions, `{"messages":[]}`, `{"max_completion_tokens":50,"max_tokens":50,"messages":[]}`},
+		{ChatCompletions, `{}`, `{"max_completion_tokens":50,"max_tokens":50}`},
+		{ChatCompletions, `{"max_completion_tokens":4000}`, `{"max_tokens":50,"max_completion_tokens":50}`},
+		{ChatCompletions, `{"max_completion_tokens":10}`, `{"max_tokens":50,"max_completion_tokens":10}`},
+		{ChatCompletions, `{"max_tokens":10}`, `{"max_tokens":10}`},
+		{ChatCompletions, `{"n_predict":10}`, `{"max_completion_tokens":50,"max_tokens":50,"n_predict":10}`},
+		{Completions, `{"prompt":"x"}`, `{"max_tokens":50,"prompt":"x"}`},
+		{AnthropicMessages, `{"messages":[]}`, `{"max_tokens":50,"messages":[]}`},
+	} {
+		r := jsonRequest(http.MethodPost, "application/json", tc.body)
+		SetOutputCap(r, tc.api, 50, true)
+		if got, _ := io.ReadAll(r.Body); string(got) != tc.want {
+			t.Errorf("%s (%d): sent %s, want %s", tc.body, tc.api, got, tc.want)
+		}
+	}
+}
+
 // TestSetOutputCapRefused: a cap that is not positive changes nothing.
 func TestSetOutputCapRefused(t *testing.T) {
 	t.Parallel()
 	for _, c := range []int64{0, -1} {
 		r := jsonRequest(http.MethodPost, "application/json", `{"max_tokens":4000}`)
-		if SetOutputCap(r, ChatCompletions, c) {
+		if SetOutputCap(r, ChatCompletions, c, false) {
 			t.Errorf("cap %d: the body changed", c)
 		}
 	}
@@ -300,7 +389,7 @@ func TestOutputCapAllocs(t *testing.T) {
 			t.Errorf("%d: ReadBound on a parsed body allocates %v times", tc.api, n)
 		}
 		if n := testing.AllocsPerRun(100, func() {
-			if SetOutputCap(r, tc.api, 50) {
+			if SetOutputCap(r, tc.api, 50, false) {
 				t.Fatal("the body changed")
 			}
 		}); n != 0 {
@@ -333,8 +422,8 @@ func jsonMembers(raw []byte) (names []string, values []json.RawMessage, ok bool)
 // capSpellings are the names each API's upstream reads its output caps by, at the top level
 // (GeminiGenerate: in generationConfig).
 var capSpellings = map[API][]string{
-	ChatCompletions:   {"max_completion_tokens", "max_tokens"},
-	Completions:       {"max_tokens"},
+	ChatCompletions:   {"max_completion_tokens", "max_tokens", "n_predict"},
+	Completions:       {"max_tokens", "n_predict"},
 	Responses:         {"max_output_tokens"},
 	AnthropicMessages: {"max_tokens"},
 	GeminiGenerate:    {"maxOutputTokens", "max_output_tokens"},
@@ -480,7 +569,7 @@ func FuzzSetOutputCap(f *testing.F) {
 		limit = limit&(1<<40-1) + 1
 		r := jsonRequest(http.MethodPost, "application/json", string(body))
 		bd := ReadBound(r, a)
-		changed := SetOutputCap(r, a, limit)
+		changed := SetOutputCap(r, a, limit, limit%2 == 0)
 		after, _ := io.ReadAll(r.Body)
 		if changed == bytes.Equal(after, body) || r.ContentLength != int64(len(after)) {
 			t.Fatalf("reports %v; %q became %q (length %d)", changed, body, after, r.ContentLength)
@@ -522,7 +611,7 @@ func BenchmarkReadBound(b *testing.B) {
 	})
 	b.Run("parsed", func(b *testing.B) {
 		r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
-		_ = Model(r)
+		_, _ = Model(r)
 		b.ReportAllocs()
 		b.SetBytes(int64(len(body)))
 		for b.Loop() {
@@ -559,7 +648,7 @@ func TestReadBoundAgain(t *testing.T) {
 	if n := testing.AllocsPerRun(10, func() { ReadBound(r, ChatCompletions) }); n != 0 || first.Cap != 4000 {
 		t.Fatalf("cap %d, %v allocations again; want 4000 and 0", first.Cap, n)
 	}
-	if !SetOutputCap(r, ChatCompletions, 100) {
+	if !SetOutputCap(r, ChatCompletions, 100, false) {
 		t.Fatal("SetOutputCap changed nothing")
 	}
 	if b := ReadBound(r, ChatCompletions); b.Cap != 100 {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 )
 
@@ -39,6 +40,48 @@ type bufferedBody struct {
 type unreadBody struct {
 	io.Reader
 	io.Closer
+	over bool // over MaxRequestBody; else its reading failed
+}
+
+// Refusal is why a request body is refused: an HTTP status and a reason, in lower case, that
+// names what is wrong. The zero Refusal refuses nothing.
+type Refusal struct {
+	Status int
+	Reason string
+}
+
+// Error returns the reason.
+func (e Refusal) Error() string { return e.Reason }
+
+// unreadable returns why r's body is not one readBody reads: 415 for a Content-Encoding, 413
+// over MaxRequestBody, 400 for a body that is absent or whose reading failed.
+func unreadable(r *http.Request) Refusal {
+	switch b := r.Body.(type) {
+	case *unreadBody:
+		if !b.over {
+			return Refusal{http.StatusBadRequest, "the request body could not be read"}
+		}
+	case *bufferedBody:
+		return Refusal{http.StatusBadRequest, "the request body was read before the rate limit"}
+	case nil:
+		return Refusal{http.StatusBadRequest, "the request has no body"}
+	}
+	switch {
+	case r.Body == http.NoBody:
+		return Refusal{http.StatusBadRequest, "the request has no body"}
+	case encoded(r.Header):
+		return Refusal{http.StatusUnsupportedMediaType, "a request body with a Content-Encoding (" + r.Header.Get("Content-Encoding") + ") is not read: send it uncompressed"}
+	}
+	return Refusal{http.StatusRequestEntityTooLarge, "the request body is over " + strconv.Itoa(MaxRequestBody) + " bytes"}
+}
+
+// notJSON is why a body readBody read is refused when it is not one JSON object.
+var notJSON = Refusal{http.StatusBadRequest, "the request body is not one JSON object in UTF-8 (no byte order mark, nothing after it)"}
+
+// encoded reports whether h has a Content-Encoding other than identity.
+func encoded(h http.Header) bool {
+	ce := h.Get("Content-Encoding")
+	return ce != "" && !strings.EqualFold(ce, "identity")
 }
 
 // readBody returns r's body, read into memory, when it is one the request readers read: not
@@ -57,13 +100,17 @@ func readBody(r *http.Request) *bufferedBody {
 	case *unreadBody:
 		return nil
 	}
-	if r.Body == nil || r.Body == http.NoBody || r.Header.Get("Content-Encoding") != "" || r.ContentLength > MaxRequestBody {
+	if r.Body == nil || r.Body == http.NoBody || encoded(r.Header) {
 		return nil
 	}
 	body := r.Body
+	if r.ContentLength > MaxRequestBody {
+		r.Body = &unreadBody{body, body, true}
+		return nil
+	}
 	read, err := io.ReadAll(io.LimitReader(body, MaxRequestBody+1))
 	if err != nil || len(read) > MaxRequestBody {
-		r.Body = &unreadBody{io.MultiReader(bytes.NewReader(read), body), body}
+		r.Body = &unreadBody{io.MultiReader(bytes.NewReader(read), body), body, err == nil}
 		return nil
 	}
 	return setBody(r, read, body, nil)
@@ -83,8 +130,9 @@ func setBody(r *http.Request, data []byte, c io.Closer, parsed *requestFields) *
 type requestFields struct {
 	object   bool            // the body is one JSON object, and nothing after it
 	model    string          // "model" when it is a string of at most MaxModelBytes, else ""
-	badModel bool            // the last "model" is not such a string
-	folded   bool            // a name equal to "model" under case folding ("Model") is given
+	badModel bool            // the last "model" is not a string
+	long     bool            // the last "model" is a string longer than MaxModelBytes
+	folded   string          // a name equal to "model" under case folding ("Model"), when given
 	stream   bool            // "stream" read as an upstream reads it: streamValue
 	messages bool            // "messages" is present
 	opts     json.RawMessage // "stream_options"
@@ -120,11 +168,15 @@ func parseRequest(body []byte) requestFields {
 		}
 		switch key {
 		case "model":
-			f.model, f.badModel = "", false
-			if s := ""; v[0] == '"' && json.Unmarshal(v, &s) == nil && len(s) <= MaxModelBytes {
-				f.model = s
-			} else {
+			f.model, f.badModel, f.long = "", false, false
+			s := ""
+			switch {
+			case v[0] != '"' || json.Unmarshal(v, &s) != nil:
 				f.badModel = true
+			case len(s) > MaxModelBytes:
+				f.long = true
+			default:
+				f.model = s
 			}
 		case "stream":
 			f.stream = streamValue(v)
@@ -134,7 +186,7 @@ func parseRequest(body []byte) requestFields {
 			f.opts, f.optsEnd = v, dec.InputOffset()
 		default:
 			if strings.EqualFold(key, "model") {
-				f.folded = true // Go's encoding/json reads "Model" as "model"; pydantic does not
+				f.folded = key // Go's encoding/json reads "Model" as "model"; pydantic does not
 			}
 		}
 	}
@@ -171,29 +223,35 @@ func pathModel(path string) (string, bool) {
 // Model returns the model of r: the one its URL path names as Gemini's API does (pathModel), else
 // the "model" of its body, as an OpenAI-compatible or Anthropic upstream reads it
 // (the last one given), whatever the body's Content-Type: "" when r's body is empty or its JSON
-// object has no "model". It is UnreadableModel when upstreams may read another model or none:
-// a body that readBody does not read (compressed, over MaxRequestBody, its reading failed),
-// that is not one JSON object with nothing after it, whose "model" is not a string or is longer
-// than MaxModelBytes, or that has a member whose name is "model" under case folding ("Model",
-// which Go servers read as the model). It reads the body as readBody does: once per request,
-// passing it on unchanged.
-func Model(r *http.Request) string {
+// object has no "model". It is UnreadableModel when the body cannot be read as upstreams read
+// it: a body that readBody does not read (compressed, over MaxRequestBody, its reading failed),
+// that is not one JSON object with nothing after it, or whose "model" is longer than
+// MaxModelBytes. A body whose model upstreams read apart is refused (a 400 Refusal naming the
+// member): its last "model" is not a string, or it has a member whose name is "model" under
+// case folding ("Model", which Go servers read as the model and Python servers do not). It
+// reads the body as readBody does: once per request, passing it on unchanged.
+func Model(r *http.Request) (string, error) {
 	if m, ok := pathModel(r.URL.Path); ok {
-		return m
+		return m, nil
 	}
 	if r.Body == nil || r.Body == http.NoBody {
-		return ""
+		return "", nil
 	}
 	b := readBody(r)
 	if b == nil {
-		return UnreadableModel
+		return UnreadableModel, nil
 	}
 	if len(b.data) == 0 {
-		return ""
+		return "", nil
 	}
 	f := b.parse()
-	if !f.object || f.badModel || f.folded {
-		return UnreadableModel
+	switch {
+	case !f.object || f.long:
+		return UnreadableModel, nil
+	case f.folded != "":
+		return UnreadableModel, Refusal{http.StatusBadRequest, "the request body's model is ambiguous: " + strconv.Quote(f.folded) + " is read as \"model\" by some upstreams and not by others"}
+	case f.badModel:
+		return UnreadableModel, Refusal{http.StatusBadRequest, "the request body's \"model\" is not a string"}
 	}
-	return f.model
+	return f.model, nil
 }

@@ -23,27 +23,28 @@ func jsonRequest(method, ct, body string) *http.Request {
 // TestModel: the "model" of a JSON body, the last one given, as the upstream reads it, whatever
 // the Content-Type; none for a body without one; UnreadableModel for a body that is not one
 // JSON object, a compressed body, one over 1 MiB, a model that is not a string or is longer
-// than 256 bytes, and a name equal to "model" under case folding.
+// than 256 bytes, and a name equal to "model" under case folding; and the last two, whose model
+// upstreams read apart, are refused with a 400 naming the member.
 func TestModel(t *testing.T) {
 	t.Parallel()
 	long := strings.Repeat("m", MaxModelBytes)
 	for _, tc := range []struct {
 		name, ct, body, want string
-		encoded              bool
+		refused              bool // Model's error is a 400 Refusal naming the member; else nil
 	}{
 		{"chat", "application/json", `{"model":"gpt-4o","messages":[]}`, "gpt-4o", false},
 		{"charset", "application/json; charset=utf-8", `{"messages":[],"model":"claude-sonnet-4-5"}`, "claude-sonnet-4-5", false},
 		{"a +json type", "application/vnd.api+json", `{"model":"m"}`, "m", false},
 		{"escaped", "application/json", `{"mod\u0065l":"gpt-\u0034o"}`, "gpt-4o", false},
 		{"the last of two", "application/json", `{"model":"a","model":"b"}`, "b", false},
-		{"a string, then not", "application/json", `{"model":"a","model":1}`, UnreadableModel, false},
+		{"a string, then not", "application/json", `{"model":"a","model":1}`, UnreadableModel, true},
 		{"not a string, then one", "application/json", `{"model":1,"model":"a"}`, "a", false},
-		{"null", "application/json", `{"model":null}`, UnreadableModel, false},
+		{"null", "application/json", `{"model":null}`, UnreadableModel, true},
 		{"no model", "application/json", `{"messages":[]}`, "", false},
 		{"nested only", "application/json", `{"messages":[{"model":"a"}],"meta":{"model":"b"}}`, "", false},
-		{"Model beside model", "application/json", `{"model":"small","Model":"big"}`, UnreadableModel, false},
-		{"MODEL before model", "application/json", `{"MODEL":"big","model":"small"}`, UnreadableModel, false},
-		{"Model alone", "application/json", `{"Model":"big"}`, UnreadableModel, false},
+		{"Model beside model", "application/json", `{"model":"small","Model":"big"}`, UnreadableModel, true},
+		{"MODEL before model", "application/json", `{"MODEL":"big","model":"small"}`, UnreadableModel, true},
+		{"Model alone", "application/json", `{"Model":"big"}`, UnreadableModel, true},
 		{"modelx is another name", "application/json", `{"model":"a","modelx":"b","Models":"c"}`, "a", false},
 		{"256 bytes", "application/json", `{"model":"` + long + `"}`, long, false},
 		{"257 bytes", "application/json", `{"model":"` + long + `m"}`, UnreadableModel, false},
@@ -55,16 +56,21 @@ func TestModel(t *testing.T) {
 		{"no content type", "", `{"model":"a"}`, "a", false},
 		{"a form type", "application/x-www-form-urlencoded", `{"model":"a"}`, "a", false},
 		{"a form", "application/x-www-form-urlencoded", `model=a`, UnreadableModel, false},
-		{"compressed", "application/json", `{"model":"a"}`, UnreadableModel, true},
+		{"compressed", "application/json", `{"model":"a"}`, UnreadableModel, false},
 		{"over 1 MiB", "application/json", `{"model":"a","pad":"` + strings.Repeat(" ", MaxRequestBody) + `"}`, UnreadableModel, false},
 		{"no body", "", "", "", false},
 	} {
 		r := jsonRequest(http.MethodPost, tc.ct, tc.body)
-		if tc.encoded {
+		if tc.name == "compressed" {
 			r.Header.Set("Content-Encoding", "gzip")
 		}
-		if got := Model(r); got != tc.want {
+		got, err := Model(r)
+		if got != tc.want {
 			t.Errorf("%s: model %q, want %q", tc.name, got, tc.want)
+		}
+		var rf Refusal
+		if refused := errors.As(err, &rf) && rf.Status == http.StatusBadRequest && strings.Contains(rf.Reason, "odel"); refused != tc.refused || !refused && err != nil {
+			t.Errorf("%s: error %v, want refused %v", tc.name, err, tc.refused)
 		}
 		if sent, _ := io.ReadAll(r.Body); string(sent) != tc.body {
 			t.Errorf("%s: the body goes on as %d bytes, not as it came (%d)", tc.name, len(sent), len(tc.body))
@@ -111,7 +117,7 @@ func TestBodyReadOnce(t *testing.T) {
 		r.Body, r.ContentLength = cb, int64(len(body))
 		for _, c := range tc.calls {
 			if c == "model" {
-				if m := Model(r); m != "m" {
+				if m, _ := Model(r); m != "m" {
 					t.Fatalf("%s: model %q", tc.name, m)
 				}
 				continue
@@ -140,11 +146,11 @@ func TestBodyReadOnce(t *testing.T) {
 	cb := &countingBody{Reader: strings.NewReader(big)}
 	r := jsonRequest(http.MethodPost, "application/json", "")
 	r.Body, r.ContentLength = cb, -1 // chunked: the size is known once read
-	if Model(r) != UnreadableModel {
+	if m, _ := Model(r); m != UnreadableModel {
 		t.Fatal("a body over the bound has a model")
 	}
 	reads := cb.reads
-	_ = Model(r)
+	_, _ = Model(r)
 	IncludeUsage(r)
 	if cb.reads != reads {
 		t.Fatalf("a body over the bound was read again: %d reads, then %d", reads, cb.reads)
@@ -173,7 +179,7 @@ func TestBodyReadFails(t *testing.T) {
 	t.Parallel()
 	r := jsonRequest(http.MethodPost, "application/json", "")
 	r.Body, r.ContentLength = &failingBody{}, -1
-	if m := Model(r); m != UnreadableModel {
+	if m, _ := Model(r); m != UnreadableModel {
 		t.Fatalf("model %q", m)
 	}
 	sent, err := io.ReadAll(r.Body)
@@ -230,7 +236,7 @@ func FuzzModel(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
 		r := jsonRequest(http.MethodPost, "text/plain", string(body))
-		got := Model(r)
+		got, _ := Model(r)
 		if sent, _ := io.ReadAll(r.Body); !bytes.Equal(sent, body) {
 			t.Fatalf("the body went on changed: %q", sent)
 		}
@@ -280,7 +286,7 @@ func TestPathModel(t *testing.T) {
 		{"/v1beta/tunedModels/x:generateContent", `{"model":"big"}`, "big"},
 	} {
 		r := httptest.NewRequest(http.MethodPost, tc.path, strings.NewReader(tc.body))
-		if got := Model(r); got != tc.want {
+		if got, _ := Model(r); got != tc.want {
 			t.Errorf("%s: model %q, want %q", tc.path, got, tc.want)
 		}
 	}

@@ -9,7 +9,7 @@ import "bytes"
 // cached content, a container, MCP servers), server-side tools (web search, file search,
 // URL context, code execution, maps, retrieval, computer use), outputs not bounded by the cap
 // (predicted outputs, audio and image modalities, speech) and Assistants-style attachments.
-// The list is generous: a tool parameter named "image" makes a request unbounded too.
+// They are not looked for inside the members schemaKeys names.
 var unboundedKeys = map[string]bool{
 	// Content that is not text, and references to files.
 	"imageurl": true, "inputimage": true, "inputaudio": true, "inputfile": true, "inputvideo": true,
@@ -44,6 +44,18 @@ var unboundedTypes = [...][]byte{
 	[]byte("toolsearch"), []byte("mcp"),
 }
 
+// schemaKeys are the member names, folded (foldName), whose values hold no content an upstream
+// reads as the prompt: the JSON schemas of tools (OpenAI's "parameters", Anthropic's
+// "input_schema", Gemini's "functionDeclarations" and "parametersJsonSchema"), of structured
+// outputs ("response_format", "schema", "json_schema", Gemini's "responseSchema" and
+// "responseJsonSchema") and the client's "metadata". A tool parameter named "image" or a
+// metadata value "file" names no content. unbounded skips their values whole.
+var schemaKeys = map[string]bool{
+	"parameters": true, "inputschema": true, "functiondeclarations": true, "parametersjsonschema": true,
+	"responseformat": true, "schema": true, "jsonschema": true, "responseschema": true,
+	"responsejsonschema": true, "metadata": true,
+}
+
 // promptObjectKey is the folded name of the Responses API's stored prompt template
 // ({"prompt": {"id": ...}}), unbounded when its value is an object: a legacy completion's
 // "prompt" is text or tokens.
@@ -51,7 +63,8 @@ const promptObjectKey = "prompt"
 
 // unbounded reports whether body, a JSON text encoding/json accepts, has a member that
 // unboundedKeys lists with a value other than null, a "type" member whose string value
-// begins with one of unboundedTypes, or a "prompt" whose value is an object, at any depth.
+// begins with one of unboundedTypes, or a "prompt" whose value is an object, at any depth but
+// within the value of a member that schemaKeys lists.
 // It reads the body in one pass and allocates only for names written with escapes.
 func unbounded(body []byte) bool {
 	var buf [maxFolded]byte
@@ -87,6 +100,8 @@ func unbounded(body []byte) bool {
 			if !bytes.HasPrefix(body[v:], []byte("null")) {
 				return true
 			}
+		case schemaKeys[string(name)]:
+			i = valueEnd(body, v)
 		}
 	}
 }
