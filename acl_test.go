@@ -68,7 +68,7 @@ var redisUses = []redisUse{
 	{"limiter: running the scripts", grantLimiter, []string{"evalsha", "eval"}},
 	{"lua/decide.lua", grantLimiter, []string{"time", "hmget", "hgetall", "zcount", "zrangebyscore", "zrange", "get",
 		"pexpire", "hdel", "hset", "set", "zremrangebyscore", "zadd", "zscore", "zrem", "zcard", "zincrby"}},
-	{"lua/settle.lua", grantLimiter, []string{"time", "get", "del", "set", "hmget", "hset", "hdel", "pexpire", "zrem"}},
+	{"lua/settle.lua", grantLimiter, []string{"time", "get", "del", "set", "hmget", "hgetall", "hset", "hdel", "pexpire", "zrem"}},
 	{"lua/refresh.lua", grantLimiter, []string{"time", "zremrangebyscore", "zadd", "zrange", "pexpire"}},
 	// A queue (max_wait on a concurrency zone, or on a token bucket with priority): its waiters
 	// enter, leave, are renewed and granted slots or tokens, each grant published on the
@@ -97,8 +97,8 @@ var redisUses = []redisUse{
 	// (HGETALL and PTTL of each), in plain pipelines.
 	{"limiter.ScanZone: the admin API's listings", grantAdmin, []string{"scan", "time", "get", "hgetall", "pttl"}},
 	// limiter.ReadTop (GET /rate_limit_redis/top): TIME, then ZRANGE of each of the zone's top
-	// sets, in one plain pipeline.
-	{"limiter.ReadTop: the admin API's top", grantAdmin, []string{"time", "zrange"}},
+	// sets and HGETALL of its errors, in one plain pipeline.
+	{"limiter.ReadTop: the admin API's top", grantAdmin, []string{"time", "zrange", "hgetall"}},
 	// go-redis's ClusterClient: the slot map (CLUSTER SLOTS) and the commands' key positions
 	// (COMMAND), from any node.
 	{"go-redis: Redis Cluster", grantCluster, []string{"cluster|slots", "command"}},

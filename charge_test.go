@@ -1011,6 +1011,43 @@ func TestChargeLateResponse(t *testing.T) {
 	}
 }
 
+// TestChargeSettleLostStaysCharged: a streaming response whose settlement fails (Redis stalled
+// as it ends: a timeout) leaves its hold of 500 tokens (hold_max 1s) unsettled. The bucket's key
+// must then live until those 500 would have drained once charged (432 s at 100000/24h), not the
+// hold time and a few seconds, after which the key, and the charge, would be gone.
+func TestChargeSettleLostStaysCharged(t *testing.T) {
+	srv := redistest.Start(t)
+	up := startOpenAI(t)
+	up.gate = make(chan struct{})
+	cs := caddytest.Start(t, strings.Replace(openAIZone(srv.Addr, up.URL, "charge openai_usage total"), "hold_max 30m", "hold_max 1s", 1))
+	timeouts := testutil.ToFloat64(metrics.settleFailures.WithLabelValues(string(failTimeout)))
+	slow := make(chan rawResponse, 1)
+	go func() {
+		slow <- send(cs, "/v1/chat/completions", "lost", []byte(`{"messages":[],"stream":true,"stream_options":{"include_usage":true}}`))
+	}()
+	state := "rl:{lost}:tokens:tb"
+	redistest.WaitFor(t, 5*time.Second, "the slow request's hold", func() bool {
+		m, _ := srv.Do("HGETALL", state).(map[any]any)
+		_, held := m["h"]
+		return held
+	})
+	srv.Pause()
+	close(up.gate)
+	if r := <-slow; r.status != 200 {
+		t.Fatalf("slow request: %d %q", r.status, r.body)
+	}
+	redistest.WaitFor(t, 10*time.Second, "the settlement to fail", func() bool {
+		return testutil.ToFloat64(metrics.settleFailures.WithLabelValues(string(failTimeout))) > timeouts
+	})
+	srv.Resume()
+	if m, _ := srv.Do("HGETALL", state).(map[any]any); m["h"] != "500" {
+		t.Fatalf("state after the lost settlement: %v, want the hold of 500 left", m)
+	}
+	if ttl, _ := srv.Do("PTTL", state).(int64); ttl < 432_000 {
+		t.Fatalf("TTL %d ms with 500 tokens unsettled: want at least 432,000 (their drain time), or the charge expires with the key", ttl)
+	}
+}
+
 // TestChargeMissing: a successful response that reports no usage is charged the zone's missing
 // amount (default: max_cost, itself the capacity by default), counted in charge_missing_total
 // (exported at 0 from the load of a zone that charges) and logged at most once a minute per

@@ -46,8 +46,14 @@ type topEntry struct {
 	Hashed    bool   `json:"hashed,omitempty"`
 	Candidate int    `json:"candidate"`
 	// Its denials or units since since_ms; never below the true count, and above it by at most
-	// the bucket's total divided by the zone's top (see docs/operations.md).
+	// error (itself at most the bucket's total divided by the zone's top; see
+	// docs/operations.md).
 	Count int64 `json:"count"`
+	// How much of count may be other clients' (the count it started from when it took another
+	// client's place in a full top; 0: count is exact), and count less error: the denials or
+	// units that are certainly this client's.
+	Error      int64 `json:"error"`
+	Guaranteed int64 `json:"guaranteed"`
 	// The Redis addresses and database the count was read from.
 	Redis []string `json:"redis"`
 	DB    int      `json:"db,omitempty"`
@@ -89,7 +95,8 @@ func (a *AdminAPI) handleTop(w http.ResponseWriter, r *http.Request) error {
 		for _, e := range top {
 			shown, hashed := limiter.ShownKey(e.Client)
 			candidate, _ := limiter.ParseCandidateKey(shown)
-			reply.Entries = append(reply.Entries, topEntry{Key: shown, Hashed: hashed, Candidate: candidate, Count: e.Count, Redis: t.redis, DB: t.h.Redis.DB})
+			reply.Entries = append(reply.Entries, topEntry{Key: shown, Hashed: hashed, Candidate: candidate, Count: e.Count,
+				Error: e.Error, Guaranteed: e.Guaranteed(), Redis: t.redis, DB: t.h.Redis.DB})
 		}
 	}
 	slices.SortStableFunc(reply.Entries, func(a, b topEntry) int { return cmp.Compare(b.Count, a.Count) })

@@ -62,8 +62,8 @@ func (r topReply) counts() []string {
 }
 
 // TestTopEndpoint: GET /rate_limit_redis/top lists the clients by denials (the default) or by
-// units used, highest first, n of them, a hashed key as its digest; and sends Redis only TIME
-// and ZRANGE, writing nothing.
+// units used, highest first, n of them, a hashed key as its digest, exact counts (error 0) while
+// the top has room; and sends Redis only TIME, ZRANGE and HGETALL, writing nothing.
 func TestTopEndpoint(t *testing.T) {
 	srv := redistest.Start(t)
 	h := provisioned(t, &Handler{DenyCache: new(false), Redis: listRedis(srv.Addr), Timeout: caddy.Duration(5 * time.Second), Zones: []*Zone{topTestZone("api")}})
@@ -78,8 +78,8 @@ func TestTopEndpoint(t *testing.T) {
 	keysBefore := srv.Keys(t)
 	denied := topOf(t, a, "/rate_limit_redis/top?zone=api")
 	used := topOf(t, a, "/rate_limit_redis/top?zone=api&by=used&n=2")
-	if sent := sentCommands(t, srv); !slices.Equal(sent, []string{"time", "zrange"}) {
-		t.Errorf("the top replies sent %v, want only TIME and ZRANGE", sent)
+	if sent := sentCommands(t, srv); !slices.Equal(sent, []string{"hgetall", "time", "zrange"}) {
+		t.Errorf("the top replies sent %v, want only TIME, ZRANGE and HGETALL", sent)
 	}
 	if keys := srv.Keys(t); !sameSet(keys, keysBefore) {
 		t.Errorf("keys after the top replies: %v, before: %v", keys, keysBefore)
@@ -94,11 +94,58 @@ func TestTopEndpoint(t *testing.T) {
 		!slices.Equal(denied.Entries[0].Redis, []string{srv.Addr}) {
 		t.Errorf("denied: %+v", denied)
 	}
+	for _, e := range denied.Entries {
+		if e.Error != 0 || e.Guaranteed != e.Count {
+			t.Errorf("entry %+v of a top that never filled: want error 0, guaranteed = count", e)
+		}
+	}
 	if now := srv.Time().UnixMilli(); denied.SinceMs <= now-120_000 || denied.SinceMs > now-60_000 {
 		t.Errorf("since_ms %d, want the previous minute's start before %d", denied.SinceMs, now)
 	}
 	if got := used.counts(); used.By != "used" || len(got) != 2 || !strings.HasSuffix(got[0], "=1") || !strings.HasSuffix(got[1], "=1") {
 		t.Errorf("used, n 2: %v (%+v), want 2 clients of 1 unit each", got, used)
+	}
+}
+
+// TestTopFloodEndpoint: a heavy client denied 99 times while 200 invented keys are denied twice
+// each, in a top of 10: the reply ranks by count, in which invented keys show far more than
+// their 2, and gives each entry's error and guaranteed count (count less error): every invented
+// key's guaranteed count is at most 2, below the heavy client's, which is at most its 99.
+func TestTopFloodEndpoint(t *testing.T) {
+	srv := redistest.Start(t)
+	h := provisioned(t, &Handler{DenyCache: new(false), Redis: listRedis(srv.Addr), Timeout: caddy.Duration(5 * time.Second), Zones: []*Zone{topTestZone("api")}})
+	a := &AdminAPI{live: h.live}
+	for i := range 200 {
+		sendAs(t, h, fmt.Sprintf("flood-%d", i), 3)
+		if i%2 == 0 {
+			sendAs(t, h, "heavy", 1)
+		}
+	}
+	top := topOf(t, a, "/rate_limit_redis/top?zone=api")
+	var heavy *topEntry
+	inflated := false
+	for i, e := range top.Entries {
+		if e.Guaranteed != e.Count-e.Error || e.Error < 0 {
+			t.Errorf("entry %+v: want guaranteed = count - error, error >= 0", e)
+		}
+		if e.Key == "heavy" {
+			heavy = &top.Entries[i]
+		} else if e.Guaranteed > 2 {
+			t.Errorf("invented %+v: guaranteed above its 2 denials", e)
+		} else if e.Count > 2 {
+			inflated = true
+		}
+	}
+	if heavy == nil || heavy.Guaranteed > 99 || heavy.Count < 99 {
+		t.Fatalf("top %+v: want the heavy client, guaranteed <= 99 <= count", top)
+	}
+	for _, e := range top.Entries {
+		if e.Key != "heavy" && e.Guaranteed >= heavy.Guaranteed {
+			t.Errorf("invented %+v: guaranteed not below the heavy client's %d", e, heavy.Guaranteed)
+		}
+	}
+	if !inflated {
+		t.Errorf("top %+v: no invented key above its 2: the flood did not fill the top", top)
 	}
 }
 
@@ -123,7 +170,7 @@ func TestTopOnCluster(t *testing.T) {
 	if got := topOf(t, a, "/rate_limit_redis/top?zone=api&n=5").counts(); !slices.Equal(got, want[:5]) {
 		t.Errorf("top 5 denied: %v, want %v", got, want[:5])
 	}
-	t.Logf("GET /top on 3 primaries (32,768 ZRANGEs): %v", time.Since(start))
+	t.Logf("GET /top on 3 primaries (32,768 ZRANGEs and HGETALLs): %v", time.Since(start))
 	if got := topOf(t, a, "/rate_limit_redis/top?zone=api&by=used&n=1000").counts(); len(got) != 12 {
 		t.Errorf("used: %v, want the 12 clients", got)
 	}

@@ -44,9 +44,10 @@
 --              "b<block>,<block_max>:<k>" (a block, µs, the block key the decision's key k; see
 --              Penalty box), "q<k>" (a concurrency or token bucket zone's queue: the
 --              decision's key k is its waiters' sorted set, see queue.lua), "t<k>:<entries>,<ttl>"
---              (a top: the decision's keys k and k + 1 are its denied and used sorted sets, see
---              Top), "n<ppm>" (a near limit: see Near limit), then "|<id>" (a claim: waiter id
---              holds a reserved slot or tokens, see queue.lua), always last
+--              (a top: the decision's keys k and k + 1 are its denied and used sorted sets, k + 2
+--              and k + 3 their errors, see Top), "n<ppm>" (a near limit: see Near limit), then
+--              "|<id>" (a claim: waiter id holds a reserved slot or tokens, see queue.lua),
+--              always last
 --
 -- Reply: an array of integers, per decision in order: allowed, then per zone i: allowed_i,
 -- remaining_i, retry_after_i, reset_i, next_i, then granted_i when the zone's cost asks for a
@@ -175,7 +176,8 @@ end
 -- the capacity (a debt of at most max_wait × rate), and its delay is the time until the bucket
 -- would have held cost tokens. Each reservation deepens the debt, so held requests come out in
 -- order, at the refill rate, whichever instance holds them. The key expires when u has drained
--- to 0 (with holds, once the last of them would count as charged, and a second).
+-- to 0 (with holds, when u and the holds would have, counted as charged once the last of them
+-- is past its time, and a second; see tb_set).
 
 -- tb_drain reads a bucket's u, ts and t (v, as HMGET returns them): the tokens used at now
 -- (drained at rate since ts) and their time, now; or, when ts is after now (`clock local` with
@@ -211,20 +213,28 @@ local function tb_admit(tokens, quota, rate, cost, max_wait, ask, upto)
   return ok, taken, max(0, whole), delay, wait(tokens, quota, rate), nxt
 end
 
+-- tb_ttl is the TTL (ms) a bucket's state needs: until u has drained to 0; with holds (held >
+-- 0), until u and the holds would have drained had every hold counted as charged when the
+-- longest of them does (hwait µs, at least HOLD_MAX), and a second: a hold that no call commits
+-- is still charged until it has drained.
+local function tb_ttl(used, rate, held, hwait)
+  if held > 0 then
+    return ceil((used + held) / rate * 1000) + ceil(max(hwait, HOLD_MAX) / 1000) + 1000
+  end
+  return ceil(used / rate * 1000)
+end
+
 -- tb_set writes a bucket: u (used) and ts, t for the previous script, h when holds are pending
--- (held > 0), and its TTL: until u has drained to 0, with holds until the longest of them
--- (hwait µs, at least HOLD_MAX) would count as charged, and a second.
+-- (held > 0), and its TTL (tb_ttl).
 local function tb_set(key, used, ts, quota, rate, held, hwait)
-  local ttl = ceil(used / rate * 1000)
   if ts == now then ts = NOW else ts = sformat('%d', ts) end
   if held > 0 then
     call('HSET', key, 'u', g17(used), 'ts', ts, 't', g17(quota - used - held, true),
       'h', sformat('%d', held))
-    ttl = ttl + ceil(max(hwait, HOLD_MAX) / 1000) + 1000
   else
     call('HSET', key, 'u', g17(used), 'ts', ts, 't', g17(quota - used - held, true))
   end
-  call('PEXPIRE', key, ms(ttl))
+  call('PEXPIRE', key, ms(tb_ttl(used, rate, held, hwait)))
 end
 
 -- Algorithms ----------------------------------------------------------------------------------------
@@ -305,7 +315,7 @@ local function tb_algorithm()
       tokens = max(tokens + claimed, cost)
     elseif z.qkey and redis.call('ZCOUNT', z.qkey, '(' .. NOW, '+inf') > 0 then
       -- A waiter with a live lease waits (queue.lua): no request overtakes it.
-      denied[#denied + 1] = { key, max(1, ceil((used + held) / rate * 1000)) }
+      denied[#denied + 1] = { key, max(1, tb_ttl(used, rate, held, hwait)) }
       return false, max(0, floor(tokens + EPSILON)), max(wait(tokens, cost, rate), ceil(cost * 1000000 / rate)),
         wait(tokens, quota, rate), 1, 0
     end
@@ -313,7 +323,7 @@ local function tb_algorithm()
     if ok then
       writes[#writes + 1] = { tb_take, key, used, ts, quota, rate, taken, held, holds, hmax, hwait }
     else
-      denied[#denied + 1] = { key, max(1, ceil((used + held) / rate * 1000)) }
+      denied[#denied + 1] = { key, max(1, tb_ttl(used, rate, held, hwait)) }
       if held > 0 and cost <= quota and wait(tokens + held, cost, rate) <= max_wait or z.qkey then
         nxt = 1 -- denied by holds that settle.lua may release at any moment, or with a queue to
         -- wait in: nothing to cache
@@ -741,16 +751,23 @@ end
 -- denials in the sorted set KEYS[k] (1 per denied request; a shadow zone's would-be denials too)
 -- and the units it charged in KEYS[k + 1] (the cost, or a lease's grant). Each set keeps at most
 -- entries members (Space-Saving: a new member of a full set replaces the lowest and starts from
--- its count) and expires ttl ms after its creation. Nothing else reads them in this script.
+-- its count) and expires ttl ms after its creation. The count a member started from is its error
+-- (its true count is at least its count less its error), a field of the hash KEYS[k + 2] (of the
+-- denials) or KEYS[k + 3] (of the units): absent when it started from 0, dropped with its place.
+-- Nothing else reads them in this script.
 
--- top_add adds inc to the count of member m in the top set key of at most cap members.
-local function top_add(key, m, inc, cap, ttl)
+-- top_add adds inc to the count of member m in the top set key of at most cap members, whose
+-- members' errors are the hash ekey.
+local function top_add(key, ekey, m, inc, cap, ttl)
   if redis.call('ZSCORE', key, m) or redis.call('ZCARD', key) < cap then
     redis.call('ZINCRBY', key, inc, m)
   else
     local low = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
     redis.call('ZREM', key, low[1])
     redis.call('ZADD', key, tonumber(low[2]) + inc, m)
+    redis.call('HDEL', ekey, low[1])
+    redis.call('HSET', ekey, m, low[2])
+    redis.call('PEXPIRE', ekey, ttl, 'NX')
   end
   redis.call('PEXPIRE', key, ttl, 'NX')
 end
@@ -761,9 +778,9 @@ local function top_write(tops, admitted)
     local z = t[1]
     local m = string.match(z.key, '{([^}]*)}')
     if not t[2] then
-      top_add(z.top[1], m, 1, z.top[3], z.top[4])
+      top_add(z.top[1], z.top[5], m, 1, z.top[3], z.top[4])
     elseif admitted then
-      top_add(z.top[2], m, t[3], z.top[3], z.top[4])
+      top_add(z.top[2], z.top[6], m, t[3], z.top[3], z.top[4])
     end
   end
 end
@@ -806,8 +823,8 @@ end
 -- whether it is a shadow zone, whether its grant is all it holds up to ask, its state key, its
 -- record and generation keys (when its charge is recorded), its override key and max cost
 -- (overrides), its block { block µs, block_max µs } and block key, its queue's waiters' key and
--- its top { denied key, used key, entries, ttl ms }, the waiter id it claims a reserved slot for
--- and its near limit (ppm); then the number of keys the decision takes. The only code that reads
+-- its top { denied key, used key, entries, ttl ms, their error keys }, the waiter id it claims a
+-- reserved slot for and its near limit (ppm); then the number of keys the decision takes. The only code that reads
 -- a decision's ARGV and KEYS
 -- besides fast.
 local function read_decision(a, kbase)
@@ -850,7 +867,8 @@ local function read_decision(a, kbase)
       local tk, te, tt = string.match(flags, 't(%d+):(%d+),(%d+)')
       if tk then
         tk = tonumber(tk)
-        z.top, last = { KEYS[kbase + tk], KEYS[kbase + tk + 1], tonumber(te), tt }, max(last, tk + 1)
+        z.top = { KEYS[kbase + tk], KEYS[kbase + tk + 1], tonumber(te), tt, KEYS[kbase + tk + 2], KEYS[kbase + tk + 3] }
+        last = max(last, tk + 3)
       end
       z.near = tonumber(string.match(flags, 'n(%d+)'))
     end

@@ -174,7 +174,16 @@ local function tokens()
     done = function()
       redis.call('HSET', K, 'u', string.format('%.17g', used), 'ts', NOW,
         't', '+' .. string.format('%.17g', limit - used - held), 'h', string.format('%d', held))
-      redis.call('PEXPIRE', K, string.format('%d', math.ceil(used / rate * 1000) + HOLD_MAX / 1000 + 1000))
+      -- decide.lua's tb_ttl: u and every hold drained after the last of them counts as charged
+      -- (the reservations made now, after claim; at least decide.lua's HOLD_MAX), and a second.
+      local hwait = math.max(claim, HOLD_MAX)
+      local all = redis.call('HGETALL', K)
+      for j = 1, #all, 2 do
+        local at = string.sub(all[j], 1, 2) == 'h:' and tonumber(string.match(all[j + 1], '^%d+@(%d+)$'))
+        if at then hwait = math.max(hwait, at + HOLD_MAX - now) end
+      end
+      local ttl = math.ceil((used + held) / rate * 1000) + math.ceil(hwait / 1000) + 1000
+      redis.call('PEXPIRE', K, string.format('%d', ttl))
     end,
   }
 end

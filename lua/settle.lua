@@ -60,7 +60,7 @@
 -- window it was charged in has ended (nothing to settle), else 0 (also when its record was found
 -- but the state was reset since).
 
-local EPSILON = 1e-9
+local EPSILON, HOLD_MAX = 1e-9, 5000000 -- HOLD_MAX: decide.lua's
 local MAX_US = 9007199254740992 -- decide.lua's: the longest TTL, in ms; also the largest count
 
 -- A TTL in ms, as the integer string PEXPIRE takes (at least 1, at most MAX_US).
@@ -181,12 +181,18 @@ for i = 1, n do
         redis.call('HDEL', key, 'h')
       end
       redis.call('HSET', key, unpack(fields))
-      local ttl = used / rate * 1000
       if held > EPSILON then
-        -- decide.lua's HOLD_MAX, and a second; never shorter than other holds need (GT)
-        redis.call('PEXPIRE', key, ms(ttl + 6000), 'GT')
+        -- decide.lua's tb_ttl: u and the other holds drained after the last of them counts as
+        -- charged (at least decide.lua's HOLD_MAX), and a second.
+        local hwait = HOLD_MAX
+        local all = redis.call('HGETALL', key)
+        for j = 1, #all, 2 do
+          local at = string.sub(all[j], 1, 2) == 'h:' and tonumber(string.match(all[j + 1], '^%d+@(%d+)$'))
+          if at then hwait = math.max(hwait, at + HOLD_MAX - now) end
+        end
+        redis.call('PEXPIRE', key, ms(math.ceil((used + held) / rate * 1000) + math.ceil(hwait / 1000) + 1000))
       else
-        redis.call('PEXPIRE', key, ms(ttl))
+        redis.call('PEXPIRE', key, ms(used / rate * 1000))
       end
       settled[i] = 1
     end

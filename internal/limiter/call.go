@@ -28,7 +28,7 @@ const zoneArgN = 5
 //
 // KEYS are the state keys; then the record and generation keys of each zone whose charge is
 // recorded (recorded), in zone order; then, per zone in order, its override key (Overrides), its
-// block key (Block), its queue's waiters (Queues) and its top's denied and used keys (Top). ARGV is the time ref ("" for Redis TIME), the decision's nonce, its hold
+// block key (Block), its queue's waiters (Queues) and its top's denied and used keys and their error keys (Top). ARGV is the time ref ("" for Redis TIME), the decision's nonce, its hold
 // argument (holdArg), its number of zones, then zoneArgN per zone: algorithm tag, quota, rate,
 // cost and flags (zoneFlags).
 func (l *Limiter) encodeDecision(reqs []Request, state []string, crossSlot bool, ref time.Time) (keys []string, args []any) {
@@ -183,16 +183,16 @@ var tagArgs = func() (t [len(algorithms)]any) {
 
 // flagKeys are the indexes, in its decision's KEYS (from 1; 0: none), of the keys a zone's
 // flags name: its override key, its block key, its queue's waiters and its top's denied key
-// (the used key follows it).
+// (the used key and the two error keys follow it).
 type flagKeys struct{ override, block, queue, top int }
 
 // zoneFlags is decide.lua's flags argument of r's zone z, whose flags name the keys k: "s" for a
 // shadow zone; "u" for a zone with UpTo whose request has a bound (SetUpTo); "o<key>:<max
 // cost>" with Overrides, the max cost the zone's MaxCost (0: the quota in force); "b<block
 // µs>,<block_max µs>:<key>" with a Block; "q<key>" for a queue the request would wait in
-// (Queues); "t<key>:<entries>,<ttl ms>" with a Top, the denied key at index key and the used key
-// after it; "n<ppm>" with a NearLimit (millionths of the quota); "|<waiter id>" last for a
-// request that claims a Waiter's reserved slot.
+// (Queues); "t<key>:<entries>,<ttl ms>" with a Top, the denied key at index key, then the used
+// key and their error keys; "n<ppm>" with a NearLimit (millionths of the quota); "|<waiter id>"
+// last for a request that claims a Waiter's reserved slot.
 func zoneFlags(r *Request, k flagKeys) string {
 	okey, bkey := k.override, k.block
 	z := r.Zone

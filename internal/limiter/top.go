@@ -19,7 +19,8 @@ import (
 // keeps at most Top members with the Space-Saving rule: a new client arriving at a full set
 // takes the place of the member with the lowest count and starts from that count. A count is
 // therefore never below the client's true count in the bucket, and above it by at most the
-// bucket's total divided by Top. On Redis Cluster the sets are per hash slot (a script call
+// bucket's total divided by Top; the count it started from is its error, kept beside the set
+// (topErrorKey), so that ReadTop tells which part of a count is certainly the client's. On Redis Cluster the sets are per hash slot (a script call
 // writes only keys of its client's slot), and ReadTop merges them.
 
 // Bounds of Zone.Top and Zone.TopWindow.
@@ -86,11 +87,16 @@ func topKey(prefix, tag, zone string, b TopBy, bucket int64) string {
 }
 
 // topKeys returns the denied and used keys of r's zone for the call sent at ref whose state key
-// is stateKey.
-func (l *Limiter) topKeys(r *Request, stateKey string, ref time.Time) (denied, used string) {
+// is stateKey, and their error keys (topErrorKey).
+func (l *Limiter) topKeys(r *Request, stateKey string, ref time.Time) (denied, used, deniedErr, usedErr string) {
 	tag, b := l.topHashTag(stateKey), topBucket(r.Zone, ref)
-	return topKey(l.prefix, tag, r.Zone.Name, TopDenied, b), topKey(l.prefix, tag, r.Zone.Name, TopUsed, b)
+	denied, used = topKey(l.prefix, tag, r.Zone.Name, TopDenied, b), topKey(l.prefix, tag, r.Zone.Name, TopUsed, b)
+	return denied, used, topErrorKey(denied), topErrorKey(used)
 }
+
+// topErrorKey is the key of the errors of the top set key: a hash, per member that took the place
+// of another, the count it started from. `<top key>:e`, in the set's hash slot.
+func topErrorKey(key string) string { return key + ":e" }
 
 // slotTags returns, per Redis Cluster hash slot, the shortest tag "t<n>" that hashes to it.
 var slotTags = sync.OnceValue(func() []string {
@@ -108,15 +114,25 @@ var slotTags = sync.OnceValue(func() []string {
 type TopEntry struct {
 	// Client is the client part of the Redis keys (ClientKey's result; see ShownKey).
 	Client string
-	// Count is its denials or units in the current and previous buckets.
+	// Count is its denials or units in the current and previous buckets: never below its true
+	// count, and above it by at most Error.
 	Count int64
+	// Error is how much of Count may not be the client's (Space-Saving's bound): the counts it
+	// started from when it took the place of another client in a full set, and, for a bucket's
+	// full set it is missing from, that set's lowest count (what it may have had there before it
+	// lost its place, counted in Count too). 0: Count is exact.
+	Error int64
 }
+
+// Guaranteed is the part of e's count that is certainly the client's: Count less Error.
+func (e TopEntry) Guaranteed() int64 { return e.Count - e.Error }
 
 // ReadTop returns the n clients (1 or more) with the highest counts of kind by in z's top, over
 // the bucket holding the scripts' time (Redis TIME, or the Limiter's clock) and the one before,
-// highest first (ties by client); and the start of the earlier bucket. It reads the two buckets'
-// sets: one each, or on Redis Cluster one each per hash slot (32,768 reads, pipelined to the
-// primaries that own them). It writes nothing.
+// highest count first (ties by client), each with its error (TopEntry); and the start of the
+// earlier bucket. It reads the two buckets' sets and their errors: one each, or on Redis Cluster
+// one each per hash slot (65,536 reads, pipelined to the primaries that own them). It writes
+// nothing.
 func (l *Limiter) ReadTop(ctx context.Context, z *Zone, by TopBy, n int) (top []TopEntry, since time.Time, err error) {
 	if z.Top <= 0 || n < 1 {
 		return nil, time.Time{}, fmt.Errorf("zone %s: no top to read, or n %d < 1", z.Name, n)
@@ -130,35 +146,89 @@ func (l *Limiter) ReadTop(ctx context.Context, z *Zone, by TopBy, n int) (top []
 	if l.cluster {
 		tags = slotTags()
 	}
-	cmds := make([]*redis.ZSliceCmd, 0, 2*len(tags))
+	type read struct {
+		set  *redis.ZSliceCmd
+		errs *redis.MapStringStringCmd
+	}
+	reads := make([]read, 0, 2*len(tags))
 	p := l.rdb.Pipeline()
 	for _, tag := range tags {
 		for _, k := range []int64{b - 1, b} {
-			cmds = append(cmds, p.ZRangeWithScores(ctx, topKey(l.prefix, tag, z.Name, by, k), 0, -1))
+			key := topKey(l.prefix, tag, z.Name, by, k)
+			reads = append(reads, read{p.ZRangeWithScores(ctx, key, 0, -1), p.HGetAll(ctx, topErrorKey(key))})
 		}
 	}
 	if _, err := p.Exec(ctx); !replyError(err) {
-		return nil, time.Time{}, fmt.Errorf("redis ZRANGE of %d top keys: %w", len(cmds), err)
+		return nil, time.Time{}, fmt.Errorf("redis ZRANGE and HGETALL of %d top keys: %w", 2*len(reads), err)
 	}
-	sum := make(map[string]int64)
-	for _, c := range cmds {
-		for _, e := range c.Val() {
-			if m, ok := e.Member.(string); ok && e.Score > 0 {
-				sum[m] += int64(e.Score)
+	var out []TopEntry
+	for i := 0; i < len(reads); i += 2 { // one tag's two buckets: its clients are in no other tag's
+		sets := make([]topSet, 2)
+		for j := range sets {
+			sets[j] = readTopSet(reads[i+j].set.Val(), reads[i+j].errs.Val(), z.Top)
+		}
+		out = append(out, mergeTop(sets)...)
+	}
+	return topN(out, n), time.UnixMicro((b - 1) * z.TopWindow.Microseconds()), nil
+}
+
+// topSet is one top set as read: per client its count and error, and the error of a client it
+// does not hold (its lowest count when it is full, else 0: it never dropped anyone).
+type topSet struct {
+	counts, errs map[string]int64
+	missing      int64
+}
+
+// readTopSet returns the top set of members (ascending, as ZRANGE gives them) and errors (its
+// error hash) of a zone whose sets hold entries members.
+func readTopSet(members []redis.Z, errs map[string]string, entries int) topSet {
+	s := topSet{counts: make(map[string]int64, len(members)), errs: make(map[string]int64)}
+	for _, e := range members {
+		if m, ok := e.Member.(string); ok && e.Score > 0 {
+			s.counts[m] = int64(e.Score)
+			if v, err := strconv.ParseFloat(errs[m], 64); err == nil && v > 0 {
+				s.errs[m] = min(int64(v), s.counts[m])
 			}
 		}
 	}
-	return topN(sum, n), time.UnixMicro((b - 1) * z.TopWindow.Microseconds()), nil
+	if len(members) >= entries && len(members) > 0 {
+		s.missing = int64(members[0].Score)
+	}
+	return s
 }
 
-// topN returns the n entries of counts with the highest counts, highest first, ties by client.
-func topN(counts map[string]int64, n int) []TopEntry {
-	out := make([]TopEntry, 0, len(counts))
-	for c, k := range counts {
-		out = append(out, TopEntry{Client: c, Count: k})
+// mergeTop sums the counts and errors of each client of sets (the buckets of one hash slot's
+// top); a set missing the client adds its missing error to both, so that the count stays an
+// upper bound and the guaranteed count a lower one.
+func mergeTop(sets []topSet) []TopEntry {
+	seen := make(map[string]bool)
+	var out []TopEntry
+	for _, s := range sets {
+		for c := range s.counts {
+			if seen[c] {
+				continue
+			}
+			seen[c] = true
+			e := TopEntry{Client: c}
+			for _, t := range sets {
+				if k, ok := t.counts[c]; ok {
+					e.Count += k
+					e.Error += t.errs[c]
+				} else { // it may have had up to the set's lowest count there
+					e.Count += t.missing
+					e.Error += t.missing
+				}
+			}
+			out = append(out, e)
+		}
 	}
-	slices.SortFunc(out, func(a, b TopEntry) int {
+	return out
+}
+
+// topN returns the n entries of top with the highest counts, highest first, ties by client.
+func topN(top []TopEntry, n int) []TopEntry {
+	slices.SortFunc(top, func(a, b TopEntry) int {
 		return cmp.Or(cmp.Compare(b.Count, a.Count), strings.Compare(a.Client, b.Client))
 	})
-	return out[:min(n, len(out))]
+	return top[:min(n, len(top))]
 }

@@ -8,8 +8,8 @@ import (
 )
 
 // TestCallLayoutTop pins the part of decide.lua's call that a zone's top adds: its denied and
-// used keys after the zone's other flag keys, and its flag "t<key>:<entries>,<ttl ms>" after
-// the others; a zone without a top in the same decision keeps its call unchanged.
+// used keys and their error keys after the zone's other flag keys, and its flag
+// "t<key>:<entries>,<ttl ms>" after the others; a zone without a top in the same decision keeps its call unchanged.
 func TestCallLayoutTop(t *testing.T) {
 	at := time.UnixMicro(1_700_000_000_000_000) // bucket 28333333 of 60s
 	l := &Limiter{prefix: "rl:", instance: "i", now: func() time.Time { return at }}
@@ -21,6 +21,7 @@ func TestCallLayoutTop(t *testing.T) {
 		"rl:{c}:api:tb", "rl:{c}:plain:tb",
 		"rl:{c}:api:block",                                           // key 3
 		"rl:{top}:api:top:d:28333333", "rl:{top}:api:top:u:28333333", // keys 4 and 5
+		"rl:{top}:api:top:d:28333333:e", "rl:{top}:api:top:u:28333333:e", // keys 6 and 7
 	}
 	if !reflect.DeepEqual(keys, wantKeys) {
 		t.Errorf("KEYS\n got %q\nwant %q", keys, wantKeys)
@@ -61,9 +62,11 @@ func TestTopKeysShareTheClientSlot(t *testing.T) {
 	}
 	for _, client := range []string{"alice", "2=203.0.113.7", "~x", "bob"} {
 		state := StateKey(l.prefix, z, client)
-		d, u := l.topKeys(&Request{Zone: z, Key: client}, state, time.Unix(0, 0))
-		if hashSlot(d) != hashSlot(state) || hashSlot(u) != hashSlot(state) {
-			t.Errorf("client %q: %s and %s are not in %s's slot", client, d, u, state)
+		d, u, de, ue := l.topKeys(&Request{Zone: z, Key: client}, state, time.Unix(0, 0))
+		for _, k := range []string{d, u, de, ue} {
+			if hashSlot(k) != hashSlot(state) {
+				t.Errorf("client %q: %s is not in %s's slot", client, k, state)
+			}
 		}
 	}
 }

@@ -54,7 +54,7 @@ func TestTopExactBelowCapacity(t *testing.T) {
 }
 
 // TestTopBoundedMemory: 200 distinct clients denied in a top of 8 entries leave at most 8
-// members per set, and the one heavy client is listed first with a count at least its true
+// members per set and 8 errors beside it, and the one heavy client is listed first with a count at least its true
 // count and above it by at most the set's total divided by 8.
 func TestTopBoundedMemory(t *testing.T) {
 	t.Parallel()
@@ -82,10 +82,94 @@ func TestTopBoundedMemory(t *testing.T) {
 		if n := srv.Do("ZCARD", key).(int64); n > 8 {
 			t.Errorf("%s holds %d members, want at most 8", key, n)
 		}
+		if n := srv.Do("HLEN", key+":e").(int64); n > 8 {
+			t.Errorf("%s:e holds %d errors, want at most 8 (one per member)", key, n)
+		}
 	}
 	top := readTop(t, l, z, limiter.TopDenied, 1)
 	if len(top) != 1 || top[0].Client != "heavy" || top[0].Count < int64(heavy) || top[0].Count > int64(heavy+total/8) {
 		t.Errorf("top %v, want heavy with %d to %d denials", top, heavy, heavy+total/8)
+	}
+}
+
+// TestTopFloodShowsWhatIsGuaranteed: one heavy client denied 249 times while 500 invented keys
+// are denied twice each, in a top of 10. The invented keys that hold places show counts far
+// above their 2 (each took the place of the lowest), but their guaranteed counts (count less
+// error) are at most 2, below the heavy client's; and every entry's guaranteed count is at most
+// its true count, which is at most its count.
+func TestTopFloodShowsWhatIsGuaranteed(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	clk := newClock()
+	l := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:", Now: clk.Now})
+	z := topZone(10)
+	z.Capacity = 1 // each client's first request is admitted, the others denied
+	truth := map[string]int64{"heavy": -1}
+	for i := range 500 {
+		key := fmt.Sprintf("flood-%d", i)
+		truth[key] = -1
+		for range 3 {
+			allow(t, l, limiter.Request{Zone: z, Key: key, Cost: 1})
+			truth[key]++
+		}
+		if i%2 == 0 {
+			allow(t, l, limiter.Request{Zone: z, Key: "heavy", Cost: 1})
+			truth["heavy"]++
+		}
+	}
+	top := readTop(t, l, z, limiter.TopDenied, 10)
+	if len(top) != 10 {
+		t.Fatalf("top %v, want 10 entries", top)
+	}
+	var heavy limiter.TopEntry
+	inflated := false
+	for _, e := range top {
+		if g, n := e.Guaranteed(), truth[e.Client]; g > n || n > e.Count || e.Error < 0 {
+			t.Errorf("%+v: guaranteed %d, true count %d: want guaranteed <= true <= count", e, g, n)
+		}
+		if e.Client == "heavy" {
+			heavy = e
+		} else if e.Count > 2*truth[e.Client] {
+			inflated = true
+		}
+	}
+	if heavy.Client == "" {
+		t.Fatalf("top %v: the heavy client is missing", top)
+	}
+	for _, e := range top {
+		if e.Client != "heavy" && e.Guaranteed() >= heavy.Guaranteed() {
+			t.Errorf("invented %+v guaranteed %d, want below the heavy client's %d (%+v)", e, e.Guaranteed(), heavy.Guaranteed(), heavy)
+		}
+	}
+	if !inflated {
+		t.Errorf("top %v: no invented key's count above its true count: the flood did not test the error", top)
+	}
+}
+
+// TestTopErrorAcrossBuckets: a top of 2. In one bucket a is denied 3 times, b twice, then c
+// once: c takes b's place from its 2 (c: 3, error 2). In the next bucket b is denied once. The
+// read over both sums each client's counts and errors, and b, missing from the earlier bucket's
+// full set, may have had up to its lowest count (3) there: b 4, error 3; a 3 exact; c 3, error 2.
+func TestTopErrorAcrossBuckets(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	clk := newClock()
+	l := limiter.New(srv.Client(), limiter.Options{KeyPrefix: "rl:", Now: clk.Now})
+	z := topZone(2)
+	z.Capacity = 1
+	send := func(client string, n int) {
+		for range n {
+			allow(t, l, limiter.Request{Zone: z, Key: client, Cost: 1})
+		}
+	}
+	send("a", 4)
+	send("b", 3)
+	send("c", 2)
+	clk.Advance(time.Minute)
+	send("b", 1)
+	want := []limiter.TopEntry{{Client: "b", Count: 4, Error: 3}, {Client: "a", Count: 3}, {Client: "c", Count: 3, Error: 2}}
+	if got := readTop(t, l, z, limiter.TopDenied, 10); !reflect.DeepEqual(got, want) {
+		t.Errorf("top %+v, want %+v", got, want)
 	}
 }
 
