@@ -224,26 +224,35 @@ func TestCookbookShadow(t *testing.T) {
 
 // TestCookbookLLMKeys: the recipe "An LLM token budget: OpenAI, Anthropic and Gemini clients"
 // refuses a request of each API with no key (403), and admits one whose key is in any field the
-// recipe names for that API's SDKs.
+// recipe names for that API's SDKs. Each request carries the body its API's SDK sends: the zones
+// have cap_output, which refuses a body that is not one JSON object (docs/security.md).
 func TestCookbookLLMKeys(t *testing.T) {
 	cs := runRecipe(t, "An LLM token budget: OpenAI, Anthropic and Gemini clients", ok)
 	gemini := "/v1beta/models/gemini-2.0-flash:generateContent"
+	bodies := map[string]string{
+		"/v1/chat/completions": `{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}`,
+		"/v1/messages":         `{"model":"claude-sonnet-4","max_tokens":100,"messages":[{"role":"user","content":"hi"}]}`,
+		gemini:                 `{"contents":[{"parts":[{"text":"hi"}]}]}`,
+	}
 	for _, path := range []string{"/v1/chat/completions", "/v1/messages", gemini} {
-		if r := cs.Do(http.MethodPost, path); r.Status != 403 {
-			t.Fatalf("POST %s with no key: %d %q, want 403", path, r.Status, r.Body)
+		if status, _, body := postJSON(t, cs.Base+path, "", bodies[path]); status != 403 {
+			t.Fatalf("POST %s with no key: %d %q, want 403", path, status, body)
 		}
 	}
-	for _, c := range []struct{ path, field, value string }{
-		{"/v1/chat/completions", "Authorization", "Bearer sk-openai"},
-		{"/v1/messages", "X-Api-Key", "sk-ant-python"},
-		{"/v1/messages", "Authorization", "Bearer sk-ant-node"},
-		{gemini, "X-Goog-Api-Key", "gemini-genai"},
-		{gemini + "?key=gemini-rest", "", ""},
+	for _, c := range []struct{ path, query, field, value string }{
+		{"/v1/chat/completions", "", "Authorization", "Bearer sk-openai"},
+		{"/v1/messages", "", "X-Api-Key", "sk-ant-python"},
+		{"/v1/messages", "", "Authorization", "Bearer sk-ant-node"},
+		{gemini, "", "X-Goog-Api-Key", "gemini-genai"},
+		{gemini, "?key=gemini-rest", "", ""},
 	} {
 		var header []string
 		if c.field != "" {
 			header = []string{c.field, c.value}
 		}
-		cs.Do(http.MethodPost, c.path, header...).Expect(t, "POST "+c.path+" keyed in "+c.field, 200, "upstream")
+		status, _, body := postJSON(t, cs.Base+c.path+c.query, "", bodies[c.path], header...)
+		if status != 200 || string(body) != "upstream" {
+			t.Fatalf("POST %s keyed in %s%s: got %d %q, want 200 \"upstream\"", c.path, c.field, c.query, status, body)
+		}
 	}
 }
