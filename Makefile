@@ -11,7 +11,7 @@ LOCAL_VERSION := v0.0.0-00010101000000-000000000000
 TEST_PACKAGES := ./internal/caddytest ./internal/freeport ./internal/redistest ./internal/repocheck
 SOURCES       := $(shell find . \( -path ./bin -o -path ./bench $(patsubst %,-o -path %,$(TEST_PACKAGES)) \) -prune -o \( -name '*.go' ! -name '*_test.go' -o -name '*.lua' \) -print) go.mod go.sum
 
-.PHONY: build run test compose-check rules-check e2e fmt adapt smoke bench bench-queue fuzz release-check
+.PHONY: build run test compose-check rules-check e2e fmt adapt smoke bench bench-queue fuzz release-check release
 
 ## build: bin/caddy, Caddy $(CADDY_VERSION) with this module (README.md "Install" gives this recipe;
 ## TestReadmeInstall checks that they agree)
@@ -61,10 +61,16 @@ compose-check:
 	docker-compose -f docker-compose.yml config -q
 
 ## release-check: fails, naming each problem, on what would break the release of VERSION (default:
-## the newest version of CHANGELOG.md): no CHANGELOG entry for it, no LICENSE, a replace in
-## go.mod, go.mod or go.sum not tidy, docs that say it is not published (docs/releasing.md)
+## the newest version of CHANGELOG.md): its heading undated or without entries, entries left under
+## Unreleased, no LICENSE, a replace in go.mod, go.mod or go.sum not tidy, docs saying a release is
+## still to come, not a git tree, the tag already there, red tests (docs/releasing.md)
 release-check:
 	scripts/release-check.sh
+
+## release: on a clean main that passes release-check, tag VERSION (annotated, the CHANGELOG
+## section its message); prints the push to run
+release:
+	scripts/release.sh
 
 ## smoke: bin/caddy with Caddyfile.example on a throwaway Redis, checked with curl
 smoke: bin/caddy
