@@ -47,8 +47,8 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, next caddyhttp.Ha
 	if c := h.logger.Check(zapcore.DebugLevel, "rate limited"); c != nil {
 		h.logDenial(c, &f.outcome, f.d, f.noWait)
 	}
-	h.events.exceeded(h, &f.outcome, f.d)
-	h.events.blocked(h, f)
+	h.events.exceeded(h, r, &f.outcome, f.d)
+	h.events.blocked(h, r, f)
 	if h.DryRun {
 		return next.ServeHTTP(w, r)
 	}

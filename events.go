@@ -1,10 +1,14 @@
 package ratelimitredis
 
 import (
+	"net"
+	"net/http"
 	"sync/atomic"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyevents"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/limiter"
 )
@@ -15,14 +19,18 @@ import (
 const (
 	// EventExceeded is emitted once per request denied with 429 (from Redis, the deny cache or
 	// fail_mode local; in dry_run, per request that would have been). Data: zone, limit,
-	// remaining, retry_after (seconds, rounded up; 0 when the cost can never pass), cached,
-	// local, dry_run, and key only with log_key (client keys can be personal data).
+	// remaining, retry_after (seconds, rounded up; 0 when the cost can never pass), wait (the
+	// same wait as a time.Duration, Retry-After's value, as in caddy-ratelimit's
+	// rate_limit_exceeded), remote_ip (the client's address: Caddy's client IP, which honours
+	// trusted_proxies), cached, local, dry_run, and key only with log_key (client keys can be
+	// personal data; remote_ip and wait are sent whatever log_key says).
 	EventExceeded = "rate_limit_redis_exceeded"
 	// EventBlocked is emitted when a zone's penalty box (block) starts: the zone denied a
 	// client, which it now refuses for block_seconds on every instance (the instance whose
 	// decision started the block emits it, once). Data: zone, block_seconds (the block's length,
-	// rounded up: block, or more for a repeat offender with block_max), dry_run, and key only
-	// with log_key. An admin API block emits none.
+	// rounded up: block, or more for a repeat offender with block_max), wait (the same length as
+	// a time.Duration: the client may retry when the block ends), remote_ip (as in
+	// EventExceeded), dry_run, and key only with log_key. An admin API block emits none.
 	EventBlocked = "rate_limit_redis_blocked"
 	// EventNearLimit is emitted once per crossing of a zone's near_limit: by the instance whose
 	// admitted request took the client from below that fraction of its quota to at or past it
@@ -62,13 +70,27 @@ func newEvents(ctx caddy.Context, redis []string) *events {
 	return &events{app: ea, ctx: ctx, redis: redis}
 }
 
-// exceeded emits EventExceeded for a denied request.
-func (e *events) exceeded(h *Handler, out *outcome, d limiter.Decision) {
+// remoteIP returns r's client address for an event: Caddy's client IP (the address the default
+// key {client_ip} uses, behind trusted_proxies the forwarded one), else the connection's host.
+func remoteIP(r *http.Request) string {
+	if ip, _ := caddyhttp.GetVar(r.Context(), caddyhttp.ClientIPVarKey).(string); ip != "" {
+		return ip
+	}
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return r.RemoteAddr // no port
+	}
+	return host
+}
+
+// exceeded emits EventExceeded for the denied request r.
+func (e *events) exceeded(h *Handler, r *http.Request, out *outcome, d limiter.Decision) {
 	if e == nil || !e.app.ShouldEmit(EventExceeded) {
 		return
 	}
 	data := map[string]any{
 		"zone": out.zone, "limit": out.limit, "remaining": out.remaining, "retry_after": out.retryAfter,
+		"wait": time.Duration(out.retryAfter) * time.Second, "remote_ip": remoteIP(r),
 		"cached": d.Cached, "local": out.degraded, "dry_run": h.DryRun,
 	}
 	if h.LogKey {
@@ -77,8 +99,8 @@ func (e *events) exceeded(h *Handler, out *outcome, d limiter.Decision) {
 	e.app.Emit(e.ctx, EventExceeded, data)
 }
 
-// blocked emits EventBlocked for each zone whose block f's denial started.
-func (e *events) blocked(h *Handler, f *flight) {
+// blocked emits EventBlocked for each zone whose block the denial of r (f) started.
+func (e *events) blocked(h *Handler, r *http.Request, f *flight) {
 	if e == nil || !e.app.ShouldEmit(EventBlocked) {
 		return
 	}
@@ -87,7 +109,9 @@ func (e *events) blocked(h *Handler, f *flight) {
 			continue
 		}
 		// A started block's Next is its length.
-		data := map[string]any{"zone": rq.Zone.Name, "block_seconds": seconds(rq.Result.Next), "dry_run": h.DryRun}
+		secs := seconds(rq.Result.Next)
+		data := map[string]any{"zone": rq.Zone.Name, "block_seconds": secs, "wait": time.Duration(secs) * time.Second,
+			"remote_ip": remoteIP(r), "dry_run": h.DryRun}
 		if h.LogKey {
 			data["key"] = f.shown[i]
 		}

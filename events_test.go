@@ -85,7 +85,7 @@ func eventSite(t *testing.T, srv *redistest.Server, events []string, zone map[st
 }
 
 // TestEvents: a handler subscribed through Caddy's events app receives exactly one
-// rate_limit_redis_exceeded event per denied request, and one rate_limit_redis_failing and one
+// rate_limit_redis_exceeded event per denied request, with the client's address and the wait, and one rate_limit_redis_failing and one
 // rate_limit_redis_recovered per Redis outage, however many requests it fails.
 func TestEvents(t *testing.T) {
 	srv := redistest.Start(t)
@@ -96,8 +96,11 @@ func TestEvents(t *testing.T) {
 	}
 	redistest.WaitFor(t, 5*time.Second, "4 exceeded events", func() bool { return eventCount(EventExceeded) == 4 })
 	received.Lock()
-	if d := received.data[0]; d["zone"] != "api" || fmt.Sprint(d["limit"]) != "2" || d["key"] != nil {
-		t.Errorf("exceeded event data %v, want zone api, limit 2 and no key (log_key off)", d)
+	// refill_rate 0.001: the next token in 1000 s, Retry-After's value. remote_ip is sent though
+	// log_key is off, as caddy-ratelimit's rate_limit_exceeded sends it.
+	if d := received.data[0]; d["zone"] != "api" || fmt.Sprint(d["limit"]) != "2" || d["key"] != nil ||
+		d["remote_ip"] != "127.0.0.1" || d["wait"] != 1000*time.Second {
+		t.Errorf("exceeded event data %v, want zone api, limit 2, remote_ip 127.0.0.1, wait 1000s and no key (log_key off)", d)
 	}
 	received.Unlock()
 
@@ -135,8 +138,9 @@ func TestEventBlocked(t *testing.T) {
 	}
 	redistest.WaitFor(t, 5*time.Second, "a blocked event", func() bool { return eventCount(EventBlocked) == 1 })
 	received.Lock()
-	if d := received.data[0]; d["zone"] != "evblock" || fmt.Sprint(d["block_seconds"]) != "3600" || d["key"] != nil {
-		t.Errorf("blocked event data %v, want zone evblock, block_seconds 3600 and no key (log_key off)", d)
+	if d := received.data[0]; d["zone"] != "evblock" || fmt.Sprint(d["block_seconds"]) != "3600" || d["key"] != nil ||
+		d["remote_ip"] != "127.0.0.1" || d["wait"] != time.Hour {
+		t.Errorf("blocked event data %v, want zone evblock, block_seconds 3600, remote_ip 127.0.0.1, wait 1h and no key (log_key off)", d)
 	}
 	received.Unlock()
 	if got := testutil.ToFloat64(blocked) - before; got != 3 {
