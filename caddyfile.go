@@ -165,7 +165,7 @@ func (h *Handler) subdirective(d *caddyfile.Dispenser) error {
 	if parse, ok := handlerSubdirectives[d.Val()]; ok {
 		return parse(h, d)
 	}
-	return d.Errf("unrecognized subdirective %q", d.Val())
+	return errUnrecognized(d)
 }
 
 // handlerSubdirectives parses each of the handler's subdirectives into the handler. They check
@@ -178,7 +178,7 @@ var handlerSubdirectives = map[string]func(*Handler, *caddyfile.Dispenser) error
 	"fail_mode":       func(h *Handler, d *caddyfile.Dispenser) error { return stringArg(d, &h.FailMode) },
 	"ipv4_prefix":     func(h *Handler, d *caddyfile.Dispenser) error { return intArg(d, &h.IPv4Prefix) },
 	"ipv6_prefix":     func(h *Handler, d *caddyfile.Dispenser) error { return intArg(d, &h.IPv6Prefix) },
-	"jitter":          func(h *Handler, d *caddyfile.Dispenser) error { return anyDurationArg(d, &h.Jitter) },
+	"jitter":          (*Handler).parseJitter,
 	"no_retry_over":   func(h *Handler, d *caddyfile.Dispenser) error { return parseNoRetryOver(d, &h.NoRetryOver) },
 	"headers":         func(h *Handler, d *caddyfile.Dispenser) error { return stringArg(d, &h.Headers) },
 	"degraded_header": func(h *Handler, d *caddyfile.Dispenser) error { return onOffArg(d, &h.DegradedHeader) },
@@ -189,6 +189,15 @@ var handlerSubdirectives = map[string]func(*Handler, *caddyfile.Dispenser) error
 	"deny_cache":      (*Handler).parseDenyCache,
 	"max_waiting":     func(h *Handler, d *caddyfile.Dispenser) error { return intArg(d, &h.MaxWaiting) },
 	"quota_endpoint":  (*Handler).parseQuotaEndpoint,
+}
+
+// parseJitter parses the handler's jitter subdirective at the cursor: a duration, not
+// caddy-ratelimit's fraction (checkMholtJitter).
+func (h *Handler) parseJitter(d *caddyfile.Dispenser) error {
+	if err := checkMholtJitter(d); err != nil {
+		return err
+	}
+	return anyDurationArg(d, &h.Jitter)
 }
 
 // parseQuotaEndpoint parses `quota_endpoint <path> <zone>`. The values are checked once the

@@ -137,7 +137,7 @@ var zoneSubdirectives = map[string]func(*zoneParser, *caddyfile.Dispenser) error
 	"fail_mode":     func(p *zoneParser, d *caddyfile.Dispenser) error { return stringArg(d, &p.zone.FailMode) },
 	"ipv4_prefix":   func(p *zoneParser, d *caddyfile.Dispenser) error { return intArg(d, &p.zone.IPv4Prefix) },
 	"ipv6_prefix":   func(p *zoneParser, d *caddyfile.Dispenser) error { return intArg(d, &p.zone.IPv6Prefix) },
-	"jitter":        func(p *zoneParser, d *caddyfile.Dispenser) error { return optDurationArg(d, &p.zone.Jitter) },
+	"jitter":        (*zoneParser).parseJitter,
 	"no_retry_over": func(p *zoneParser, d *caddyfile.Dispenser) error { return parseNoRetryOver(d, &p.zone.NoRetryOver) },
 }
 
@@ -164,7 +164,7 @@ func (p *zoneParser) subdirective(d *caddyfile.Dispenser) error {
 	if parse, ok := zoneSubdirectives[d.Val()]; ok {
 		return parse(p, d)
 	}
-	return d.Errf("unrecognized subdirective %q", d.Val())
+	return errUnrecognized(d)
 }
 
 // parseCost parses the cost subdirective at the cursor: an integer is written as it parses
@@ -179,6 +179,15 @@ func (p *zoneParser) parseCost(d *caddyfile.Dispenser) error {
 	}
 	p.zone.Cost = v
 	return nil
+}
+
+// parseJitter parses a zone's jitter subdirective at the cursor: a duration, not
+// caddy-ratelimit's fraction (checkMholtJitter).
+func (p *zoneParser) parseJitter(d *caddyfile.Dispenser) error {
+	if err := checkMholtJitter(d); err != nil {
+		return err
+	}
+	return optDurationArg(d, &p.zone.Jitter)
 }
 
 // parseMatch parses the match subdirective at the cursor, on one line or with a block, into
@@ -417,6 +426,7 @@ func (p *zoneParser) finish() error {
 		if t, ok := p.seen[fe.Field]; ok {
 			tok = t
 		}
+		p.mholtWindow(fe)
 	}
 	return errAt(tok, "%v", err)
 }
