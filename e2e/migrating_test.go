@@ -1,9 +1,12 @@
 package e2e_test
 
 import (
+	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -72,5 +75,132 @@ func TestMigratingExamples(t *testing.T) {
 				t.Fatalf("request 4: body %q, want the handle_errors body naming per_network", r.Body)
 			}
 		})
+	}
+}
+
+// TestMigratingJSON runs the "after" handler of docs/migrating.md's JSON section as written (in
+// a route before a test upstream, on a free loopback port) against a real Redis, after checking
+// that it keeps every zone of the "before" handler with its name, window and max_events (as a
+// sliding window's limit): three GET requests a minute per client address, then a 429 with a
+// Retry-After of at most the window plus the jitter (72 s).
+func TestMigratingJSON(t *testing.T) {
+	var blocks []repocheck.DocBlock
+	for _, b := range repocheck.DocBlocks(t, "json") {
+		if strings.HasPrefix(b.Where, "docs/migrating.md:") {
+			blocks = append(blocks, b)
+		}
+	}
+	if len(blocks) != 2 {
+		t.Fatalf("docs/migrating.md has %d json blocks, want the \"before\" and \"after\" handlers", len(blocks))
+	}
+	var before struct {
+		Handler    string `json:"handler"`
+		RateLimits map[string]struct {
+			Window    string `json:"window"`
+			MaxEvents int    `json:"max_events"`
+		} `json:"rate_limits"`
+	}
+	if err := json.Unmarshal([]byte(blocks[0].Text), &before); err != nil || before.Handler != "rate_limit" {
+		t.Fatalf("%s: %v, handler %q: want caddy-ratelimit's handler", blocks[0].Where, err, before.Handler)
+	}
+	var after map[string]any
+	if err := json.Unmarshal([]byte(blocks[1].Text), &after); err != nil || after["handler"] != "rate_limit_redis" {
+		t.Fatalf("%s: %v, handler %v: want this module's handler", blocks[1].Where, err, after["handler"])
+	}
+	var zones struct {
+		Zones []struct {
+			Name      string `json:"name"`
+			Algorithm string `json:"algorithm"`
+			Limit     int    `json:"limit"`
+			Window    string `json:"window"`
+		} `json:"zones"`
+	}
+	if err := json.Unmarshal([]byte(blocks[1].Text), &zones); err != nil {
+		t.Fatal(err)
+	}
+	if len(zones.Zones) != len(before.RateLimits) {
+		t.Fatalf("after has %d zones, before %d", len(zones.Zones), len(before.RateLimits))
+	}
+	for _, z := range zones.Zones {
+		b, ok := before.RateLimits[z.Name]
+		if !ok || z.Algorithm != "sliding_window" || z.Limit != b.MaxEvents || z.Window != b.Window {
+			t.Fatalf("after's zone %+v does not keep before's %q: %+v", z, z.Name, b)
+		}
+	}
+
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, "upstream")
+	}))
+	t.Cleanup(upstream.Close)
+	srv := redistest.Start(t)
+	t.Setenv("REDIS_ADDR", srv.Addr)
+	site := freeport.Must(t)
+	// config is a whole Caddy config serving handler in a route before the upstream.
+	config := func(handler map[string]any) []byte {
+		cfg, err := json.Marshal(map[string]any{
+			"admin":   map[string]any{"disabled": true, "config": map[string]any{"persist": false}},
+			"logging": map[string]any{"logs": map[string]any{"default": map[string]any{"level": "ERROR"}}},
+			"apps": map[string]any{"http": map[string]any{"servers": map[string]any{"migrated": map[string]any{
+				"listen": []string{fmt.Sprintf("127.0.0.1:%d", site)},
+				"routes": []any{map[string]any{"handle": []any{handler, map[string]any{
+					"handler":   "reverse_proxy",
+					"upstreams": []any{map[string]any{"dial": strings.TrimPrefix(upstream.URL, "http://")}},
+				}}}},
+			}}}},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cfg
+	}
+	t.Cleanup(func() { _ = caddy.Stop() })
+
+	// The errors the page quotes for caddy-ratelimit's fields left in, one at a time under this
+	// handler's name (Caddy names the first it meets): its zones, its distributed option, its
+	// jitter as a fraction, and a key given as a string.
+	var left map[string]any
+	if err := json.Unmarshal([]byte(blocks[0].Text), &left); err != nil {
+		t.Fatal(err)
+	}
+	leftIn := func(field string) map[string]any {
+		return map[string]any{"handler": "rate_limit_redis", field: left[field]}
+	}
+	stringKey := maps.Clone(after)
+	stringKey["zones"] = []any{map[string]any{"name": "z", "key": "static", "algorithm": "sliding_window", "limit": 3, "window": "1m"}}
+	page, err := os.ReadFile("docs/migrating.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		handler map[string]any
+		want    string
+	}{
+		{leftIn("rate_limits"), `json: unknown field "rate_limits"`},
+		{leftIn("distributed"), `json: unknown field "distributed"`},
+		{leftIn("jitter"), "cannot unmarshal number 0.2 into Go struct field Handler.jitter of type time.Duration"},
+		{stringKey, "cannot unmarshal string into Go struct field Zone.zones.key of type []string"},
+	} {
+		if err := caddy.Load(config(c.handler), true); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Fatalf("loading %v: %v, want an error with %q", c.handler, err, c.want)
+		}
+		if !strings.Contains(strings.Join(strings.Fields(string(page)), " "), "`"+c.want+"`") {
+			t.Fatalf("docs/migrating.md does not quote the error %q", c.want)
+		}
+	}
+
+	after["timeout"] = "5s" // decisions wait for Redis up to 5 s: one failed open would admit a 4th request
+	if err := caddytest.LoadServing(t, config(after)); err != nil {
+		t.Fatal(err)
+	}
+	cs := &caddytest.Site{T: t, Base: "http://127.0.0.1:" + strconv.Itoa(site)}
+	for n := 1; n <= 3; n++ {
+		cs.Get("/").Expect(t, "request "+strconv.Itoa(n), 200, "upstream")
+	}
+	r := cs.Get("/")
+	if r.Status != 429 {
+		t.Fatalf("request 4: %d %q, want 429", r.Status, r.Body)
+	}
+	if ra, err := strconv.Atoi(r.Header.Get("Retry-After")); err != nil || ra < 1 || ra > 72 {
+		t.Fatalf("request 4: Retry-After %q, want 1 to 72 seconds", r.Header.Get("Retry-After"))
 	}
 }
