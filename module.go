@@ -258,7 +258,9 @@ func (*Handler) CaddyModule() caddy.ModuleInfo {
 }
 
 // Provision fills in defaults, loads the zones' matchers and takes a reference to the shared
-// Redis client for the connection config. It never contacts Redis.
+// Redis client for the connection config. It never waits for Redis: when it creates the client,
+// it PINGs Redis in the background and logs one warning if there is no answer
+// (warnIfUnreachable).
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
 	if h.Redis == nil {
@@ -319,11 +321,14 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := h.Redis.checkResolved(); err != nil {
 		return err
 	}
-	client, key, err := acquireClient(h.Redis.resolve(time.Duration(h.Timeout), cmp.Or(h.breakerOpenFor, defaultBreakerOpenFor)))
+	client, key, created, err := acquireClient(h.Redis.resolve(time.Duration(h.Timeout), cmp.Or(h.breakerOpenFor, defaultBreakerOpenFor)))
 	if err != nil {
 		return fmt.Errorf("redis client: %w", err)
 	}
 	h.client, h.poolKey = client, key
+	if created {
+		go warnIfUnreachable(ctx, h.logger, client.rdb, client.addrs, max(time.Duration(h.Timeout), loadPingTimeout), failModesOf(h))
+	}
 	if srv, ok := ctx.Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server); ok {
 		h.bareDenials = srv.Errors == nil || len(srv.Errors.Routes) == 0
 	}

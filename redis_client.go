@@ -205,12 +205,13 @@ func (c *sharedClient) acquire(ctx context.Context, prefix string, reqs []limite
 	return allowAll(more)
 }
 
-// acquireClient returns the shared client for r, creating it when no handler uses one yet. It
-// never contacts Redis: connections are dialled when the first decision needs one, so Caddy
-// starts and reloads while Redis is down. Its errors are about the TLS files.
-func acquireClient(r resolvedRedis) (*sharedClient, string, error) {
-	key := r.poolKey()
-	v, _, err := clients.LoadOrNew(key, func() (caddy.Destructor, error) {
+// acquireClient returns the shared client for r, creating it when no handler uses one yet
+// (created is then true). It never contacts Redis: connections are dialled when the first
+// decision (or the PING of warnIfUnreachable) needs one, so Caddy starts and reloads while Redis
+// is down. Its errors are about the TLS files.
+func acquireClient(r resolvedRedis) (c *sharedClient, key string, created bool, err error) {
+	key = r.poolKey()
+	v, loaded, err := clients.LoadOrNew(key, func() (caddy.Destructor, error) {
 		rdb, err := r.newClient()
 		if err != nil {
 			return nil, err
@@ -228,7 +229,7 @@ func acquireClient(r resolvedRedis) (*sharedClient, string, error) {
 		return c, nil
 	})
 	if err != nil {
-		return nil, "", err
+		return nil, "", false, err
 	}
-	return v.(*sharedClient), key, nil
+	return v.(*sharedClient), key, !loaded, nil
 }

@@ -54,6 +54,7 @@ func TestReloadsUnderLoad(t *testing.T) {
 	}
 	respond %q`, srv.Addr, poolSize, capacity, body)
 	}
+	idle := mon.connected() // before Caddy: the monitor alone (Caddy PINGs Redis at load)
 	cs := caddytest.Start(t, site("a"))
 	port, err := strconv.Atoi(strings.TrimPrefix(cs.Base, "http://127.0.0.1:"))
 	if err != nil {
@@ -61,10 +62,9 @@ func TestReloadsUnderLoad(t *testing.T) {
 	}
 	lc := caddytest.NewLoadClient(cs)
 
-	idle := mon.connected() // Redis is dialled lazily: the monitor alone
 	cs.Get("/").Expect(t, "warm-up", 200, "a", "X-RateLimit-Remaining", strconv.Itoa(capacity-1))
 	warm := mon.others()
-	t.Logf("connected_clients: %d before the first request, %d after it (the monitor included)", idle, mon.connected())
+	t.Logf("connected_clients: %d before Caddy, %d after its first request (the monitor included)", idle, mon.connected())
 	if len(warm) == 0 {
 		t.Fatal("no connection to Redis after the first request")
 	}
