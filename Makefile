@@ -3,6 +3,8 @@
 # (promtool and the Prometheus end-to-end test) and Node.js with npm (the SDK tests); without
 # them, those are skipped, saying so.
 CADDY_VERSION ?= v2.11.9
+# caddy-l4, the layer4 app the connection handler (package l4) runs in; the version go.mod requires.
+CADDY_L4_VERSION := v0.1.2
 MODULE        := github.com/rate-limit-redis/caddy-rate-limit-redis
 # xcaddy needs a version for a local module; this one stands for "this checkout".
 LOCAL_VERSION := v0.0.0-00010101000000-000000000000
@@ -13,12 +15,13 @@ SOURCES       := $(shell find . \( -path ./bin -o -path ./bench $(patsubst %,-o 
 
 .PHONY: build run test compose-check rules-check e2e fmt adapt smoke bench bench-queue fuzz release-check release
 
-## build: bin/caddy, Caddy $(CADDY_VERSION) with this module (README.md "Install" gives this recipe;
-## TestReadmeInstall checks that they agree)
+## build: bin/caddy, Caddy $(CADDY_VERSION) with this module: the HTTP handler, and caddy-l4 with
+## the connection handler (README.md "Install" gives this recipe; TestReadmeInstall checks that
+## they agree)
 build: bin/caddy
 
 bin/caddy: $(SOURCES)
-	go tool xcaddy build $(CADDY_VERSION) --output bin/caddy --with $(MODULE)@$(LOCAL_VERSION)=.
+	go tool xcaddy build $(CADDY_VERSION) --output bin/caddy --with $(MODULE)@$(LOCAL_VERSION)=. --with $(MODULE)/l4 --with github.com/mholt/caddy-l4@$(CADDY_L4_VERSION)
 
 ## run: bin/caddy serving Caddyfile.example on :8080 against the Redis at $REDIS_ADDR (default
 ## 127.0.0.1:6379, a throwaway one when none answers there), with $REDIS_PASSWORD and
