@@ -11,7 +11,7 @@ COPY . /src
 # The explicit module version stands for "this checkout", as in the Makefile, so that the module
 # proxy need not know the module. The builder's working directory is /usr/bin: this writes
 # /usr/bin/caddy.
-RUN xcaddy build "v${CADDY_TAG}" \
+RUN GOPROXY='https://proxy.golang.org|off' xcaddy build "v${CADDY_TAG}" \
 	--with "github.com/rate-limit-redis/caddy-rate-limit-redis@v0.0.0-00010101000000-000000000000=/src" \
 	--with "github.com/rate-limit-redis/caddy-rate-limit-redis/l4" \
 	--with "github.com/mholt/caddy-l4@v0.1.2"

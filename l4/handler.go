@@ -56,11 +56,17 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 }
 
 // Handle decides the connection cx and either passes it to next, which serves it, or returns
-// an error wrapping ratelimitredis.ErrRefused, on which caddy-l4 closes it.
+// nil without calling next, on which caddy-l4 closes the connection. A refusal is not returned
+// as an error: caddy-l4 would log each one at error level, and a flood of refused connections
+// would be a flood of error lines; the decision's own log line and metrics report it, as for
+// requests, and a debug line here.
 func (h *Handler) Handle(cx *layer4.Connection, next layer4.Handler) error {
 	err := h.ServeConnection(cx.Context, cx.Replacer(), cx.RemoteAddr(), func() error { return next.Handle(cx) })
-	if errors.Is(err, ratelimitredis.ErrRefused) && cx.Logger != nil {
-		cx.Logger.Debug("connection refused by rate_limit_redis", zap.Error(err))
+	if errors.Is(err, ratelimitredis.ErrRefused) {
+		if cx.Logger != nil {
+			cx.Logger.Debug("connection refused by rate_limit_redis", zap.Error(err))
+		}
+		return nil
 	}
 	return err
 }

@@ -29,7 +29,7 @@ import (
 // load runs Caddy with a layer4 server per route body (on its own free loopback port; the ports
 // are returned) and the HTTP site bodies sites (on their own ports, returned after them), and
 // stops it when the test ends.
-func load(t *testing.T, routes []string, sites ...string) []int {
+func load(t testing.TB, routes []string, sites ...string) []int {
 	t.Helper()
 	var b strings.Builder
 	var ports []int
