@@ -71,8 +71,9 @@ func (h *Handler) ServeConnection(ctx context.Context, repl *caddy.Replacer, rem
 }
 
 // ConnectionOptions returns an error naming every option of h that only means something for an
-// HTTP request (its headers, body, response or status), so that a connection front end refuses
-// it at load; nil when there is none.
+// HTTP request (its headers, body, response or status, and {http.request.*} placeholders in a
+// zone's key or cost), so that a connection front end refuses it at load; nil when there is
+// none.
 func (h *Handler) ConnectionOptions() error {
 	var bad []string
 	add := func(set bool, name string) {
@@ -95,6 +96,10 @@ func (h *Handler) ConnectionOptions() error {
 		add(!z.MaxCost.IsZero(), in("max_cost"))
 		add(z.Jitter != nil, in("jitter"))
 		add(z.NoRetryOver != nil, in("no_retry_over"))
+		for _, k := range z.Key {
+			add(strings.Contains(k, "{http.request."), in("key "+k))
+		}
+		add(strings.Contains(z.Cost, "{http.request."), in("cost "+z.Cost))
 	}
 	if len(bad) == 0 {
 		return nil
