@@ -53,7 +53,7 @@ func (h *Handler) ServeConnection(ctx context.Context, repl *caddy.Replacer, rem
 		RemoteAddr: remote.String(),
 	}).WithContext(ctx)
 	admitted := false
-	err := h.ServeHTTP(discardWriter{}, r, caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error {
+	err := h.ServeHTTP(new(discardWriter), r, caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error {
 		admitted = true
 		return next()
 	}))
@@ -108,9 +108,15 @@ func (h *Handler) ConnectionOptions() error {
 }
 
 // discardWriter is the response writer of a connection's request: nothing is written to a
-// connection (a refused one is closed), so what the stages write is dropped.
-type discardWriter struct{}
+// connection (a refused one is closed), so what the stages write is dropped; the header map
+// keeps what they set, for the stages that read it back.
+type discardWriter struct{ header http.Header }
 
-func (discardWriter) Header() http.Header         { return http.Header{} }
-func (discardWriter) Write(p []byte) (int, error) { return len(p), nil }
-func (discardWriter) WriteHeader(int)             {}
+func (w *discardWriter) Header() http.Header {
+	if w.header == nil {
+		w.header = http.Header{}
+	}
+	return w.header
+}
+func (*discardWriter) Write(p []byte) (int, error) { return len(p), nil }
+func (*discardWriter) WriteHeader(int)             {}
