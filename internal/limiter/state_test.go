@@ -289,7 +289,7 @@ func TestStateRedisFailures(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
 	// The context's deadline, as the context's check or as the socket's deadline it set ("i/o
-	// timeout"), whichever a loaded machine makes come first.
+	// timeout"), whichever the scheduler makes come first: both are the one 200ms deadline.
 	timedOut := func(err error) bool {
 		return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded)
 	}
