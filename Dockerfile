@@ -1,4 +1,4 @@
-# Caddy v2.11.9 with this module, built from this checkout with xcaddy in Caddy's official
+# Caddy v2.11.9 with this module (and caddy-l4 with its connection handler), built from this checkout with xcaddy in Caddy's official
 # builder image. `docker compose up --build` uses it (docs/compose.md).
 # CADDY_TAG is not called CADDY_VERSION: the builder image sets that variable itself.
 ARG CADDY_TAG=2.11.9
@@ -11,8 +11,10 @@ COPY . /src
 # The explicit module version stands for "this checkout", as in the Makefile, so that the module
 # proxy need not know the module. The builder's working directory is /usr/bin: this writes
 # /usr/bin/caddy.
-RUN xcaddy build "v${CADDY_TAG}" \
-	--with "github.com/rate-limit-redis/caddy-rate-limit-redis@v0.0.0-00010101000000-000000000000=/src"
+RUN GOPROXY='https://proxy.golang.org|off' xcaddy build "v${CADDY_TAG}" \
+	--with "github.com/rate-limit-redis/caddy-rate-limit-redis@v0.0.0-00010101000000-000000000000=/src" \
+	--with "github.com/rate-limit-redis/caddy-rate-limit-redis/l4" \
+	--with "github.com/mholt/caddy-l4@v0.1.2"
 
 FROM caddy:${CADDY_TAG}
 COPY --from=builder /usr/bin/caddy /usr/bin/caddy

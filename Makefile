@@ -3,6 +3,8 @@
 # (promtool and the Prometheus end-to-end test) and Node.js with npm (the SDK tests); without
 # them, those are skipped, saying so.
 CADDY_VERSION ?= v2.11.9
+# caddy-l4, the layer4 app the connection handler (package l4) runs in; the version go.mod requires.
+CADDY_L4_VERSION := v0.1.2
 MODULE        := github.com/rate-limit-redis/caddy-rate-limit-redis
 # xcaddy needs a version for a local module; this one stands for "this checkout".
 LOCAL_VERSION := v0.0.0-00010101000000-000000000000
@@ -11,14 +13,18 @@ LOCAL_VERSION := v0.0.0-00010101000000-000000000000
 TEST_PACKAGES := ./internal/caddytest ./internal/freeport ./internal/redistest ./internal/repocheck
 SOURCES       := $(shell find . \( -path ./bin -o -path ./bench $(patsubst %,-o -path %,$(TEST_PACKAGES)) \) -prune -o \( -name '*.go' ! -name '*_test.go' -o -name '*.lua' \) -print) go.mod go.sum
 
-.PHONY: build run test compose-check rules-check e2e fmt adapt smoke bench bench-queue fuzz release-check release
+.PHONY: build run test compose-check rules-check e2e fmt adapt smoke bench bench-queue bench-l4 fuzz release-check release
 
-## build: bin/caddy, Caddy $(CADDY_VERSION) with this module (README.md "Install" gives this recipe;
-## TestReadmeInstall checks that they agree)
+## build: bin/caddy, Caddy $(CADDY_VERSION) with this module: the HTTP handler, and caddy-l4 with
+## the connection handler (README.md "Install" gives this recipe; TestReadmeInstall checks that
+## they agree)
 build: bin/caddy
 
+# xcaddy has Go look up the l4 package as a module of its own before it finds it in this
+# checkout; "|off" makes the proxy's refusal (403 on some proxies, 404 on proxy.golang.org) a
+# "not found", so that the lookup falls through to the checkout.
 bin/caddy: $(SOURCES)
-	go tool xcaddy build $(CADDY_VERSION) --output bin/caddy --with $(MODULE)@$(LOCAL_VERSION)=.
+	GOPROXY='https://proxy.golang.org|off' go tool xcaddy build $(CADDY_VERSION) --output bin/caddy --with $(MODULE)@$(LOCAL_VERSION)=. --with $(MODULE)/l4 --with github.com/mholt/caddy-l4@$(CADDY_L4_VERSION)
 
 ## run: bin/caddy serving Caddyfile.example on :8080 against the Redis at $REDIS_ADDR (default
 ## 127.0.0.1:6379, a throwaway one when none answers there), with $REDIS_PASSWORD and
@@ -96,13 +102,19 @@ bench: bin/caddy bin/caddy-plain
 	else $(MAKE) --no-print-directory bin/caddy-anchor; fi
 	ANCHOR_SRC="$(ANCHOR_SRC)" scripts/bench.sh
 
+## bench-l4: new connections through caddy-l4's echo, alone and behind rate_limit_redis, in one
+## Caddy and one run (BenchmarkNewConnections): time and this process's CPU per connection
+bench-l4:
+	scripts/ensure-redis.sh
+	go test -run '^$$' -bench BenchmarkNewConnections -benchtime 3000x -count 3 ./l4
+
 ## bench-queue: what waiting in a queue costs Redis and Caddy: 500 waiters over 3 instances
 ## (scripts/queue-bench.sh; docs/queues.md "What waiting costs")
 bench-queue: bin/caddy
 	scripts/queue-bench.sh
 
 bin/caddy-plain: go.mod
-	go tool xcaddy build $(CADDY_VERSION) --output bin/caddy-plain
+	GOPROXY='https://proxy.golang.org|off' go tool xcaddy build $(CADDY_VERSION) --output bin/caddy-plain
 
 # The in-memory anchor of `make bench`: Caddy with mholt/caddy-ratelimit built from the clone at
 # ANCHOR_SRC (nothing is downloaded but Go modules from the module proxy; xcaddy needs an
@@ -113,7 +125,7 @@ ANCHOR_SOURCES := $(if $(ANCHOR_SRC),$(shell find $(ANCHOR_SRC) -name '*.go' ! -
 bin/caddy-anchor: go.mod $(ANCHOR_SOURCES)
 	@[ -n "$(ANCHOR_SRC)" ] && [ -f "$(ANCHOR_SRC)/go.mod" ] || \
 		{ echo "bin/caddy-anchor: set ANCHOR_SRC to a clone of https://$(ANCHOR_MODULE)"; exit 1; }
-	go tool xcaddy build $(CADDY_VERSION) --output bin/caddy-anchor \
+	GOPROXY='https://proxy.golang.org|off' go tool xcaddy build $(CADDY_VERSION) --output bin/caddy-anchor \
 		--with $(ANCHOR_MODULE)@$(LOCAL_VERSION)=$(abspath $(ANCHOR_SRC))
 
 ## fuzz: each fuzz target for FUZZTIME (default 30s); `make test` runs their seed corpora

@@ -268,8 +268,11 @@ func TestConcurrencyLongStreamKeepsSlot(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
 	const stream = 60 * time.Second
+	// timeout 5s: this test is about the slot, not timeouts; with the default 100ms a probe on a
+	// loaded machine (other packages' tests alongside) was once decided fail open (200).
 	cfg := func() *Handler {
-		return &Handler{Redis: &RedisConfig{Addresses: []string{srv.Addr}}, Zones: []*Zone{slotZone("sse", 1, 10*time.Second)}}
+		return &Handler{Redis: &RedisConfig{Addresses: []string{srv.Addr}}, Timeout: caddy.Duration(5 * time.Second),
+			Zones: []*Zone{slotZone("sse", 1, 10*time.Second)}}
 	}
 	_, a := slotInstance(t, cfg(), func(w http.ResponseWriter, r *http.Request) error {
 		w.Header().Set("Content-Type", "text/event-stream")

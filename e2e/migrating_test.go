@@ -25,15 +25,7 @@ import (
 // address, then a 429 with a Retry-After of at most the window plus the jitter, and in the
 // second example a body naming the zone that denied.
 func TestMigratingExamples(t *testing.T) {
-	var blocks []repocheck.DocBlock
-	for _, b := range repocheck.DocBlocks(t, "caddyfile") {
-		if strings.HasPrefix(b.Where, "docs/migrating.md:") {
-			blocks = append(blocks, b)
-		}
-	}
-	if len(blocks) != 2 {
-		t.Fatalf("docs/migrating.md has %d caddyfile blocks, want the 2 \"after\" examples", len(blocks))
-	}
+	blocks := migratingBlocks(t, "caddyfile", `the 2 "after" examples`)
 	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprint(w, "upstream")
 	}))
@@ -84,15 +76,7 @@ func TestMigratingExamples(t *testing.T) {
 // sliding window's limit): three GET requests a minute per client address, then a 429 with a
 // Retry-After of at most the window plus the jitter (72 s).
 func TestMigratingJSON(t *testing.T) {
-	var blocks []repocheck.DocBlock
-	for _, b := range repocheck.DocBlocks(t, "json") {
-		if strings.HasPrefix(b.Where, "docs/migrating.md:") {
-			blocks = append(blocks, b)
-		}
-	}
-	if len(blocks) != 2 {
-		t.Fatalf("docs/migrating.md has %d json blocks, want the \"before\" and \"after\" handlers", len(blocks))
-	}
+	blocks := migratingBlocks(t, "json", `the "before" and "after" handlers`)
 	var before struct {
 		Handler    string `json:"handler"`
 		RateLimits map[string]struct {
@@ -203,4 +187,20 @@ func TestMigratingJSON(t *testing.T) {
 	if ra, err := strconv.Atoi(r.Header.Get("Retry-After")); err != nil || ra < 1 || ra > 72 {
 		t.Fatalf("request 4: Retry-After %q, want 1 to 72 seconds", r.Header.Get("Retry-After"))
 	}
+}
+
+// migratingBlocks returns docs/migrating.md's code blocks of language lang, failing t unless
+// there are two (what names them).
+func migratingBlocks(t *testing.T, lang, what string) []repocheck.DocBlock {
+	t.Helper()
+	var blocks []repocheck.DocBlock
+	for _, b := range repocheck.DocBlocks(t, lang) {
+		if strings.HasPrefix(b.Where, "docs/migrating.md:") {
+			blocks = append(blocks, b)
+		}
+	}
+	if len(blocks) != 2 {
+		t.Fatalf("docs/migrating.md has %d %s blocks, want %s", len(blocks), lang, what)
+	}
+	return blocks
 }

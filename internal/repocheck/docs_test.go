@@ -230,7 +230,7 @@ func TestReadmeInstall(t *testing.T) {
 		t.Fatal(err)
 	}
 	vars := map[string]string{}
-	for _, m := range regexp.MustCompile(`(?m)^([A-Z_]+)\s*[?:]=\s*(\S+)\s*$`).FindAllStringSubmatch(string(makefile), -1) {
+	for _, m := range regexp.MustCompile(`(?m)^([A-Z0-9_]+)\s*[?:]=\s*(\S+)\s*$`).FindAllStringSubmatch(string(makefile), -1) {
 		vars[m[1]] = m[2]
 	}
 	recipe := regexp.MustCompile(`(?m)^bin/caddy:.*\n\t(.*)$`).FindStringSubmatch(string(makefile))
@@ -238,7 +238,7 @@ func TestReadmeInstall(t *testing.T) {
 		t.Fatal("Makefile has no bin/caddy rule with a recipe")
 	}
 	expand := func(s string) string {
-		return regexp.MustCompile(`\$\(([A-Z_]+)\)`).ReplaceAllStringFunc(s, func(v string) string {
+		return regexp.MustCompile(`\$\(([A-Z0-9_]+)\)`).ReplaceAllStringFunc(s, func(v string) string {
 			val, ok := vars[v[2:len(v)-1]]
 			if !ok {
 				t.Fatalf("Makefile: %s is not set by an assignment", v)
@@ -261,7 +261,7 @@ func TestReadmeInstall(t *testing.T) {
 	for _, b := range DocBlocks(t, "sh") {
 		for line := range strings.SplitSeq(b.Text, "\n") {
 			switch {
-			case strings.HasPrefix(line, "go tool xcaddy build"):
+			case strings.HasPrefix(line, "go tool xcaddy build") || strings.Contains(line, "' go tool xcaddy build"):
 				found = true
 				if line != build {
 					t.Errorf("%s: the from-checkout command is not what make build runs:\n%s\nMakefile:\n%s", b.Where, line, build)
@@ -291,7 +291,7 @@ func TestReadmeInstall(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%s list-modules: %v", caddyBin, err)
 	}
-	for _, m := range []string{"http.handlers.rate_limit_redis", "admin.api.rate_limit_redis"} {
+	for _, m := range []string{"http.handlers.rate_limit_redis", "admin.api.rate_limit_redis", "layer4.handlers.rate_limit_redis"} {
 		if !slices.Contains(strings.Split(string(out), "\n"), m) {
 			t.Errorf("%s list-modules does not list %s", caddyBin, m)
 		}

@@ -6,8 +6,10 @@ import (
 	"testing"
 
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
+	_ "github.com/mholt/caddy-l4" // every caddy-l4 module, as make build has them
 
 	_ "github.com/rate-limit-redis/caddy-rate-limit-redis"
+	_ "github.com/rate-limit-redis/caddy-rate-limit-redis/l4"
 )
 
 // TestMain runs the tests from the repository's root, where the files they check are.
