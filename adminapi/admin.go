@@ -143,13 +143,23 @@ func Serve(r Registry) { served = r }
 // New returns an AdminAPI serving the zones of r.
 func New(r Registry) *AdminAPI { return &AdminAPI{live: r} }
 
-// registry is the registry a serves.
+// registry is the registry a serves; a registry of no zones when none was given (a binary that
+// has this package without the handler's: every endpoint then answers as for a config with no
+// rate_limit_redis handler).
 func (a *AdminAPI) registry() Registry {
 	if a.live != nil {
 		return a.live
 	}
+	if served == nil {
+		return noRegistry{}
+	}
 	return served
 }
+
+// noRegistry is a registry of no zones.
+type noRegistry struct{}
+
+func (noRegistry) Zones(string) []Zone { return nil }
 
 // ZoneInfo is one entry of GET /rate_limit_redis/zones.
 type ZoneInfo struct {

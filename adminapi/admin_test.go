@@ -90,3 +90,18 @@ func serve(t *testing.T, a *AdminAPI, method, path string) (status int, msg, all
 	t.Fatalf("no admin route serves %s", r.URL.Path)
 	return 0, "", ""
 }
+
+// TestNoRegistry: a module with no registry given (a binary with this package and not the
+// handler's) answers as for a config without rate_limit_redis handlers, and does not panic.
+func TestNoRegistry(t *testing.T) {
+	old := served
+	t.Cleanup(func() { served = old })
+	served = nil
+	a := new(AdminAPI)
+	if status, msg, _ := serve(t, a, "GET", "/rate_limit_redis/zones"); status != http.StatusOK || msg != "[]\n" {
+		t.Fatalf("GET /rate_limit_redis/zones: %d %q, want 200 []", status, msg)
+	}
+	if status, msg, _ := serve(t, a, "GET", "/rate_limit_redis/state?zone=api&key=a"); status != 404 {
+		t.Fatalf("GET /rate_limit_redis/state: %d %q, want 404", status, msg)
+	}
+}
