@@ -21,6 +21,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/adminapi"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/caddytest"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/limiter"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
@@ -610,7 +611,7 @@ func TestRedisACL(t *testing.T) {
 		}
 	}
 	respond "ok"`, srv.Addr))
-		zones := adminJSON[[]zoneInfo](t, ac, "GET", "/rate_limit_redis/zones", 200)
+		zones := adminJSON[[]adminapi.ZoneInfo](t, ac, "GET", "/rate_limit_redis/zones", 200)
 		var names []string
 		for _, z := range zones {
 			names = append(names, z.Name+" "+z.Algorithm)
@@ -621,18 +622,18 @@ func TestRedisACL(t *testing.T) {
 		for _, z := range []string{"tb", "sw", "fw", "sc"} {
 			t.Run(z, func(t *testing.T) {
 				// security-3's t_acl_admin.sh: the state of a fixed window failed with EXECABORT.
-				if st := adminJSON[[]clientState](t, ac, "GET", "/rate_limit_redis/state?zone="+z+"&key=bob", 200); len(st) != 1 || st[0].Exists || st[0].Remaining != 3 {
+				if st := adminJSON[[]adminapi.ClientState](t, ac, "GET", "/rate_limit_redis/state?zone="+z+"&key=bob", 200); len(st) != 1 || st[0].Exists || st[0].Remaining != 3 {
 					t.Fatalf("state of a client never seen: %+v", st)
 				}
 				for i := 1; i <= 3; i++ {
 					ac.Get("/"+z, "X-Client", "alice").Expect(t, fmt.Sprintf("request %d", i), 200, "ok", "X-RateLimit-Degraded", "")
 				}
-				st := adminJSON[[]clientState](t, ac, "GET", "/rate_limit_redis/state?zone="+z+"&key=alice", 200)
+				st := adminJSON[[]adminapi.ClientState](t, ac, "GET", "/rate_limit_redis/state?zone="+z+"&key=alice", 200)
 				if len(st) != 1 || !st[0].Exists || st[0].Remaining != 0 || st[0].RetryAfterMs <= 0 || st[0].TTLMs <= 0 ||
 					(z == "tb") != (st[0].Tokens != nil) || (z != "tb" && (st[0].Count == nil || *st[0].Count != 3)) {
 					t.Fatalf("state of alice after 3 requests: %+v", st)
 				}
-				reset := adminJSON[[]resetResult](t, ac, "DELETE", "/rate_limit_redis/state?zone="+z+"&key=alice", 200)
+				reset := adminJSON[[]adminapi.ResetResult](t, ac, "DELETE", "/rate_limit_redis/state?zone="+z+"&key=alice", 200)
 				if len(reset) != 1 || !reset[0].Deleted {
 					t.Fatalf("reset: %+v", reset)
 				}
@@ -640,25 +641,25 @@ func TestRedisACL(t *testing.T) {
 			})
 		}
 		t.Run("block", func(t *testing.T) {
-			if b := adminJSON[[]blockResult](t, ac, "PUT", "/rate_limit_redis/block?zone=blk&key=eve&for=10m", 200); len(b) != 1 || !b[0].Broadcast {
+			if b := adminJSON[[]adminapi.BlockResult](t, ac, "PUT", "/rate_limit_redis/block?zone=blk&key=eve&for=10m", 200); len(b) != 1 || !b[0].Broadcast {
 				t.Fatalf("block: %+v", b)
 			}
 			ac.Get("/blk", "X-Client", "eve").Expect(t, "blocked", 429, "", "X-RateLimit-Degraded", "")
-			if top := adminJSON[topReply](t, ac, "GET", "/rate_limit_redis/top?zone=blk", 200); len(top.Entries) != 1 || top.Entries[0].Key != "eve" || top.Entries[0].Count != 1 {
+			if top := adminJSON[adminapi.TopReply](t, ac, "GET", "/rate_limit_redis/top?zone=blk", 200); len(top.Entries) != 1 || top.Entries[0].Key != "eve" || top.Entries[0].Count != 1 {
 				t.Fatalf("top: %+v", top)
 			}
-			if st := adminJSON[[]clientState](t, ac, "GET", "/rate_limit_redis/state?zone=blk&key=eve", 200); len(st) != 1 || st[0].BlockedUntilMs == nil ||
+			if st := adminJSON[[]adminapi.ClientState](t, ac, "GET", "/rate_limit_redis/state?zone=blk&key=eve", 200); len(st) != 1 || st[0].BlockedUntilMs == nil ||
 				st[0].Strikes == nil || *st[0].Strikes != 1 {
 				t.Fatalf("state of a blocked client: %+v", st)
 			}
-			if l := adminJSON[listPage[blockEntry]](t, ac, "GET", "/rate_limit_redis/blocks?zone=blk", 200); len(l.Entries) != 1 || l.Entries[0].Key != "eve" ||
+			if l := adminJSON[adminapi.ListPage[adminapi.BlockEntry]](t, ac, "GET", "/rate_limit_redis/blocks?zone=blk", 200); len(l.Entries) != 1 || l.Entries[0].Key != "eve" ||
 				!l.Entries[0].Blocked || l.Cursor != "" {
 				t.Fatalf("blocks: %+v", l)
 			}
-			if l := adminJSON[listPage[overrideEntry]](t, ac, "GET", "/rate_limit_redis/overrides?zone=blk", 200); len(l.Entries) != 0 || l.Cursor != "" {
+			if l := adminJSON[adminapi.ListPage[adminapi.OverrideEntry]](t, ac, "GET", "/rate_limit_redis/overrides?zone=blk", 200); len(l.Entries) != 0 || l.Cursor != "" {
 				t.Fatalf("overrides: %+v", l)
 			}
-			adminJSON[[]resetResult](t, ac, "DELETE", "/rate_limit_redis/state?zone=blk&key=eve", 200)
+			adminJSON[[]adminapi.ResetResult](t, ac, "DELETE", "/rate_limit_redis/state?zone=blk&key=eve", 200)
 			ac.Get("/blk", "X-Client", "eve").Expect(t, "unblocked", 200, "ok", "X-RateLimit-Degraded", "")
 		})
 	})
@@ -797,7 +798,7 @@ func TestRedisACLCluster(t *testing.T) {
 			ac.Get("/", keys...).Expect(t, "second", 200, "ok", "X-RateLimit-Degraded", "", "X-RateLimit-Remaining", "0")
 			ac.Get("/", keys...).Expect(t, "third", 429, "", "X-RateLimit-Degraded", "")
 			for i, z := range []string{"tb", "sw", "fw", "sc"} {
-				st := adminJSON[[]clientState](t, ac, "GET", "/rate_limit_redis/state?zone="+z+"&key="+keys[2*i+1], 200)
+				st := adminJSON[[]adminapi.ClientState](t, ac, "GET", "/rate_limit_redis/state?zone="+z+"&key="+keys[2*i+1], 200)
 				if len(st) != 1 || !st[0].Exists || (z == "tb" && (st[0].Tokens == nil || *st[0].Tokens < 0.99 || *st[0].Tokens > 1.01)) ||
 					(z != "tb" && (st[0].Count == nil || *st[0].Count != 2)) {
 					t.Fatalf("%s: state after two admitted and one denied: %+v", z, st)
@@ -944,7 +945,7 @@ func TestRedisACLOverridesAndShadow(t *testing.T) {
 	}
 	zones = append(zones, &Zone{Name: "shadow", Key: []string{"{http.request.header.X-API-Key}"}, Capacity: NumberOf(1), RefillRate: NumberOf(1.0 / 3600), DryRun: true})
 	h := provisioned(t, &Handler{Redis: &RedisConfig{Addresses: []string{srv.Addr}, Username: "admin", Password: "s3cret"}, Zones: zones})
-	admin := &AdminAPI{live: h.live}
+	admin := adminapi.New(h.live)
 	for _, z := range zones[:4] {
 		body := `{"limit": 3}`
 		if z.Algorithm == tokenBucketName {

@@ -1,91 +1,22 @@
 package ratelimitredis
 
 import (
-	"cmp"
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"maps"
-	"net/http"
-	"net/url"
 	"slices"
 	"strings"
 	"sync"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
-
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/adminapi"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/limiter"
 )
 
+// The admin API (the admin.api.rate_limit_redis module) lives in package adminapi, which serves
+// the zones of the process's registry through the adminapi.Registry and adminapi.Zone
+// interfaces implemented here.
 func init() {
-	caddy.RegisterModule(AdminAPI{})
-}
-
-// adminTimeout bounds the Redis calls of one admin API request.
-const adminTimeout = 2 * time.Second
-
-// AdminAPI implements the admin.api.rate_limit_redis module: endpoints of Caddy's admin API
-// (which loads every admin.api module by itself; nothing to configure) to inspect and reset a
-// client's rate limit state:
-//
-//	GET    /rate_limit_redis/zones                         the zones of the loaded config
-//	GET    /rate_limit_redis/state?zone=<name>&key=<key>   a client's state in a zone
-//	       [&capacity=&refill_rate=&limit=&window=]      the numbers, for a zone whose numbers are placeholders
-//	DELETE /rate_limit_redis/state?zone=<name>&key=<key>   reset it: the client starts afresh, unblocked
-//	PUT    /rate_limit_redis/block?zone=<name>&key=<key>&for=<duration>   block the client (a zone with block)
-//	PUT|GET|DELETE /rate_limit_redis/override?zone=<name>&key=<key>  a client's own numbers (override.go)
-//	GET    /rate_limit_redis/blocks?zone=<name>[&count=<n>][&cursor=<c>]     a page of the zone's blocked clients (list.go)
-//	GET    /rate_limit_redis/overrides?zone=<name>[&count=<n>][&cursor=<c>]  a page of the zone's clients with overrides
-//	GET    /rate_limit_redis/top?zone=<name>[&by=denied|used][&n=<n>]      the zone's clients with the most denials or use (top.go)
-//
-// A zone whose numbers come from placeholders has no numbers of its own outside a request: its
-// state is computed with the numbers given as query parameters of their names (in the syntax of
-// the placeholder's values: capacity=10000&refill_rate=10000/1h), else with each one's fallback;
-// a number with neither is a 400 naming it. Parameters of numbers that are literals are ignored.
-// Each such entry holds the numbers it was computed with ("numbers").
-//
-// key is the client key as the {http.rate_limit_redis.key} placeholder shows it, before
-// sanitising: the value of the zone's first key candidate as it is (an API key), the n-th's as
-// "<n>=value" (2=203.0.113.7). It is mapped as requests' keys are: an IP address masked to the
-// zone's prefix (Zone.adminKey), then to the Redis key through the handler's key_secret when it
-// has one. Replies are JSON arrays; errors are Caddy's admin API errors, {"error": "<message>"},
-// with status 400 (a parameter missing, or a key no request of the zone can have: the "0=" form,
-// a candidate the zone lacks, a network wider than its prefix),
-// 404 (no loaded zone has that name), 405 (method), 502 (Redis failed) or 504 (Redis did not
-// answer within 2s; a change may have been made all the same).
-//
-// The zones are those of every rate_limit_redis handler loaded. The same zone name may be in
-// several handlers; handlers using the same Redis (addresses and db), key_prefix and zone name
-// share the client's state in Redis, so state reports each distinct Redis key (and zone
-// parameters) once, and a reset deletes each distinct Redis key once and clears the deny cache
-// of every handler with the zone.
-type AdminAPI struct {
-	// live is the registry of the handlers whose zones it serves: the process's, unless a test
-	// gives its own.
-	live *registry
-}
-
-// CaddyModule returns the Caddy module information.
-func (AdminAPI) CaddyModule() caddy.ModuleInfo {
-	return caddy.ModuleInfo{
-		ID:  "admin.api.rate_limit_redis",
-		New: func() caddy.Module { return new(AdminAPI) },
-	}
-}
-
-// Routes returns the admin API routes under /rate_limit_redis/.
-func (a *AdminAPI) Routes() []caddy.AdminRoute {
-	return []caddy.AdminRoute{
-		{Pattern: "/rate_limit_redis/zones", Handler: caddy.AdminHandlerFunc(a.handleZones)},
-		{Pattern: "/rate_limit_redis/state", Handler: caddy.AdminHandlerFunc(a.handleState)},
-		{Pattern: "/rate_limit_redis/block", Handler: caddy.AdminHandlerFunc(a.handleBlock)},
-		{Pattern: "/rate_limit_redis/override", Handler: caddy.AdminHandlerFunc(a.handleOverride)},
-		{Pattern: "/rate_limit_redis/blocks", Handler: caddy.AdminHandlerFunc(a.handleBlocks)},
-		{Pattern: "/rate_limit_redis/overrides", Handler: caddy.AdminHandlerFunc(a.handleOverrides)},
-		{Pattern: "/rate_limit_redis/top", Handler: caddy.AdminHandlerFunc(a.handleTop)},
-	}
+	adminapi.Serve(handlers)
 }
 
 // registry is a set of provisioned Handlers not yet cleaned up: the admin API finds the zones
@@ -117,216 +48,49 @@ func (r *registry) remove(h *Handler) {
 	r.mu.Unlock()
 }
 
-// registry is the registry a serves.
-func (a *AdminAPI) registry() *registry {
-	if a.live != nil {
-		return a.live
-	}
-	return handlers
-}
-
-// zoneInfo is one entry of GET /rate_limit_redis/zones.
-type zoneInfo struct {
-	// The zone's name.
-	Name string `json:"name"`
-	// token_bucket or sliding_window.
-	Algorithm string `json:"algorithm"`
-	// token_bucket: the bucket size, in tokens.
-	Capacity int64 `json:"capacity,omitempty"`
-	// token_bucket: tokens added per second.
-	RefillRate float64 `json:"refill_rate,omitempty"`
-	// sliding_window: requests admitted per window; concurrency: requests in flight at once.
-	Limit int64 `json:"limit,omitempty"`
-	// sliding_window: the window length, in milliseconds.
-	WindowMs int64 `json:"window_ms,omitempty"`
-	// fixed_window: the calendar period and its time zone, when the window is a period.
-	Period   string `json:"period,omitempty"`
-	TimeZone string `json:"time_zone,omitempty"`
-	// token_bucket: the longest a request may be held (shaping), in milliseconds.
-	MaxWaitMs int64 `json:"max_wait_ms,omitempty"`
-	// The penalty box: a block's length and a repeat offender's longest, in milliseconds.
-	BlockMs    int64 `json:"block_ms,omitempty"`
-	BlockMaxMs int64 `json:"block_max_ms,omitempty"`
-	// The numbers that come from placeholders, by name (capacity, refill_rate, limit, window,
-	// max_cost): the placeholder expression. The number's field above is then its fallback,
-	// absent when it has none.
-	Placeholders map[string]string `json:"placeholders,omitempty"`
-	// Whether the zone reads per-client overrides (PUT /rate_limit_redis/override), and whether
-	// it is a shadow zone (its dry_run).
-	Overrides bool `json:"overrides,omitempty"`
-	DryRun    bool `json:"dry_run,omitempty"`
-	// The handler's key_prefix.
-	KeyPrefix string `json:"key_prefix"`
-	// The handler's Redis addresses (placeholders replaced) and database.
-	Redis []string `json:"redis"`
-	DB    int      `json:"db,omitempty"`
-}
-
-// slotState is a concurrency zone's slot in flight, in GET /rate_limit_redis/state.
-type slotState struct {
-	// The slot's id: the nonce of the decision that took it (instance and call).
-	ID string `json:"id"`
-	// When the slot frees itself unless refreshed or given back first, in RFC 3339 (UTC).
-	Deadline string `json:"deadline"`
-}
-
-// clientEntry is the fields every entry of the replies about one client in one zone begins
-// with (/state, /block, /override).
-type clientEntry struct {
-	// The zone's name, and the client key used: the key as given, mapped as a request's key is
-	// (an IP address masked to the zone's prefix: ::1 is ::/64 in a zone of ipv6_prefix 64).
-	Zone string `json:"zone"`
-	Key  string `json:"key"`
-	// The client key as given, when the mapping changed it.
-	KeyGiven string `json:"key_given,omitempty"`
-	// Why the key may not name the client meant: a first candidate's value that is an IP
-	// address, in a zone whose IP address is another candidate.
-	Warning string `json:"warning,omitempty"`
-	// Which of the zone's key candidates the key is of, counted from 1: 2 for 2=203.0.113.7.
-	Candidate int `json:"candidate"`
-	// The Redis key the entry is about (the client's state, block or override), the Redis
-	// addresses and database.
-	RedisKey string   `json:"redis_key"`
-	Redis    []string `json:"redis"`
-	DB       int      `json:"db,omitempty"`
-}
-
-// entry returns the clientEntry of t's client in t's zone, whose Redis key is redisKey.
-func (t target) entry(redisKey string) clientEntry {
-	candidate, _ := limiter.ParseCandidateKey(t.key)
-	e := clientEntry{Zone: t.z.Name, Key: t.key, Warning: t.warning, Candidate: candidate, RedisKey: redisKey, Redis: t.redis, DB: t.h.Redis.DB}
-	if t.key != t.given {
-		e.KeyGiven = t.given
-	}
-	return e
-}
-
-// broadcastResult ends the entries of the replies that change a client's state (a reset, a
-// block).
-type broadcastResult struct {
-	// Whether the change was announced to the other instances, which then forget their cached
-	// denials of the client at once. When it was not (broadcast_error says why), the change is
-	// done, but they may deny the client from their deny caches for up to their
-	// deny_cache_max_age.
-	Broadcast      bool   `json:"broadcast"`
-	BroadcastError string `json:"broadcast_error,omitempty"`
-}
-
-// broadcastOf returns the broadcastResult of a change whose limiter call returned err, and err
-// with limiter.ErrNotBroadcast (the change done, not announced) taken out.
-func broadcastOf(err error) (broadcastResult, error) {
-	if errors.Is(err, limiter.ErrNotBroadcast) {
-		return broadcastResult{BroadcastError: err.Error()}, nil
-	}
-	return broadcastResult{Broadcast: true}, err
-}
-
-// clientState is one entry of GET /rate_limit_redis/state.
-type clientState struct {
-	clientEntry // redis_key: the state's
-	// Why this zone's state was not read, when another handler's zone of the same name was:
-	// its numbers come from placeholders and the query gives none (see stateZone). The entry
-	// then has the zone, key and algorithm only.
-	Error string `json:"error,omitempty"`
-	// token_bucket or sliding_window.
-	Algorithm string `json:"algorithm"`
-	// The quota in force: capacity (token_bucket) or limit (sliding_window), as
-	// X-RateLimit-Limit (the client's override's when it has one).
-	Limit int64 `json:"limit"`
-	// The numbers the state was computed with, for a zone whose numbers come from placeholders
-	// (from the query parameters, else the fallbacks) or a client with an override (its numbers
-	// in place of the zone's). Absent otherwise.
-	Numbers *stateNumbers `json:"numbers,omitempty"`
-	// Whether Redis holds state for the client: false for a client never seen or whose state
-	// expired (a full bucket, an empty window). Reading never creates it.
-	Exists bool `json:"exists"`
-	// token_bucket: the tokens in the bucket now, fractional, refilled to the Redis server's
-	// time as the decision script computes it; negative when it owes tokens (the reservations of
-	// held requests, with max_wait).
-	Tokens *float64 `json:"tokens,omitempty"`
-	// token_bucket with max_wait (without priority): milliseconds (rounded up) until the bucket holds a whole
-	// token: how long a request of cost 1 admitted now would be held.
-	WaitMs *int64 `json:"wait_ms,omitempty"`
-	// Window algorithms: the requests (slots) counted: in the sliding window ending now
-	// (sliding_window), in the fixed window holding now (fixed_window), in the current fixed
-	// window (sliding_window_counter).
-	Count *int64 `json:"count,omitempty"`
-	// sliding_window_counter: the estimate compared with the limit (count plus the previous
-	// window's count weighted by its share still inside the sliding window).
-	Estimate *float64 `json:"estimate,omitempty"`
-	// concurrency: the client's requests in flight (count is their number), each slot with its
-	// deadline, soonest first: when it frees itself unless its instance refreshes it first
-	// (hold_max after it was taken or last refreshed) or gives it back.
-	Slots []slotState `json:"slots,omitempty"`
-	// a zone with a queue (concurrency with max_wait, or token_bucket with max_wait and
-	// priority): the client key's queue (see queueState).
-	Queue *queueState `json:"queue,omitempty"`
-	// fixed_window: the window holding now, [start, end), in RFC 3339 (UTC).
-	WindowStart string `json:"window_start,omitempty"`
-	WindowEnd   string `json:"window_end,omitempty"`
-	// Whole tokens or window slots left now: what X-RateLimit-Remaining would say (0 while the
-	// client is blocked).
-	Remaining int64 `json:"remaining"`
-	// Milliseconds (rounded up) until a request of cost 1 would be admitted (with max_wait,
-	// admitted and held); 0: it would be now.
-	RetryAfterMs int64 `json:"retry_after_ms"`
-	// The Redis key's time to live, in milliseconds: when the bucket is full again or the newest
-	// window entry leaves the window, as of the last admitted request. 0 when !exists.
-	TTLMs int64 `json:"ttl_ms"`
-	// A zone with block: when the client's block ends, in milliseconds since the Unix epoch
-	// (Redis server time); absent when it is not blocked. retry_after_ms is then at least the
-	// time until then.
-	BlockedUntilMs *int64 `json:"blocked_until_ms,omitempty"`
-	// A zone with block_max: how many blocks in a row the client's last block ended (1: a first
-	// offence; 0: none remembered). Its next block lasts twice the last one, up to block_max.
-	Strikes *int64 `json:"strikes,omitempty"`
-	// A zone with block_max: the length of the client's last block, in milliseconds, while it is
-	// remembered.
-	LastBlockMs *int64 `json:"last_block_ms,omitempty"`
-}
-
-// stateNumbers are the numbers a state was computed with, of a zone whose numbers come from
-// placeholders or of a client with an override: tokens, tokens per second, requests or slots,
-// milliseconds.
-type stateNumbers struct {
-	Capacity   int64   `json:"capacity,omitempty"`
-	RefillRate float64 `json:"refill_rate,omitempty"`
-	Limit      int64   `json:"limit,omitempty"`
-	WindowMs   int64   `json:"window_ms,omitempty"`
-	// Whether the client's override is in them.
-	Override bool `json:"override,omitempty"`
-}
-
-// resetResult is one entry of DELETE /rate_limit_redis/state.
-type resetResult struct {
-	clientEntry // redis_key: the key deleted
-	// Whether the key existed (false: the client was already in its initial state).
-	Deleted bool `json:"deleted"`
-	broadcastResult
-}
-
-// handleZones serves GET /rate_limit_redis/zones: every zone of the live handlers, identical
-// ones once, sorted by name and key prefix.
-func (a *AdminAPI) handleZones(w http.ResponseWriter, r *http.Request) error {
-	if err := allowMethods(w, r, http.MethodGet); err != nil {
-		return err
-	}
-	zones := []zoneInfo{}
-	for _, t := range a.registry().targets("") {
-		zi := t.info()
-		if !slices.ContainsFunc(zones, func(o zoneInfo) bool { return zi.equal(o) }) {
-			zones = append(zones, zi)
+// Zones returns the zones named name of r's handlers (every zone when name is ""), sorted by
+// name, key prefix and Redis, so replies do not depend on map order.
+func (r *registry) Zones(name string) []adminapi.Zone {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	var zs []adminZone
+	for h := range r.handlers {
+		id := h.redisID()
+		for _, z := range h.Zones {
+			if name == "" || z.Name == name {
+				zs = append(zs, adminZone{h: h, z: z, redisID: id})
+			}
 		}
 	}
-	return writeJSON(w, zones)
+	slices.SortStableFunc(zs, func(a, b adminZone) int {
+		if c := strings.Compare(a.z.Name, b.z.Name); c != 0 {
+			return c
+		}
+		if c := strings.Compare(a.h.KeyPrefix, b.h.KeyPrefix); c != 0 {
+			return c
+		}
+		return strings.Compare(a.redisID, b.redisID)
+	})
+	out := make([]adminapi.Zone, len(zs))
+	for i, z := range zs {
+		out[i] = z
+	}
+	return out
 }
 
-// info returns the zoneInfo of t's zone.
-func (t target) info() zoneInfo {
-	zi := zoneInfo{
-		Name: t.z.Name, Algorithm: t.z.lz.Algorithm.String(), KeyPrefix: t.h.KeyPrefix, Redis: t.redis, DB: t.h.Redis.DB,
+// adminZone is zone z of handler h, as the admin API reads it.
+type adminZone struct {
+	h       *Handler
+	z       *Zone
+	redisID string // h.redisID()
+}
+
+// Info describes the zone and its handler's Redis (the addresses with placeholders replaced).
+func (t adminZone) Info() adminapi.ZoneInfo {
+	zi := adminapi.ZoneInfo{
+		Name: t.z.Name, Algorithm: t.z.lz.Algorithm.String(), KeyPrefix: t.h.KeyPrefix, Redis: t.h.client.addrs, DB: t.h.Redis.DB,
 		Capacity: t.z.lz.Capacity, RefillRate: t.z.lz.RefillRate, Limit: t.z.lz.Limit, WindowMs: t.z.lz.Window.Milliseconds(),
-		Period: t.z.Period, TimeZone: t.z.TimeZone, MaxWaitMs: ceilMs(t.z.lz.MaxWait),
+		Period: t.z.Period, TimeZone: t.z.TimeZone, MaxWaitMs: limiter.CeilMs(t.z.lz.MaxWait),
 		BlockMs: t.z.lz.Block.Milliseconds(), BlockMaxMs: t.z.lz.BlockMax.Milliseconds(),
 		Overrides: t.z.Overrides, DryRun: t.z.DryRun,
 	}
@@ -339,101 +103,55 @@ func (t target) info() zoneInfo {
 	return zi
 }
 
-func (zi zoneInfo) equal(o zoneInfo) bool {
-	return zi.Name == o.Name && zi.Algorithm == o.Algorithm && zi.Capacity == o.Capacity && zi.RefillRate == o.RefillRate &&
-		zi.Limit == o.Limit && zi.WindowMs == o.WindowMs && zi.Period == o.Period && zi.TimeZone == o.TimeZone && zi.MaxWaitMs == o.MaxWaitMs &&
-		zi.BlockMs == o.BlockMs && zi.BlockMaxMs == o.BlockMaxMs &&
-		zi.Overrides == o.Overrides && zi.DryRun == o.DryRun &&
-		zi.KeyPrefix == o.KeyPrefix && slices.Equal(zi.Redis, o.Redis) && zi.DB == o.DB && maps.Equal(zi.Placeholders, o.Placeholders)
+// Params is the zone's limiter parameters.
+func (t adminZone) Params() *limiter.Zone { return &t.z.lz }
+
+// Limiter is the handler's limiter.
+func (t adminZone) Limiter() *limiter.Limiter { return t.h.limiter }
+
+// RedisID names the handler's Redis (Handler.redisID).
+func (t adminZone) RedisID() string { return t.redisID }
+
+// Primaries returns the handler's Redis servers to scan.
+func (t adminZone) Primaries(ctx context.Context) ([]limiter.Scanner, error) {
+	return t.h.client.primaries(ctx)
 }
 
-// handleState serves GET (read) and DELETE (reset) /rate_limit_redis/state?zone=&key=.
-func (a *AdminAPI) handleState(w http.ResponseWriter, r *http.Request) error {
-	q, zone, key, err := clientQuery(w, r, []string{http.MethodGet, http.MethodDelete})
-	if err != nil {
-		return err
+// MapKey maps a client key given to the admin API as the zone maps a request's (Zone.adminKey).
+func (t adminZone) MapKey(given string) (key, warning string, err error) { return t.z.adminKey(given) }
+
+// LimiterKey maps a client key to the limiter's key through the handler's key_secret.
+func (t adminZone) LimiterKey(key string) string { return t.h.limiterKey(key) }
+
+// ClassName names the zone's priority class of index class.
+func (t adminZone) ClassName(class int) string { return t.z.className(class) }
+
+// TimedOut reports whether err is a timeout, as backend_failures_total counts it.
+func (t adminZone) TimedOut(err error) bool { return failureReason(err) == failTimeout }
+
+// Override returns the override that a PUT /rate_limit_redis/override body asks of the zone,
+// and how long it lasts (readOverrideBody, Zone.override).
+func (t adminZone) Override(body []byte) (limiter.Override, time.Duration, error) {
+	var b overrideBody
+	if err := readOverrideBody(body, &b); err != nil {
+		return limiter.Override{}, 0, err
 	}
-	ts, err := a.clientTargets(zone, key)
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(r.Context(), adminTimeout)
-	defer cancel()
-	if r.Method == http.MethodDelete {
-		return resetState(ctx, w, ts)
-	}
-	return readState(ctx, w, ts, q)
+	o, err := t.z.override(&b)
+	return o, b.expiresIn, err
 }
 
-// allowMethods returns nil when r's method is one of methods, else the 405 naming them, with
-// the Allow header set.
-func allowMethods(w http.ResponseWriter, r *http.Request, methods ...string) error {
-	if slices.Contains(methods, r.Method) {
-		return nil
-	}
-	w.Header().Set("Allow", strings.Join(methods, ", "))
-	return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: fmt.Errorf("method %s not allowed: use %s", r.Method, wordList(methods, "or"))}
-}
-
-// clientQuery checks a request about one client: its method is one of methods (else a 405),
-// and the query parameters zone, key and those named in required are given (else a 400). It
-// returns the query, zone and key.
-func clientQuery(w http.ResponseWriter, r *http.Request, methods []string, required ...string) (q url.Values, zone, key string, err error) {
-	if err := allowMethods(w, r, methods...); err != nil {
-		return nil, "", "", err
-	}
-	q = r.URL.Query()
-	names := append([]string{"zone", "key"}, required...)
-	for _, name := range names {
-		if q.Get(name) == "" {
-			return nil, "", "", badRequest(fmt.Errorf("query parameters %s are required", wordList(names, "and")))
-		}
-	}
-	return q, q.Get("zone"), q.Get("key"), nil
-}
-
-// clientTargets returns the zones named zone of the live handlers, for a request about client
-// key, each with the key mapped as its zone maps a request's (Zone.adminKey): a 400 when the key
-// is of the "0=" form, which no candidate has, or no request of a zone can have it, a 404 when
-// no loaded zone has that name.
-func (a *AdminAPI) clientTargets(zone, key string) ([]target, error) {
-	if n, _ := limiter.ParseCandidateKey(key); n == limiter.KeyedCandidate {
-		return nil, badRequest(errors.New("key: candidates are counted from 1 (0= is no client key's): give the key as {http.rate_limit_redis.key} shows it"))
-	}
-	ts := a.registry().targets(zone)
-	if len(ts) == 0 {
-		return nil, caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("no rate_limit_redis zone named %q is loaded", zone)}
-	}
-	for i := range ts {
-		mapped, warning, err := ts[i].z.adminKey(key)
-		if err != nil {
-			return nil, badRequest(err)
-		}
-		ts[i].key, ts[i].given, ts[i].warning = mapped, key, warning
-	}
-	return ts, nil
-}
-
-// wordList joins words as a sentence does, with conj before the last: "a", "a or b",
-// "a, b or c".
-func wordList(words []string, conj string) string {
-	if len(words) == 1 {
-		return words[0]
-	}
-	return strings.Join(words[:len(words)-1], ", ") + " " + conj + " " + words[len(words)-1]
-}
-
-// stateZone returns the parameters to read zone z's state with: its own, or for a zone whose
-// numbers come from placeholders, a copy with the numbers of the query parameters q (else the
-// fallbacks), and those numbers for the reply. A number missing or unusable is a 400.
-func stateZone(z *Zone, q url.Values) (*limiter.Zone, *stateNumbers, error) {
+// Numbers returns the parameters to read the zone's state with: its own, or for a zone whose
+// numbers come from placeholders, a copy with the numbers param gives by name (else the
+// fallbacks). A number missing or unusable is an error naming it.
+func (t adminZone) Numbers(param func(name string) string) (*limiter.Zone, bool, error) {
+	z := t.z
 	if len(z.dyn) == 0 {
-		return &z.lz, nil, nil
+		return &z.lz, false, nil
 	}
 	var missing []string
 	for _, dn := range z.dyn {
 		name := dn.field.String()
-		v := q.Get(name)
+		v := param(name)
 		if v == "" {
 			if !dn.hasFallback {
 				missing = append(missing, name)
@@ -441,227 +159,23 @@ func stateZone(z *Zone, q url.Values) (*limiter.Zone, *stateNumbers, error) {
 			continue
 		}
 		if _, err := parseNumber(dn.field, v, maxInt(dn.field, z.lz.Algorithm)); err != nil {
-			return nil, nil, caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("zone %s: query parameter %s: %w", z.Name, name, err)}
+			return nil, false, fmt.Errorf("zone %s: query parameter %s: %w", z.Name, name, err)
 		}
 	}
 	if len(missing) > 0 {
-		return nil, nil, caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf(
+		return nil, false, fmt.Errorf(
 			"zone %s takes %s from placeholders per request, with no fallback: give the numbers as query parameters (%s=…)",
-			z.Name, strings.Join(missing, " and "), missing[0])}
+			z.Name, strings.Join(missing, " and "), missing[0])
 	}
-	lz, err := z.resolve(func(dn *dynNumber) string { return q.Get(dn.field.String()) })
+	lz, err := z.resolve(func(dn *dynNumber) string { return param(dn.field.String()) })
 	if err != nil { // the numbers together: a refill time beyond 366 days
-		return nil, nil, caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
+		return nil, false, err
 	}
-	return lz, &stateNumbers{Capacity: lz.Capacity, RefillRate: lz.RefillRate, Limit: lz.Limit, WindowMs: lz.Window.Milliseconds()}, nil
-}
-
-// readState reads the client's state once per distinct Redis key and zone parameters. q holds
-// the numbers of zones whose numbers come from placeholders (see stateZone). A zone whose
-// numbers q does not give is an entry with its error when another zone of the name was read,
-// else the call's error (400).
-func readState(ctx context.Context, w http.ResponseWriter, ts []target, q url.Values) error {
-	out := []clientState{}
-	seen := make(map[string]bool)
-	var first error // the first zone's whose numbers the query does not give
-	read := 0
-	for _, t := range ts {
-		lz, numbers, err := stateZone(t.z, q)
-		if err != nil {
-			// Handlers of one config may share a zone name with other numbers: answer for the
-			// zones that can be read, and report this one's error in its entry.
-			first = cmp.Or(first, err)
-			out = append(out, clientState{clientEntry: t.entry(""), Algorithm: t.z.lz.Algorithm.String(), Error: err.Error()})
-			continue
-		}
-		lk := t.h.limiterKey(t.key)
-		id := fmt.Sprintf("%s|%s|%d|%g|%d|%d|%s|%s|%d", t.redisID, limiter.StateKey(t.h.KeyPrefix, lz, lk),
-			lz.Capacity, lz.RefillRate, lz.Limit, lz.Window, t.z.Period, t.z.TimeZone, lz.MaxWait)
-		if seen[id] {
-			continue
-		}
-		seen[id] = true
-		cs, err := t.clientState(ctx, lz, numbers, lk)
-		if err != nil {
-			return err
-		}
-		out = append(out, cs)
-		read++
-	}
-	if read == 0 && first != nil {
-		return first
-	}
-	return writeJSON(w, out)
-}
-
-// clientState reads the state of client lk in t's zone with parameters lz (numbers: those from
-// placeholders, for the reply); errors are the admin API's.
-func (t target) clientState(ctx context.Context, lz *limiter.Zone, numbers *stateNumbers, lk string) (clientState, error) {
-	s, err := t.h.limiter.State(ctx, lz, lk)
-	if err != nil {
-		return clientState{}, redisError(err)
-	}
-	if !s.Override.IsZero() {
-		oz := s.Override.Apply(lz)
-		lz = &oz
-		numbers = &stateNumbers{Capacity: lz.Capacity, RefillRate: lz.RefillRate, Limit: lz.Limit, WindowMs: lz.Window.Milliseconds(), Override: true}
-	}
-	cs := clientState{
-		clientEntry: t.entry(s.Key), Algorithm: lz.Algorithm.String(), Limit: lz.Quota(), Numbers: numbers,
-		Exists: s.Exists, Remaining: s.Remaining, RetryAfterMs: ceilMs(s.RetryAfter), TTLMs: s.TTL.Milliseconds(),
-	}
-	setBlockState(&cs, lz, s.Block)
-	switch lz.Algorithm {
-	case limiter.TokenBucket:
-		cs.Tokens = &s.Tokens
-		switch {
-		case lz.Queues():
-			if cs.Queue, err = t.queueState(ctx, lz, lk, s.Now); err != nil {
-				return clientState{}, redisError(err)
-			}
-		case lz.MaxWait > 0:
-			wait := ceilMs(s.Wait)
-			cs.WaitMs = &wait
-		}
-	case limiter.SlidingWindowCounter:
-		cs.Count, cs.Estimate = &s.Count, &s.Estimate
-	case limiter.FixedWindow:
-		cs.Count = &s.Count
-		cs.WindowStart, cs.WindowEnd = s.WindowStart.UTC().Format(time.RFC3339Nano), s.WindowEnd.UTC().Format(time.RFC3339Nano)
-	case limiter.Concurrency:
-		cs.Count = &s.Count
-		if err := t.slotsState(ctx, lz, lk, s.Now, &cs); err != nil {
-			return clientState{}, redisError(err)
-		}
-	case limiter.SlidingWindow:
-		cs.Count = &s.Count
-	default:
-		return clientState{}, fmt.Errorf("zone %s: unknown algorithm %v", t.z.Name, lz.Algorithm)
-	}
-	return cs, nil
-}
-
-// slotsState sets the slots in flight of a concurrency zone's client lk in cs, and its queue's
-// state at now when the zone has one.
-func (t target) slotsState(ctx context.Context, lz *limiter.Zone, lk string, now time.Time, cs *clientState) error {
-	slots, err := t.h.limiter.InFlight(ctx, lz, lk)
-	if err != nil {
-		return err
-	}
-	for _, sl := range slots {
-		cs.Slots = append(cs.Slots, slotState{ID: sl.ID, Deadline: sl.Deadline.UTC().Format(time.RFC3339Nano)})
-	}
-	if lz.Queues() {
-		cs.Queue, err = t.queueState(ctx, lz, lk, now)
-	}
-	return err
-}
-
-// resetState deletes each distinct Redis key of the client once, and clears the cached denial
-// of every handler with the zone.
-func resetState(ctx context.Context, w http.ResponseWriter, ts []target) error {
-	out := []resetResult{}
-	err := eachClientKey(ts, true, limiter.StateKey, func(_ int, t target, lk string, e clientEntry) error {
-		existed, err := t.h.limiter.Reset(ctx, &t.z.lz, lk)
-		b, err := broadcastOf(err)
-		if err != nil {
-			return redisError(err)
-		}
-		out = append(out, resetResult{clientEntry: e, Deleted: existed, broadcastResult: b})
-		return nil
-	})
-	if err != nil {
-		return err
-	}
-	return writeJSON(w, out)
-}
-
-// eachClientKey calls do once for each distinct Redis key of the targets' client among ts (the key that
-// redisKey names, in the target's Redis), with the first target that has it (ts[i]), the
-// client's limiter key lk and the reply's clientEntry. With forget (do changes the client's
-// state), each later target of a key clears its own handler's cached denials and grants of the
-// client: do clears them in the first target's handler only.
-func eachClientKey(ts []target, forget bool, redisKey func(prefix string, z *limiter.Zone, lk string) string,
-	do func(i int, t target, lk string, e clientEntry) error,
-) error {
-	seen := make(map[string]bool)
-	for i, t := range ts {
-		lk := t.h.limiterKey(t.key)
-		rk := redisKey(t.h.KeyPrefix, &t.z.lz, lk)
-		id := t.redisID + "|" + rk
-		if seen[id] {
-			if forget {
-				t.h.limiter.Forget(&t.z.lz, lk) // changed already: only this handler's deny cache and grants are left
-			}
-			continue
-		}
-		seen[id] = true
-		if err := do(i, t, lk, t.entry(rk)); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// target is a zone of a live handler.
-type target struct {
-	h       *Handler
-	z       *Zone
-	redis   []string // the addresses of the handler's Redis client, placeholders replaced
-	redisID string   // which Redis data the handler reaches: addresses, Sentinel master, db
-	// The client key of an admin request about one client: as given, as the zone maps it
-	// (clientTargets), and the mapping's warning.
-	given, key, warning string
-}
-
-// targets returns the zones named name of r's handlers (every zone when name is ""), sorted by
-// name, key prefix and Redis, so replies do not depend on map order.
-func (r *registry) targets(name string) []target {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	var ts []target
-	for h := range r.handlers {
-		addrs, id := h.client.addrs, h.redisID()
-		for _, z := range h.Zones {
-			if name == "" || z.Name == name {
-				ts = append(ts, target{h: h, z: z, redis: addrs, redisID: id})
-			}
-		}
-	}
-	slices.SortStableFunc(ts, func(a, b target) int {
-		if c := strings.Compare(a.z.Name, b.z.Name); c != 0 {
-			return c
-		}
-		if c := strings.Compare(a.h.KeyPrefix, b.h.KeyPrefix); c != 0 {
-			return c
-		}
-		return strings.Compare(a.redisID, b.redisID)
-	})
-	return ts
-}
-
-// redisError is the admin API error for a failed Redis call: 504 when it timed out, else 502.
-func redisError(err error) error {
-	status := http.StatusBadGateway
-	if failureReason(err) == failTimeout {
-		status = http.StatusGatewayTimeout
-	}
-	return caddy.APIError{HTTPStatus: status, Err: fmt.Errorf("redis: %w", err)}
-}
-
-func writeJSON(w http.ResponseWriter, v any) error {
-	w.Header().Set("Content-Type", "application/json")
-	return json.NewEncoder(w).Encode(v)
-}
-
-// ceilMs rounds d up to whole milliseconds.
-func ceilMs(d time.Duration) int64 {
-	ms := d.Milliseconds()
-	if d%time.Millisecond > 0 {
-		ms++
-	}
-	return ms
+	return lz, true, nil
 }
 
 // Interface guards
-var _ caddy.AdminRouter = (*AdminAPI)(nil)
+var (
+	_ adminapi.Registry = (*registry)(nil)
+	_ adminapi.Zone     = adminZone{}
+)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/adminapi"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/limiter"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
 )
@@ -40,8 +41,8 @@ func TestAdminReadResetAllowedAgain(t *testing.T) {
 	}
 	respond "ok"`, srv.Addr))
 
-	zones := adminJSON[[]zoneInfo](t, ac, "GET", "/rate_limit_redis/zones", 200)
-	wantZones := []zoneInfo{
+	zones := adminJSON[[]adminapi.ZoneInfo](t, ac, "GET", "/rate_limit_redis/zones", 200)
+	wantZones := []adminapi.ZoneInfo{
 		{Name: "api", Algorithm: "token_bucket", Capacity: 2, RefillRate: 1.0 / 3600, KeyPrefix: "rl:", Redis: []string{srv.Addr}},
 		{Name: "login", Algorithm: "sliding_window", Limit: 3, WindowMs: 3_600_000, KeyPrefix: "rl:", Redis: []string{srv.Addr}},
 	}
@@ -54,7 +55,7 @@ func TestAdminReadResetAllowedAgain(t *testing.T) {
 	ac.Get("/", "X-Client", "alice").Expect(t, "alice 2", 200, "ok", "X-RateLimit-Remaining", "0")
 	ac.Get("/", "X-Client", "alice").Expect(t, "alice 3", 429, "", "Retry-After", "3600")
 
-	st := adminJSON[[]clientState](t, ac, "GET", "/rate_limit_redis/state?zone=api&key=alice", 200)
+	st := adminJSON[[]adminapi.ClientState](t, ac, "GET", "/rate_limit_redis/state?zone=api&key=alice", 200)
 	if len(st) != 1 {
 		t.Fatalf("state: %+v, want one entry", st)
 	}
@@ -73,9 +74,9 @@ func TestAdminReadResetAllowedAgain(t *testing.T) {
 	}
 	ac.Get("/", "X-Client", "alice").Expect(t, "alice still denied", 429, "")
 
-	reset := adminJSON[[]resetResult](t, ac, "DELETE", "/rate_limit_redis/state?zone=api&key=alice", 200)
-	if fmt.Sprint(reset) != fmt.Sprint([]resetResult{{clientEntry: clientEntry{Zone: "api", Key: "alice", Candidate: 1, RedisKey: "rl:{alice}:api:tb", Redis: []string{srv.Addr}},
-		Deleted: true, broadcastResult: broadcastResult{Broadcast: true}}}) {
+	reset := adminJSON[[]adminapi.ResetResult](t, ac, "DELETE", "/rate_limit_redis/state?zone=api&key=alice", 200)
+	if fmt.Sprint(reset) != fmt.Sprint([]adminapi.ResetResult{{ClientEntry: adminapi.ClientEntry{Zone: "api", Key: "alice", Candidate: 1, RedisKey: "rl:{alice}:api:tb", Redis: []string{srv.Addr}},
+		Deleted: true, BroadcastResult: adminapi.BroadcastResult{Broadcast: true}}}) {
 		t.Fatalf("reset: %+v", reset)
 	}
 	if n := srv.Do("EXISTS", "rl:{alice}:api:tb"); n != int64(0) {
@@ -83,7 +84,7 @@ func TestAdminReadResetAllowedAgain(t *testing.T) {
 	}
 	// Allowed again with a full bucket: neither Redis nor this instance's deny cache denies.
 	ac.Get("/", "X-Client", "alice").Expect(t, "alice after reset", 200, "ok", "X-RateLimit-Remaining", "1")
-	st = adminJSON[[]clientState](t, ac, "GET", "/rate_limit_redis/state?zone=api&key=alice", 200)
+	st = adminJSON[[]adminapi.ClientState](t, ac, "GET", "/rate_limit_redis/state?zone=api&key=alice", 200)
 	if s := st[0]; !s.Exists || s.Remaining != 1 || s.RetryAfterMs != 0 {
 		t.Fatalf("state after reset and one request: %+v", s)
 	}
@@ -93,13 +94,13 @@ func TestAdminReadResetAllowedAgain(t *testing.T) {
 		ac.Get("/login", "X-Client", "bob").Expect(t, "bob login "+strconv.Itoa(i), 200, "ok")
 	}
 	ac.Get("/login", "X-Client", "bob").Expect(t, "bob login 4", 429, "")
-	st = adminJSON[[]clientState](t, ac, "GET", "/rate_limit_redis/state?zone=login&key=bob", 200)
+	st = adminJSON[[]adminapi.ClientState](t, ac, "GET", "/rate_limit_redis/state?zone=login&key=bob", 200)
 	if s := st[0]; len(st) != 1 || s.RedisKey != "rl:{bob}:login:sw" || s.Algorithm != "sliding_window" || s.Limit != 3 ||
 		!s.Exists || s.Count == nil || *s.Count != 3 || s.Tokens != nil || s.Remaining != 0 ||
 		s.RetryAfterMs <= 3_590_000 || s.RetryAfterMs > 3_600_000 || s.TTLMs <= 3_590_000 || s.TTLMs > 3_600_000 {
 		t.Fatalf("state of bob, window full: %+v", st)
 	}
-	reset = adminJSON[[]resetResult](t, ac, "DELETE", "/rate_limit_redis/state?zone=login&key=bob", 200)
+	reset = adminJSON[[]adminapi.ResetResult](t, ac, "DELETE", "/rate_limit_redis/state?zone=login&key=bob", 200)
 	if len(reset) != 1 || !reset[0].Deleted || reset[0].RedisKey != "rl:{bob}:login:sw" {
 		t.Fatalf("reset of bob: %+v", reset)
 	}
@@ -110,11 +111,11 @@ func TestAdminReadResetAllowedAgain(t *testing.T) {
 
 	// A client never seen: a full bucket, reported without creating a key; a reset of it
 	// deletes nothing.
-	st = adminJSON[[]clientState](t, ac, "GET", "/rate_limit_redis/state?zone=api&key=203.0.113.7", 200)
+	st = adminJSON[[]adminapi.ClientState](t, ac, "GET", "/rate_limit_redis/state?zone=api&key=203.0.113.7", 200)
 	if s := st[0]; s.Exists || s.Tokens == nil || *s.Tokens != 2 || s.Remaining != 2 || s.RetryAfterMs != 0 || s.TTLMs != 0 {
 		t.Fatalf("state of a client never seen: %+v", s)
 	}
-	st = adminJSON[[]clientState](t, ac, "GET", "/rate_limit_redis/state?zone=login&key=203.0.113.7", 200)
+	st = adminJSON[[]adminapi.ClientState](t, ac, "GET", "/rate_limit_redis/state?zone=login&key=203.0.113.7", 200)
 	if s := st[0]; s.Exists || s.Count == nil || *s.Count != 0 || s.Remaining != 3 || s.TTLMs != 0 {
 		t.Fatalf("window of a client never seen: %+v", s)
 	}
@@ -123,7 +124,7 @@ func TestAdminReadResetAllowedAgain(t *testing.T) {
 			t.Fatalf("reading the state created %s", k)
 		}
 	}
-	reset = adminJSON[[]resetResult](t, ac, "DELETE", "/rate_limit_redis/state?zone=api&key=203.0.113.7", 200)
+	reset = adminJSON[[]adminapi.ResetResult](t, ac, "DELETE", "/rate_limit_redis/state?zone=api&key=203.0.113.7", 200)
 	if len(reset) != 1 || reset[0].Deleted {
 		t.Fatalf("reset of a client never seen: %+v", reset)
 	}
@@ -144,11 +145,11 @@ func TestAdminHostileKeyMapsToTheSameRedisKey(t *testing.T) {
 	key := "tok en{with}braces/" + strings.Repeat("x", 100)
 	ac.Get("/", "X-API-Key", key).Expect(t, "first", 200, "ok")
 	ac.Get("/", "X-API-Key", key).Expect(t, "second", 429, "")
-	st := adminJSON[[]clientState](t, ac, "GET", "/rate_limit_redis/state?zone=default&key="+url.QueryEscape(key), 200)
+	st := adminJSON[[]adminapi.ClientState](t, ac, "GET", "/rate_limit_redis/state?zone=default&key="+url.QueryEscape(key), 200)
 	if s := st[0]; !s.Exists || s.Remaining != 0 || s.Key != key || !strings.HasPrefix(s.RedisKey, "rl:{~") {
 		t.Fatalf("state of a digested key: %+v", s)
 	}
-	reset := adminJSON[[]resetResult](t, ac, "DELETE", "/rate_limit_redis/state?zone=default&key="+url.QueryEscape(key), 200)
+	reset := adminJSON[[]adminapi.ResetResult](t, ac, "DELETE", "/rate_limit_redis/state?zone=default&key="+url.QueryEscape(key), 200)
 	if len(reset) != 1 || !reset[0].Deleted {
 		t.Fatalf("reset: %+v", reset)
 	}
@@ -238,7 +239,7 @@ func TestAdminZoneInSeveralHandlers(t *testing.T) {
 	}
 	respond "ok"`, handler("rl:", 2), handler("rl:", 2), handler("other:", 2)))
 
-	zones := adminJSON[[]zoneInfo](t, ac, "GET", "/rate_limit_redis/zones", 200)
+	zones := adminJSON[[]adminapi.ZoneInfo](t, ac, "GET", "/rate_limit_redis/zones", 200)
 	if len(zones) != 2 || zones[0].KeyPrefix != "other:" || zones[1].KeyPrefix != "rl:" {
 		t.Fatalf("zones: %+v, want api under other: and under rl:, once each", zones)
 	}
@@ -250,12 +251,12 @@ func TestAdminZoneInSeveralHandlers(t *testing.T) {
 		// Each 429 is in the deny cache of the handler that denied it.
 		ac.Get(step.path, "X-Client", "alice").Expect(t, "before reset "+step.path, step.status, body(step.status))
 	}
-	st := adminJSON[[]clientState](t, ac, "GET", "/rate_limit_redis/state?zone=api&key=alice", 200)
+	st := adminJSON[[]adminapi.ClientState](t, ac, "GET", "/rate_limit_redis/state?zone=api&key=alice", 200)
 	if len(st) != 2 || st[0].RedisKey != "other:{alice}:api:tb" || st[1].RedisKey != "rl:{alice}:api:tb" ||
 		st[0].Remaining != 0 || st[1].Remaining != 0 {
 		t.Fatalf("state: %+v, want one entry per Redis key, both empty", st)
 	}
-	reset := adminJSON[[]resetResult](t, ac, "DELETE", "/rate_limit_redis/state?zone=api&key=alice", 200)
+	reset := adminJSON[[]adminapi.ResetResult](t, ac, "DELETE", "/rate_limit_redis/state?zone=api&key=alice", 200)
 	if len(reset) != 2 || !reset[0].Deleted || !reset[1].Deleted || reset[0].RedisKey != "other:{alice}:api:tb" || reset[1].RedisKey != "rl:{alice}:api:tb" {
 		t.Fatalf("reset: %+v, want each Redis key deleted once", reset)
 	}
@@ -273,11 +274,11 @@ func TestAdminZoneInSeveralHandlers(t *testing.T) {
 		%s
 	}
 	respond "ok"`, handler("rl:", 5)))
-	zones = adminJSON[[]zoneInfo](t, ac, "GET", "/rate_limit_redis/zones", 200)
+	zones = adminJSON[[]adminapi.ZoneInfo](t, ac, "GET", "/rate_limit_redis/zones", 200)
 	if len(zones) != 1 || zones[0].Capacity != 5 || zones[0].KeyPrefix != "rl:" {
 		t.Fatalf("zones after reload: %+v", zones)
 	}
-	st = adminJSON[[]clientState](t, ac, "GET", "/rate_limit_redis/state?zone=api&key=alice", 200)
+	st = adminJSON[[]adminapi.ClientState](t, ac, "GET", "/rate_limit_redis/state?zone=api&key=alice", 200)
 	// The bucket keeps what it used (2): the larger capacity gives the difference at once.
 	if len(st) != 1 || st[0].Limit != 5 || st[0].Remaining != 3 || st[0].RetryAfterMs != 0 {
 		t.Fatalf("state after reload: %+v, want the new capacity 5 with 2 used: 3 remaining", st)
@@ -320,10 +321,10 @@ func TestAdminResetNotBroadcast(t *testing.T) {
 		t.Fatalf("first request: %d %v", w.Code, err)
 	}
 	w := httptest.NewRecorder()
-	if err := (&AdminAPI{live: h.live}).handleState(w, httptest.NewRequest(http.MethodDelete, "/rate_limit_redis/state?zone=nobroadcast&key=alice", nil)); err != nil {
+	if err := adminServe(t, adminapi.New(h.live), w, httptest.NewRequest(http.MethodDelete, "/rate_limit_redis/state?zone=nobroadcast&key=alice", nil)); err != nil {
 		t.Fatal(err)
 	}
-	var reset []resetResult
+	var reset []adminapi.ResetResult
 	if err := json.Unmarshal(w.Body.Bytes(), &reset); err != nil {
 		t.Fatalf("%v: %s", err, w.Body)
 	}
@@ -358,13 +359,13 @@ func TestAdminCandidateKeys(t *testing.T) {
 	ac.Get("/").Expect(t, "by IP 3", 429, "")
 	ac.Get("/", "X-API-Key", "127.0.0.1").Expect(t, "an API key equal to the IP", 200, "127.0.0.1", "X-RateLimit-Remaining", "1")
 
-	st := adminJSON[[]clientState](t, ac, "GET", "/rate_limit_redis/state?zone=api&key="+url.QueryEscape(shown), 200)
+	st := adminJSON[[]adminapi.ClientState](t, ac, "GET", "/rate_limit_redis/state?zone=api&key="+url.QueryEscape(shown), 200)
 	if len(st) != 1 || st[0].Key != shown || st[0].Candidate != 2 || st[0].RedisKey != "rl:{2=127.0.0.1}:api:tb" ||
 		!st[0].Exists || st[0].Remaining != 0 {
 		t.Fatalf("state of %s: %+v", shown, st)
 	}
 	for _, key := range []string{"127.0.0.1", "1=127.0.0.1"} {
-		st = adminJSON[[]clientState](t, ac, "GET", "/rate_limit_redis/state?zone=api&key="+url.QueryEscape(key), 200)
+		st = adminJSON[[]adminapi.ClientState](t, ac, "GET", "/rate_limit_redis/state?zone=api&key="+url.QueryEscape(key), 200)
 		// 1=127.0.0.1 is used as 127.0.0.1, which is how a request shows it; 127.0.0.1 alone may
 		// have meant the IP candidate, and the reply says so.
 		if len(st) != 1 || st[0].Key != "127.0.0.1" || st[0].Candidate != 1 || st[0].RedisKey != "rl:{127.0.0.1}:api:tb" ||
@@ -372,9 +373,9 @@ func TestAdminCandidateKeys(t *testing.T) {
 			t.Fatalf("state of %s: %+v", key, st)
 		}
 	}
-	reset := adminJSON[[]resetResult](t, ac, "DELETE", "/rate_limit_redis/state?zone=api&key="+url.QueryEscape(shown), 200)
-	if fmt.Sprint(reset) != fmt.Sprint([]resetResult{{clientEntry: clientEntry{Zone: "api", Key: shown, Candidate: 2, RedisKey: "rl:{2=127.0.0.1}:api:tb", Redis: []string{srv.Addr}},
-		Deleted: true, broadcastResult: broadcastResult{Broadcast: true}}}) {
+	reset := adminJSON[[]adminapi.ResetResult](t, ac, "DELETE", "/rate_limit_redis/state?zone=api&key="+url.QueryEscape(shown), 200)
+	if fmt.Sprint(reset) != fmt.Sprint([]adminapi.ResetResult{{ClientEntry: adminapi.ClientEntry{Zone: "api", Key: shown, Candidate: 2, RedisKey: "rl:{2=127.0.0.1}:api:tb", Redis: []string{srv.Addr}},
+		Deleted: true, BroadcastResult: adminapi.BroadcastResult{Broadcast: true}}}) {
 		t.Fatalf("reset: %+v", reset)
 	}
 	ac.Get("/").Expect(t, "by IP after the reset", 200, shown, "X-RateLimit-Remaining", "1")
@@ -413,12 +414,12 @@ func TestAdminKeySecret(t *testing.T) {
 		ac.Get("/", hdr...).Expect(t, key+" 1", 200, key)
 		ac.Get("/", hdr...).Expect(t, key+" 2", 429, "")
 		redisKey := limiter.StateKey("rl:", tbZone("api"), ks.Key(key))
-		st := adminJSON[[]clientState](t, ac, "GET", "/rate_limit_redis/state?zone=api&key="+url.QueryEscape(key), 200)
+		st := adminJSON[[]adminapi.ClientState](t, ac, "GET", "/rate_limit_redis/state?zone=api&key="+url.QueryEscape(key), 200)
 		if len(st) != 1 || st[0].Key != key || st[0].RedisKey != redisKey || !keyedTag.MatchString(hashTag(redisKey)) ||
 			!st[0].Exists || st[0].Remaining != 0 {
 			t.Fatalf("state of %s: %+v, want Redis key %s", key, st, redisKey)
 		}
-		reset := adminJSON[[]resetResult](t, ac, "DELETE", "/rate_limit_redis/state?zone=api&key="+url.QueryEscape(key), 200)
+		reset := adminJSON[[]adminapi.ResetResult](t, ac, "DELETE", "/rate_limit_redis/state?zone=api&key="+url.QueryEscape(key), 200)
 		if len(reset) != 1 || !reset[0].Deleted || reset[0].RedisKey != redisKey {
 			t.Fatalf("reset of %s: %+v", key, reset)
 		}
@@ -456,7 +457,7 @@ func TestPlanAdminAPI(t *testing.T) {
 	for range 2 {
 		ac.Get("/", "X-API-Key", "key-paid").Expect(t, "paid", 200, "ok")
 	}
-	zones := adminJSON[[]zoneInfo](t, ac, "GET", "/rate_limit_redis/zones", 200)
+	zones := adminJSON[[]adminapi.ZoneInfo](t, ac, "GET", "/rate_limit_redis/zones", 200)
 	if len(zones) != 2 || zones[0].Name != "api" || zones[0].Capacity != 0 || zones[0].RefillRate != 1.0/3600 ||
 		zones[0].Placeholders["capacity"] != "{plan_capacity}" || zones[0].Placeholders["refill_rate"] != "{plan_rate}" ||
 		zones[1].Limit != 30 || zones[1].Placeholders["limit"] != "{plan_limit}" || len(zones[1].Placeholders) != 1 {
@@ -467,18 +468,18 @@ func TestPlanAdminAPI(t *testing.T) {
 	ac.expectError(t, "GET", "/rate_limit_redis/state?zone=api&key=key-paid&capacity=-1", 400,
 		`zone api: query parameter capacity: "-1" is out of range (1 to 9007199254740992)`)
 	q := url.Values{"zone": {"api"}, "key": {"key-paid"}, "capacity": {"10"}, "refill_rate": {"10/1h"}}
-	st := adminJSON[[]clientState](t, ac, "GET", "/rate_limit_redis/state?"+q.Encode(), 200)
+	st := adminJSON[[]adminapi.ClientState](t, ac, "GET", "/rate_limit_redis/state?"+q.Encode(), 200)
 	if len(st) != 1 || st[0].Limit != 10 || st[0].Remaining != 8 || st[0].Numbers == nil ||
-		*st[0].Numbers != (stateNumbers{Capacity: 10, RefillRate: 10.0 / 3600}) {
+		*st[0].Numbers != (adminapi.StateNumbers{Capacity: 10, RefillRate: 10.0 / 3600}) {
 		t.Fatalf("state with the paid numbers: %+v", st)
 	}
 	// The same state read under the free numbers (refill_rate's fallback): 2 used of 3.
-	st = adminJSON[[]clientState](t, ac, "GET", "/rate_limit_redis/state?zone=api&key=key-paid&capacity=3", 200)
-	if len(st) != 1 || st[0].Limit != 3 || st[0].Remaining != 1 || *st[0].Numbers != (stateNumbers{Capacity: 3, RefillRate: 1.0 / 3600}) {
+	st = adminJSON[[]adminapi.ClientState](t, ac, "GET", "/rate_limit_redis/state?zone=api&key=key-paid&capacity=3", 200)
+	if len(st) != 1 || st[0].Limit != 3 || st[0].Remaining != 1 || *st[0].Numbers != (adminapi.StateNumbers{Capacity: 3, RefillRate: 1.0 / 3600}) {
 		t.Fatalf("state with the free numbers: %+v", st)
 	}
-	st = adminJSON[[]clientState](t, ac, "GET", "/rate_limit_redis/state?zone=daily&key=key-paid", 200)
-	if len(st) != 1 || st[0].Limit != 30 || st[0].Count == nil || *st[0].Count != 2 || *st[0].Numbers != (stateNumbers{Limit: 30}) {
+	st = adminJSON[[]adminapi.ClientState](t, ac, "GET", "/rate_limit_redis/state?zone=daily&key=key-paid", 200)
+	if len(st) != 1 || st[0].Limit != 30 || st[0].Count == nil || *st[0].Count != 2 || *st[0].Numbers != (adminapi.StateNumbers{Limit: 30}) {
 		t.Fatalf("daily state with the fallback: %+v", st)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/adminapi"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/caddytest"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
 )
@@ -47,16 +48,16 @@ func TestAdminKeyMappedAsARequestsKey(t *testing.T) {
 
 	// The request from 127.0.0.1 is keyed 127.0.0.0/24: a block of 127.0.0.1 is a block of it.
 	ac.Get("/login").Expect(t, "before the block", 200, "ok")
-	b := adminJSON[[]blockResult](t, ac, "PUT", "/rate_limit_redis/block?zone=login&key=127.0.0.1&for=1h", 200)
+	b := adminJSON[[]adminapi.BlockResult](t, ac, "PUT", "/rate_limit_redis/block?zone=login&key=127.0.0.1&for=1h", 200)
 	if len(b) != 1 || b[0].Key != "127.0.0.0/24" || b[0].KeyGiven != "127.0.0.1" || b[0].RedisKey != "rl:{127.0.0.0/24}:login:block" || b[0].Warning != "" {
 		t.Fatalf("block of 127.0.0.1: %+v", b)
 	}
 	ac.Get("/login").Expect(t, "blocked", 429, "", "Retry-After", "3600")
-	st := adminJSON[[]clientState](t, ac, "GET", "/rate_limit_redis/state?zone=login&key=127.0.0.77", 200)
+	st := adminJSON[[]adminapi.ClientState](t, ac, "GET", "/rate_limit_redis/state?zone=login&key=127.0.0.77", 200)
 	if len(st) != 1 || st[0].Key != "127.0.0.0/24" || st[0].BlockedUntilMs == nil || st[0].Count == nil || *st[0].Count != 1 {
 		t.Fatalf("state of 127.0.0.77: %+v", st)
 	}
-	reset := adminJSON[[]resetResult](t, ac, "DELETE", "/rate_limit_redis/state?zone=login&key=127.0.0.9", 200)
+	reset := adminJSON[[]adminapi.ResetResult](t, ac, "DELETE", "/rate_limit_redis/state?zone=login&key=127.0.0.9", 200)
 	if len(reset) != 1 || reset[0].Key != "127.0.0.0/24" || !reset[0].Deleted {
 		t.Fatalf("reset of 127.0.0.9: %+v", reset)
 	}
@@ -64,12 +65,12 @@ func TestAdminKeyMappedAsARequestsKey(t *testing.T) {
 
 	// An IPv6 address, in any of its spellings or as a longer network, is its /64.
 	for key, want := range map[string]string{"::1": "::/64", "0:0:0:0:0:0:0:1": "::/64", "::1/128": "::/64", "2001:db8:1:2:3::7": "2001:db8:1:2::/64"} {
-		st := adminJSON[[]clientState](t, ac, "GET", "/rate_limit_redis/state?zone=login&key="+url.QueryEscape(key), 200)
+		st := adminJSON[[]adminapi.ClientState](t, ac, "GET", "/rate_limit_redis/state?zone=login&key="+url.QueryEscape(key), 200)
 		if len(st) != 1 || st[0].Key != want || st[0].KeyGiven != key || st[0].RedisKey != "rl:{"+want+"}:login:sw" {
 			t.Fatalf("state of %s: %+v, want key %s", key, st, want)
 		}
 	}
-	st = adminJSON[[]clientState](t, ac, "GET", "/rate_limit_redis/state?zone=login&key="+url.QueryEscape("2001:db8:1:2::/64"), 200)
+	st = adminJSON[[]adminapi.ClientState](t, ac, "GET", "/rate_limit_redis/state?zone=login&key="+url.QueryEscape("2001:db8:1:2::/64"), 200)
 	if len(st) != 1 || st[0].Key != "2001:db8:1:2::/64" || st[0].KeyGiven != "" {
 		t.Fatalf("state of 2001:db8:1:2::/64: %+v", st)
 	}
@@ -84,14 +85,14 @@ func TestAdminKeyMappedAsARequestsKey(t *testing.T) {
 	}
 
 	// An IP address as the first candidate is an API key: used as given, with a warning.
-	b = adminJSON[[]blockResult](t, ac, "PUT", "/rate_limit_redis/block?zone=api&key=127.0.0.1&for=1h", 200)
+	b = adminJSON[[]adminapi.BlockResult](t, ac, "PUT", "/rate_limit_redis/block?zone=api&key=127.0.0.1&for=1h", 200)
 	if len(b) != 1 || b[0].Key != "127.0.0.1" || b[0].RedisKey != "rl:{127.0.0.1}:api:block" ||
 		!strings.Contains(b[0].Warning, "give 2=127.0.0.1") {
 		t.Fatalf("block of API key 127.0.0.1: %+v", b)
 	}
 	ac.Get("/api").Expect(t, "the IP address is not blocked", 200, "ok")
 	ac.Get("/api", "X-API-Key", "127.0.0.1").Expect(t, "the API key is", 429, "")
-	b = adminJSON[[]blockResult](t, ac, "PUT", "/rate_limit_redis/block?zone=api&key="+url.QueryEscape("2=127.0.0.1")+"&for=1h", 200)
+	b = adminJSON[[]adminapi.BlockResult](t, ac, "PUT", "/rate_limit_redis/block?zone=api&key="+url.QueryEscape("2=127.0.0.1")+"&for=1h", 200)
 	if len(b) != 1 || b[0].Key != "2=127.0.0.1" || b[0].Warning != "" {
 		t.Fatalf("block of 2=127.0.0.1: %+v", b)
 	}
@@ -140,23 +141,23 @@ func TestAdminStateWithNumbersInForce(t *testing.T) {
 			ac.Get("/"+c.zone, "X-Client", "alice").Expect(t, fmt.Sprintf("%s request %d", c.zone, i), 200, "ok",
 				"X-RateLimit-Limit", "30", "X-RateLimit-Remaining", fmt.Sprint(30-i))
 		}
-		st := adminJSON[[]clientState](t, ac, "GET", "/rate_limit_redis/state?zone="+c.zone+"&key=alice", 200)
+		st := adminJSON[[]adminapi.ClientState](t, ac, "GET", "/rate_limit_redis/state?zone="+c.zone+"&key=alice", 200)
 		if len(st) != 1 || st[0].Limit != 30 || st[0].Remaining != 25 || st[0].RetryAfterMs != 0 ||
 			st[0].Numbers == nil || !st[0].Numbers.Override || st[0].Numbers.Capacity+st[0].Numbers.Limit != 30 {
 			t.Fatalf("state of alice in %s, override 30 and 5 requests: %+v %+v", c.zone, st, st[0].Numbers)
 		}
 		// Without an override, the zone's numbers, and no numbers shown.
 		ac.Get("/"+c.zone, "X-Client", "bob").Expect(t, c.zone+" bob", 200, "ok", "X-RateLimit-Limit", "10", "X-RateLimit-Remaining", "9")
-		st = adminJSON[[]clientState](t, ac, "GET", "/rate_limit_redis/state?zone="+c.zone+"&key=bob", 200)
+		st = adminJSON[[]adminapi.ClientState](t, ac, "GET", "/rate_limit_redis/state?zone="+c.zone+"&key=bob", 200)
 		if len(st) != 1 || st[0].Limit != 10 || st[0].Remaining != 9 || st[0].Numbers != nil {
 			t.Fatalf("state of bob in %s: %+v", c.zone, st)
 		}
 	}
 
 	ac.Get("/login", "X-Client", "carol").Expect(t, "carol before the block", 200, "ok", "X-RateLimit-Remaining", "4")
-	adminJSON[[]blockResult](t, ac, "PUT", "/rate_limit_redis/block?zone=login&key=carol&for=1h", 200)
+	adminJSON[[]adminapi.BlockResult](t, ac, "PUT", "/rate_limit_redis/block?zone=login&key=carol&for=1h", 200)
 	ac.Get("/login", "X-Client", "carol").Expect(t, "carol blocked", 429, "", "X-RateLimit-Remaining", "0")
-	st := adminJSON[[]clientState](t, ac, "GET", "/rate_limit_redis/state?zone=login&key=carol", 200)
+	st := adminJSON[[]adminapi.ClientState](t, ac, "GET", "/rate_limit_redis/state?zone=login&key=carol", 200)
 	if len(st) != 1 || st[0].BlockedUntilMs == nil || st[0].Remaining != 0 || st[0].RetryAfterMs <= 3_500_000 {
 		t.Fatalf("state of blocked carol: %+v", st)
 	}

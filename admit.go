@@ -9,6 +9,8 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/limiter"
 )
 
 // admit lets an allowed request through: it counts the decision (each zone what its own
@@ -74,9 +76,9 @@ func (h *Handler) hold(ctx context.Context, delay time.Duration, out *outcome) e
 		return nil
 	case <-ctx.Done():
 		t.Stop()
-		out.waited = ceilMs(time.Since(start))
+		out.waited = limiter.CeilMs(time.Since(start))
 		if c := h.logger.Check(zapcore.DebugLevel, "client left while held for its turn"); c != nil {
-			c.Write(zap.String("zone", out.zone), zap.Int64("delay_ms", ceilMs(delay)), zap.Int64("waited_ms", out.waited))
+			c.Write(zap.String("zone", out.zone), zap.Int64("delay_ms", limiter.CeilMs(delay)), zap.Int64("waited_ms", out.waited))
 		}
 		// As a denial: built directly, no stack trace; 499 is what Caddy's reverse proxy reports
 		// for a client that closed the request.

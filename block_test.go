@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/adminapi"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/caddytest"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
 )
@@ -87,13 +88,13 @@ func TestBlockThreeInstances(t *testing.T) {
 
 			// The window has room again after 1s; the block refuses on every instance.
 			redistest.WaitFor(t, 10*time.Second, "login's window to have room again", func() bool {
-				st := adminJSON[[]clientState](t, ac, "GET", "/rate_limit_redis/state?zone=login&key=mallory", 200)
+				st := adminJSON[[]adminapi.ClientState](t, ac, "GET", "/rate_limit_redis/state?zone=login&key=mallory", 200)
 				return len(st) == 1 && st[0].Count != nil && *st[0].Count == 0
 			})
 			for _, i := range []string{"1", "2", "3"} {
 				retryAfterNear(t, "blocked on /i"+i, ac.Get("/i"+i+"/login", mallory...), 3600)
 			}
-			st := adminJSON[[]clientState](t, ac, "GET", "/rate_limit_redis/state?zone=login&key=mallory", 200)
+			st := adminJSON[[]adminapi.ClientState](t, ac, "GET", "/rate_limit_redis/state?zone=login&key=mallory", 200)
 			now := time.Now().UnixMilli()
 			if len(st) != 1 || st[0].BlockedUntilMs == nil || *st[0].BlockedUntilMs <= now+3_500_000 || *st[0].BlockedUntilMs > now+3_600_000 ||
 				st[0].Strikes == nil || *st[0].Strikes != 1 || st[0].LastBlockMs == nil || *st[0].LastBlockMs != 3_600_000 ||
@@ -101,7 +102,7 @@ func TestBlockThreeInstances(t *testing.T) {
 				t.Fatalf("state of the blocked client: %+v", st)
 			}
 			// Charged in org only by the two admitted requests: a blocked or denied one charges no zone.
-			org := adminJSON[[]clientState](t, ac, "GET", "/rate_limit_redis/state?zone=org&key=acme", 200)
+			org := adminJSON[[]adminapi.ClientState](t, ac, "GET", "/rate_limit_redis/state?zone=org&key=acme", 200)
 			if len(org) != 1 || org[0].Remaining != 98 {
 				t.Fatalf("org: %+v, want 98 left", org)
 			}
@@ -109,20 +110,20 @@ func TestBlockThreeInstances(t *testing.T) {
 				t.Fatalf("block key holds %q", v)
 			}
 
-			adminJSON[[]resetResult](t, ac, "DELETE", "/rate_limit_redis/state?zone=login&key=mallory", 200)
+			adminJSON[[]adminapi.ResetResult](t, ac, "DELETE", "/rate_limit_redis/state?zone=login&key=mallory", 200)
 			for _, i := range []string{"1", "2"} {
 				ac.Get("/i"+i+"/login", mallory...).Expect(t, "after DELETE, /i"+i, 200, "ok")
 			}
 
 			eve := []string{"X-Client", "eve"}
-			blk := adminJSON[[]blockResult](t, ac, "PUT", "/rate_limit_redis/block?zone=login&key=eve&for=30m", 200)
+			blk := adminJSON[[]adminapi.BlockResult](t, ac, "PUT", "/rate_limit_redis/block?zone=login&key=eve&for=30m", 200)
 			if len(blk) != 1 || blk[0].RedisKey != "rl:{eve}:login:block" || !blk[0].Broadcast {
 				t.Fatalf("PUT block: %+v", blk)
 			}
 			for _, i := range []string{"1", "2", "3"} {
 				retryAfterNear(t, "eve on /i"+i, ac.Get("/i"+i+"/login", eve...), 1800)
 			}
-			adminJSON[[]resetResult](t, ac, "DELETE", "/rate_limit_redis/state?zone=login&key=eve", 200)
+			adminJSON[[]adminapi.ResetResult](t, ac, "DELETE", "/rate_limit_redis/state?zone=login&key=eve", 200)
 			for _, i := range []string{"1", "2"} {
 				ac.Get("/i"+i+"/login", eve...).Expect(t, "eve after DELETE, /i"+i, 200, "ok")
 			}

@@ -25,6 +25,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/adminapi"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/freeport"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/limiter"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
@@ -666,7 +667,7 @@ func TestConcurrencyAdminStateAndReset(t *testing.T) {
 	<-arrived
 	<-arrived
 	ac.Get("/fast", "Authorization", "Bearer k").Expect(t, "a third request", 429, "")
-	st := adminJSON[[]clientState](t, ac, "GET", "/rate_limit_redis/state?zone=completions&key=Bearer%20k", 200)
+	st := adminJSON[[]adminapi.ClientState](t, ac, "GET", "/rate_limit_redis/state?zone=completions&key=Bearer%20k", 200)
 	if len(st) != 1 || st[0].Algorithm != "concurrency" || st[0].Count == nil || *st[0].Count != 2 || len(st[0].Slots) != 2 ||
 		st[0].Remaining != 0 || st[0].RetryAfterMs != 1000 || st[0].Limit != 2 {
 		t.Fatalf("state with 2 in flight: %+v", st)
@@ -677,14 +678,14 @@ func TestConcurrencyAdminStateAndReset(t *testing.T) {
 			t.Fatalf("slot %+v: deadline %v ahead (%v), want hold_max's 10m", s, left, err)
 		}
 	}
-	reset := adminJSON[[]resetResult](t, ac, "DELETE", "/rate_limit_redis/state?zone=completions&key=Bearer%20k", 200)
+	reset := adminJSON[[]adminapi.ResetResult](t, ac, "DELETE", "/rate_limit_redis/state?zone=completions&key=Bearer%20k", 200)
 	if len(reset) != 1 || !reset[0].Deleted {
 		t.Fatalf("reset: %+v", reset)
 	}
 	ac.Get("/fast", "Authorization", "Bearer k").Expect(t, "after the reset", 200, "ok", "X-RateLimit-Remaining", "1")
 	close(release)
 	wg.Wait()
-	st = adminJSON[[]clientState](t, ac, "GET", "/rate_limit_redis/state?zone=completions&key=Bearer%20k", 200)
+	st = adminJSON[[]adminapi.ClientState](t, ac, "GET", "/rate_limit_redis/state?zone=completions&key=Bearer%20k", 200)
 	if len(st) != 1 || *st[0].Count != 0 || len(st[0].Slots) != 0 || st[0].Remaining != 2 {
 		t.Fatalf("state once every request ended: %+v", st)
 	}

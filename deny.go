@@ -61,7 +61,7 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, next caddyhttp.Ha
 	noStore(w)
 	if h.grpcCall(r) {
 		// RESOURCE_EXHAUSTED, written here: handle_errors cannot shape a gRPC response (grpc.go).
-		writeGRPCRefusal(w, grpcResourceExhausted, err.Error(), grpcPushback(ceilMs(d.RetryAfter), f.retryAfter, d.Unsatisfiable))
+		writeGRPCRefusal(w, grpcResourceExhausted, err.Error(), grpcPushback(limiter.CeilMs(d.RetryAfter), f.retryAfter, d.Unsatisfiable))
 		return nil
 	}
 	if z.noRetryOver > 0 && (d.Unsatisfiable || time.Duration(f.retryAfter)*time.Second > z.noRetryOver) {

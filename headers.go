@@ -134,7 +134,7 @@ func (h *Handler) describe(w http.ResponseWriter, f *flight) {
 		allowed: d.Allowed, degraded: f.degraded, decided: true,
 		zone: zone.Name, key: f.shown[d.Zone],
 		limit: d.Limit, remaining: d.Remaining,
-		reset: seconds(d.Reset), retryAfter: seconds(d.RetryAfter), waited: ceilMs(d.Delay),
+		reset: seconds(d.Reset), retryAfter: seconds(d.RetryAfter), waited: limiter.CeilMs(d.Delay),
 		shadowDenied: h.shadowDenied(f.reqs),
 	}
 	h.setRateLimitHeaders(w.Header(), f.reqs, z, zone, f.d, &f.outcome)

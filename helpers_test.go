@@ -37,7 +37,7 @@ import (
 // The handler, provisioned as Caddy would, and served with httptest.
 
 // provisioned returns h provisioned and validated as Caddy would, cleaned up when the test ends.
-// Unless h has one, it is given a registry of its own, which AdminAPI{live: h.live} serves.
+// Unless h has one, it is given a registry of its own, which adminapi.New(h.live) serves.
 func provisioned(t testing.TB, h *Handler) *Handler {
 	t.Helper()
 	if h.live == nil {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/adminapi"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/caddytest"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/limiter"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
@@ -149,7 +150,7 @@ func TestAdminResetDropsLease(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
-	adminJSON[[]resetResult](t, ac, "DELETE", "/rate_limit_redis/state?zone=api&key=alice", 200)
+	adminJSON[[]adminapi.ResetResult](t, ac, "DELETE", "/rate_limit_redis/state?zone=api&key=alice", 200)
 	if got := ac.Statuses(51, "/", "X-Client", "alice"); got != strings.TrimSpace(strings.Repeat("200 ", 50))+" 429" {
 		t.Fatalf("after the reset: %s, want exactly the capacity of 50", got)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/adminapi"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/limiter"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
 )
@@ -34,42 +35,44 @@ func listRedis(addrs ...string) *RedisConfig {
 	return &RedisConfig{Addresses: addrs, Cluster: len(addrs) > 1, DialTimeout: caddy.Duration(5 * time.Second)}
 }
 
+// adminServe serves r with the admin API route of a that serves r's path, as Caddy's admin
+// server calls it, and returns its error.
+func adminServe(t *testing.T, a *adminapi.AdminAPI, w http.ResponseWriter, r *http.Request) error {
+	t.Helper()
+	for _, route := range a.Routes() {
+		if route.Pattern == r.URL.Path {
+			return route.Handler.ServeHTTP(w, r)
+		}
+	}
+	t.Fatalf("no admin route serves %s", r.URL.Path)
+	return nil
+}
+
 // adminCall calls the admin API route of a that serves path (with its query) and returns the
 // status and body: the error's message for an error.
-func adminCall(t *testing.T, a *AdminAPI, method, path string) (int, string) {
+func adminCall(t *testing.T, a *adminapi.AdminAPI, method, path string) (int, string) {
 	t.Helper()
-	u, err := url.Parse(path)
-	if err != nil {
-		t.Fatal(err)
+	w := httptest.NewRecorder()
+	err := adminServe(t, a, w, httptest.NewRequest(method, path, nil))
+	var ae caddy.APIError
+	switch {
+	case errors.As(err, &ae):
+		return ae.HTTPStatus, ae.Err.Error()
+	case err != nil:
+		return http.StatusInternalServerError, err.Error()
 	}
-	for _, route := range a.Routes() {
-		if route.Pattern != u.Path {
-			continue
-		}
-		w := httptest.NewRecorder()
-		err := route.Handler.ServeHTTP(w, httptest.NewRequest(method, path, nil))
-		var ae caddy.APIError
-		switch {
-		case errors.As(err, &ae):
-			return ae.HTTPStatus, ae.Err.Error()
-		case err != nil:
-			return http.StatusInternalServerError, err.Error()
-		}
-		return http.StatusOK, w.Body.String()
-	}
-	t.Fatalf("no admin route serves %s", u.Path)
-	return 0, ""
+	return http.StatusOK, w.Body.String()
 }
 
 // listPageOf calls a listing (path with its query) and decodes its page, which must have no
-// field that listPage[T] lacks.
-func listPageOf[T any](t *testing.T, a *AdminAPI, path string) listPage[T] {
+// field that adminapi.ListPage[T] lacks.
+func listPageOf[T any](t *testing.T, a *adminapi.AdminAPI, path string) adminapi.ListPage[T] {
 	t.Helper()
 	code, body := adminCall(t, a, http.MethodGet, path)
 	if code != http.StatusOK {
 		t.Fatalf("GET %s: %d %s", path, code, body)
 	}
-	var p listPage[T]
+	var p adminapi.ListPage[T]
 	dec := json.NewDecoder(strings.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&p); err != nil {
@@ -79,11 +82,19 @@ func listPageOf[T any](t *testing.T, a *AdminAPI, path string) listPage[T] {
 }
 
 // redisKeyOf is the Redis key of a listing's entry.
-func (c listedClient) redisKeyOf() string { return c.RedisKey }
+func redisKeyOf(e any) string {
+	switch e := e.(type) {
+	case adminapi.BlockEntry:
+		return e.RedisKey
+	case adminapi.OverrideEntry:
+		return e.RedisKey
+	}
+	panic(fmt.Sprintf("%T is no listing's entry", e))
+}
 
 // listAll pages through the listing path (with its query) count entries at a time, and returns
 // how many times each Redis key was listed and the number of pages.
-func listAll[T interface{ redisKeyOf() string }](t *testing.T, a *AdminAPI, path string, count int) (seen map[string]int, pages int) {
+func listAll[T adminapi.BlockEntry | adminapi.OverrideEntry](t *testing.T, a *adminapi.AdminAPI, path string, count int) (seen map[string]int, pages int) {
 	t.Helper()
 	seen = map[string]int{}
 	cursor := ""
@@ -91,7 +102,7 @@ func listAll[T interface{ redisKeyOf() string }](t *testing.T, a *AdminAPI, path
 		p := listPageOf[T](t, a, fmt.Sprintf("%s&count=%d&cursor=%s", path, count, url.QueryEscape(cursor)))
 		pages++
 		for _, e := range p.Entries {
-			seen[e.redisKeyOf()]++
+			seen[redisKeyOf(e)]++
 		}
 		if p.Cursor == "" {
 			return seen, pages
@@ -182,7 +193,7 @@ func sentCommands(t *testing.T, srv *redistest.Server) []string {
 func TestListBlocksAndOverrides(t *testing.T) {
 	srv := redistest.Start(t)
 	h := provisioned(t, &Handler{Redis: listRedis(srv.Addr), Timeout: caddy.Duration(5 * time.Second), Zones: []*Zone{listZone("api")}})
-	a := &AdminAPI{live: h.live}
+	a := adminapi.New(h.live)
 	long := "tok en{x}" + strings.Repeat("x", 80)
 	for _, c := range []string{"alice", long} { // the second request is denied: a 1m block
 		for i, admitted := range []bool{true, false} {
@@ -211,8 +222,8 @@ func TestListBlocksAndOverrides(t *testing.T) {
 
 	srv.Do("CONFIG", "RESETSTAT")
 	keysBefore := srv.Keys(t)
-	blocks := listPageOf[blockEntry](t, a, "/rate_limit_redis/blocks?zone=api")
-	overrides := listPageOf[overrideEntry](t, a, "/rate_limit_redis/overrides?zone=api")
+	blocks := listPageOf[adminapi.BlockEntry](t, a, "/rate_limit_redis/blocks?zone=api")
+	overrides := listPageOf[adminapi.OverrideEntry](t, a, "/rate_limit_redis/overrides?zone=api")
 	if sent := sentCommands(t, srv); !slices.Equal(sent, []string{"get", "hgetall", "pttl", "scan", "time"}) {
 		t.Errorf("the listings sent %v, want only GET, HGETALL, PTTL, SCAN and TIME", sent)
 	}
@@ -223,7 +234,7 @@ func TestListBlocksAndOverrides(t *testing.T) {
 	if blocks.Cursor != "" || len(blocks.Entries) != 4 {
 		t.Fatalf("blocks: %+v, want 4 entries and no cursor", blocks)
 	}
-	slices.SortFunc(blocks.Entries, func(x, y blockEntry) int { return strings.Compare(x.RedisKey, y.RedisKey) })
+	slices.SortFunc(blocks.Entries, func(x, y adminapi.BlockEntry) int { return strings.Compare(x.RedisKey, y.RedisKey) })
 	digest := limiter.ClientKey(long)
 	want := []struct {
 		key, redisKey   string
@@ -252,7 +263,7 @@ func TestListBlocksAndOverrides(t *testing.T) {
 	if overrides.Cursor != "" || len(overrides.Entries) != 2 {
 		t.Fatalf("overrides: %+v, want 2 entries and no cursor", overrides)
 	}
-	slices.SortFunc(overrides.Entries, func(x, y overrideEntry) int { return strings.Compare(x.Key, y.Key) })
+	slices.SortFunc(overrides.Entries, func(x, y adminapi.OverrideEntry) int { return strings.Compare(x.Key, y.Key) })
 	carol, dave := overrides.Entries[0], overrides.Entries[1]
 	if carol.Key != "carol" || carol.RedisKey != "rl:{carol}:api:ov" || carol.Hashed || carol.Capacity != 5 || carol.RefillRate != 0 ||
 		carol.ExpiresInMs <= 3_540_000 || carol.ExpiresInMs > 3_600_000 {
@@ -298,7 +309,7 @@ func TestListPagesEachClientOnce(t *testing.T) {
 	few := clientNames("other-", 20)
 	setUp(t, other, "api", true, few)
 	setUp(t, other, "api", false, few)
-	a, ao := &AdminAPI{live: h.live}, &AdminAPI{live: other.live}
+	a, ao := adminapi.New(h.live), adminapi.New(other.live)
 	// Keys that SCAN's pattern rl:{*}:api:block matches but that are no client's block of zone
 	// api (no client key holds a brace): written by something else, never listed.
 	for _, k := range []string{"rl:{x}:other}:api:block", "rl:{x{y}:api:block", "rl:{x}:other}:api:ov", "rl:{x{y}:api:ov"} {
@@ -313,12 +324,16 @@ func TestListPagesEachClientOnce(t *testing.T) {
 
 	for _, block := range []bool{true, false} {
 		path, kind := "/rate_limit_redis/overrides?zone=api", "overrides"
-		var all func(a *AdminAPI, count int) (map[string]int, int)
+		var all func(a *adminapi.AdminAPI, count int) (map[string]int, int)
 		if block {
 			path, kind = "/rate_limit_redis/blocks?zone=api", "blocks"
-			all = func(a *AdminAPI, count int) (map[string]int, int) { return listAll[blockEntry](t, a, path, count) }
+			all = func(a *adminapi.AdminAPI, count int) (map[string]int, int) {
+				return listAll[adminapi.BlockEntry](t, a, path, count)
+			}
 		} else {
-			all = func(a *AdminAPI, count int) (map[string]int, int) { return listAll[overrideEntry](t, a, path, count) }
+			all = func(a *adminapi.AdminAPI, count int) (map[string]int, int) {
+				return listAll[adminapi.OverrideEntry](t, a, path, count)
+			}
 		}
 		seen, pages := all(a, 7)
 		eachOnce(t, kind+" 7 at a time", seen, keysOf("rl:", "api", block, clients))
@@ -348,10 +363,10 @@ func TestListOnCluster(t *testing.T) {
 			t.Fatalf("primary %d holds %d of the 240 keys: the clients are not spread", i, got)
 		}
 	}
-	a := &AdminAPI{live: h.live}
-	seen, _ := listAll[blockEntry](t, a, "/rate_limit_redis/blocks?zone=api", 10)
+	a := adminapi.New(h.live)
+	seen, _ := listAll[adminapi.BlockEntry](t, a, "/rate_limit_redis/blocks?zone=api", 10)
 	eachOnce(t, "blocks", seen, keysOf("rl:", "api", true, clients))
-	seen, _ = listAll[overrideEntry](t, a, "/rate_limit_redis/overrides?zone=api", 10)
+	seen, _ = listAll[adminapi.OverrideEntry](t, a, "/rate_limit_redis/overrides?zone=api", 10)
 	eachOnce(t, "overrides", seen, keysOf("rl:", "api", false, clients))
 	// The cursor's second part counts the 3 primaries from 0.
 	if code, body := adminCall(t, a, http.MethodGet, "/rate_limit_redis/blocks?zone=api&cursor=0.2.0"); code != 200 {
@@ -370,8 +385,8 @@ func TestListHostileInput(t *testing.T) {
 	plain := &Zone{Name: "plain", Key: []string{"{http.request.header.X-Client}"}, Capacity: NumberOf(1), RefillRate: NumberOf(1)}
 	h := provisioned(t, &Handler{Redis: listRedis(srv.Addr), Zones: []*Zone{listZone("api"), plain}})
 	setUp(t, h, "api", true, clientNames("c", 3))
-	a := &AdminAPI{live: h.live}
-	listPageOf[blockEntry](t, a, "/rate_limit_redis/blocks?zone=api") // connections open
+	a := adminapi.New(h.live)
+	listPageOf[adminapi.BlockEntry](t, a, "/rate_limit_redis/blocks?zone=api") // connections open
 	keysBefore := srv.Keys(t)
 	srv.Do("CONFIG", "RESETSTAT")
 
@@ -435,15 +450,15 @@ func TestListOnSentinel(t *testing.T) {
 	clients := clientNames("client-", 40)
 	setUp(t, h, "api", true, clients)
 	setUp(t, h, "api", false, clients)
-	a := &AdminAPI{live: h.live}
-	seen, _ := listAll[blockEntry](t, a, "/rate_limit_redis/blocks?zone=api", 6)
+	a := adminapi.New(h.live)
+	seen, _ := listAll[adminapi.BlockEntry](t, a, "/rate_limit_redis/blocks?zone=api", 6)
 	eachOnce(t, "blocks", seen, keysOf("rl:", "api", true, clients))
-	seen, _ = listAll[overrideEntry](t, a, "/rate_limit_redis/overrides?zone=api", 6)
+	seen, _ = listAll[adminapi.OverrideEntry](t, a, "/rate_limit_redis/overrides?zone=api", 6)
 	eachOnce(t, "overrides", seen, keysOf("rl:", "api", false, clients))
 }
 
 // TestListPageBounded: among 20,000 keys of which 3 are the zone's, a page of count 1 makes at
-// most maxScanCalls SCAN calls and returns a cursor to go on with; the pages together list the
+// most adminapi.MaxScanCalls SCAN calls and returns a cursor to go on with; the pages together list the
 // 3 clients once each.
 func TestListPageBounded(t *testing.T) {
 	srv := redistest.Start(t)
@@ -455,16 +470,16 @@ func TestListPageBounded(t *testing.T) {
 	srv.Do(args...)
 	clients := clientNames("c", 3)
 	setUp(t, h, "api", true, clients)
-	a := &AdminAPI{live: h.live}
+	a := adminapi.New(h.live)
 	srv.Do("CONFIG", "RESETSTAT")
-	first := listPageOf[blockEntry](t, a, "/rate_limit_redis/blocks?zone=api&count=1")
-	if scans := commandStats(t, srv)["scan"][0]; scans < 1 || scans > maxScanCalls {
-		t.Errorf("the first page made %d SCAN calls, want 1 to %d", scans, maxScanCalls)
+	first := listPageOf[adminapi.BlockEntry](t, a, "/rate_limit_redis/blocks?zone=api&count=1")
+	if scans := commandStats(t, srv)["scan"][0]; scans < 1 || scans > adminapi.MaxScanCalls {
+		t.Errorf("the first page made %d SCAN calls, want 1 to %d", scans, adminapi.MaxScanCalls)
 	}
 	if first.Cursor == "" {
 		t.Errorf("the first page of count 1 among 20,003 keys ended the listing: %+v", first)
 	}
-	seen, pages := listAll[blockEntry](t, a, "/rate_limit_redis/blocks?zone=api", 1)
+	seen, pages := listAll[adminapi.BlockEntry](t, a, "/rate_limit_redis/blocks?zone=api", 1)
 	eachOnce(t, "blocks", seen, keysOf("rl:", "api", true, clients))
 	t.Logf("%d pages of count 1 among 20,003 keys", pages)
 }
@@ -482,6 +497,6 @@ func TestListZoneInSeveralHandlers(t *testing.T) {
 	first, second := clientNames("a", 30), clientNames("b", 20)
 	setUp(t, hs[0], "api", true, first)
 	setUp(t, hs[2], "api", true, second)
-	seen, _ := listAll[blockEntry](t, &AdminAPI{live: live}, "/rate_limit_redis/blocks?zone=api", 4)
+	seen, _ := listAll[adminapi.BlockEntry](t, adminapi.New(live), "/rate_limit_redis/blocks?zone=api", 4)
 	eachOnce(t, "blocks", seen, append(keysOf("rl:", "api", true, first), keysOf("b:", "api", true, second)...))
 }

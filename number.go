@@ -271,13 +271,13 @@ func parseJSONNumber(f numField, s string, maxInt int64) (numValue, error) {
 	if err != nil {
 		return numValue{}, fmt.Errorf("%s is not a duration in nanoseconds", quoteBounded(s))
 	}
-	return windowValue(time.Duration(ns), strconv.Quote(formatDuration(time.Duration(ns))))
+	return windowValue(time.Duration(ns), strconv.Quote(limiter.FormatDuration(time.Duration(ns))))
 }
 
 // windowValue is the window dur, or an error when it is out of range, showing it as shown.
 func windowValue(dur time.Duration, shown string) (numValue, error) {
 	if dur < limiter.MinWindow || dur > limiter.MaxWindow {
-		return numValue{}, fmt.Errorf("%s is out of range (%s to %s)", shown, formatDuration(limiter.MinWindow), formatDuration(limiter.MaxWindow))
+		return numValue{}, fmt.Errorf("%s is out of range (%s to %s)", shown, limiter.FormatDuration(limiter.MinWindow), limiter.FormatDuration(limiter.MaxWindow))
 	}
 	return numValue{dur: dur}, nil
 }
@@ -460,7 +460,7 @@ func (z *Zone) finishNumbers(lz *limiter.Zone) error {
 	if lz.Algorithm.QuotaIsCapacity() {
 		if fill := float64(lz.Capacity) / lz.RefillRate; fill > limiter.MaxWindow.Seconds() {
 			return fmt.Errorf("zone %s: capacity %d and refill_rate %g: an empty bucket would take %.4gs to refill; at most %s is supported",
-				z.Name, lz.Capacity, lz.RefillRate, fill, formatDuration(limiter.MaxWindow))
+				z.Name, lz.Capacity, lz.RefillRate, fill, limiter.FormatDuration(limiter.MaxWindow))
 		}
 	}
 	if lz.Algorithm.HoldsSlots() {
@@ -589,14 +589,4 @@ func parseRefillRate(s string) (float64, error) {
 		return 0, fmt.Errorf("%s is out of range", quoteBounded(s))
 	}
 	return rate, nil
-}
-
-// formatDuration formats whole days as caddy.ParseDuration writes them (366d), else as
-// time.Duration does.
-func formatDuration(dur time.Duration) string {
-	const day = 24 * time.Hour
-	if dur >= day && dur%day == 0 {
-		return strconv.FormatInt(int64(dur/day), 10) + "d"
-	}
-	return dur.String()
 }

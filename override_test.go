@@ -15,12 +15,13 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/adminapi"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
 )
 
 // overrideInstances starts n instances (handlers of their own, served over HTTP, each with its
 // own admin API) sharing redis (addrs; cluster for Redis Cluster), with zones.
-func overrideInstances(t *testing.T, n int, addrs []string, cluster bool, zones func() []*Zone) (urls []string, admins []*AdminAPI) {
+func overrideInstances(t *testing.T, n int, addrs []string, cluster bool, zones func() []*Zone) (urls []string, admins []*adminapi.AdminAPI) {
 	t.Helper()
 	ok := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
 		_, err := io.WriteString(w, "ok")
@@ -29,7 +30,7 @@ func overrideInstances(t *testing.T, n int, addrs []string, cluster bool, zones 
 	for range n {
 		h, s := slotInstance(t, &Handler{Redis: &RedisConfig{Addresses: addrs, Cluster: cluster}, Headers: HeadersLegacy, Zones: zones()}, ok)
 		urls = append(urls, s.URL)
-		admins = append(admins, &AdminAPI{live: h.live})
+		admins = append(admins, adminapi.New(h.live))
 	}
 	return urls, admins
 }
@@ -53,10 +54,10 @@ func getKey(t *testing.T, url, key string) (int, string) {
 }
 
 // adminOverride calls the admin API's override endpoint of a and returns the status and body.
-func adminOverride(t *testing.T, a *AdminAPI, method, query, body string) (int, string) {
+func adminOverride(t *testing.T, a *adminapi.AdminAPI, method, query, body string) (int, string) {
 	t.Helper()
 	w := httptest.NewRecorder()
-	err := a.handleOverride(w, httptest.NewRequest(method, "/rate_limit_redis/override?"+query, strings.NewReader(body)))
+	err := adminServe(t, a, w, httptest.NewRequest(method, "/rate_limit_redis/override?"+query, strings.NewReader(body)))
 	if err != nil {
 		var ae caddy.APIError
 		if errors.As(err, &ae) {
@@ -198,7 +199,7 @@ func TestOverrideBadBody(t *testing.T) {
 	if keys := srv.Do("KEYS", "*ov"); len(keys.([]any)) != 0 {
 		t.Fatalf("keys after bad bodies: %v, want none", keys)
 	}
-	var st []overrideState
+	var st []adminapi.OverrideState
 	_, body := adminOverride(t, admins[0], http.MethodGet, "zone=api&key=a", "")
 	if err := json.Unmarshal([]byte(body), &st); err != nil || len(st) != 1 || st[0].Exists {
 		t.Fatalf("GET after bad bodies: %s %v, want no override", body, err)

@@ -266,7 +266,7 @@ func (h *Handler) leaveQueue(waiter *limiter.Waiter) {
 // logQueue logs msg about f's request in zone z's queue, at debug level.
 func (h *Handler) logQueue(msg string, z *Zone, f *flight) {
 	if c := h.logger.Check(zapcore.DebugLevel, msg); c != nil {
-		c.Write(zap.String("zone", z.Name), zap.Int64("waited_ms", ceilMs(f.queued)))
+		c.Write(zap.String("zone", z.Name), zap.Int64("waited_ms", limiter.CeilMs(f.queued)))
 	}
 }
 
@@ -276,7 +276,7 @@ func (h *Handler) setWaited(w http.ResponseWriter, f *flight) {
 	if f.queued <= 0 {
 		return
 	}
-	f.waited = ceilMs(f.queued)
+	f.waited = limiter.CeilMs(f.queued)
 	if h.Headers != HeadersOff {
 		w.Header()[hdrWaited] = []string{strconv.FormatInt(f.waited, 10)}
 	}
@@ -284,31 +284,6 @@ func (h *Handler) setWaited(w http.ResponseWriter, f *flight) {
 
 // hdrWaited is the header of a request that waited in a queue: the milliseconds it waited.
 var hdrWaited = http.CanonicalHeaderKey("X-RateLimit-Waited")
-
-// queueState is a queue in the admin API's state reply: the requests waiting per class, and
-// how long the oldest of them has waited.
-type queueState struct {
-	// The requests waiting, by class name ("default" without priority).
-	Waiting map[string]int64 `json:"waiting"`
-	// Milliseconds the oldest waiter has waited (0 when none waits).
-	OldestWaitMs int64 `json:"oldest_wait_ms"`
-}
-
-// queueState reads the queue of t's zone for client key lk at now.
-func (t target) queueState(ctx context.Context, lz *limiter.Zone, lk string, now time.Time) (*queueState, error) {
-	q, err := t.h.limiter.Queue(ctx, lz, lk)
-	if err != nil {
-		return nil, err
-	}
-	out := &queueState{Waiting: map[string]int64{}}
-	for c, n := range q.Waiting {
-		out.Waiting[t.z.className(c)] = n
-	}
-	if !q.Oldest.IsZero() {
-		out.OldestWaitMs = max(0, now.Sub(q.Oldest).Milliseconds())
-	}
-	return out, nil
-}
 
 // parsePriority reads `priority <class placeholder> { <class> [share <percent>%] ... }`.
 func parsePriority(d *caddyfile.Dispenser, z *Zone) error {

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/adminapi"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/caddytest"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
 )
@@ -47,7 +48,7 @@ func TestQueueAdminAndMetrics(t *testing.T) {
 	}
 	redistest.WaitFor(t, 5*time.Second, "3 waiters", func() bool { n, _ := srv.Do("ZCARD", "rl:{site}:q:cc:ql").(int64); return n == 3 })
 	time.Sleep(50 * time.Millisecond) // the oldest wait grows past 0
-	st := adminJSON[[]clientState](t, ac, http.MethodGet, "/rate_limit_redis/state?zone=q&key=site", 200)
+	st := adminJSON[[]adminapi.ClientState](t, ac, http.MethodGet, "/rate_limit_redis/state?zone=q&key=site", 200)
 	if len(st) != 1 || st[0].Queue == nil || st[0].Queue.Waiting["interactive"] != 1 || st[0].Queue.Waiting["batch"] != 2 ||
 		st[0].Queue.OldestWaitMs < 50 || st[0].Queue.OldestWaitMs > 3000 {
 		t.Fatalf("state: %+v, want 1 interactive and 2 batch waiting, the oldest for 50ms to 3s", st)

@@ -12,6 +12,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/adminapi"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/limiter"
 )
 
@@ -72,7 +73,7 @@ type zoneQuota struct {
 	BlockedFor int64 `json:"blocked_for,omitempty"`
 	// A zone with overrides: the client's override in force, its numbers only; absent when it
 	// has none.
-	Override *overrideNumbers `json:"override,omitempty"`
+	Override *adminapi.OverrideNumbers `json:"override,omitempty"`
 }
 
 // errQuotaMethod is the 405 of a quota endpoint request of another method than GET or HEAD.
@@ -249,7 +250,7 @@ func (h *Handler) zoneQuota(lz *limiter.Zone, s limiter.State) zoneQuota {
 		zq.BlockedFor = seconds(s.Block.Until.Sub(s.Now))
 	}
 	if o := s.Override; !o.IsZero() {
-		zq.Override = &overrideNumbers{Capacity: o.Capacity, RefillRate: o.RefillRate, Limit: o.Limit, WindowMs: o.Window.Milliseconds(), MaxCost: o.MaxCost}
+		zq.Override = &adminapi.OverrideNumbers{Capacity: o.Capacity, RefillRate: o.RefillRate, Limit: o.Limit, WindowMs: o.Window.Milliseconds(), MaxCost: o.MaxCost}
 	}
 	return zq
 }

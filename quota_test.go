@@ -12,6 +12,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/adminapi"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/caddytest"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
 )
@@ -243,7 +244,7 @@ func TestQuotaBlockAndOverride(t *testing.T) {
 	q, r = getQuota(t, ac.Site, "/i1/rl/quota", "grace")
 	z = zoneOf(t, q, "api")
 	want := zoneQuota{Zone: "api", Algorithm: "token_bucket", Limit: 20, RefillRate: 2, Remaining: 19, Reset: 1,
-		Override: &overrideNumbers{Capacity: 20, RefillRate: 2}}
+		Override: &adminapi.OverrideNumbers{Capacity: 20, RefillRate: 2}}
 	if z.Override == nil || *z.Override != *want.Override {
 		t.Fatalf("grace: %+v, want the override %+v", z, want.Override)
 	}

@@ -8,6 +8,8 @@ import (
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
+
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/adminapi"
 )
 
 // warnSharedZones logs a warning for each zone of h that has the name, key prefix and Redis of
@@ -28,7 +30,7 @@ func (r *registry) warnSharedZones(h *Handler, done <-chan struct{}) {
 				if oz.Name != z.Name || warned[z.Name] {
 					continue
 				}
-				diff := target{h: h, z: z, redis: h.client.addrs}.info().differences(target{h: o, z: oz, redis: o.client.addrs}.info())
+				diff := zoneDifferences(adminZone{h: h, z: z}.Info(), adminZone{h: o, z: oz}.Info())
 				if len(diff) == 0 {
 					continue
 				}
@@ -46,9 +48,9 @@ func (h *Handler) redisID() string {
 	return fmt.Sprintf("%q|%q|%d", h.client.addrs, h.Redis.Sentinel, h.Redis.DB)
 }
 
-// differences names the algorithm and numbers in which zi and o differ, each as
+// zoneDifferences names the algorithm and numbers in which zi and o differ, each as
 // "name: this vs other".
-func (zi zoneInfo) differences(o zoneInfo) []string {
+func zoneDifferences(zi, o adminapi.ZoneInfo) []string {
 	var out []string
 	add := func(name string, a, b any) {
 		if a != b {

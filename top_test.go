@@ -12,6 +12,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/adminapi"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/limiter"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
 )
@@ -36,14 +37,14 @@ func sendAs(t *testing.T, h *Handler, c string, n int) {
 	}
 }
 
-// topOf calls GET path on a and decodes its reply, which must have no field topReply lacks.
-func topOf(t *testing.T, a *AdminAPI, path string) topReply {
+// topOf calls GET path on a and decodes its reply, which must have no field adminapi.TopReply lacks.
+func topOf(t *testing.T, a *adminapi.AdminAPI, path string) adminapi.TopReply {
 	t.Helper()
 	code, body := adminCall(t, a, http.MethodGet, path)
 	if code != http.StatusOK {
 		t.Fatalf("GET %s: %d %s", path, code, body)
 	}
-	var r topReply
+	var r adminapi.TopReply
 	dec := json.NewDecoder(strings.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&r); err != nil {
@@ -52,8 +53,8 @@ func topOf(t *testing.T, a *AdminAPI, path string) topReply {
 	return r
 }
 
-// counts returns the key and count of each entry of r, in order.
-func (r topReply) counts() []string {
+// topCounts returns the key and count of each entry of r, in order.
+func topCounts(r adminapi.TopReply) []string {
 	out := []string{}
 	for _, e := range r.Entries {
 		out = append(out, fmt.Sprintf("%s=%d", e.Key, e.Count))
@@ -67,7 +68,7 @@ func (r topReply) counts() []string {
 func TestTopEndpoint(t *testing.T) {
 	srv := redistest.Start(t)
 	h := provisioned(t, &Handler{DenyCache: new(false), Redis: listRedis(srv.Addr), Timeout: caddy.Duration(5 * time.Second), Zones: []*Zone{topTestZone("api")}})
-	a := &AdminAPI{live: h.live}
+	a := adminapi.New(h.live)
 	long := "tok en{x}" + strings.Repeat("x", 80)
 	sendAs(t, h, "alice", 4)
 	sendAs(t, h, long, 3)
@@ -86,7 +87,7 @@ func TestTopEndpoint(t *testing.T) {
 	}
 
 	digest := limiter.ClientKey(long)
-	if got, want := denied.counts(), []string{"alice=3", digest + "=2", "bob=1"}; !slices.Equal(got, want) {
+	if got, want := topCounts(denied), []string{"alice=3", digest + "=2", "bob=1"}; !slices.Equal(got, want) {
 		t.Errorf("denied: %v, want %v", got, want)
 	}
 	if denied.By != "denied" || denied.Zone != "api" || denied.WindowMs != 60_000 || denied.SinceMs%60_000 != 0 ||
@@ -102,7 +103,7 @@ func TestTopEndpoint(t *testing.T) {
 	if now := srv.Time().UnixMilli(); denied.SinceMs <= now-120_000 || denied.SinceMs > now-60_000 {
 		t.Errorf("since_ms %d, want the previous minute's start before %d", denied.SinceMs, now)
 	}
-	if got := used.counts(); used.By != "used" || len(got) != 2 || !strings.HasSuffix(got[0], "=1") || !strings.HasSuffix(got[1], "=1") {
+	if got := topCounts(used); used.By != "used" || len(got) != 2 || !strings.HasSuffix(got[0], "=1") || !strings.HasSuffix(got[1], "=1") {
 		t.Errorf("used, n 2: %v (%+v), want 2 clients of 1 unit each", got, used)
 	}
 }
@@ -114,7 +115,7 @@ func TestTopEndpoint(t *testing.T) {
 func TestTopFloodEndpoint(t *testing.T) {
 	srv := redistest.Start(t)
 	h := provisioned(t, &Handler{DenyCache: new(false), Redis: listRedis(srv.Addr), Timeout: caddy.Duration(5 * time.Second), Zones: []*Zone{topTestZone("api")}})
-	a := &AdminAPI{live: h.live}
+	a := adminapi.New(h.live)
 	for i := range 200 {
 		sendAs(t, h, fmt.Sprintf("flood-%d", i), 3)
 		if i%2 == 0 {
@@ -122,7 +123,7 @@ func TestTopFloodEndpoint(t *testing.T) {
 		}
 	}
 	top := topOf(t, a, "/rate_limit_redis/top?zone=api")
-	var heavy *topEntry
+	var heavy *adminapi.TopEntry
 	inflated := false
 	for i, e := range top.Entries {
 		if e.Guaranteed != e.Count-e.Error || e.Error < 0 {
@@ -165,13 +166,13 @@ func TestTopOnCluster(t *testing.T) {
 			t.Fatalf("primary %d holds %d keys: the clients are not spread", i, got)
 		}
 	}
-	a := &AdminAPI{live: h.live}
+	a := adminapi.New(h.live)
 	start := time.Now()
-	if got := topOf(t, a, "/rate_limit_redis/top?zone=api&n=5").counts(); !slices.Equal(got, want[:5]) {
+	if got := topCounts(topOf(t, a, "/rate_limit_redis/top?zone=api&n=5")); !slices.Equal(got, want[:5]) {
 		t.Errorf("top 5 denied: %v, want %v", got, want[:5])
 	}
 	t.Logf("GET /top on 3 primaries (32,768 ZRANGEs and HGETALLs): %v", time.Since(start))
-	if got := topOf(t, a, "/rate_limit_redis/top?zone=api&by=used&n=1000").counts(); len(got) != 12 {
+	if got := topCounts(topOf(t, a, "/rate_limit_redis/top?zone=api&by=used&n=1000")); len(got) != 12 {
 		t.Errorf("used: %v, want the 12 clients", got)
 	}
 }
@@ -183,7 +184,7 @@ func TestTopHostileInput(t *testing.T) {
 	plain := &Zone{Name: "plain", Key: []string{"{http.request.header.X-Client}"}, Capacity: NumberOf(1), RefillRate: NumberOf(1)}
 	h := provisioned(t, &Handler{DenyCache: new(false), Redis: listRedis(srv.Addr), Zones: []*Zone{topTestZone("api"), plain}})
 	sendAs(t, h, "alice", 2)
-	a := &AdminAPI{live: h.live}
+	a := adminapi.New(h.live)
 	topOf(t, a, "/rate_limit_redis/top?zone=api") // connections open
 	keysBefore := srv.Keys(t)
 	srv.Do("CONFIG", "RESETSTAT")

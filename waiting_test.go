@@ -30,6 +30,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/adminapi"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/caddytest"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/freeport"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/limiter"
@@ -713,11 +714,11 @@ func TestShapingAdminShowsDebt(t *testing.T) {
 	for range 15 { // 10 tokens, then 5 reservations
 		ac.Get("/", "X-Client", "d").Expect(t, "dry run", 200, "ok")
 	}
-	zones := adminJSON[[]zoneInfo](t, ac, http.MethodGet, "/rate_limit_redis/zones", 200)
+	zones := adminJSON[[]adminapi.ZoneInfo](t, ac, http.MethodGet, "/rate_limit_redis/zones", 200)
 	if len(zones) != 1 || zones[0].MaxWaitMs != 20000 {
 		t.Fatalf("zones: %+v, want max_wait_ms 20000", zones)
 	}
-	st := adminJSON[[]clientState](t, ac, http.MethodGet, "/rate_limit_redis/state?zone=debt&key=d", 200)
+	st := adminJSON[[]adminapi.ClientState](t, ac, http.MethodGet, "/rate_limit_redis/state?zone=debt&key=d", 200)
 	if len(st) != 1 || st[0].Tokens == nil || st[0].WaitMs == nil {
 		t.Fatalf("state: %+v", st)
 	}

@@ -482,7 +482,7 @@ func (z *Zone) validateFields() error {
 	case z.HoldMax < 0:
 		return z.fieldError("hold_max", "hold_max %s must be > 0", time.Duration(z.HoldMax))
 	case time.Duration(z.HoldMax) > MaxHoldMax:
-		return z.fieldError("hold_max", "hold_max %s is out of range (at most %s)", formatDuration(time.Duration(z.HoldMax)), formatDuration(MaxHoldMax))
+		return z.fieldError("hold_max", "hold_max %s is out of range (at most %s)", limiter.FormatDuration(time.Duration(z.HoldMax)), limiter.FormatDuration(MaxHoldMax))
 	case z.MaxWait != nil && *z.MaxWait <= 0:
 		// The limiter's MaxWait cannot tell 0 from none; its upper bound is the limiter's.
 		return z.fieldError("max_wait", "max_wait %v must be > 0 (leave max_wait out to reject at once)", time.Duration(*z.MaxWait))

@@ -10,6 +10,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/adminapi"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
 )
 
@@ -118,13 +119,13 @@ func TestEndToEndDailyQuota(t *testing.T) {
 		t.Fatalf("4th request: %d, want 429", r.Status)
 	}
 	near("4th request", "Retry-After", r.Header.Get("Retry-After"), toMidnight())
-	st := adminJSON[[]clientState](t, ac, "GET", "/rate_limit_redis/state?zone=daily&key=alice", 200)
+	st := adminJSON[[]adminapi.ClientState](t, ac, "GET", "/rate_limit_redis/state?zone=daily&key=alice", 200)
 	today := time.Now().UTC().Truncate(24 * time.Hour)
 	if len(st) != 1 || st[0].Count == nil || *st[0].Count != 3 || st[0].Remaining != 0 || st[0].Algorithm != "fixed_window" ||
 		st[0].WindowStart != today.Format(time.RFC3339Nano) || st[0].WindowEnd != today.Add(24*time.Hour).Format(time.RFC3339Nano) {
 		t.Fatalf("state: %+v, want count 3 in today's window", st)
 	}
-	adminJSON[[]resetResult](t, ac, "DELETE", "/rate_limit_redis/state?zone=daily&key=alice", 200)
+	adminJSON[[]adminapi.ResetResult](t, ac, "DELETE", "/rate_limit_redis/state?zone=daily&key=alice", 200)
 	if r := ac.Get("/", "X-API-Key", "alice"); r.Status != 200 || r.Header.Get("X-RateLimit-Remaining") != "2" {
 		t.Fatalf("after the reset: %d %v, want 200 with 2 left", r.Status, r.Header)
 	}

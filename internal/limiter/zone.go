@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"regexp"
+	"strconv"
 	"time"
 )
 
@@ -555,6 +556,25 @@ func (z *Zone) validateMaxCost() *FieldError {
 		return z.fieldError("max_cost", "max_cost %d is larger than %d", z.MaxCost, int64(MaxCapacity))
 	}
 	return nil
+}
+
+// CeilMs rounds d up to whole milliseconds.
+func CeilMs(d time.Duration) int64 {
+	ms := d.Milliseconds()
+	if d%time.Millisecond > 0 {
+		ms++
+	}
+	return ms
+}
+
+// FormatDuration formats whole days as caddy.ParseDuration writes them (366d), else as
+// time.Duration does.
+func FormatDuration(dur time.Duration) string {
+	const day = 24 * time.Hour
+	if dur >= day && dur%day == 0 {
+		return strconv.FormatInt(int64(dur/day), 10) + "d"
+	}
+	return dur.String()
 }
 
 // days formats a whole number of days as the configuration writes it: 366d.

@@ -9,8 +9,8 @@ import (
 )
 
 // TestLayoutNamesEveryFile: docs/development.md's "Layout" section names every non-test Go
-// file of the root package as `name.go`, and every one of internal/<pkg> as `name.go` in a
-// paragraph or list item that names `internal/<pkg>/`.
+// file of the root package as `name.go`, and every one of internal/<pkg> and adminapi as
+// `name.go` in a paragraph or list item that names `internal/<pkg>/` (`adminapi/`).
 func TestLayoutNamesEveryFile(t *testing.T) {
 	t.Parallel()
 	doc, err := os.ReadFile("docs/development.md")
@@ -28,7 +28,7 @@ func TestLayoutNamesEveryFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, dir := range dirs {
+	for _, dir := range append(dirs, "adminapi") {
 		for _, f := range goFiles(t, dir) {
 			named := false
 			for _, b := range blocks {

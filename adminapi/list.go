@@ -1,4 +1,4 @@
-package ratelimitredis
+package adminapi
 
 // The admin API's listings of a zone's clients, a page at a time: GET
 // /rate_limit_redis/blocks?zone= (a zone with block) and GET /rate_limit_redis/overrides?zone=
@@ -21,25 +21,25 @@ const (
 	maxListCount     = 1000
 )
 
-// maxScanCalls bounds the SCAN calls of one page, so that a page ends in bounded time however
+// MaxScanCalls bounds the SCAN calls of one page, so that a page ends in bounded time however
 // few of the keys Redis examines match: it then returns fewer entries and a cursor to go on.
-const maxScanCalls = 64
+const MaxScanCalls = 64
 
-// listedClient is the fields every entry of a listing begins with.
-type listedClient struct {
+// ListedClient is the fields every entry of a listing begins with.
+type ListedClient struct {
 	// zone, key (the client key as {http.rate_limit_redis.key} shows it, or the digest that
 	// stands for it), candidate, redis_key, redis and db, as in the replies about one client.
 	// A digest's candidate is 0 when it is a key_secret's, which hides the candidate too.
-	clientEntry
+	ClientEntry
 	// Whether the Redis key holds a digest of the client key rather than the key itself (a key
 	// longer than 64 bytes or with other bytes than [A-Za-z0-9._:@/-], or any key under
 	// key_secret): key is then the digest, which the endpoints about one client do not take.
 	Hashed bool `json:"hashed,omitempty"`
 }
 
-// blockEntry is one entry of GET /rate_limit_redis/blocks.
-type blockEntry struct {
-	listedClient // redis_key: the block's
+// BlockEntry is one entry of GET /rate_limit_redis/blocks.
+type BlockEntry struct {
+	ListedClient // redis_key: the block's
 	// Whether the client is blocked now. A zone with block_max remembers a block as long again
 	// after it ends (its strikes make the next one longer): such a client is listed, not
 	// blocked.
@@ -55,14 +55,14 @@ type blockEntry struct {
 	LastBlockMs int64 `json:"last_block_ms"`
 }
 
-// overrideEntry is one entry of GET /rate_limit_redis/overrides.
-type overrideEntry struct {
-	listedClient // redis_key: the override's (a hash)
-	overrideNumbers
+// OverrideEntry is one entry of GET /rate_limit_redis/overrides.
+type OverrideEntry struct {
+	ListedClient // redis_key: the override's (a hash)
+	OverrideNumbers
 }
 
-// listPage is the reply of a listing.
-type listPage[T any] struct {
+// ListPage is the reply of a listing.
+type ListPage[T any] struct {
 	// The entries found in this page, in no particular order.
 	Entries []T `json:"entries"`
 	// The cursor to ask for the next page with; "" when the listing is complete.
@@ -81,7 +81,7 @@ func (a *AdminAPI) handleOverrides(w http.ResponseWriter, r *http.Request) error
 
 // handleList serves a listing of kind k: a page of about count entries (default 100, 1 to 1000)
 // from cursor ("" to start). A page stops scanning once it has count entries (SCAN returns its
-// batches whole, so it may hold a few more), after maxScanCalls SCAN calls, or at the end. Errors:
+// batches whole, so it may hold a few more), after MaxScanCalls SCAN calls, or at the end. Errors:
 // 400 (no zone of that name, a zone without block or overrides, a bad count or cursor), 405,
 // 502, 504.
 func (a *AdminAPI) handleList(w http.ResponseWriter, r *http.Request, k limiter.ListKind) error {
@@ -112,13 +112,13 @@ func (a *AdminAPI) handleList(w http.ResponseWriter, r *http.Request, k limiter.
 		if err != nil {
 			return err
 		}
-		return writeJSON(w, listPage[blockEntry]{Entries: entries, Cursor: next})
+		return writeJSON(w, ListPage[BlockEntry]{Entries: entries, Cursor: next})
 	}
 	entries, err := readOverrides(ctx, srcs, found)
 	if err != nil {
 		return err
 	}
-	return writeJSON(w, listPage[overrideEntry]{Entries: entries, Cursor: next})
+	return writeJSON(w, ListPage[OverrideEntry]{Entries: entries, Cursor: next})
 }
 
 // listSources returns the zones named zone to list keys of kind k in (zoneSources). Every
@@ -127,9 +127,9 @@ func (a *AdminAPI) handleList(w http.ResponseWriter, r *http.Request, k limiter.
 func (a *AdminAPI) listSources(zone string, k limiter.ListKind) ([]target, error) {
 	return a.zoneSources(zone, func(t target) error {
 		switch {
-		case k == limiter.ListBlocks && t.z.lz.Block <= 0:
+		case k == limiter.ListBlocks && t.Params().Block <= 0:
 			return fmt.Errorf("zone %s has no block: no client of it is ever blocked", zone)
-		case k == limiter.ListOverrides && !t.z.Overrides:
+		case k == limiter.ListOverrides && !t.info.Overrides:
 			return fmt.Errorf("zone %s has no overrides: add `overrides` to its block to set a client's numbers at run time", zone)
 		}
 		return nil
@@ -137,13 +137,13 @@ func (a *AdminAPI) listSources(zone string, k limiter.ListKind) ([]target, error
 }
 
 // zoneSources returns the loaded zones named zone, one per distinct Redis and key_prefix, in
-// the order of registry.targets; a 400 when zone is empty or not loaded, or when lacks returns
+// the order of Registry.Zones; a 400 when zone is empty or not loaded, or when lacks returns
 // an error for one of them (the zone lacks what the request reads).
 func (a *AdminAPI) zoneSources(zone string, lacks func(target) error) ([]target, error) {
 	if zone == "" {
 		return nil, badRequest(fmt.Errorf("query parameter zone is required"))
 	}
-	ts := a.registry().targets(zone)
+	ts := a.targets(zone)
 	if len(ts) == 0 {
 		return nil, badRequest(fmt.Errorf("no rate_limit_redis zone named %q is loaded", zone))
 	}
@@ -153,7 +153,7 @@ func (a *AdminAPI) zoneSources(zone string, lacks func(target) error) ([]target,
 		if err := lacks(t); err != nil {
 			return nil, badRequest(err)
 		}
-		if id := t.redisID + "|" + t.h.KeyPrefix; !seen[id] {
+		if id := t.RedisID() + "|" + t.info.KeyPrefix; !seen[id] {
 			seen[id] = true
 			srcs = append(srcs, t)
 		}
@@ -211,25 +211,25 @@ func badCursor(s string) error {
 }
 
 // scanPage scans for the keys of kind k from cursor at, until it has count keys or has made
-// maxScanCalls SCAN calls, and returns them by source (found[i] is srcs[i]'s) and the next
+// MaxScanCalls SCAN calls, and returns them by source (found[i] is srcs[i]'s) and the next
 // page's cursor ("" at the end).
 func scanPage(ctx context.Context, srcs []target, k limiter.ListKind, at listCursor, count int) (found [][]string, next string, err error) {
 	found = make([][]string, len(srcs))
 	var nodes []limiter.Scanner // srcs[at.src]'s
 	n := 0
-	for calls := 0; calls < maxScanCalls && n < count; calls++ {
+	for calls := 0; calls < MaxScanCalls && n < count; calls++ {
 		t := srcs[at.src]
 		if nodes == nil {
-			if nodes, err = t.h.client.primaries(ctx); err != nil {
-				return nil, "", redisError(err)
+			if nodes, err = t.Primaries(ctx); err != nil {
+				return nil, "", t.redisError(err)
 			}
 			if at.node >= len(nodes) {
 				return nil, "", badCursor(at.String())
 			}
 		}
-		keys, scan, err := limiter.ScanZone(ctx, nodes[at.node], t.h.KeyPrefix, t.z.Name, k, at.scan, int64(count-n))
+		keys, scan, err := limiter.ScanZone(ctx, nodes[at.node], t.info.KeyPrefix, t.info.Name, k, at.scan, int64(count-n))
 		if err != nil {
-			return nil, "", redisError(err)
+			return nil, "", t.redisError(err)
 		}
 		found[at.src] = append(found[at.src], keys...)
 		n += len(keys)
@@ -246,30 +246,30 @@ func scanPage(ctx context.Context, srcs []target, k limiter.ListKind, at listCur
 	return found, at.String(), nil
 }
 
-// listed returns the listedClient of Redis key key of source t, a key of kind k.
-func listed(t target, k limiter.ListKind, key string) listedClient {
-	client, _ := limiter.ListedClient(t.h.KeyPrefix, t.z.Name, k, key) // ScanZone checked it
+// listed returns the ListedClient of Redis key key of source t, a key of kind k.
+func listed(t target, k limiter.ListKind, key string) ListedClient {
+	client, _ := limiter.ListedClient(t.info.KeyPrefix, t.info.Name, k, key) // ScanZone checked it
 	shown, hashed := limiter.ShownKey(client)
 	candidate, _ := limiter.ParseCandidateKey(shown)
-	return listedClient{
-		clientEntry: clientEntry{Zone: t.z.Name, Key: shown, Candidate: candidate, RedisKey: key, Redis: t.redis, DB: t.h.Redis.DB},
+	return ListedClient{
+		ClientEntry: ClientEntry{Zone: t.info.Name, Key: shown, Candidate: candidate, RedisKey: key, Redis: t.info.Redis, DB: t.info.DB},
 		Hashed:      hashed,
 	}
 }
 
 // readBlocks reads the block keys found in each source.
-func readBlocks(ctx context.Context, srcs []target, found [][]string) ([]blockEntry, error) {
-	out := []blockEntry{}
+func readBlocks(ctx context.Context, srcs []target, found [][]string) ([]BlockEntry, error) {
+	out := []BlockEntry{}
 	for i, keys := range found {
-		bs, err := srcs[i].h.limiter.ReadBlocks(ctx, keys)
+		bs, err := srcs[i].Limiter().ReadBlocks(ctx, keys)
 		if err != nil {
-			return nil, redisError(err)
+			return nil, srcs[i].redisError(err)
 		}
 		for _, b := range bs {
-			e := blockEntry{listedClient: listed(srcs[i], limiter.ListBlocks, b.Key), Strikes: b.Strikes, LastBlockMs: ceilMs(b.Length)}
+			e := BlockEntry{ListedClient: listed(srcs[i], limiter.ListBlocks, b.Key), Strikes: b.Strikes, LastBlockMs: limiter.CeilMs(b.Length)}
 			if b.Left > 0 {
 				until := b.Until.UnixMilli()
-				e.Blocked, e.BlockedUntilMs, e.LeftMs = true, &until, ceilMs(b.Left)
+				e.Blocked, e.BlockedUntilMs, e.LeftMs = true, &until, limiter.CeilMs(b.Left)
 			}
 			out = append(out, e)
 		}
@@ -278,15 +278,15 @@ func readBlocks(ctx context.Context, srcs []target, found [][]string) ([]blockEn
 }
 
 // readOverrides reads the override keys found in each source.
-func readOverrides(ctx context.Context, srcs []target, found [][]string) ([]overrideEntry, error) {
-	out := []overrideEntry{}
+func readOverrides(ctx context.Context, srcs []target, found [][]string) ([]OverrideEntry, error) {
+	out := []OverrideEntry{}
 	for i, keys := range found {
-		os, err := srcs[i].h.limiter.ReadOverrides(ctx, keys)
+		os, err := srcs[i].Limiter().ReadOverrides(ctx, keys)
 		if err != nil {
-			return nil, redisError(err)
+			return nil, srcs[i].redisError(err)
 		}
 		for _, o := range os {
-			e := overrideEntry{listedClient: listed(srcs[i], limiter.ListOverrides, o.Key)}
+			e := OverrideEntry{ListedClient: listed(srcs[i], limiter.ListOverrides, o.Key)}
 			e.set(o.Override, o.TTL)
 			out = append(out, e)
 		}

@@ -1,4 +1,4 @@
-package ratelimitredis
+package adminapi
 
 import (
 	"context"
@@ -15,15 +15,15 @@ import (
 // GET /rate_limit_redis/state reports. DELETE /rate_limit_redis/state lifts a block with the
 // state (limiter.Reset).
 
-// blockResult is one entry of PUT /rate_limit_redis/block.
-type blockResult struct {
-	clientEntry // redis_key: the block's
+// BlockResult is one entry of PUT /rate_limit_redis/block.
+type BlockResult struct {
+	ClientEntry // redis_key: the block's
 	// When the block ends, in milliseconds since the Unix epoch (Redis server time).
 	BlockedUntilMs int64 `json:"blocked_until_ms"`
 	// The block itself reaches every instance at once: each decision of the zone reads it in
 	// Redis. The announcement makes the other instances forget their cached denials of the
 	// client (a cached denial of a longer block must not outlast a shorter one).
-	broadcastResult
+	BroadcastResult
 }
 
 // handleBlock serves PUT /rate_limit_redis/block?zone=&key=&for=: the client is blocked in the
@@ -40,14 +40,14 @@ func (a *AdminAPI) handleBlock(w http.ResponseWriter, r *http.Request) error {
 	forText := q.Get("for")
 	d, err := caddy.ParseDuration(forText)
 	if err != nil || d < limiter.MinBlock || d > limiter.MaxBlock {
-		return badRequest(fmt.Errorf("for: %q must be a duration between %v and %s", forText, limiter.MinBlock, formatDuration(limiter.MaxBlock)))
+		return badRequest(fmt.Errorf("for: %q must be a duration between %v and %s", forText, limiter.MinBlock, limiter.FormatDuration(limiter.MaxBlock)))
 	}
 	ts, err := a.clientTargets(zone, key)
 	if err != nil {
 		return err
 	}
 	for _, t := range ts {
-		if t.z.lz.Block <= 0 {
+		if t.Params().Block <= 0 {
 			return badRequest(fmt.Errorf("zone %s has no block: give it one (block <duration>) so that its decisions read the client's block", zone))
 		}
 	}
@@ -59,14 +59,14 @@ func (a *AdminAPI) handleBlock(w http.ResponseWriter, r *http.Request) error {
 // blockClient writes the block of each distinct Redis key of the client once, and clears the
 // cached denials of every handler with the zone.
 func blockClient(ctx context.Context, w http.ResponseWriter, ts []target, d time.Duration) error {
-	out := []blockResult{}
-	err := eachClientKey(ts, true, limiter.BlockKey, func(_ int, t target, lk string, e clientEntry) error {
-		until, err := t.h.limiter.Block(ctx, &t.z.lz, lk, d)
+	out := []BlockResult{}
+	err := eachClientKey(ts, true, limiter.BlockKey, func(_ int, t target, lk string, e ClientEntry) error {
+		until, err := t.Limiter().Block(ctx, t.Params(), lk, d)
 		b, err := broadcastOf(err)
 		if err != nil {
-			return redisError(err)
+			return t.redisError(err)
 		}
-		out = append(out, blockResult{clientEntry: e, BlockedUntilMs: until.UnixMilli(), broadcastResult: b})
+		out = append(out, BlockResult{ClientEntry: e, BlockedUntilMs: until.UnixMilli(), BroadcastResult: b})
 		return nil
 	})
 	if err != nil {
@@ -77,7 +77,7 @@ func blockClient(ctx context.Context, w http.ResponseWriter, ts []target, d time
 
 // setBlockState fills the block fields of cs from b, for zone lz: blocked_until_ms when the
 // client is blocked, and with a block_max its strikes and last block.
-func setBlockState(cs *clientState, lz *limiter.Zone, b limiter.BlockState) {
+func setBlockState(cs *ClientState, lz *limiter.Zone, b limiter.BlockState) {
 	if lz.Block <= 0 {
 		return
 	}
@@ -86,7 +86,7 @@ func setBlockState(cs *clientState, lz *limiter.Zone, b limiter.BlockState) {
 		cs.BlockedUntilMs = &ms
 	}
 	if lz.BlockMax > 0 {
-		strikes, last := b.Strikes, ceilMs(b.Length)
+		strikes, last := b.Strikes, limiter.CeilMs(b.Length)
 		cs.Strikes = &strikes
 		if last > 0 {
 			cs.LastBlockMs = &last

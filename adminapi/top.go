@@ -1,4 +1,4 @@
-package ratelimitredis
+package adminapi
 
 // The admin API's top clients of a zone: GET /rate_limit_redis/top?zone=[&by=][&n=], the clients
 // with the most denials or the most charged units in the zone's recent window (a zone with top;
@@ -23,8 +23,8 @@ const (
 	maxTopN     = 1000
 )
 
-// topReply is the reply of GET /rate_limit_redis/top.
-type topReply struct {
+// TopReply is the reply of GET /rate_limit_redis/top.
+type TopReply struct {
 	// The zone, and what the counts are: "denied" (requests the zone denied) or "used" (units
 	// it charged).
 	Zone string `json:"zone"`
@@ -35,11 +35,11 @@ type topReply struct {
 	WindowMs int64 `json:"window_ms"`
 	SinceMs  int64 `json:"since_ms"`
 	// The clients, highest count first.
-	Entries []topEntry `json:"entries"`
+	Entries []TopEntry `json:"entries"`
 }
 
-// topEntry is one client of a top reply.
-type topEntry struct {
+// TopEntry is one client of a top reply.
+type TopEntry struct {
 	// The client key as {http.rate_limit_redis.key} shows it, or the digest that stands for it
 	// (hashed, as in the listings), and which key candidate it is of (0: hidden by key_secret).
 	Key       string `json:"key"`
@@ -82,12 +82,12 @@ func (a *AdminAPI) handleTop(w http.ResponseWriter, r *http.Request) error {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), adminTimeout)
 	defer cancel()
-	reply := topReply{Zone: srcs[0].z.Name, By: q.Get("by"), WindowMs: srcs[0].z.lz.TopWindow.Milliseconds(), Entries: []topEntry{}}
+	reply := TopReply{Zone: srcs[0].info.Name, By: q.Get("by"), WindowMs: srcs[0].Params().TopWindow.Milliseconds(), Entries: []TopEntry{}}
 	reply.By = cmp.Or(reply.By, "denied")
 	for i, t := range srcs {
-		top, since, err := t.h.limiter.ReadTop(ctx, &t.z.lz, by, n)
+		top, since, err := t.Limiter().ReadTop(ctx, t.Params(), by, n)
 		if err != nil {
-			return redisError(err)
+			return t.redisError(err)
 		}
 		if i == 0 {
 			reply.SinceMs = since.UnixMilli()
@@ -95,11 +95,11 @@ func (a *AdminAPI) handleTop(w http.ResponseWriter, r *http.Request) error {
 		for _, e := range top {
 			shown, hashed := limiter.ShownKey(e.Client)
 			candidate, _ := limiter.ParseCandidateKey(shown)
-			reply.Entries = append(reply.Entries, topEntry{Key: shown, Hashed: hashed, Candidate: candidate, Count: e.Count,
-				Error: e.Error, Guaranteed: e.Guaranteed(), Redis: t.redis, DB: t.h.Redis.DB})
+			reply.Entries = append(reply.Entries, TopEntry{Key: shown, Hashed: hashed, Candidate: candidate, Count: e.Count,
+				Error: e.Error, Guaranteed: e.Guaranteed(), Redis: t.info.Redis, DB: t.info.DB})
 		}
 	}
-	slices.SortStableFunc(reply.Entries, func(a, b topEntry) int { return cmp.Compare(b.Count, a.Count) })
+	slices.SortStableFunc(reply.Entries, func(a, b TopEntry) int { return cmp.Compare(b.Count, a.Count) })
 	reply.Entries = reply.Entries[:min(n, len(reply.Entries))]
 	return writeJSON(w, reply)
 }
@@ -108,7 +108,7 @@ func (a *AdminAPI) handleTop(w http.ResponseWriter, r *http.Request) error {
 // of that name must have a top, else a 400.
 func (a *AdminAPI) topSources(zone string) ([]target, error) {
 	return a.zoneSources(zone, func(t target) error {
-		if t.z.lz.Top <= 0 {
+		if t.Params().Top <= 0 {
 			return fmt.Errorf("zone %s has no top: add `top <entries>` to its block to count its clients", zone)
 		}
 		return nil
