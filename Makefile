@@ -91,7 +91,8 @@ adapt: bin/caddy
 	bin/caddy adapt --config Caddyfile.example --adapter caddyfile --pretty
 
 ## bench: plain Caddy vs Caddy with the module under wrk, alternating rounds; prints a table
-## (settings: BENCH_ROUNDS, BENCH_DURATION, BENCH_WARMUP, BENCH_THREADS, BENCH_CONNECTIONS).
+## (settings: BENCH_ROUNDS, BENCH_DURATION, BENCH_WARMUP, BENCH_THREADS, BENCH_CONNECTIONS);
+## then bench-l4, the same comparison for new connections through caddy-l4.
 ## With ANCHOR_SRC=<a clone of github.com/mholt/caddy-ratelimit> the pinned scenario also
 ## measures that in-memory limiter (bin/caddy-anchor); without it, that side is skipped.
 bench: bin/caddy bin/caddy-plain
@@ -101,6 +102,7 @@ bench: bin/caddy bin/caddy-plain
 		echo "bench: ANCHOR_SRC=$(ANCHOR_SRC) has no go.mod: the pinned scenario skips the in-memory anchor"; \
 	else $(MAKE) --no-print-directory bin/caddy-anchor; fi
 	ANCHOR_SRC="$(ANCHOR_SRC)" scripts/bench.sh
+	$(MAKE) --no-print-directory bench-l4
 
 ## bench-l4: new connections through caddy-l4's echo, alone and behind rate_limit_redis, in one
 ## Caddy and one run (BenchmarkNewConnections): time and this process's CPU per connection
@@ -114,7 +116,7 @@ bench-queue: bin/caddy
 	scripts/queue-bench.sh
 
 bin/caddy-plain: go.mod
-	GOPROXY='https://proxy.golang.org|off' go tool xcaddy build $(CADDY_VERSION) --output bin/caddy-plain
+	go tool xcaddy build $(CADDY_VERSION) --output bin/caddy-plain
 
 # The in-memory anchor of `make bench`: Caddy with mholt/caddy-ratelimit built from the clone at
 # ANCHOR_SRC (nothing is downloaded but Go modules from the module proxy; xcaddy needs an
@@ -125,7 +127,7 @@ ANCHOR_SOURCES := $(if $(ANCHOR_SRC),$(shell find $(ANCHOR_SRC) -name '*.go' ! -
 bin/caddy-anchor: go.mod $(ANCHOR_SOURCES)
 	@[ -n "$(ANCHOR_SRC)" ] && [ -f "$(ANCHOR_SRC)/go.mod" ] || \
 		{ echo "bin/caddy-anchor: set ANCHOR_SRC to a clone of https://$(ANCHOR_MODULE)"; exit 1; }
-	GOPROXY='https://proxy.golang.org|off' go tool xcaddy build $(CADDY_VERSION) --output bin/caddy-anchor \
+	go tool xcaddy build $(CADDY_VERSION) --output bin/caddy-anchor \
 		--with $(ANCHOR_MODULE)@$(LOCAL_VERSION)=$(abspath $(ANCHOR_SRC))
 
 ## fuzz: each fuzz target for FUZZTIME (default 30s); `make test` runs their seed corpora
