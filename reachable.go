@@ -55,7 +55,7 @@ func warnIfUnreachable(ctx context.Context, log *zap.Logger, rdb redis.Universal
 		effects = append(effects, failModeEffect[m])
 	}
 	log.Warn("redis unreachable at load: until it answers, decisions follow fail_mode ("+strings.Join(effects, "; ")+")",
-		zap.Strings("redis", addrs), zap.Duration("waited", timeout), zap.Error(err), zap.Strings("fail_mode", failModes))
+		zap.Strings("redis", addrs), zap.Duration("timeout", timeout), zap.Error(err), zap.Strings("fail_mode", failModes))
 }
 
 // dialAny opens a TCP connection to each of addrs in turn, closing it at once, until one
