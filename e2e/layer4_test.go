@@ -1,38 +1,16 @@
 package e2e_test
 
 import (
-	"bufio"
 	"fmt"
-	"net"
 	"os"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/caddytest"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/freeport"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
 )
-
-// l4Echo reports whether a connection to port reaches caddy-l4's echo (its line comes back; the
-// connection is then left open until the test ends) or is closed unanswered.
-func l4Echo(t *testing.T, port int) bool {
-	t.Helper()
-	c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), 5*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-	if _, err := c.Write([]byte("ping\n")); err != nil {
-		_ = c.Close()
-		return false
-	}
-	if line, err := bufio.NewReader(c).ReadString('\n'); err != nil || line != "ping\n" {
-		_ = c.Close()
-		return false
-	}
-	t.Cleanup(func() { _ = c.Close() })
-	return true
-}
 
 // TestConnectionsKilledInstance: two bin/caddy processes (CADDY_BINARY, which `make test` sets)
 // with one caddy-l4 concurrency zone of limit 2 and hold_max 3s: A holds both slots with open
@@ -44,6 +22,7 @@ func TestConnectionsKilledInstance(t *testing.T) {
 		t.Skip("CADDY_BINARY is not set: run `make test`, which builds bin/caddy from this checkout and sets it")
 	}
 	const hold = 3 * time.Second
+	echoes := func(t *testing.T, port int) bool { _, ok := caddytest.DialEcho(t, port, ""); return ok }
 	srv := redistest.Start(t)
 	site := func(port int) string {
 		return fmt.Sprintf(`{
@@ -79,11 +58,11 @@ func TestConnectionsKilledInstance(t *testing.T) {
 		return n == 0
 	})
 	for n := range 2 {
-		if !l4Echo(t, portA) {
+		if !echoes(t, portA) {
 			t.Fatalf("A refused connection %d of two against a limit of 2", n+1)
 		}
 	}
-	if l4Echo(t, portB) {
+	if echoes(t, portB) {
 		t.Fatal("B admitted a third connection open at once against a limit of 2")
 	}
 	if err := a.cmd.Process.Signal(syscall.SIGKILL); err != nil {
@@ -91,12 +70,12 @@ func TestConnectionsKilledInstance(t *testing.T) {
 	}
 	killed := time.Now()
 	<-a.exited
-	redistest.WaitFor(t, hold+time.Second, "B to admit once A's slots came back", func() bool { return l4Echo(t, portB) })
+	redistest.WaitFor(t, hold+time.Second, "B to admit once A's slots came back", func() bool { return echoes(t, portB) })
 	t.Logf("B admitted %v after A's SIGKILL (hold_max %v)", time.Since(killed).Round(10*time.Millisecond), hold)
-	if !l4Echo(t, portB) {
+	if !echoes(t, portB) {
 		t.Fatal("B refused a second connection once both slots came back")
 	}
-	if l4Echo(t, portB) {
+	if echoes(t, portB) {
 		t.Fatal("B admitted a third connection open at once")
 	}
 }

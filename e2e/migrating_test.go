@@ -52,17 +52,7 @@ func TestMigratingExamples(t *testing.T) {
 				t.Fatal(err)
 			}
 			cs := &caddytest.Site{T: t, Base: "http://127.0.0.1:" + strconv.Itoa(site)}
-			for n := 1; n <= 3; n++ {
-				cs.Get("/").Expect(t, "request "+strconv.Itoa(n), 200, "upstream")
-			}
-			r := cs.Get("/")
-			if r.Status != 429 {
-				t.Fatalf("request 4: %d %q, want 429", r.Status, r.Body)
-			}
-			jitter := []int{0, 12}[i]
-			if ra, err := strconv.Atoi(r.Header.Get("Retry-After")); err != nil || ra < 1 || ra > 60+jitter {
-				t.Fatalf("request 4: Retry-After %q, want 1 to %d seconds", r.Header.Get("Retry-After"), 60+jitter)
-			}
+			r := threeThen429(t, cs, 60+[]int{0, 12}[i])
 			if i == 1 && r.Body != "limited by zone per_network" {
 				t.Fatalf("request 4: body %q, want the handle_errors body naming per_network", r.Body)
 			}
@@ -176,7 +166,13 @@ func TestMigratingJSON(t *testing.T) {
 	if err := caddytest.LoadServing(t, config(after)); err != nil {
 		t.Fatal(err)
 	}
-	cs := &caddytest.Site{T: t, Base: "http://127.0.0.1:" + strconv.Itoa(site)}
+	threeThen429(t, &caddytest.Site{T: t, Base: "http://127.0.0.1:" + strconv.Itoa(site)}, 72)
+}
+
+// threeThen429 sends 4 GET requests to cs: the first three must get the upstream's 200, the
+// fourth a 429 with a Retry-After of 1 to maxRetry seconds, which it returns.
+func threeThen429(t *testing.T, cs *caddytest.Site, maxRetry int) caddytest.Response {
+	t.Helper()
 	for n := 1; n <= 3; n++ {
 		cs.Get("/").Expect(t, "request "+strconv.Itoa(n), 200, "upstream")
 	}
@@ -184,9 +180,10 @@ func TestMigratingJSON(t *testing.T) {
 	if r.Status != 429 {
 		t.Fatalf("request 4: %d %q, want 429", r.Status, r.Body)
 	}
-	if ra, err := strconv.Atoi(r.Header.Get("Retry-After")); err != nil || ra < 1 || ra > 72 {
-		t.Fatalf("request 4: Retry-After %q, want 1 to 72 seconds", r.Header.Get("Retry-After"))
+	if ra, err := strconv.Atoi(r.Header.Get("Retry-After")); err != nil || ra < 1 || ra > maxRetry {
+		t.Fatalf("request 4: Retry-After %q, want 1 to %d seconds", r.Header.Get("Retry-After"), maxRetry)
 	}
+	return r
 }
 
 // migratingBlocks returns docs/migrating.md's code blocks of language lang, failing t unless

@@ -5,7 +5,6 @@ package l4_test
 // admitted connection's line; a refused connection is closed without a byte.
 
 import (
-	"bufio"
 	"fmt"
 	"net"
 	"strconv"
@@ -53,41 +52,8 @@ func load(t testing.TB, routes []string, sites ...string) []int {
 	return ports
 }
 
-// conn is a client connection through the layer4 server.
-type conn struct {
-	net.Conn
-	r *bufio.Reader
-}
-
-// dial connects to port, sends prefix (a PROXY header, or nothing) and a line, and reports
-// whether the line came back (the connection was admitted and reached echo) or the connection
-// was closed without a byte (refused). The connection is left open when admitted.
-func dial(t *testing.T, port int, prefix string) (*conn, bool) {
-	t.Helper()
-	c, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(port), 5*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-	if _, err := c.Write([]byte(prefix + "ping\n")); err != nil {
-		_ = c.Close()
-		return nil, false
-	}
-	cc := &conn{Conn: c, r: bufio.NewReader(c)}
-	line, err := cc.r.ReadString('\n')
-	if err != nil {
-		if line != "" {
-			t.Fatalf("a refused connection got %q before it closed; want nothing", line)
-		}
-		_ = c.Close()
-		return nil, false
-	}
-	if line != "ping\n" {
-		t.Fatalf("echo answered %q", line)
-	}
-	t.Cleanup(func() { _ = c.Close() })
-	return cc, true
-}
+// dial is caddytest.DialEcho.
+var dial = caddytest.DialEcho
 
 // route is a layer4 route body: rate_limit_redis against addr with the zone block zone, then
 // echo.
@@ -104,7 +70,7 @@ func TestConcurrentConnections(t *testing.T) {
 	zone := "zone ssh {\n\t\t\t\t\t\talgorithm concurrency\n\t\t\t\t\t\tlimit 5\n\t\t\t\t\t}"
 	ports := load(t, []string{route(srv.Addr, "", zone), route(srv.Addr, "", zone)})
 
-	var open []*conn
+	var open []net.Conn
 	refused := 0
 	for i := range 8 {
 		if c, ok := dial(t, ports[i%2], ""); ok {

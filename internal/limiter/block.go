@@ -60,9 +60,9 @@ func (z *Zone) validateBlock() *FieldError {
 	case z.Lease != nil:
 		return z.fieldError("block", "block excludes lease: a grant admits requests in process, without reading Redis, so it would not see the block")
 	case z.Block < MinBlock || z.Block > MaxBlock:
-		return z.fieldError("block", "block %v must be between %v and %s", z.Block, MinBlock, days(MaxBlock))
+		return z.fieldError("block", "block %v must be between %v and %s", z.Block, MinBlock, FormatDuration(MaxBlock))
 	case z.BlockMax != 0 && (z.BlockMax < z.Block || z.BlockMax > MaxBlock):
-		return z.fieldError("block_max", "block_max %v must be between block (%v) and %s", z.BlockMax, z.Block, days(MaxBlock))
+		return z.fieldError("block_max", "block_max %v must be between block (%v) and %s", z.BlockMax, z.Block, FormatDuration(MaxBlock))
 	}
 	return nil
 }
@@ -139,7 +139,7 @@ func (l *Limiter) Block(ctx context.Context, z *Zone, clientKey string, d time.D
 		return time.Time{}, ErrNoBlock
 	}
 	if d < MinBlock || d > MaxBlock {
-		return time.Time{}, fmt.Errorf("block %v must be between %v and %s", d, MinBlock, days(MaxBlock))
+		return time.Time{}, fmt.Errorf("block %v must be between %v and %s", d, MinBlock, FormatDuration(MaxBlock))
 	}
 	key := BlockKey(l.prefix, z, clientKey)
 	var now time.Time

@@ -513,7 +513,7 @@ func (z *Zone) validateRanges() *FieldError {
 	case z.Limit < 0 || z.Limit > z.maxLimit():
 		return z.fieldError("limit", "limit %d must be between 1 and %d", z.Limit, z.maxLimit())
 	case z.Window != 0 && (z.Window < MinWindow || z.Window > MaxWindow):
-		return z.fieldError("window", "window %v must be between %v and %s", z.Window, MinWindow, days(MaxWindow))
+		return z.fieldError("window", "window %v must be between %v and %s", z.Window, MinWindow, FormatDuration(MaxWindow))
 	case z.Period > Month:
 		return z.fieldError("period", "unknown period %d", z.Period)
 	case z.MaxWait < 0:
@@ -525,7 +525,7 @@ func (z *Zone) validateRanges() *FieldError {
 	if z.Algorithm.QuotaIsCapacity() {
 		if fill := float64(z.Capacity) / z.RefillRate; fill > MaxWindow.Seconds() {
 			return z.fieldError("refill_rate", "an empty bucket takes %.0fs to refill (capacity / refill_rate); at most %s is supported",
-				fill, days(MaxWindow))
+				fill, FormatDuration(MaxWindow))
 		}
 	}
 	return nil
@@ -575,11 +575,6 @@ func FormatDuration(dur time.Duration) string {
 		return strconv.FormatInt(int64(dur/day), 10) + "d"
 	}
 	return dur.String()
-}
-
-// days formats a whole number of days as the configuration writes it: 366d.
-func days(d time.Duration) string {
-	return fmt.Sprintf("%dd", d/(24*time.Hour))
 }
 
 // errMaxWaitWindowed is why a zone of window algorithm a cannot have a max_wait: a window gives
