@@ -10,7 +10,7 @@ problem() { echo "release-check: $*" >&2; fail=1; }
 
 version="${VERSION:-}"
 if [ -z "$version" ] && [ -f CHANGELOG.md ]; then
-	version=v$(sed -n 's/^## \[\([0-9][0-9.]*\)\].*/\1/p' CHANGELOG.md | head -n1)
+	version=v$(sed -n 's/^## \[\([0-9][0-9.]*\)\].*/\1/p' CHANGELOG.md | sed -n 1p)
 fi
 version="v${version#v}"
 if ! [[ "$version" =~ ^v[0-9]+\.[0-9]+\.[0-9]+$ ]]; then
@@ -45,7 +45,7 @@ if [ ! -f go.mod ]; then
 	problem "go.mod is missing"
 else
 	if grep -Eq '^[[:space:]]*replace([[:space:]]|\()' go.mod; then
-		problem "go.mod has a replace directive: $(grep -E '^[[:space:]]*replace' go.mod | head -n1)"
+		problem "go.mod has a replace directive: $(grep -m1 -E '^[[:space:]]*replace' go.mod)"
 	fi
 	if ! tidy=$(go mod tidy -diff 2>&1); then
 		problem "go mod tidy would change go.mod or go.sum (run go mod tidy):"$'\n'"$tidy"

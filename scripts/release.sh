@@ -6,7 +6,7 @@ set -euo pipefail
 
 version="${VERSION:-}"
 if [ -z "$version" ] && [ -f CHANGELOG.md ]; then
-	version=v$(sed -n 's/^## \[\([0-9][0-9.]*\)\].*/\1/p' CHANGELOG.md | head -n1)
+	version=v$(sed -n 's/^## \[\([0-9][0-9.]*\)\].*/\1/p' CHANGELOG.md | sed -n 1p)
 fi
 version="v${version#v}"
 bare="${version#v}"

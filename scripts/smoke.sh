@@ -46,9 +46,9 @@ for i in 1 2 3 4 5; do
 	c=$(code $site/); [ "$c" = 200 ] || fail "request $i got $c, want 200"
 done
 resp=$(curl -si $site/ || true)
-echo "$resp" | head -1 | grep -q ' 429' || fail "6th request not 429: $resp"
-echo "$resp" | grep -qi '^Retry-After: [0-9]' || fail "429 without Retry-After: $resp"
-echo "$resp" | grep -q '"error":"rate limited","zone":"api"' || fail "429 body not shaped by handle_errors: $resp"
+head -1 <<<"$resp" | grep -q ' 429' || fail "6th request not 429: $resp"
+grep -qi '^Retry-After: [0-9]' <<<"$resp" || fail "429 without Retry-After: $resp"
+grep -q '"error":"rate limited","zone":"api"' <<<"$resp" || fail "429 body not shaped by handle_errors: $resp"
 c=$(code -H 'X-API-Key: alice' $site/); [ "$c" = 200 ] || fail "X-API-Key client got $c, want 200"
 for i in 1 2 3; do
 	c=$(code -H "X-API-Key: login$i" $site/login); [ "$c" = 200 ] || fail "login $i got $c"
@@ -58,12 +58,12 @@ c=$(code -H 'X-API-Key: login4' $site/login); [ "$c" = 429 ] || fail "4th login 
 # The admin API: the blocked client's state, a reset, and the client is allowed again. With no
 # X-API-Key the api zone's client is its second key candidate, the IP: key 2=127.0.0.1.
 state=$(curl -s "$admin/rate_limit_redis/state?zone=api&key=2%3D127.0.0.1" || true)
-echo "$state" | grep -q '"exists":true' && echo "$state" | grep -q '"remaining":0' || fail "admin state: $state"
+grep -q '"exists":true' <<<"$state" && grep -q '"remaining":0' <<<"$state" || fail "admin state: $state"
 reset=$(curl -s -X DELETE "$admin/rate_limit_redis/state?zone=api&key=2%3D127.0.0.1" || true)
-echo "$reset" | grep -q '"deleted":true' || fail "admin reset: $reset"
+grep -q '"deleted":true' <<<"$reset" || fail "admin reset: $reset"
 c=$(code $site/); [ "$c" = 200 ] || fail "request after the reset got $c, want 200"
 # The metrics, at Caddy's admin /metrics.
 metrics=$(curl -s "$admin/metrics" || true)
-echo "$metrics" | grep -q '^caddy_rate_limit_redis_decisions_total{result="denied",zone="api"} 1$' ||
+grep -q '^caddy_rate_limit_redis_decisions_total{result="denied",zone="api"} 1$' <<<"$metrics" ||
 	fail "metrics: no denied decision of zone api: $(echo "$metrics" | grep rate_limit_redis)"
 echo "smoke: ok (5 allowed then 429 with Retry-After; API keys separate; login 3/min; admin state and reset; metrics)"
