@@ -43,6 +43,10 @@ var metrics struct {
 	// inFlight is, by concurrency zone, the requests of this instance holding a slot now
 	// (concurrency.go).
 	inFlight *prometheus.GaugeVec
+	// concurrencyLimit, adaptiveMinLatency and adaptiveLatency are, by adaptive_concurrency
+	// zone, the limit in force and the latencies it was learnt from, as the last decision read
+	// them (adaptive.go).
+	concurrencyLimit, adaptiveMinLatency, adaptiveLatency *prometheus.GaugeVec
 	// queueWaiters and queueWait are, by queue zone and class, the requests waiting now and
 	// their waits (queue.go).
 	queueWaiters *prometheus.GaugeVec
@@ -149,6 +153,12 @@ func initMetrics() {
 		}, []string{"zone", "class"}))
 		m.inFlight = newGaugeVec("in_flight",
 			"Requests of this instance holding a slot of a concurrency zone now (in Redis, or in process under fail_mode local), by zone.")
+		m.concurrencyLimit = newGaugeVec("concurrency_limit",
+			"The limit in force of an adaptive_concurrency zone (requests in flight), learnt in Redis for every instance, as this instance's last decision read it, by zone.")
+		m.adaptiveMinLatency = newGaugeVec("adaptive_min_latency_seconds",
+			"The upstream's minimum latency (seconds to the response header) that an adaptive_concurrency zone's last probe measured, by zone.")
+		m.adaptiveLatency = newGaugeVec("adaptive_latency_seconds",
+			"The mean latency (seconds to the response header) of an adaptive_concurrency zone's requests in its last update interval, by zone.")
 
 		m.charged = newCounterVec("charged_total",
 			"Tokens (or window slots) charged by settlements after the response, by zone: the amounts reported, or the reservations when nothing was reported.", "zone")
