@@ -288,9 +288,9 @@ type Zone struct {
 	// nearLimits is the zone's series of near_limit_total; nil without near_limit.
 	nearLimits prometheus.Counter
 	learnt     *learntGauges // an adaptive_concurrency zone's gauges; nil for the others
-	failMode   string // FailMode, or the handler's
-	v4, v6     int    // the prefix lengths in force
-	jitter     int64  // the Retry-After jitter in force, in seconds
+	failMode   string        // FailMode, or the handler's
+	v4, v6     int           // the prefix lengths in force
+	jitter     int64         // the Retry-After jitter in force, in seconds
 	// noRetryOver is the no_retry_over in force: a denial of a longer wait says X-Should-Retry:
 	// false; 0 never.
 	noRetryOver time.Duration
