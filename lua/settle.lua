@@ -183,7 +183,11 @@ local function adapt(ctl, key, ceiling, controller, sample)
     local n, s, fails, peak = tonumber(v[4]) or 0, tonumber(v[5]) or 0, tonumber(v[6]) or 0, tonumber(v[7]) or 0
     local ws = tonumber(v[3]) or now
     f = {}
-    if now - ws >= update then -- the window ends: the limit from its samples, before this one
+    if now - age >= ws then -- admitted within the window: a sample of the limit in force
+      if failed then fails = fails + 1 else n, s = n + 1, s + rtt end
+      peak = math.max(peak, redis.call('ZCOUNT', key, '(' .. string.format('%d', now), '+inf')) -- this slot's too
+    end
+    if now - ws >= update and n + fails >= math.max(1, math.floor(l / 2)) then -- the window ends
       local new = l
       if n > 0 and m then
         local r = s / n
@@ -200,8 +204,6 @@ local function adapt(ctl, key, ceiling, controller, sample)
           'pu', d(now), 'pn', 0, 'ps', 0, 'e', d(minl)
       end
     end
-    if failed then fails = fails + 1 else n, s = n + 1, s + rtt end
-    peak = math.max(peak, redis.call('ZCOUNT', key, '(' .. string.format('%d', now), '+inf')) -- this slot's too
     local w = { 'ws', d(ws), 'n', d(n), 's', d(s), 'f', d(fails), 'p', d(peak) }
     for j = 1, #w do f[#f + 1] = w[j] end
   end

@@ -68,9 +68,10 @@ func (r *adaptiveRun) round(latency time.Duration, failed int) int64 {
 // admitted after it; then each update interval's samples multiply the limit by clamp(min
 // latency × 1.25 / their mean, 0.5, 2): × 1.25 at the minimum latency up to the ceiling, ×
 // 0.625 at twice it, × 0.5 at worse; a window with a failure by at most 0.9; never under the
-// min limit. A round's samples end their window at the next round's first settlement, so the
-// round after that is the first to admit against what they taught. A lower ceiling applies at
-// once; the state reader shows what the decisions read.
+// min limit. A window counts only the requests admitted since it started (so that it measures
+// the limit in force) and ends once half the limit of them have ended, an update interval on:
+// each round here is one window, and the next round admits against what it taught. A lower
+// ceiling applies at once; the state reader shows what the decisions read.
 func TestAdaptiveConcurrencyController(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
@@ -91,14 +92,12 @@ func TestAdaptiveConcurrencyController(t *testing.T) {
 		}
 	}
 	want := 2.0
-	lagged := []float64{1} // the factor of each round not yet applied: the probe's empty window first
 	step := func(what string, latency time.Duration, failed int, factor float64) {
 		t.Helper()
 		if got := r.round(latency, failed); got != int64(want) {
 			t.Fatalf("%s: limit in force %d, want %d", what, got, int64(want))
 		}
-		lagged = append(lagged, factor)
-		want, lagged = math.Min(12, math.Max(2, want*lagged[0])), lagged[1:]
+		want = math.Min(12, math.Max(2, want*factor))
 	}
 	for range 11 { // 2 × 1.25^k up to the ceiling of 12
 		step("at the minimum latency", minRTT, 0, 1.25)
