@@ -98,7 +98,7 @@ func (z *Zone) validateAdaptive() *FieldError {
 	case a == nil:
 		return nil
 	case !z.Algorithm.Adapts():
-		return z.fieldError("min_limit", "min_limit, buffer, update_interval, probe_interval and probe_samples belong to algorithm adaptive_concurrency, not %s", z.Algorithm)
+		return z.fieldError(a.firstGiven(), "min_limit, buffer, update_interval, probe_interval and probe_samples belong to algorithm adaptive_concurrency, not %s", z.Algorithm)
 	case a.MinLimit < 1 || a.MinLimit > z.Limit:
 		return z.fieldError("min_limit", "min_limit %d must be between 1 and limit %d", a.MinLimit, z.Limit)
 	case !(a.Buffer > 0 && a.Buffer <= 1):
@@ -113,6 +113,21 @@ func (z *Zone) validateAdaptive() *FieldError {
 		return z.fieldError("overrides", "overrides exclude algorithm adaptive_concurrency: its limit is learnt (a lower limit in the configuration applies at once)")
 	}
 	return nil
+}
+
+// firstGiven is the configuration name of a's first field that is not 0.
+func (a *Adaptive) firstGiven() string {
+	switch {
+	case a.MinLimit != 0:
+		return "min_limit"
+	case a.Buffer != 0:
+		return "buffer"
+	case a.UpdateInterval != 0:
+		return "update_interval"
+	case a.ProbeInterval != 0:
+		return "probe_interval"
+	}
+	return "probe_samples"
 }
 
 // controllerArg is decide.lua's and settle.lua's rate argument of an adaptive concurrency zone:

@@ -579,7 +579,7 @@ type QueueState struct {
 // Queue reads the queue of zone z (one that Queues) for clientKey (raw, as State takes it)
 // without changing it: the waiters per class and the earliest arrival. Its errors are Redis's.
 func (l *Limiter) Queue(ctx context.Context, z *Zone, clientKey string) (QueueState, error) {
-	keys := queueKeys(StateKey(l.prefix, z, ClientKey(clientKey)), z)[3:]
+	keys := queueKeys(StateKey(l.prefix, z, ClientKey(clientKey)), z)[3 : 3+z.classes()]
 	counts := make([]*redis.IntCmd, len(keys))
 	heads := make([]*redis.ZSliceCmd, len(keys))
 	if _, err := l.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {

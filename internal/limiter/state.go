@@ -473,6 +473,9 @@ func (l *Limiter) Reset(ctx context.Context, z *Zone, clientKey string) (existed
 		if z.Algorithm.recorded() {
 			p.Del(ctx, genKey(key))
 		}
+		if z.Algorithm.Adapts() { // what it learnt goes too: the next sample starts a probe
+			p.Del(ctx, controlKey(key))
+		}
 		return nil
 	})
 	n := del.Val() + delBlock.Val()
