@@ -103,8 +103,13 @@ func percentile(d []time.Duration, p float64) time.Duration {
 
 // adaptiveSite is one Caddy instance's Caddyfile: admin on admin, a site on port whose zone
 // `upstream` (adaptive_concurrency, one key for every client, a ceiling of ceiling, max_wait
-// 10s) guards upstream.
-func adaptiveSite(admin, port int, redisAddr, upstream string, ceiling int) string {
+// 10s, hold_max 3s) guards upstream; failMode is the handler's fail_mode.
+func adaptiveSite(admin, port int, redisAddr, upstream string, ceiling int, failMode string) string {
+	return slotSite(admin, port, redisAddr, upstream, "adaptive_concurrency", ceiling, failMode)
+}
+
+// slotSite is adaptiveSite with algorithm (concurrency or adaptive_concurrency) and its limit.
+func slotSite(admin, port int, redisAddr, upstream, algorithm string, limit int, failMode string) string {
 	return fmt.Sprintf(`{
 	admin 127.0.0.1:%d
 }
@@ -113,8 +118,9 @@ func adaptiveSite(admin, port int, redisAddr, upstream string, ceiling int) stri
 		redis {
 			address %s
 		}
+		fail_mode %s
 		zone upstream {
-			algorithm adaptive_concurrency
+			algorithm %s
 			key upstream
 			limit %d
 			max_wait 10s
@@ -123,7 +129,7 @@ func adaptiveSite(admin, port int, redisAddr, upstream string, ceiling int) stri
 	}
 	reverse_proxy %s
 }
-`, admin, port, redisAddr, ceiling, upstream)
+`, admin, port, redisAddr, failMode, algorithm, limit, upstream)
 }
 
 // adaptiveInstance is one bin/caddy process of the test.
@@ -134,7 +140,12 @@ type adaptiveInstance struct {
 }
 
 // startAdaptiveInstances runs n bin/caddy processes of adaptiveSite.
-func startAdaptiveInstances(t *testing.T, n int, redisAddr, upstream string, ceiling int) []*adaptiveInstance {
+func startAdaptiveInstances(t testing.TB, n int, redisAddr, upstream string, ceiling int, failMode string) []*adaptiveInstance {
+	return startSlotInstances(t, n, redisAddr, upstream, "adaptive_concurrency", ceiling, failMode)
+}
+
+// startSlotInstances runs n bin/caddy processes of slotSite.
+func startSlotInstances(t testing.TB, n int, redisAddr, upstream, algorithm string, limit int, failMode string) []*adaptiveInstance {
 	t.Helper()
 	caddyBin := os.Getenv("CADDY_BINARY")
 	if caddyBin == "" {
@@ -145,7 +156,7 @@ func startAdaptiveInstances(t *testing.T, n int, redisAddr, upstream string, cei
 		port, aport := freeport.Must(t), freeport.Must(t)
 		out[i] = &adaptiveInstance{port: port, aport: aport,
 			base: "http://127.0.0.1:" + strconv.Itoa(port), admin: "http://127.0.0.1:" + strconv.Itoa(aport)}
-		out[i].proc = startCaddyProcess(t, caddyBin, adaptiveSite(aport, port, redisAddr, upstream, ceiling), port)
+		out[i].proc = startCaddyProcess(t, caddyBin, slotSite(aport, port, redisAddr, upstream, algorithm, limit, failMode), port)
 	}
 	return out
 }
@@ -211,7 +222,7 @@ func TestAdaptiveConcurrencyFindsCapacity(t *testing.T) {
 	up := &capacityUpstream{service: 100 * time.Millisecond, c: 8}
 	us := httptest.NewServer(up)
 	defer us.Close()
-	insts := startAdaptiveInstances(t, 3, srv.Addr, us.URL, 32)
+	insts := startAdaptiveInstances(t, 3, srv.Addr, us.URL, 32, "open")
 
 	stop := make(chan struct{})
 	wait := closedLoop(24, insts, stop)
@@ -271,4 +282,84 @@ func TestAdaptiveConcurrencyFindsCapacity(t *testing.T) {
 	}
 	up.setCapacity(8)
 	held.Wait()
+}
+
+// reload loads the instance's adaptiveSite with ceiling through its admin endpoint, as `caddy
+// reload` does.
+func (a *adaptiveInstance) reload(t *testing.T, redisAddr, upstream string, ceiling int, failMode string) {
+	t.Helper()
+	body := adaptiveSite(a.aport, a.port, redisAddr, upstream, ceiling, failMode)
+	resp, err := http.Post(a.admin+"/load", "text/caddyfile", strings.NewReader(body))
+	if err != nil {
+		t.Fatalf("reload: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("reload: %s", resp.Status)
+	}
+}
+
+// mostInside returns the most requests inside the upstream at once since the last call.
+func (u *capacityUpstream) mostInside() int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	m := u.most
+	u.most = u.inside
+	return m
+}
+
+// TestAdaptiveConcurrencyFaults: three Caddy processes (CADDY_BINARY) with fail_mode closed share
+// an adaptive_concurrency zone (a ceiling of 32, hold_max 3s) before an upstream of 8 places, with
+// 40 closed-loop clients. Redis paused for 1 s, then an instance killed with SIGKILL: each time
+// the upstream serves at least 75% of its capacity again within 5 s. A reload of the two
+// instances left to a ceiling of 6 applies at once (never more than 6 inside the upstream a
+// second after it). Never more than the ceiling inside the upstream; once the clients stop, every
+// slot is free within hold_max (the killed instance's and those whose settlement Redis missed
+// while paused: none leaks).
+func TestAdaptiveConcurrencyFaults(t *testing.T) {
+	srv := redistest.Start(t)
+	up := &capacityUpstream{service: 100 * time.Millisecond, c: 8}
+	us := httptest.NewServer(up)
+	defer us.Close()
+	insts := startAdaptiveInstances(t, 3, srv.Addr, us.URL, 32, "closed")
+	stop := make(chan struct{})
+	wait := closedLoop(40, insts, stop)
+	recovered := func(what string) {
+		t.Helper()
+		start := time.Now()
+		time.Sleep(5 * time.Second)
+		served, _ := up.window(start.Add(2*time.Second), start.Add(5*time.Second))
+		if want := int(0.75 * 8 * 3 / 0.1); served < want {
+			t.Errorf("after %s: the upstream served %d in the last 3 of 5 s, want at least %d (75%% of 8 per 100ms)", what, served, want)
+		}
+		t.Logf("after %s: served %d in 3 s (capacity 240), limit gauge %v", what, served, insts[0].limitGauge(t))
+	}
+	recovered("the start")
+	srv.Pause()
+	time.Sleep(time.Second)
+	srv.Resume()
+	recovered("Redis paused 1 s")
+	if err := insts[2].proc.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	recovered("an instance killed")
+	if most := up.mostInside(); most > 32 {
+		t.Errorf("%d requests inside the upstream at once, above the ceiling of 32", most)
+	}
+
+	for _, in := range insts[:2] {
+		in.reload(t, srv.Addr, us.URL, 6, "closed")
+	}
+	time.Sleep(time.Second) // the requests admitted before the reload end
+	up.mostInside()
+	time.Sleep(3 * time.Second)
+	if most := up.mostInside(); most > 6 {
+		t.Errorf("after the reload to a ceiling of 6: %d requests inside the upstream at once", most)
+	}
+	close(stop)
+	wait()
+	slots := limiter.StateKey("rl:", &limiter.Zone{Name: "upstream", Algorithm: limiter.AdaptiveConcurrency}, "upstream")
+	redistest.WaitFor(t, 4*time.Second, "every slot free within hold_max", func() bool {
+		return srv.Do("ZCOUNT", slots, fmt.Sprintf("(%d", srv.Time().UnixMicro()), "+inf") == int64(0)
+	})
 }
