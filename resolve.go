@@ -323,15 +323,6 @@ func (s keySource) value(r *http.Request, repl *caddy.Replacer, k string) string
 	return repl.ReplaceAll(k, "")
 }
 
-// limiterKey returns the key the limiter gets for a client key as the placeholder shows it: the
-// same, or with key_secret its keyed digest.
-func (h *Handler) limiterKey(shown string) string {
-	if h.keySecret == nil {
-		return shown
-	}
-	return h.keySecret.Key(shown)
-}
-
 // cost resolves the request's cost: the literal, or the placeholder's value; empty counts as 1.
 // Anything but a positive integer is errCost.
 func (z *Zone) cost(repl *caddy.Replacer) (int64, error) {
