@@ -49,7 +49,9 @@ var (
 // client that goes away meanwhile ends it at once with 499. At most MaxWaiting requests are
 // held at once (see placeForWait); dry_run never holds.
 //
-// A request to the quota endpoint (quota_endpoint) is answered by serveQuota instead.
+// A request to the quota endpoint (quota_endpoint) is handed to it (quotaEndpoint, quota.go)
+// before these stages, which never see it; they decide every other request against the zones
+// that limit it (requestZones: all but the endpoint's own).
 //
 // The stages, in the order a request meets them, each in a file of its name:
 //   - resolve (resolve.go): the zones that apply, their client keys, numbers and costs;
@@ -61,13 +63,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if repl == nil {
 		repl = caddy.NewReplacer()
 	}
+	if h.quota.answers(r) {
+		return h.quota.serve(w, r, next, repl)
+	}
 	// On the stack: a request no zone applies to allocates nothing.
 	var reqsBuf [4]limiter.Request
 	var shownBuf [4]string
-	if h.isQuotaRequest(r) {
-		return h.serveQuota(w, r, next, repl)
-	}
-	reqs, shown, shaping, err := h.resolve(r, repl, h.quotaZone, reqsBuf[:0], shownBuf[:0])
+	reqs, shown, shaping, err := h.resolve(r, repl, h.requestZones, reqsBuf[:0], shownBuf[:0])
 	if err != nil {
 		return h.unresolved(w, r, next, repl, err)
 	}

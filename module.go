@@ -214,8 +214,10 @@ type Handler struct {
 
 	limiter *limiter.Limiter
 	local   *limiter.Local // when a zone's fail_mode is local
-	// quotaZone is the index in Zones of the quota endpoint's zone, -1 without one.
-	quotaZone int
+	// quota answers the requests of QuotaEndpoint, nil without one; requestZones are the zones
+	// that limit every other request: all of Zones but the endpoint's (quota.go).
+	quota        *quotaEndpoint
+	requestZones []*Zone
 	// stopRefresh, closed by Cleanup, stops the refresher of concurrency slots (concurrency.go).
 	stopRefresh chan struct{}
 	keySecret   *limiter.KeySecret // key_secret resolved; nil without it
@@ -291,7 +293,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.grpcStatus = h.GRPCStatus == nil || *h.GRPCStatus
 	needLocal := h.FailMode == FailLocal
 	in := inherited{failMode: h.FailMode, v4: h.IPv4Prefix, v6: h.IPv6Prefix, jitter: h.Jitter, noRetryOver: h.NoRetryOver}
-	for _, z := range h.Zones {
+	for i, z := range h.Zones {
+		z.tag = i
 		if err := z.provision(ctx, h.logger, in); err != nil {
 			return err
 		}
@@ -301,10 +304,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		needLocal = needLocal || z.failMode == FailLocal
 	}
 	h.waiting = newWaitingRoom(deref(h.MaxWaiting))
-	h.quotaZone = -1
-	if h.QuotaEndpoint != nil {
-		h.quotaZone = quotaZoneIndex(h.Zones, h.QuotaEndpoint.Zone)
-	}
+	h.quota, h.requestZones = newQuotaEndpoint(h)
 	h.keySecret = nil
 	if h.KeySecret != "" {
 		ks, err := resolveKeySecret(h.KeySecret)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -125,31 +126,57 @@ func quotaZoneIndex(zones []*Zone, name string) int {
 	return -1
 }
 
-// isQuotaRequest reports whether r is for the handler's quota endpoint.
-func (h *Handler) isQuotaRequest(r *http.Request) bool {
-	return h.QuotaEndpoint != nil && r.URL.Path == h.QuotaEndpoint.Path
+// quotaEndpoint answers the requests of a handler's quota_endpoint in front of its rate limit:
+// ServeHTTP hands it every request whose path is the endpoint's before anything is resolved, and
+// it answers them itself (serve), never passing them on. The rate limit's stages know nothing of
+// it: they decide every other request against requestZones, which leave its zone out
+// (newQuotaEndpoint).
+type quotaEndpoint struct {
+	h    *Handler
+	path string
+	// zone is the index in h.Zones of the endpoint's zone.
+	zone int
 }
 
-// serveQuota answers a request to the quota endpoint: a method other than GET or HEAD is a 405
-// before anything is resolved; the request is resolved as any (its errors answered alike), its
-// endpoint's zone decided (a denial is the usual 429; Redis failing, a 503), and the other
-// zones read (quotaReply). It never calls next.
-func (h *Handler) serveQuota(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer) error {
+// newQuotaEndpoint returns the endpoint of h's quota_endpoint, nil without one, and the zones of
+// h that limit every other request: all of h.Zones but the endpoint's zone.
+func newQuotaEndpoint(h *Handler) (*quotaEndpoint, []*Zone) {
+	if h.QuotaEndpoint == nil {
+		return nil, h.Zones
+	}
+	q := &quotaEndpoint{h: h, path: h.QuotaEndpoint.Path, zone: quotaZoneIndex(h.Zones, h.QuotaEndpoint.Zone)}
+	if q.zone < 0 { // no such zone: Validate refuses the config
+		return q, h.Zones
+	}
+	return q, slices.Delete(slices.Clone(h.Zones), q.zone, q.zone+1)
+}
+
+// answers reports whether r is for the quota endpoint q; a nil q answers none.
+func (q *quotaEndpoint) answers(r *http.Request) bool {
+	return q != nil && r.URL.Path == q.path
+}
+
+// serve answers a request to the quota endpoint: a method other than GET or HEAD is a 405
+// before anything is resolved; the request is resolved against every zone as any request (its
+// errors answered alike), its endpoint's zone decided (a denial is the usual 429; Redis failing,
+// a 503), and the other zones read (quotaReply). It never calls next.
+func (q *quotaEndpoint) serve(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer) error {
+	h := q.h
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		w.Header().Set("Allow", "GET, HEAD")
 		return h.refuse(w, r, http.StatusMethodNotAllowed, errQuotaMethod, grpcInvalidArgument, errQuotaMethod.Error())
 	}
-	reqs, shown, _, err := h.resolve(r, repl, -1, nil, nil)
+	reqs, shown, _, err := h.resolve(r, repl, h.Zones, nil, nil)
 	if err != nil {
 		return h.unresolved(w, r, next, repl, err)
 	}
-	own := quotaRequestIndex(reqs, h.quotaZone)
+	own := quotaRequestIndex(reqs, q.zone)
 	if own < 0 { // only an empty key of empty_key deny leaves it out, answered above
 		return h.refuse(w, r, http.StatusInternalServerError, errors.New("quota endpoint zone not resolved"), grpcInternal, "rate limit configuration error")
 	}
 	f := newFlight(repl, reqs[own:own+1], shown[own:own+1])
 	if f.d, err = h.limiter.Decide(r.Context(), f.reqs); err != nil {
-		return h.quotaUnavailable(w, r, err)
+		return q.unavailable(w, r, err)
 	}
 	h.describe(w, f)
 	if !f.d.Allowed {
@@ -157,9 +184,9 @@ func (h *Handler) serveQuota(w http.ResponseWriter, r *http.Request, next caddyh
 	}
 	h.countAdmitted(f.reqs, resultAllowed)
 	clearRateLimitHeaders(w.Header())
-	reply, err := h.readQuota(r.Context(), w.Header(), append(reqs[:own:own], reqs[own+1:]...))
+	reply, err := q.read(r.Context(), w.Header(), append(reqs[:own:own], reqs[own+1:]...))
 	if err != nil {
-		return h.quotaUnavailable(w, r, err)
+		return q.unavailable(w, r, err)
 	}
 	w.Header().Set("Content-Type", "application/json")
 	noStore(w)
@@ -180,16 +207,16 @@ func quotaRequestIndex(reqs []limiter.Request, tag int) int {
 	return -1
 }
 
-// quotaUnavailable answers a quota endpoint request whose Redis call failed with err: 499 when
-// its client went away, else 503 with Retry-After: 1, whatever the fail_mode (there is no state
-// to report without Redis). The failure is counted in backend_failures_total.
-func (h *Handler) quotaUnavailable(w http.ResponseWriter, r *http.Request, err error) error {
+// unavailable answers a quota endpoint request whose Redis call failed with err: 499 when its
+// client went away, else 503 with Retry-After: 1, whatever the fail_mode (there is no state to
+// report without Redis). The failure is counted in backend_failures_total.
+func (q *quotaEndpoint) unavailable(w http.ResponseWriter, r *http.Request, err error) error {
 	if r.Context().Err() != nil {
 		return caddyhttp.Error(statusClientClosed, fmt.Errorf("client closed the request during the quota read: %w", err))
 	}
 	metrics.backendFailures.WithLabelValues(string(failureReason(err))).Inc()
 	w.Header()[hdrRetryAfter] = []string{"1"}
-	return h.refuse(w, r, http.StatusServiceUnavailable, fmt.Errorf("rate limit quota unavailable: %w", err), grpcUnavailable, "rate limit quota unavailable")
+	return q.h.refuse(w, r, http.StatusServiceUnavailable, fmt.Errorf("rate limit quota unavailable: %w", err), grpcUnavailable, "rate limit quota unavailable")
 }
 
 // clearRateLimitHeaders removes the rate limit headers set before, so that those of the zones
@@ -200,10 +227,10 @@ func clearRateLimitHeaders(hdr http.Header) {
 	}
 }
 
-// readQuota reads the client's state in each zone of reqs but the shadow zones, each within
-// the handler's timeout, and sets in hdr the rate limit headers a request would get from that
-// state (quotaHeaders). It writes nothing to Redis.
-func (h *Handler) readQuota(ctx context.Context, hdr http.Header, reqs []limiter.Request) (quotaReply, error) {
+// read reads the client's state in each zone of reqs but the shadow zones, each within the
+// handler's timeout, and sets in hdr the rate limit headers a request would get from that state
+// (headers). It writes nothing to Redis.
+func (q *quotaEndpoint) read(ctx context.Context, hdr http.Header, reqs []limiter.Request) (quotaReply, error) {
 	reply := quotaReply{Zones: []zoneQuota{}}
 	read := reqs[:0:0]
 	states := make([]limiter.State, 0, len(reqs))
@@ -211,8 +238,8 @@ func (h *Handler) readQuota(ctx context.Context, hdr http.Header, reqs []limiter
 		if rq.Zone.Shadow {
 			continue
 		}
-		cctx, cancel := context.WithTimeout(ctx, time.Duration(h.Timeout))
-		s, err := h.limiter.State(cctx, rq.Zone, rq.Key)
+		cctx, cancel := context.WithTimeout(ctx, time.Duration(q.h.Timeout))
+		s, err := q.h.limiter.State(cctx, rq.Zone, rq.Key)
 		cancel()
 		if err != nil {
 			return quotaReply{}, fmt.Errorf("zone %s: %w", rq.Zone.Name, err)
@@ -226,14 +253,14 @@ func (h *Handler) readQuota(ctx context.Context, hdr http.Header, reqs []limiter
 			Remaining: s.Remaining, Next: s.Next, Reset: s.Reset,
 		}
 		read, states = append(read, rq), append(states, s)
-		reply.Zones = append(reply.Zones, h.zoneQuota(rq.Zone, s))
+		reply.Zones = append(reply.Zones, newZoneQuota(rq.Zone, s))
 	}
-	h.quotaHeaders(hdr, read, states)
+	q.headers(hdr, read, states)
 	return reply, nil
 }
 
-// zoneQuota is the reply's entry of zone lz (the numbers in force) for the state s.
-func (h *Handler) zoneQuota(lz *limiter.Zone, s limiter.State) zoneQuota {
+// newZoneQuota is the reply's entry of zone lz (the numbers in force) for the state s.
+func newZoneQuota(lz *limiter.Zone, s limiter.State) zoneQuota {
 	zq := zoneQuota{
 		Zone: lz.Name, Algorithm: lz.Algorithm.String(), Limit: lz.Quota(),
 		Remaining: s.Remaining, Reset: seconds(s.Reset), RetryAfter: seconds(s.RetryAfter),
@@ -255,11 +282,11 @@ func (h *Handler) zoneQuota(lz *limiter.Zone, s limiter.State) zoneQuota {
 	return zq
 }
 
-// quotaHeaders sets in hdr the rate limit headers of reqs, whose zones' states are states
-// (their Results set from them), as a request of their costs would get them if it were denied
-// or admitted by them now, with nothing charged: the deciding zone is the one that would deny
-// it with the longest wait, else the one with the least remaining share of its quota.
-func (h *Handler) quotaHeaders(hdr http.Header, reqs []limiter.Request, states []limiter.State) {
+// headers sets in hdr the rate limit headers of reqs, whose zones' states are states (their
+// Results set from them), as a request of their costs would get them if it were denied or
+// admitted by them now, with nothing charged: the deciding zone is the one that would deny it
+// with the longest wait, else the one with the least remaining share of its quota.
+func (q *quotaEndpoint) headers(hdr http.Header, reqs []limiter.Request, states []limiter.State) {
 	if len(reqs) == 0 {
 		return
 	}
@@ -282,7 +309,7 @@ func (h *Handler) quotaHeaders(hdr http.Header, reqs []limiter.Request, states [
 		d.RetryAfter = max(s.RetryAfter, time.Microsecond)
 	}
 	out := outcome{reset: seconds(s.Reset)}
-	h.setRateLimitHeaders(hdr, reqs, h.Zones[rq.Tag], rq.Zone, d, &out)
+	q.h.setRateLimitHeaders(hdr, reqs, q.h.Zones[rq.Tag], rq.Zone, d, &out)
 }
 
 // share is remaining's share of z's quota.

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/adminapi"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/caddytest"
@@ -398,5 +399,54 @@ func TestQuotaDocsExampleProbing(t *testing.T) {
 	}
 	if s := strings.Join(got, " "); s != "200 200 200 200 200 429 429 429" {
 		t.Fatalf("8 reads with a fresh X-API-Key each: %s, want 200 ×5 then 429", s)
+	}
+}
+
+// zoneDecisions is the sum of zone's decisions_total series, every result.
+func zoneDecisions(zone string) float64 {
+	var n float64
+	for _, res := range resultNames {
+		n += testutil.ToFloat64(metrics.decisions.WithLabelValues(zone, res))
+	}
+	return n
+}
+
+// TestQuotaReadIsOneDecision: the endpoint answers a read in front of the rate limit, deciding
+// it once, in its own zone alone (decisions_total: one allowed there, none in the zone it
+// reads), and a request passed on is never decided in the endpoint's zone.
+func TestQuotaReadIsOneDecision(t *testing.T) {
+	srv := redistest.Start(t)
+	cs := caddytest.Start(t, fmt.Sprintf(`route {
+		rate_limit_redis {
+			redis {
+				address %s
+			}
+			quota_endpoint /rl/quota qonce_own
+			zone qonce_api {
+				key {header.X-API-Key}
+				capacity 10
+				refill_rate 1/1h
+			}
+			zone qonce_own {
+				key {header.X-API-Key}
+				capacity 3
+				refill_rate 1/1h
+			}
+		}
+		respond "ok"
+	}`, srv.Addr))
+	allowed := resultAllowed.String()
+	own0, api0 := zoneDecisions("qonce_own"), zoneDecisions("qonce_api")
+	ownAllowed0 := testutil.ToFloat64(metrics.decisions.WithLabelValues("qonce_own", allowed))
+	getQuota(t, cs, "/rl/quota", "kim")
+	if own, api := zoneDecisions("qonce_own")-own0, zoneDecisions("qonce_api")-api0; own != 1 || api != 0 {
+		t.Fatalf("a read: %v decisions in its zone, %v in zone qonce_api; want 1 and 0", own, api)
+	}
+	if got := testutil.ToFloat64(metrics.decisions.WithLabelValues("qonce_own", allowed)) - ownAllowed0; got != 1 {
+		t.Fatalf("a read: %v allowed in its zone, want 1", got)
+	}
+	cs.Get("/x", "X-API-Key", "kim").Expect(t, "a request passed on", 200, "ok", "X-RateLimit-Limit", "10")
+	if own, api := zoneDecisions("qonce_own")-own0, zoneDecisions("qonce_api")-api0; own != 1 || api != 1 {
+		t.Fatalf("after a request passed on: %v decisions in the endpoint's zone, %v in zone qonce_api; want 1 and 1", own, api)
 	}
 }

@@ -42,20 +42,17 @@ const (
 	resolveBody                        // the body cannot be bounded or its model is ambiguous: its usage.Refusal
 )
 
-// resolve appends to reqs, for every zone of h that applies to r in order but the zone of index
-// skip (the quota endpoint's, for the requests it does not limit; -1: none), the limiter request (the
-// zone's numbers, client key and cost, tagged with the zone's index in h.Zones), and to shown its
-// client key as placeholders show it; shaping is true when one of them may be held (max_wait). A
-// zone whose key is empty and whose empty_key is skip is left out. The body of r is read first
-// (once) for a zone that uses the request's model (model.go). The error is a *resolveError.
-func (h *Handler) resolve(r *http.Request, repl *caddy.Replacer, skip int, reqs []limiter.Request, shown []string) (_ []limiter.Request, _ []string, shaping bool, _ error) {
+// resolve appends to reqs, for every zone of zones (zones of h) that applies to r in order, the
+// limiter request (the zone's numbers, client key and cost, tagged with the zone's index in
+// h.Zones), and to shown its client key as placeholders show it; shaping is true when one of
+// them may be held (max_wait). A zone whose key is empty and whose empty_key is skip is left out.
+// The body of r is read first (once) for a zone that uses the request's model (model.go). The
+// error is a *resolveError.
+func (h *Handler) resolve(r *http.Request, repl *caddy.Replacer, zones []*Zone, reqs []limiter.Request, shown []string) (_ []limiter.Request, _ []string, shaping bool, _ error) {
 	var lastShown, lastKey string // the previous zone's, when keyed is true
 	keyed, model := false, false  // model: the model placeholder is published
 	var masked clientip.Memo      // the previous IP candidate masked: zones usually share their key
-	for i, z := range h.Zones {
-		if i == skip {
-			continue
-		}
+	for _, z := range zones {
 		if ok, err := h.applies(r, repl, z, &model); !ok {
 			if err != nil {
 				return nil, nil, false, err
@@ -95,7 +92,7 @@ func (h *Handler) resolve(r *http.Request, repl *caddy.Replacer, skip int, reqs 
 			}
 			key = lastKey
 		}
-		rq, err := z.request(r, repl, lz, key, cost, i)
+		rq, err := z.request(r, repl, lz, key, cost)
 		if err != nil {
 			return nil, nil, false, &resolveError{z, resolveBody, fmt.Errorf("zone %s: %w", z.Name, err)}
 		}
@@ -141,11 +138,11 @@ func matcherKind(err error) resolveKind {
 	return resolveMatcher
 }
 
-// request is the zone's limiter request for r, tagged tag: its hold when it settles after the
-// response (charge.go), and with cap_output its cost and bound (outputcap.go), or the
-// usage.Refusal of a body cap_output cannot bound.
-func (z *Zone) request(r *http.Request, repl *caddy.Replacer, lz *limiter.Zone, key string, cost int64, tag int) (limiter.Request, error) {
-	rq := limiter.Request{Zone: lz, Key: key, Cost: cost, Tag: tag}
+// request is the zone's limiter request for r, tagged with the zone's index (tag): its hold
+// when it settles after the response (charge.go), and with cap_output its cost and bound
+// (outputcap.go), or the usage.Refusal of a body cap_output cannot bound.
+func (z *Zone) request(r *http.Request, repl *caddy.Replacer, lz *limiter.Zone, key string, cost int64) (limiter.Request, error) {
+	rq := limiter.Request{Zone: lz, Key: key, Cost: cost, Tag: z.tag}
 	if z.Priority != nil {
 		rq.Class = z.classOf(repl)
 	}
@@ -324,15 +321,6 @@ func (s keySource) value(r *http.Request, repl *caddy.Replacer, k string) string
 		return v
 	}
 	return repl.ReplaceAll(k, "")
-}
-
-// limiterKey returns the key the limiter gets for a client key as the placeholder shows it: the
-// same, or with key_secret its keyed digest.
-func (h *Handler) limiterKey(shown string) string {
-	if h.keySecret == nil {
-		return shown
-	}
-	return h.keySecret.Key(shown)
 }
 
 // cost resolves the request's cost: the literal, or the placeholder's value; empty counts as 1.

@@ -277,6 +277,8 @@ type Zone struct {
 	// empty when every number is a literal, and the zone's requests then use lz itself.
 	dyn         []dynNumber
 	matcherSets caddyhttp.MatcherSets
+	// tag is the zone's index in its handler's Zones, the Tag of its limiter requests.
+	tag int
 	// lz is the zone's limiter parameters: the literals, and each placeholder number's
 	// fallback (0 without one), which ServeHTTP copies and completes per request (number.go).
 	lz        limiter.Zone
