@@ -19,9 +19,6 @@ import (
 // failure. A client that left before any header reports nothing. The limit in force and the
 // latencies it was learnt from are exported as gauges after each decision. See docs/adaptive.md.
 
-// adaptiveNames are the subdirectives that only an adaptive_concurrency zone takes.
-var adaptiveNames = "min_limit, buffer, update_interval, probe_interval and probe_samples"
-
 // limiterAdaptive returns the zone's controller for lz: its own numbers, each default in place of
 // one left out, for an adaptive_concurrency zone; for another algorithm, the numbers given (nil
 // when none is), which the limiter's validation refuses.

@@ -2,7 +2,6 @@ package e2e_test
 
 import (
 	"fmt"
-	"net/http/httptest"
 	"os"
 	"strconv"
 	"strings"
@@ -106,14 +105,13 @@ func BenchmarkAdaptiveConcurrency(b *testing.B) {
 	}
 	for range b.N {
 		srv := redistest.Start(b)
-		up := &capacityUpstream{service: 100 * time.Millisecond, c: 8}
-		us := httptest.NewServer(up)
-		static := startSlotInstances(b, 3, srv.Addr, us.URL, "concurrency", 10, "open")
+		up, url := startCapacityUpstream(b, 8)
+		static := startSlotInstances(b, 3, srv.Addr, url, "concurrency", 10, "open")
 		cc := measureSlots(b, srv, up, static, 10*time.Second)
 		for _, in := range static {
 			_ = in.proc.cmd.Process.Kill()
 		}
-		adaptive := startSlotInstances(b, 3, srv.Addr, us.URL, "adaptive_concurrency", 32, "open")
+		adaptive := startSlotInstances(b, 3, srv.Addr, url, "adaptive_concurrency", 32, "open")
 		ac := measureSlots(b, srv, up, adaptive, 10*time.Second)
 		stop := make(chan struct{})
 		wait := closedLoop(24, adaptive, stop)
@@ -121,7 +119,6 @@ func BenchmarkAdaptiveConcurrency(b *testing.B) {
 		down, back := settleTime(srv, up, 4), settleTime(srv, up, 8)
 		close(stop)
 		wait()
-		us.Close()
 		b.ReportMetric(float64(cc.cpuPerRequest.Microseconds()), "cc-cpu-µs/req")
 		b.ReportMetric(float64(ac.cpuPerRequest.Microseconds()), "ac-cpu-µs/req")
 		b.ReportMetric(float64(ac.cpuPerRequest)/float64(cc.cpuPerRequest), "cpu-ratio")

@@ -65,6 +65,15 @@ func (u *capacityUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write([]byte("ok"))
 }
 
+// startCapacityUpstream serves a capacityUpstream of c places (100 ms a request) until the test
+// ends, and returns it and its URL.
+func startCapacityUpstream(tb testing.TB, c int) (*capacityUpstream, string) {
+	up := &capacityUpstream{service: 100 * time.Millisecond, c: c}
+	us := httptest.NewServer(up)
+	tb.Cleanup(us.Close)
+	return up, us.URL
+}
+
 // setCapacity changes c; the requests queued that now fit start at once.
 func (u *capacityUpstream) setCapacity(c int) {
 	u.mu.Lock()
@@ -219,10 +228,8 @@ func closedLoop(clients int, insts []*adaptiveInstance, stop chan struct{}) (wai
 // gauges of the limit in force read the same value, Redis's.
 func TestAdaptiveConcurrencyFindsCapacity(t *testing.T) {
 	srv := redistest.Start(t)
-	up := &capacityUpstream{service: 100 * time.Millisecond, c: 8}
-	us := httptest.NewServer(up)
-	defer us.Close()
-	insts := startAdaptiveInstances(t, 3, srv.Addr, us.URL, 32, "open")
+	up, url := startCapacityUpstream(t, 8)
+	insts := startAdaptiveInstances(t, 3, srv.Addr, url, 32, "open")
 
 	stop := make(chan struct{})
 	wait := closedLoop(24, insts, stop)
@@ -318,10 +325,8 @@ func (u *capacityUpstream) mostInside() int {
 // while paused: none leaks).
 func TestAdaptiveConcurrencyFaults(t *testing.T) {
 	srv := redistest.Start(t)
-	up := &capacityUpstream{service: 100 * time.Millisecond, c: 8}
-	us := httptest.NewServer(up)
-	defer us.Close()
-	insts := startAdaptiveInstances(t, 3, srv.Addr, us.URL, 32, "closed")
+	up, url := startCapacityUpstream(t, 8)
+	insts := startAdaptiveInstances(t, 3, srv.Addr, url, 32, "closed")
 	stop := make(chan struct{})
 	wait := closedLoop(40, insts, stop)
 	recovered := func(what string) {
@@ -348,7 +353,7 @@ func TestAdaptiveConcurrencyFaults(t *testing.T) {
 	}
 
 	for _, in := range insts[:2] {
-		in.reload(t, srv.Addr, us.URL, 6, "closed")
+		in.reload(t, srv.Addr, url, 6, "closed")
 	}
 	time.Sleep(time.Second) // the requests admitted before the reload end
 	up.mostInside()
