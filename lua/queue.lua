@@ -72,7 +72,7 @@ local claim, chan = tonumber(ARGV[4]), ARGV[5]
 local limit, rate = tonumber(ARGV[3]), nil -- slots; or a token bucket's capacity and refill rate
 local ceiling, minl = string.match(ARGV[3], '^(%d+)/(%d+)$')
 if ceiling then -- adaptive concurrency: the limit in force is its controller's (see settle.lua)
-  limit = math.max(1, math.min(tonumber(ceiling), tonumber(redis.call('HGET', KEYS[#KEYS], 'e')) or tonumber(minl)))
+  limit = math.max(1, math.min(tonumber(ceiling), tonumber(redis.call('HMGET', KEYS[#KEYS], 'e')[1]) or tonumber(minl)))
 end
 local tb = limit == nil
 if tb then
