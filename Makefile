@@ -13,7 +13,7 @@ LOCAL_VERSION := v0.0.0-00010101000000-000000000000
 TEST_PACKAGES := ./internal/caddytest ./internal/freeport ./internal/redistest ./internal/repocheck
 SOURCES       := $(shell find . \( -path ./bin -o -path ./bench $(patsubst %,-o -path %,$(TEST_PACKAGES)) \) -prune -o \( -name '*.go' ! -name '*_test.go' -o -name '*.lua' \) -print) go.mod go.sum
 
-.PHONY: build run test compose-check rules-check e2e fmt adapt smoke bench bench-queue bench-l4 fuzz release-check release
+.PHONY: build run test compose-check rules-check e2e fmt adapt smoke bench bench-queue bench-l4 bench-adaptive fuzz release-check release
 
 ## build: bin/caddy, Caddy $(CADDY_VERSION) with this module: the HTTP handler, and caddy-l4 with
 ## the connection handler (README.md "Install" gives this recipe; TestReadmeInstall checks that
@@ -92,7 +92,7 @@ adapt: bin/caddy
 
 ## bench: plain Caddy vs Caddy with the module under wrk, alternating rounds; prints a table
 ## (settings: BENCH_ROUNDS, BENCH_DURATION, BENCH_WARMUP, BENCH_THREADS, BENCH_CONNECTIONS);
-## then bench-l4, the same comparison for new connections through caddy-l4.
+## then bench-l4, the same comparison for new connections through caddy-l4, and bench-adaptive.
 ## With ANCHOR_SRC=<a clone of github.com/mholt/caddy-ratelimit> the pinned scenario also
 ## measures that in-memory limiter (bin/caddy-anchor); without it, that side is skipped.
 bench: bin/caddy bin/caddy-plain
@@ -103,6 +103,14 @@ bench: bin/caddy bin/caddy-plain
 	else $(MAKE) --no-print-directory bin/caddy-anchor; fi
 	ANCHOR_SRC="$(ANCHOR_SRC)" scripts/bench.sh
 	$(MAKE) --no-print-directory bench-l4
+	$(MAKE) --no-print-directory bench-adaptive
+
+## bench-adaptive: concurrency against adaptive_concurrency over 3 bin/caddy processes before an
+## upstream of 8 places, in one run: Caddy CPU per request, Redis calls per second per instance,
+## the time to settle after capacity steps (BenchmarkAdaptiveConcurrency; docs/adaptive.md)
+bench-adaptive: bin/caddy
+	scripts/ensure-redis.sh
+	CADDY_BINARY=$(CURDIR)/bin/caddy go test -run '^$$' -bench BenchmarkAdaptiveConcurrency -benchtime 1x -count 3 ./e2e
 
 ## bench-l4: new connections through caddy-l4's echo, alone and behind rate_limit_redis, in one
 ## Caddy and one run (BenchmarkNewConnections): time and this process's CPU per connection

@@ -69,7 +69,7 @@ var redisUses = []redisUse{
 	{"limiter: running the scripts", grantLimiter, []string{"evalsha", "eval"}},
 	{"lua/decide.lua", grantLimiter, []string{"time", "hmget", "hgetall", "zcount", "zrangebyscore", "zrange", "get",
 		"pexpire", "hdel", "hset", "set", "zremrangebyscore", "zadd", "zscore", "zrem", "zcard", "zincrby"}},
-	{"lua/settle.lua", grantLimiter, []string{"time", "get", "del", "set", "hmget", "hgetall", "hset", "hdel", "pexpire", "zrem"}},
+	{"lua/settle.lua", grantLimiter, []string{"time", "get", "del", "set", "hmget", "hgetall", "hset", "hdel", "pexpire", "zrem", "zcount"}},
 	{"lua/refresh.lua", grantLimiter, []string{"time", "zremrangebyscore", "zadd", "zrange", "pexpire"}},
 	// A queue (max_wait on a concurrency zone, or on a token bucket with priority): its waiters
 	// enter, leave, are renewed and granted slots or tokens, each grant published on the
@@ -81,9 +81,10 @@ var redisUses = []redisUse{
 	{"limiter.ResetListener: the reset broadcast", grantLimiter, []string{"subscribe", "ping"}},
 	// limiter.State (GET /rate_limit_redis/state): TIME, then one MULTI/EXEC reading the key
 	// (a token bucket and a sliding window counter: HGETALL; a sliding window: ZCOUNT and
-	// ZREVRANGEBYSCORE; a fixed window: GET) and its PTTL.
+	// ZREVRANGEBYSCORE; a fixed window: GET; an adaptive concurrency zone's controller: HMGET) and
+	// its PTTL.
 	{"limiter.State: the admin API's state", grantAdmin, []string{"multi", "exec", "time", "hgetall", "zcount",
-		"zrevrangebyscore", "get", "pttl"}},
+		"zrevrangebyscore", "get", "pttl", "hmget"}},
 	// limiter.Queue (GET /rate_limit_redis/state of a queue zone): one MULTI/EXEC reading each
 	// class's ZCARD and its earliest waiter.
 	{"limiter.Queue: the admin API's state of a queue", grantAdmin, []string{"multi", "exec", "zcard", "zrange"}},

@@ -898,7 +898,7 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 
 		// algorithm
 		{"algorithm bad", "rate_limit_redis {\n\tzone a {\n\t\talgorithm leaky_bucket\n\t}\n}",
-			`zone a: algorithm "leaky_bucket" must be token_bucket, sliding_window, fixed_window, sliding_window_counter or concurrency, at Testfile:3`},
+			`zone a: algorithm "leaky_bucket" must be token_bucket, sliding_window, fixed_window, sliding_window_counter, concurrency or adaptive_concurrency, at Testfile:3`},
 
 		// capacity
 		{"capacity not a number", "rate_limit_redis {\n\tzone a {\n\t\tcapacity abc\n\t}\n}",
@@ -1113,6 +1113,22 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 			`duplicate subdirective "jitter", at Testfile:4`},
 		{"jitter in a deny_cache block", "rate_limit_redis {\n\tdeny_cache {\n\t\tjitter 1s\n\t}\n}",
 			`deny_cache: unrecognized subdirective "jitter", at Testfile:3`},
+
+		// adaptive_concurrency
+		{"min_limit on concurrency", "rate_limit_redis {\n\tzone z {\n\t\talgorithm concurrency\n\t\tlimit 10\n\t\tmin_limit 2\n\t}\n}",
+			`zone z: min_limit, buffer, update_interval, probe_interval and probe_samples belong to algorithm adaptive_concurrency, not concurrency, at Testfile:5`},
+		{"buffer on a token bucket", tb + "\tbuffer 10%\n}",
+			`zone default: min_limit, buffer, update_interval, probe_interval and probe_samples belong to algorithm adaptive_concurrency, not token_bucket (the default when no algorithm is given), at Testfile:4`},
+		{"min_limit above limit", "rate_limit_redis {\n\tzone z {\n\t\talgorithm adaptive_concurrency\n\t\tlimit 10\n" + "\t\tmin_limit 11\n\t}\n}", `zone z: min_limit 11 must be between 1 and limit 10, at Testfile:5`},
+		{"min_limit 0", "rate_limit_redis {\n\tzone z {\n\t\talgorithm adaptive_concurrency\n\t\tlimit 10\n" + "\t\tmin_limit 0\n\t}\n}", `min_limit: "0" must be >= 1, at Testfile:5`},
+		{"buffer above 1", "rate_limit_redis {\n\tzone z {\n\t\talgorithm adaptive_concurrency\n\t\tlimit 10\n" + "\t\tbuffer 150%\n\t}\n}", `zone z: buffer 1.5 must be above 0 and at most 1: a fraction of the minimum latency (0.25, or 25%), at Testfile:5`},
+		{"update_interval too short", "rate_limit_redis {\n\tzone z {\n\t\talgorithm adaptive_concurrency\n\t\tlimit 10\n" + "\t\tupdate_interval 1ms\n\t}\n}", `zone z: update_interval 1ms must be between 10ms and 10s, at Testfile:5`},
+		{"probe_interval too short", "rate_limit_redis {\n\tzone z {\n\t\talgorithm adaptive_concurrency\n\t\tlimit 10\n" + "\t\tprobe_interval 10ms\n\t}\n}", `zone z: probe_interval 10ms must be between 1s and 1d, at Testfile:5`},
+		{"probe_samples too many", "rate_limit_redis {\n\tzone z {\n\t\talgorithm adaptive_concurrency\n\t\tlimit 10\n" + "\t\tprobe_samples 10001\n\t}\n}", `zone z: probe_samples 10001 must be between 1 and 10000, at Testfile:5`},
+		{"adaptive limit from a placeholder", "rate_limit_redis {\n\tzone z {\n\t\talgorithm adaptive_concurrency\n\t\tlimit {http.vars.l} 10\n\t}\n}",
+			`zone z: limit of algorithm adaptive_concurrency must be a literal: its learnt limit is one per client, within one ceiling, at Testfile:4`},
+		{"adaptive with overrides", "rate_limit_redis {\n\tzone z {\n\t\talgorithm adaptive_concurrency\n\t\tlimit 10\n" + "\t\toverrides\n\t}\n}", `zone z: overrides exclude algorithm adaptive_concurrency: its limit is learnt (a lower limit in the configuration applies at once), at Testfile:5`},
+		{"adaptive with cost", "rate_limit_redis {\n\tzone z {\n\t\talgorithm adaptive_concurrency\n\t\tlimit 10\n" + "\t\tcost 2\n\t}\n}", `zone z: cost does not apply to algorithm concurrency: a request takes one slot while it runs, at Testfile:5`},
 
 		// no_retry_over
 		{"no_retry_over not a duration", "rate_limit_redis {\n\tno_retry_over never\n}",

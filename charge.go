@@ -376,6 +376,9 @@ type chargeWriter struct {
 	// served: the request was passed on to the next handler. clientLeft: it was, and its client
 	// went away before any response header was written (set at settlement).
 	served, clientLeft bool
+	// start is when the request was passed on, when an adaptive_concurrency zone measures its
+	// latency (zero otherwise); headerAt when its first final header was written.
+	start, headerAt time.Time
 }
 
 // WriteHeader records the first final status, and, when the body is to be read, whether it can
@@ -383,6 +386,9 @@ type chargeWriter struct {
 func (cw *chargeWriter) WriteHeader(code int) {
 	if cw.status == 0 && code >= 200 {
 		cw.status = code
+		if !cw.start.IsZero() {
+			cw.headerAt = time.Now()
+		}
 		if cw.readBody {
 			cw.startScan()
 		}
@@ -486,6 +492,9 @@ func (h *Handler) serveAndSettle(w http.ResponseWriter, r *http.Request, next ca
 		}
 	}()
 	cw.served = true
+	if adapts(reqs) {
+		cw.start = time.Now()
+	}
 	err := next.ServeHTTP(cw, r)
 	settled = true
 	h.settleResponse(r, cw, reqs, d.Held, err, &charged)
@@ -554,6 +563,7 @@ func (h *Handler) settleResponse(r *http.Request, cw *chargeWriter, reqs []limit
 			}
 		}
 	}
+	sampleLatency(held, cw, err)
 	h.settle(r.Context(), reqs, held, amounts)
 }
 

@@ -96,6 +96,7 @@ func (h *Handler) ConnectionOptions() error {
 		add(!z.MaxCost.IsZero(), in("max_cost"))
 		add(z.Jitter != nil, in("jitter"))
 		add(z.NoRetryOver != nil, in("no_retry_over"))
+		add(z.Algorithm == "adaptive_concurrency", in("algorithm adaptive_concurrency (it learns from the latency of responses)"))
 		for _, k := range z.Key {
 			add(strings.Contains(k, "{http.request."), in("key "+k))
 		}

@@ -21,6 +21,7 @@ import (
 func (h *Handler) decideFlight(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, f *flight) (done bool, err error) {
 	f.d, err = h.limiter.Decide(r.Context(), f.reqs)
 	if err == nil {
+		h.observeLearnt(f.reqs)
 		return false, nil
 	}
 	return h.failed(w, r, next, f, err)

@@ -13,7 +13,10 @@ import (
 // `metrics` handler serve the registry of the config they belong to. Collectors made per config
 // would start again from zero on each reload; these keep counting. No metric has a per-client
 // label: the zone label's values are the configured zone names. initMetrics makes them all, once.
-var metrics struct {
+var metrics metricSet
+
+// metricSet is the type of metrics.
+type metricSet struct {
 	once sync.Once
 	// all are every collector below, in the order made: what registerMetrics registers.
 	all []prometheus.Collector
@@ -43,6 +46,10 @@ var metrics struct {
 	// inFlight is, by concurrency zone, the requests of this instance holding a slot now
 	// (concurrency.go).
 	inFlight *prometheus.GaugeVec
+	// concurrencyLimit, adaptiveMinLatency and adaptiveLatency are, by adaptive_concurrency
+	// zone, the limit in force and the latencies it was learnt from, as the last decision read
+	// them (adaptive.go).
+	concurrencyLimit, adaptiveMinLatency, adaptiveLatency *prometheus.GaugeVec
 	// queueWaiters and queueWait are, by queue zone and class, the requests waiting now and
 	// their waits (queue.go).
 	queueWaiters *prometheus.GaugeVec
@@ -149,6 +156,7 @@ func initMetrics() {
 		}, []string{"zone", "class"}))
 		m.inFlight = newGaugeVec("in_flight",
 			"Requests of this instance holding a slot of a concurrency zone now (in Redis, or in process under fail_mode local), by zone.")
+		initAdaptiveMetrics(m)
 
 		m.charged = newCounterVec("charged_total",
 			"Tokens (or window slots) charged by settlements after the response, by zone: the amounts reported, or the reservations when nothing was reported.", "zone")
@@ -163,12 +171,27 @@ func initMetrics() {
 		m.chargeUndecoded = newCounterVec("charge_undecoded_total",
 			"Compressed responses of a zone with charge openai_usage whose decoding stopped before their end (the rest went to the client undecoded), charged the zone's missing amount if successful, by zone and reason: size (256 MiB decoded), ratio (over 100 times the bytes received, past 8 MiB), memory (no room for a zstd window).", "zone", "reason")
 
-		m.leaseGrants = newCounterVec("lease_grants_total", "Grants of tokens this instance took from Redis for a lease zone's hot clients, by zone.", "zone")
-		m.leaseLocal = newCounterVec("lease_local_decisions_total", "Requests a lease zone admitted in process from a grant, with no Redis call for that zone, by zone.", "zone")
-		m.leaseReturned = newCounterVec("lease_returned_units_total", "Tokens granted and not spent that this instance gave back to Redis when their grant ended, by zone.", "zone")
-		m.leaseStranded = newGaugeVec("lease_stranded_units",
-			"Tokens granted to this instance and not yet spent, by zone: charged in Redis, unavailable to the other instances.")
+		initLeaseMetrics(m)
 	})
+}
+
+// initAdaptiveMetrics makes the gauges of adaptive_concurrency zones (adaptive.go).
+func initAdaptiveMetrics(m *metricSet) {
+	m.concurrencyLimit = newGaugeVec("concurrency_limit",
+		"The limit in force of an adaptive_concurrency zone (requests in flight), learnt in Redis for every instance, as this instance's last decision read it, by zone.")
+	m.adaptiveMinLatency = newGaugeVec("adaptive_min_latency_seconds",
+		"The upstream's minimum latency (seconds to the response header) that an adaptive_concurrency zone's last probe measured, by zone.")
+	m.adaptiveLatency = newGaugeVec("adaptive_latency_seconds",
+		"The mean latency (seconds to the response header) of an adaptive_concurrency zone's requests in its last update interval, by zone.")
+}
+
+// initLeaseMetrics makes the metrics of lease zones (lease.go).
+func initLeaseMetrics(m *metricSet) {
+	m.leaseGrants = newCounterVec("lease_grants_total", "Grants of tokens this instance took from Redis for a lease zone's hot clients, by zone.", "zone")
+	m.leaseLocal = newCounterVec("lease_local_decisions_total", "Requests a lease zone admitted in process from a grant, with no Redis call for that zone, by zone.", "zone")
+	m.leaseReturned = newCounterVec("lease_returned_units_total", "Tokens granted and not spent that this instance gave back to Redis when their grant ended, by zone.", "zone")
+	m.leaseStranded = newGaugeVec("lease_stranded_units",
+		"Tokens granted to this instance and not yet spent, by zone: charged in Redis, unavailable to the other instances.")
 }
 
 // The namespace and subsystem of every metric: caddy_rate_limit_redis_<name>.

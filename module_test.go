@@ -146,7 +146,7 @@ func TestConfigAbuseJSON(t *testing.T) {
 			`key_prefix "rl{" must not contain { or }`},
 		"timeout negative": {`{"timeout":"-1s","zones":[{"name":"a","capacity":1,"refill_rate":1}]}`, "timeout must be > 0"},
 		"db negative":      {`{"redis":{"db":-1},"zones":[{"name":"a","capacity":1,"refill_rate":1}]}`, "redis db -1 must be >= 0"},
-		"algorithm":        {`{"zones":[{"name":"a","algorithm":"leaky_bucket","capacity":1,"refill_rate":1}]}`, `zone a: algorithm "leaky_bucket" must be token_bucket, sliding_window, fixed_window, sliding_window_counter or concurrency`},
+		"algorithm":        {`{"zones":[{"name":"a","algorithm":"leaky_bucket","capacity":1,"refill_rate":1}]}`, `zone a: algorithm "leaky_bucket" must be token_bucket, sliding_window, fixed_window, sliding_window_counter, concurrency or adaptive_concurrency`},
 	} {
 		t.Run(name, func(t *testing.T) {
 			// Raw, so that numbers reach Caddy as written.

@@ -63,7 +63,9 @@ type Zone struct {
 	// `token_bucket`, `sliding_window` (the exact sliding window log), `fixed_window` (a counter
 	// per window or calendar period), `sliding_window_counter` (constant memory, approximate) or
 	// `concurrency` (at most `limit` requests of a client in flight at once, across all
-	// instances; see docs/decisions.md). Default: `token_bucket`.
+	// instances; see docs/decisions.md) or `adaptive_concurrency` (concurrency whose limit, at
+	// most `limit`, is learnt from the upstream's latency, one limit for every instance; see
+	// docs/adaptive.md). Default: `token_bucket`.
 	Algorithm string `json:"algorithm,omitempty"`
 
 	// token_bucket: the bucket size (burst), in tokens; 1 to 2^53. Like refill_rate, limit,
@@ -251,6 +253,24 @@ type Zone struct {
 	// Default: 0, nothing reported (and nothing more computed).
 	NearLimit float64 `json:"near_limit,omitempty"`
 
+	// adaptive_concurrency: the floor of the learnt limit, in requests in flight (1 to limit),
+	// and the limit while the upstream's minimum latency is measured (see docs/adaptive.md).
+	// Default: 3, or limit when lower.
+	MinLimit int `json:"min_limit,omitempty"`
+	// adaptive_concurrency: how far above the minimum latency the latency may go before the
+	// limit falls, as a fraction of it (0.25, or 25%; above 0, at most 1). The limit settles
+	// where requests take about the minimum latency × (1 + buffer). Default: 0.25.
+	Buffer float64 `json:"buffer,omitempty"`
+	// adaptive_concurrency: how often the limit is computed again from the latency of the
+	// requests that ended since, as a duration (10ms to 10s). Default: 100ms.
+	UpdateInterval caddy.Duration `json:"update_interval,omitempty"`
+	// adaptive_concurrency: how often the upstream's minimum latency is measured again, as a
+	// duration (1s to 24h); while it is, the limit is min_limit. Default: 1m.
+	ProbeInterval caddy.Duration `json:"probe_interval,omitempty"`
+	// adaptive_concurrency: how many requests admitted during a probe of the minimum latency it
+	// measures (1 to 10,000). Default: 50.
+	ProbeSamples int `json:"probe_samples,omitempty"`
+
 	after  *afterResponse // count_status and charge, provisioned; nil without them
 	capOut *outputCap     // cap_output, provisioned; nil without it
 	// dyn are the numbers resolved per request, as provisioned: those given by a placeholder;
@@ -269,9 +289,10 @@ type Zone struct {
 	emptyKeys prometheus.Counter
 	// nearLimits is the zone's series of near_limit_total; nil without near_limit.
 	nearLimits prometheus.Counter
-	failMode   string // FailMode, or the handler's
-	v4, v6     int    // the prefix lengths in force
-	jitter     int64  // the Retry-After jitter in force, in seconds
+	learnt     *learntGauges // an adaptive_concurrency zone's gauges; nil for the others
+	failMode   string        // FailMode, or the handler's
+	v4, v6     int           // the prefix lengths in force
+	jitter     int64         // the Retry-After jitter in force, in seconds
 	// noRetryOver is the no_retry_over in force: a denial of a longer wait says X-Should-Retry:
 	// false; 0 never.
 	noRetryOver time.Duration
@@ -354,6 +375,7 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger, in inherited) er
 		}
 	}
 	z.provisionQueue()
+	z.provisionLearnt()
 	if err := z.provisionAfter(); err != nil {
 		return err
 	}
@@ -409,6 +431,7 @@ func (z *Zone) limiterZone(expand func(field, expr string) string) (limiter.Zone
 	if lz.Classes, err = z.Priority.limiterClasses(z); err != nil {
 		return lz, nil, err
 	}
+	lz.Adaptive = z.limiterAdaptive(lz)
 	if z.TimeZone != "" {
 		// Local is not one zone: each instance's system could have its own.
 		if lz.Location, err = time.LoadLocation(z.TimeZone); err != nil || z.TimeZone == "Local" {
@@ -570,6 +593,9 @@ func (z *Zone) validateTogether(lz limiter.Zone, cost int64) error {
 	after := len(z.CountStatus) > 0 || z.Charge != nil
 	if lz.Algorithm.HoldsSlots() {
 		if err := z.validateDryRun(); err != nil {
+			return err
+		}
+		if err := z.validateAdaptive(lz); err != nil {
 			return err
 		}
 		return z.validateConcurrency(cost)

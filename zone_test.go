@@ -76,7 +76,9 @@ func TestValidateCharging(t *testing.T) {
 
 // TestEndToEndDailyQuota: a fixed window of 3 per UTC day through Caddy: the headers and the
 // 429's Retry-After say the seconds to the next UTC midnight; the admin API shows the count and
-// the window, and a reset gives the client its quota back.
+// the window, and a reset gives the client its quota back. Its decisions wait for Redis up to
+// 5 s: a first call that loads the script under a busy test run once took over the default
+// 100 ms and failed open.
 func TestEndToEndDailyQuota(t *testing.T) {
 	srv := redistest.Start(t)
 	ac := startCaddyAdmin(t, fmt.Sprintf(`
@@ -84,6 +86,7 @@ func TestEndToEndDailyQuota(t *testing.T) {
 		redis {
 			address %s
 		}
+		timeout 5s
 		headers both
 		zone daily {
 			key {http.request.header.X-API-Key}

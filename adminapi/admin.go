@@ -294,6 +294,9 @@ type ClientState struct {
 	// deadline, soonest first: when it frees itself unless its instance refreshes it first
 	// (hold_max after it was taken or last refreshed) or gives it back.
 	Slots []SlotState `json:"slots,omitempty"`
+	// adaptive_concurrency: the controller (limit is the limit in force, learnt; see
+	// LearntState).
+	Learnt *LearntState `json:"learnt,omitempty"`
 	// a zone with a queue (concurrency with max_wait, or token_bucket with max_wait and
 	// priority): the client key's queue (see QueueState).
 	Queue *QueueState `json:"queue,omitempty"`
@@ -527,10 +530,14 @@ func (t target) stateOf(ctx context.Context, lz *limiter.Zone, numbers *StateNum
 	case limiter.FixedWindow:
 		cs.Count = &s.Count
 		cs.WindowStart, cs.WindowEnd = s.WindowStart.UTC().Format(time.RFC3339Nano), s.WindowEnd.UTC().Format(time.RFC3339Nano)
-	case limiter.Concurrency:
+	case limiter.Concurrency, limiter.AdaptiveConcurrency:
 		cs.Count = &s.Count
 		if err := t.slotsState(ctx, lz, lk, s.Now, &cs); err != nil {
 			return ClientState{}, t.redisError(err)
+		}
+		if lz.Algorithm.Adapts() {
+			cs.Limit = s.Learnt.Limit
+			cs.Learnt = &LearntState{Ceiling: lz.Limit, MinLatencyMs: s.Learnt.MinLatency.Milliseconds(), LatencyMs: s.Learnt.Latency.Milliseconds()}
 		}
 	case limiter.SlidingWindow:
 		cs.Count = &s.Count
@@ -538,6 +545,17 @@ func (t target) stateOf(ctx context.Context, lz *limiter.Zone, numbers *StateNum
 		return ClientState{}, fmt.Errorf("zone %s: unknown algorithm %v", t.info.Name, lz.Algorithm)
 	}
 	return cs, nil
+}
+
+// LearntState is an adaptive_concurrency zone's controller for a client, as its decisions read it.
+type LearntState struct {
+	// The zone's limit: the most the learnt limit may be (requests in flight).
+	Ceiling int64 `json:"ceiling"`
+	// The upstream's minimum latency its last probe measured, in milliseconds (to the response
+	// header); 0 before the first probe ends.
+	MinLatencyMs int64 `json:"min_latency_ms"`
+	// The mean latency of its requests in its last update interval, in milliseconds; 0 before one.
+	LatencyMs int64 `json:"latency_ms"`
 }
 
 // slotsState sets the slots in flight of a concurrency zone's client lk in cs, and its queue's

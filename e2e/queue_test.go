@@ -329,7 +329,7 @@ type caddyProcess struct {
 
 // startCaddyProcess runs caddyBin with caddyfile, which serves on port, until the test ends, and
 // returns once the port accepts connections.
-func startCaddyProcess(t *testing.T, caddyBin, caddyfile string, port int) *caddyProcess {
+func startCaddyProcess(t testing.TB, caddyBin, caddyfile string, port int) *caddyProcess {
 	t.Helper()
 	dir := t.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "Caddyfile"), []byte(caddyfile), 0o600); err != nil {

@@ -10,7 +10,7 @@
 -- except a longer TTL (see decide).
 --
 -- KEYS     the keys of every decision, in order: a decision of n zones takes the state keys of
---          its zones (`<prefix>{<client key>}:<zone>:<tb|sw|fw|sc|cc>`), then the record key
+--          its zones (`<prefix>{<client key>}:<zone>:<tb|sw|fw|sc|cc|ac>`), then the record key
 --          (`<state key>:<nonce>`) and the generation key (`<state key>:gen`) of each of its
 --          fixed window and sliding window counter zones whose charge is to be recorded for
 --          settlement, in zone order (a record key is told from the next decision's state key by
@@ -30,12 +30,15 @@
 --   n        the number of zones
 --   and 5 arguments per zone (read by read_decision):
 --   algorithm  "tb" (token bucket), "sw" (sliding window log), "fw" (fixed window), "sc"
---              (sliding window counter) or "cc" (concurrency)
---   quota      tb: capacity (tokens); sw, fw, sc: limit (requests per window); cc: limit (slots)
+--              (sliding window counter), "cc" (concurrency) or "ac" (adaptive concurrency)
+--   quota      tb: capacity (tokens); sw, fw, sc: limit (requests per window); cc: limit (slots);
+--              ac: the ceiling of its learnt limit (slots)
 --   rate       tb: refill rate (tokens/s, float > 0), or "<rate>,<max_wait>" to shape: the
 --              longest the request may be held (µs, integer > 0); sw, sc: window (µs, integer > 0);
 --              fw: "b0,b1,b2,b3" (µs): the windows [b0,b1), [b1,b2), [b2,b3) around the
---              instance's clock, of which the one holding now is used; cc: "0" (unused)
+--              instance's clock, of which the one holding now is used; cc: "0" (unused); ac: its
+--              controller, "<min limit>,<buffer ppm>,<update µs>,<probe every µs>,<probe samples>"
+--              (settle.lua reads it)
 --   cost       tokens or window slots this request takes (integer >= 1); tb, fw: or "<cost>,<ask>"
 --              to ask for a lease's grant of about ask units (see lease_grant)
 --   flags      "" or, in this order: "s" (a shadow zone), "u" (a cost "<cost>,<ask>" is granted
@@ -45,7 +48,8 @@
 --              Penalty box), "q<k>" (a concurrency or token bucket zone's queue: the
 --              decision's key k is its waiters' sorted set, see queue.lua), "t<k>:<entries>,<ttl>"
 --              (a top: the decision's keys k and k + 1 are its denied and used sorted sets, k + 2
---              and k + 3 their errors, see Top), "n<ppm>" (a near limit: see Near limit), then
+--              and k + 3 their errors, see Top), "n<ppm>" (a near limit: see Near limit), "a<k>"
+--              (an adaptive concurrency zone: the decision's key k is its controller's hash), then
 --              "|<id>" (a claim: waiter id holds a reserved slot or tokens, see queue.lua),
 --              always last
 --
@@ -53,8 +57,9 @@
 -- remaining_i, retry_after_i, reset_i, next_i, then granted_i when the zone's cost asks for a
 -- lease, then block_i when the zone has a block, then quota_i, window_i and max_cost_i when the
 -- zone has overrides (see "Shadow zones and overrides"), then near_i when the zone has a near
--- limit. A decision of n zones, k of which ask for a lease, b have a block, v have overrides and
--- m a near limit, so gives 1 + 5n + k + b + 3v + m integers:
+-- limit, then limit_i, min_rtt_i and rtt_i when it is an adaptive concurrency zone. A decision of
+-- n zones, k of which ask for a lease, b have a block, v have overrides, m a near limit and c are
+-- adaptive, so gives 1 + 5n + k + b + 3v + m + 3c integers:
 --   allowed        1 if every zone admits the request (and all were charged), else 0; a shadow
 --                  zone's denial does not count
 --   allowed_i      1 if zone i alone would admit the request, else 0
@@ -75,6 +80,9 @@
 --   near_i         1 when zone i admits the request and its charge takes the client from below
 --                  its near limit to at or past it, else 0 (see Near limit); the charge is made
 --                  only when allowed is 1
+--   limit_i        the limit in force of adaptive concurrency zone i (slots; see ac_algorithm)
+--   min_rtt_i      its minimum latency, µs (0 before the first probe ends)
+--   rtt_i          the mean latency of its last update interval, µs (0 before one)
 
 local EPSILON = 1e-9 -- float slack, so that refill arithmetic never loses a whole token
 local HOLD_MAX = 5000000 -- µs a hold may wait for settle.lua before it counts as a charge
@@ -459,6 +467,24 @@ local function cc_algorithm()
   return cc_decide
 end
 
+local function ac_algorithm()
+  -- Adaptive concurrency -------------------------------------------------------------------------
+  -- A concurrency zone (its slots as cc's, decided by cc's function) whose limit in force is
+  -- learnt: the field e of its controller's hash (z.akey, `<state key>:ctl`, written by
+  -- settle.lua: see "Adaptive concurrency" there), at most the zone's limit (its ceiling, so that
+  -- a lower limit in the configuration applies at once); the min limit (the first number of its
+  -- rate argument) while the hash holds none. The zone's reply adds the limit in force, and the
+  -- minimum latency (m) and the last window's latency (r), µs (0 before they are measured).
+  local cc_decide = cc_algorithm()
+  local function ac_decide(key, quota, rate, cost, ask, nonce, hmax, rkey, gkey, writes, denied, upto, z)
+    local v = call('HMGET', z.akey, 'e', 'm', 'r')
+    local limit = max(1, min(quota, tonumber(v[1]) or tonumber(string.match(rate, '^%d+'))))
+    z.learnt = { limit, tonumber(v[2]) or 0, tonumber(v[3]) or 0 }
+    return cc_decide(key, limit, rate, cost, ask, nonce, hmax, rkey, gkey, writes, denied, upto, z)
+  end
+  return ac_decide
+end
+
 -- Window counters' records ----------------------------------------------------------------------
 -- A window counter's (fixed window, sliding window counter) charge settled after the response
 -- (count_status, charge, a lease's grant), or released or committed by settle.lua on Redis
@@ -606,7 +632,8 @@ end
 
 -- algorithms are the algorithms' constructors, by tag: each builds the decide function of its
 -- algorithm, with its other functions, when a decision of the call first needs it.
-local algorithms = { tb = tb_algorithm, sw = sw_algorithm, cc = cc_algorithm, fw = fw_algorithm, sc = sc_algorithm }
+local algorithms = { tb = tb_algorithm, sw = sw_algorithm, cc = cc_algorithm, fw = fw_algorithm, sc = sc_algorithm,
+  ac = ac_algorithm }
 
 -- algorithm returns the decide function of the algorithm tagged tag; any tag algorithms lacks is
 -- an error.
@@ -871,6 +898,8 @@ local function read_decision(a, kbase)
         last = max(last, tk + 3)
       end
       z.near = tonumber(string.match(flags, 'n(%d+)'))
+      local ak = tonumber(string.match(flags, 'a(%d+)'))
+      if ak then z.akey, last = KEYS[kbase + ak], max(last, ak) end
     end
     zones[i] = z
   end
@@ -946,6 +975,12 @@ local function decide(nonce, hold, zones)
       reply[#reply + 1] = om
     end
     if z.near then reply[#reply + 1] = near_crossed(z, ok, quota, cost, remaining, granted, tokens) end
+    if z.akey then
+      local learnt = z.learnt or { 1, 0, 0 }
+      reply[#reply + 1] = learnt[1]
+      reply[#reply + 1] = learnt[2]
+      reply[#reply + 1] = learnt[3]
+    end
   end
 
   -- The denying zones' TTLs (a shadow zone's, of an admitted decision, too).

@@ -36,11 +36,13 @@
 -- waiters it is granted at least floor(s × n / 1000) of every n grants, less one per other
 -- class owed at the same grant.
 --
--- KEYS[1] K, KEYS[2] K:ql, KEYS[3] K:qm, KEYS[3 + c] K:q<c> for each class c.
+-- KEYS[1] K, KEYS[2] K:ql, KEYS[3] K:qm, KEYS[3 + c] K:q<c> for each class c; last, for an
+--         adaptive concurrency zone, K:ctl, its controller's hash (settle.lua).
 -- ARGV[1] now, in µs since the Unix epoch, or "" to read the Redis server clock (TIME).
 -- ARGV[2] the operation: "enter", "leave", "refresh" or "promote".
--- ARGV[3] the zone: its limit (slots), or "<capacity>,<refill rate>" (tokens, tokens/s) for a
---         token bucket.
+-- ARGV[3] the zone: its limit (slots), "<limit>/<min limit>" (slots) for an adaptive concurrency
+--         zone (its limit in force is K:ctl's e, at most limit; min limit while it has none), or
+--         "<capacity>,<refill rate>" (tokens, tokens/s) for a token bucket.
 -- ARGV[4] claim: µs a reservation waits for its waiter's decision.
 -- ARGV[5] the channel prefix: a waiter's grant is published on ARGV[5] .. its instance.
 -- ARGV[6] the classes' shares, permille, comma-separated, one per class ("0" for none).
@@ -68,6 +70,10 @@ local NOW = string.format('%d', now)
 local K, L, M = KEYS[1], KEYS[2], KEYS[3]
 local claim, chan = tonumber(ARGV[4]), ARGV[5]
 local limit, rate = tonumber(ARGV[3]), nil -- slots; or a token bucket's capacity and refill rate
+local ceiling, minl = string.match(ARGV[3], '^(%d+)/(%d+)$')
+if ceiling then -- adaptive concurrency: the limit in force is its controller's (see settle.lua)
+  limit = math.max(1, math.min(tonumber(ceiling), tonumber(redis.call('HMGET', KEYS[#KEYS], 'e')[1]) or tonumber(minl)))
+end
 local tb = limit == nil
 if tb then
   local c, r = string.match(ARGV[3], '^([^,]+),(.+)$')

@@ -33,19 +33,21 @@
 -- mode stands in place of the hold, n is left out (n is told by the number of arguments) and
 -- each zone's flags are left out (internal/limiter/call.go settleArgs):
 -- KEYS     the state key of each zone i, then the record and generation keys, as decide.lua
---          took them.
+--          took them, and the controller's hash of each adaptive concurrency zone, in zone order.
 -- ARGV[1]  now, in µs since the Unix epoch, or "" to read the Redis server clock (TIME).
 -- ARGV[2]  the nonce of the decide.lua call being settled.
 -- ARGV[3]  "commit", "release" or "amount".
--- Then 4 arguments per zone i, starting at ARGV[4 + 4*(i-1)]: algorithm ("tb", "sw", "fw", "sc"
--- or "cc"), quota, rate (tb: tokens/s, followed by ",<max_wait>" when shaping; sw, sc: window µs;
+-- Then 4 arguments per zone i, starting at ARGV[4 + 4*(i-1)]: algorithm ("tb", "sw", "fw", "sc",
+-- "cc" or "ac"), quota, rate (tb: tokens/s, followed by ",<max_wait>" when shaping; sw, sc: window µs;
 -- fw: the window bounds, or one number: a window of that many µs, the windows aligned to the
 -- epoch) and cost, as given to that call; for a zone with overrides, the quota and rate in force
 -- when it was decided (decide.lua's reply: the client's override's, fw's window given as one
 -- number; internal/limiter/override.go settleZone), so that it settles as it was reserved.
 -- With "amount", then one more argument per zone i, at ARGV[4 + 4n + (i-1)] for n zones: what to
 -- charge zone i, an integer, followed by "L" when the response outlived the zone's hold time (so
--- its hold may have been committed already). A token bucket commits that many tokens in place of
+-- its hold may have been committed already), and for an adaptive concurrency zone by
+-- ";<latency µs>,<failed 0|1>,<age µs>" when the response gave a latency sample (see Adaptive
+-- concurrency). A token bucket commits that many tokens in place of
 -- its hold (0 releases it; more than the bucket has left puts it in debt: u above capacity, which
 -- later requests wait out, up to one capacity: u + h is never taken above 2 × capacity, so the
 -- key's TTL is at most two windows); with "L" and no hold found, the hold was committed as its
@@ -128,21 +130,110 @@ local function cc_settle(key)
 end
 -- End of concurrency
 
+-- Adaptive concurrency ---------------------------------------------------------------------------
+-- An adaptive concurrency zone's slot is a concurrency slot (cc_settle); its controller is the
+-- hash ctl, `<state key>:ctl` (given after the zone's state key's records, in zone order), which
+-- learns the zone's limit from the latency samples its settlements carry (internal/limiter/
+-- adaptive.go states the controller, Envoy's gradient controller, and its sources):
+--   e   the limit in force, slots (what decide.lua and queue.lua admit against)
+--   l   the learnt limit (a float, min limit to the ceiling); m the minimum latency (µs), the mean
+--       of the last probe's samples; r the last window's mean latency (µs)
+--   ws  the window's start (µs); n, s its successful samples and their sum (µs); f its failed
+--       samples; p the peak of slots taken at its settlements
+--   pu  while a probe runs, its start (µs): e is then the min limit, and the samples of requests
+--       admitted after pu (their age says when) count to pn and ps; nx when the next probe is due
+-- A sample is "<latency µs>,<failed 0|1>,<age µs>". The first starts a probe (the minimum
+-- latency is not known yet). A probe ends once pn reaches the probe's samples: m = ps / pn, e
+-- back to the learnt limit, and a window starts. Else the first sample at least update µs after
+-- the window's start ends the window, before it joins the next: gradient = clamp(m × (1 +
+-- buffer) / (s / n), 0.5, 2) (1 without a successful sample), l = clamp(l × gradient, at most
+-- l × 0.9 with a failure, at most l when the peak was under l / 2, min limit, ceiling), e =
+-- floor(l); a probe starts when due. The hash lives a day after its last sample.
+local CTL_TTL = '86400000'
+-- d is x rounded down, as the integer string Redis stores (a Lua number would be sent as %.14g).
+local function d(x) return string.format('%d', math.floor(x)) end
+local function adapt(ctl, key, ceiling, controller, sample)
+  local rtt, failed, age = string.match(sample, '^(%d+),([01]),(%d+)$')
+  if not rtt then return end
+  rtt, failed, age = tonumber(rtt), failed == '1', tonumber(age)
+  local c = {}
+  for x in string.gmatch(controller, '%d+') do c[#c + 1] = tonumber(x) end
+  local minl, buffer, update, every, want = c[1], c[2] / 1000000, c[3], c[4], c[5]
+  local v = redis.call('HMGET', ctl, 'l', 'm', 'ws', 'n', 's', 'f', 'p', 'pu', 'pn', 'ps', 'nx')
+  local l = tonumber(v[1])
+  local f
+  if not l then
+    redis.call('HSET', ctl, 'l', d(minl), 'e', d(minl), 'ws', d(now), 'n', 0, 's', 0, 'f', 0, 'p', 0, 'pu', d(now), 'pn', 0, 'ps', 0)
+    redis.call('PEXPIRE', ctl, CTL_TTL)
+    return
+  end
+  l = math.min(l, ceiling)
+  local m, pu = tonumber(v[2]), tonumber(v[8])
+  if pu then
+    local pn, ps = tonumber(v[9]) or 0, tonumber(v[10]) or 0
+    if now - age >= pu and not failed then pn, ps = pn + 1, ps + rtt end
+    if pn >= want then
+      m = ps / pn + 0.5
+      redis.call('HDEL', ctl, 'pu', 'pn', 'ps')
+      f = { 'm', d(m), 'e', d(math.max(minl, math.floor(l))), 'nx', d(now + every), 'ws', d(now), 'n', 0, 's', 0, 'f', 0, 'p', 0 }
+    else
+      f = { 'pn', d(pn), 'ps', d(ps), 'e', d(minl) }
+    end
+  else
+    local n, s, fails, peak = tonumber(v[4]) or 0, tonumber(v[5]) or 0, tonumber(v[6]) or 0, tonumber(v[7]) or 0
+    local ws = tonumber(v[3]) or now
+    f = {}
+    if now - age >= ws then -- admitted within the window: a sample of the limit in force
+      if failed then fails = fails + 1 else n, s = n + 1, s + rtt end
+      peak = math.max(peak, redis.call('ZCOUNT', key, '(' .. string.format('%d', now), '+inf')) -- this slot's too
+    end
+    if now - ws >= update and n + fails >= math.max(1, math.floor(l / 2)) then -- the window ends
+      local new = l
+      if n > 0 and m then
+        local r = s / n
+        new = l * math.min(2, math.max(0.5, m * (1 + buffer) / r))
+        f = { 'r', d(r + 0.5) }
+      end
+      if fails > 0 then new = math.min(new, l * 0.9) end
+      if new > l and peak * 2 < l then new = l end
+      l = math.min(math.max(new, minl), ceiling)
+      f[#f + 1], f[#f + 2], f[#f + 3], f[#f + 4] = 'l', string.format('%.17g', l), 'e', d(l)
+      n, s, fails, peak, ws = 0, 0, 0, 0, now
+      if now >= (tonumber(v[11]) or 0) then
+        f[#f + 1], f[#f + 2], f[#f + 3], f[#f + 4], f[#f + 5], f[#f + 6], f[#f + 7], f[#f + 8] =
+          'pu', d(now), 'pn', 0, 'ps', 0, 'e', d(minl)
+      end
+    end
+    local w = { 'ws', d(ws), 'n', d(n), 's', d(s), 'f', d(fails), 'p', d(peak) }
+    for j = 1, #w do f[#f + 1] = w[j] end
+  end
+  redis.call('HSET', ctl, unpack(f))
+  redis.call('PEXPIRE', ctl, CTL_TTL)
+end
+-- End of adaptive concurrency
+
 for i = 1, n do
   local key = KEYS[i]
   local base = 4 + 4 * (i - 1)
   local algo = ARGV[base]
   local quota = tonumber(ARGV[base + 1])
   local rate = tonumber(string.match(ARGV[base + 2], '^[^,]*')) -- tb: "<rate>[,<max_wait>]"
-  local amount, late
+  local amount, late, sample
   if mode == 'amount' then
-    local a, l = string.match(ARGV[4 + 4 * n + (i - 1)], '^(%d+)(L?)$')
+    local arg = ARGV[4 + 4 * n + (i - 1)]
+    local a, l = string.match(arg, '^(%d+)(L?)')
     amount, late = tonumber(a), l == 'L'
+    sample = string.match(arg, ';(.*)$')
     commit = amount > 0
   end
   settled[i] = 0
 
   if algo == 'cc' then
+    settled[i] = cc_settle(key)
+  elseif algo == 'ac' then
+    local ctl
+    if KEYS[r] == key .. ':ctl' then ctl, r = KEYS[r], r + 1 end
+    if ctl and sample then adapt(ctl, key, quota, ARGV[base + 2], sample) end
     settled[i] = cc_settle(key)
   elseif algo == 'tb' then
     local v = redis.call('HMGET', key, 'u', 'ts', 'h', 'h:' .. nonce)

@@ -21,6 +21,10 @@ func describedZone(a Algorithm) *Zone {
 	default:
 		z.Limit = 10
 	}
+	if d.adapts {
+		a := Adaptive{}.WithDefaults(z.Limit)
+		z.Adaptive = &a
+	}
 	return z
 }
 

@@ -28,7 +28,8 @@ const zoneArgN = 5
 //
 // KEYS are the state keys; then the record and generation keys of each zone whose charge is
 // recorded (recorded), in zone order; then, per zone in order, its override key (Overrides), its
-// block key (Block), its queue's waiters (Queues) and its top's denied and used keys and their error keys (Top). ARGV is the time ref ("" for Redis TIME), the decision's nonce, its hold
+// block key (Block), its queue's waiters (Queues), its top's denied and used keys and their error keys (Top)
+// and its controller's hash (an adaptive concurrency zone: controlKey). ARGV is the time ref ("" for Redis TIME), the decision's nonce, its hold
 // argument (holdArg), its number of zones, then zoneArgN per zone: algorithm tag, quota, rate,
 // cost and flags (zoneFlags).
 func (l *Limiter) encodeDecision(reqs []Request, state []string, crossSlot bool, ref time.Time) (keys []string, args []any) {
@@ -65,6 +66,9 @@ func (l *Limiter) encodeDecision(reqs []Request, state []string, crossSlot bool,
 		}
 		if r.Zone.Top > 0 {
 			k.top = add(l.topKeys(r, state[i], ref))
+		}
+		if r.Zone.Algorithm.Adapts() {
+			k.control = add(controlKey(state[i]))
 		}
 		if f := zoneFlags(r, k); r.flagsArg() != any(f) {
 			args[4+zoneArgN*i+4] = f // scriptArgs wrote the flags that name no key and take none
@@ -184,14 +188,15 @@ var tagArgs = func() (t [len(algorithms)]any) {
 // flagKeys are the indexes, in its decision's KEYS (from 1; 0: none), of the keys a zone's
 // flags name: its override key, its block key, its queue's waiters and its top's denied key
 // (the used key and the two error keys follow it).
-type flagKeys struct{ override, block, queue, top int }
+type flagKeys struct{ override, block, queue, top, control int }
 
 // zoneFlags is decide.lua's flags argument of r's zone z, whose flags name the keys k: "s" for a
 // shadow zone; "u" for a zone with UpTo whose request has a bound (SetUpTo); "o<key>:<max
 // cost>" with Overrides, the max cost the zone's MaxCost (0: the quota in force); "b<block
 // µs>,<block_max µs>:<key>" with a Block; "q<key>" for a queue the request would wait in
 // (Queues); "t<key>:<entries>,<ttl ms>" with a Top, the denied key at index key, then the used
-// key and their error keys; "n<ppm>" with a NearLimit (millionths of the quota); "|<waiter id>"
+// key and their error keys; "n<ppm>" with a NearLimit (millionths of the quota); "a<key>" for an
+// adaptive concurrency zone, its controller's hash (controlKey) at index key; "|<waiter id>"
 // last for a request that claims a Waiter's reserved slot.
 func zoneFlags(r *Request, k flagKeys) string {
 	okey, bkey := k.override, k.block
@@ -238,6 +243,10 @@ func zoneFlags(r *Request, k flagKeys) string {
 		b = append(b, 'n')
 		b = strconv.AppendInt(b, nearPPM(z.NearLimit), 10)
 	}
+	if k.control > 0 {
+		b = append(b, 'a')
+		b = strconv.AppendInt(b, int64(k.control), 10)
+	}
 	if r.claim != "" {
 		b = append(b, '|')
 		b = append(b, r.claim...)
@@ -253,7 +262,8 @@ func argTag(a any) string {
 }
 
 // hasFlag reports whether flags, decide.lua's flags argument of a zone, holds flag f: 'o'
-// (overrides), 'b' (a block), 'q' (a queue) or 'n' (a near limit); a claim's waiter id, last,
+// (overrides), 'b' (a block), 'q' (a queue), 'n' (a near limit) or 'a' (an adaptive concurrency
+// zone's controller); a claim's waiter id, last,
 // is not flags.
 func hasFlag(flags any, f byte) bool {
 	s, _ := flags.(string)
@@ -284,6 +294,8 @@ type zoneReply struct {
 	remaining int64
 	// retryAfter is, when allowed, the delay: how long to hold the request (0 but with MaxWait).
 	retryAfter, reset, next int64 // µs
+	// learnt, of an adaptive concurrency zone, is its controller as the decision read it.
+	learnt Learnt
 	// ov, of a zone with Overrides, is the client's override in force: the quota, the policy
 	// window (µs; 0: the zone's) and the max cost that decided; the zero value when the client
 	// has none.
@@ -328,6 +340,9 @@ func (r *Request) width() int {
 	if r.Zone.NearLimit > 0 {
 		w++
 	}
+	if r.Zone.Algorithm.Adapts() {
+		w += adaptiveWidth
+	}
 	return w
 }
 
@@ -352,7 +367,9 @@ func decodeResult(reply any, err error, reqs []Request) (bool, []zoneReply, erro
 // request, its delay), reset (µs) and next (µs); then the tokens granted for a zone that asked for
 // a grant (at most what it asked); then the block integer (0, replyBlocked or replyBlockStarted)
 // for a zone with a Block; then the quota, policy window (µs) and max cost in force for a zone
-// with Overrides (overrideWidth); then the near integer (0 or 1) for a zone with a NearLimit. None
+// with Overrides (overrideWidth); then the near integer (0 or 1) for a zone with a NearLimit; then
+// for an adaptive concurrency zone the limit in force (1 to its Limit), the minimum latency and
+// the last window's latency (µs, adaptiveWidth). None
 // is negative, and no delay is longer than the zone may hold
 // the request (maxWait: none without MaxWait). Any other shape, type or value is an error
 // wrapping ErrBadResponse: a request is never held past its MaxWait, whatever Redis replies. The
@@ -430,6 +447,13 @@ func decodeOptions(arr []any, off int, r *Request, z int, zr *zoneReply) (int, e
 			return 0, fmt.Errorf("zone %d's near limit: %w", z, err)
 		}
 		zr.near, off = c == 1, off+1
+	}
+	if r.Zone.Algorithm.Adapts() {
+		var err error
+		if zr.learnt, err = decodeLearnt(arr, off, r.Zone.Ceiling()); err != nil {
+			return 0, fmt.Errorf("zone %d's learnt limit: %w", z, err)
+		}
+		off += adaptiveWidth
 	}
 	return off, nil
 }
@@ -514,7 +538,8 @@ func settleArgs(args []any, now any, mode string) []any {
 // replyLen is the length of the reply of a decide.lua call of one decision: 1 + replyWidth per
 // zone, one more per zone that asked for a grant (its cost sent as the string "<cost>,<ask>":
 // Request.ask), one more per zone with a block, overrideWidth more per zone with overrides and
-// one more per zone with a near limit (their flags: zoneFlags).
+// one more per zone with a near limit and adaptiveWidth more per adaptive concurrency zone (their
+// flags: zoneFlags).
 func (c *call) replyLen() int {
 	n := 1 + replyWidth*c.zones()
 	for j := range c.zones() {
@@ -530,6 +555,9 @@ func (c *call) replyLen() int {
 		}
 		if hasFlag(f, 'n') {
 			n++
+		}
+		if hasFlag(f, 'a') {
+			n += adaptiveWidth
 		}
 	}
 	return n

@@ -78,6 +78,9 @@ type Held struct {
 	// Cluster), its keys, nonce and zone arguments.
 	parts []heldPart
 	sent  time.Time // when the decision was sent, by the Limiter's clock
+	// sample is the request's latency for its adaptive concurrency zones (Sample): "<µs>,<failed
+	// 0|1>"; "" for none.
+	sample string
 }
 
 // lateMargin is how much sooner than its Hold a settlement counts as late (its hold may have
@@ -87,7 +90,7 @@ const lateMargin = time.Second
 
 // heldPart is one decide.lua call's held zones.
 type heldPart struct {
-	keys  []string // the zones' state keys, then their record keys
+	keys  []string // the zones' state keys, then their record keys and controllers' hashes, in zone order
 	nonce any
 	zones []any           // 4 per zone: algorithm, quota, rate, cost, as in force at the decision
 	idx   []int           // per zone, its index in the requests given to Decide
@@ -141,9 +144,12 @@ func newHeld(reqs []Request, keys []string, args []any, idx []int, zones []zoneR
 		return nil
 	}
 	nonce := args[1].(string)
-	for j, i := range p.idx { // the held zones' records, in order
+	for j, i := range p.idx { // the held zones' records and controllers, in order
 		if recorded(reqs[i], false) {
 			p.keys = append(p.keys, recordKey(p.keys[j], nonce), genKey(p.keys[j]))
+		}
+		if reqs[i].Zone.Algorithm.Adapts() {
+			p.keys = append(p.keys, controlKey(p.keys[j]))
 		}
 	}
 	p.nonce = nonce
@@ -220,7 +226,14 @@ func (l *Limiter) Settle(ctx context.Context, h *Held, amounts []int64) ([]bool,
 			}
 			continue
 		}
-		calls = append(calls, &call{keys: p.keys, args: p.amountArgs(now, amounts, elapsed)})
+		args := p.amountArgs(now, amounts, elapsed)
+		for j := range p.idx {
+			if algorithmOfTag(argTag(p.zones[4*j])).Adapts() {
+				k := 3 + len(p.zones) + j
+				args[k] = h.sampleArg(args[k], elapsed)
+			}
+		}
+		calls = append(calls, &call{keys: p.keys, args: args})
 		parts = append(parts, p)
 	}
 	// One settle.lua call (one per hash slot on Redis Cluster, all under way at once); none when

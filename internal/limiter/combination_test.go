@@ -38,7 +38,7 @@ type zoneOption struct {
 // outcome rather than an option.
 var zoneNumbers = []string{
 	"Zone.Name", "Zone.Algorithm", "Zone.Capacity", "Zone.RefillRate", "Zone.Limit", "Zone.Window",
-	"Zone.Period", "Zone.Location", "Zone.MaxCost",
+	"Zone.Period", "Zone.Location", "Zone.MaxCost", "Zone.Adaptive",
 	"Request.Zone", "Request.Key", "Request.Cost", "Request.Result", "Request.Tag",
 }
 
@@ -91,14 +91,14 @@ var zoneOptions = []zoneOption{
 		// A token bucket shapes; a concurrency zone queues: its denial is where the caller
 		// would wait (Enqueue), and a request decided afresh never overtakes a waiter.
 		name: "max_wait", fields: []string{"Zone.MaxWait", "Request.NoWait"},
-		algorithms: []limiter.Algorithm{limiter.TokenBucket, limiter.Concurrency},
+		algorithms: []limiter.Algorithm{limiter.TokenBucket, limiter.Concurrency, limiter.AdaptiveConcurrency},
 		set:        func(z *limiter.Zone, _ *limiter.Request) { z.MaxWait = time.Second },
 	},
 	{
 		// A concurrency zone or token bucket with classes queues: its denial is where the
 		// caller would wait (Enqueue).
 		name: "priority", fields: []string{"Zone.Classes", "Request.Class"},
-		algorithms: []limiter.Algorithm{limiter.TokenBucket, limiter.Concurrency},
+		algorithms: []limiter.Algorithm{limiter.TokenBucket, limiter.Concurrency, limiter.AdaptiveConcurrency},
 		set: func(z *limiter.Zone, r *limiter.Request) {
 			z.MaxWait, z.Classes, r.Class = time.Second, []int{0, 200}, 1
 		},
@@ -144,6 +144,10 @@ func algorithmZone(name string, a limiter.Algorithm, q int64) *limiter.Zone {
 		z.Capacity, z.RefillRate = q, 1.0/3600
 	case a.HoldsSlots():
 		z.Limit = q
+		if a.Adapts() { // its limit in force the quota: its floor and its ceiling
+			ad := limiter.Adaptive{MinLimit: q}.WithDefaults(q)
+			z.Adaptive = &ad
+		}
 	default:
 		z.Limit, z.Window = q, time.Hour
 	}

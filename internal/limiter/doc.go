@@ -2,10 +2,11 @@
 //
 // A request is decided against all the zones that apply to it by one atomic Lua script call
 // (lua/decide.lua, run by EVALSHA): admitted iff every zone admits it, and then every zone is
-// charged; otherwise none is. A zone is one of five algorithms (Zone, Algorithm): a token bucket
+// charged; otherwise none is. A zone is one of six algorithms (Zone, Algorithm): a token bucket
 // (which may hold a request for its turn: MaxWait), a sliding window log, a fixed window of a
-// duration or a calendar period, a sliding window counter, and a concurrency limit of requests in
-// flight.
+// duration or a calendar period, a sliding window counter, a concurrency limit of requests in
+// flight, and an adaptive concurrency limit learnt from the latency its requests report
+// (Adaptive).
 //
 // Limiter.Decide is the decision. Before it calls Redis it spends the tokens this instance was
 // granted ahead (Lease: a hot client's requests decided in process, from tokens Redis charged

@@ -131,6 +131,9 @@ type Result struct {
 	// admitted a request that another zone denied, and is not full, it is an upper bound: the
 	// time as if the zone had been charged.
 	Reset time.Duration
+	// Learnt, of an adaptive concurrency zone, is its controller as the decision read it: the
+	// limit in force (also the Zone's Limit in the Request) and the latencies it learnt from.
+	Learnt Learnt
 }
 
 // Decision is the outcome of one request across its zones.
@@ -511,6 +514,7 @@ func windowBounds(z *Zone, ref time.Time) string {
 // and writes each zone's own outcome into reqs[i].Result (zoneResults).
 func pick(reqs []Request, allowed bool, zones []zoneReply) Decision {
 	applyOverrides(reqs, zones)
+	applyLearnt(reqs, zones)
 	best := decidingZone(reqs, allowed, zones)
 	zoneResults(reqs, allowed, zones)
 	z := zones[best]
@@ -599,7 +603,7 @@ func zoneResults(reqs []Request, allowed bool, zones []zoneReply) {
 			Known: true, Allowed: z.allowed, Remaining: z.remaining,
 			Next: time.Duration(z.next) * time.Microsecond, Reset: time.Duration(z.reset) * time.Microsecond,
 			Blocked: z.block == replyBlocked, BlockStarted: z.block == replyBlockStarted,
-			NearLimit: z.near && z.allowed && allowed,
+			NearLimit: z.near && z.allowed && allowed, Learnt: z.learnt,
 		}
 		if reqs[i].Zone.UpTo && z.allowed && allowed {
 			res.Granted = z.granted

@@ -14,7 +14,8 @@ const DefaultLocalKeys = 65536
 
 // Local decides requests in process, for `fail_mode local`: while Redis is unavailable each
 // instance enforces every zone on its own, so the global limit becomes a per-instance one.
-// A concurrency zone is a semaphore of Limit per client (Release gives its slot back). Every
+// A concurrency zone is a semaphore of Limit per client, an adaptive concurrency zone's of its
+// MinLimit (Release gives its slot back). Every
 // other zone is a token bucket (golang.org/x/time/rate): a token bucket zone with its own
 // capacity and refill rate, a window zone (sliding window log or counter, fixed window) as a
 // bucket of Limit tokens refilled at Limit per window (a period's nominal length): it admits the
@@ -136,10 +137,14 @@ func (l *Local) slotReply(r Request) zoneReply {
 		l.slots[zk] = m
 	}
 	n, ok := m[ClientKey(r.Key)]
-	if n+r.Cost <= r.Zone.Limit && (ok || len(m) < l.maxKeys) {
-		return zoneReply{allowed: true, remaining: r.Zone.Limit - n - r.Cost, reset: 1, next: 1}
+	limit := r.Zone.Limit
+	if a := r.Zone.Adaptive; a != nil {
+		limit = a.MinLimit // adaptive concurrency: what it learnt is in Redis; its floor here
 	}
-	z := zoneReply{remaining: max(0, r.Zone.Limit-n), retryAfter: 1_000_000}
+	if n+r.Cost <= limit && (ok || len(m) < l.maxKeys) {
+		return zoneReply{allowed: true, remaining: limit - n - r.Cost, reset: 1, next: 1}
+	}
+	z := zoneReply{remaining: max(0, limit-n), retryAfter: 1_000_000}
 	if n > 0 {
 		z.reset, z.next = 1, 1
 	}

@@ -378,6 +378,9 @@ func queueKeys(key string, z *Zone) []string {
 	for c := 1; c <= z.classes(); c++ {
 		keys = append(keys, key+":q"+strconv.Itoa(c))
 	}
+	if z.Algorithm.Adapts() {
+		keys = append(keys, controlKey(key))
+	}
 	return keys
 }
 
@@ -398,7 +401,10 @@ func (l *Limiter) queueArgs(z *Zone, op string, more ...any) []any {
 		}
 	}
 	var zone any = z.Limit
-	if !z.Algorithm.HoldsSlots() {
+	switch {
+	case z.Algorithm.Adapts():
+		zone = strconv.FormatInt(z.Ceiling(), 10) + "/" + strconv.FormatInt(z.Adaptive.MinLimit, 10)
+	case !z.Algorithm.HoldsSlots():
 		zone = strconv.FormatInt(z.Capacity, 10) + "," + strconv.FormatFloat(z.RefillRate, 'f', -1, 64)
 	}
 	args := []any{now, op, zone, QueueClaim.Microseconds(), queueChannel(l.prefix), strings.Join(shares, ","), QueueLease.Microseconds()}
@@ -573,7 +579,7 @@ type QueueState struct {
 // Queue reads the queue of zone z (one that Queues) for clientKey (raw, as State takes it)
 // without changing it: the waiters per class and the earliest arrival. Its errors are Redis's.
 func (l *Limiter) Queue(ctx context.Context, z *Zone, clientKey string) (QueueState, error) {
-	keys := queueKeys(StateKey(l.prefix, z, ClientKey(clientKey)), z)[3:]
+	keys := queueKeys(StateKey(l.prefix, z, ClientKey(clientKey)), z)[3 : 3+z.classes()]
 	counts := make([]*redis.IntCmd, len(keys))
 	heads := make([]*redis.ZSliceCmd, len(keys))
 	if _, err := l.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {

@@ -48,6 +48,10 @@ type State struct {
 	// fixed window (sliding window counter); for a concurrency zone, the client's requests in
 	// flight at Now (slots whose deadline is after Now; Limiter.InFlight lists them).
 	Count int64
+	// Learnt (adaptive concurrency only) is the zone's controller for the client: the limit in
+	// force (Remaining is counted against it) and the latencies it learnt from, as decide.lua
+	// reads them (the min limit before the first sample).
+	Learnt Learnt
 	// Estimate (sliding window counter only) is the count the zone compares with its limit:
 	// Count plus the previous window's count weighted by its share still inside the window.
 	Estimate float64
@@ -260,9 +264,13 @@ type Slot struct {
 func (l *Limiter) slotState(ctx context.Context, z *Zone, now int64, s *State) error {
 	var count *redis.IntCmd
 	var ttl *redis.DurationCmd
+	var learnt *redis.SliceCmd
 	if _, err := l.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		count = p.ZCount(ctx, s.Key, "("+strconv.FormatInt(now, 10), "+inf")
 		ttl = p.PTTL(ctx, s.Key)
+		if z.Adaptive != nil { // adaptive concurrency (the table's property: an initialization cycle)
+			learnt = p.HMGet(ctx, controlKey(s.Key), "e", "m", "r")
+		}
 		return nil
 	}); err != nil {
 		return fmt.Errorf("redis read of %s: %w", s.Key, err)
@@ -270,8 +278,13 @@ func (l *Limiter) slotState(ctx context.Context, z *Zone, now int64, s *State) e
 	if err := s.setTTL(ttl.Val()); err != nil {
 		return err
 	}
+	limit := z.Limit
+	if learnt != nil {
+		s.Learnt = readLearnt(learnt.Val(), z)
+		limit = s.Learnt.Limit
+	}
 	s.Count = count.Val()
-	s.Remaining = max(0, z.Limit-s.Count)
+	s.Remaining = max(0, limit-s.Count)
 	if s.Remaining < 1 {
 		s.RetryAfter = time.Second // decide.lua's: a slot comes back when a response ends
 	}
@@ -459,6 +472,9 @@ func (l *Limiter) Reset(ctx context.Context, z *Zone, clientKey string) (existed
 		delBlock = p.Del(ctx, blockKey(key))
 		if z.Algorithm.recorded() {
 			p.Del(ctx, genKey(key))
+		}
+		if z.Algorithm.Adapts() { // what it learnt goes too: the next sample starts a probe
+			p.Del(ctx, controlKey(key))
 		}
 		return nil
 	})

@@ -40,6 +40,11 @@ const (
 	// a long response keeps its slot and an instance that died holds none beyond its hold time. A
 	// request takes one slot: its cost is 1.
 	Concurrency
+	// AdaptiveConcurrency is Concurrency whose limit is learnt from the upstream's latency, one
+	// limit in Redis for every instance (see Adaptive and adaptive.go): a request is admitted iff
+	// fewer than the limit in force of the client's requests hold a slot, that limit between
+	// Adaptive.MinLimit and Limit (the ceiling).
+	AdaptiveConcurrency
 )
 
 // Period is a fixed window zone's calendar period.
@@ -117,6 +122,9 @@ type algorithm struct {
 	shapes bool
 	// grants: a request may be granted more units than its cost (Lease, UpTo).
 	grants bool
+	// adapts: its limit is learnt in Redis from the latency its requests report when they end
+	// (adaptive concurrency): its decisions read it, its settlements report a sample.
+	adapts bool
 	// holdsInState: a charge held for later (a Hold, a charge across hash slots) is a hold in the
 	// state key itself, which settle.lua commits or gives back (token bucket); the window
 	// counters record theirs in keys of their own (recorded), a sliding window log's entries are
@@ -144,6 +152,8 @@ var algorithms = [...]algorithm{
 		state: (*Limiter).counterState},
 	Concurrency: {name: "concurrency", tag: "cc", slots: true, maxLimit: MaxConcurrency,
 		state: (*Limiter).slotState},
+	AdaptiveConcurrency: {name: "adaptive_concurrency", tag: "ac", slots: true, adapts: true, maxLimit: MaxConcurrency,
+		state: (*Limiter).slotState},
 }
 
 // The algorithms' call arguments, set apart from their rows only because they read zones'
@@ -154,6 +164,7 @@ func init() {
 	algorithms[FixedWindow].args = fixedWindowCallArgs
 	algorithms[SlidingWindowCounter].args = windowCallArgs
 	algorithms[Concurrency].args = slotCallArgs
+	algorithms[AdaptiveConcurrency].args = adaptiveCallArgs
 }
 
 // describe returns a's description; the zero algorithm (no property) for an unknown a.
@@ -192,6 +203,9 @@ func algorithmOfTag(t string) Algorithm {
 	return 0
 }
 
+// Adapts reports whether a zone's limit is learnt (adaptive concurrency; algorithm.adapts).
+func (a Algorithm) Adapts() bool { return a.describe().adapts }
+
 // HoldsSlots reports whether a request holds one of a zone's slots while it runs, given back when
 // it ends (concurrency): its quota is the requests in flight, and it has no window or cost.
 func (a Algorithm) HoldsSlots() bool { return a.describe().slots }
@@ -211,14 +225,14 @@ func (a Algorithm) shapes() bool { return a.describe().shapes }
 func (a Algorithm) grants() bool { return a.describe().grants }
 
 // ParseAlgorithm returns the algorithm named s: "token_bucket", "sliding_window",
-// "fixed_window", "sliding_window_counter" or "concurrency".
+// "fixed_window", "sliding_window_counter", "concurrency" or "adaptive_concurrency".
 func ParseAlgorithm(s string) (Algorithm, error) {
 	for a, v := range algorithms {
 		if a > 0 && v.name == s {
 			return Algorithm(a), nil
 		}
 	}
-	return 0, fmt.Errorf("algorithm %q must be token_bucket, sliding_window, fixed_window, sliding_window_counter or concurrency", s)
+	return 0, fmt.Errorf("algorithm %q must be token_bucket, sliding_window, fixed_window, sliding_window_counter, concurrency or adaptive_concurrency", s)
 }
 
 // String returns the algorithm's configuration name.
@@ -326,6 +340,12 @@ type Zone struct {
 	// one. The client crosses again only once it is back below. Not with Lease. 0: nothing
 	// reported, nothing computed.
 	NearLimit float64
+	// Adaptive is an adaptive concurrency zone's controller (AdaptiveConcurrency; required
+	// there, nil for every other algorithm: see WithDefaults).
+	Adaptive *Adaptive
+	// ceiling, of a copy of an adaptive concurrency zone whose Limit is a decision's limit in
+	// force (applyLearnt), is the zone's own Limit; 0 in the zone itself.
+	ceiling int64
 
 	// boxed are the zone's numbers as script arguments, boxed once by Prepare.
 	boxed *zoneArgs
@@ -338,6 +358,7 @@ type zoneArgs struct {
 	rate                      float64
 	capacityArg, limitArg     any
 	windowArg, rateArg        any
+	controller                any // an adaptive concurrency zone's controllerArg
 }
 
 // Prepare boxes the zone's numbers as script arguments once, so that a decision does not
@@ -349,6 +370,9 @@ func (z *Zone) Prepare() {
 	z.boxed = &zoneArgs{
 		capacity: z.Capacity, limit: z.Limit, windowUs: w, rate: z.RefillRate,
 		capacityArg: z.Capacity, limitArg: z.Limit, windowArg: w, rateArg: z.RefillRate,
+	}
+	if z.Adaptive != nil {
+		z.boxed.controller = z.Adaptive.controllerArg()
 	}
 }
 
@@ -422,10 +446,10 @@ func (z *Zone) validate() *FieldError {
 	if !ValidZoneName(z.Name) {
 		return &FieldError{Field: "name", Msg: fmt.Sprintf("zone name %q must be 1 to %d characters of A-Z a-z 0-9 _ . -", z.Name, MaxZoneNameBytes)}
 	}
-	if z.Algorithm < TokenBucket || z.Algorithm > Concurrency {
+	if z.Algorithm < TokenBucket || int(z.Algorithm) >= len(algorithms) {
 		return z.fieldError("algorithm", "unknown algorithm %v", z.Algorithm)
 	}
-	for _, check := range []func() *FieldError{z.validateOwners, z.validateRequired, z.validateRanges, z.validateMaxCost, z.validateLease, z.validateBlock, z.validateShadow, z.validateUpTo, z.validateTop, z.validateNearLimit} {
+	for _, check := range []func() *FieldError{z.validateOwners, z.validateRequired, z.validateRanges, z.validateMaxCost, z.validateLease, z.validateBlock, z.validateShadow, z.validateUpTo, z.validateTop, z.validateNearLimit, z.validateAdaptive} {
 		if err := check(); err != nil {
 			return err
 		}
