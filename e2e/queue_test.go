@@ -344,14 +344,21 @@ func startCaddyProcess(t testing.TB, caddyBin, caddyfile string, port int) *cadd
 	}
 	go func() { _ = p.cmd.Wait(); close(p.exited) }()
 	t.Cleanup(func() { _ = p.cmd.Process.Kill(); <-p.exited })
-	redistest.WaitFor(t, 30*time.Second, "the Caddy process to serve", func() bool {
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port))
 		if err == nil {
 			c.Close()
+			return p
 		}
-		return err == nil
-	})
-	return p
+		select {
+		case <-p.exited:
+			t.Fatalf("the Caddy process exited before it served on port %d: %s", port, p.out)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the Caddy process did not serve on port %d within 30s: %s", port, p.out)
+		}
+	}
 }
 
 // lockedBuffer is a process's output, written by its stdout and stderr.
