@@ -96,11 +96,11 @@ type Waiter struct {
 	id     string // "<instance>.<n>.<class>", or "<instance>.<n>:<cost>.<class>" (a token bucket's)
 	key    string // the zone's state key for the request's client
 	tenant string // with fair queuing, the request's tenant (ClientKey of Request.Tenant)
-	zone  *Zone
-	ready chan struct{} // one signal: granted, or gone
-	mu    sync.Mutex
-	gone  bool  // the queue lost it (a lapsed lease): enter again
-	since int64 // its arrival, µs by the scripts' clock
+	zone   *Zone
+	ready  chan struct{} // one signal: granted, or gone
+	mu     sync.Mutex
+	gone   bool  // the queue lost it (a lapsed lease): enter again
+	since  int64 // its arrival, µs by the scripts' clock
 	// entered is set once queue.lua has it (RefreshQueues renews only those), claimed once its
 	// claim admitted its request (Leave then has nothing to do); under the Limiter's waiters.mu.
 	entered, claimed bool
