@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rate-limit-redis/caddy-rate-limit-redis/adminapi"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/caddytest"
 	"github.com/rate-limit-redis/caddy-rate-limit-redis/internal/redistest"
 )
@@ -163,5 +164,43 @@ func TestFairQueueThreeInstancesClasses(t *testing.T) {
 	batch := slices.DeleteFunc(slices.Clone(order), func(s string) bool { return s == "I" })
 	if n := strings.Count(strings.Join(batch[:12], " "), "B"); n != 3 {
 		t.Fatalf("batch start order %v: %d of B's requests among the first 12, want 3", batch, n)
+	}
+}
+
+// TestFairQueueAdminTenants: with the one slot of a fair queue held, tenant A's 3 waiters and
+// B's 1, the admin API's state lists the tenants waiting, the most first, and their count.
+func TestFairQueueAdminTenants(t *testing.T) {
+	srv := redistest.Start(t)
+	release := make(chan struct{})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { <-release }))
+	t.Cleanup(up.Close)
+	t.Cleanup(func() { close(release) })
+	ac := startCaddyAdmin(t, fmt.Sprintf(`
+	rate_limit_redis {
+		redis {
+			address %s
+		}
+		zone q {
+			key site
+			algorithm concurrency
+			limit 1
+			max_wait 10s
+			fair_by {http.request.header.X-Tenant}
+		}
+	}
+	reverse_proxy %s`, srv.Addr, up.URL))
+	lc := caddytest.NewLoadClient(ac.Site)
+	for i, tenant := range []string{"A", "A", "A", "A", "B"} { // the first A holds the slot
+		go func() { _, _ = lc.Get("/", "X-Tenant", tenant) }()
+		redistest.WaitFor(t, 5*time.Second, "the request in", func() bool {
+			n, _ := srv.Do("ZCARD", "rl:{site}:q:cc:ql").(int64)
+			c, _ := srv.Do("ZCARD", "rl:{site}:q:cc").(int64)
+			return n+c == int64(i+1)
+		})
+	}
+	st := adminJSON[[]adminapi.ClientState](t, ac, http.MethodGet, "/rate_limit_redis/state?zone=q&key=site", 200)
+	want := []adminapi.QueueTenant{{Tenant: "A", Waiting: 3}, {Tenant: "B", Waiting: 1}}
+	if len(st) != 1 || st[0].Queue == nil || !slices.Equal(st[0].Queue.Tenants, want) || st[0].Queue.TenantsWaiting != 2 {
+		t.Fatalf("state: %+v, want tenants %+v of 2", st, want)
 	}
 }
