@@ -17,9 +17,11 @@
 -- queuing on their tenant, not in arrival order:
 --   K:qv<c>    per class c, a sorted set of its waiters: member the waiter's id, score its tag.
 --   K:qf<c>    per class c, a sorted set of its tenants: member the tenant, score its finish
---              tag (its last waiter's tag plus that waiter's cost). A tenant whose finish tag
---              is at or below the class's virtual time is dropped: it would be tagged the same.
---   K:qt       a hash: a waiter's id, its tenant (for the admin API's listing).
+--              tag (its last waiter's tag plus that waiter's cost, less the costs of its
+--              waiters that left ungranted). A tenant whose finish tag is at or below the
+--              class's virtual time is dropped: it would be tagged the same.
+--   K:qt       a hash: a waiter's id, its tenant (whose finish tag a waiter that leaves
+--              ungranted gives its cost back to, and for the admin API's listing).
 -- A waiter entering class c of virtual time V for tenant t is tagged S = max(V, F_t) (F_t: t's
 -- finish tag, V when t has none), and F_t becomes S + its cost; the next waiter of a class is
 -- the one of the least tag (ties: by id), and V becomes its tag. A class with no waiter starts
@@ -131,13 +133,18 @@ local function keep_alive()
   end
 end
 
--- unlist takes waiter id out of the queue's sets.
-local function unlist(id)
+-- unlist takes waiter id out of the queue's sets. A waiter that leaves ungranted (gone) gives
+-- its cost back to its tenant's finish tag: the tenant of a dead instance's waiters, or of
+-- clients that hung up, is not tagged behind them when it waits again.
+local function unlist(id, gone)
   local c = class_of(id)
   redis.call('ZREM', KEYS[3 + c], id)
   redis.call('ZREM', L, id)
   if fair then
-    redis.call('ZREM', KEYS[3 + classes + c], id)
+    if redis.call('ZREM', KEYS[3 + classes + c], id) == 1 and gone then
+      local t, F = redis.call('HGET', T, id), KEYS[3 + 2 * classes + c]
+      if t and redis.call('ZSCORE', F, t) then redis.call('ZINCRBY', F, -math.max(cost_of(id), 1), t) end
+    end
     redis.call('HDEL', T, id)
   end
 end
@@ -167,7 +174,7 @@ end
 -- drop_lapsed drops the waiters whose lease has ended (at most 1000 a call).
 local function drop_lapsed()
   local gone = redis.call('ZRANGEBYSCORE', L, '-inf', NOW, 'LIMIT', 0, 1000)
-  for _, id in ipairs(gone) do unlist(id) end
+  for _, id in ipairs(gone) do unlist(id, true) end
 end
 
 -- pick returns the class whose waiter is granted next, given the waiters per class (n), or nil.
@@ -307,7 +314,7 @@ local function promote()
     end
     g.reserve(id)
     if fair then redis.call('HSET', M, 'v' .. c, head[2]) end
-    unlist(id)
+    unlist(id, false)
     redis.call('PUBLISH', chan .. string.match(id, '^([^.]*)'), id)
     for k = 1, classes do
       if n[k] > 0 then seen[k] = seen[k] + 1 end
@@ -373,7 +380,7 @@ if op == 'enter' then
   return { 0, arrival, ahead, next }
 elseif op == 'leave' then
   local id = ARGV[9]
-  unlist(id)
+  unlist(id, true)
   local had = release(id)
   local _, next = promote()
   return { had, next }

@@ -58,7 +58,8 @@ func nextGrant[W any](t *testing.T, ws []W, waiter func(W) *limiter.Waiter) int 
 }
 
 // fairOrder gives back held (the one slot of ws's queue) and then each grant's slot, claiming
-// every grant on its waiter's Limiter, and returns the tenants in the order granted.
+// every grant on its waiter's Limiter, and returns the tenants in the order granted; the last
+// grant's slot is given back too.
 func fairOrder(t *testing.T, held limiter.Decision, holder *limiter.Limiter, ws []fairWaiter) []string {
 	t.Helper()
 	var order []string
@@ -69,6 +70,7 @@ func fairOrder(t *testing.T, held limiter.Decision, holder *limiter.Limiter, ws 
 		held, holder = claimSlot(t, ws[k].l, ws[k].req, ws[k].w, ws[k].tenant), ws[k].l
 		ws = slices.Delete(ws, k, k+1)
 	}
+	settleAll(t, holder, held)
 	return order
 }
 
@@ -217,5 +219,56 @@ func TestQueueFairNeedsQueue(t *testing.T) {
 	err := z.Validate()
 	if err == nil || !strings.Contains(err.Error(), "fair queuing needs a queue: a max_wait, on algorithm concurrency, or with priority on token_bucket") {
 		t.Fatalf("fair queuing without max_wait: %v", err)
+	}
+}
+
+// TestQueueFairFaults: limit 1 held; an instance that then dies has 4 waiters each of tenants A
+// and B; a live one has C's first waiter, and 3 more of C whose clients hang up (Leave). Redis
+// pauses for a second (less than a lease): C's waiter stays. Once the dead waiters' leases end
+// and they are dropped, C's next waiter, then A's and B's again, enter on the live instance:
+// the waiters that left gave their turns back, so A and B are not tagged behind their dead
+// waiters, nor C behind its hung-up ones: the first round grants C, A and B, then C's second.
+// In the end no slot is held and no waiter or tenant is left in the queue's keys.
+func TestQueueFairFaults(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	ls := queueLimiters(t, srv, 3)
+	z := fairZone("q", 1)
+	held := allow(t, ls[0], limiter.Request{Zone: z, Key: "upstream", Cost: 1, Hold: time.Minute})
+	enterFair(t, nil, ls[1], z, "A", 0, 4)
+	enterFair(t, nil, ls[1], z, "B", 0, 4)
+	ws := enterFair(t, nil, ls[2], z, "C", 0, 1)
+	for _, f := range enterFair(t, nil, ls[2], z, "C", 0, 3) {
+		if err := ls[2].Leave(context.Background(), f.w); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_ = ls[1].Close() // the instance dies: its waiters are no longer renewed
+	srv.Pause()
+	time.Sleep(time.Second) // the pause, shorter than a lease
+	srv.Resume()
+	key := limiter.StateKey("rl:", z, "upstream")
+	redistest.WaitFor(t, limiter.QueueLease+5*time.Second, "the dead instance's waiters dropped", func() bool {
+		n, _ := srv.Do("ZCARD", key+":ql").(int64)
+		return n == 1
+	})
+	notReady(t, ws[0].w, "C's waiter after the pause")
+	if ws[0].w.Gone() {
+		t.Fatal("C's waiter was dropped by a pause shorter than its lease")
+	}
+	ws = enterFair(t, ws, ls[2], z, "C", 0, 1)
+	ws = enterFair(t, ws, ls[2], z, "A", 0, 1)
+	ws = enterFair(t, ws, ls[2], z, "B", 0, 1)
+	order := fairOrder(t, held, ls[0], ws)
+	if got, want := rounds(order, 3, 1), "A B C | C"; got != want {
+		t.Fatalf("grants %v: rounds %q, want %q", order, got, want)
+	}
+	for _, k := range []string{key, key + ":ql", key + ":q1", key + ":qv1"} {
+		if n, _ := srv.Do("ZCARD", k).(int64); n != 0 {
+			t.Errorf("%s: %d members left, want none", k, n)
+		}
+	}
+	if n, _ := srv.Do("HLEN", key+":qt").(int64); n != 0 {
+		t.Errorf("tenants of %d waiters left, want none", n)
 	}
 }
