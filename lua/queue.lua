@@ -142,8 +142,9 @@ local function unlist(id, gone)
   redis.call('ZREM', L, id)
   if fair then
     if redis.call('ZREM', KEYS[3 + classes + c], id) == 1 and gone then
-      local t, F = redis.call('HGET', T, id), KEYS[3 + 2 * classes + c]
-      if t and redis.call('ZSCORE', F, t) then redis.call('ZINCRBY', F, -math.max(cost_of(id), 1), t) end
+      local t, F = redis.call('HMGET', T, id)[1], KEYS[3 + 2 * classes + c]
+      local f = t and tonumber(redis.call('ZSCORE', F, t))
+      if f then redis.call('ZADD', F, string.format('%d', f - math.max(cost_of(id), 1)), t) end
     end
     redis.call('HDEL', T, id)
   end
@@ -157,7 +158,7 @@ local function tag(id, t, cost)
     redis.call('DEL', F)
     redis.call('HDEL', M, V)
   end
-  local v = tonumber(redis.call('HGET', M, V)) or 0
+  local v = tonumber(redis.call('HMGET', M, V)[1]) or 0
   local vs = string.format('%d', v)
   redis.call('ZREMRANGEBYSCORE', F, '-inf', vs)
   local f = tonumber(redis.call('ZSCORE', F, t))

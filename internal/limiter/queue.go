@@ -29,7 +29,9 @@ import (
 // tells it of grants whose message was lost; a waiter whose instance dies is dropped when its
 // lease ends, QueueLease after its last renewal. A token bucket's waiters are granted as it
 // refills: each instance with waiters in its queue calls queue.lua's promote when the next
-// waiter's cost is in the bucket (at most once per QueuePromoteEvery).
+// waiter's cost is in the bucket (at most once per QueuePromoteEvery). With Zone.FairTenants,
+// a class's waiters are granted in turn by tenant (Request.Tenant; start-time fair queuing in
+// queue.lua), not in arrival order.
 
 var queueScript = newScript(lua.Queue)
 
