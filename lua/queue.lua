@@ -24,8 +24,8 @@
 --              ungranted gives its cost back to, and for the admin API's listing).
 -- A waiter entering class c of virtual time V for tenant t is tagged S = max(V, F_t) (F_t: t's
 -- finish tag, V when t has none), and F_t becomes S + its cost; the next waiter of a class is
--- the one of the least tag (ties: by id), and V becomes its tag. A class with no waiter starts
--- again at V = 0 with no tenant. At most ARGV[8] tenants have a finish tag per class: a
+-- the one of the least tag (ties: by id), and V becomes its tag. A class whose last waiter
+-- leaves starts again at V = 0 with no tenant. At most ARGV[8] tenants have a finish tag per class: a
 -- tenant beyond them is tagged as the tenant "" (one lane for all of them).
 -- A waiter's id is "<instance>.<n>.<c>" (a concurrency zone's) or "<instance>.<n>:<cost>.<c>"
 -- (a token bucket's): its instance's id (the channel it listens on is ARGV[5] .. instance), a
@@ -141,24 +141,25 @@ local function unlist(id, gone)
   redis.call('ZREM', KEYS[3 + c], id)
   redis.call('ZREM', L, id)
   if fair then
-    if redis.call('ZREM', KEYS[3 + classes + c], id) == 1 and gone then
-      local t, F = redis.call('HMGET', T, id)[1], KEYS[3 + 2 * classes + c]
+    local Q, F = KEYS[3 + classes + c], KEYS[3 + 2 * classes + c]
+    if redis.call('ZREM', Q, id) == 1 and gone then
+      local t = redis.call('HMGET', T, id)[1]
       local f = t and tonumber(redis.call('ZSCORE', F, t))
       if f then redis.call('ZADD', F, string.format('%d', f - math.max(cost_of(id), 1)), t) end
     end
     redis.call('HDEL', T, id)
+    if redis.call('ZCARD', Q) == 0 then -- the class starts again
+      redis.call('DEL', F)
+      redis.call('HDEL', M, 'v' .. c)
+    end
   end
 end
 
 -- tag files waiter id, of tenant t and the given cost, in its class's fair line (see the top).
 local function tag(id, t, cost)
   local c = class_of(id)
-  local V, F = 'v' .. c, KEYS[3 + 2 * classes + c]
-  if redis.call('ZCARD', KEYS[3 + c]) == 0 then
-    redis.call('DEL', F)
-    redis.call('HDEL', M, V)
-  end
-  local v = tonumber(redis.call('HMGET', M, V)[1]) or 0
+  local F = KEYS[3 + 2 * classes + c]
+  local v = tonumber(redis.call('HMGET', M, 'v' .. c)[1]) or 0
   local vs = string.format('%d', v)
   redis.call('ZREMRANGEBYSCORE', F, '-inf', vs)
   local f = tonumber(redis.call('ZSCORE', F, t))

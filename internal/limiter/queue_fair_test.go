@@ -228,7 +228,8 @@ func TestQueueFairNeedsQueue(t *testing.T) {
 // and they are dropped, C's next waiter, then A's and B's again, enter on the live instance:
 // the waiters that left gave their turns back, so A and B are not tagged behind their dead
 // waiters, nor C behind its hung-up ones: the first round grants C, A and B, then C's second.
-// In the end no slot is held and no waiter or tenant is left in the queue's keys.
+// In the end no slot is held and no waiter or tenant is left in the queue's keys (the tenants'
+// finish tags go with the class's last waiter).
 func TestQueueFairFaults(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
@@ -270,5 +271,8 @@ func TestQueueFairFaults(t *testing.T) {
 	}
 	if n, _ := srv.Do("HLEN", key+":qt").(int64); n != 0 {
 		t.Errorf("tenants of %d waiters left, want none", n)
+	}
+	if n, _ := srv.Do("EXISTS", key+":qf1").(int64); n != 0 {
+		t.Error("the tenants' finish tags left with no waiter, want them gone")
 	}
 }
