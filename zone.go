@@ -197,8 +197,9 @@ type Zone struct {
 	// class's waiters in turn by this placeholder's value (the tenant: an API key, a user, a
 	// `map` output), not in arrival order, by start-time fair queuing with each request's cost
 	// as its size, across every instance: a waiter of a tenant with k waiters ahead of it in its
-	// class (k tokens, on a token bucket) is granted after at most k + 2 grants (their costs) to
-	// each other tenant of the class; one tenant alone gets every grant. It is also the client
+	// class is granted after at most k + 2 grants to each other tenant of the class (on a token
+	// bucket, in tokens: the tokens of its tenant's waiters ahead of it, plus one request of each
+	// of the two); one tenant alone gets every grant. It is also the client
 	// identity whose waiting places max_waiting counts. Keyed with key_secret, as a key is. See
 	// docs/queues.md. Default: none, arrival order.
 	FairBy string `json:"fair_by,omitempty"`

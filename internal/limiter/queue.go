@@ -107,7 +107,7 @@ type Waiter struct {
 	// claim admitted its request (Leave then has nothing to do); under the Limiter's waiters.mu.
 	entered, claimed bool
 	// Ahead is the number of waiters ahead of it (of its class and the higher ones) when it
-	// entered.
+	// entered; with fair queuing, those of its class are those of a lesser tag.
 	Ahead int64
 }
 

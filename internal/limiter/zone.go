@@ -284,8 +284,9 @@ type Zone struct {
 	Classes []int
 	// FairTenants, when > 0, serves the waiters of each class of a zone that Queues by
 	// start-time fair queuing on their tenant (Request.Tenant), not in arrival order: a waiter
-	// of a tenant with k waiters (k cost units) ahead of it in its class is granted after at most
-	// k + 2 grants (k + 2 of their requests' costs) to each other tenant of the class. It is the
+	// of a tenant with k waiters ahead of it in its class is granted after at most k + 2 grants
+	// to each other tenant of the class (on a token bucket, in tokens: at most the tokens of its
+	// own tenant's waiters ahead of it, plus one request of each of the two). It is the
 	// most tenants with a place in a class's line at once (1 to MaxFairTenants); those beyond
 	// share one place, as one tenant. 0: arrival order.
 	FairTenants int
