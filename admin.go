@@ -123,12 +123,7 @@ func (t adminZone) MapKey(given string) (key, warning string, err error) { retur
 // LimiterKey maps a client key to the limiter's key through the handler's key_secret: the key
 // the limiter gets for a client key as the placeholder shows it, the same, or with key_secret
 // its keyed digest (as resolve maps a request's).
-func (t adminZone) LimiterKey(key string) string {
-	if t.h.keySecret == nil {
-		return key
-	}
-	return t.h.keySecret.Key(key)
-}
+func (t adminZone) LimiterKey(key string) string { return t.h.limiterKey(key) }
 
 // ClassName names the zone's priority class of index class.
 func (t adminZone) ClassName(class int) string { return t.z.className(class) }

@@ -796,6 +796,20 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 		{"max_waiting in a zone", "rate_limit_redis {\n\tzone a {\n\t\tmax_waiting 1\n\t}\n}",
 			`unrecognized subdirective "max_waiting", at Testfile:3`},
 
+		// fair_by and fair_tenants (fair queuing)
+		{"fair_by without a queue", "rate_limit_redis {\n\tzone a {\n\t\talgorithm concurrency\n\t\tlimit 2\n\t\tfair_by {http.request.header.X-Tenant}\n\t}\n}",
+			`zone a: fair queuing needs a queue: a max_wait, on algorithm concurrency, or with priority on token_bucket, at Testfile:5`},
+		{"fair_by on a shaping token bucket", inZone("\t\tmax_wait 1s\n\t\tfair_by {http.request.header.X-Tenant}\n"),
+			`zone a: fair queuing needs a queue: a max_wait, on algorithm concurrency, or with priority on token_bucket (the default when no algorithm is given), at Testfile:4`},
+		{"fair_by literal", "rate_limit_redis {\n\tzone a {\n\t\talgorithm concurrency\n\t\tlimit 2\n\t\tmax_wait 1s\n\t\tfair_by tenant\n\t}\n}",
+			`zone a: fair_by "tenant" is a literal, so every request would be one tenant: use a placeholder, such as {http.request.header.X-Tenant}, at Testfile:6`},
+		{"fair_tenants without fair_by", "rate_limit_redis {\n\tzone a {\n\t\talgorithm concurrency\n\t\tlimit 2\n\t\tmax_wait 1s\n\t\tfair_tenants 10\n\t}\n}",
+			`zone a: fair_tenants needs fair_by, the placeholder that names a request's tenant, at Testfile:6`},
+		{"fair_tenants zero", "rate_limit_redis {\n\tzone a {\n\t\tfair_tenants 0\n\t}\n}",
+			`fair_tenants: "0" must be >= 1, at Testfile:3`},
+		{"fair_tenants too many", "rate_limit_redis {\n\tzone a {\n\t\talgorithm concurrency\n\t\tlimit 2\n\t\tmax_wait 1s\n\t\tfair_by {http.request.header.X-Tenant}\n\t\tfair_tenants 100001\n\t}\n}",
+			`zone a: fair_tenants 100001 must be 1 to 100000, at Testfile:7`},
+
 		// degraded_header
 		{"degraded_header bad", "rate_limit_redis {\n\tdegraded_header false\n}",
 			`degraded_header: "false" must be on or off, at Testfile:2`},
@@ -1292,6 +1306,7 @@ func subdirectiveRows() []errorRow {
 		{"zone fail_mode", inZoneBlock, "fail_mode"}, {"", inZoneBlock, "empty_key"}, {"", inZoneBlock, "key"},
 		{"", inZoneBlock, "algorithm"}, {"", inZoneBlock, "capacity"}, {"", inZoneBlock, "refill_rate"},
 		{"", inZoneBlock, "limit"}, {"", inZoneBlock, "window"}, {"", inZoneBlock, "cost"},
+		{"", inZoneBlock, "fair_by"}, {"", inZoneBlock, "fair_tenants"},
 		{"", inRedis, "address"}, {"", inRedis, "username"}, {"", inRedis, "password"}, {"", inRedis, "db"},
 		{"", inRedis, "pool_size"}, {"", inRedis, "dial_timeout"}, {"", inRedis, "sentinel"},
 		{"tls ca", inTLS, "ca"}, {"tls server_name", inTLS, "server_name"},
@@ -1313,6 +1328,7 @@ func subdirectiveRows() []errorRow {
 		{sub{"", inZoneBlock, "algorithm"}, "token_bucket sliding_window"}, {sub{"", inZoneBlock, "capacity"}, "1 2"},
 		{sub{"", inZoneBlock, "refill_rate"}, "1 2"}, {sub{"", inZoneBlock, "limit"}, "1 2"},
 		{sub{"", inZoneBlock, "window"}, "1m 2m"}, {sub{"", inZoneBlock, "cost"}, "1 2"},
+		{sub{"", inZoneBlock, "fair_by"}, "{a} {b}"}, {sub{"", inZoneBlock, "fair_tenants"}, "1 2"},
 		{sub{"", inRedis, "username"}, "a b"}, {sub{"", inRedis, "db"}, "1 2"}, {sub{"", inRedis, "pool_size"}, "1 2"},
 		{sub{"", inRedis, "dial_timeout"}, "1s 2s"}, {sub{"", inRedis, "sentinel"}, "a b"},
 		{sub{"tls cert", inTLS, "cert"}, "a b"},

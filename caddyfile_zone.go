@@ -121,6 +121,8 @@ var zoneSubdirectives = map[string]func(*zoneParser, *caddyfile.Dispenser) error
 	"cost":            (*zoneParser).parseCost,
 	"max_wait":        func(p *zoneParser, d *caddyfile.Dispenser) error { return optDurationArg(d, &p.zone.MaxWait) },
 	"priority":        func(p *zoneParser, d *caddyfile.Dispenser) error { return parsePriority(d, p.zone) },
+	"fair_by":         func(p *zoneParser, d *caddyfile.Dispenser) error { return stringArg(d, &p.zone.FairBy) },
+	"fair_tenants":    func(p *zoneParser, d *caddyfile.Dispenser) error { return intAtLeast(d, &p.zone.FairTenants, 1) },
 	"match":           func(p *zoneParser, d *caddyfile.Dispenser) error { return parseMatch(d, &p.zone.MatcherSetsRaw) },
 	"count_status":    func(p *zoneParser, d *caddyfile.Dispenser) error { return argsArg(d, &p.zone.CountStatus) },
 	"charge":          (*zoneParser).parseCharge,

@@ -72,7 +72,7 @@ func (h *Handler) ServeConnection(ctx context.Context, repl *caddy.Replacer, rem
 
 // ConnectionOptions returns an error naming every option of h that only means something for an
 // HTTP request (its headers, body, response or status, and {http.request.*} placeholders in a
-// zone's key or cost), so that a connection front end refuses it at load; nil when there is
+// zone's key, cost or fair_by), so that a connection front end refuses it at load; nil when there is
 // none.
 func (h *Handler) ConnectionOptions() error {
 	var bad []string
@@ -101,6 +101,7 @@ func (h *Handler) ConnectionOptions() error {
 			add(strings.Contains(k, "{http.request."), in("key "+k))
 		}
 		add(strings.Contains(z.Cost, "{http.request."), in("cost "+z.Cost))
+		add(strings.Contains(z.FairBy, "{http.request."), in("fair_by "+z.FairBy))
 	}
 	if len(bad) == 0 {
 		return nil

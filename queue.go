@@ -24,7 +24,7 @@ import (
 // that the zone alone denies, for want of a free slot or of its tokens, waits in the zone's
 // queue in Redis (limiter.Enqueue) instead of a 429, up to max_wait, and takes the next slot
 // (or tokens) its turn gets, across every instance: by priority class (Priority), then in
-// arrival order. Granted, it is decided again with its claim (every zone, all-or-nothing), then
+// arrival order, or in turn by tenant with fair_by (fair.go). Granted, it is decided again with its claim (every zone, all-or-nothing), then
 // served as any admitted request; at max_wait it is refused with 429 (result wait_timeout), and
 // so is a lowest-class waiter whose waiting place a higher class takes (result evicted); a
 // client that leaves ends its wait at once with 499 and takes nothing. A token bucket request

@@ -96,6 +96,7 @@ func (h *Handler) resolve(r *http.Request, repl *caddy.Replacer, zones []*Zone, 
 		if err != nil {
 			return nil, nil, false, &resolveError{z, resolveBody, fmt.Errorf("zone %s: %w", z.Name, err)}
 		}
+		rq.Tenant = h.tenant(z, repl)
 		reqs = append(reqs, rq)
 		shaping = shaping || lz.MaxWait > 0
 	}

@@ -37,9 +37,9 @@ type waitingRoom struct {
 	queued  list.List                 // of *seat: the waiters in a queue, oldest first; under mu
 }
 
-// waitingKey is a client identity in a waiting room: a client key of a zone whose key has a
-// placeholder, as the limiter gets it (keyed with key_secret), or, with zone "", the client
-// address (waitingIdentity).
+// waitingKey is a client identity in a waiting room: a zone's tenant (fair_by), or a client key
+// of a zone whose key has a placeholder, as the limiter gets it (keyed with key_secret), or,
+// with zone "", the client address (waitingIdentity).
 type waitingKey struct{ zone, key string }
 
 // keyPlaces are the places of one client identity: taken, and of those, being decided.
@@ -226,13 +226,16 @@ func (w *waitingRoom) held() int {
 }
 
 // waitingIdentity appends to buf the client identities of a request of reqs that count for its
-// waiting place: the client keys of its zones whose key has a placeholder; when it has none
-// (every zone keyed on a literal, such as one queue for a whole upstream), its client address,
-// {client_ip} masked to its first zone's ipv4_prefix or ipv6_prefix. A zone option naming the
-// identity (such as fair queuing by tenant) would supply it here instead.
+// waiting place: the tenants of its zones with fair_by, and the client keys of its other zones
+// whose key has a placeholder; when it has none (every zone keyed on a literal, such as one
+// queue for a whole upstream), its client address, {client_ip} masked to its first zone's
+// ipv4_prefix or ipv6_prefix.
 func (h *Handler) waitingIdentity(buf []waitingKey, r *http.Request, reqs []limiter.Request) []waitingKey {
 	for _, rq := range reqs {
-		if h.Zones[rq.Tag].perClient {
+		switch {
+		case rq.Zone.FairTenants > 0:
+			buf = append(buf, waitingKey{rq.Zone.Name, rq.Tenant})
+		case h.Zones[rq.Tag].perClient:
 			buf = append(buf, waitingKey{rq.Zone.Name, rq.Key})
 		}
 	}

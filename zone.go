@@ -195,6 +195,22 @@ type Zone struct {
 	// shaping. Default: one class, in arrival order.
 	Priority *Priority `json:"priority,omitempty"`
 
+	// With a queue (max_wait on concurrency, or on a token bucket with priority): serve each
+	// class's waiters in turn by this placeholder's value (the tenant: an API key, a user, a
+	// `map` output), not in arrival order, by start-time fair queuing with each request's cost
+	// as its size, across every instance: a waiter of a tenant with k waiters ahead of it in its
+	// class is granted after at most k + 2 grants to each other tenant of the class (on a token
+	// bucket, in tokens: the tokens of its tenant's waiters ahead of it, plus one request of each
+	// of the two); one tenant alone gets every grant. It is also the client
+	// identity whose waiting places max_waiting counts. Keyed with key_secret, as a key is. See
+	// docs/queues.md. Default: none, arrival order.
+	FairBy string `json:"fair_by,omitempty"`
+
+	// With fair_by: the most tenants with a place of their own in a class's line at once (1 to
+	// 100000); tenants beyond them share one place, taking turns as one tenant. Redis holds one
+	// sorted set member per tenant with a place (its finish tag). Default: 1000.
+	FairTenants int `json:"fair_tenants,omitempty"`
+
 	// With count_status or charge: how long a reservation waits for its response; an
 	// unsettled one (an instance that crashed) counts as charged after it. concurrency: how
 	// long a slot is held without a refresh (1s to 1d): the instance refreshes the slots of its
@@ -432,6 +448,9 @@ func (z *Zone) limiterZone(expand func(field, expr string) string) (limiter.Zone
 		return lz, nil, err
 	}
 	lz.Adaptive = z.limiterAdaptive(lz)
+	if lz.FairTenants, err = z.fairTenants(); err != nil {
+		return lz, nil, err
+	}
 	if z.TimeZone != "" {
 		// Local is not one zone: each instance's system could have its own.
 		if lz.Location, err = time.LoadLocation(z.TimeZone); err != nil || z.TimeZone == "Local" {

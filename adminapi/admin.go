@@ -581,6 +581,21 @@ type QueueState struct {
 	Waiting map[string]int64 `json:"waiting"`
 	// Milliseconds the oldest waiter has waited (0 when none waits).
 	OldestWaitMs int64 `json:"oldest_wait_ms"`
+	// With fair_by: the tenants waiting now and their waiters (every class together), the most
+	// waiters first, at most 100 of them. A tenant is as the queue keeps it: the fair_by value,
+	// keyed with key_secret, or its digest when long; "" is the place the tenants beyond
+	// fair_tenants share.
+	Tenants []QueueTenant `json:"tenants,omitempty"`
+	// With fair_by: how many tenants wait now, listed or not.
+	TenantsWaiting int `json:"tenants_waiting,omitempty"`
+}
+
+// QueueTenant is one tenant waiting in a fair queue.
+type QueueTenant struct {
+	// The tenant.
+	Tenant string `json:"tenant"`
+	// Its requests waiting now.
+	Waiting int64 `json:"waiting"`
 }
 
 // queueOf reads the queue of t's zone for client key lk at now.
@@ -596,6 +611,10 @@ func (t target) queueOf(ctx context.Context, lz *limiter.Zone, lk string, now ti
 	if !q.Oldest.IsZero() {
 		out.OldestWaitMs = max(0, now.Sub(q.Oldest).Milliseconds())
 	}
+	for _, tw := range q.Tenants {
+		out.Tenants = append(out.Tenants, QueueTenant{Tenant: tw.Tenant, Waiting: tw.Waiting})
+	}
+	out.TenantsWaiting = q.TenantsWaiting
 	return out, nil
 }
 

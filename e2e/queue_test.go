@@ -270,9 +270,9 @@ func TestQueueRedisPausedAndReload(t *testing.T) {
 	})
 }
 
-// killedQueueSite is a site on port whose queue zone of limit 2 (hold_max 3s, max_wait 20s)
-// is shared by every instance on redisAddr, in front of upstream.
-func killedQueueSite(port int, redisAddr, upstream string) string {
+// killedQueueSite is a site on port whose queue zone of limit 2 (hold_max 3s, max_wait 20s,
+// and the zone lines more) is shared by every instance on redisAddr, in front of upstream.
+func killedQueueSite(port int, redisAddr, upstream, more string) string {
 	return fmt.Sprintf(`{
 	admin off
 	auto_https off
@@ -290,11 +290,12 @@ func killedQueueSite(port int, redisAddr, upstream string) string {
 			limit 2
 			hold_max 3s
 			max_wait 20s
+			%s
 		}
 	}
 	reverse_proxy %s
 }
-`, port, redisAddr, strings.TrimPrefix(upstream, "http://"))
+`, port, redisAddr, more, strings.TrimPrefix(upstream, "http://"))
 }
 
 // holdingUpstream holds a request to /hold until its client goes away, and serves any other
@@ -388,6 +389,20 @@ func (l *lockedBuffer) String() string {
 // within max_wait; the upstream never serves more than 2 at once; and no slot or queue key is
 // left once they are answered.
 func TestQueueKilledInstance(t *testing.T) {
+	killedInstance(t, "", nil, "b2")
+}
+
+// TestFairQueueKilledInstance: the same with fair_by X-Tenant: A's 2 waiters and B's first 2
+// are tenant t1's, B's third t3's. Once A's waiters are gone, B's are granted by their tags:
+// t3's (the least) and t1's first at once, t1's second last, and no fair queuing key is left.
+func TestFairQueueKilledInstance(t *testing.T) {
+	killedInstance(t, "fair_by {http.request.header.X-Tenant}",
+		map[string]string{"a0": "t1", "a1": "t1", "b0": "t1", "b1": "t1", "b2": "t3"}, "b1")
+}
+
+// killedInstance is TestQueueKilledInstance with the zone lines more, the X-Tenant of each
+// request (by X-Seq), and the waiter of B that starts last.
+func killedInstance(t *testing.T, more string, tenants map[string]string, last string) {
 	caddyBin := os.Getenv("CADDY_BINARY")
 	if caddyBin == "" {
 		t.Skip("CADDY_BINARY is not set: run `make test`, which builds bin/caddy from this checkout and sets it")
@@ -398,8 +413,8 @@ func TestQueueKilledInstance(t *testing.T) {
 	upstream := httptest.NewServer(up)
 	t.Cleanup(upstream.Close)
 	portA, portB := freeport.Must(t), freeport.Must(t)
-	a := startCaddyProcess(t, caddyBin, killedQueueSite(portA, srv.Addr, upstream.URL), portA)
-	startCaddyProcess(t, caddyBin, killedQueueSite(portB, srv.Addr, upstream.URL), portB)
+	a := startCaddyProcess(t, caddyBin, killedQueueSite(portA, srv.Addr, upstream.URL, more), portA)
+	startCaddyProcess(t, caddyBin, killedQueueSite(portB, srv.Addr, upstream.URL, more), portB)
 	slots, waiters := queueKeysOf()
 	client := &http.Client{Timeout: maxWait + 10*time.Second}
 	answers := make(chan answerOf, 3)
@@ -407,6 +422,7 @@ func TestQueueKilledInstance(t *testing.T) {
 		go func() {
 			req, _ := http.NewRequest(http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d%s", port, path), nil)
 			req.Header.Set("X-Seq", seq)
+			req.Header.Set("X-Tenant", tenants[seq])
 			resp, err := client.Do(req)
 			if err != nil {
 				answers <- answerOf{seq: seq, err: err}
@@ -457,7 +473,7 @@ func TestQueueKilledInstance(t *testing.T) {
 		}
 	}
 	t.Logf("B's waiters answered %v after SIGKILL; upstream start order %v", srv.Time().Sub(killed), up.started)
-	checkKilledOrder(t, &up.upstreamLog)
+	checkKilledOrder(t, &up.upstreamLog, last)
 	redistest.WaitFor(t, 5*time.Second, "no slot or queue key left", func() bool {
 		for _, k := range srv.Keys(t) {
 			if strings.HasPrefix(k, slots) {
@@ -490,9 +506,9 @@ func checkKilledSlots(t *testing.T, srv *redistest.Server, slots string, aSlots 
 	}
 }
 
-// checkKilledOrder checks that the upstream served at most 2 at once and started B's waiters in
-// their arrival order, b0 and b1 (granted at once) before b2.
-func checkKilledOrder(t *testing.T, up *upstreamLog) {
+// checkKilledOrder checks that the upstream served at most 2 at once and started B's waiters
+// last after the other two (granted at once).
+func checkKilledOrder(t *testing.T, up *upstreamLog, last string) {
 	t.Helper()
 	up.mu.Lock()
 	defer up.mu.Unlock()
@@ -505,7 +521,7 @@ func checkKilledOrder(t *testing.T, up *upstreamLog) {
 			bs = append(bs, seq)
 		}
 	}
-	if len(bs) != 3 || bs[2] != "b2" {
-		t.Fatalf("B's waiters started in the order %v, want b0 and b1, then b2", bs)
+	if len(bs) != 3 || bs[2] != last {
+		t.Fatalf("B's waiters started in the order %v, want the other two, then %s", bs, last)
 	}
 }

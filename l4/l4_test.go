@@ -195,6 +195,7 @@ func TestHTTPOnlyOptionsRefused(t *testing.T) {
 		{"", "zone z {\n\t\t\t\t\t\tcapacity 2\n\t\t\t\t\t\trefill_rate 1\n\t\t\t\t\t\tcount_status 401\n\t\t\t\t\t}", "zone z: count_status: only HTTP requests have these"},
 		{"", "zone z {\n\t\t\t\t\t\tkey {http.request.header.X-Api-Key}\n\t\t\t\t\t\tcapacity 2\n\t\t\t\t\t\trefill_rate 1\n\t\t\t\t\t}", "zone z: key {http.request.header.X-Api-Key}: only HTTP requests have these"},
 		{"", "zone z {\n\t\t\t\t\t\talgorithm adaptive_concurrency\n\t\t\t\t\t\tlimit 5\n\t\t\t\t\t}", "zone z: algorithm adaptive_concurrency (it learns from the latency of responses): only HTTP requests have these"},
+		{"", "zone z {\n\t\t\t\t\t\talgorithm concurrency\n\t\t\t\t\t\tlimit 2\n\t\t\t\t\t\tmax_wait 1s\n\t\t\t\t\t\tfair_by {http.request.header.X-Tenant}\n\t\t\t\t\t}", "zone z: fair_by {http.request.header.X-Tenant}: only HTTP requests have these"},
 	} {
 		var b strings.Builder
 		fmt.Fprintf(&b, "{\n\tadmin off\n\tpersist_config off\n\tlayer4 {\n\t\t127.0.0.1:%d {\n\t\t\troute {\n%s\n\t\t\t}\n\t\t}\n\t}\n}\n",

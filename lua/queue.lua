@@ -11,7 +11,22 @@
 --   K:q<c>     per class c (1 the highest), a sorted set of its waiters: member the waiter's id,
 --              score its arrival (µs, the Redis clock when it first entered).
 --   K:qm       a hash of the share counters: n<c> the grants made while class c had waiters,
---              s<c> those of them made to class c; both dropped when class c has none.
+--              s<c> those of them made to class c; both dropped when class c has none. With
+--              fair queuing, also v<c>: class c's virtual time, the tag of its last grant.
+-- With fair queuing (ARGV[8] > 0), waiters are served within a class by start-time fair
+-- queuing on their tenant, not in arrival order:
+--   K:qv<c>    per class c, a sorted set of its waiters: member the waiter's id, score its tag.
+--   K:qf<c>    per class c, a sorted set of its tenants: member the tenant, score its finish
+--              tag (its last waiter's tag plus that waiter's cost, less the costs of its
+--              waiters that left ungranted). A tenant whose finish tag is at or below the
+--              class's virtual time is dropped: it would be tagged the same.
+--   K:qt       a hash: a waiter's id, its tenant (whose finish tag a waiter that leaves
+--              ungranted gives its cost back to, and for the admin API's listing).
+-- A waiter entering class c of virtual time V for tenant t is tagged S = max(V, F_t) (F_t: t's
+-- finish tag, V when t has none), and F_t becomes S + its cost; the next waiter of a class is
+-- the one of the least tag (ties: by id), and V becomes its tag. A class whose last waiter
+-- leaves starts again at V = 0 with no tenant. At most ARGV[8] tenants have a finish tag per class: a
+-- tenant beyond them is tagged as the tenant "" (one lane for all of them).
 -- A waiter's id is "<instance>.<n>.<c>" (a concurrency zone's) or "<instance>.<n>:<cost>.<c>"
 -- (a token bucket's): its instance's id (the channel it listens on is ARGV[5] .. instance), a
 -- number unique on that instance, the tokens its request costs, and its class.
@@ -36,8 +51,9 @@
 -- waiters it is granted at least floor(s × n / 1000) of every n grants, less one per other
 -- class owed at the same grant.
 --
--- KEYS[1] K, KEYS[2] K:ql, KEYS[3] K:qm, KEYS[3 + c] K:q<c> for each class c; last, for an
---         adaptive concurrency zone, K:ctl, its controller's hash (settle.lua).
+-- KEYS[1] K, KEYS[2] K:ql, KEYS[3] K:qm, KEYS[3 + c] K:q<c> for each class c of the n classes;
+-- with fair queuing, then KEYS[3 + n + c] K:qv<c>, KEYS[3 + 2n + c] K:qf<c>, KEYS[4 + 3n] K:qt.
+-- Last, for an adaptive concurrency zone, K:ctl: its controller's hash (settle.lua).
 -- ARGV[1] now, in µs since the Unix epoch, or "" to read the Redis server clock (TIME).
 -- ARGV[2] the operation: "enter", "leave", "refresh" or "promote".
 -- ARGV[3] the zone: its limit (slots), "<limit>/<min limit>" (slots) for an adaptive concurrency
@@ -47,14 +63,15 @@
 -- ARGV[5] the channel prefix: a waiter's grant is published on ARGV[5] .. its instance.
 -- ARGV[6] the classes' shares, permille, comma-separated, one per class ("0" for none).
 -- ARGV[7] lease: µs from now to a waiter's lease's end.
+-- ARGV[8] fair queuing: the most tenants with a finish tag per class; 0 for arrival order.
 -- Then, per operation, each reply ending with next: µs until the next waiter's grant fits (a
 -- token bucket's, while a waiter waits), else 0:
---   enter    ARGV[8] the waiter's id, ARGV[9] its arrival (µs; "" for now). Reply: { granted
---            (1 when this waiter holds a reservation now), arrival (µs), waiters ahead of it
---            (of its class and higher), next }.
---   leave    ARGV[8] the waiter's id. Reply: { 1 when it held a reservation (given to the
+--   enter    ARGV[9] the waiter's id, ARGV[10] its arrival (µs; "" for now), ARGV[11] its
+--            tenant (fair queuing). Reply: { granted (1 when this waiter holds a reservation
+--            now), arrival (µs), waiters ahead of it (of its class and higher), next }.
+--   leave    ARGV[9] the waiter's id. Reply: { 1 when it held a reservation (given to the
 --            next), else 0, next }.
---   refresh  ARGV[8..] the ids of an instance's waiters: their leases renewed. Reply: per id,
+--   refresh  ARGV[9..] the ids of an instance's waiters: their leases renewed. Reply: per id,
 --            0 waiting, 1 holding a reservation, 2 gone (its lease ended, or it was dropped);
 --            then next.
 --   promote  nothing more. Reply: { the number of grants, next }.
@@ -84,6 +101,16 @@ local shares = {}
 for s in string.gmatch(ARGV[6], '%d+') do shares[#shares + 1] = tonumber(s) end
 local classes = #shares
 local EPSILON, HOLD_MAX = 1e-9, 5000000 -- decide.lua's
+local tenants = tonumber(ARGV[8]) or 0
+local fair = tenants > 0
+local T = KEYS[4 + 3 * classes]
+
+-- line is the key of class c's waiters in the order they are served: by tag (fair queuing),
+-- else by arrival.
+local function line(c)
+  if fair then return KEYS[3 + classes + c] end
+  return KEYS[3 + c]
+end
 
 -- class_of is the class of a waiter's id (its last field), at most the number of classes.
 local function class_of(id)
@@ -103,15 +130,59 @@ local function keep_alive()
   redis.call('PEXPIRE', L, ttl)
   redis.call('PEXPIRE', M, ttl)
   for c = 1, classes do redis.call('PEXPIRE', KEYS[3 + c], ttl) end
+  if fair then
+    for c = 1, classes do
+      redis.call('PEXPIRE', KEYS[3 + classes + c], ttl)
+      redis.call('PEXPIRE', KEYS[3 + 2 * classes + c], ttl)
+    end
+    redis.call('PEXPIRE', T, ttl)
+  end
+end
+
+-- unlist takes waiter id out of the queue's sets. A waiter that leaves ungranted (gone) gives
+-- its cost back to its tenant's finish tag: the tenant of a dead instance's waiters, or of
+-- clients that hung up, is not tagged behind them when it waits again.
+local function unlist(id, gone)
+  local c = class_of(id)
+  redis.call('ZREM', KEYS[3 + c], id)
+  redis.call('ZREM', L, id)
+  if fair then
+    local Q, F = KEYS[3 + classes + c], KEYS[3 + 2 * classes + c]
+    if redis.call('ZREM', Q, id) == 1 and gone then
+      local t = redis.call('HMGET', T, id)[1]
+      local f = t and tonumber(redis.call('ZSCORE', F, t))
+      if f then redis.call('ZADD', F, string.format('%d', f - math.max(cost_of(id), 1)), t) end
+    end
+    redis.call('HDEL', T, id)
+    if redis.call('ZCARD', Q) == 0 then -- the class starts again
+      redis.call('DEL', F)
+      redis.call('HDEL', M, 'v' .. c)
+    end
+  end
+end
+
+-- tag files waiter id, of tenant t and the given cost, in its class's fair line (see the top).
+local function tag(id, t, cost)
+  local c = class_of(id)
+  local F = KEYS[3 + 2 * classes + c]
+  local v = tonumber(redis.call('HMGET', M, 'v' .. c)[1]) or 0
+  local vs = string.format('%d', v)
+  redis.call('ZREMRANGEBYSCORE', F, '-inf', vs)
+  local f = tonumber(redis.call('ZSCORE', F, t))
+  if not f and redis.call('ZCARD', F) >= tenants then
+    t = ''
+    f = tonumber(redis.call('ZSCORE', F, t))
+  end
+  local s = math.max(v, f or v)
+  redis.call('ZADD', F, string.format('%d', s + math.max(cost, 1)), t)
+  redis.call('ZADD', KEYS[3 + classes + c], string.format('%d', s), id)
+  redis.call('HSET', T, id, t)
 end
 
 -- drop_lapsed drops the waiters whose lease has ended (at most 1000 a call).
 local function drop_lapsed()
   local gone = redis.call('ZRANGEBYSCORE', L, '-inf', NOW, 'LIMIT', 0, 1000)
-  for _, id in ipairs(gone) do
-    redis.call('ZREM', KEYS[3 + class_of(id)], id)
-    redis.call('ZREM', L, id)
-  end
+  for _, id in ipairs(gone) do unlist(id, true) end
 end
 
 -- pick returns the class whose waiter is granted next, given the waiters per class (n), or nil.
@@ -242,15 +313,16 @@ local function promote()
   while true do
     local c = pick(n, seen, served)
     if not c then break end
-    local id = redis.call('ZRANGE', KEYS[3 + c], 0, 0)[1]
+    local head = redis.call('ZRANGE', line(c), 0, 0, 'WITHSCORES')
+    local id = head[1]
     local ok, us = g.fits(id)
     if not ok then
       next = us
       break
     end
     g.reserve(id)
-    redis.call('ZREM', KEYS[3 + c], id)
-    redis.call('ZREM', L, id)
+    if fair then redis.call('HSET', M, 'v' .. c, head[2]) end
+    unlist(id, false)
     redis.call('PUBLISH', chan .. string.match(id, '^([^.]*)'), id)
     for k = 1, classes do
       if n[k] > 0 then seen[k] = seen[k] + 1 end
@@ -296,21 +368,27 @@ end
 
 local op = ARGV[2]
 if op == 'enter' then
-  local id = ARGV[8]
-  local arrival = tonumber(ARGV[9]) or now
+  local id = ARGV[9]
+  local arrival = tonumber(ARGV[10]) or now
   local q = KEYS[3 + class_of(id)]
+  if fair then tag(id, ARGV[11] or '', cost_of(id)) end
   redis.call('ZADD', q, string.format('%d', arrival), id)
   redis.call('ZADD', L, string.format('%d', now + lease), id)
   keep_alive()
   local _, next = promote()
   if reservation(id) then return { 1, arrival, 0, next } end
-  local ahead = redis.call('ZCOUNT', q, '-inf', '(' .. string.format('%d', arrival))
+  local ahead
+  if fair then
+    q = line(class_of(id))
+    ahead = redis.call('ZCOUNT', q, '-inf', '(' .. redis.call('ZSCORE', q, id))
+  else
+    ahead = redis.call('ZCOUNT', q, '-inf', '(' .. string.format('%d', arrival))
+  end
   for c = 1, class_of(id) - 1 do ahead = ahead + redis.call('ZCARD', KEYS[3 + c]) end
   return { 0, arrival, ahead, next }
 elseif op == 'leave' then
-  local id = ARGV[8]
-  redis.call('ZREM', KEYS[3 + class_of(id)], id)
-  redis.call('ZREM', L, id)
+  local id = ARGV[9]
+  unlist(id, true)
   local had = release(id)
   local _, next = promote()
   return { had, next }
@@ -318,7 +396,7 @@ elseif op == 'refresh' then
   local lease_end = string.format('%d', now + lease)
   local out = {}
   local _, next = promote()
-  for i = 8, #ARGV do
+  for i = 9, #ARGV do
     local id = ARGV[i]
     if reservation(id) then
       out[#out + 1] = 1

@@ -104,6 +104,18 @@ var zoneOptions = []zoneOption{
 		},
 	},
 	{
+		// A queue of waiters that take turns by tenant: its denial is where the caller would
+		// wait (Enqueue), as with max_wait; a token bucket queues only with classes.
+		name: "fair_by", fields: []string{"Zone.FairTenants", "Request.Tenant"},
+		algorithms: []limiter.Algorithm{limiter.TokenBucket, limiter.Concurrency},
+		set: func(z *limiter.Zone, r *limiter.Request) {
+			z.MaxWait, z.FairTenants, r.Tenant = time.Second, 10, "tenant-a"
+			if z.Algorithm == limiter.TokenBucket && len(z.Classes) == 0 {
+				z.Classes = []int{0}
+			}
+		},
+	},
+	{
 		// Counted in the zone's top in the same call; the decision is the zone's without it.
 		name: "top", fields: []string{"Zone.Top", "Zone.TopWindow"},
 		set: func(z *limiter.Zone, _ *limiter.Request) { z.Top, z.TopWindow = 4, time.Minute },

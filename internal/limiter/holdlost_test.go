@@ -91,7 +91,7 @@ func TestQueueGrantNeverClaimedOutlivesItsDrain(t *testing.T) {
 	rate := strconv.FormatFloat(dayRate, 'g', 17, 64)
 	reply, err := srv.Client().Eval(context.Background(), lua.Queue,
 		[]string{k, k + ":ql", k + ":qm", k + ":q1"},
-		"", "enter", "10000,"+rate, 2_000_000, "rl:queue:", "0", 60_000_000, "inst.1:4000.1", "").Slice()
+		"", "enter", "10000,"+rate, 2_000_000, "rl:queue:", "0", 60_000_000, 0, "inst.1:4000.1", "").Slice()
 	if err != nil || len(reply) < 1 || reply[0] != int64(1) {
 		t.Fatalf("enter: %v, %v; want granted at once", reply, err)
 	}

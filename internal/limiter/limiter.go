@@ -76,6 +76,9 @@ type Request struct {
 	// Class is the request's priority class in a zone that Queues (0 the highest; one beyond
 	// the zone's Classes is its last): the order in which waiters get freed slots.
 	Class int
+	// Tenant is the request's tenant in a zone with FairTenants, as the client sent it (the
+	// Limiter sanitises it, as Key): its waiters take turns with other tenants' in the queue.
+	Tenant string
 	// claim is the id of a Waiter whose reserved slot the request takes (Claim); "" for none.
 	claim string
 }

@@ -1,9 +1,11 @@
 package limiter
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -27,7 +29,9 @@ import (
 // tells it of grants whose message was lost; a waiter whose instance dies is dropped when its
 // lease ends, QueueLease after its last renewal. A token bucket's waiters are granted as it
 // refills: each instance with waiters in its queue calls queue.lua's promote when the next
-// waiter's cost is in the bucket (at most once per QueuePromoteEvery).
+// waiter's cost is in the bucket (at most once per QueuePromoteEvery). With Zone.FairTenants,
+// a class's waiters are granted in turn by tenant (Request.Tenant; start-time fair queuing in
+// queue.lua), not in arrival order.
 
 var queueScript = newScript(lua.Queue)
 
@@ -48,6 +52,11 @@ const (
 	QueuePromoteEvery = 10 * time.Millisecond
 	// MaxClasses is the most priority classes a queue may have.
 	MaxClasses = 8
+	// DefaultFairTenants is the Zone.FairTenants a caller should default to: the most tenants
+	// with a place in a class's fair line at once.
+	DefaultFairTenants = 1000
+	// MaxFairTenants bounds Zone.FairTenants.
+	MaxFairTenants = 100000
 )
 
 // Queues reports whether z keeps the requests it cannot admit now waiting in a queue: a
@@ -61,6 +70,9 @@ func (z *Zone) Queues() bool {
 func (z *Zone) validateQueue() *FieldError {
 	if z.Overrides {
 		return z.fieldError("overrides", "overrides do not apply to a zone with a queue (max_wait): its queue grants by the zone's own numbers")
+	}
+	if z.FairTenants < 0 || z.FairTenants > MaxFairTenants {
+		return z.fieldError("fair_tenants", "fair_tenants %d must be 1 to %d", z.FairTenants, MaxFairTenants)
 	}
 	if len(z.Classes) > MaxClasses {
 		return z.fieldError("priority", "%d priority classes, at most %d", len(z.Classes), MaxClasses)
@@ -83,18 +95,19 @@ func (z *Zone) classes() int { return max(1, len(z.Classes)) }
 
 // Waiter is a request waiting in a queue for a slot (Enqueue).
 type Waiter struct {
-	id    string // "<instance>.<n>.<class>", or "<instance>.<n>:<cost>.<class>" (a token bucket's)
-	key   string // the zone's state key for the request's client
-	zone  *Zone
-	ready chan struct{} // one signal: granted, or gone
-	mu    sync.Mutex
-	gone  bool  // the queue lost it (a lapsed lease): enter again
-	since int64 // its arrival, µs by the scripts' clock
+	id     string // "<instance>.<n>.<class>", or "<instance>.<n>:<cost>.<class>" (a token bucket's)
+	key    string // the zone's state key for the request's client
+	tenant string // with fair queuing, the request's tenant (ClientKey of Request.Tenant)
+	zone   *Zone
+	ready  chan struct{} // one signal: granted, or gone
+	mu     sync.Mutex
+	gone   bool  // the queue lost it (a lapsed lease): enter again
+	since  int64 // its arrival, µs by the scripts' clock
 	// entered is set once queue.lua has it (RefreshQueues renews only those), claimed once its
 	// claim admitted its request (Leave then has nothing to do); under the Limiter's waiters.mu.
 	entered, claimed bool
 	// Ahead is the number of waiters ahead of it (of its class and the higher ones) when it
-	// entered.
+	// entered; with fair queuing, those of its class are those of a lesser tag.
 	Ahead int64
 }
 
@@ -177,6 +190,9 @@ func (l *Limiter) Enqueue(ctx context.Context, r Request, since int64) (*Waiter,
 	}
 	w := &Waiter{id: id + "." + strconv.Itoa(class),
 		key: StateKey(l.prefix, r.Zone, ClientKey(r.Key)), zone: r.Zone, ready: make(chan struct{}, 1)}
+	if r.Zone.FairTenants > 0 {
+		w.tenant = ClientKey(r.Tenant)
+	}
 	if l.waiters.m == nil {
 		l.waiters.m = make(map[string]*Waiter)
 	}
@@ -224,7 +240,7 @@ func (l *Limiter) enter(ctx context.Context, w *Waiter, since int64) error {
 	if since > 0 {
 		arrival = since
 	}
-	reply, err := runScript(ctx, l.rdb, queueScript, queueKeys(w.key, w.zone), l.queueArgs(w.zone, "enter", w.id, arrival))
+	reply, err := runScript(ctx, l.rdb, queueScript, queueKeys(w.key, w.zone), l.queueArgs(w.zone, "enter", w.id, arrival, w.tenant))
 	if err != nil {
 		return fmt.Errorf("redis queue enter: %w", err)
 	}
@@ -371,18 +387,31 @@ func (l *Limiter) promoteDue(key string, z *Zone, t *promoteTimer) {
 	}
 }
 
-// queueKeys are queue.lua's KEYS for zone z's client whose state key is key.
+// queueKeys are queue.lua's KEYS for zone z's client whose state key is key: with fair
+// queuing (FairTenants), its fair lines, tenants' tags and tenants of waiters too.
 func queueKeys(key string, z *Zone) []string {
-	keys := make([]string, 3, 3+z.classes())
+	n := z.classes()
+	keys := make([]string, 3, 4+3*n)
 	keys[0], keys[1], keys[2] = key, waitersKey(key), key+":qm"
-	for c := 1; c <= z.classes(); c++ {
+	for c := 1; c <= n; c++ {
 		keys = append(keys, key+":q"+strconv.Itoa(c))
 	}
-	if z.Algorithm.Adapts() {
+	if z.FairTenants > 0 {
+		for _, set := range []string{":qv", ":qf"} {
+			for c := 1; c <= n; c++ {
+				keys = append(keys, key+set+strconv.Itoa(c))
+			}
+		}
+		keys = append(keys, tenantsKey(key))
+	}
+	if z.Algorithm.Adapts() { // last: queue.lua reads it as KEYS[#KEYS]
 		keys = append(keys, controlKey(key))
 	}
 	return keys
 }
+
+// tenantsKey is the hash of the tenant of each waiter of the fair queue of state key.
+func tenantsKey(key string) string { return key + ":qt" }
 
 // waitersKey is the sorted set of the waiters (and their leases) of the queue of state key.
 func waitersKey(key string) string { return key + ":ql" }
@@ -407,7 +436,7 @@ func (l *Limiter) queueArgs(z *Zone, op string, more ...any) []any {
 	case !z.Algorithm.HoldsSlots():
 		zone = strconv.FormatInt(z.Capacity, 10) + "," + strconv.FormatFloat(z.RefillRate, 'f', -1, 64)
 	}
-	args := []any{now, op, zone, QueueClaim.Microseconds(), queueChannel(l.prefix), strings.Join(shares, ","), QueueLease.Microseconds()}
+	args := []any{now, op, zone, QueueClaim.Microseconds(), queueChannel(l.prefix), strings.Join(shares, ","), QueueLease.Microseconds(), z.FairTenants}
 	return append(args, more...)
 }
 
@@ -574,18 +603,38 @@ type QueueState struct {
 	Waiting []int64
 	// Oldest is the earliest arrival of a waiter, by the scripts' clock; zero when none waits.
 	Oldest time.Time
+	// Tenants are, with fair queuing (Zone.FairTenants), the tenants waiting (as ClientKey
+	// gives them; "" the place shared by the tenants beyond FairTenants) and their waiters,
+	// every class together, the most waiters first (then by tenant), at most
+	// QueueTenantsListed of them; TenantsWaiting is how many tenants wait in all.
+	Tenants        []TenantWaiting
+	TenantsWaiting int
 }
+
+// TenantWaiting is one tenant of a fair queue and its number of waiters.
+type TenantWaiting struct {
+	Tenant  string
+	Waiting int64
+}
+
+// QueueTenantsListed is the most tenants Limiter.Queue lists.
+const QueueTenantsListed = 100
 
 // Queue reads the queue of zone z (one that Queues) for clientKey (raw, as State takes it)
 // without changing it: the waiters per class and the earliest arrival. Its errors are Redis's.
 func (l *Limiter) Queue(ctx context.Context, z *Zone, clientKey string) (QueueState, error) {
-	keys := queueKeys(StateKey(l.prefix, z, ClientKey(clientKey)), z)[3 : 3+z.classes()]
+	key := StateKey(l.prefix, z, ClientKey(clientKey))
+	keys := queueKeys(key, z)[3 : 3+z.classes()]
 	counts := make([]*redis.IntCmd, len(keys))
 	heads := make([]*redis.ZSliceCmd, len(keys))
+	var tenants *redis.MapStringStringCmd
 	if _, err := l.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		for c, k := range keys {
 			counts[c] = p.ZCard(ctx, k)
 			heads[c] = p.ZRangeWithScores(ctx, k, 0, 0)
+		}
+		if z.FairTenants > 0 {
+			tenants = p.HGetAll(ctx, tenantsKey(key))
 		}
 		return nil
 	}); err != nil {
@@ -601,5 +650,29 @@ func (l *Limiter) Queue(ctx context.Context, z *Zone, clientKey string) (QueueSt
 			}
 		}
 	}
+	if tenants != nil {
+		q.Tenants, q.TenantsWaiting = countTenants(tenants.Val())
+	}
 	return q, nil
+}
+
+// countTenants counts the waiters of each tenant of byWaiter (a fair queue's waiter ids and
+// their tenants), and returns the first QueueTenantsListed of them (the most waiters first),
+// and how many there are.
+func countTenants(byWaiter map[string]string) ([]TenantWaiting, int) {
+	n := map[string]int64{}
+	for _, t := range byWaiter {
+		n[t]++
+	}
+	out := make([]TenantWaiting, 0, len(n))
+	for t, c := range n {
+		out = append(out, TenantWaiting{t, c})
+	}
+	slices.SortFunc(out, func(a, b TenantWaiting) int {
+		if a.Waiting != b.Waiting {
+			return cmp.Compare(b.Waiting, a.Waiting)
+		}
+		return strings.Compare(a.Tenant, b.Tenant)
+	})
+	return out[:min(len(out), QueueTenantsListed)], len(out)
 }

@@ -155,24 +155,7 @@ func TestQueuePriorityWithShare(t *testing.T) {
 	var order []string
 	for range 20 {
 		settleAll(t, l, held)
-		var got *waiter
-		deadline := time.Now().Add(5 * time.Second)
-		for got == nil && time.Now().Before(deadline) {
-			for k := range ws {
-				select {
-				case <-ws[k].w.Ready():
-					if got != nil {
-						t.Fatalf("two waiters granted one slot")
-					}
-					got = &ws[k]
-				default:
-				}
-			}
-			time.Sleep(time.Millisecond) // polling the waiters' signals
-		}
-		if got == nil {
-			t.Fatalf("no grant after %v", order)
-		}
+		got := &ws[nextGrant(t, ws, func(w waiter) *limiter.Waiter { return w.w })]
 		order = append(order, []string{"i", "b"}[got.class]+string(rune('0'+got.n)))
 		held = claimSlot(t, l, req, got.w, order[len(order)-1])
 	}

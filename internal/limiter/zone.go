@@ -296,6 +296,14 @@ type Zone struct {
 	// of the grants (slots, or waiters given their tokens; permille, 0 to 1000; all together at
 	// most 1000) that the class is guaranteed while it has waiters. nil: one class.
 	Classes []int
+	// FairTenants, when > 0, serves the waiters of each class of a zone that Queues by
+	// start-time fair queuing on their tenant (Request.Tenant), not in arrival order: a waiter
+	// of a tenant with k waiters ahead of it in its class is granted after at most k + 2 grants
+	// to each other tenant of the class (on a token bucket, in tokens: at most the tokens of its
+	// own tenant's waiters ahead of it, plus one request of each of the two). It is the
+	// most tenants with a place in a class's line at once (1 to MaxFairTenants); those beyond
+	// share one place, as one tenant. 0: arrival order.
+	FairTenants int
 	// Lease, when set (token bucket without MaxWait, or fixed window), leases the zone's tokens
 	// or window slots to the instance in grants that it spends in process (see Lease). nil:
 	// every request decided in Redis.
@@ -481,6 +489,8 @@ func (z *Zone) validateOwners() *FieldError {
 		}
 	}
 	switch {
+	case z.FairTenants != 0 && !z.Queues():
+		return z.fieldError("fair_by", "fair queuing needs a queue: a max_wait, on algorithm concurrency, or with priority on token_bucket")
 	case len(z.Classes) > 0 && !z.Queues():
 		return z.fieldError("priority", "priority classes need a queue: a max_wait, on algorithm concurrency or token_bucket")
 	case z.Queues():
