@@ -39,12 +39,3 @@ func (h *Handler) tenant(z *Zone, repl *caddy.Replacer) string {
 	}
 	return h.limiterKey(repl.ReplaceAll(z.FairBy, ""))
 }
-
-// limiterKey returns the key the limiter gets for a client key (or tenant) as the placeholder
-// shows it: the same, or with key_secret its keyed digest.
-func (h *Handler) limiterKey(shown string) string {
-	if h.keySecret == nil {
-		return shown
-	}
-	return h.keySecret.Key(shown)
-}

@@ -353,3 +353,12 @@ func (h *Handler) warnEmptyKey(z *Zone) {
 		c.Write(zap.String("zone", z.Name), zap.Strings("key", z.Key))
 	}
 }
+
+// limiterKey returns the key the limiter gets for a client key (or tenant) as the placeholder
+// shows it: the same, or with key_secret its keyed digest.
+func (h *Handler) limiterKey(shown string) string {
+	if h.keySecret == nil {
+		return shown
+	}
+	return h.keySecret.Key(shown)
+}
