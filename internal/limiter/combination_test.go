@@ -107,7 +107,7 @@ var zoneOptions = []zoneOption{
 		// A queue of waiters that take turns by tenant: its denial is where the caller would
 		// wait (Enqueue), as with max_wait; a token bucket queues only with classes.
 		name: "fair_by", fields: []string{"Zone.FairTenants", "Request.Tenant"},
-		algorithms: []limiter.Algorithm{limiter.TokenBucket, limiter.Concurrency},
+		algorithms: []limiter.Algorithm{limiter.TokenBucket, limiter.Concurrency, limiter.AdaptiveConcurrency},
 		set: func(z *limiter.Zone, r *limiter.Request) {
 			z.MaxWait, z.FairTenants, r.Tenant = time.Second, 10, "tenant-a"
 			if z.Algorithm == limiter.TokenBucket && len(z.Classes) == 0 {

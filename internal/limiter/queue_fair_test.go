@@ -276,3 +276,27 @@ func TestQueueFairFaults(t *testing.T) {
 		t.Error("the tenants' finish tags left with no waiter, want them gone")
 	}
 }
+
+// TestQueueFairAdaptive: an adaptive concurrency zone's queue takes turns by tenant against the
+// limit in force, not its ceiling: with a ceiling of 5 and nothing learnt yet (the limit in force
+// its min limit, 1), each slot given back is one grant, in the order of
+// TestQueueFairTakesTurnsAcrossInstances.
+func TestQueueFairAdaptive(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	ls := queueLimiters(t, srv, 3)
+	z := adaptiveZone("q", 5)
+	z.Adaptive.MinLimit = 1
+	z.MaxWait, z.FairTenants = 10*time.Second, 100
+	held := allow(t, ls[0], limiter.Request{Zone: z, Key: "upstream", Cost: 1, Hold: time.Minute})
+	if held.Limit != 1 {
+		t.Fatalf("the limit in force: %d, want the min limit 1", held.Limit)
+	}
+	ws := enterFair(t, nil, ls[1], z, "A", 0, 6)
+	ws = enterFair(t, ws, ls[2], z, "B", 0, 2)
+	ws = enterFair(t, ws, ls[1], z, "C", 0, 1)
+	order := fairOrder(t, held, ls[0], ws)
+	if got, want := rounds(order, 3, 2, 4), "A B C | A B | A A A A"; got != want {
+		t.Fatalf("grants %v: rounds %q, want %q", order, got, want)
+	}
+}
