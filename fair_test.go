@@ -171,10 +171,7 @@ func TestFairQueueThreeInstancesClasses(t *testing.T) {
 // B's 1, the admin API's state lists the tenants waiting, the most first, and their count.
 func TestFairQueueAdminTenants(t *testing.T) {
 	srv := redistest.Start(t)
-	release := make(chan struct{})
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { <-release }))
-	t.Cleanup(up.Close)
-	t.Cleanup(func() { close(release) })
+	up := heldUpstream(t)
 	ac := startCaddyAdmin(t, fmt.Sprintf(`
 	rate_limit_redis {
 		redis {

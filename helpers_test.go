@@ -585,3 +585,12 @@ func tbZone(name string) *limiter.Zone {
 func swZone(name string) *limiter.Zone {
 	return &limiter.Zone{Name: name, Algorithm: limiter.SlidingWindow}
 }
+
+// heldUpstream is an upstream whose every request waits until the test ends.
+func heldUpstream(t *testing.T) *httptest.Server {
+	release := make(chan struct{})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { <-release }))
+	t.Cleanup(up.Close)
+	t.Cleanup(func() { close(release) })
+	return up
+}

@@ -3,7 +3,6 @@ package ratelimitredis
 import (
 	"fmt"
 	"net/http"
-	"net/http/httptest"
 	"testing"
 	"time"
 
@@ -18,10 +17,7 @@ import (
 // observes its wait in queue_wait_seconds.
 func TestQueueAdminAndMetrics(t *testing.T) {
 	srv := redistest.Start(t)
-	release := make(chan struct{})
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { <-release }))
-	t.Cleanup(up.Close)
-	t.Cleanup(func() { close(release) })
+	up := heldUpstream(t)
 	ac := startCaddyAdmin(t, fmt.Sprintf(`
 	rate_limit_redis {
 		redis {

@@ -106,9 +106,7 @@ func TestQueueFairTakesTurnsAcrossInstances(t *testing.T) {
 	ls := queueLimiters(t, srv, 3)
 	z := fairZone("q", 1)
 	held := allow(t, ls[0], limiter.Request{Zone: z, Key: "upstream", Cost: 1, Hold: time.Minute})
-	ws := enterFair(t, nil, ls[1], z, "A", 0, 6)
-	ws = enterFair(t, ws, ls[2], z, "B", 0, 2)
-	ws = enterFair(t, ws, ls[1], z, "C", 0, 1)
+	ws := enterThreeTenants(t, ls, z)
 	var ahead []int64
 	for _, f := range ws {
 		ahead = append(ahead, f.w.Ahead)
@@ -116,7 +114,22 @@ func TestQueueFairTakesTurnsAcrossInstances(t *testing.T) {
 	if want := []int64{0, 1, 2, 3, 4, 5, 0, 2, 0}; !slices.Equal(ahead, want) {
 		t.Fatalf("waiters ahead of each (A's 6, B's 2, C's): %v, want %v", ahead, want)
 	}
-	order := fairOrder(t, held, ls[0], ws)
+	checkThreeTenantsOrder(t, fairOrder(t, held, ls[0], ws))
+}
+
+// enterThreeTenants enqueues tenant A's 6 waiters of zone z on ls[1], then B's 2 on ls[2], then
+// C's 1 on ls[1].
+func enterThreeTenants(t *testing.T, ls []*limiter.Limiter, z *limiter.Zone) []fairWaiter {
+	t.Helper()
+	ws := enterFair(t, nil, ls[1], z, "A", 0, 6)
+	ws = enterFair(t, ws, ls[2], z, "B", 0, 2)
+	return enterFair(t, ws, ls[1], z, "C", 0, 1)
+}
+
+// checkThreeTenantsOrder checks the grants of enterThreeTenants's waiters, in order: one each
+// of A, B and C, one each of A and B, then A's remaining four.
+func checkThreeTenantsOrder(t *testing.T, order []string) {
+	t.Helper()
 	if got, want := rounds(order, 3, 2, 4), "A B C | A B | A A A A"; got != want {
 		t.Fatalf("grants %v: rounds %q, want %q", order, got, want)
 	}
@@ -292,11 +305,5 @@ func TestQueueFairAdaptive(t *testing.T) {
 	if held.Limit != 1 {
 		t.Fatalf("the limit in force: %d, want the min limit 1", held.Limit)
 	}
-	ws := enterFair(t, nil, ls[1], z, "A", 0, 6)
-	ws = enterFair(t, ws, ls[2], z, "B", 0, 2)
-	ws = enterFair(t, ws, ls[1], z, "C", 0, 1)
-	order := fairOrder(t, held, ls[0], ws)
-	if got, want := rounds(order, 3, 2, 4), "A B C | A B | A A A A"; got != want {
-		t.Fatalf("grants %v: rounds %q, want %q", order, got, want)
-	}
+	checkThreeTenantsOrder(t, fairOrder(t, held, ls[0], enterThreeTenants(t, ls, z)))
 }
