@@ -2,6 +2,7 @@ package e2e_test
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -162,10 +163,22 @@ func startSlotInstances(t testing.TB, n int, redisAddr, upstream, algorithm stri
 	}
 	out := make([]*adaptiveInstance, n)
 	for i := range out {
-		port, aport := freeport.Must(t), freeport.Must(t)
-		out[i] = &adaptiveInstance{port: port, aport: aport,
-			base: "http://127.0.0.1:" + strconv.Itoa(port), admin: "http://127.0.0.1:" + strconv.Itoa(aport)}
-		out[i].proc = startCaddyProcess(t, caddyBin, slotSite(aport, port, redisAddr, upstream, algorithm, limit, failMode), port)
+		// A port picked free may be taken by another process before Caddy binds it: Caddy
+		// then exits, and the instance starts again on other ports.
+		for attempt := 1; ; attempt++ {
+			port, aport := freeport.Must(t), freeport.Must(t)
+			out[i] = &adaptiveInstance{port: port, aport: aport,
+				base: "http://127.0.0.1:" + strconv.Itoa(port), admin: "http://127.0.0.1:" + strconv.Itoa(aport)}
+			var err error
+			out[i].proc, err = launchCaddyProcess(t, caddyBin, slotSite(aport, port, redisAddr, upstream, algorithm, limit, failMode), port)
+			if err == nil {
+				break
+			}
+			if !errors.Is(err, errExitedEarly) || attempt == 3 {
+				t.Fatal(err)
+			}
+			t.Logf("instance %d, attempt %d: %v", i, attempt, err)
+		}
 	}
 	return out
 }

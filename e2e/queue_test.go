@@ -2,6 +2,7 @@ package e2e_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -329,8 +330,24 @@ type caddyProcess struct {
 }
 
 // startCaddyProcess runs caddyBin with caddyfile, which serves on port, until the test ends, and
-// returns once the port accepts connections.
+// returns once the port accepts connections; it fails t when the process exits before that, or
+// does not serve within 30 s.
 func startCaddyProcess(t testing.TB, caddyBin, caddyfile string, port int) *caddyProcess {
+	t.Helper()
+	p, err := launchCaddyProcess(t, caddyBin, caddyfile, port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// errExitedEarly is launchCaddyProcess's error for a process that exited before it served (its
+// port taken by another process meanwhile, say).
+var errExitedEarly = errors.New("the Caddy process exited before it served")
+
+// launchCaddyProcess is startCaddyProcess returning its error (wrapping errExitedEarly when the
+// process exited) instead of failing t.
+func launchCaddyProcess(t testing.TB, caddyBin, caddyfile string, port int) (*caddyProcess, error) {
 	t.Helper()
 	dir := t.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "Caddyfile"), []byte(caddyfile), 0o600); err != nil {
@@ -349,15 +366,15 @@ func startCaddyProcess(t testing.TB, caddyBin, caddyfile string, port int) *cadd
 		c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port))
 		if err == nil {
 			c.Close()
-			return p
+			return p, nil
 		}
 		select {
 		case <-p.exited:
-			t.Fatalf("the Caddy process exited before it served on port %d: %s", port, p.out)
+			return nil, fmt.Errorf("%w on port %d: %s", errExitedEarly, port, p.out)
 		default:
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the Caddy process did not serve on port %d within 30s: %s", port, p.out)
+			return nil, fmt.Errorf("the Caddy process did not serve on port %d within 30s: %s", port, p.out)
 		}
 	}
 }
