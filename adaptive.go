@@ -83,16 +83,6 @@ func (h *Handler) observeLearnt(reqs []limiter.Request) {
 	}
 }
 
-// adapts reports whether a zone of reqs is an adaptive_concurrency zone.
-func adapts(reqs []limiter.Request) bool {
-	for _, rq := range reqs {
-		if rq.Zone.Algorithm.Adapts() {
-			return true
-		}
-	}
-	return false
-}
-
 // sampleLatency reports to held the latency of the response cw saw (served from cw.start; err is
 // the handlers' error), unless its client left before any header: the time to the first header,
 // or to the handlers' return when none was written (an error the error routes answer), failed

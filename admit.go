@@ -57,7 +57,7 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 		}
 		return h.serveAndSettle(w, r, next, f.reqs, f.d, f.repl)
 	}
-	if f.degraded && hasSlots(f.decided) {
+	if f.degraded && anyAlgorithm(f.decided, limiter.Algorithm.HoldsSlots) {
 		return h.serveLocalSlots(w, r, next, f.decided)
 	}
 	return next.ServeHTTP(w, r)

@@ -492,7 +492,7 @@ func (h *Handler) serveAndSettle(w http.ResponseWriter, r *http.Request, next ca
 		}
 	}()
 	cw.served = true
-	if adapts(reqs) {
+	if anyAlgorithm(reqs, limiter.Algorithm.Adapts) {
 		cw.start = time.Now()
 	}
 	err := next.ServeHTTP(cw, r)

@@ -42,10 +42,11 @@ func (z *Zone) provisionSlots() error {
 	return nil
 }
 
-// hasSlots reports whether a zone of reqs is a concurrency zone.
-func hasSlots(reqs []limiter.Request) bool {
+// anyAlgorithm reports whether the algorithm of a zone of reqs has the property has
+// (limiter.Algorithm.HoldsSlots: a concurrency zone; Adapts: an adaptive one).
+func anyAlgorithm(reqs []limiter.Request, has func(limiter.Algorithm) bool) bool {
 	for _, rq := range reqs {
-		if rq.Zone.Algorithm.HoldsSlots() {
+		if has(rq.Zone.Algorithm) {
 			return true
 		}
 	}

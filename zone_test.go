@@ -77,8 +77,7 @@ func TestValidateCharging(t *testing.T) {
 // TestEndToEndDailyQuota: a fixed window of 3 per UTC day through Caddy: the headers and the
 // 429's Retry-After say the seconds to the next UTC midnight; the admin API shows the count and
 // the window, and a reset gives the client its quota back. Its decisions wait for Redis up to
-// 5 s: a first call that loads the script under a busy test run once took over the default
-// 100 ms and failed open.
+// 5 s, so that the first call, which loads the script, never fails open on a busy machine.
 func TestEndToEndDailyQuota(t *testing.T) {
 	srv := redistest.Start(t)
 	ac := startCaddyAdmin(t, fmt.Sprintf(`

@@ -235,9 +235,9 @@ func closedLoop(clients int, insts []*adaptiveInstance, stop chan struct{}) (wai
 // serves C requests at once for 100 ms each and queues the rest inside itself; 24 closed-loop
 // clients. With C = 8, then 4, then 8 again, 20 s each, in the last 10 s of each phase the
 // upstream serves at least 75% of its capacity (C per 100 ms), the time a request spends inside
-// it is at most 160 ms at p50 and 250 ms at p99, and never more than 32 are inside at once. For
-// scale (the figures): no limit gives 300 ms at p50; a static 8 fails the second phase
-// (189 ms at p50). Once the clients stop, one request through each instance makes the three
+// it is at most 160 ms at p50 and 250 ms at p99, and never more than 32 are inside at once (by
+// Little's law, no limit would keep all 24 inside: 300 ms). Once the clients stop, one request
+// through each instance, held inside the upstream so that nothing settles, makes the three
 // gauges of the limit in force read the same value, Redis's.
 func TestAdaptiveConcurrencyFindsCapacity(t *testing.T) {
 	srv := redistest.Start(t)
@@ -333,8 +333,8 @@ func (u *capacityUpstream) mostInside() int {
 // 40 closed-loop clients. Redis paused for 1 s: the upstream serves at least 75% of its capacity
 // again within 5 s; an instance killed with SIGKILL, within 9 s (its slots free after hold_max,
 // its waiters' grants after the queue's lease and claim, 3 s each). A reload of the two
-// instances left to a ceiling of 6 applies at once (never more than 6 inside the upstream a
-// second after it). Never more than the ceiling inside the upstream; once the clients stop, every
+// instances left to a ceiling of 6 applies at once (never more than 6 inside the upstream once
+// the slots taken under the old ceiling are down to 6). Never more than the ceiling inside the upstream; once the clients stop, every
 // slot is free within hold_max (the killed instance's and those whose settlement Redis missed
 // while paused: none leaks).
 func TestAdaptiveConcurrencyFaults(t *testing.T) {
@@ -371,16 +371,17 @@ func TestAdaptiveConcurrencyFaults(t *testing.T) {
 	for _, in := range insts[:2] {
 		in.reload(t, srv.Addr, url, 6, "closed")
 	}
-	time.Sleep(time.Second) // the requests admitted before the reload end
+	slots := limiter.StateKey("rl:", &limiter.Zone{Name: "upstream", Algorithm: limiter.AdaptiveConcurrency}, "upstream")
+	live := func() any { return srv.Do("ZCOUNT", slots, fmt.Sprintf("(%d", srv.Time().UnixMicro()), "+inf") }
+	// Once the slots admitted under the old ceiling are down to 6, no admission takes them
+	// above it again, nor the requests inside the upstream (each holds a slot).
+	redistest.WaitFor(t, 5*time.Second, "the slots of the old ceiling given back", func() bool { return live().(int64) <= 6 })
 	up.mostInside()
-	time.Sleep(3 * time.Second)
+	time.Sleep(3 * time.Second) // the window watched
 	if most := up.mostInside(); most > 6 {
 		t.Errorf("after the reload to a ceiling of 6: %d requests inside the upstream at once", most)
 	}
 	close(stop)
 	wait()
-	slots := limiter.StateKey("rl:", &limiter.Zone{Name: "upstream", Algorithm: limiter.AdaptiveConcurrency}, "upstream")
-	redistest.WaitFor(t, 4*time.Second, "every slot free within hold_max", func() bool {
-		return srv.Do("ZCOUNT", slots, fmt.Sprintf("(%d", srv.Time().UnixMicro()), "+inf") == int64(0)
-	})
+	redistest.WaitFor(t, 4*time.Second, "every slot free within hold_max", func() bool { return live() == int64(0) })
 }
