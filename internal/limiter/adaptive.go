@@ -247,20 +247,3 @@ func (h *Held) Sample(latency time.Duration, failed bool) {
 		h.sample += ",0"
 	}
 }
-
-// sampleArg is settle.lua's amount argument a of an adaptive concurrency zone with h's sample
-// and the time since its decision was sent (elapsed): "<a>;<latency µs>,<failed>,<age µs>", or a
-// alone without a sample.
-func (h *Held) sampleArg(a any, elapsed time.Duration) any {
-	if h.sample == "" {
-		return a
-	}
-	var s string
-	switch v := a.(type) {
-	case string:
-		s = v
-	case int64:
-		s = strconv.FormatInt(v, 10)
-	}
-	return s + ";" + h.sample + "," + strconv.FormatInt(elapsed.Microseconds(), 10)
-}

@@ -226,14 +226,7 @@ func (l *Limiter) Settle(ctx context.Context, h *Held, amounts []int64) ([]bool,
 			}
 			continue
 		}
-		args := p.amountArgs(now, amounts, elapsed)
-		for j := range p.idx {
-			if algorithmOfTag(argTag(p.zones[4*j])).Adapts() {
-				k := 3 + len(p.zones) + j
-				args[k] = h.sampleArg(args[k], elapsed)
-			}
-		}
-		calls = append(calls, &call{keys: p.keys, args: args})
+		calls = append(calls, &call{keys: p.keys, args: p.amountArgs(now, amounts, elapsed, h.sample)})
 		parts = append(parts, p)
 	}
 	// One settle.lua call (one per hash slot on Redis Cluster, all under way at once); none when
@@ -287,18 +280,28 @@ func (l *Limiter) Settle(ctx context.Context, h *Held, amounts []int64) ([]bool,
 // amountArgs returns settle.lua's ARGV settling p with amounts (per request index, see Settle)
 // elapsed after the decision was sent: now, its nonce, "amount", its zones' arguments (as in
 // force at the decision), then each zone's amount, clamped to its most, "L" after it when the
-// zone's Hold (less lateMargin) has passed.
-func (p *heldPart) amountArgs(now any, amounts []int64, elapsed time.Duration) []any {
+// zone's Hold (less lateMargin) has passed, and for an adaptive concurrency zone given a sample
+// (Held.Sample: "<latency µs>,<failed>"), ";<sample>,<elapsed µs>" last.
+func (p *heldPart) amountArgs(now any, amounts []int64, elapsed time.Duration, sample string) []any {
 	args := make([]any, 0, 3+len(p.zones)+len(p.idx))
 	args = append(args, now, p.nonce, "amount")
 	args = append(args, p.zones...)
 	for j, i := range p.idx {
 		a := amount(amounts, i, p.most[j])
-		if elapsed+lateMargin >= p.hold[j] {
-			args = append(args, strconv.FormatInt(a, 10)+"L")
-		} else {
+		late := elapsed+lateMargin >= p.hold[j]
+		adapts := sample != "" && algorithmOfTag(argTag(p.zones[4*j])).Adapts()
+		if !late && !adapts {
 			args = append(args, a)
+			continue
 		}
+		s := strconv.FormatInt(a, 10)
+		if late {
+			s += "L"
+		}
+		if adapts {
+			s += ";" + sample + "," + strconv.FormatInt(elapsed.Microseconds(), 10)
+		}
+		args = append(args, s)
 	}
 	return args
 }

@@ -42,7 +42,7 @@ func settleCall(t *testing.T, reqs []Request, zones []zoneReply) ([]string, []st
 	p := h.parts[0]
 	amounts := []int64{35, 35, 35, 35, 35, 35}
 	var got []string
-	for _, a := range p.amountArgs(at.UnixMicro(), amounts, 0) {
+	for _, a := range p.amountArgs(at.UnixMicro(), amounts, 0, "") {
 		got = append(got, fmt.Sprintf("%T %v", a, a))
 	}
 	return p.keys, got
