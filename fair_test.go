@@ -168,7 +168,9 @@ func TestFairQueueThreeInstancesClasses(t *testing.T) {
 }
 
 // TestFairQueueAdminTenants: with the one slot of a fair queue held, tenant A's 3 waiters and
-// B's 1, the admin API's state lists the tenants waiting, the most first, and their count.
+// B's 1, the admin API's state lists the tenants waiting, the most first, and their count. Its
+// zone has a name of its own: its waiters end after the test does, and counted under another
+// test's zone they would be that test's.
 func TestFairQueueAdminTenants(t *testing.T) {
 	srv := redistest.Start(t)
 	up := heldUpstream(t)
@@ -177,7 +179,7 @@ func TestFairQueueAdminTenants(t *testing.T) {
 		redis {
 			address %s
 		}
-		zone q {
+		zone tenants {
 			key site
 			algorithm concurrency
 			limit 1
@@ -190,12 +192,12 @@ func TestFairQueueAdminTenants(t *testing.T) {
 	for i, tenant := range []string{"A", "A", "A", "A", "B"} { // the first A holds the slot
 		go func() { _, _ = lc.Get("/", "X-Tenant", tenant) }()
 		redistest.WaitFor(t, 5*time.Second, "the request in", func() bool {
-			n, _ := srv.Do("ZCARD", "rl:{site}:q:cc:ql").(int64)
-			c, _ := srv.Do("ZCARD", "rl:{site}:q:cc").(int64)
+			n, _ := srv.Do("ZCARD", "rl:{site}:tenants:cc:ql").(int64)
+			c, _ := srv.Do("ZCARD", "rl:{site}:tenants:cc").(int64)
 			return n+c == int64(i+1)
 		})
 	}
-	st := adminJSON[[]adminapi.ClientState](t, ac, http.MethodGet, "/rate_limit_redis/state?zone=q&key=site", 200)
+	st := adminJSON[[]adminapi.ClientState](t, ac, http.MethodGet, "/rate_limit_redis/state?zone=tenants&key=site", 200)
 	want := []adminapi.QueueTenant{{Tenant: "A", Waiting: 3}, {Tenant: "B", Waiting: 1}}
 	if len(st) != 1 || st[0].Queue == nil || !slices.Equal(st[0].Queue.Tenants, want) || st[0].Queue.TenantsWaiting != 2 {
 		t.Fatalf("state: %+v, want tenants %+v of 2", st, want)
